@@ -1,0 +1,117 @@
+"""The edge as a sans-I/O state machine: it starts waves and runs the network's head.
+
+The edge is linked to one border cell (`edge_at`). For each wave it sends the conv
+parameters and the batch (which samples, which split) into the mesh, receives the
+pooled features gathered up the tree, runs fc1 -> ReLU -> fc2, and then either reports
+the logits (inference) or computes the loss, sends d(loss)/d(pooled) back down and
+waits for the summed conv-parameter gradients (training). Applying the optimizer is the
+caller's job (the training loop runs at the edge), so that every mode shares one loop.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshdl import kernels
+from meshdl.messages import EDGE, Kind, Message, make
+from meshdl.model import CNN, Trace
+from meshdl.protocol import MeshSpec, Mode, Split
+
+
+@dataclass
+class WaveResult:
+    """What one finished wave gives the caller."""
+
+    step: int
+    mode: Mode
+    logits: np.ndarray  # (B, classes)
+    loss: float | None = None  # training waves
+    grads: np.ndarray | None = None  # flat gradient of all parameters, training waves
+
+
+class EdgeMachine:
+    """The edge of one mesh, holding the model whose head it runs."""
+
+    def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray]) -> None:
+        self.spec = spec
+        self.model = model
+        self.labels = labels
+        self.step = 0
+        self.mode: Mode | None = None
+        self.batch_labels: np.ndarray | None = None
+        self.trace: Trace | None = None
+        self.logits: np.ndarray | None = None
+        self.loss: float | None = None
+        self.result: WaveResult | None = None
+        self.gather_blocks = spec.topology.tree_blocks(spec.edge_at)
+        self.stats: Counter[str] = Counter()
+        self.seq = 0
+
+    def start(self, mode: Mode, split: Split, indices: np.ndarray) -> list[Message]:
+        """Begin a new wave over samples `indices` of `split`; returns what to send."""
+        self.step += 1
+        self.mode, self.result, self.trace = mode, None, None
+        indices = np.asarray(indices, np.int32)
+        self.batch_labels = self.labels[split][indices] if mode == Mode.TRAIN else None
+        params = np.concatenate([self.model.flat[: self.spec.conv_size],
+                                 self.model.norm_mean, self.model.norm_std])
+        batch = np.concatenate([np.array([mode, split], np.int32), indices])
+        return [self._message(Kind.PARAMS, params), self._message(Kind.BATCH, batch)]
+
+    def handle(self, message: Message, now: float = 0.0) -> list[Message]:
+        """Take one decoded message from the mesh; return what to send in response."""
+        h, payload = message.header, message.payload
+        if h.mesh != self.spec.mesh_id or h.dst != EDGE or h.src != self.spec.edge_at:
+            self.stats["rejected:not_for_me"] += 1
+            return []
+        if h.step != self.step or self.result is not None:
+            self.stats["stale"] += 1
+            return []
+        batch = len(self.batch_labels) if self.batch_labels is not None else None
+        if h.kind == Kind.GATHER and self.trace is None:
+            shape = (len(self.gather_blocks), self.spec.model.filters)
+            if payload.shape[:2] != shape or payload.ndim != 3 or (
+                    batch is not None and payload.shape[2] != batch):
+                self.stats["rejected:bad_shape"] += 1
+                return []
+            self.stats["accepted"] += 1
+            return self._head(payload)
+        if h.kind == Kind.REDUCE and self.trace is not None and self.mode == Mode.TRAIN:
+            if payload.shape != (self.spec.conv_size,):
+                self.stats["rejected:bad_shape"] += 1
+                return []
+            self.stats["accepted"] += 1
+            grads = self.model.grad_flat
+            grads[: self.spec.conv_size] = payload
+            self.result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
+            return []
+        self.stats["duplicates" if h.kind in (Kind.GATHER, Kind.REDUCE) else
+                   "rejected:unexpected"] += 1
+        return []
+
+    def _head(self, gathered: np.ndarray) -> list[Message]:
+        """Pooled features -> logits; in training also loss and d(loss)/d(pooled)."""
+        filters, batch = self.spec.model.filters, gathered.shape[2]
+        prow, pcol = self.spec.topology.pooled_shape
+        pooled = np.empty((filters, prow, pcol, batch), np.float32)
+        for (i, j), values in zip(self.gather_blocks, gathered, strict=True):
+            pooled[:, i, j] = values
+        self.trace = self.model.head_forward(pooled)
+        self.logits = np.ascontiguousarray(self.trace.logits.T)
+        if self.mode == Mode.INFER:
+            self.result = WaveResult(self.step, Mode.INFER, self.logits)
+            return []
+        dlogits = np.empty_like(self.trace.logits)
+        self.loss = float(kernels.softmax_cross_entropy(self.trace.logits,
+                                                        self.batch_labels, dlogits))
+        dpooled = self.model.head_backward(self.trace, dlogits)
+        values = np.stack([dpooled[:, i, j] for i, j in self.gather_blocks])
+        return [self._message(Kind.SCATTER, values)]
+
+    def _message(self, kind: Kind, payload: np.ndarray) -> Message:
+        self.seq += 1
+        return make(kind, self.spec.mesh_id, self.step, EDGE, self.spec.edge_at, payload,
+                    seq=self.seq & 0xFFFFFFFF)

@@ -1,0 +1,45 @@
+"""`meshdl bench ...`: speed against a reference measured in the same run."""
+
+from __future__ import annotations
+
+import typer
+
+from meshdl.bench import bench_kernels
+from meshdl.cli.common import emit_json, out_console
+from meshdl.config import ModelConfig
+
+app = typer.Typer(help="Benchmarks (ratios against a reference measured in the same run).",
+                  no_args_is_help=True)
+
+
+@app.command("kernels")
+def kernels(
+    rows: int = typer.Option(17, "--rows"),
+    cols: int = typer.Option(25, "--cols"),
+    kernel: int = typer.Option(3, "--kernel"),
+    filters: int = typer.Option(5, "--filters"),
+    hidden: int = typer.Option(200, "--hidden"),
+    batch: int = typer.Option(100, "--batch", min=1),
+    repeats: int = typer.Option(200, "--repeats", min=1),
+    threads: int = typer.Option(1, "--threads", min=1, help="Threads for both sides."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adam."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+) -> None:
+    """One training step (forward, backward, update) in meshdl vs PyTorch CPU."""
+    config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, hidden=hidden)
+    result = bench_kernels(config, batch=batch, repeats=repeats, threads=threads,
+                           optimizer=optimizer)
+    if json_out:
+        emit_json(result)
+        return
+    ours = result["meshdl"]
+    out_console.print(f"meshdl  one step: median {ours['median_ms']:.3f} ms, min "
+                      f"{ours['min_ms']:.3f} ms ({threads} thread(s), batch {batch}; first "
+                      f"call incl. compile/cache load {ours['first_call_s']:.2f} s)")
+    if result["torch"] is None:
+        out_console.print("PyTorch is not installed: no reference (pip install torch==2.13.0)")
+        return
+    ref = result["torch"]
+    out_console.print(f"PyTorch {ref['version']}: median {ref['median_ms']:.3f} ms, min "
+                      f"{ref['min_ms']:.3f} ms")
+    out_console.print(f"speed-up vs PyTorch: {result['speedup_vs_torch']:.2f}x")

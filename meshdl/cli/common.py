@@ -1,0 +1,50 @@
+"""Helpers shared by the CLI commands: consoles, JSON output, option groups."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+
+# Progress, tables and errors go to stderr so that stdout carries only `--json` output.
+err_console = Console(stderr=True)
+# A command's own human-readable result (a table, a report) goes to stdout.
+out_console = Console()
+
+
+def emit_json(payload: Any) -> None:
+    """Print one JSON document on stdout (the only thing `--json` commands print there)."""
+    sys.stdout.write(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    sys.stdout.flush()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    return str(value)
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """Pydantic's report folded into one line: `model.kernel: ...; train.lr: ...`."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+def parse_cell(text: str) -> tuple[int, int]:
+    """'R,C' -> (R, C), or a UsageError saying what was expected."""
+    from meshdl.errors import UsageError
+
+    try:
+        row, col = (int(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"expected a cell as ROW,COL (e.g. 0,0), got {text!r}") from None
+    return row, col

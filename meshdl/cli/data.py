@@ -1,0 +1,252 @@
+"""`meshdl data`: make the synthetic lounge data set, and inspect data sets and sensor logs.
+
+`generate` writes a data set file and reports the statistics that say whether it is a
+fair test (`meshdl.data.dataset_stats`); `inspect` reads a data set, or a real sensor log
+(CSV, or an .npz holding `X`/`maps`) and reports what is in it, missing readings first.
+"""
+
+from __future__ import annotations
+
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from meshdl.cli.common import emit_json, err_console
+from meshdl.config import DataConfig
+from meshdl.data import (
+    NEAR_BAND,
+    Dataset,
+    LogData,
+    dataset_from_log,
+    dataset_stats,
+    load_dataset,
+    load_log,
+    save_dataset,
+)
+from meshdl.errors import UsageError
+from meshdl.sim.lounge import generate_lounge
+
+app = typer.Typer(
+    help="Generate the synthetic lounge data set; inspect data sets and sensor logs.",
+    no_args_is_help=True,
+)
+
+_DEFAULT = DataConfig()
+
+
+@app.command()
+def generate(
+    out: Path = typer.Option(
+        Path("data/lounge.npz"), "--out", "-o", help="Data set file to write (dirs are created)."
+    ),
+    rows: int = typer.Option(_DEFAULT.rows, help="Grid rows."),
+    cols: int = typer.Option(_DEFAULT.cols, help="Grid columns."),
+    train: int = typer.Option(_DEFAULT.train, help="Training maps."),
+    test: int = typer.Option(_DEFAULT.test, help="Test maps."),
+    seed: int = typer.Option(_DEFAULT.seed, help="Random seed (the output is a function of it)."),
+    threshold: float = typer.Option(
+        _DEFAULT.threshold, help="Anomaly: a 4-neighbour pair differs by >= this (°C)."
+    ),
+    slot_minutes: int = typer.Option(_DEFAULT.slot_minutes, help="Minutes per time slot."),
+    as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON on stdout."),
+) -> None:
+    """Simulate the lounge (one map per time slot) and write the labelled data set."""
+    cfg = DataConfig(
+        rows=rows,
+        cols=cols,
+        train=train,
+        test=test,
+        seed=seed,
+        threshold=threshold,
+        slot_minutes=slot_minutes,
+    )
+    started = time.perf_counter()
+    ds = generate_lounge(cfg)
+    seconds = time.perf_counter() - started
+    path = save_dataset(ds, out)
+    stats = dataset_stats(ds, cfg.threshold)
+    err_console.print(
+        f"wrote {path}: {cfg.train} train + {cfg.test} test maps of {cfg.rows} x {cfg.cols}, "
+        f"seed {cfg.seed}, threshold {cfg.threshold:g} °C, generated in {seconds:.2f} s",
+        highlight=False,
+    )
+    err_console.print(_one_line_stats(stats), highlight=False)
+    _warn_failed_checks(stats)
+    if as_json:
+        emit_json(
+            {
+                "path": str(path),
+                "config": cfg.model_dump(),
+                "seconds": round(seconds, 3),
+                "stats": stats,
+            }
+        )
+
+
+@app.command()
+def inspect(
+    file: Path = typer.Argument(
+        ..., help="A data set .npz, or a sensor log (.csv, or .npz with X or maps)."
+    ),
+    threshold: float | None = typer.Option(
+        None, help="Label threshold in °C [default: the data set's own, else 3.0]."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+) -> None:
+    """Report what a data set or sensor log holds: classes, near-threshold maps, gaps."""
+    if threshold is not None and threshold <= 0:
+        raise UsageError(f"--threshold must be > 0, got {threshold:g}")
+    if _is_dataset_file(file):
+        _inspect_dataset(file, load_dataset(file), threshold, as_json)
+    else:
+        _inspect_log(file, load_log(file), threshold, as_json)
+
+
+def _is_dataset_file(file: Path) -> bool:
+    """A data set if it is an .npz holding X_train; a log if it holds X/maps or is text.
+
+    Unreadable .npz files go to `load_dataset`, whose error names the problem.
+    """
+    if file.suffix.lower() in (".csv", ".txt", ".tsv"):
+        return False
+    if file.is_file() and zipfile.is_zipfile(file):
+        try:
+            with zipfile.ZipFile(file) as archive:
+                names = set(archive.namelist())
+        except (OSError, zipfile.BadZipFile):
+            return True
+        return "X_train.npy" in names or not ({"X.npy", "maps.npy"} & names)
+    return file.suffix.lower() == ".npz" or not file.exists()
+
+
+def _inspect_dataset(file: Path, ds: Dataset, threshold: float | None, as_json: bool) -> None:
+    stats = dataset_stats(ds, threshold)
+    if as_json:
+        emit_json({"path": str(file), "kind": "dataset", "meta": ds.meta, "stats": stats})
+        return
+    out = Console()
+    source = ds.meta.get("generator", "unknown source")
+    out.print(f"[bold]{file}[/]: data set, {ds.rows} x {ds.cols} grid, from {source}")
+    out.print(_stats_table(stats))
+    out.print(_checks_table(stats))
+
+
+def _inspect_log(file: Path, log: LogData, threshold: float | None, as_json: bool) -> None:
+    summary = log.summary()
+    thr = 3.0 if threshold is None else threshold
+    stats = None
+    if summary["complete_slots"] >= 2:
+        stats = dataset_stats(dataset_from_log(log, threshold=thr), thr)
+    if summary["missing"]:
+        err_console.print(
+            f"[yellow]warning:[/] {summary['missing']} of {summary['readings']} readings are "
+            f"missing ({summary['missing_fraction']:.1%}); "
+            f"{log.slots - summary['complete_slots']} of {log.slots} slots are incomplete "
+            "and would be dropped from a data set",
+            highlight=False,
+        )
+    if as_json:
+        emit_json({"path": str(file), "kind": "log", "log": summary, "as_dataset": stats})
+        return
+    out = Console()
+    out.print(f"[bold]{file}[/]: sensor log ({log.format}), {log.rows} x {log.cols} grid")
+    out.print(_log_table(summary))
+    if stats is None:
+        out.print("fewer than 2 complete slots: no data set can be made from this log")
+        return
+    out.print(f"as a data set (complete slots only, chronological split, threshold {thr:g} °C):")
+    out.print(_stats_table(stats))
+    out.print(_checks_table(stats))
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _one_line_stats(stats: dict[str, Any]) -> str:
+    train, test = stats["train"], stats["test"]
+    return (
+        f"positives {_pct(train['positive_fraction'])} / {_pct(test['positive_fraction'])} "
+        f"(train / test); within {NEAR_BAND:g} °C of the threshold: positives "
+        f"{_pct(train['near_threshold_positive_fraction'])} / "
+        f"{_pct(test['near_threshold_positive_fraction'])}, negatives "
+        f"{_pct(train['near_threshold_negative_fraction'])} / "
+        f"{_pct(test['near_threshold_negative_fraction'])}"
+    )
+
+
+def _warn_failed_checks(stats: dict[str, Any]) -> None:
+    failed = [name for name, ok in stats["checks"].items() if not ok]
+    if failed:
+        err_console.print(
+            f"[yellow]note:[/] acceptance checks not met: {', '.join(failed)} (expected for "
+            "very small grids or splits)",
+            highlight=False,
+        )
+
+
+def _stats_table(stats: dict[str, Any]) -> Table:
+    thr, band = stats["threshold"], stats["band"]
+    table = Table(
+        title=f"per split (°C; max neighbour diff vs threshold {thr:g}, band {band:g})"
+    )
+    table.add_column("")
+    table.add_column("train", justify="right")
+    table.add_column("test", justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("maps", lambda s: str(s["count"])),
+        ("positives", lambda s: f"{s['positives']} ({_pct(s['positive_fraction'])})"),
+        (
+            f"positives in [{thr:g}, {thr + band:g}) °C",
+            lambda s: _pct(s["near_threshold_positive_fraction"]),
+        ),
+        (
+            f"negatives in [{thr - band:g}, {thr:g}) °C",
+            lambda s: _pct(s["near_threshold_negative_fraction"]),
+        ),
+        ("labels that follow the rule", lambda s: _pct(s["labels_match_rule"])),
+        ("largest neighbour diff, mean / max",
+         lambda s: f"{s['max_diff_mean']:.2f} / {s['max_diff_max']:.2f}"),
+        ("temperature min / mean / max",
+         lambda s: f"{s['temp_min']:.1f} / {s['temp_mean']:.1f} / {s['temp_max']:.1f}"),
+    ]
+    for label, cell in rows:
+        table.add_row(label, cell(stats["train"]), cell(stats["test"]))
+    return table
+
+
+def _checks_table(stats: dict[str, Any]) -> Table:
+    table = Table(title="acceptance checks (both splits)")
+    table.add_column("check")
+    table.add_column("result")
+    for name, ok in stats["checks"].items():
+        table.add_row(name.replace("_", " "), "[green]pass[/]" if ok else "[red]FAIL[/]")
+    return table
+
+
+def _log_table(summary: dict[str, Any]) -> Table:
+    table = Table(title="sensor log")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row("time slots", str(summary["slots"]))
+    table.add_row("first / last", f"{summary['first_timestamp']} / {summary['last_timestamp']}")
+    table.add_row("complete slots", str(summary["complete_slots"]))
+    table.add_row(
+        "missing readings",
+        f"{summary['missing']} of {summary['readings']} ({_pct(summary['missing_fraction'])})",
+    )
+    table.add_row("sensors with gaps", str(summary["sensors_with_missing"]))
+    for cell in summary["worst_cells"]:
+        where = f"  sensor ({cell['row']}, {cell['col']})"
+        table.add_row(where, f"{cell['missing']} slot(s) missed")
+    for slot in summary["worst_slots"]:
+        table.add_row(f"  slot {slot['timestamp']}", f"{slot['missing']} reading(s) missing")
+    return table

@@ -1,0 +1,136 @@
+"""`meshdl evaluate` and `meshdl config show`: look at a trained model or a configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from meshdl.cli.common import emit_json, out_console
+from meshdl.config import load_run_config
+from meshdl.data import load_dataset
+from meshdl.errors import UsageError
+from meshdl.model import CNN
+
+
+def register(app: typer.Typer) -> None:
+    app.command("evaluate")(evaluate)
+    app.command("infer")(infer)
+    config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
+    config_app.command("show")(config_show)
+    app.add_typer(config_app, name="config")
+
+
+def evaluate(
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="A model.npz."),
+    data_path: Path = typer.Argument(..., metavar="DATA", help="A data set .npz."),
+    split: str = typer.Option("test", "--split", help="test, train or all."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+) -> None:
+    """Accuracy and confusion matrix of a saved model on a data set."""
+    model = CNN.load(model_path)
+    data = load_dataset(data_path)
+    parts = {"test": [(data.X_test, data.y_test)], "train": [(data.X_train, data.y_train)]}
+    parts["all"] = parts["train"] + parts["test"]
+    if split not in parts:
+        raise UsageError(f"--split must be test, train or all, not {split!r}")
+    X = np.concatenate([x for x, _ in parts[split]])
+    y = np.concatenate([t for _, t in parts[split]])
+    if (data.rows, data.cols) != (model.config.rows, model.config.cols):
+        raise UsageError(f"the data grid {data.rows} x {data.cols} does not match the model's "
+                         f"{model.config.rows} x {model.config.cols}")
+    predicted = np.concatenate([model.predict(X[i : i + 500]) for i in range(0, len(X), 500)])
+    report = classification_report(y, predicted, model.config.classes)
+    report.update({"model": str(model_path), "data": str(data_path), "split": split})
+    if json_out:
+        emit_json(report)
+        return
+    table = Table(title=f"{split} split: accuracy {report['accuracy']:.4f} "
+                        f"({report['samples']} samples)")
+    table.add_column("true \\ predicted")
+    for c in range(model.config.classes):
+        table.add_column(str(c), justify="right")
+    for c, row in enumerate(report["confusion"]):
+        table.add_row(str(c), *(str(v) for v in row))
+    out_console.print(table)
+
+
+def infer(
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="A model.npz."),
+    data_path: Path = typer.Argument(..., metavar="DATA", help="A data set .npz."),
+    mode: str = typer.Option("mesh", "--mode", help="mesh (inference waves in the virtual "
+                             "mesh) or central."),
+    split: str = typer.Option("test", "--split", help="test or train."),
+    edge_at: str = typer.Option("0,0", "--edge-at", help="Border cell R,C of the edge."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+) -> None:
+    """Predict a data set with inference waves (the sensors' readings stay in the mesh)."""
+    from meshdl.cli.common import parse_cell
+    from meshdl.training import CentralEngine, engine_for
+
+    if mode not in ("mesh", "central"):
+        raise UsageError(f"--mode must be mesh or central, not {mode!r}")
+    if split not in ("test", "train"):
+        raise UsageError(f"--split must be test or train, not {split!r}")
+    model = CNN.load(model_path)
+    data = load_dataset(data_path)
+    if (data.rows, data.cols) != (model.config.rows, model.config.cols):
+        raise UsageError(f"the data grid {data.rows} x {data.cols} does not match the model's "
+                         f"{model.config.rows} x {model.config.cols}")
+    config = load_run_config(mode=mode, model=model.config.model_dump(),
+                             mesh={"edge_at": parse_cell(edge_at)})
+    engine = engine_for(config, data) if mode == "mesh" else CentralEngine(data)
+    y = data.y_test if split == "test" else data.y_train
+    logits = np.concatenate([engine.logits(model, split, np.arange(i, min(i + 1024, len(y))))
+                             for i in range(0, len(y), 1024)])
+    report = classification_report(y, logits.argmax(axis=1), model.config.classes)
+    report.update({"model": str(model_path), "data": str(data_path), "split": split,
+                   "mode": mode, "comm": engine.report()})
+    if json_out:
+        emit_json(report)
+        return
+    out_console.print(f"{mode} inference on the {split} split: accuracy "
+                      f"{report['accuracy']:.4f} ({report['samples']} samples)")
+    if report["comm"]:
+        from meshdl.cli.cost import print_comm_summary
+
+        print_comm_summary(report["comm"], console=out_console)
+
+
+def classification_report(y: np.ndarray, predicted: np.ndarray, classes: int) -> dict:
+    """Accuracy, confusion matrix (rows: true class) and per-class precision/recall."""
+    confusion = np.zeros((classes, classes), np.int64)
+    np.add.at(confusion, (y, predicted), 1)
+    total = int(confusion.sum())
+    per_class = {}
+    for c in range(classes):
+        tp = int(confusion[c, c])
+        per_class[str(c)] = {
+            "precision": tp / int(confusion[:, c].sum()) if confusion[:, c].sum() else None,
+            "recall": tp / int(confusion[c].sum()) if confusion[c].sum() else None,
+        }
+    return {"samples": total, "accuracy": float(np.trace(confusion)) / total if total else None,
+            "confusion": confusion.tolist(), "per_class": per_class}
+
+
+def config_show(
+    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration file."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """The effective configuration: defaults < TOML file < MESHDL_* environment."""
+    config = load_run_config(config_file)
+    if json_out:
+        emit_json(config.model_dump(mode="json"))
+        return
+    table = Table(title="effective configuration", show_header=True)
+    table.add_column("key")
+    table.add_column("value")
+    for section, values in config.model_dump(mode="json").items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                table.add_row(f"{section}.{key}", str(value))
+        else:
+            table.add_row(section, str(values))
+    out_console.print(table)

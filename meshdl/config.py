@@ -1,0 +1,168 @@
+"""Configuration: what the model, the data and the training run are, validated once.
+
+Three plain pydantic models (`ModelConfig`, `DataConfig`, `TrainConfig`) describe a run;
+`RunConfig` bundles them and reads its values from, lowest to highest priority: defaults,
+a TOML file, `MESHDL_*` environment variables (nested with `__`, e.g.
+`MESHDL_MODEL__KERNEL=5`), and explicit keyword arguments (the CLI flags).
+Every check names the offending field, so a bad value fails before any work starts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """The seed network: conv(k,h) -> ReLU -> ... -> max-pool -> FC(hidden) -> ReLU -> FC."""
+
+    rows: int = Field(17, ge=1, le=4096, description="grid rows (sensor nodes per column)")
+    cols: int = Field(25, ge=1, le=4096, description="grid columns")
+    in_channels: int = Field(1, ge=1, le=64, description="readings per node and sample")
+    kernel: int = Field(3, ge=1, description="convolution filter size k (odd or even)")
+    filters: int = Field(5, ge=1, le=1024, description="filters h per conv layer")
+    conv_layers: int = Field(2, ge=1, le=16, description="number of conv + ReLU layers")
+    pool: int = Field(2, ge=1, le=8, description="max-pool window and stride (ceil mode)")
+    hidden: int = Field(200, ge=1, le=65536, description="units of the hidden FC layer")
+    classes: int = Field(2, ge=2, le=1024, description="output classes")
+
+    @model_validator(mode="after")
+    def _kernel_fits_grid(self) -> ModelConfig:
+        if self.kernel > max(self.rows, self.cols):
+            raise ValueError(
+                f"kernel: {self.kernel} is larger than the {self.rows} x {self.cols} grid"
+            )
+        return self
+
+    @property
+    def pooled_shape(self) -> tuple[int, int]:
+        """Rows and columns after ceil-mode pooling (17 x 25 with pool 2 -> 9 x 13)."""
+        return math.ceil(self.rows / self.pool), math.ceil(self.cols / self.pool)
+
+    @property
+    def features(self) -> int:
+        """Length F of the flattened pooled map, the input of fc1."""
+        pr, pc = self.pooled_shape
+        return self.filters * pr * pc
+
+
+class DataConfig(_Strict):
+    """The synthetic lounge data set (or the shape a real log must have)."""
+
+    rows: int = Field(17, ge=1, le=4096)
+    cols: int = Field(25, ge=1, le=4096)
+    train: int = Field(2400, ge=1, description="training samples")
+    test: int = Field(561, ge=1, description="test samples")
+    threshold: float = Field(3.0, gt=0, description="anomaly: a 4-neighbour pair differs by >= this (°C)")
+    slot_minutes: int = Field(30, ge=1, le=1440, description="minutes per time slot")
+    seed: int = Field(0, ge=0)
+
+
+class TrainConfig(_Strict):
+    """How the parameters are fitted."""
+
+    epochs: int = Field(20, ge=1)
+    batch: int = Field(100, ge=1)
+    optimizer: Literal["sgd", "adam"] = "adam"
+    lr: float = Field(2e-3, gt=0, description="learning rate")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
+    weight_decay: float = Field(0.0, ge=0)
+    seed: int = Field(0, ge=0, description="seeds parameter init and batch shuffling")
+
+
+class MeshConfig(_Strict):
+    """Where the network runs when it runs in the mesh."""
+
+    mesh_id: int = Field(1, ge=0, le=0xFFFF, description="id carried in every message header")
+    edge_at: tuple[int, int] = Field((0, 0), description="border cell the edge is linked to")
+
+
+class RunConfig(BaseSettings):
+    """Everything one `meshdl train` run needs, from defaults, TOML, environment and flags."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MESHDL_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    mode: Literal["mesh", "central"] = "mesh"
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    mesh: MeshConfig = MeshConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_grid_follows_model(cls, values: Any) -> Any:
+        """The data grid defaults to the model grid, so `--rows 5` sets both."""
+        if not isinstance(values, dict):
+            return values
+        model = values.get("model") or {}
+        model = model.model_dump() if isinstance(model, BaseModel) else dict(model)
+        data = values.get("data") or {}
+        data = data.model_dump(exclude_defaults=True) if isinstance(data, BaseModel) else dict(data)
+        for axis in ("rows", "cols"):
+            if axis in model:
+                data.setdefault(axis, model[axis])
+        return {**values, "data": data}
+
+    @model_validator(mode="after")
+    def _data_matches_model(self) -> RunConfig:
+        if (self.data.rows, self.data.cols) != (self.model.rows, self.model.cols):
+            raise ValueError(
+                f"data: grid {self.data.rows} x {self.data.cols} does not match "
+                f"model grid {self.model.rows} x {self.model.cols}"
+            )
+        r, c = self.mesh.edge_at
+        rows, cols = self.model.rows, self.model.cols
+        if not (0 <= r < rows and 0 <= c < cols) or (
+                r not in (0, rows - 1) and c not in (0, cols - 1)):
+            raise ValueError(f"mesh.edge_at: {self.mesh.edge_at} is not a border cell of the "
+                             f"{rows} x {cols} grid")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest priority first: flags (init kwargs) > environment > TOML file.
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+
+
+def load_run_config(toml_file: Path | None = None, **flags: Any) -> RunConfig:
+    """The effective RunConfig: defaults < TOML file < MESHDL_* environment < flags.
+
+    `flags` are nested dicts as the CLI collects them, e.g. `model={"kernel": 5}`;
+    `None` values are dropped so that an unset flag does not hide a lower layer.
+    """
+    if toml_file is not None and not Path(toml_file).is_file():
+        raise FileNotFoundError(f"config file not found: {toml_file}")
+    given: dict[str, Any] = {}
+    for key, value in flags.items():
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if v is not None}
+        if value not in (None, {}):
+            given[key] = value
+    with_file = type(
+        "RunConfigWithFile",
+        (RunConfig,),
+        {"model_config": {**RunConfig.model_config, "toml_file": toml_file}},
+    )
+    return RunConfig.model_validate(with_file(**given).model_dump())

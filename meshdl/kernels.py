@@ -1,0 +1,652 @@
+"""Numba kernels of the seed CNN: convolution, ReLU, max-pooling, softmax cross-entropy.
+
+Layout: activations are *batch-last*, (channels, rows, cols, batch). This is the layout of
+the mesh itself (each node holds its B readings side by side), and it makes every inner
+loop a contiguous run over the batch that LLVM vectorizes. The public model converts
+from and to PyTorch's (batch, channels, rows, cols) once per call.
+
+Conventions (fixed, as PyTorch): cross-correlation; "same" zero padding, the extra row and
+column of an even kernel going to the bottom/right; max-pooling in ceil mode, the first
+maximum in row-major window order winning ties; relu'(0) = 0.
+The fully-connected layers are plain matrix products and use BLAS through numpy.
+
+Convolutions work on *planes* (see `PlaneGeometry`): each channel's zero-padded grid,
+flattened to one vector of (row, col, batch). In a plane every kernel tap is a fixed
+offset, so one output channel over the whole grid is a single long contiguous run:
+the output at flat index n reads the input at n + dy*row_stride + dx*batch. Computing
+the run straight through also produces values for the k-1 columns past the right edge
+of each row; those land exactly on the k-1 pad columns of the output plane (the right
+pad of that row, then the left pad of the next), and the kernels leave zeros there.
+So a layer writes its output directly into the padded plane the next layer reads: no
+padding copies, no border tests.
+
+Speed (single thread, AVX2/AVX-512 FMA): each pass of an inner loop computes TWO output
+channels from one 3x3 group of taps: 9 input loads feed 18 FMAs, and the two outputs'
+load and store are shared by the 9 taps. Kernels wider than 3 use several tap groups
+(padded with zero weights to a multiple of 3); an odd channel count is paired with a
+scratch channel of zero weights, so the planes hold an even number of channels. LLVM
+vectorizes these loops without aliasing trouble up to about two written runs; three or
+more written runs per loop fall back to scalar code, wider 512-bit vectors measured
+slower here, and long loops are cut in L1-sized blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+_JIT = {"cache": True, "fastmath": True, "nogil": True, "boundscheck": False,
+        "error_model": "numpy"}
+
+GROUP = 3  # kernel taps are handled in GROUP x GROUP blocks (zero weights pad the rest)
+BLOCK = 4096  # floats per block: longer rows are cut, shorter ones grouped (see blocks)
+
+
+def same_padding(kernel: int) -> tuple[int, int]:
+    """Zeros before and after each axis for 'same' output size (PyTorch's split)."""
+    before = (kernel - 1) // 2
+    return before, kernel - 1 - before
+
+
+def tap_width(kernel: int) -> int:
+    """Kernel size rounded up to whole tap groups."""
+    return -(-kernel // GROUP) * GROUP
+
+
+def slots(channels: int) -> int:
+    """Channels a plane stack holds: kernels compute 2 or 3 output channels at a time, so
+    a single channel gets a scratch partner (zero weights, output 0)."""
+    return max(channels, 2)
+
+
+@dataclass(frozen=True)
+class PlaneGeometry:
+    """Where a (rows, cols, batch) grid with a k x k kernel's padding sits in a plane.
+
+    A plane is `height` x `width` cells of `batch` floats, flattened. A grid cell (r, c)
+    sits at cell (r + a, c + a), where a is the padding before the grid:
+    `same_padding(k)[0]` for activations and `same_padding(k)[1]` for gradients (the
+    transposed convolution pads the other way round). Every other cell is a zero pad
+    cell: the width leaves at least the k-1 pad columns, the height room for the zero
+    weights of a padded tap group to read past the last row, and both room for the
+    last pooling windows of a ceil-mode max-pool to read zeros past the grid.
+    """
+
+    rows: int
+    cols: int
+    batch: int
+    kernel: int
+    pool: int = 1
+
+    @property
+    def taps(self) -> int:
+        return tap_width(self.kernel)
+
+    @property
+    def width(self) -> int:
+        before = same_padding(self.kernel)[0]
+        return max(self.cols + self.kernel - 1, before + -(-self.cols // self.pool) * self.pool)
+
+    @property
+    def height(self) -> int:
+        before = same_padding(self.kernel)[0]
+        return max(self.rows + self.taps, before + -(-self.rows // self.pool) * self.pool)
+
+    @property
+    def row_stride(self) -> int:
+        return self.width * self.batch
+
+    @property
+    def size(self) -> int:
+        """Floats per channel plane."""
+        return self.height * self.row_stride
+
+    def base(self, pad: int) -> int:
+        """Flat index of grid cell (0, 0) when `pad` zeros precede the grid."""
+        return pad * (self.row_stride + self.batch)
+
+    def zeros(self, channels: int) -> np.ndarray:
+        """A zeroed (channels, size) plane stack; kernels only ever write the interior."""
+        return np.zeros((channels, self.size), np.float32)
+
+    def grid(self, planes: np.ndarray, pad: int, channels: int) -> np.ndarray:
+        """The (channels, rows, cols, batch) view of the grid inside a plane stack."""
+        cells = planes[:channels].reshape(channels, self.height, self.width, self.batch)
+        return cells[:, pad : pad + self.rows, pad : pad + self.cols]
+
+    def kernel_args(self) -> tuple[int, int, int, int]:
+        """(rows, cols, row_stride, batch): the geometry arguments of the pooling kernels."""
+        return self.rows, self.cols, self.row_stride, self.batch
+
+    @property
+    def multi_row(self) -> bool:
+        """Whether `blocks` run across rows, through the pad cells between them."""
+        return self.cols * self.batch < BLOCK // 2 and self.rows > 1
+
+    def blocks(self) -> np.ndarray:
+        """(start, stop) ranges of flat offsets n from grid cell (0, 0) covering the grid.
+
+        A grid row is one contiguous run of cols*batch floats. Long rows are cut into
+        near-equal blocks of at most BLOCK floats (so that a block's inputs and outputs
+        stay in L1); short rows are grouped, a block then also covering the pad cells
+        between its rows.
+        """
+        run, stride = self.cols * self.batch, self.row_stride
+        if not self.multi_row:
+            parts = -(-run // BLOCK)
+            cuts = [run * i // parts for i in range(parts + 1)]
+            spans = [(r * stride + cuts[i], r * stride + cuts[i + 1])
+                     for r in range(self.rows) for i in range(parts)]
+        else:
+            group = max(1, BLOCK // stride)
+            spans = [(r * stride, (min(r + group, self.rows) - 1) * stride + run)
+                     for r in range(0, self.rows, group)]
+        return np.array(spans, np.int64)
+
+
+def padded_weights(w: np.ndarray, out: np.ndarray, flip: bool) -> None:
+    """Write w (Co,Ci,k,k) into out, zeroed beyond k taps and beyond the real channels.
+
+    Without `flip` out is (slots(Co), Ci, taps, taps), the forward kernel's weights.
+    With `flip` out is (slots(Ci), Co, taps, taps): the kernel turned by 180 degrees with
+    its channel axes swapped, the weights of the input gradient (transposed convolution).
+    """
+    n_out, n_in, k, _ = w.shape
+    out[...] = 0.0
+    if flip:
+        out[:n_in, :, :k, :k] = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+    else:
+        out[:n_out, :, :k, :k] = w
+
+
+@njit(inline="always", **_JIT)
+def _tap_runs(plane: np.ndarray, q: int, n: int, row_stride: int, batch: int) -> tuple:
+    """The runs of length n read by the 3x3 tap group whose first tap is at flat index q."""
+    q1 = q + row_stride
+    q2 = q1 + row_stride
+    b2 = 2 * batch
+    return (
+        plane[q : q + n], plane[q + batch : q + batch + n], plane[q + b2 : q + b2 + n],
+        plane[q1 : q1 + n], plane[q1 + batch : q1 + batch + n], plane[q1 + b2 : q1 + b2 + n],
+        plane[q2 : q2 + n], plane[q2 + batch : q2 + batch + n], plane[q2 + b2 : q2 + b2 + n],
+    )
+
+
+@njit(inline="always", **_JIT)
+def _tap_weights(w: np.ndarray, ty: int, tx: int) -> tuple:
+    """The 9 weights of the 3x3 tap group at (ty, tx) of a (taps, taps) kernel."""
+    return (
+        w[ty, tx], w[ty, tx + 1], w[ty, tx + 2],
+        w[ty + 1, tx], w[ty + 1, tx + 1], w[ty + 1, tx + 2],
+        w[ty + 2, tx], w[ty + 2, tx + 1], w[ty + 2, tx + 2],
+    )
+
+
+@njit(inline="always", **_JIT)
+def _at(x: tuple, j: int) -> tuple:
+    """Element j of each of the 9 runs of a tap group."""
+    return x[0][j], x[1][j], x[2][j], x[3][j], x[4][j], x[5][j], x[6][j], x[7][j], x[8][j]
+
+
+@njit(inline="always", **_JIT)
+def _dot9(w: tuple, v: tuple) -> float:
+    """Sum of w[t] * v[t] over a tap group."""
+    return (w[0] * v[0] + w[1] * v[1] + w[2] * v[2] + w[3] * v[3] + w[4] * v[4]
+            + w[5] * v[5] + w[6] * v[6] + w[7] * v[7] + w[8] * v[8])
+
+
+@njit(inline="always", **_JIT)
+def _correlate2(
+    x: tuple, wa: tuple, wb: tuple, a: np.ndarray, b: np.ndarray,
+    first: bool, bias_a: float, bias_b: float,
+) -> None:
+    """a += wa . x and b += wb . x along the runs (with `first`: a = bias_a + wa . x, ...).
+
+    Both outputs share the 9 input loads: 18 FMAs per 11 loads and 2 stores. The first
+    pass sets instead of adding, which saves a pass that would only write the bias.
+    """
+    if first:
+        for j in range(a.size):
+            v = _at(x, j)
+            a[j] = bias_a + _dot9(wa, v)
+            b[j] = bias_b + _dot9(wb, v)
+    else:
+        for j in range(a.size):
+            v = _at(x, j)
+            a[j] += _dot9(wa, v)
+            b[j] += _dot9(wb, v)
+
+
+@njit(inline="always", **_JIT)
+def _correlate3(
+    x: tuple, wa: tuple, wb: tuple, wc: tuple, a: np.ndarray, b: np.ndarray, c: np.ndarray,
+    first: bool, bias_a: float, bias_b: float, bias_c: float,
+) -> None:
+    """`_correlate2` for three outputs: 27 FMAs per 12 loads and 3 stores."""
+    if first:
+        for j in range(a.size):
+            v = _at(x, j)
+            a[j] = bias_a + _dot9(wa, v)
+            b[j] = bias_b + _dot9(wb, v)
+            c[j] = bias_c + _dot9(wc, v)
+    else:
+        for j in range(a.size):
+            v = _at(x, j)
+            a[j] += _dot9(wa, v)
+            b[j] += _dot9(wb, v)
+            c[j] += _dot9(wc, v)
+
+
+@njit(inline="always", **_JIT)
+def _group_size(channels: int, at: int) -> int:
+    """Output channels computed together from channel `at` on: 3s, and 2s to end even.
+
+    (channels >= 2: a single channel is paired with a scratch channel of zero weights.)
+    """
+    left = channels - at
+    return 3 if left == 3 or left >= 5 else 2
+
+
+@njit(inline="always", **_JIT)
+def _correlate_group(
+    src: np.ndarray, w: np.ndarray, co: int, size: int, ci: int, ty: int, tx: int,
+    q: int, row_stride: int, batch: int, out: np.ndarray, lo: int, hi: int,
+    first: bool, bias: np.ndarray,
+) -> None:
+    """Output channels co..co+size-1 (runs lo:hi of `out`) from one tap group of input ci.
+
+    w is (out channels, in channels, taps, taps); src is input ci's plane.
+    """
+    x = _tap_runs(src, q, hi - lo, row_stride, batch)
+    if size == 3:
+        _correlate3(x, _tap_weights(w[co, ci], ty, tx), _tap_weights(w[co + 1, ci], ty, tx),
+                    _tap_weights(w[co + 2, ci], ty, tx), out[co, lo:hi], out[co + 1, lo:hi],
+                    out[co + 2, lo:hi], first, bias[co], bias[co + 1], bias[co + 2])
+    else:
+        _correlate2(x, _tap_weights(w[co, ci], ty, tx), _tap_weights(w[co + 1, ci], ty, tx),
+                    out[co, lo:hi], out[co + 1, lo:hi], first, bias[co], bias[co + 1])
+
+
+@njit(**_JIT)
+def conv_forward(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndarray, out_base: int,
+    channels: int, blocks: np.ndarray, row_stride: int, batch: int,
+) -> None:
+    """out[co, out_base + n] = relu(b[co] + sum of w[co,ci,dy,dx] * x[ci, n + dy*rs + dx*B]).
+
+    x: input planes (>= Ci, size); w: `padded_weights` (slots(Co), Ci, taps, taps);
+    b: (slots(Co),), 0 for a scratch channel; out: output planes (slots(Co), size);
+    channels: slots(Co), the output channels to compute; blocks: `PlaneGeometry.blocks`,
+    the ranges of n to compute. A block spanning several rows also writes the pad cells
+    between them: `zero_overhang` clears them.
+    """
+    n_in, taps = w.shape[1], w.shape[2]
+    for block in range(blocks.shape[0]):
+        start, stop = blocks[block, 0], blocks[block, 1]
+        lo, hi = out_base + start, out_base + stop
+        co = 0
+        while co < channels:
+            size = _group_size(channels, co)
+            first = True
+            for ci in range(n_in):
+                for ty in range(0, taps, GROUP):
+                    for tx in range(0, taps, GROUP):
+                        q = start + ty * row_stride + tx * batch
+                        _correlate_group(x[ci], w, co, size, ci, ty, tx, q, row_stride, batch,
+                                         out, lo, hi, first, b)
+                        first = False
+            for m in range(co, co + size):
+                o = out[m, lo:hi]
+                for j in range(o.size):
+                    o[j] = max(o[j], np.float32(0.0))
+            co += size
+
+
+@njit(**_JIT)
+def zero_overhang(
+    planes: np.ndarray, base: int, rows: int, cols: int, row_stride: int, batch: int
+) -> None:
+    """Zero the pad cells between the rows of a grid (which multi-row blocks write)."""
+    for ch in range(planes.shape[0]):
+        for r in range(rows - 1):
+            planes[ch, base + r * row_stride + cols * batch : base + (r + 1) * row_stride] = 0.0
+
+
+@njit(**_JIT)
+def conv_input_grad(
+    dz: np.ndarray, wf: np.ndarray, dx: np.ndarray, dx_base: int, channels: int,
+    act: np.ndarray, act_base: int, blocks: np.ndarray, row_stride: int, batch: int,
+) -> None:
+    """dx = (transposed convolution of dz) * (act > 0): back through conv, then a ReLU.
+
+    dz: gradient planes (>= Co, size), laid out with the *gradient* padding; wf:
+    `padded_weights(w, flip=True)`, (slots(Ci), Co, taps, taps); dx: planes (slots(Ci),
+    size) written at dx_base + n; channels: slots(Ci); act: the layer input's planes
+    (the previous ReLU's output), read at act_base + n. The mask also zeroes the pad
+    cells between rows that multi-row blocks write (act is 0 there).
+    """
+    n_out, taps = wf.shape[1], wf.shape[2]
+    no_bias = np.zeros(wf.shape[0], np.float32)
+    for block in range(blocks.shape[0]):
+        start, stop = blocks[block, 0], blocks[block, 1]
+        lo, hi = dx_base + start, dx_base + stop
+        ci = 0
+        while ci < channels:
+            size = _group_size(channels, ci)
+            first = True
+            for co in range(n_out):
+                for ty in range(0, taps, GROUP):
+                    for tx in range(0, taps, GROUP):
+                        q = start + ty * row_stride + tx * batch
+                        _correlate_group(dz[co], wf, ci, size, co, ty, tx, q, row_stride, batch,
+                                         dx, lo, hi, first, no_bias)
+                        first = False
+            for m in range(ci, ci + size):
+                o = dx[m, lo:hi]
+                a = act[m, act_base + start : act_base + stop]
+                for j in range(o.size):
+                    if a[j] <= 0.0:
+                        o[j] = 0.0
+            ci += size
+
+
+@njit(**_JIT)
+def conv_weight_grad(
+    x: np.ndarray, dz: np.ndarray, dz_base: int, dw: np.ndarray, db: np.ndarray,
+    blocks: np.ndarray, row_stride: int, batch: int,
+) -> None:
+    """dw[co,ci,dy,dx] = sum over n of dz[co, dz_base + n] * x[ci, n + dy*rs + dx*B]; db = sum dz.
+
+    x: the layer input's planes; dz: gradient planes (>= Co, size) with zeros in every
+    pad cell (so pad cells inside multi-row blocks add nothing); dw: (Co, Ci, taps,
+    taps); db: (Co,). Output channels go in pairs, whose 18 sums share the 9 tap loads.
+    """
+    n_out, n_in, taps, _ = dw.shape
+    dw[...] = 0.0
+    db[:] = 0.0
+    for block in range(blocks.shape[0]):
+        start, stop = blocks[block, 0], blocks[block, 1]
+        n = stop - start
+        for co in range(0, n_out, 2):
+            pair = co + 1 < n_out
+            g = dz[co, dz_base + start : dz_base + stop]
+            db[co] += g.sum()
+            if pair:
+                h = dz[co + 1, dz_base + start : dz_base + stop]
+                db[co + 1] += h.sum()
+            for ci in range(n_in):
+                for ty in range(0, taps, GROUP):
+                    for tx in range(0, taps, GROUP):
+                        x9 = _tap_runs(x[ci], start + ty * row_stride + tx * batch, n,
+                                       row_stride, batch)
+                        if pair:
+                            s, t = _dots2(x9, g, h)
+                            _add_tap_group(dw[co, ci], ty, tx, s)
+                            _add_tap_group(dw[co + 1, ci], ty, tx, t)
+                        else:
+                            _add_tap_group(dw[co, ci], ty, tx, _dots1(x9, g))
+
+
+@njit(inline="always", **_JIT)
+def _dots2(x: tuple, g: np.ndarray, h: np.ndarray) -> tuple:
+    """(g . x[t] for the 9 taps t), (h . x[t] ...): 18 sums from 11 loads per element."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = np.float32(0.0)
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = np.float32(0.0)
+    for j in range(g.size):
+        v0, v1, v2, v3, v4, v5, v6, v7, v8 = _at(x, j)
+        gj, hj = g[j], h[j]
+        a0 += gj * v0
+        a1 += gj * v1
+        a2 += gj * v2
+        a3 += gj * v3
+        a4 += gj * v4
+        a5 += gj * v5
+        a6 += gj * v6
+        a7 += gj * v7
+        a8 += gj * v8
+        c0 += hj * v0
+        c1 += hj * v1
+        c2 += hj * v2
+        c3 += hj * v3
+        c4 += hj * v4
+        c5 += hj * v5
+        c6 += hj * v6
+        c7 += hj * v7
+        c8 += hj * v8
+    return (a0, a1, a2, a3, a4, a5, a6, a7, a8), (c0, c1, c2, c3, c4, c5, c6, c7, c8)
+
+
+@njit(inline="always", **_JIT)
+def _dots1(x: tuple, g: np.ndarray) -> tuple:
+    """(g . x[t] for the 9 taps t)."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = np.float32(0.0)
+    for j in range(g.size):
+        v0, v1, v2, v3, v4, v5, v6, v7, v8 = _at(x, j)
+        gj = g[j]
+        a0 += gj * v0
+        a1 += gj * v1
+        a2 += gj * v2
+        a3 += gj * v3
+        a4 += gj * v4
+        a5 += gj * v5
+        a6 += gj * v6
+        a7 += gj * v7
+        a8 += gj * v8
+    return a0, a1, a2, a3, a4, a5, a6, a7, a8
+
+
+@njit(inline="always", **_JIT)
+def _add_tap_group(w: np.ndarray, ty: int, tx: int, s: tuple) -> None:
+    """Add 9 sums to the 3x3 tap group at (ty, tx) of a (taps, taps) kernel."""
+    for dy in range(GROUP):
+        for dx in range(GROUP):
+            w[ty + dy, tx + dx] += s[dy * GROUP + dx]
+
+
+@njit(**_JIT)
+def maxpool_forward_planes(
+    act: np.ndarray, base: int, rows: int, cols: int, row_stride: int, batch: int,
+    size: int, out: np.ndarray, arg: np.ndarray,
+) -> None:
+    """`maxpool_forward` of the grid inside activation planes (grid cell (0,0) at base)."""
+    n_ch, prow, pcol, _ = out.shape
+    for ch in range(n_ch):
+        for pr in range(prow):
+            r0 = pr * size
+            for pc in range(pcol):
+                c0 = pc * size
+                best = out[ch, pr, pc]
+                where = arg[ch, pr, pc]
+                at = base + r0 * row_stride + c0 * batch
+                best[:] = act[ch, at : at + batch]
+                where[:] = 0
+                for r in range(r0, min(r0 + size, rows)):
+                    for c in range(c0, min(c0 + size, cols)):
+                        code = (r - r0) * size + (c - c0)
+                        at = base + r * row_stride + c * batch
+                        v = act[ch, at : at + batch]
+                        for i in range(batch):  # branch-free, so that it vectorizes
+                            take = v[i] > best[i]
+                            best[i] = v[i] if take else best[i]
+                            where[i] = code if take else where[i]
+
+
+@njit(**_JIT)
+def maxpool_relu_backward_planes(
+    dout: np.ndarray, pooled: np.ndarray, arg: np.ndarray, size: int,
+    dz: np.ndarray, base: int, rows: int, cols: int, row_stride: int, batch: int,
+) -> None:
+    """Route dout (C,PH,PW,B) to each window's winner in gradient planes, through the ReLU.
+
+    The pooled value is its winner's ReLU output, so the winner's ReLU passes the
+    gradient exactly when pooled > 0. Every other grid cell gets 0; pad cells are
+    left alone (they stay 0).
+    """
+    n_ch = dout.shape[0]
+    for ch in range(n_ch):
+        for r in range(rows):
+            pr = r // size
+            for c in range(cols):
+                pc = c // size
+                code = (r - pr * size) * size + (c - pc * size)
+                g = dout[ch, pr, pc]
+                top = pooled[ch, pr, pc]
+                where = arg[ch, pr, pc]
+                at = base + r * row_stride + c * batch
+                d = dz[ch, at : at + batch]
+                for i in range(batch):
+                    hit = (where[i] == code) & (top[i] > 0.0)
+                    d[i] = g[i] if hit else np.float32(0.0)
+
+
+@njit(**_JIT)
+def maxpool_forward(x: np.ndarray, size: int, out: np.ndarray, arg: np.ndarray) -> None:
+    """Ceil-mode max-pool of x (C,H,W,B) into out (C,PH,PW,B); arg = winner's window index.
+
+    The window is scanned in row-major order and only a strictly larger value takes
+    over, so the first maximum wins, as in PyTorch. x may be a strided view.
+    """
+    n_ch, rows, cols, batch = x.shape
+    _, prow, pcol, _ = out.shape
+    for ch in range(n_ch):
+        for pr in range(prow):
+            r0 = pr * size
+            for pc in range(pcol):
+                c0 = pc * size
+                best = out[ch, pr, pc]
+                where = arg[ch, pr, pc]
+                first = x[ch, r0, c0]
+                for i in range(batch):
+                    best[i] = first[i]
+                    where[i] = 0
+                for r in range(r0, min(r0 + size, rows)):
+                    for c in range(c0, min(c0 + size, cols)):
+                        code = (r - r0) * size + (c - c0)
+                        v = x[ch, r, c]
+                        for i in range(batch):
+                            if v[i] > best[i]:
+                                best[i] = v[i]
+                                where[i] = code
+
+
+@njit(**_JIT)
+def maxpool_backward(dout: np.ndarray, arg: np.ndarray, size: int, dx: np.ndarray) -> None:
+    """Route dout (C,PH,PW,B) to each window's winner in dx (C,H,W,B); others get 0."""
+    n_ch, rows, cols, batch = dx.shape
+    for ch in range(n_ch):
+        for r in range(rows):
+            pr = r // size
+            for c in range(cols):
+                pc = c // size
+                code = (r - pr * size) * size + (c - pc * size)
+                g = dout[ch, pr, pc]
+                where = arg[ch, pr, pc]
+                d = dx[ch, r, c]
+                for i in range(batch):
+                    d[i] = g[i] if where[i] == code else np.float32(0.0)
+
+
+@njit(**_JIT)
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, dlogits: np.ndarray) -> float:
+    """Mean cross-entropy of logits (K,B) against labels (B,); dlogits = its gradient."""
+    n_cls, batch = logits.shape
+    loss = 0.0
+    for i in range(batch):
+        top = logits[0, i]
+        for j in range(1, n_cls):
+            top = max(top, logits[j, i])
+        norm = 0.0
+        for j in range(n_cls):
+            norm += np.exp(np.float64(logits[j, i] - top))
+        log_norm = np.log(norm)
+        loss += log_norm - (logits[labels[i], i] - top)
+        for j in range(n_cls):
+            p = np.exp(np.float64(logits[j, i] - top) - log_norm)
+            dlogits[j, i] = (p - (1.0 if j == labels[i] else 0.0)) / batch
+    return loss / batch
+
+
+class ConvPlanes:
+    """The plane buffers of a conv stack for one batch size, reused from step to step.
+
+    Layer l (1..layers) reads planes `acts[l-1]` (`acts[0]` holds the input) and writes
+    its ReLU output into `acts[l]`, all with the activation padding. The backward pass
+    alternates between two gradient planes with the gradient padding. Buffers are
+    zeroed once: the kernels write grid cells only (and zeros in pad cells), so pads
+    stay 0. Two models never share a ConvPlanes; one model's next forward pass of the
+    same batch size overwrites it.
+    """
+
+    def __init__(
+        self, rows: int, cols: int, batch: int, kernel: int, in_channels: int,
+        filters: int, layers: int, pool: int,
+    ) -> None:
+        self.geometry = geo = PlaneGeometry(rows, cols, batch, kernel, pool)
+        self.blocks = geo.blocks()
+        self.before, self.after = same_padding(kernel)
+        self.in_channels, self.filters, self.layers, self.pool = in_channels, filters, layers, pool
+        taps, h = geo.taps, filters
+        self.acts = [geo.zeros(in_channels)] + [geo.zeros(slots(h)) for _ in range(layers)]
+        self.grads: list[np.ndarray] = []  # allocated by the first backward pass
+        fan = [in_channels] + [h] * (layers - 1)
+        self.weights = [np.zeros((slots(h), c, taps, taps), np.float32) for c in fan]
+        self.flipped = [np.zeros((slots(c), h, taps, taps), np.float32) for c in fan]
+        self.biases = [np.zeros(slots(h), np.float32) for _ in fan]
+        self.dweights = [np.zeros((h, c, taps, taps), np.float32) for c in fan]
+        self.dbiases = [np.zeros(h, np.float32) for _ in fan]
+        prow, pcol = -(-rows // pool), -(-cols // pool)
+        self.pooled = np.zeros((h, prow, pcol, batch), np.float32)
+        self.winners = np.zeros(self.pooled.shape, np.int8)
+
+    def activation(self, layer: int) -> np.ndarray:
+        """Layer `layer`'s ReLU output (the input for 0) as a (C, rows, cols, B) view."""
+        channels = self.in_channels if layer == 0 else self.filters
+        return self.geometry.grid(self.acts[layer], self.before, channels)
+
+    def forward(self, x: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray]) -> None:
+        """Conv + ReLU layers then max-pool of x (Ci, rows, cols, B) into `pooled`, `winners`."""
+        geo = self.geometry
+        self.activation(0)[...] = x
+        base = geo.base(self.before)
+        for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
+            padded_weights(w, self.weights[layer], flip=False)
+            self.biases[layer][: len(b)] = b
+            conv_forward(self.acts[layer], self.weights[layer], self.biases[layer],
+                         self.acts[layer + 1], base, slots(self.filters), self.blocks,
+                         geo.row_stride, geo.batch)
+            if geo.multi_row:
+                zero_overhang(self.acts[layer + 1], base, *geo.kernel_args())
+        maxpool_forward_planes(self.acts[-1], base, *geo.kernel_args(), self.pool,
+                               self.pooled, self.winners)
+
+    def backward(
+        self, dpooled: np.ndarray, weights: list[np.ndarray],
+        dweights: list[np.ndarray], dbiases: list[np.ndarray],
+    ) -> None:
+        """Weight and bias gradients of every layer from dL/d(pooled), into dweights/dbiases.
+
+        Uses the activations, `pooled` and `winners` of the last `forward`.
+        """
+        geo = self.geometry
+        if not self.grads:
+            self.grads = [geo.zeros(slots(self.filters)) for _ in range(2)]
+        k = weights[0].shape[-1]
+        act_base, grad_base = geo.base(self.before), geo.base(self.after)
+        dz = self.grads[0]
+        maxpool_relu_backward_planes(np.ascontiguousarray(dpooled), self.pooled, self.winners,
+                                     self.pool, dz, grad_base, *geo.kernel_args())
+        for layer in range(self.layers - 1, -1, -1):
+            dw, db = self.dweights[layer], self.dbiases[layer]
+            conv_weight_grad(self.acts[layer], dz, grad_base, dw, db, self.blocks,
+                             geo.row_stride, geo.batch)
+            dweights[layer][...] = dw[:, :, :k, :k]
+            dbiases[layer][...] = db
+            if layer > 0:
+                below = self.grads[1] if dz is self.grads[0] else self.grads[0]
+                padded_weights(weights[layer], self.flipped[layer], flip=True)
+                conv_input_grad(dz, self.flipped[layer], below, grad_base, slots(self.filters),
+                                self.acts[layer], act_base, self.blocks, geo.row_stride,
+                                geo.batch)
+                dz = below

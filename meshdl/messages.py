@@ -1,0 +1,174 @@
+"""Mesh messages and their binary codec: a small validated header, then one array.
+
+Wire format (little-endian), 46 bytes of header followed by the array's bytes:
+
+    magic "MD" | version u8 | kind u8 | mesh u16 | step u32 | layer u8 | phase u8 |
+    src row i16 | src col i16 | dst row i16 | dst col i16 | seq u32 |
+    dtype u8 | ndim u8 | shape 4 x u32 | crc32 u32 (of every byte before and after it)
+
+The edge is cell (-1, -1). Decoding rejects, with a `CodecError`, anything truncated,
+oversized, of another version, kind, dtype or mesh, or whose shape does not match the
+payload length. Never pickle: the payload is `ndarray.tobytes()` and `np.frombuffer`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Annotated, Literal, NamedTuple
+
+import numpy as np
+from pydantic import Field, TypeAdapter, ValidationError
+
+from meshdl.errors import MeshdlError
+
+PROTOCOL_VERSION = 1
+MAGIC = b"MD"
+EDGE = (-1, -1)  # the edge's "cell" in headers
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+MAX_DIMS = 4
+
+_FIELDS = struct.Struct("<2sBBHIBBhhhhIBB4I")
+_CRC = struct.Struct("<I")
+HEADER_BYTES = _FIELDS.size + _CRC.size
+
+
+class Kind(IntEnum):
+    """Message kinds; `CLASS_OF` names the accounting class of each."""
+
+    PARAMS = 1  # conv parameters, flooded from the edge down the BFS tree
+    BATCH = 2  # which samples this wave computes: int32 [mode, split, *indices]
+    HALO = 3  # activations for a neighbour's convolution window
+    POOL = 4  # a cell's last conv output, sent to its pooling block's leader
+    GATHER = 5  # pooled features of a subtree, up the tree to the edge
+    SCATTER = 6  # d(loss)/d(pooled) of a subtree, down the tree from the edge
+    ROUTE = 7  # a pooling leader's gradient for one member of its block (max routing)
+    GRAD_HALO = 8  # d(loss)/d(conv output) for a neighbour's transposed convolution
+    REDUCE = 9  # partial conv-parameter gradients of a subtree, summed on the way up
+
+
+CLASS_OF = {
+    Kind.PARAMS: "params", Kind.BATCH: "params", Kind.HALO: "halo", Kind.POOL: "pool",
+    Kind.GATHER: "gather", Kind.SCATTER: "scatter", Kind.ROUTE: "scatter",
+    Kind.GRAD_HALO: "grad-halo", Kind.REDUCE: "reduce",
+}
+
+DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4")}
+DTYPE_CODES = {dtype: code for code, dtype in DTYPES.items()}
+
+
+class CodecError(MeshdlError):
+    """A payload that is not a valid mesh message."""
+
+
+Cell16 = Annotated[int, Field(ge=-1, le=0x7FFE)]
+
+
+class Header(NamedTuple):
+    """The header of one mesh message; `validate_header` checks one from the wire."""
+
+    version: Literal[1]
+    kind: Kind
+    mesh: Annotated[int, Field(ge=0, le=0xFFFF)]
+    step: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
+    layer: Annotated[int, Field(ge=0, le=255)]
+    phase: Annotated[int, Field(ge=0, le=255)]
+    src: tuple[Cell16, Cell16]
+    dst: tuple[Cell16, Cell16]
+    seq: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
+    dtype: Literal[0, 1]
+    shape: Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(max_length=MAX_DIMS)]
+
+
+# pydantic validates wire headers (compiled once; the checks run in pydantic-core).
+_validate_header = TypeAdapter(Header).validate_python
+
+
+@dataclass(frozen=True)
+class Message:
+    """One mesh message: its header and its array (`payload.shape == header.shape`)."""
+
+    header: Header
+    payload: np.ndarray
+
+    @property
+    def kind(self) -> Kind:
+        return self.header.kind
+
+
+def make(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int, int],
+         payload: np.ndarray, layer: int = 0, phase: int = 0, seq: int = 0) -> Message:
+    """A message from trusted local code (the payload is converted to a wire dtype)."""
+    array = np.ascontiguousarray(payload)
+    if array.dtype not in DTYPE_CODES:
+        array = array.astype(np.float32 if array.dtype.kind == "f" else np.int32)
+    header = Header(PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
+                    DTYPE_CODES[array.dtype], array.shape)
+    return Message(header, array)
+
+
+def encode(message: Message) -> bytes:
+    """The wire bytes of a message."""
+    h, body = message.header, message.payload.tobytes()
+    shape = tuple(h.shape) + (0,) * (MAX_DIMS - len(h.shape))
+    fields = _FIELDS.pack(
+        MAGIC, h.version, int(h.kind), h.mesh, h.step, h.layer, h.phase, *h.src, *h.dst,
+        h.seq, h.dtype, len(h.shape), *shape,
+    )
+    # The checksum covers the header too: a flipped bit in `layer` or `step` would
+    # otherwise pass as a different, valid-looking message.
+    return fields + _CRC.pack(zlib.crc32(body, zlib.crc32(fields))) + body
+
+
+def wire_size(message: Message) -> int:
+    """Bytes on the wire: header plus payload."""
+    return HEADER_BYTES + message.payload.nbytes
+
+
+def decode(data: bytes, mesh: int | None = None,
+           max_payload: int = MAX_PAYLOAD_BYTES) -> Message:
+    """Parse and validate wire bytes; raises CodecError naming what is wrong."""
+    if len(data) < HEADER_BYTES:
+        raise CodecError(f"truncated message: {len(data)} bytes, header alone is {HEADER_BYTES}")
+    if len(data) - HEADER_BYTES > max_payload:
+        raise CodecError(f"oversized message: {len(data)} bytes")
+    (magic, version, kind, mesh_id, step, layer, phase, sr, sc, dr, dc, seq, dtype, ndim,
+     *dims) = _FIELDS.unpack_from(data)
+    (crc,) = _CRC.unpack_from(data, _FIELDS.size)
+    if magic != MAGIC:
+        raise CodecError("not a meshdl message (bad magic)")
+    if version != PROTOCOL_VERSION:
+        raise CodecError(f"protocol version {version}, this node speaks {PROTOCOL_VERSION}")
+    if ndim > MAX_DIMS or any(dims[ndim:]):
+        raise CodecError(f"bad shape: ndim {ndim}, dims {dims}")
+    try:
+        header = _validate_header((version, kind, mesh_id, step, layer, phase, (sr, sc),
+                                   (dr, dc), seq, dtype, tuple(dims[:ndim])))
+    except ValidationError as exc:
+        raise CodecError(f"invalid header: {_first_error(exc)}") from None
+    if mesh is not None and header.mesh != mesh:
+        raise CodecError(f"message of mesh {header.mesh}, this is mesh {mesh}")
+    dtype_ = DTYPES[header.dtype]
+    body = memoryview(data)[HEADER_BYTES:]
+    expected = math.prod(header.shape) * dtype_.itemsize
+    if len(body) != expected:
+        raise CodecError(f"payload of {len(body)} bytes, shape {header.shape} needs {expected}")
+    if zlib.crc32(body, zlib.crc32(memoryview(data)[: _FIELDS.size])) != crc:
+        raise CodecError("checksum mismatch (corrupted in transit)")
+    payload = np.frombuffer(body, dtype=dtype_).reshape(header.shape)
+    # A float64 sum of float32 values cannot overflow: it is finite iff every value is.
+    if dtype_.kind == "f" and not math.isfinite(payload.sum(dtype=np.float64)):
+        raise CodecError("payload holds NaN or inf")
+    return Message(header, payload)
+
+
+def _first_error(exc: ValidationError) -> str:
+    """'kind: Input should be 1, 2, ...' from pydantic's report on a header tuple."""
+    first = exc.errors()[0]
+    loc = list(first["loc"])
+    if loc and isinstance(loc[0], int) and loc[0] < len(Header._fields):
+        loc[0] = Header._fields[loc[0]]
+    return f"{'.'.join(str(p) for p in loc)}: {first['msg']}"

@@ -1,0 +1,149 @@
+"""The wave protocol's plan: who sends what to whom, derived from the mesh spec alone.
+
+A wave computes one batch. Each message carries the values of a list of *items* of a
+*field*: cells' activations ("a", layer), cells' output gradients ("dz", layer), blocks'
+pooled features ("pooled"), blocks' pooled gradients ("dpooled"), cells' routed
+max-pool gradients ("route"). The plan lists, for every cell and the edge, the messages
+it sends (`Send`: kind, layer, phase, destination, field, items) and so, by inversion,
+the messages it expects. A message is sent the moment all its items are known; this
+single rule makes the wave pipelined (no barrier between layers) and tolerant of any
+delivery order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import cached_property
+
+import numpy as np
+
+from meshdl.config import ModelConfig
+from meshdl.messages import EDGE, Kind
+from meshdl.model import param_shapes
+from meshdl.topology import Cell, Topology, window_offsets
+
+Field = tuple[Hashable, ...]
+
+
+class Mode(IntEnum):
+    TRAIN = 0  # forward, backward, reduce
+    INFER = 1  # forward and gather only
+
+
+class Split(IntEnum):
+    TRAIN = 0
+    TEST = 1
+
+
+@dataclass(frozen=True)
+class Send:
+    """One message a node sends in a wave (items known -> message goes out)."""
+
+    kind: Kind
+    layer: int
+    phase: int
+    dst: Cell
+    field: Field
+    items: tuple[Hashable, ...]
+    train_only: bool
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """What every agent of one mesh agrees on: its id, the model and the topology."""
+
+    mesh_id: int
+    model: ModelConfig
+    edge_at: Cell = (0, 0)
+    topology: Topology = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.pool)
+        object.__setattr__(self, "topology", topo)
+
+    @property
+    def offsets(self) -> tuple[int, int]:
+        """(before, after): how far a forward window reaches from its centre."""
+        return window_offsets(self.model.kernel)
+
+    @cached_property
+    def conv_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Names and shapes of the conv parameters: the part of the model nodes need."""
+        return {k: v for k, v in param_shapes(self.model).items() if k.startswith("conv")}
+
+    @cached_property
+    def conv_size(self) -> int:
+        return sum(math.prod(s) for s in self.conv_shapes.values())
+
+    def channels(self, layer: int) -> int:
+        """Channels of activation ("a", layer): the input's for 0, filters after."""
+        return self.model.in_channels if layer == 0 else self.model.filters
+
+    def split_params(self, vector: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                         np.ndarray]:
+        """PARAMS payload -> (conv params by name, norm mean, norm std)."""
+        out, start = {}, 0
+        for name, shape in self.conv_shapes.items():
+            size = math.prod(shape)
+            out[name] = vector[start : start + size].reshape(shape)
+            start += size
+        c = self.model.in_channels
+        return out, vector[start : start + c], vector[start + c : start + 2 * c]
+
+    # ------------------------------------------------------------------ plan
+    @cached_property
+    def sends(self) -> dict[Cell, list[Send]]:
+        """Every message of a training wave, by sender (cells and the edge)."""
+        topo, layers = self.topology, self.model.conv_layers
+        before, after = self.offsets
+        plan: dict[Cell, list[Send]] = {cell: [] for cell in topo.cells()}
+        plan[EDGE] = []
+        for cell in topo.cells():
+            out = plan[cell]
+            for layer in range(1, layers + 1):
+                for s in topo.strips_from(cell, before, after):
+                    out.append(Send(Kind.HALO, layer, s.phase, s.dst, ("a", layer - 1),
+                                    s.cells, False))
+            up = topo.block_parent(cell)
+            if up is not None:
+                out.append(Send(Kind.POOL, layers, 0, up, ("a", layers),
+                                tuple(topo.block_subtree(cell)), False))
+            blocks = tuple(topo.tree_blocks(cell))
+            if blocks:
+                out.append(Send(Kind.GATHER, 0, 0, topo.parent[cell], ("pooled",), blocks,
+                                False))
+            for child in topo.children[cell]:
+                child_blocks = tuple(topo.tree_blocks(child))
+                if child_blocks:
+                    out.append(Send(Kind.SCATTER, 0, 0, child, ("dpooled",), child_blocks,
+                                    True))
+            for child in topo.block_children[cell]:
+                out.append(Send(Kind.ROUTE, layers, 0, child, ("route",),
+                                tuple(topo.block_subtree(child)), True))
+            # The gradient exchange mirrors the window: (after, before).
+            for layer in range(layers, 1, -1):
+                for s in topo.strips_from(cell, after, before):
+                    out.append(Send(Kind.GRAD_HALO, layer, s.phase, s.dst, ("dz", layer),
+                                    s.cells, True))
+        plan[EDGE].append(Send(Kind.SCATTER, 0, 0, topo.edge_at, ("dpooled",),
+                               tuple(topo.tree_blocks(topo.edge_at)), True))
+        return plan
+
+    @cached_property
+    def expects(self) -> dict[Cell, dict[tuple[Kind, int, int, Cell], Send]]:
+        """Item-carrying messages each agent receives, keyed (kind, layer, phase, src)."""
+        inbox: dict[Cell, dict[tuple[Kind, int, int, Cell], Send]] = {
+            cell: {} for cell in self.sends}
+        for src, sends in self.sends.items():
+            for s in sends:
+                inbox[s.dst][(s.kind, s.layer, s.phase, src)] = s
+        return inbox
+
+    def item_shape(self, f: Field, batch: int) -> tuple[int, int]:
+        """Shape of one item's values: (channels, batch)."""
+        if f[0] in ("a",):
+            return self.channels(int(f[1])), batch
+        return self.model.filters, batch

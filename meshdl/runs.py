@@ -1,0 +1,58 @@
+"""Run directories: where one `meshdl train` leaves its model, config and metrics.
+
+A run directory holds `model.npz` (the model, PyTorch names), `config.json` (the
+effective RunConfig and where the data came from) and `metrics.json`, whose schema
+users script against:
+    {"mode", "config", "epochs": [{"epoch", "train_loss", "train_acc", "test_acc"}],
+     "final": {"train_acc", "test_acc"}, "wall_s"}
+Later modes add keys (the mesh adds "comm"); none is ever renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from meshdl.config import RunConfig
+from meshdl.model import CNN
+from meshdl.training import History
+
+
+def new_run_dir(root: Path = Path("runs"), name: str | None = None) -> Path:
+    """A fresh `runs/<timestamp>-<name>/` directory (suffixed if the name is taken)."""
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", name or "run").strip("-") or "run"
+    base = root / f"{datetime.now():%Y%m%d-%H%M%S}-{label}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True)
+    return path
+
+
+def metrics_record(config: RunConfig, history: History, extra: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """The metrics.json document of a finished run."""
+    return {
+        "mode": config.mode,
+        "config": config.model_dump(mode="json"),
+        "epochs": [asdict(e) for e in history.epochs],
+        "final": history.final,
+        "wall_s": round(history.wall_s, 3),
+        **({"comm": history.comm} if history.comm else {}),
+        **(extra or {}),
+    }
+
+
+def write_run(out: Path, config: RunConfig, model: CNN, metrics: dict[str, Any],
+              data_source: str) -> None:
+    """Write model.npz, config.json and metrics.json into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(out / "model.npz")
+    record = {**config.model_dump(mode="json"), "data_source": data_source}
+    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=True) + "\n")

@@ -1,0 +1,383 @@
+"""The sensor node as a sans-I/O state machine: `handle(message, now) -> messages to send`.
+
+A node holds its own readings (one value per sample and input channel) and nothing
+else. Per wave it:
+  1. takes PARAMS and BATCH from its tree parent and forwards them to its children;
+  2. for each conv layer, exchanges halo strips with its one-hop neighbours and computes
+     its cell's output as soon as its window is complete;
+  3. sends its last conv output towards its pooling block's leader; a leader pools its
+     block and the pooled features converge up the BFS tree to the edge;
+  4. (training) routes d(loss)/d(pooled) back down to each block's max positions,
+     exchanges output gradients for each layer's transposed convolution, computes its
+     partial filter gradients and adds its children's on the way up (REDUCE).
+Every send and computation is a *task* that waits for a list of items (cells' or
+blocks' values); when the last one arrives the task runs. No sockets, clocks or asyncio:
+transports call `handle`; `now` only stamps when each stage finished. Bad messages are
+counted in `stats` and dropped; they never raise.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable
+
+import numpy as np
+
+from meshdl.messages import Kind, Message, make
+from meshdl.protocol import Field, MeshSpec, Mode, Send
+from meshdl.topology import Cell
+
+Item = tuple[Field, Hashable]
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """np.stack for equal-shaped arrays, without its per-call overhead (a hot path)."""
+    out = np.empty((len(arrays), *arrays[0].shape), arrays[0].dtype)
+    for i, a in enumerate(arrays):
+        out[i] = a
+    return out
+
+
+class NodePlan:
+    """A node's tasks and the items each waits for; built once, shared by all waves."""
+
+    def __init__(self, spec: MeshSpec, cell: Cell) -> None:
+        topo, layers = spec.topology, spec.model.conv_layers
+        before, after = spec.offsets
+        block = topo.block_of(cell)
+        leads = topo.leader[block] == cell
+        # (name, needs, train only): computations, then sends, in a fixed order.
+        tasks: list[tuple[str | Send, list[Item], bool]] = []
+        for layer in range(1, layers + 1):
+            window = topo.window(cell, before, after)
+            tasks.append((f"conv{layer}", [(("a", layer - 1), c) for c in window], False))
+        if leads:
+            tasks.append(("pool", [(("a", layers), c) for c in topo.block_cells(block)], False))
+            tasks.append(("route", [(("dpooled",), block)], True))
+        tasks.append(("dz_top", [(("route",), cell)], True))
+        for layer in range(layers, 0, -1):
+            tasks.append((f"grad{layer}", [(("dz", layer), cell)], True))
+            if layer > 1:
+                window = topo.window(cell, after, before)
+                tasks.append((f"dinput{layer}", [(("dz", layer), c) for c in window], True))
+        for send in spec.sends[cell]:
+            tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
+        self.tasks = [t for t, _, _ in tasks]
+        self.needs_count = [len(needs) for _, needs, _ in tasks]
+        self.train_only = [train for _, _, train in tasks]
+        self.waiters: dict[Item, list[int]] = {}
+        for index, (_, needs, _) in enumerate(tasks):
+            for item in needs:
+                self.waiters.setdefault(item, []).append(index)
+        self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
+                       for mode in Mode}
+
+
+class Wave:
+    """Everything a node knows about one wave (one step number)."""
+
+    def __init__(self, step: int, plan: NodePlan) -> None:
+        self.step = step
+        self.mode: Mode | None = None
+        self.params: dict[str, np.ndarray] | None = None
+        self.params_vector: np.ndarray | None = None
+        self.norm: tuple[np.ndarray, np.ndarray] | None = None
+        self.batch_payload: np.ndarray | None = None
+        self.batch = 0
+        self.known: dict[Item, np.ndarray] = {}
+        self.missing = list(plan.needs_count)  # per task: items still unknown
+        self.ready: list[int] = [i for i, n in enumerate(self.missing) if n == 0]
+        self.tasks_done = 0
+        self.windows: dict[int, np.ndarray] = {}  # layer -> (c_in, k, k, B) input window
+        self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
+        self.grad_parts: dict[int, np.ndarray] = {}  # layer -> this cell's dW|db, flat
+        self.reduce_in: dict[Cell, np.ndarray] = {}
+        self.reduced = False
+        self.seen: set[tuple] = set()
+        self.finished_at: dict[str, float] = {}
+
+    def value(self, f: Field, item: Hashable) -> np.ndarray:
+        return self.known[(f, item)]
+
+
+class NodeMachine:
+    """One cell of the mesh."""
+
+    def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray]) -> None:
+        """`readings[split]` is (samples, in_channels) float32: this sensor's own log."""
+        self.spec = spec
+        self.cell = cell
+        self.readings = readings
+        topo = spec.topology
+        self.parent = topo.parent[cell]
+        self.children = topo.children[cell]
+        self.neighbours = set(topo.neighbours(cell))
+        self.expects = spec.expects[cell]
+        self.plan = NodePlan(spec, cell)
+        before, after = spec.offsets
+        self.window_cells = topo.window(cell, before, after)
+        self.grad_window_cells = topo.window(cell, after, before)
+        self.block = topo.block_of(cell)
+        self.block_cells = topo.block_cells(self.block)
+        self.wave: Wave | None = None
+        self.future: list[Message] = []
+        self.stats: Counter[str] = Counter()
+        self.seq = 0
+
+    # ------------------------------------------------------------- messages in
+    def handle(self, message: Message, now: float = 0.0) -> list[Message]:
+        """Take one decoded message; return the messages this node sends in response."""
+        h = message.header
+        reason = self._reject_reason(message)
+        if reason:
+            self.stats[f"rejected:{reason}"] += 1
+            return []
+        wave, new_wave = self.wave, False
+        if wave is None or h.step > wave.step:
+            if h.kind != Kind.PARAMS:  # a neighbour is already in the next wave: keep it
+                return self._buffer(message, "buffered_future")
+            if wave is not None and not self._finished(wave):
+                self.stats["abandoned_waves"] += 1
+            self.wave = wave = Wave(h.step, self.plan)
+            new_wave = True
+        if h.step < wave.step:
+            self.stats["stale"] += 1
+            return []
+        key = (h.kind, h.layer, h.phase, h.src)
+        if key in wave.seen:
+            self.stats["duplicates"] += 1
+            return []
+        started_before = wave.mode is not None
+        out: list[Message] = []
+        if not self._accept(wave, message, out):
+            return []
+        wave.seen.add(key)
+        self.stats["accepted"] += 1
+        self._run_ready(wave, now, out)
+        if self.future and (new_wave or (not started_before and wave.mode is not None)):
+            pending, self.future = self.future, []
+            for early in pending:
+                out.extend(self.handle(early, now))
+        return out
+
+    def _reject_reason(self, message: Message) -> str | None:
+        h = message.header
+        if h.mesh != self.spec.mesh_id:
+            return "other_mesh"
+        if h.dst != self.cell:
+            return "not_for_me"
+        if h.src not in self.neighbours:
+            return "not_a_neighbour"
+        return None
+
+    def _buffer(self, message: Message, why: str) -> list[Message]:
+        """Keep a message that arrived before the wave it belongs to could use it."""
+        if len(self.future) >= 64 * (len(self.neighbours) + 1):
+            self.stats["rejected:buffer_full"] += 1
+        else:
+            self.future.append(message)
+            self.stats[why] += 1
+        return []
+
+    def _accept(self, wave: Wave, message: Message, out: list[Message]) -> bool:
+        """Take a message's content into the wave, or count why it does not fit."""
+        h, payload = message.header, message.payload
+        if h.kind in (Kind.PARAMS, Kind.BATCH):
+            return self._accept_control(wave, message, out)
+        if wave.mode is None:  # item messages before this wave's BATCH: wait for it
+            self._buffer(message, "buffered_early")
+            return False
+        if h.kind == Kind.REDUCE:
+            if wave.mode != Mode.TRAIN or h.src not in self.children or payload.shape != (
+                    self.spec.conv_size,):
+                self.stats["rejected:bad_reduce"] += 1
+                return False
+            wave.reduce_in[h.src] = payload
+            return True
+        send = self.expects.get((h.kind, h.layer, h.phase, h.src))
+        if send is None or (send.train_only and wave.mode != Mode.TRAIN):
+            self.stats["rejected:unexpected"] += 1
+            return False
+        shape = (len(send.items), *self.spec.item_shape(send.field, wave.batch))
+        if payload.shape != shape or payload.dtype != np.float32:
+            self.stats["rejected:bad_shape"] += 1
+            return False
+        for item, values in zip(send.items, payload, strict=True):
+            self._put(wave, send.field, item, values)
+        return True
+
+    def _accept_control(self, wave: Wave, message: Message, out: list[Message]) -> bool:
+        """PARAMS and BATCH from the tree parent; both in hand -> the wave starts."""
+        h, payload = message.header, message.payload
+        if h.src != self.parent:
+            self.stats["rejected:not_from_parent"] += 1
+            return False
+        if h.kind == Kind.PARAMS:
+            c = self.spec.model.in_channels
+            if payload.dtype != np.float32 or payload.shape != (self.spec.conv_size + 2 * c,):
+                self.stats["rejected:bad_params"] += 1
+                return False
+            params, mean, std = self.spec.split_params(payload)
+            if np.any(std <= 0):
+                self.stats["rejected:bad_params"] += 1
+                return False
+            wave.params_vector, wave.params, wave.norm = payload, params, (mean, std)
+        else:
+            if not self._valid_batch(payload):
+                self.stats["rejected:bad_batch"] += 1
+                return False
+            wave.batch_payload = payload
+        if wave.params is not None and wave.batch_payload is not None:
+            self._start(wave, out)
+        return True
+
+    def _valid_batch(self, payload: np.ndarray) -> bool:
+        if payload.dtype != np.int32 or payload.ndim != 1 or payload.size < 3:
+            return False
+        mode, split, idx = int(payload[0]), int(payload[1]), payload[2:]
+        if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings:
+            return False
+        return bool(idx.min() >= 0 and idx.max() < len(self.readings[split]))
+
+    def _start(self, wave: Wave, out: list[Message]) -> None:
+        payload = wave.batch_payload
+        wave.mode = Mode(int(payload[0]))
+        indices = payload[2:]
+        wave.batch = len(indices)
+        mean, std = wave.norm
+        x = self.readings[int(payload[1])][indices]  # (B, c_in)
+        for child in self.children:
+            out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
+            out.append(self._message(wave, Kind.BATCH, child, payload))
+        self._put(wave, ("a", 0), self.cell, np.ascontiguousarray(((x - mean) / std).T,
+                                                                    np.float32))
+
+    # ---------------------------------------------------------------- progress
+    def _put(self, wave: Wave, f: Field, item: Hashable, value: np.ndarray) -> None:
+        key = (f, item)
+        if key in wave.known:
+            return
+        wave.known[key] = value
+        for task in self.plan.waiters.get(key, ()):
+            wave.missing[task] -= 1
+            if wave.missing[task] == 0:
+                wave.ready.append(task)
+
+    def _run_ready(self, wave: Wave, now: float, out: list[Message]) -> None:
+        """Run every task whose items are known (running one may ready others)."""
+        if wave.mode is None:
+            return
+        plan = self.plan
+        while wave.ready:
+            index = wave.ready.pop()
+            if plan.train_only[index] and wave.mode != Mode.TRAIN:
+                continue
+            task = plan.tasks[index]
+            if isinstance(task, Send):
+                values = _stack([wave.known[(task.field, i)] for i in task.items])
+                out.append(self._message(wave, task.kind, task.dst, values, task.layer,
+                                         task.phase))
+            else:
+                self._compute(wave, task)
+                wave.finished_at[task] = now
+            wave.tasks_done += 1
+        if wave.mode == Mode.TRAIN and not wave.reduced and \
+                len(wave.grad_parts) == self.spec.model.conv_layers and \
+                len(wave.reduce_in) == len(self.children):
+            self._reduce(wave, out)
+            wave.finished_at["reduce"] = now
+        if self._finished(wave) and "finished" not in wave.finished_at:
+            wave.finished_at["finished"] = now
+
+    def _finished(self, wave: Wave) -> bool:
+        if wave.mode is None or wave.tasks_done < self.plan.active[wave.mode]:
+            return False
+        return wave.reduced or wave.mode == Mode.INFER
+
+    # ------------------------------------------------------------ computation
+    def _compute(self, wave: Wave, task: str) -> None:
+        if task.startswith("conv"):
+            self._conv_forward(wave, int(task[4:]))
+        elif task == "pool":
+            self._pool(wave)
+        elif task == "route":
+            self._route(wave)
+        elif task == "dz_top":
+            layers = self.spec.model.conv_layers
+            active = wave.value(("a", layers), self.cell) > 0
+            self._put(wave, ("dz", layers), self.cell, wave.value(("route",), self.cell) * active)
+        elif task.startswith("grad"):
+            self._weight_grad(wave, int(task[4:]))
+        elif task.startswith("dinput"):
+            self._input_grad(wave, int(task[6:]))
+
+    def _window(self, wave: Wave, f: Field, cells: list[Cell], before: int,
+                channels: int) -> np.ndarray:
+        """(channels, k, k, B) window around this cell; cells outside the grid read 0."""
+        k = self.spec.model.kernel
+        window = np.zeros((channels, k, k, wave.batch), np.float32)
+        r0, c0 = self.cell[0] - before, self.cell[1] - before
+        for cell in cells:
+            window[:, cell[0] - r0, cell[1] - c0] = wave.known[(f, cell)]
+        return window
+
+    def _conv_forward(self, wave: Wave, layer: int) -> None:
+        before, _ = self.spec.offsets
+        window = self._window(wave, ("a", layer - 1), self.window_cells, before,
+                              self.spec.channels(layer - 1))
+        w, b = wave.params[f"conv{layer}.weight"], wave.params[f"conv{layer}.bias"]
+        z = w.reshape(w.shape[0], -1) @ window.reshape(-1, wave.batch) + b[:, None]
+        if wave.mode == Mode.TRAIN:
+            wave.windows[layer] = window
+        self._put(wave, ("a", layer), self.cell, np.maximum(z, 0.0, dtype=np.float32))
+
+    def _pool(self, wave: Wave) -> None:
+        layers = self.spec.model.conv_layers
+        stacked = np.stack([wave.value(("a", layers), c) for c in self.block_cells])
+        wave.winners = stacked.argmax(axis=0)  # first maximum in row-major order, as PyTorch
+        self._put(wave, ("pooled",), self.block, stacked.max(axis=0))
+
+    def _route(self, wave: Wave) -> None:
+        """Max-pool backward at the leader: each member gets the gradient where it won."""
+        grad = wave.value(("dpooled",), self.block)
+        for i, cell in enumerate(self.block_cells):
+            self._put(wave, ("route",), cell,
+                      np.where(wave.winners == i, grad, np.float32(0.0)).astype(np.float32))
+
+    def _weight_grad(self, wave: Wave, layer: int) -> None:
+        """This cell's share of d(loss)/d(conv weights, bias): its output times its window."""
+        dz = wave.value(("dz", layer), self.cell)  # (h, B)
+        dw = dz @ wave.windows[layer].reshape(-1, wave.batch).T
+        wave.grad_parts[layer] = np.concatenate([dw.ravel(), dz.sum(axis=1)])
+
+    def _input_grad(self, wave: Wave, layer: int) -> None:
+        """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
+        _, after = self.spec.offsets
+        dzwin = self._window(wave, ("dz", layer), self.grad_window_cells, after,
+                             self.spec.model.filters)
+        w = wave.params[f"conv{layer}.weight"]
+        flipped = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # (c_in, h, k, k)
+        da = flipped.reshape(flipped.shape[0], -1) @ dzwin.reshape(-1, wave.batch)
+        active = wave.value(("a", layer - 1), self.cell) > 0
+        self._put(wave, ("dz", layer - 1), self.cell, (da * active).astype(np.float32))
+
+    def _reduce(self, wave: Wave, out: list[Message]) -> None:
+        """Own partial gradients plus the children's, as one message to the parent."""
+        layers = self.spec.model.conv_layers
+        total = np.concatenate([wave.grad_parts[layer] for layer in range(1, layers + 1)])
+        for part in wave.reduce_in.values():
+            total += part
+        out.append(self._message(wave, Kind.REDUCE, self.parent, total))
+        wave.reduced = True
+
+    def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,
+                 layer: int = 0, phase: int = 0) -> Message:
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        return make(kind, self.spec.mesh_id, wave.step, self.cell, dst, payload,
+                    layer=layer, phase=phase, seq=self.seq)
+
+    # -------------------------------------------------------------- reporting
+    @property
+    def finished_at(self) -> dict[str, float]:
+        """When (in transport time) this node finished each stage of its last wave."""
+        return dict(self.wave.finished_at) if self.wave else {}

@@ -1,0 +1,206 @@
+"""The virtual mesh: every node machine and the edge machine of one mesh in one process.
+
+Agents talk only through `VirtualBroker` topics, as bytes through the real codec, exactly
+as they would through Mosquitto; the broker delivers in rounds (one round = one hop),
+which is the mesh's virtual clock. `VirtualMesh.run_wave` is a coroutine so that the
+mesh can share an asyncio loop with other tasks; `MeshEngine` adapts it to the training
+loop's `Engine` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from meshdl.accounting import Ledger
+from meshdl.data import Dataset
+from meshdl.edge.agent import EdgeMachine, WaveResult
+from meshdl.errors import MeshdlError, NonFiniteError
+from meshdl.messages import EDGE, CodecError, Message, decode, encode
+from meshdl.model import CNN
+from meshdl.nodes.agent import NodeMachine
+from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.sim.broker import VirtualBroker
+from meshdl.sim.faults import Chaos
+from meshdl.topics import inbox_filter, topic
+from meshdl.topology import Cell
+
+
+class VirtualMesh:
+    """Nodes, edge, broker and ledger of one simulated mesh."""
+
+    def __init__(self, spec: MeshSpec, readings: dict[int, np.ndarray], model: CNN,
+                 labels: dict[int, np.ndarray], max_rounds: int | None = None,
+                 chaos: Chaos | None = None) -> None:
+        """`readings[split]` is (samples, in_channels, rows, cols): each node gets its cell."""
+        self.spec = spec
+        self.broker = VirtualBroker()
+        self.chaos = chaos
+        if chaos is not None and chaos.shuffle:
+            self.broker.shuffle = chaos.rng
+        self.ledger = Ledger(spec)
+        topo = spec.topology
+        self.nodes: dict[Cell, NodeMachine] = {}
+        for cell in topo.cells():
+            own = {split: np.ascontiguousarray(x[:, :, cell[0], cell[1]], np.float32)
+                   for split, x in readings.items()}
+            self.nodes[cell] = NodeMachine(spec, cell, own)
+        self.edge = EdgeMachine(spec, model, labels)
+        self.codec_errors: Counter[str] = Counter()
+        self._topics: dict[tuple, str] = {}
+        for cell, node in self.nodes.items():
+            for n in topo.neighbours(cell):
+                self.broker.subscribe(inbox_filter(spec.mesh_id, n, cell), self._deliver_to(node))
+        self.broker.subscribe(inbox_filter(spec.mesh_id, spec.edge_at, EDGE),
+                              self._deliver_to(self.edge))
+        # A wave needs about four crossings of the mesh; anything far beyond is a hang.
+        self.max_rounds = max_rounds or 16 * (topo.diameter + 4) * (spec.model.conv_layers + 2)
+        self.last_wave_rounds = 0
+        self.timing: dict[Mode, dict[str, Any]] = {}  # the last wave of each mode
+
+    def _deliver_to(self, agent: NodeMachine | EdgeMachine):
+        name = "edge" if isinstance(agent, EdgeMachine) else str(agent.cell)
+
+        def deliver(_topic: str, payload: bytes, now: float) -> None:
+            try:
+                message = decode(payload, mesh=self.spec.mesh_id)
+            except CodecError as exc:
+                self.codec_errors[name] += 1
+                agent.stats[f"rejected:codec:{str(exc).split(':')[0]}"] += 1
+                return
+            self.send(agent.handle(message, now))
+
+        return deliver
+
+    def send(self, messages: list[Message]) -> None:
+        """Encode, count and publish messages from any agent."""
+        for message in messages:
+            self.ledger.record(message)
+            h = message.header
+            key = (h.src, h.dst, h.kind)
+            name = self._topics.get(key)
+            if name is None:
+                name = self._topics[key] = topic(h.mesh, h.src, h.dst, h.kind)
+            if self.chaos is None:
+                self.broker.publish(name, encode(message))
+            else:
+                for topic_, payload, delay in self.chaos.copies(name, encode(message)):
+                    self.broker.publish(topic_, payload, delay)
+
+    def inject(self, topic_: str, payload: bytes) -> None:
+        """Publish raw bytes on a mesh topic (fault injection, tests)."""
+        self.broker.publish(topic_, payload)
+
+    async def run_wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+        """One wave from the edge and back; raises MeshdlError if it does not complete."""
+        self.send(self.edge.start(mode, split, indices))
+        start_round = self.broker.round
+        while self.edge.result is None:
+            if self.broker.idle or self.broker.round - start_round > self.max_rounds:
+                self._stalled(start_round)
+            self.broker.deliver_round()
+            if self.broker.round % 8 == 0:
+                await asyncio.sleep(0)  # let other tasks of the loop run
+        # Let the tail of the wave (e.g. the last REDUCE relays) settle for the counts.
+        while not self.broker.idle:
+            self.broker.deliver_round()
+        self.last_wave_rounds = self.broker.round - start_round
+        self._record_timing(mode, start_round)
+        return self.edge.result
+
+    def _stalled(self, start_round: int) -> None:
+        """Raise the reason a wave cannot finish, naming what the nodes rejected."""
+        rejected = Counter({k: v for k, v in self.node_stats().items()
+                            if k.startswith("rejected")})
+        why = "no messages left" if self.broker.idle else "round limit"
+        detail = ", ".join(f"{n} x {k.removeprefix('rejected:')}"
+                           for k, n in rejected.most_common(3))
+        message = (f"wave {self.edge.step} stalled after {self.broker.round - start_round} "
+                   f"rounds ({why}){'; nodes rejected ' + detail if detail else ''}")
+        if any("NaN" in k for k in rejected):
+            raise NonFiniteError(message)
+        raise MeshdlError(message)
+
+    def _record_timing(self, mode: Mode, start_round: int) -> None:
+        """Rounds (relative to the wave's start) at which nodes finished each stage."""
+        stages: dict[str, dict[str, float]] = {}
+        for cell, node in self.nodes.items():
+            for stage, at in node.finished_at.items():
+                stages.setdefault(stage, {})[f"r{cell[0]}c{cell[1]}"] = at - start_round
+        self.timing[mode] = {"mode": mode.name.lower(), "rounds": self.last_wave_rounds,
+                             "stages": stages}
+
+    def wave_report(self) -> dict[str, Any]:
+        """Wave depth against the mesh diameter, from the last (training) wave's timing."""
+        timing = self.timing.get(Mode.TRAIN) or self.timing.get(Mode.INFER) or {}
+        stages = timing.get("stages", {})
+        last = f"conv{self.spec.model.conv_layers}"
+        forward = max(stages.get(last, {}).values(), default=0)
+        return {
+            "diameter": self.spec.topology.diameter,
+            "edge_hops_to_far_corner": max(self.spec.topology.depth.values()),
+            "forward_rounds": forward,
+            "wave": timing.get("mode"),
+            "wave_rounds": timing.get("rounds", 0),
+            "finished_round": stages,
+        }
+
+    def node_stats(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for node in self.nodes.values():
+            total.update(node.stats)
+        return total
+
+
+class MeshEngine:
+    """The training loop's engine, computing every batch in the virtual mesh."""
+
+    def __init__(self, data: Dataset, edge_at: Cell = (0, 0), mesh_id: int = 1,
+                 chaos: Chaos | None = None) -> None:
+        self.data = data
+        self.chaos = chaos
+        self.edge_at = edge_at
+        self.mesh_id = mesh_id
+        self.mesh: VirtualMesh | None = None
+        self._loop = asyncio.new_event_loop()
+
+    def _mesh_for(self, model: CNN) -> VirtualMesh:
+        if self.mesh is None or self.mesh.edge.model is not model:
+            spec = MeshSpec(self.mesh_id, model.config, self.edge_at)
+            readings = {Split.TRAIN: _channels_first(self.data.X_train),
+                        Split.TEST: _channels_first(self.data.X_test)}
+            labels = {Split.TRAIN: self.data.y_train, Split.TEST: self.data.y_test}
+            self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos)
+        return self.mesh
+
+    def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
+                                                                       np.ndarray]:
+        mesh = self._mesh_for(model)
+        result = self._loop.run_until_complete(mesh.run_wave(Mode.TRAIN, Split.TRAIN, indices))
+        return result.loss, result.logits, result.grads
+
+    def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
+        mesh = self._mesh_for(model)
+        which = Split.TRAIN if split == "train" else Split.TEST
+        return self._loop.run_until_complete(mesh.run_wave(Mode.INFER, which, indices)).logits
+
+    def report(self) -> dict[str, Any]:
+        """The "comm" record: ledger counts plus the wave timing of the last wave."""
+        if self.mesh is None:
+            return {}
+        comm = self.mesh.ledger.report()
+        comm["wave_depth"] = self.mesh.wave_report()
+        comm["rejected"] = {k: v for k, v in self.mesh.node_stats().items()
+                            if k.startswith("rejected") or k in ("duplicates", "stale")}
+        return comm
+
+    def close(self) -> None:
+        self._loop.close()
+
+
+def _channels_first(X: np.ndarray) -> np.ndarray:
+    """(N, rows, cols) -> (N, 1, rows, cols); (N, c, rows, cols) unchanged."""
+    return X[:, None] if X.ndim == 3 else X

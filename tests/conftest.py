@@ -1,0 +1,41 @@
+"""Shared fixtures: a small synthetic data set and an in-process CLI runner."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from meshdl.cli import main
+from meshdl.config import DataConfig
+from meshdl.data import save_dataset
+from meshdl.sim.lounge import generate_lounge
+
+
+@pytest.fixture(scope="session")
+def small_data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 6 x 8 lounge data set, 120 train and 40 test maps."""
+    path = tmp_path_factory.mktemp("data") / "small.npz"
+    save_dataset(generate_lounge(DataConfig(rows=6, cols=8, train=120, test=40, seed=3)), path)
+    return path
+
+
+CliResult = tuple[int, str, str]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
+    """Run `meshdl ARGS...` in this process: (exit code, stdout, stderr)."""
+
+    def run(*args: str | Path) -> CliResult:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

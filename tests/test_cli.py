@@ -1,0 +1,200 @@
+"""The command line end to end: run directories, reports, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshdl import CNN
+from meshdl.data import load_dataset
+
+
+def _train(cli, data: Path, out: Path, *extra: str):
+    epochs = () if "--epochs" in extra else ("--epochs", "2")
+    return cli("train", "--data", data, "--out", out, *epochs, "--batch", "32",
+               "--hidden", "16", "--json", *extra)
+
+
+def test_train_writes_model_config_and_metrics(cli, small_data_file, tmp_path) -> None:
+    code, out, err = _train(cli, small_data_file, tmp_path / "run")
+    assert code == 0, err
+    metrics = json.loads(out)
+    assert metrics == json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert set(metrics) >= {"mode", "config", "epochs", "final", "wall_s"}
+    assert metrics["mode"] == "mesh"  # the default: the virtual mesh
+    comm = metrics["comm"]
+    assert {"classes", "halo", "total_bytes", "total_messages", "busiest_link",
+            "wave_depth"} <= set(comm)
+    assert set(comm["halo"]["conv1"]) == {"needed", "transmitted", "formula"}
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert set(metrics["epochs"][0]) == {"epoch", "train_loss", "train_acc", "test_acc"}
+    assert set(metrics["final"]) == {"train_acc", "test_acc"}
+    assert metrics["config"]["model"]["rows"] == 6  # the grid follows the data file
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data_source"] == str(small_data_file)
+    model = CNN.load(tmp_path / "run" / "model.npz")
+    assert model.config.hidden == 16
+
+
+def test_mesh_and_central_runs_give_the_same_model(cli, small_data_file, tmp_path) -> None:
+    _train(cli, small_data_file, tmp_path / "mesh", "--optimizer", "sgd", "--epochs", "1")
+    code, out, _ = _train(cli, small_data_file, tmp_path / "central", "--mode", "central",
+                          "--optimizer", "sgd", "--epochs", "1")
+    assert code == 0
+    assert "comm" not in json.loads(out)
+    mesh = CNN.load(tmp_path / "mesh" / "model.npz")
+    central = CNN.load(tmp_path / "central" / "model.npz")
+    np.testing.assert_allclose(mesh.flat, central.flat, rtol=1e-5, atol=1e-6)
+
+
+def test_infer_in_the_mesh_matches_evaluate(cli, small_data_file, tmp_path) -> None:
+    _train(cli, small_data_file, tmp_path / "run")
+    model = tmp_path / "run" / "model.npz"
+    code, out, err = cli("infer", model, small_data_file, "--json")
+    assert code == 0, err
+    mesh = json.loads(out)
+    _, out, _ = cli("evaluate", model, small_data_file, "--json")
+    assert mesh["confusion"] == json.loads(out)["confusion"]
+    assert mesh["comm"]["classes"]["gather"]["messages"] > 0
+    assert "reduce" not in mesh["comm"]["classes"]  # inference waves have no backward
+
+
+def test_cost_reports_measured_and_formula_halo(cli) -> None:
+    code, out, err = cli("cost", "--rows", "6", "--cols", "7", "--batch", "2", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    conv1 = report["halo"]["conv1"]
+    assert conv1["transmitted"] == conv1["needed"] < conv1["formula"] == 8 * 6 * 7
+
+
+def test_train_is_deterministic_for_a_seed(cli, small_data_file, tmp_path) -> None:
+    _train(cli, small_data_file, tmp_path / "a", "--seed", "4")
+    _train(cli, small_data_file, tmp_path / "b", "--seed", "4")
+    a = CNN.load(tmp_path / "a" / "model.npz")
+    b = CNN.load(tmp_path / "b" / "model.npz")
+    np.testing.assert_array_equal(a.flat, b.flat)
+
+
+def test_train_without_out_creates_a_timestamped_run_dir(cli, small_data_file, tmp_path,
+                                                         monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("train", "--data", small_data_file, "--epochs", "1", "--hidden", "8",
+                       "--name", "smoke test")
+    assert code == 0, err
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.endswith("-smoke-test")
+    assert (run / "model.npz").is_file()
+
+
+def test_evaluate_reports_accuracy_and_confusion(cli, small_data_file, tmp_path) -> None:
+    _train(cli, small_data_file, tmp_path / "run")
+    code, out, err = cli("evaluate", tmp_path / "run" / "model.npz", small_data_file, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    data = load_dataset(small_data_file)
+    assert report["samples"] == len(data.y_test)
+    assert np.sum(report["confusion"]) == len(data.y_test)
+    predicted = CNN.load(tmp_path / "run" / "model.npz").predict(data.X_test)
+    assert report["accuracy"] == pytest.approx(np.mean(predicted == data.y_test))
+
+
+def test_evaluate_prints_a_table_without_json(cli, small_data_file, tmp_path) -> None:
+    _train(cli, small_data_file, tmp_path / "run")
+    code, out, _ = cli("evaluate", tmp_path / "run" / "model.npz", small_data_file)
+    assert code == 0
+    assert "accuracy" in out
+
+
+# --------------------------------------------------------------------------- bad input
+def _one_line_error(code: int, err: str, expected_code: int, *needles: str) -> None:
+    assert code == expected_code, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error:")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_missing_data_file_is_one_line_error(cli, tmp_path) -> None:
+    code, _, err = cli("train", "--data", tmp_path / "absent.npz")
+    _one_line_error(code, err, 1, "absent.npz")
+
+
+def test_corrupt_data_file_is_one_line_error(cli, tmp_path) -> None:
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK\x03\x04 this is not a zip archive")
+    code, _, err = cli("train", "--data", bad)
+    _one_line_error(code, err, 1, "bad.npz")
+
+
+def test_nan_readings_are_refused(cli, small_data_file, tmp_path) -> None:
+    with np.load(small_data_file) as npz:
+        arrays = dict(npz)
+    arrays["X_train"][3, 2, 2] = np.nan
+    bad = tmp_path / "nan.npz"
+    np.savez(bad, **arrays)
+    code, _, err = cli("train", "--data", bad)
+    _one_line_error(code, err, 1, "NaN")
+
+
+def test_wrong_shape_input_to_model_is_refused() -> None:
+    from meshdl import ModelConfig
+    from meshdl.errors import UsageError
+
+    model = CNN(ModelConfig(rows=4, cols=4, hidden=4))
+    with pytest.raises(UsageError, match="shape"):
+        model.forward(np.zeros((2, 5, 4), np.float32))
+    with pytest.raises(UsageError, match="NaN"):
+        model.forward(np.full((2, 4, 4), np.nan, np.float32))
+
+
+def test_impossible_config_is_usage_error_naming_the_field(cli, small_data_file) -> None:
+    code, _, err = cli("train", "--data", small_data_file, "--kernel", "30")
+    _one_line_error(code, err, 2, "kernel")
+    code, _, err = cli("train", "--data", small_data_file, "--lr", "-1")
+    _one_line_error(code, err, 2, "train.lr")
+
+
+def test_mistyped_flag_exits_2_with_a_hint(cli) -> None:
+    code, _, err = cli("train", "--epoch", "3")
+    assert code == 2
+    assert "--epoch" in err
+    assert "Traceback" not in err
+
+
+def test_missing_model_file_is_one_line_error(cli, small_data_file, tmp_path) -> None:
+    code, _, err = cli("evaluate", tmp_path / "none.npz", small_data_file)
+    _one_line_error(code, err, 1, "none.npz")
+
+
+def test_corrupt_model_file_is_one_line_error(cli, small_data_file, tmp_path) -> None:
+    bad = tmp_path / "model.npz"
+    np.savez(bad, **{"conv1.weight": np.zeros(3)})
+    code, _, err = cli("evaluate", bad, small_data_file)
+    _one_line_error(code, err, 1, "config")
+
+
+def test_model_and_data_grids_must_match(cli, small_data_file, tmp_path) -> None:
+    CNN(__import__("meshdl").ModelConfig(rows=3, cols=3, hidden=4)).save(tmp_path / "m.npz")
+    code, _, err = cli("evaluate", tmp_path / "m.npz", small_data_file)
+    _one_line_error(code, err, 2, "grid")
+
+
+def test_debug_flag_shows_the_traceback(cli, tmp_path) -> None:
+    with pytest.raises(Exception, match="absent"):
+        cli("--debug", "train", "--data", tmp_path / "absent.npz")
+
+
+def test_bench_kernels_reports_a_step_time(cli) -> None:
+    code, out, err = cli("bench", "kernels", "--rows", "5", "--cols", "5", "--hidden", "8",
+                         "--batch", "4", "--repeats", "3", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["meshdl"]["median_ms"] > 0
+    if result["torch"] is not None:
+        assert result["speedup_vs_torch"] == pytest.approx(
+            result["torch"]["median_ms"] / result["meshdl"]["median_ms"])

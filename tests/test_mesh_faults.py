@@ -1,0 +1,128 @@
+"""Bad input never crashes a node or the edge and never changes the result of a step:
+duplicated, delayed, reordered, corrupted, truncated, stale and forged messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshdl import CNN, ModelConfig
+from meshdl.messages import EDGE, Kind, encode, make
+from meshdl.nodes.agent import NodeMachine
+from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.sim.faults import Chaos
+from meshdl.topics import topic
+from tests.test_mesh import _assert_lockstep, _dataset
+
+CONFIG = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_chaotic_delivery_gives_the_clean_result(optimizer: str) -> None:
+    chaos = Chaos(seed=4, duplicate=0.3, corrupt=0.2, truncate=0.2, stale=0.2, delay=0.3,
+                  max_delay=4, shuffle=True)
+    engine = _assert_lockstep(CONFIG, (4, 2), batch=4, steps=3, optimizer=optimizer,
+                              chaos=chaos)
+    stats = engine.mesh.node_stats()
+    assert stats["duplicates"] > 0
+    assert stats["stale"] > 0
+    assert sum(v for k, v in stats.items() if k.startswith("rejected:codec")) > 0
+    assert engine.mesh.edge.stats["accepted"] > 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), p=st.floats(0.0, 0.6))
+def test_any_mix_of_injected_copies_gives_the_clean_result(seed: int, p: float) -> None:
+    chaos = Chaos(seed=seed, duplicate=p, corrupt=p, truncate=p, stale=p, delay=p,
+                  shuffle=seed % 2 == 0)
+    _assert_lockstep(CONFIG, (0, 0), batch=3, steps=2, optimizer="sgd", seed=seed, chaos=chaos)
+
+
+@st.composite
+def forged(draw):
+    """A well-encoded message with arbitrary header fields, or plain garbage bytes."""
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=120))
+    cells = st.tuples(st.integers(-1, 6), st.integers(-1, 7))
+    shape = draw(st.lists(st.integers(0, 4), max_size=3))
+    payload = draw(st.sampled_from([np.float32, np.int32]))
+    values = np.ones(shape, payload) * draw(st.integers(-3, 3))
+    return encode(make(draw(st.sampled_from(list(Kind))), draw(st.sampled_from([1, 2])),
+                       draw(st.integers(0, 4)), draw(cells), draw(cells), values,
+                       layer=draw(st.integers(0, 3)), phase=draw(st.integers(0, 2))))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(junk=st.lists(st.tuples(forged(), st.integers(0, 29), st.sampled_from(list(Kind))),
+                     min_size=1, max_size=25))
+def test_forged_and_garbage_messages_are_rejected_without_effect(junk) -> None:
+    data = _dataset(CONFIG, 4, seed=1)
+    results = []
+    for inject in (False, True):
+        from meshdl.sim.mesh import MeshEngine
+
+        model = CNN(CONFIG, seed=2)
+        model.set_normalization(20.0, 3.0)
+        engine = MeshEngine(data)
+        mesh = engine._mesh_for(model)
+        mesh.send(mesh.edge.start(Mode.TRAIN, Split.TRAIN, np.arange(4)))
+        if inject:  # garbage lands among the first wave's real messages
+            cells = list(mesh.nodes)
+            for payload, target, kind in junk:
+                dst = cells[target % len(cells)]
+                src = mesh.spec.topology.neighbours(dst)[0]
+                mesh.inject(topic(1, src, dst, kind), payload)
+        while mesh.edge.result is None:
+            assert not mesh.broker.idle, "the wave stalled"
+            mesh.broker.deliver_round()
+        results.append((mesh.edge.result.loss, mesh.edge.result.grads.copy()))
+    assert results[1][0] == results[0][0]
+    np.testing.assert_array_equal(results[1][1], results[0][1])
+
+
+def _node(cell=(1, 1)) -> tuple[NodeMachine, MeshSpec]:
+    spec = MeshSpec(1, CONFIG)
+    readings = {Split.TRAIN: np.zeros((4, 1), np.float32)}
+    return NodeMachine(spec, cell, readings), spec
+
+
+def test_node_counts_each_kind_of_bad_message() -> None:
+    node, spec = _node()
+    params = np.zeros(spec.conv_size + 2, np.float32)
+    params[-1] = 1.0  # std
+    cases = {
+        "not_a_neighbour": make(Kind.HALO, 1, 1, (3, 3), (1, 1), np.zeros((1, 1, 2))),
+        "not_for_me": make(Kind.HALO, 1, 1, (1, 0), (2, 2), np.zeros((1, 1, 2))),
+        "other_mesh": make(Kind.HALO, 9, 1, (1, 0), (1, 1), np.zeros((1, 1, 2))),
+        "not_from_parent": make(Kind.PARAMS, 1, 1, (1, 2), (1, 1), params),
+    }
+    for reason, message in cases.items():
+        assert node.handle(message) == []
+        assert node.stats[f"rejected:{reason}"] == 1, reason
+    parent = spec.topology.parent[(1, 1)]
+    node.handle(make(Kind.PARAMS, 1, 1, parent, (1, 1), params))
+    node.handle(make(Kind.BATCH, 1, 1, parent, (1, 1), np.array([0, 0, 0, 7], np.int32)))
+    assert node.stats["rejected:bad_batch"] == 1  # sample 7 does not exist
+    out = node.handle(make(Kind.BATCH, 1, 1, parent, (1, 1), np.array([0, 0, 0, 1], np.int32)))
+    assert out, "a valid batch starts the wave"
+    assert node.handle(make(Kind.HALO, 1, 1, (1, 0), (1, 1), np.zeros((5, 1, 2)),
+                            layer=1)) == []
+    assert node.stats["rejected:bad_shape"] == 1
+    assert node.handle(make(Kind.REDUCE, 1, 1, (1, 0), (1, 1), np.zeros(3))) == []
+    assert node.stats["rejected:bad_reduce"] == 1
+    assert node.handle(make(Kind.PARAMS, 1, 1, parent, (1, 1), params)) == []
+    assert node.stats["duplicates"] == 1
+
+
+def test_edge_ignores_messages_not_from_its_cell() -> None:
+    spec = MeshSpec(1, CONFIG)
+    from meshdl.edge.agent import EdgeMachine
+
+    edge = EdgeMachine(spec, CNN(CONFIG), {Split.TRAIN: np.zeros(4, np.int64)})
+    edge.start(Mode.TRAIN, Split.TRAIN, np.arange(4))
+    assert edge.handle(make(Kind.GATHER, 1, 1, (1, 1), EDGE, np.zeros((3, 2, 4)))) == []
+    assert edge.handle(make(Kind.GATHER, 1, 1, (0, 0), EDGE, np.zeros((3, 2, 4)))) == []
+    assert edge.stats["rejected:not_for_me"] == 1
+    assert edge.stats["rejected:bad_shape"] == 1

@@ -1,0 +1,77 @@
+"""Cross-checks against PyTorch (skipped where PyTorch is not installed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshdl import CNN, ModelConfig, TrainConfig
+from meshdl.optim import Optimizer
+from tests.test_model_gradients import CONFIGS, _problem
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+from meshdl.torch_compat import npz_state_dict, torch_sequential  # noqa: E402
+
+
+def _torch_net(model: CNN):
+    net = torch_sequential(model.config).double()
+    net.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in
+                         model.params.items()})
+    return net
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_gradients_match_pytorch(name: str) -> None:
+    config, batch = CONFIGS[name]
+    model, X, y = _problem(config, batch)
+    loss, grads = model.loss_and_grads(X, y)
+    net = _torch_net(model)
+    expected = torch.nn.functional.cross_entropy(net(torch.from_numpy(X).double()),
+                                                 torch.from_numpy(y))
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    for pname, p in net.named_parameters():
+        ref = p.grad.numpy()
+        error = np.linalg.norm(grads[pname] - ref) / max(np.linalg.norm(ref), 1e-8)
+        assert error < 1e-4, f"{pname}: relative error {error:.2e}"
+
+
+def test_saved_model_loads_into_pytorch_and_predicts_the_same(tmp_path) -> None:
+    config = ModelConfig()
+    model, X, _ = _problem(config, 64)
+    model.set_normalization(0.5, 2.0)
+    model.save(tmp_path / "model.npz")
+    net = torch_sequential(config)
+    net.load_state_dict(npz_state_dict(tmp_path / "model.npz"))
+    with np.load(tmp_path / "model.npz") as npz:
+        mean, std = float(npz["norm.mean"][0]), float(npz["norm.std"][0])
+    with torch.no_grad():
+        theirs = net((torch.from_numpy(X) - mean) / std).numpy()
+    ours = CNN.load(tmp_path / "model.npz").forward(X)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    assert (ours.argmax(1) == theirs.argmax(1)).all()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_optimizer_steps_match_pytorch(optimizer: str) -> None:
+    config = ModelConfig(rows=6, cols=8, filters=3, hidden=10)
+    model, X, y = _problem(config, 16)
+    train = TrainConfig(optimizer=optimizer, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    net = _torch_net(model)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    else:
+        opt = torch.optim.Adam(net.parameters(), lr=0.05, weight_decay=1e-3)
+    ours = Optimizer(train, model.flat.size)
+    for _ in range(5):
+        _, grads = model.loss_and_grads(X, y)
+        ours.step(model.flat, np.concatenate([g.ravel() for g in grads.values()]))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(torch.from_numpy(X).double()),
+                                          torch.from_numpy(y)).backward()
+        opt.step()
+    for pname, p in net.named_parameters():
+        np.testing.assert_allclose(model.params[pname], p.detach().numpy(), rtol=1e-4,
+                                   atol=1e-5, err_msg=pname)
