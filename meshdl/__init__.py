@@ -15,5 +15,13 @@ from meshdl.config import (
 )
 from meshdl.model import CNN
 
-__all__ = ["CNN", "DataConfig", "MeshConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_run_config"]
+__all__ = [
+    "CNN",
+    "DataConfig",
+    "MeshConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "load_run_config",
+]
 __version__ = "0.1.0"

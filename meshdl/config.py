@@ -66,7 +66,8 @@ class DataConfig(_Strict):
     cols: int = Field(25, ge=1, le=4096)
     train: int = Field(2400, ge=1, description="training samples")
     test: int = Field(561, ge=1, description="test samples")
-    threshold: float = Field(3.0, gt=0, description="anomaly: a 4-neighbour pair differs by >= this (°C)")
+    threshold: float = Field(
+        3.0, gt=0, description="anomaly: a 4-neighbour pair differs by >= this (°C)")
     slot_minutes: int = Field(30, ge=1, le=1440, description="minutes per time slot")
     seed: int = Field(0, ge=0)
 
@@ -76,8 +77,10 @@ class TrainConfig(_Strict):
 
     epochs: int = Field(20, ge=1)
     batch: int = Field(100, ge=1)
-    optimizer: Literal["sgd", "adam"] = "adam"
-    lr: float = Field(2e-3, gt=0, description="learning rate")
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.1, gt=0, description="learning rate (the peak, with a schedule)")
+    schedule: Literal["constant", "cosine"] = Field(
+        "cosine", description="learning rate over the run: constant, or cosine decay to 0")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
     weight_decay: float = Field(0.0, ge=0)
     seed: int = Field(0, ge=0, description="seeds parameter init and batch shuffling")

@@ -33,6 +33,7 @@ slower here, and long loops are cut in L1-sized blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numba import njit
@@ -80,25 +81,28 @@ class PlaneGeometry:
     kernel: int
     pool: int = 1
 
-    @property
+    @cached_property
     def taps(self) -> int:
         return tap_width(self.kernel)
 
-    @property
+    @cached_property
     def width(self) -> int:
         before = same_padding(self.kernel)[0]
         return max(self.cols + self.kernel - 1, before + -(-self.cols // self.pool) * self.pool)
 
-    @property
+    @cached_property
     def height(self) -> int:
+        # the last tap group reads up to taps-1 rows below the last grid row, plus one
+        # more row if its columns run past the row's end (taps > kernel)
+        reach = self.rows + self.taps - 1 + (self.cols + self.taps - 1 > self.width)
         before = same_padding(self.kernel)[0]
-        return max(self.rows + self.taps, before + -(-self.rows // self.pool) * self.pool)
+        return max(reach, before + -(-self.rows // self.pool) * self.pool)
 
-    @property
+    @cached_property
     def row_stride(self) -> int:
         return self.width * self.batch
 
-    @property
+    @cached_property
     def size(self) -> int:
         """Floats per channel plane."""
         return self.height * self.row_stride
@@ -116,11 +120,7 @@ class PlaneGeometry:
         cells = planes[:channels].reshape(channels, self.height, self.width, self.batch)
         return cells[:, pad : pad + self.rows, pad : pad + self.cols]
 
-    def kernel_args(self) -> tuple[int, int, int, int]:
-        """(rows, cols, row_stride, batch): the geometry arguments of the pooling kernels."""
-        return self.rows, self.cols, self.row_stride, self.batch
-
-    @property
+    @cached_property
     def multi_row(self) -> bool:
         """Whether `blocks` run across rows, through the pad cells between them."""
         return self.cols * self.batch < BLOCK // 2 and self.rows > 1
@@ -161,17 +161,23 @@ def padded_weights(w: np.ndarray, out: np.ndarray, flip: bool) -> None:
         out[:n_out, :, :k, :k] = w
 
 
+_U = np.uint64  # type of flat indices, see `_tap_offsets`
+
+
 @njit(inline="always", **_JIT)
-def _tap_runs(plane: np.ndarray, q: int, n: int, row_stride: int, batch: int) -> tuple:
-    """The runs of length n read by the 3x3 tap group whose first tap is at flat index q."""
-    q1 = q + row_stride
-    q2 = q1 + row_stride
-    b2 = 2 * batch
-    return (
-        plane[q : q + n], plane[q + batch : q + batch + n], plane[q + b2 : q + b2 + n],
-        plane[q1 : q1 + n], plane[q1 + batch : q1 + batch + n], plane[q1 + b2 : q1 + b2 + n],
-        plane[q2 : q2 + n], plane[q2 + batch : q2 + batch + n], plane[q2 + b2 : q2 + b2 + n],
-    )
+def _tap_offsets(q: int, row_stride: int, batch: int) -> tuple:
+    """Flat offsets of the 9 taps of the 3x3 tap group whose first tap is at offset q.
+
+    Kernels index planes as plane[channel, offset + j] with unsigned offsets rather
+    than taking slices: Numba then adds no negative-index wraparound (which would stop
+    LLVM from vectorizing), and no reference counting (two atomic operations per
+    slice, which cost more than a short loop). Unsigned arithmetic must stay unsigned:
+    uint64 with int64 gives float64 in Numba, so there are no int literals below.
+    """
+    q, rs, b = _U(q), _U(row_stride), _U(batch)
+    q1 = q + rs
+    q2 = q1 + rs
+    return q, q + b, q + b + b, q1, q1 + b, q1 + b + b, q2, q2 + b, q2 + b + b
 
 
 @njit(inline="always", **_JIT)
@@ -185,9 +191,10 @@ def _tap_weights(w: np.ndarray, ty: int, tx: int) -> tuple:
 
 
 @njit(inline="always", **_JIT)
-def _at(x: tuple, j: int) -> tuple:
-    """Element j of each of the 9 runs of a tap group."""
-    return x[0][j], x[1][j], x[2][j], x[3][j], x[4][j], x[5][j], x[6][j], x[7][j], x[8][j]
+def _at(x: np.ndarray, ch: int, o: tuple, j: int) -> tuple:
+    """The 9 tap values x[ch, o[t] + j] of a tap group."""
+    return (x[ch, o[0] + j], x[ch, o[1] + j], x[ch, o[2] + j], x[ch, o[3] + j],
+            x[ch, o[4] + j], x[ch, o[5] + j], x[ch, o[6] + j], x[ch, o[7] + j], x[ch, o[8] + j])
 
 
 @njit(inline="always", **_JIT)
@@ -199,44 +206,46 @@ def _dot9(w: tuple, v: tuple) -> float:
 
 @njit(inline="always", **_JIT)
 def _correlate2(
-    x: tuple, wa: tuple, wb: tuple, a: np.ndarray, b: np.ndarray,
-    first: bool, bias_a: float, bias_b: float,
+    x: np.ndarray, ch: int, o: tuple, wa: tuple, wb: tuple, out: np.ndarray, a: int, b: int,
+    base: int, n: int, first: bool, bias_a: float, bias_b: float,
 ) -> None:
-    """a += wa . x and b += wb . x along the runs (with `first`: a = bias_a + wa . x, ...).
+    """out[a] += wa . x and out[b] += wb . x over n cells from `base` (first: = bias + ...).
 
-    Both outputs share the 9 input loads: 18 FMAs per 11 loads and 2 stores. The first
-    pass sets instead of adding, which saves a pass that would only write the bias.
+    x[ch] holds the input, o its tap offsets. Both outputs share the 9 input loads: 18
+    FMAs per 11 loads and 2 stores. The first pass sets instead of adding, which saves
+    a pass that would only write the bias.
     """
     if first:
-        for j in range(a.size):
-            v = _at(x, j)
-            a[j] = bias_a + _dot9(wa, v)
-            b[j] = bias_b + _dot9(wb, v)
+        for j in range(n):
+            v = _at(x, ch, o, j)
+            out[a, base + j] = bias_a + _dot9(wa, v)
+            out[b, base + j] = bias_b + _dot9(wb, v)
     else:
-        for j in range(a.size):
-            v = _at(x, j)
-            a[j] += _dot9(wa, v)
-            b[j] += _dot9(wb, v)
+        for j in range(n):
+            v = _at(x, ch, o, j)
+            out[a, base + j] += _dot9(wa, v)
+            out[b, base + j] += _dot9(wb, v)
 
 
 @njit(inline="always", **_JIT)
 def _correlate3(
-    x: tuple, wa: tuple, wb: tuple, wc: tuple, a: np.ndarray, b: np.ndarray, c: np.ndarray,
-    first: bool, bias_a: float, bias_b: float, bias_c: float,
+    x: np.ndarray, ch: int, o: tuple, wa: tuple, wb: tuple, wc: tuple, out: np.ndarray,
+    a: int, base: int, n: int, first: bool, bias_a: float, bias_b: float, bias_c: float,
 ) -> None:
-    """`_correlate2` for three outputs: 27 FMAs per 12 loads and 3 stores."""
+    """`_correlate2` for outputs a, a+1, a+2: 27 FMAs per 12 loads and 3 stores."""
+    b, c = a + 1, a + 2
     if first:
-        for j in range(a.size):
-            v = _at(x, j)
-            a[j] = bias_a + _dot9(wa, v)
-            b[j] = bias_b + _dot9(wb, v)
-            c[j] = bias_c + _dot9(wc, v)
+        for j in range(n):
+            v = _at(x, ch, o, j)
+            out[a, base + j] = bias_a + _dot9(wa, v)
+            out[b, base + j] = bias_b + _dot9(wb, v)
+            out[c, base + j] = bias_c + _dot9(wc, v)
     else:
-        for j in range(a.size):
-            v = _at(x, j)
-            a[j] += _dot9(wa, v)
-            b[j] += _dot9(wb, v)
-            c[j] += _dot9(wc, v)
+        for j in range(n):
+            v = _at(x, ch, o, j)
+            out[a, base + j] += _dot9(wa, v)
+            out[b, base + j] += _dot9(wb, v)
+            out[c, base + j] += _dot9(wc, v)
 
 
 @njit(inline="always", **_JIT)
@@ -244,6 +253,7 @@ def _group_size(channels: int, at: int) -> int:
     """Output channels computed together from channel `at` on: 3s, and 2s to end even.
 
     (channels >= 2: a single channel is paired with a scratch channel of zero weights.)
+    Three outputs per loop are as fast per FMA as two; more spill registers.
     """
     left = channels - at
     return 3 if left == 3 or left >= 5 else 2
@@ -251,22 +261,20 @@ def _group_size(channels: int, at: int) -> int:
 
 @njit(inline="always", **_JIT)
 def _correlate_group(
-    src: np.ndarray, w: np.ndarray, co: int, size: int, ci: int, ty: int, tx: int,
-    q: int, row_stride: int, batch: int, out: np.ndarray, lo: int, hi: int,
-    first: bool, bias: np.ndarray,
+    x: np.ndarray, ci: int, w: np.ndarray, co: int, size: int, ty: int, tx: int, o: tuple,
+    out: np.ndarray, base: int, n: int, first: bool, bias: np.ndarray,
 ) -> None:
-    """Output channels co..co+size-1 (runs lo:hi of `out`) from one tap group of input ci.
+    """Output channels co..co+size-1 of `out` from tap group (ty, tx) of input x[ci].
 
-    w is (out channels, in channels, taps, taps); src is input ci's plane.
+    w is (out channels, in channels, taps, taps).
     """
-    x = _tap_runs(src, q, hi - lo, row_stride, batch)
     if size == 3:
-        _correlate3(x, _tap_weights(w[co, ci], ty, tx), _tap_weights(w[co + 1, ci], ty, tx),
-                    _tap_weights(w[co + 2, ci], ty, tx), out[co, lo:hi], out[co + 1, lo:hi],
-                    out[co + 2, lo:hi], first, bias[co], bias[co + 1], bias[co + 2])
+        _correlate3(x, ci, o, _tap_weights(w[co, ci], ty, tx), _tap_weights(w[co + 1, ci], ty, tx),
+                    _tap_weights(w[co + 2, ci], ty, tx), out, co, base, n, first,
+                    bias[co], bias[co + 1], bias[co + 2])
     else:
-        _correlate2(x, _tap_weights(w[co, ci], ty, tx), _tap_weights(w[co + 1, ci], ty, tx),
-                    out[co, lo:hi], out[co + 1, lo:hi], first, bias[co], bias[co + 1])
+        _correlate2(x, ci, o, _tap_weights(w[co, ci], ty, tx), _tap_weights(w[co + 1, ci], ty, tx),
+                    out, co, co + 1, base, n, first, bias[co], bias[co + 1])
 
 
 @njit(**_JIT)
@@ -283,9 +291,10 @@ def conv_forward(
     between them: `zero_overhang` clears them.
     """
     n_in, taps = w.shape[1], w.shape[2]
+    zero = np.float32(0.0)
     for block in range(blocks.shape[0]):
         start, stop = blocks[block, 0], blocks[block, 1]
-        lo, hi = out_base + start, out_base + stop
+        base, n = _U(out_base + start), _U(stop - start)
         co = 0
         while co < channels:
             size = _group_size(channels, co)
@@ -293,14 +302,12 @@ def conv_forward(
             for ci in range(n_in):
                 for ty in range(0, taps, GROUP):
                     for tx in range(0, taps, GROUP):
-                        q = start + ty * row_stride + tx * batch
-                        _correlate_group(x[ci], w, co, size, ci, ty, tx, q, row_stride, batch,
-                                         out, lo, hi, first, b)
+                        o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
+                        _correlate_group(x, ci, w, co, size, ty, tx, o, out, base, n, first, b)
                         first = False
             for m in range(co, co + size):
-                o = out[m, lo:hi]
-                for j in range(o.size):
-                    o[j] = max(o[j], np.float32(0.0))
+                for j in range(n):
+                    out[m, base + j] = max(out[m, base + j], zero)
             co += size
 
 
@@ -316,22 +323,24 @@ def zero_overhang(
 
 @njit(**_JIT)
 def conv_input_grad(
-    dz: np.ndarray, wf: np.ndarray, dx: np.ndarray, dx_base: int, channels: int,
-    act: np.ndarray, act_base: int, blocks: np.ndarray, row_stride: int, batch: int,
+    dz: np.ndarray, wf: np.ndarray, no_bias: np.ndarray, dx: np.ndarray, dx_base: int,
+    channels: int, act: np.ndarray, act_base: int, blocks: np.ndarray, row_stride: int,
+    batch: int,
 ) -> None:
     """dx = (transposed convolution of dz) * (act > 0): back through conv, then a ReLU.
 
     dz: gradient planes (>= Co, size), laid out with the *gradient* padding; wf:
-    `padded_weights(w, flip=True)`, (slots(Ci), Co, taps, taps); dx: planes (slots(Ci),
-    size) written at dx_base + n; channels: slots(Ci); act: the layer input's planes
-    (the previous ReLU's output), read at act_base + n. The mask also zeroes the pad
-    cells between rows that multi-row blocks write (act is 0 there).
+    `padded_weights(w, flip=True)`, (slots(Ci), Co, taps, taps); no_bias: zeros
+    (slots(Ci),); dx: planes (slots(Ci), size) written at dx_base + n; channels:
+    slots(Ci); act: the layer input's planes (the previous ReLU's output), read at
+    act_base + n. The mask also zeroes the pad cells between rows that multi-row blocks
+    write (act is 0 there).
     """
     n_out, taps = wf.shape[1], wf.shape[2]
-    no_bias = np.zeros(wf.shape[0], np.float32)
+    zero = np.float32(0.0)
     for block in range(blocks.shape[0]):
         start, stop = blocks[block, 0], blocks[block, 1]
-        lo, hi = dx_base + start, dx_base + stop
+        base, abase, n = _U(dx_base + start), _U(act_base + start), _U(stop - start)
         ci = 0
         while ci < channels:
             size = _group_size(channels, ci)
@@ -339,16 +348,13 @@ def conv_input_grad(
             for co in range(n_out):
                 for ty in range(0, taps, GROUP):
                     for tx in range(0, taps, GROUP):
-                        q = start + ty * row_stride + tx * batch
-                        _correlate_group(dz[co], wf, ci, size, co, ty, tx, q, row_stride, batch,
-                                         dx, lo, hi, first, no_bias)
+                        o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
+                        _correlate_group(dz, co, wf, ci, size, ty, tx, o, dx, base, n, first,
+                                         no_bias)
                         first = False
             for m in range(ci, ci + size):
-                o = dx[m, lo:hi]
-                a = act[m, act_base + start : act_base + stop]
-                for j in range(o.size):
-                    if a[j] <= 0.0:
-                        o[j] = 0.0
+                for j in range(n):
+                    dx[m, base + j] = dx[m, base + j] if act[m, abase + j] > zero else zero
             ci += size
 
 
@@ -368,72 +374,73 @@ def conv_weight_grad(
     db[:] = 0.0
     for block in range(blocks.shape[0]):
         start, stop = blocks[block, 0], blocks[block, 1]
-        n = stop - start
+        base, n = _U(dz_base + start), _U(stop - start)
+        for co in range(n_out):
+            total = np.float32(0.0)
+            for j in range(n):
+                total += dz[co, base + j]
+            db[co] += total
         for co in range(0, n_out, 2):
-            pair = co + 1 < n_out
-            g = dz[co, dz_base + start : dz_base + stop]
-            db[co] += g.sum()
-            if pair:
-                h = dz[co + 1, dz_base + start : dz_base + stop]
-                db[co + 1] += h.sum()
             for ci in range(n_in):
                 for ty in range(0, taps, GROUP):
                     for tx in range(0, taps, GROUP):
-                        x9 = _tap_runs(x[ci], start + ty * row_stride + tx * batch, n,
-                                       row_stride, batch)
-                        if pair:
-                            s, t = _dots2(x9, g, h)
+                        o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
+                        if co + 1 < n_out:
+                            s, t = _dots2(x, ci, o, dz, co, base, n)
                             _add_tap_group(dw[co, ci], ty, tx, s)
                             _add_tap_group(dw[co + 1, ci], ty, tx, t)
                         else:
-                            _add_tap_group(dw[co, ci], ty, tx, _dots1(x9, g))
+                            _add_tap_group(dw[co, ci], ty, tx, _dots1(x, ci, o, dz, co, base, n))
 
 
 @njit(inline="always", **_JIT)
-def _dots2(x: tuple, g: np.ndarray, h: np.ndarray) -> tuple:
-    """(g . x[t] for the 9 taps t), (h . x[t] ...): 18 sums from 11 loads per element."""
+def _dots2(x: np.ndarray, ci: int, o: tuple, dz: np.ndarray, co: int, base: int, n: int) -> tuple:
+    """Sums over n cells of dz[co] * (each tap of x[ci]), and of dz[co + 1] * (...).
+
+    18 sums from 11 loads per cell.
+    """
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = np.float32(0.0)
     c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = np.float32(0.0)
-    for j in range(g.size):
-        v0, v1, v2, v3, v4, v5, v6, v7, v8 = _at(x, j)
-        gj, hj = g[j], h[j]
-        a0 += gj * v0
-        a1 += gj * v1
-        a2 += gj * v2
-        a3 += gj * v3
-        a4 += gj * v4
-        a5 += gj * v5
-        a6 += gj * v6
-        a7 += gj * v7
-        a8 += gj * v8
-        c0 += hj * v0
-        c1 += hj * v1
-        c2 += hj * v2
-        c3 += hj * v3
-        c4 += hj * v4
-        c5 += hj * v5
-        c6 += hj * v6
-        c7 += hj * v7
-        c8 += hj * v8
+    for j in range(n):
+        v0, v1, v2, v3, v4, v5, v6, v7, v8 = _at(x, ci, o, j)
+        g, h = dz[co, base + j], dz[co + 1, base + j]
+        a0 += g * v0
+        a1 += g * v1
+        a2 += g * v2
+        a3 += g * v3
+        a4 += g * v4
+        a5 += g * v5
+        a6 += g * v6
+        a7 += g * v7
+        a8 += g * v8
+        c0 += h * v0
+        c1 += h * v1
+        c2 += h * v2
+        c3 += h * v3
+        c4 += h * v4
+        c5 += h * v5
+        c6 += h * v6
+        c7 += h * v7
+        c8 += h * v8
     return (a0, a1, a2, a3, a4, a5, a6, a7, a8), (c0, c1, c2, c3, c4, c5, c6, c7, c8)
 
 
 @njit(inline="always", **_JIT)
-def _dots1(x: tuple, g: np.ndarray) -> tuple:
-    """(g . x[t] for the 9 taps t)."""
+def _dots1(x: np.ndarray, ci: int, o: tuple, dz: np.ndarray, co: int, base: int, n: int) -> tuple:
+    """Sums over n cells of dz[co] * (each tap of x[ci])."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = np.float32(0.0)
-    for j in range(g.size):
-        v0, v1, v2, v3, v4, v5, v6, v7, v8 = _at(x, j)
-        gj = g[j]
-        a0 += gj * v0
-        a1 += gj * v1
-        a2 += gj * v2
-        a3 += gj * v3
-        a4 += gj * v4
-        a5 += gj * v5
-        a6 += gj * v6
-        a7 += gj * v7
-        a8 += gj * v8
+    for j in range(n):
+        v0, v1, v2, v3, v4, v5, v6, v7, v8 = _at(x, ci, o, j)
+        g = dz[co, base + j]
+        a0 += g * v0
+        a1 += g * v1
+        a2 += g * v2
+        a3 += g * v3
+        a4 += g * v4
+        a5 += g * v5
+        a6 += g * v6
+        a7 += g * v7
+        a8 += g * v8
     return a0, a1, a2, a3, a4, a5, a6, a7, a8
 
 
@@ -450,27 +457,28 @@ def maxpool_forward_planes(
     act: np.ndarray, base: int, rows: int, cols: int, row_stride: int, batch: int,
     size: int, out: np.ndarray, arg: np.ndarray,
 ) -> None:
-    """`maxpool_forward` of the grid inside activation planes (grid cell (0,0) at base)."""
+    """`maxpool_forward` of the ReLU output inside activation planes (cell (0,0) at base).
+
+    Windows past the grid read pad cells, 0, which never beats a ReLU output (>= 0)
+    that comes first in the window: no clipping needed.
+    """
     n_ch, prow, pcol, _ = out.shape
+    nb = _U(batch)
     for ch in range(n_ch):
         for pr in range(prow):
-            r0 = pr * size
             for pc in range(pcol):
-                c0 = pc * size
-                best = out[ch, pr, pc]
-                where = arg[ch, pr, pc]
-                at = base + r0 * row_stride + c0 * batch
-                best[:] = act[ch, at : at + batch]
-                where[:] = 0
-                for r in range(r0, min(r0 + size, rows)):
-                    for c in range(c0, min(c0 + size, cols)):
-                        code = (r - r0) * size + (c - c0)
-                        at = base + r * row_stride + c * batch
-                        v = act[ch, at : at + batch]
-                        for i in range(batch):  # branch-free, so that it vectorizes
-                            take = v[i] > best[i]
-                            best[i] = v[i] if take else best[i]
-                            where[i] = code if take else where[i]
+                at = _U(base + pr * size * row_stride + pc * size * batch)
+                for i in range(nb):
+                    out[ch, pr, pc, i] = act[ch, at + i]
+                    arg[ch, pr, pc, i] = 0
+                for code in range(1, size * size):
+                    dr, dc = divmod(code, size)
+                    at = _U(base + (pr * size + dr) * row_stride + (pc * size + dc) * batch)
+                    for i in range(nb):  # branch-free, so that it vectorizes
+                        v = act[ch, at + i]
+                        take = v > out[ch, pr, pc, i]
+                        out[ch, pr, pc, i] = v if take else out[ch, pr, pc, i]
+                        arg[ch, pr, pc, i] = code if take else arg[ch, pr, pc, i]
 
 
 @njit(**_JIT)
@@ -485,20 +493,18 @@ def maxpool_relu_backward_planes(
     left alone (they stay 0).
     """
     n_ch = dout.shape[0]
+    nb = _U(batch)
+    zero = np.float32(0.0)
     for ch in range(n_ch):
         for r in range(rows):
             pr = r // size
             for c in range(cols):
                 pc = c // size
                 code = (r - pr * size) * size + (c - pc * size)
-                g = dout[ch, pr, pc]
-                top = pooled[ch, pr, pc]
-                where = arg[ch, pr, pc]
-                at = base + r * row_stride + c * batch
-                d = dz[ch, at : at + batch]
-                for i in range(batch):
-                    hit = (where[i] == code) & (top[i] > 0.0)
-                    d[i] = g[i] if hit else np.float32(0.0)
+                at = _U(base + r * row_stride + c * batch)
+                for i in range(nb):
+                    hit = (arg[ch, pr, pc, i] == code) & (pooled[ch, pr, pc, i] > zero)
+                    dz[ch, at + i] = dout[ch, pr, pc, i] if hit else zero
 
 
 @njit(**_JIT)
@@ -594,31 +600,38 @@ class ConvPlanes:
         self.weights = [np.zeros((slots(h), c, taps, taps), np.float32) for c in fan]
         self.flipped = [np.zeros((slots(c), h, taps, taps), np.float32) for c in fan]
         self.biases = [np.zeros(slots(h), np.float32) for _ in fan]
+        self.no_bias = np.zeros(slots(h), np.float32)
         self.dweights = [np.zeros((h, c, taps, taps), np.float32) for c in fan]
         self.dbiases = [np.zeros(h, np.float32) for _ in fan]
         prow, pcol = -(-rows // pool), -(-cols // pool)
         self.pooled = np.zeros((h, prow, pcol, batch), np.float32)
         self.winners = np.zeros(self.pooled.shape, np.int8)
+        # kernel arguments, worked out once (a step is short: Python time counts)
+        self.slots = slots(h)
+        self.act_base, self.grad_base = geo.base(self.before), geo.base(self.after)
+        self.grid_args = (rows, cols, geo.row_stride, batch)
+        self.multi_row = geo.multi_row
+        self.views = [geo.grid(self.acts[0], self.before, in_channels)] + [
+            geo.grid(a, self.before, h) for a in self.acts[1:]
+        ]
 
     def activation(self, layer: int) -> np.ndarray:
         """Layer `layer`'s ReLU output (the input for 0) as a (C, rows, cols, B) view."""
-        channels = self.in_channels if layer == 0 else self.filters
-        return self.geometry.grid(self.acts[layer], self.before, channels)
+        return self.views[layer]
 
     def forward(self, x: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray]) -> None:
         """Conv + ReLU layers then max-pool of x (Ci, rows, cols, B) into `pooled`, `winners`."""
-        geo = self.geometry
-        self.activation(0)[...] = x
-        base = geo.base(self.before)
+        geo, base = self.geometry, self.act_base
+        self.views[0][...] = x
         for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
             padded_weights(w, self.weights[layer], flip=False)
             self.biases[layer][: len(b)] = b
             conv_forward(self.acts[layer], self.weights[layer], self.biases[layer],
-                         self.acts[layer + 1], base, slots(self.filters), self.blocks,
+                         self.acts[layer + 1], base, self.slots, self.blocks,
                          geo.row_stride, geo.batch)
-            if geo.multi_row:
-                zero_overhang(self.acts[layer + 1], base, *geo.kernel_args())
-        maxpool_forward_planes(self.acts[-1], base, *geo.kernel_args(), self.pool,
+            if self.multi_row:
+                zero_overhang(self.acts[layer + 1], base, *self.grid_args)
+        maxpool_forward_planes(self.acts[-1], base, *self.grid_args, self.pool,
                                self.pooled, self.winners)
 
     def backward(
@@ -629,14 +642,13 @@ class ConvPlanes:
 
         Uses the activations, `pooled` and `winners` of the last `forward`.
         """
-        geo = self.geometry
+        geo, grad_base = self.geometry, self.grad_base
         if not self.grads:
-            self.grads = [geo.zeros(slots(self.filters)) for _ in range(2)]
+            self.grads = [geo.zeros(self.slots) for _ in range(2)]
         k = weights[0].shape[-1]
-        act_base, grad_base = geo.base(self.before), geo.base(self.after)
-        dz = self.grads[0]
+        dz, below = self.grads
         maxpool_relu_backward_planes(np.ascontiguousarray(dpooled), self.pooled, self.winners,
-                                     self.pool, dz, grad_base, *geo.kernel_args())
+                                     self.pool, dz, grad_base, *self.grid_args)
         for layer in range(self.layers - 1, -1, -1):
             dw, db = self.dweights[layer], self.dbiases[layer]
             conv_weight_grad(self.acts[layer], dz, grad_base, dw, db, self.blocks,
@@ -644,9 +656,8 @@ class ConvPlanes:
             dweights[layer][...] = dw[:, :, :k, :k]
             dbiases[layer][...] = db
             if layer > 0:
-                below = self.grads[1] if dz is self.grads[0] else self.grads[0]
                 padded_weights(weights[layer], self.flipped[layer], flip=True)
-                conv_input_grad(dz, self.flipped[layer], below, grad_base, slots(self.filters),
-                                self.acts[layer], act_base, self.blocks, geo.row_stride,
-                                geo.batch)
-                dz = below
+                conv_input_grad(dz, self.flipped[layer], self.no_bias, below, grad_base,
+                                self.slots, self.acts[layer], self.act_base, self.blocks,
+                                geo.row_stride, geo.batch)
+                dz, below = below, dz

@@ -216,7 +216,10 @@ class CNN:
         dhidden = p["fc2.weight"].T @ dlogits
         dhidden *= trace.hidden > 0.0
         features = trace.pooled.reshape(self.config.features, -1)
-        np.matmul(dhidden, features.T, out=g["fc1.weight"])
+        if features.shape[1] == 1:  # numpy's matmul takes a slow path for an outer product
+            np.multiply(dhidden, features.T, out=g["fc1.weight"])
+        else:
+            np.matmul(dhidden, features.T, out=g["fc1.weight"])
         dhidden.sum(axis=1, out=g["fc1.bias"])
         return (p["fc1.weight"].T @ dhidden).reshape(trace.pooled.shape)
 

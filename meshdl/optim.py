@@ -8,6 +8,8 @@ updates every parameter in one pass.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -54,16 +56,17 @@ class Optimizer:
         self.first_moment = np.zeros(size, np.float32)  # SGD velocity, or Adam's m
         self.second_moment = np.zeros(size if config.optimizer == "adam" else 0, np.float32)
 
-    def step(self, params: np.ndarray, grads: np.ndarray) -> None:
-        """One update: params -= f(grads, state)."""
+    def step(self, params: np.ndarray, grads: np.ndarray, lr: float | None = None) -> None:
+        """One update: params -= f(grads, state), at `lr` (default: the configured one)."""
         cfg = self.config
+        lr = cfg.lr if lr is None else lr
         self.steps += 1
         if cfg.optimizer == "sgd":
-            _sgd_step(params, grads, self.first_moment, cfg.lr, cfg.momentum,
+            _sgd_step(params, grads, self.first_moment, lr, cfg.momentum,
                       cfg.weight_decay, self.steps == 1)
         else:
             _adam_step(params, grads, self.first_moment, self.second_moment, self.steps,
-                       cfg.lr, 0.9, 0.999, 1e-8, cfg.weight_decay)
+                       lr, 0.9, 0.999, 1e-8, cfg.weight_decay)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """The optimizer state as arrays, for checkpoints."""
@@ -77,3 +80,10 @@ class Optimizer:
         self.steps = int(state["steps"])
         self.first_moment[...] = state["first_moment"]
         self.second_moment[...] = state["second_moment"]
+
+
+def learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:
+    """The learning rate of update `step` (0-based) out of `total_steps`."""
+    if config.schedule == "constant" or total_steps <= 1:
+        return config.lr
+    return 0.5 * config.lr * (1.0 + math.cos(math.pi * step / total_steps))

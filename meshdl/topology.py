@@ -49,7 +49,8 @@ class Topology:
     def __post_init__(self) -> None:
         r, c = self.edge_at
         if not (0 <= r < self.rows and 0 <= c < self.cols):
-            raise ValueError(f"edge_at {self.edge_at} is outside the {self.rows} x {self.cols} grid")
+            raise ValueError(
+                f"edge_at {self.edge_at} is outside the {self.rows} x {self.cols} grid")
         if r not in (0, self.rows - 1) and c not in (0, self.cols - 1):
             raise ValueError(f"edge_at {self.edge_at} is not a border cell")
 

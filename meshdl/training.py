@@ -20,7 +20,7 @@ from meshdl.config import RunConfig
 from meshdl.data import Dataset
 from meshdl.errors import MeshdlError, NonFiniteError
 from meshdl.model import CNN
-from meshdl.optim import Optimizer
+from meshdl.optim import Optimizer, learning_rate
 
 
 class Engine(Protocol):
@@ -135,6 +135,7 @@ def train(
     rng = np.random.default_rng(tc.seed)
     history = History()
     n_train = len(data.y_train)
+    total = tc.epochs * -(-n_train // tc.batch)  # updates in the whole run
     for epoch in range(1, tc.epochs + 1):
         epoch_batches = batches(n_train, tc.batch, rng)
         loss_sum, correct = 0.0, 0
@@ -144,7 +145,7 @@ def train(
             except NonFiniteError:
                 loss = float("nan")
             else:
-                optimizer.step(model.flat, grads)
+                optimizer.step(model.flat, grads, learning_rate(tc, optimizer.steps, total))
             if not (np.isfinite(loss) and np.isfinite(model.flat.sum(dtype=np.float64))):
                 raise MeshdlError(
                     f"training diverged at epoch {epoch}, step {step} (loss {loss}); "

@@ -32,6 +32,8 @@ Item = tuple[Field, Hashable]
 
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:
     """np.stack for equal-shaped arrays, without its per-call overhead (a hot path)."""
+    if len(arrays) == 1:
+        return arrays[0][None]
     out = np.empty((len(arrays), *arrays[0].shape), arrays[0].dtype)
     for i, a in enumerate(arrays):
         out[i] = a

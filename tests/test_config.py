@@ -66,7 +66,7 @@ def test_config_show_prints_effective_configuration(cli, tmp_path, monkeypatch) 
 
 def test_bad_environment_value_is_a_one_line_usage_error(cli, monkeypatch) -> None:
     monkeypatch.setenv("MESHDL_MODEL__KERNEL", "zero")
-    code, out, err = cli("config", "show")
+    code, _, err = cli("config", "show")
     assert code == 2
     assert "model.kernel" in err
     assert "Traceback" not in err
