@@ -12,22 +12,26 @@ The fully-connected layers are plain matrix products and use BLAS through numpy.
 
 Convolutions work on *planes* (see `PlaneGeometry`): each channel's zero-padded grid,
 flattened to one vector of (row, col, batch). In a plane every kernel tap is a fixed
-offset, so one output channel over the whole grid is a single long contiguous run:
-the output at flat index n reads the input at n + dy*row_stride + dx*batch. Computing
-the run straight through also produces values for the k-1 columns past the right edge
-of each row; those land exactly on the k-1 pad columns of the output plane (the right
-pad of that row, then the left pad of the next), and the kernels leave zeros there.
-So a layer writes its output directly into the padded plane the next layer reads: no
-padding copies, no border tests.
+offset: output cell n reads the input at n + dy*row_stride + dx*batch, so a grid row of
+one output channel is one long contiguous run, computed without border tests. A layer
+writes its output straight into the padded plane the next layer reads, the pads stay
+zero, and the planes are allocated once per batch size (`ConvPlanes`), not per step.
+The input gradient of a convolution is the same correlation with the kernel turned by
+180 degrees and its channel axes swapped, on gradient planes padded the other way.
 
-Speed (single thread, AVX2/AVX-512 FMA): each pass of an inner loop computes TWO output
-channels from one 3x3 group of taps: 9 input loads feed 18 FMAs, and the two outputs'
-load and store are shared by the 9 taps. Kernels wider than 3 use several tap groups
-(padded with zero weights to a multiple of 3); an odd channel count is paired with a
-scratch channel of zero weights, so the planes hold an even number of channels. LLVM
-vectorizes these loops without aliasing trouble up to about two written runs; three or
-more written runs per loop fall back to scalar code, wider 512-bit vectors measured
-slower here, and long loops are cut in L1-sized blocks.
+Speed notes (single thread; measured on the AVX-512 machine this was tuned on):
+- Inner loops compute 2 or 3 output channels from one 3x3 group of taps: 9 input loads
+  feed 18 or 27 FMAs. This runs at about the FMA throughput of 256-bit vectors. Four
+  written outputs per loop make LLVM give up vectorizing (too many runtime alias
+  checks); 512-bit vectors (NUMBA_CPU_FEATURES=-prefer-256-bit) measured no faster.
+  Kernels wider than 3 use several tap groups, padded with zero weights.
+- The first pass of a loop writes bias + sum and the last applies the ReLU, so that no
+  pass only initializes or clamps. Weight gradients keep 18 sums in registers.
+- Planes are indexed with unsigned offsets, never sliced inside loops (see
+  `_tap_offsets`): a slice costs two atomic reference-count operations, and short
+  loops then spend more time on those than on arithmetic.
+- Whole grid rows make the best blocks: shorter blocks (for L1) measured slower.
+- ReLU outputs are >= 0, so pooling windows past the grid may read zero pads.
 """
 
 from __future__ import annotations
@@ -87,16 +91,16 @@ class PlaneGeometry:
 
     @cached_property
     def width(self) -> int:
-        before = same_padding(self.kernel)[0]
-        return max(self.cols + self.kernel - 1, before + -(-self.cols // self.pool) * self.pool)
+        after = same_padding(self.kernel)[1]  # the larger padding
+        return max(self.cols + self.kernel - 1, after + -(-self.cols // self.pool) * self.pool)
 
     @cached_property
     def height(self) -> int:
-        # the last tap group reads up to taps-1 rows below the last grid row, plus one
-        # more row if its columns run past the row's end (taps > kernel)
-        reach = self.rows + self.taps - 1 + (self.cols + self.taps - 1 > self.width)
-        before = same_padding(self.kernel)[0]
-        return max(reach, before + -(-self.rows // self.pool) * self.pool)
+        # the last tap group reads taps-1 rows below the last grid row, and there up to
+        # cols+taps-1 cells from its start, which may run on into the following rows
+        reach = self.rows + self.taps - 2 + -(-(self.cols + self.taps - 1) // self.width)
+        after = same_padding(self.kernel)[1]
+        return max(reach, after + -(-self.rows // self.pool) * self.pool)
 
     @cached_property
     def row_stride(self) -> int:
@@ -129,9 +133,8 @@ class PlaneGeometry:
         """(start, stop) ranges of flat offsets n from grid cell (0, 0) covering the grid.
 
         A grid row is one contiguous run of cols*batch floats. Long rows are cut into
-        near-equal blocks of at most BLOCK floats (so that a block's inputs and outputs
-        stay in L1); short rows are grouped, a block then also covering the pad cells
-        between its rows.
+        near-equal blocks of at most BLOCK floats; short rows are grouped (fewer, longer
+        loops), a block then also covering the pad cells between its rows.
         """
         run, stride = self.cols * self.batch, self.row_stride
         if not self.multi_row:
@@ -146,6 +149,7 @@ class PlaneGeometry:
         return np.array(spans, np.int64)
 
 
+@njit(**_JIT)
 def padded_weights(w: np.ndarray, out: np.ndarray, flip: bool) -> None:
     """Write w (Co,Ci,k,k) into out, zeroed beyond k taps and beyond the real channels.
 
@@ -155,16 +159,70 @@ def padded_weights(w: np.ndarray, out: np.ndarray, flip: bool) -> None:
     """
     n_out, n_in, k, _ = w.shape
     out[...] = 0.0
-    if flip:
-        out[:n_in, :, :k, :k] = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
-    else:
-        out[:n_out, :, :k, :k] = w
+    for co in range(n_out):
+        for ci in range(n_in):
+            for dy in range(k):
+                for dx in range(k):
+                    if flip:
+                        out[ci, co, k - 1 - dy, k - 1 - dx] = w[co, ci, dy, dx]
+                    else:
+                        out[co, ci, dy, dx] = w[co, ci, dy, dx]
+
+
+@njit(**{**_JIT, "fastmath": False})  # fastmath would assume every value finite
+def normalize_batch_last(
+    X: np.ndarray, mean: np.ndarray, std: np.ndarray, out: np.ndarray
+) -> bool:
+    """out[c, r, col, i] = (X[i, c, r, col] - mean[c]) / std[c], in one pass; False if X
+    holds NaN or inf (then out is garbage).
+
+    What `CNN.to_batch_last` does with a transpose copy and two more passes (and a
+    finiteness check with a temporary): a single pass is several times faster.
+    """
+    batch, n_ch, rows, cols = X.shape
+    finite = True
+    for c in range(n_ch):
+        mu, sigma = mean[c], std[c]
+        for r in range(rows):
+            for col in range(cols):
+                for i in range(batch):
+                    v = np.float32(X[i, c, r, col])
+                    finite &= np.isfinite(v)
+                    out[c, r, col, i] = (v - mu) / sigma
+    return finite
+
+
+@njit(**_JIT)
+def bias_relu(z: np.ndarray, b: np.ndarray) -> None:
+    """z = max(z + b[:, None], 0) in place, for z (units, B): one pass instead of two."""
+    zero = np.float32(0.0)
+    for u in range(z.shape[0]):
+        bu = b[u]
+        for i in range(z.shape[1]):
+            z[u, i] = max(z[u, i] + bu, zero)
+
+
+@njit(**_JIT)
+def relu_grad_and_sum(dz: np.ndarray, z: np.ndarray, total: np.ndarray) -> None:
+    """dz *= (z > 0) in place for dz, z (units, B); total[u] = sum over the batch of dz[u].
+
+    Back through a ReLU given its output, and the bias gradient of the layer below it.
+    The sum is accumulated in float64, as its terms may nearly cancel.
+    """
+    zero = np.float32(0.0)
+    for u in range(dz.shape[0]):
+        s = 0.0
+        for i in range(dz.shape[1]):
+            g = dz[u, i] if z[u, i] > zero else zero
+            dz[u, i] = g
+            s += g
+        total[u] = s
 
 
 _U = np.uint64  # type of flat indices, see `_tap_offsets`
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _tap_offsets(q: int, row_stride: int, batch: int) -> tuple:
     """Flat offsets of the 9 taps of the 3x3 tap group whose first tap is at offset q.
 
@@ -180,7 +238,7 @@ def _tap_offsets(q: int, row_stride: int, batch: int) -> tuple:
     return q, q + b, q + b + b, q1, q1 + b, q1 + b + b, q2, q2 + b, q2 + b + b
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _tap_weights(w: np.ndarray, ty: int, tx: int) -> tuple:
     """The 9 weights of the 3x3 tap group at (ty, tx) of a (taps, taps) kernel."""
     return (
@@ -190,36 +248,49 @@ def _tap_weights(w: np.ndarray, ty: int, tx: int) -> tuple:
     )
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _at(x: np.ndarray, ch: int, o: tuple, j: int) -> tuple:
     """The 9 tap values x[ch, o[t] + j] of a tap group."""
     return (x[ch, o[0] + j], x[ch, o[1] + j], x[ch, o[2] + j], x[ch, o[3] + j],
             x[ch, o[4] + j], x[ch, o[5] + j], x[ch, o[6] + j], x[ch, o[7] + j], x[ch, o[8] + j])
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _dot9(w: tuple, v: tuple) -> float:
     """Sum of w[t] * v[t] over a tap group."""
     return (w[0] * v[0] + w[1] * v[1] + w[2] * v[2] + w[3] * v[3] + w[4] * v[4]
             + w[5] * v[5] + w[6] * v[6] + w[7] * v[7] + w[8] * v[8])
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _correlate2(
     x: np.ndarray, ch: int, o: tuple, wa: tuple, wb: tuple, out: np.ndarray, a: int, b: int,
-    base: int, n: int, first: bool, bias_a: float, bias_b: float,
+    base: int, n: int, first: bool, relu: bool, bias_a: float, bias_b: float,
 ) -> None:
-    """out[a] += wa . x and out[b] += wb . x over n cells from `base` (first: = bias + ...).
+    """out[a] += wa . x and out[b] += wb . x over n cells from `base`.
 
     x[ch] holds the input, o its tap offsets. Both outputs share the 9 input loads: 18
-    FMAs per 11 loads and 2 stores. The first pass sets instead of adding, which saves
-    a pass that would only write the bias.
+    FMAs per 11 loads and 2 stores. The first pass sets out = bias + ... instead, and
+    with `relu` (the last pass of a forward convolution) the ReLU is applied: no passes
+    that only write the bias or clamp. Each case is its own loop, so that each
+    vectorizes.
     """
-    if first:
+    zero = np.float32(0.0)
+    if first and relu:
+        for j in range(n):
+            v = _at(x, ch, o, j)
+            out[a, base + j] = max(bias_a + _dot9(wa, v), zero)
+            out[b, base + j] = max(bias_b + _dot9(wb, v), zero)
+    elif first:
         for j in range(n):
             v = _at(x, ch, o, j)
             out[a, base + j] = bias_a + _dot9(wa, v)
             out[b, base + j] = bias_b + _dot9(wb, v)
+    elif relu:
+        for j in range(n):
+            v = _at(x, ch, o, j)
+            out[a, base + j] = max(out[a, base + j] + _dot9(wa, v), zero)
+            out[b, base + j] = max(out[b, base + j] + _dot9(wb, v), zero)
     else:
         for j in range(n):
             v = _at(x, ch, o, j)
@@ -227,19 +298,33 @@ def _correlate2(
             out[b, base + j] += _dot9(wb, v)
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _correlate3(
     x: np.ndarray, ch: int, o: tuple, wa: tuple, wb: tuple, wc: tuple, out: np.ndarray,
-    a: int, base: int, n: int, first: bool, bias_a: float, bias_b: float, bias_c: float,
+    a: int, base: int, n: int, first: bool, relu: bool, bias_a: float, bias_b: float,
+    bias_c: float,
 ) -> None:
     """`_correlate2` for outputs a, a+1, a+2: 27 FMAs per 12 loads and 3 stores."""
+    zero = np.float32(0.0)
     b, c = a + 1, a + 2
-    if first:
+    if first and relu:
+        for j in range(n):
+            v = _at(x, ch, o, j)
+            out[a, base + j] = max(bias_a + _dot9(wa, v), zero)
+            out[b, base + j] = max(bias_b + _dot9(wb, v), zero)
+            out[c, base + j] = max(bias_c + _dot9(wc, v), zero)
+    elif first:
         for j in range(n):
             v = _at(x, ch, o, j)
             out[a, base + j] = bias_a + _dot9(wa, v)
             out[b, base + j] = bias_b + _dot9(wb, v)
             out[c, base + j] = bias_c + _dot9(wc, v)
+    elif relu:
+        for j in range(n):
+            v = _at(x, ch, o, j)
+            out[a, base + j] = max(out[a, base + j] + _dot9(wa, v), zero)
+            out[b, base + j] = max(out[b, base + j] + _dot9(wb, v), zero)
+            out[c, base + j] = max(out[c, base + j] + _dot9(wc, v), zero)
     else:
         for j in range(n):
             v = _at(x, ch, o, j)
@@ -248,67 +333,76 @@ def _correlate3(
             out[c, base + j] += _dot9(wc, v)
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _group_size(channels: int, at: int) -> int:
     """Output channels computed together from channel `at` on: 3s, and 2s to end even.
 
     (channels >= 2: a single channel is paired with a scratch channel of zero weights.)
-    Three outputs per loop are as fast per FMA as two; more spill registers.
+    Three outputs per loop run as fast per FMA as two; four do not vectorize.
     """
     left = channels - at
     return 3 if left == 3 or left >= 5 else 2
 
 
-@njit(inline="always", **_JIT)
-def _correlate_group(
-    x: np.ndarray, ci: int, w: np.ndarray, co: int, size: int, ty: int, tx: int, o: tuple,
-    out: np.ndarray, base: int, n: int, first: bool, bias: np.ndarray,
-) -> None:
-    """Output channels co..co+size-1 of `out` from tap group (ty, tx) of input x[ci].
-
-    w is (out channels, in channels, taps, taps).
-    """
-    if size == 3:
-        _correlate3(x, ci, o, _tap_weights(w[co, ci], ty, tx), _tap_weights(w[co + 1, ci], ty, tx),
-                    _tap_weights(w[co + 2, ci], ty, tx), out, co, base, n, first,
-                    bias[co], bias[co + 1], bias[co + 2])
-    else:
-        _correlate2(x, ci, o, _tap_weights(w[co, ci], ty, tx), _tap_weights(w[co + 1, ci], ty, tx),
-                    out, co, co + 1, base, n, first, bias[co], bias[co + 1])
-
-
 @njit(**_JIT)
-def conv_forward(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndarray, out_base: int,
+def correlate_planes(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray, out: np.ndarray, out_base: int,
     channels: int, blocks: np.ndarray, row_stride: int, batch: int,
+    gate: np.ndarray, gate_base: int, relu: bool, sums: np.ndarray,
 ) -> None:
-    """out[co, out_base + n] = relu(b[co] + sum of w[co,ci,dy,dx] * x[ci, n + dy*rs + dx*B]).
+    """out[m, out_base + n] = finish(bias[m] + sum of w[m,c,dy,dx] * x[c, n + dy*rs + dx*B]).
 
-    x: input planes (>= Ci, size); w: `padded_weights` (slots(Co), Ci, taps, taps);
-    b: (slots(Co),), 0 for a scratch channel; out: output planes (slots(Co), size);
-    channels: slots(Co), the output channels to compute; blocks: `PlaneGeometry.blocks`,
-    the ranges of n to compute. A block spanning several rows also writes the pad cells
-    between them: `zero_overhang` clears them.
+    A convolution's forward pass (`relu`: finish = ReLU) or its input gradient (finish
+    = pass where gate[m, gate_base + n] > 0, the gate being the layer input, a ReLU
+    output; sums[m] = the sum of out[m] over the grid, the bias gradient of the layer
+    below). The gate is applied in a pass of its own, which costs a little but keeps
+    this kernel one compiled function for both uses.
+
+    x: input planes; w: (slots, in channels, taps, taps) from `padded_weights`, flipped
+    for the input gradient; bias: (slots,), 0 for a scratch channel and for the input
+    gradient; out: output planes (slots, size); channels: slots, the output channels to
+    compute; blocks: `PlaneGeometry.blocks`, the ranges of n. Output channels go in
+    groups of 2 or 3, with one pass per input channel and tap group: the first pass
+    adds the bias, the last one applies the ReLU. A block spanning several rows also
+    writes the pad cells between them: the gate zeroes them (it is 0 there), after a
+    forward pass `zero_overhang` does.
     """
     n_in, taps = w.shape[1], w.shape[2]
+    passes = n_in * (taps // GROUP) ** 2
     zero = np.float32(0.0)
+    if not relu:
+        sums[:] = 0.0
     for block in range(blocks.shape[0]):
         start, stop = blocks[block, 0], blocks[block, 1]
-        base, n = _U(out_base + start), _U(stop - start)
-        co = 0
-        while co < channels:
-            size = _group_size(channels, co)
-            first = True
-            for ci in range(n_in):
+        base, gbase, n = _U(out_base + start), _U(gate_base + start), _U(stop - start)
+        m = 0
+        while m < channels:
+            size = _group_size(channels, m)
+            done = 0
+            for c in range(n_in):
                 for ty in range(0, taps, GROUP):
                     for tx in range(0, taps, GROUP):
                         o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
-                        _correlate_group(x, ci, w, co, size, ty, tx, o, out, base, n, first, b)
-                        first = False
-            for m in range(co, co + size):
-                for j in range(n):
-                    out[m, base + j] = max(out[m, base + j], zero)
-            co += size
+                        done += 1
+                        first, last_relu = done == 1, relu and done == passes
+                        if size == 3:
+                            _correlate3(x, c, o, _tap_weights(w[m, c], ty, tx),
+                                        _tap_weights(w[m + 1, c], ty, tx),
+                                        _tap_weights(w[m + 2, c], ty, tx), out, m, base, n,
+                                        first, last_relu, bias[m], bias[m + 1], bias[m + 2])
+                        else:
+                            _correlate2(x, c, o, _tap_weights(w[m, c], ty, tx),
+                                        _tap_weights(w[m + 1, c], ty, tx), out, m, m + 1,
+                                        base, n, first, last_relu, bias[m], bias[m + 1])
+            if not relu:
+                for g in range(m, m + size):
+                    total = zero
+                    for j in range(n):
+                        kept = out[g, base + j] if gate[g, gbase + j] > zero else zero
+                        out[g, base + j] = kept
+                        total += kept
+                    sums[g] += total
+            m += size
 
 
 @njit(**_JIT)
@@ -322,64 +416,22 @@ def zero_overhang(
 
 
 @njit(**_JIT)
-def conv_input_grad(
-    dz: np.ndarray, wf: np.ndarray, no_bias: np.ndarray, dx: np.ndarray, dx_base: int,
-    channels: int, act: np.ndarray, act_base: int, blocks: np.ndarray, row_stride: int,
-    batch: int,
-) -> None:
-    """dx = (transposed convolution of dz) * (act > 0): back through conv, then a ReLU.
-
-    dz: gradient planes (>= Co, size), laid out with the *gradient* padding; wf:
-    `padded_weights(w, flip=True)`, (slots(Ci), Co, taps, taps); no_bias: zeros
-    (slots(Ci),); dx: planes (slots(Ci), size) written at dx_base + n; channels:
-    slots(Ci); act: the layer input's planes (the previous ReLU's output), read at
-    act_base + n. The mask also zeroes the pad cells between rows that multi-row blocks
-    write (act is 0 there).
-    """
-    n_out, taps = wf.shape[1], wf.shape[2]
-    zero = np.float32(0.0)
-    for block in range(blocks.shape[0]):
-        start, stop = blocks[block, 0], blocks[block, 1]
-        base, abase, n = _U(dx_base + start), _U(act_base + start), _U(stop - start)
-        ci = 0
-        while ci < channels:
-            size = _group_size(channels, ci)
-            first = True
-            for co in range(n_out):
-                for ty in range(0, taps, GROUP):
-                    for tx in range(0, taps, GROUP):
-                        o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
-                        _correlate_group(dz, co, wf, ci, size, ty, tx, o, dx, base, n, first,
-                                         no_bias)
-                        first = False
-            for m in range(ci, ci + size):
-                for j in range(n):
-                    dx[m, base + j] = dx[m, base + j] if act[m, abase + j] > zero else zero
-            ci += size
-
-
-@njit(**_JIT)
 def conv_weight_grad(
-    x: np.ndarray, dz: np.ndarray, dz_base: int, dw: np.ndarray, db: np.ndarray,
+    x: np.ndarray, dz: np.ndarray, dz_base: int, dw: np.ndarray,
     blocks: np.ndarray, row_stride: int, batch: int,
 ) -> None:
-    """dw[co,ci,dy,dx] = sum over n of dz[co, dz_base + n] * x[ci, n + dy*rs + dx*B]; db = sum dz.
+    """dw[co,ci,dy,dx] = sum over n of dz[co, dz_base + n] * x[ci, n + dy*rs + dx*B].
 
     x: the layer input's planes; dz: gradient planes (>= Co, size) with zeros in every
     pad cell (so pad cells inside multi-row blocks add nothing); dw: (Co, Ci, taps,
-    taps); db: (Co,). Output channels go in pairs, whose 18 sums share the 9 tap loads.
+    taps). Output channels go in pairs, whose 18 sums share the 9 tap loads. (The bias
+    gradient, the sum of dz, comes from the kernel that writes dz.)
     """
     n_out, n_in, taps, _ = dw.shape
     dw[...] = 0.0
-    db[:] = 0.0
     for block in range(blocks.shape[0]):
         start, stop = blocks[block, 0], blocks[block, 1]
         base, n = _U(dz_base + start), _U(stop - start)
-        for co in range(n_out):
-            total = np.float32(0.0)
-            for j in range(n):
-                total += dz[co, base + j]
-            db[co] += total
         for co in range(0, n_out, 2):
             for ci in range(n_in):
                 for ty in range(0, taps, GROUP):
@@ -393,7 +445,7 @@ def conv_weight_grad(
                             _add_tap_group(dw[co, ci], ty, tx, _dots1(x, ci, o, dz, co, base, n))
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _dots2(x: np.ndarray, ci: int, o: tuple, dz: np.ndarray, co: int, base: int, n: int) -> tuple:
     """Sums over n cells of dz[co] * (each tap of x[ci]), and of dz[co + 1] * (...).
 
@@ -425,7 +477,7 @@ def _dots2(x: np.ndarray, ci: int, o: tuple, dz: np.ndarray, co: int, base: int,
     return (a0, a1, a2, a3, a4, a5, a6, a7, a8), (c0, c1, c2, c3, c4, c5, c6, c7, c8)
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _dots1(x: np.ndarray, ci: int, o: tuple, dz: np.ndarray, co: int, base: int, n: int) -> tuple:
     """Sums over n cells of dz[co] * (each tap of x[ci])."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = np.float32(0.0)
@@ -444,7 +496,7 @@ def _dots1(x: np.ndarray, ci: int, o: tuple, dz: np.ndarray, co: int, base: int,
     return a0, a1, a2, a3, a4, a5, a6, a7, a8
 
 
-@njit(inline="always", **_JIT)
+@njit(**_JIT)
 def _add_tap_group(w: np.ndarray, ty: int, tx: int, s: tuple) -> None:
     """Add 9 sums to the 3x3 tap group at (ty, tx) of a (taps, taps) kernel."""
     for dy in range(GROUP):
@@ -454,23 +506,36 @@ def _add_tap_group(w: np.ndarray, ty: int, tx: int, s: tuple) -> None:
 
 @njit(**_JIT)
 def maxpool_forward_planes(
-    act: np.ndarray, base: int, rows: int, cols: int, row_stride: int, batch: int,
-    size: int, out: np.ndarray, arg: np.ndarray,
+    act: np.ndarray, base: int, row_stride: int, batch: int, size: int,
+    out: np.ndarray, arg: np.ndarray,
 ) -> None:
     """`maxpool_forward` of the ReLU output inside activation planes (cell (0,0) at base).
 
     Windows past the grid read pad cells, 0, which never beats a ReLU output (>= 0)
-    that comes first in the window: no clipping needed.
+    that comes first in the window: no clipping needed. 2x2 windows (the seed) take
+    one loop per window, as short loops cost more to enter than to run.
     """
     n_ch, prow, pcol, _ = out.shape
-    nb = _U(batch)
+    nb, rs, b = _U(batch), _U(row_stride), _U(batch)
+    zero = np.int8(0)
     for ch in range(n_ch):
         for pr in range(prow):
             for pc in range(pcol):
                 at = _U(base + pr * size * row_stride + pc * size * batch)
+                if size == 2:
+                    for i in range(nb):
+                        v0, v1 = act[ch, at + i], act[ch, at + b + i]
+                        v2, v3 = act[ch, at + rs + i], act[ch, at + rs + b + i]
+                        top, code = v0, zero
+                        top, code = (v1, np.int8(1)) if v1 > top else (top, code)
+                        top, code = (v2, np.int8(2)) if v2 > top else (top, code)
+                        top, code = (v3, np.int8(3)) if v3 > top else (top, code)
+                        out[ch, pr, pc, i] = top
+                        arg[ch, pr, pc, i] = code
+                    continue
                 for i in range(nb):
                     out[ch, pr, pc, i] = act[ch, at + i]
-                    arg[ch, pr, pc, i] = 0
+                    arg[ch, pr, pc, i] = zero
                 for code in range(1, size * size):
                     dr, dc = divmod(code, size)
                     at = _U(base + (pr * size + dr) * row_stride + (pc * size + dc) * batch)
@@ -484,27 +549,33 @@ def maxpool_forward_planes(
 @njit(**_JIT)
 def maxpool_relu_backward_planes(
     dout: np.ndarray, pooled: np.ndarray, arg: np.ndarray, size: int,
-    dz: np.ndarray, base: int, rows: int, cols: int, row_stride: int, batch: int,
+    dz: np.ndarray, base: int, row_stride: int, batch: int, sums: np.ndarray,
 ) -> None:
     """Route dout (C,PH,PW,B) to each window's winner in gradient planes, through the ReLU.
 
     The pooled value is its winner's ReLU output, so the winner's ReLU passes the
-    gradient exactly when pooled > 0. Every other grid cell gets 0; pad cells are
-    left alone (they stay 0).
+    gradient exactly when pooled > 0. Every other cell of every window gets 0, also
+    the pad cells that windows past the grid cover (the planes leave room for them).
+    One loop per cell: a loop with several stores into dz does not vectorize.
+    sums[ch] = the sum of what channel ch receives (the bias gradient of its conv).
     """
-    n_ch = dout.shape[0]
+    n_ch, prow, pcol, _ = dout.shape
     nb = _U(batch)
     zero = np.float32(0.0)
     for ch in range(n_ch):
-        for r in range(rows):
-            pr = r // size
-            for c in range(cols):
-                pc = c // size
-                code = (r - pr * size) * size + (c - pc * size)
-                at = _U(base + r * row_stride + c * batch)
+        total = zero
+        for pr in range(prow):
+            for pc in range(pcol):
                 for i in range(nb):
-                    hit = (arg[ch, pr, pc, i] == code) & (pooled[ch, pr, pc, i] > zero)
-                    dz[ch, at + i] = dout[ch, pr, pc, i] if hit else zero
+                    total += dout[ch, pr, pc, i] if pooled[ch, pr, pc, i] > zero else zero
+                for code in range(size * size):
+                    dr, dc = divmod(code, size)
+                    at = _U(base + (pr * size + dr) * row_stride + (pc * size + dc) * batch)
+                    mine = np.int8(code)  # compare int8 lanes with int8: no widening
+                    for i in range(nb):
+                        g = dout[ch, pr, pc, i] if pooled[ch, pr, pc, i] > zero else zero
+                        dz[ch, at + i] = g if arg[ch, pr, pc, i] == mine else zero
+        sums[ch] = total
 
 
 @njit(**_JIT)
@@ -602,7 +673,7 @@ class ConvPlanes:
         self.biases = [np.zeros(slots(h), np.float32) for _ in fan]
         self.no_bias = np.zeros(slots(h), np.float32)
         self.dweights = [np.zeros((h, c, taps, taps), np.float32) for c in fan]
-        self.dbiases = [np.zeros(h, np.float32) for _ in fan]
+        self.dsums = np.zeros(slots(h), np.float32)  # bias gradients from the input gradient
         prow, pcol = -(-rows // pool), -(-cols // pool)
         self.pooled = np.zeros((h, prow, pcol, batch), np.float32)
         self.winners = np.zeros(self.pooled.shape, np.int8)
@@ -626,12 +697,13 @@ class ConvPlanes:
         for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
             padded_weights(w, self.weights[layer], flip=False)
             self.biases[layer][: len(b)] = b
-            conv_forward(self.acts[layer], self.weights[layer], self.biases[layer],
-                         self.acts[layer + 1], base, self.slots, self.blocks,
-                         geo.row_stride, geo.batch)
+            out = self.acts[layer + 1]  # (also the gate, which a forward pass ignores)
+            correlate_planes(self.acts[layer], self.weights[layer], self.biases[layer], out,
+                             base, self.slots, self.blocks, geo.row_stride, geo.batch,
+                             out, base, True, self.dsums)
             if self.multi_row:
                 zero_overhang(self.acts[layer + 1], base, *self.grid_args)
-        maxpool_forward_planes(self.acts[-1], base, *self.grid_args, self.pool,
+        maxpool_forward_planes(self.acts[-1], base, geo.row_stride, geo.batch, self.pool,
                                self.pooled, self.winners)
 
     def backward(
@@ -647,17 +719,19 @@ class ConvPlanes:
             self.grads = [geo.zeros(self.slots) for _ in range(2)]
         k = weights[0].shape[-1]
         dz, below = self.grads
-        maxpool_relu_backward_planes(np.ascontiguousarray(dpooled), self.pooled, self.winners,
-                                     self.pool, dz, grad_base, *self.grid_args)
+        dpooled = np.ascontiguousarray(dpooled, dtype=np.float32)
+        maxpool_relu_backward_planes(dpooled, self.pooled, self.winners,
+                                     self.pool, dz, grad_base, geo.row_stride, geo.batch,
+                                     dbiases[-1])
         for layer in range(self.layers - 1, -1, -1):
-            dw, db = self.dweights[layer], self.dbiases[layer]
-            conv_weight_grad(self.acts[layer], dz, grad_base, dw, db, self.blocks,
+            dw = self.dweights[layer]
+            conv_weight_grad(self.acts[layer], dz, grad_base, dw, self.blocks,
                              geo.row_stride, geo.batch)
             dweights[layer][...] = dw[:, :, :k, :k]
-            dbiases[layer][...] = db
             if layer > 0:
                 padded_weights(weights[layer], self.flipped[layer], flip=True)
-                conv_input_grad(dz, self.flipped[layer], self.no_bias, below, grad_base,
-                                self.slots, self.acts[layer], self.act_base, self.blocks,
-                                geo.row_stride, geo.batch)
+                correlate_planes(dz, self.flipped[layer], self.no_bias, below, grad_base,
+                                 self.slots, self.blocks, geo.row_stride, geo.batch,
+                                 self.acts[layer], self.act_base, False, self.dsums)
+                dbiases[layer - 1][...] = self.dsums[: self.filters]
                 dz, below = below, dz

@@ -64,8 +64,9 @@ class Trace:
     """What the forward pass keeps for the backward pass (batch-last arrays).
 
     A trace from `forward_trace` views the model's buffers for its batch size (see
-    `kernels.ConvPlanes`): it stays valid until the next `forward_trace` of the same
-    model with the same batch size.
+    `kernels.ConvPlanes`, reused from step to step): it stays valid until the next
+    `forward_trace` of the same model with the same batch size, so one model must not
+    run passes from several threads at once (two models share nothing).
     """
 
     activations: list[np.ndarray]  # input (normalized), then relu(conv_l) for each layer
@@ -130,12 +131,10 @@ class CNN:
         planes.forward(x, weights, [p[f"conv{n}.bias"] for n in layers])
         features = planes.pooled.reshape(cfg.features, -1)
         hidden = p["fc1.weight"] @ features
-        hidden += p["fc1.bias"][:, None]
-        np.maximum(hidden, 0.0, out=hidden)
+        kernels.bias_relu(hidden, p["fc1.bias"])
         logits = p["fc2.weight"] @ hidden
         logits += p["fc2.bias"][:, None]
-        activations = [planes.activation(n) for n in range(cfg.conv_layers + 1)]
-        return Trace(activations, planes.pooled, planes.winners, hidden, logits, planes)
+        return Trace(list(planes.views), planes.pooled, planes.winners, hidden, logits, planes)
 
     def _planes(self, batch: int) -> kernels.ConvPlanes:
         """This model's conv buffers for `batch` samples (the last few sizes are kept)."""
@@ -214,13 +213,12 @@ class CNN:
         np.matmul(dlogits, trace.hidden.T, out=g["fc2.weight"])
         g["fc2.bias"][...] = dlogits.sum(axis=1, dtype=np.float64)  # terms nearly cancel
         dhidden = p["fc2.weight"].T @ dlogits
-        dhidden *= trace.hidden > 0.0
+        kernels.relu_grad_and_sum(dhidden, trace.hidden, g["fc1.bias"])
         features = trace.pooled.reshape(self.config.features, -1)
         if features.shape[1] == 1:  # numpy's matmul takes a slow path for an outer product
             np.multiply(dhidden, features.T, out=g["fc1.weight"])
         else:
             np.matmul(dhidden, features.T, out=g["fc1.weight"])
-        dhidden.sum(axis=1, out=g["fc1.bias"])
         return (p["fc1.weight"].T @ dhidden).reshape(trace.pooled.shape)
 
     def conv_backward(self, trace: Trace, dpooled: np.ndarray) -> None:

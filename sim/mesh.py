@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from meshdl.accounting import Ledger
 from meshdl.data import Dataset
@@ -176,16 +177,20 @@ class MeshEngine:
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos)
         return self.mesh
 
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+        mesh = self._mesh_for(model)
+        # The nodes' products are tiny: BLAS threads would only add wake-up latency.
+        with threadpool_limits(limits=1):
+            return self._loop.run_until_complete(mesh.run_wave(mode, split, indices))
+
     def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
                                                                        np.ndarray]:
-        mesh = self._mesh_for(model)
-        result = self._loop.run_until_complete(mesh.run_wave(Mode.TRAIN, Split.TRAIN, indices))
+        result = self._run(model, Mode.TRAIN, Split.TRAIN, indices)
         return result.loss, result.logits, result.grads
 
     def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
-        mesh = self._mesh_for(model)
         which = Split.TRAIN if split == "train" else Split.TEST
-        return self._loop.run_until_complete(mesh.run_wave(Mode.INFER, which, indices)).logits
+        return self._run(model, Mode.INFER, which, indices).logits
 
     def report(self) -> dict[str, Any]:
         """The "comm" record: ledger counts plus the wave timing of the last wave."""
