@@ -53,7 +53,7 @@ def views(flat: np.ndarray, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.
     return out
 
 
-def fan_in(name: str, shape: tuple[int, ...], shapes: dict[str, tuple[int, ...]]) -> int:
+def fan_in(name: str, shapes: dict[str, tuple[int, ...]]) -> int:
     """Inputs feeding one unit of the layer owning `name` (PyTorch's init bound)."""
     weight = shapes[name.rsplit(".", 1)[0] + ".weight"]
     return math.prod(weight[1:])
@@ -88,11 +88,12 @@ class CNN:
         self.norm_mean = np.zeros(config.in_channels, np.float32)
         self.norm_std = np.ones(config.in_channels, np.float32)
         self._grad_flat = np.zeros_like(self.flat)
+        self._plane_cache: dict[int, kernels.ConvPlanes] = {}  # conv buffers per batch size
         self._grads = views(self._grad_flat, self.shapes)
         rng = np.random.default_rng(seed)
         for name, value in self.params.items():
             # PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases.
-            bound = 1.0 / math.sqrt(fan_in(name, value.shape, self.shapes))
+            bound = 1.0 / math.sqrt(fan_in(name, self.shapes))
             value[...] = rng.uniform(-bound, bound, value.shape)
 
     # ----------------------------------------------------------------- inputs
@@ -114,11 +115,12 @@ class CNN:
         expected = ("B", cfg.in_channels, cfg.rows, cfg.cols)
         if X.ndim != 4 or X.shape[1:] != expected[1:] or X.shape[0] < 1:
             raise UsageError(f"input shape {X.shape} does not fit the model, expected {expected}")
-        if not np.issubdtype(X.dtype, np.number) or not np.all(np.isfinite(X)):
-            raise UsageError("input holds NaN, inf or non-numeric readings")
-        x = np.ascontiguousarray(np.transpose(X, (1, 2, 3, 0)), dtype=np.float32)
-        x -= self.norm_mean[:, None, None, None]
-        x /= self.norm_std[:, None, None, None]
+        if not np.issubdtype(X.dtype, np.number):
+            raise UsageError(f"input holds non-numeric readings ({X.dtype})")
+        x = np.empty((cfg.in_channels, cfg.rows, cfg.cols, X.shape[0]), np.float32)
+        if not kernels.normalize_batch_last(np.asarray(X, np.float32), self.norm_mean,
+                                            self.norm_std, x):
+            raise UsageError("input holds NaN or inf readings")
         return x
 
     # ---------------------------------------------------------------- forward
@@ -129,16 +131,13 @@ class CNN:
         layers = range(1, cfg.conv_layers + 1)
         weights = [p[f"conv{n}.weight"] for n in layers]
         planes.forward(x, weights, [p[f"conv{n}.bias"] for n in layers])
-        features = planes.pooled.reshape(cfg.features, -1)
-        hidden = p["fc1.weight"] @ features
-        kernels.bias_relu(hidden, p["fc1.bias"])
-        logits = p["fc2.weight"] @ hidden
-        logits += p["fc2.bias"][:, None]
-        return Trace(list(planes.views), planes.pooled, planes.winners, hidden, logits, planes)
+        trace = self.head_forward(planes.pooled)
+        trace.activations, trace.winners, trace.planes = list(planes.views), planes.winners, planes
+        return trace
 
     def _planes(self, batch: int) -> kernels.ConvPlanes:
         """This model's conv buffers for `batch` samples (the last few sizes are kept)."""
-        cache: dict[int, kernels.ConvPlanes] = self.__dict__.setdefault("_plane_cache", {})
+        cache = self._plane_cache
         planes = cache.pop(batch, None)
         if planes is None:
             cfg = self.config
@@ -192,8 +191,7 @@ class CNN:
         p = self.params
         features = pooled.reshape(self.config.features, pooled.shape[-1])
         hidden = p["fc1.weight"] @ features
-        hidden += p["fc1.bias"][:, None]
-        np.maximum(hidden, 0.0, out=hidden)
+        kernels.bias_relu(hidden, p["fc1.bias"])
         logits = p["fc2.weight"] @ hidden
         logits += p["fc2.bias"][:, None]
         return Trace([], pooled, np.empty(0, np.int8), hidden, logits)
