@@ -29,7 +29,7 @@ def test_normalization_is_one_mean_and_std_for_all_cells() -> None:
 
 
 def test_training_lowers_the_loss_on_a_small_lounge() -> None:
-    config = load_run_config(model={"rows": 6, "cols": 8, "hidden": 32},
+    config = load_run_config(mode="central", model={"rows": 6, "cols": 8, "hidden": 32},
                              train={"epochs": 6, "batch": 32})
     data = generate_lounge(DataConfig(rows=6, cols=8, train=300, test=60, seed=1))
     model, history = train(config, data)
@@ -37,8 +37,9 @@ def test_training_lowers_the_loss_on_a_small_lounge() -> None:
     assert model.norm_std[0] == pytest.approx(normalization(data.X_train)[1], rel=1e-6)
 
 
-def test_divergence_is_reported_not_silently_trained_on() -> None:
-    config = load_run_config(model={"rows": 6, "cols": 8, "hidden": 32},
+@pytest.mark.parametrize("mode", ["central", "mesh"])
+def test_divergence_is_reported_not_silently_trained_on(mode: str) -> None:
+    config = load_run_config(mode=mode, model={"rows": 6, "cols": 8, "hidden": 32},
                              train={"epochs": 3, "batch": 32, "optimizer": "sgd", "lr": 1e9})
     data = generate_lounge(DataConfig(rows=6, cols=8, train=100, test=20, seed=1))
     with pytest.raises(MeshdlError, match="diverged"):
@@ -49,7 +50,7 @@ def test_divergence_is_reported_not_silently_trained_on() -> None:
 def test_seed_experiment_reaches_95_percent_test_accuracy() -> None:
     # The seed paper's single-machine run: k 3, 5 filters, 200 hidden, batch 100,
     # 20 epochs, 2,400 + 561 maps of 17 x 25 (it reports 92.8 % on its own data).
-    config = load_run_config()
+    config = load_run_config(mode="central")
     data = generate_lounge(config.data)
     _, history = train(config, data)
     assert history.final["test_acc"] >= 0.95, history.final
