@@ -78,7 +78,7 @@ class TrainConfig(_Strict):
     epochs: int = Field(20, ge=1)
     batch: int = Field(100, ge=1)
     optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.1, gt=0, description="learning rate (the peak, with a schedule)")
+    lr: float = Field(0.15, gt=0, description="learning rate (the peak, with a schedule)")
     schedule: Literal["constant", "cosine"] = Field(
         "cosine", description="learning rate over the run: constant, or cosine decay to 0")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
