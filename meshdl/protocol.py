@@ -144,6 +144,6 @@ class MeshSpec:
 
     def item_shape(self, f: Field, batch: int) -> tuple[int, int]:
         """Shape of one item's values: (channels, batch)."""
-        if f[0] in ("a",):
+        if f[0] == "a":
             return self.channels(int(f[1])), batch
         return self.model.filters, batch

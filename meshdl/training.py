@@ -130,6 +130,7 @@ def train(
     tc = config.train
     model = CNN(config.model, seed=tc.seed)
     model.set_normalization(*normalization(data.X_train))
+    created = engine is None
     engine = engine or engine_for(config, data)
     optimizer = Optimizer(tc, model.flat.size)
     rng = np.random.default_rng(tc.seed)
@@ -166,5 +167,7 @@ def train(
         "test_acc": history.epochs[-1].test_acc,
     }
     history.comm = engine.report()
+    if created:
+        getattr(engine, "close", lambda: None)()
     history.wall_s = time.perf_counter() - started
     return model, history

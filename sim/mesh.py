@@ -203,6 +203,7 @@ class MeshEngine:
         return comm
 
     def close(self) -> None:
+        """Release the event loop the waves run on."""
         self._loop.close()
 
 
