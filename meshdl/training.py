@@ -33,6 +33,8 @@ class Engine(Protocol):
 
     def report(self) -> dict[str, Any]: ...
 
+    def close(self) -> None: ...
+
 
 class CentralEngine:
     """Everything in this process: the reference every other engine must equal."""
@@ -52,6 +54,9 @@ class CentralEngine:
 
     def report(self) -> dict[str, Any]:
         return {}  # nothing crosses a network
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def engine_for(config: RunConfig, data: Dataset) -> Engine:
@@ -168,6 +173,6 @@ def train(
     }
     history.comm = engine.report()
     if created:
-        getattr(engine, "close", lambda: None)()
+        engine.close()
     history.wall_s = time.perf_counter() - started
     return model, history

@@ -48,8 +48,11 @@ def dry_wave(config: ModelConfig, batch: int, edge_at: tuple[int, int]) -> dict[
     engine = MeshEngine(Dataset(X, y, X[:1], y[:1], {"generator": "random"}), edge_at=edge_at)
     model = CNN(config, seed=0)
     model.set_normalization(20.0, 2.0)
-    engine.loss_and_grads(model, np.arange(batch))
-    report = engine.report()
+    try:
+        engine.loss_and_grads(model, np.arange(batch))
+        report = engine.report()
+    finally:
+        engine.close()
     report["batch"] = batch
     report["per_sample_bytes"] = report["total_bytes"] / batch
     return report

@@ -68,7 +68,7 @@ def infer(
 ) -> None:
     """Predict a data set with inference waves (the sensors' readings stay in the mesh)."""
     from meshdl.cli.common import parse_cell
-    from meshdl.training import CentralEngine, engine_for
+    from meshdl.training import EVAL_BATCH, engine_for
 
     if mode not in ("mesh", "central"):
         raise UsageError(f"--mode must be mesh or central, not {mode!r}")
@@ -81,13 +81,17 @@ def infer(
                          f"{model.config.rows} x {model.config.cols}")
     config = load_run_config(mode=mode, model=model.config.model_dump(),
                              mesh={"edge_at": parse_cell(edge_at)})
-    engine = engine_for(config, data) if mode == "mesh" else CentralEngine(data)
+    engine = engine_for(config, data)
     y = data.y_test if split == "test" else data.y_train
-    logits = np.concatenate([engine.logits(model, split, np.arange(i, min(i + 1024, len(y))))
-                             for i in range(0, len(y), 1024)])
+    try:
+        logits = np.concatenate([engine.logits(model, split, idx) for idx in
+                                 np.array_split(np.arange(len(y)), -(-len(y) // EVAL_BATCH))])
+        comm = engine.report()
+    finally:
+        engine.close()
     report = classification_report(y, logits.argmax(axis=1), model.config.classes)
     report.update({"model": str(model_path), "data": str(data_path), "split": split,
-                   "mode": mode, "comm": engine.report()})
+                   "mode": mode, "comm": comm})
     if json_out:
         emit_json(report)
         return
