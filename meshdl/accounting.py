@@ -15,14 +15,17 @@ reads zeros, which nobody sends.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from typing import Any
 
-from meshdl.messages import CLASS_OF, HEADER_BYTES, Header, Kind, Message
+from meshdl.messages import CLASS_OF, HEADER_BYTES, Kind, Message
 from meshdl.protocol import MeshSpec
 from meshdl.topics import name_of
+from meshdl.topology import Cell
 
 _LAYERED = (Kind.HALO, Kind.GRAD_HALO)
+VALUE_BYTES = 4  # every wire dtype (float32, int32) is 4 bytes
 
 
 def class_name(kind: Kind, layer: int) -> str:
@@ -44,93 +47,125 @@ def formula_halo_values(spec: MeshSpec, layer: int) -> int:
 
 
 class Ledger:
-    """Accumulates counts of every message sent in a mesh run."""
+    """Accumulates counts of every message sent in a mesh run.
+
+    `record` is on the hot path of every wave, so it only counts how often each distinct
+    message (sender, receiver, kind, layer, phase, shape) was sent; `report` turns those
+    counts into values, bytes and links. Broadcast needs each wave's set of messages, and
+    successive waves of a run send the same set, so its figures are computed once per
+    distinct set.
+    """
 
     def __init__(self, spec: MeshSpec) -> None:
         self.spec = spec
-        self.unicast: dict[str, Counter[str]] = defaultdict(Counter)
-        self.broadcast: dict[str, Counter[str]] = defaultdict(Counter)
-        self.links: Counter[tuple[str, str]] = Counter()
-        self.link_messages: Counter[tuple[str, str]] = Counter()
-        self.halo_values: Counter[int] = Counter()  # layer -> values per sample, summed
         self.waves = 0
-        self._groups: dict[tuple, list] = {}  # this wave's broadcast transmissions
-        self._static: dict[tuple, tuple[str, tuple[str, str], tuple]] = {}
+        self._ids: dict[tuple, int] = {}  # distinct message -> index into the lists below
+        self._keys: list[tuple] = []
+        self._counts: list[int] = []
+        self._wave: set[int] = set()  # distinct messages of the wave being recorded
         self._step = -1
+        self._broadcast_of: dict[frozenset[int], Counter[tuple[str, str]]] = {}
+        self._broadcast: Counter[tuple[str, str]] = Counter()  # (class, figure) -> sum
 
     def record(self, message: Message) -> None:
         """Count one message at the moment it is sent."""
         h = message.header
         if h.step != self._step:
-            self._flush()
+            self._end_wave()
             self._step = h.step
             self.waves += 1
-        key = (h.src, h.dst, h.kind, h.layer, h.phase)
-        static = self._static.get(key)
-        if static is None:
-            static = self._static[key] = self._describe(h)
-        name, link, items = static
-        values, size = message.payload.size, HEADER_BYTES + message.payload.nbytes
-        counts = self.unicast[name]
-        counts["values"] += values
-        counts["messages"] += 1
-        counts["bytes"] += size
-        self.links[link] += size
-        self.link_messages[link] += 1
-        if h.kind == Kind.HALO:
-            self.halo_values[h.layer] += values // message.payload.shape[-1]
-        # Broadcast: same sender, wave, kind, layer and phase share one transmission.
-        group_key = (h.src, h.kind, h.layer, h.phase)
-        group = self._groups.get(group_key)
-        if group is None:
-            self._groups[group_key] = [name, set(items), values // len(items)]
-        else:
+        key = (h.src, h.dst, h.kind, h.layer, h.phase, h.shape)
+        index = self._ids.get(key)
+        if index is None:
+            index = self._ids[key] = len(self._keys)
+            self._keys.append(key)
+            self._counts.append(0)
+        self._counts[index] += 1
+        self._wave.add(index)
+
+    def _end_wave(self) -> None:
+        if not self._wave:
+            return
+        wave = frozenset(self._wave)
+        figures = self._broadcast_of.get(wave)
+        if figures is None:
+            figures = self._broadcast_of[wave] = self._broadcast_figures(wave)
+        self._broadcast.update(figures)
+        self._wave.clear()
+
+    def _broadcast_figures(self, wave: frozenset[int]) -> Counter[tuple[str, str]]:
+        """One wave by radio: a sender's messages of one kind, layer and phase share one
+        transmission, carrying the union of their items."""
+        groups: dict[tuple, tuple[str, set, int]] = {}
+        for index in wave:
+            src, dst, kind, layer, phase, shape = self._keys[index]
+            items = self._items(src, dst, kind, layer, phase)
+            per_item = math.prod(shape) // len(items)
+            group = groups.setdefault((src, kind, layer, phase),
+                                      (class_name(kind, layer), set(), per_item))
             group[1].update(items)
-
-    def _describe(self, h: Header) -> tuple[str, tuple[str, str], tuple]:
-        """Class, link and carried items of a (src, dst, kind, layer, phase) message."""
-        send = self.spec.expects.get(h.dst, {}).get((h.kind, h.layer, h.phase, h.src))
-        if send is not None:
-            items = send.items
-        elif h.kind == Kind.REDUCE:
-            items = (("reduce", h.dst),)  # one parent: never shared
-        else:
-            items = (("same-for-all", h.kind),)  # PARAMS, BATCH: one content per wave
-        return class_name(h.kind, h.layer), (name_of(h.src), name_of(h.dst)), items
-
-    def _flush(self) -> None:
-        for name, items, per_item in self._groups.values():
-            counts = self.broadcast[name]
+        figures: Counter[tuple[str, str]] = Counter()
+        for name, items, per_item in groups.values():
             values = len(items) * per_item
-            counts["transmissions"] += 1
-            counts["values"] += values
-            counts["bytes"] += HEADER_BYTES + 4 * values
-        self._groups.clear()
+            figures[name, "transmissions"] += 1
+            figures[name, "values"] += values
+            figures[name, "bytes"] += HEADER_BYTES + VALUE_BYTES * values
+        return figures
+
+    def _items(self, src: Cell, dst: Cell, kind: Kind, layer: int, phase: int) -> tuple:
+        """The items a message carries, so that a broadcast carries each once."""
+        send = self.spec.expects.get(dst, {}).get((kind, layer, phase, src))
+        if send is not None:
+            return send.items
+        if kind == Kind.REDUCE:
+            return (("reduce", dst),)  # one parent: never shared
+        return (("same-for-all", kind),)  # PARAMS, BATCH: one content per wave
 
     def report(self) -> dict[str, Any]:
         """The "comm" record of metrics.json (wave timing is added by the transport)."""
-        self._flush()
+        self._end_wave()
+        unicast: dict[str, Counter[str]] = defaultdict(Counter)
+        links: Counter[tuple[str, str]] = Counter()
+        link_messages: Counter[tuple[str, str]] = Counter()
+        halo_values: Counter[int] = Counter()  # layer -> values per sample, summed
+        for (src, dst, kind, layer, _, shape), count in zip(self._keys, self._counts,
+                                                             strict=True):
+            values = math.prod(shape)
+            size = HEADER_BYTES + VALUE_BYTES * values
+            counts = unicast[class_name(kind, layer)]
+            counts["values"] += values * count
+            counts["messages"] += count
+            counts["bytes"] += size * count
+            link = (name_of(src), name_of(dst))
+            links[link] += size * count
+            link_messages[link] += count
+            if kind == Kind.HALO:
+                halo_values[layer] += values // shape[-1] * count
         classes = {}
-        for name in sorted(self.unicast):
-            classes[name] = {**self.unicast[name], "broadcast": dict(self.broadcast[name])}
-        busiest = max(self.links, key=self.links.__getitem__, default=None)
+        for name in sorted(unicast):
+            broadcast = {figure: n for (cls, figure), n in sorted(self._broadcast.items())
+                         if cls == name}
+            classes[name] = {**unicast[name], "broadcast": broadcast}
+        busiest = max(links, key=links.__getitem__, default=None)
         halo = {}
         for layer in range(1, self.spec.model.conv_layers + 1):
             halo[f"conv{layer}"] = {
                 "needed": needed_halo_values(self.spec, layer),
-                "transmitted": self.halo_values[layer] / max(self.waves, 1),
+                "transmitted": halo_values[layer] / max(self.waves, 1),
                 "formula": formula_halo_values(self.spec, layer),
             }
+        total_messages = sum(c["messages"] for c in unicast.values())
         return {
             "classes": classes,
             "halo": halo,
-            "total_bytes": sum(c["bytes"] for c in self.unicast.values()),
-            "total_messages": sum(c["messages"] for c in self.unicast.values()),
-            "hop_transmissions": sum(c["messages"] for c in self.unicast.values()),
-            "broadcast_transmissions": sum(c["transmissions"] for c in self.broadcast.values()),
-            "broadcast_bytes": sum(c["bytes"] for c in self.broadcast.values()),
+            "total_bytes": sum(c["bytes"] for c in unicast.values()),
+            "total_messages": total_messages,
+            "hop_transmissions": total_messages,
+            "broadcast_transmissions": sum(n for (_, f), n in self._broadcast.items()
+                                           if f == "transmissions"),
+            "broadcast_bytes": sum(n for (_, f), n in self._broadcast.items() if f == "bytes"),
             "busiest_link": None if busiest is None else {
-                "link": f"{busiest[0]}->{busiest[1]}", "bytes": self.links[busiest],
-                "messages": self.link_messages[busiest]},
+                "link": f"{busiest[0]}->{busiest[1]}", "bytes": links[busiest],
+                "messages": link_messages[busiest]},
             "waves": self.waves,
         }

@@ -169,6 +169,19 @@ def padded_weights(w: np.ndarray, out: np.ndarray, flip: bool) -> None:
                         out[co, ci, dy, dx] = w[co, ci, dy, dx]
 
 
+@njit(**{**_JIT, "fastmath": False})
+def all_finite(bits: np.ndarray) -> bool:
+    """Whether every float32 whose bits `bits` (uint32) holds is finite (no NaN, no inf).
+
+    Integer tests of the exponent field vectorize where float comparisons with NaN do
+    not: a several times faster check than a float64 sum, for every received payload.
+    """
+    bad = np.uint32(0)
+    for i in range(bits.size):
+        bad |= (bits[i] & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    return bad == 0
+
+
 @njit(**{**_JIT, "fastmath": False})  # fastmath would assume every value finite
 def normalize_batch_last(
     X: np.ndarray, mean: np.ndarray, std: np.ndarray, out: np.ndarray

@@ -1,10 +1,14 @@
 """Mesh messages and their binary codec: a small validated header, then one array.
 
-Wire format (little-endian), 46 bytes of header followed by the array's bytes:
+Wire format (little-endian), 48 bytes of header followed by the array's bytes:
 
     magic "MD" | version u8 | kind u8 | mesh u16 | step u32 | layer u8 | phase u8 |
     src row i16 | src col i16 | dst row i16 | dst col i16 | seq u32 |
-    dtype u8 | ndim u8 | shape 4 x u32 | crc32 u32 (of every byte before and after it)
+    dtype u8 | ndim u8 | flags u16 | shape 4 x u32 | crc32 u32 (of every byte before and
+    after it)
+
+`flags` is reserved (0 in version 1); it also makes the header a multiple of 16 bytes,
+so that a payload read in place from the received bytes is aligned.
 
 The edge is cell (-1, -1). Decoding rejects, with a `CodecError`, anything truncated,
 oversized, of another version, kind, dtype or mesh, or whose shape does not match the
@@ -16,7 +20,6 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Annotated, Literal, NamedTuple
 
@@ -24,6 +27,7 @@ import numpy as np
 from pydantic import Field, TypeAdapter, ValidationError
 
 from meshdl.errors import MeshdlError
+from meshdl.kernels import all_finite
 
 PROTOCOL_VERSION = 1
 MAGIC = b"MD"
@@ -31,9 +35,10 @@ EDGE = (-1, -1)  # the edge's "cell" in headers
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 MAX_DIMS = 4
 
-_FIELDS = struct.Struct("<2sBBHIBBhhhhIBB4I")
+_FIELDS = struct.Struct("<2sBBHIBBhhhhIBBH4I")
 _CRC = struct.Struct("<I")
-HEADER_BYTES = _FIELDS.size + _CRC.size
+_HEADER = struct.Struct(_FIELDS.format + "I")  # the fields, then their checksum
+HEADER_BYTES = _HEADER.size
 
 
 class Kind(IntEnum):
@@ -58,6 +63,7 @@ CLASS_OF = {
 
 DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4")}
 DTYPE_CODES = {dtype: code for code, dtype in DTYPES.items()}
+FLOAT32, INT32 = DTYPE_CODES[np.dtype("<f4")], DTYPE_CODES[np.dtype("<i4")]
 
 
 class CodecError(MeshdlError):
@@ -81,18 +87,18 @@ class Header(NamedTuple):
     seq: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
     dtype: Literal[0, 1]
     shape: Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(max_length=MAX_DIMS)]
+    flags: Literal[0] = 0
 
 
 # pydantic validates wire headers (compiled once; the checks run in pydantic-core).
 _validate_header = TypeAdapter(Header).validate_python
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     """One mesh message: its header and its array (`payload.shape == header.shape`)."""
 
     header: Header
-    payload: np.ndarray
+    payload: np.ndarray  # read-only when decoded: it views the received bytes
 
     @property
     def kind(self) -> Kind:
@@ -116,7 +122,7 @@ def encode(message: Message) -> bytes:
     shape = tuple(h.shape) + (0,) * (MAX_DIMS - len(h.shape))
     fields = _FIELDS.pack(
         MAGIC, h.version, int(h.kind), h.mesh, h.step, h.layer, h.phase, *h.src, *h.dst,
-        h.seq, h.dtype, len(h.shape), *shape,
+        h.seq, h.dtype, len(h.shape), h.flags, *shape,
     )
     # The checksum covers the header too: a flipped bit in `layer` or `step` would
     # otherwise pass as a different, valid-looking message.
@@ -136,8 +142,7 @@ def decode(data: bytes, mesh: int | None = None,
     if len(data) - HEADER_BYTES > max_payload:
         raise CodecError(f"oversized message: {len(data)} bytes")
     (magic, version, kind, mesh_id, step, layer, phase, sr, sc, dr, dc, seq, dtype, ndim,
-     *dims) = _FIELDS.unpack_from(data)
-    (crc,) = _CRC.unpack_from(data, _FIELDS.size)
+     flags, *dims, crc) = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CodecError("not a meshdl message (bad magic)")
     if version != PROTOCOL_VERSION:
@@ -146,22 +151,23 @@ def decode(data: bytes, mesh: int | None = None,
         raise CodecError(f"bad shape: ndim {ndim}, dims {dims}")
     try:
         header = _validate_header((version, kind, mesh_id, step, layer, phase, (sr, sc),
-                                   (dr, dc), seq, dtype, tuple(dims[:ndim])))
+                                   (dr, dc), seq, dtype, tuple(dims[:ndim]), flags))
     except ValidationError as exc:
         raise CodecError(f"invalid header: {_first_error(exc)}") from None
     if mesh is not None and header.mesh != mesh:
         raise CodecError(f"message of mesh {header.mesh}, this is mesh {mesh}")
     dtype_ = DTYPES[header.dtype]
-    body = memoryview(data)[HEADER_BYTES:]
+    view = memoryview(data)
+    size = len(view) - HEADER_BYTES
     expected = math.prod(header.shape) * dtype_.itemsize
-    if len(body) != expected:
-        raise CodecError(f"payload of {len(body)} bytes, shape {header.shape} needs {expected}")
-    if zlib.crc32(body, zlib.crc32(memoryview(data)[: _FIELDS.size])) != crc:
+    if size != expected:
+        raise CodecError(f"payload of {size} bytes, shape {header.shape} needs {expected}")
+    if zlib.crc32(view[HEADER_BYTES:], zlib.crc32(view[: _FIELDS.size])) != crc:
         raise CodecError("checksum mismatch (corrupted in transit)")
-    payload = np.frombuffer(body, dtype=dtype_).reshape(header.shape)
-    # A float64 sum of float32 values cannot overflow: it is finite iff every value is.
-    if dtype_.kind == "f" and not math.isfinite(payload.sum(dtype=np.float64)):
+    if dtype_ == DTYPES[FLOAT32] and not all_finite(
+            np.frombuffer(view, np.uint32, offset=HEADER_BYTES)):
         raise CodecError("payload holds NaN or inf")
+    payload = np.frombuffer(view, dtype_, offset=HEADER_BYTES).reshape(header.shape)
     return Message(header, payload)
 
 

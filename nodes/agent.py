@@ -19,11 +19,12 @@ counted in `stats` and dropped; they never raise.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
 import numpy as np
 
-from meshdl.messages import Kind, Message, make
+from meshdl.messages import FLOAT32, Kind, Message, make
 from meshdl.protocol import Field, MeshSpec, Mode, Send
 from meshdl.topology import Cell
 
@@ -40,6 +41,14 @@ def _stack(arrays: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+class Expect(NamedTuple):
+    """A message this node expects: the items its payload rows carry, and their shape."""
+
+    keys: tuple[Item, ...]  # (field, item) of each payload row
+    channels: int  # a row is (channels, batch)
+    train_only: bool
+
+
 class NodePlan:
     """A node's tasks and the items each waits for; built once, shared by all waves."""
 
@@ -48,23 +57,28 @@ class NodePlan:
         before, after = spec.offsets
         block = topo.block_of(cell)
         leads = topo.leader[block] == cell
-        # (name, needs, train only): computations, then sends, in a fixed order.
-        tasks: list[tuple[str | Send, list[Item], bool]] = []
+        # (task, needs, train only): computations, then sends, in a fixed order. A
+        # computation is (step, layer, stage name); `NodeMachine` maps steps to methods.
+        tasks: list[tuple[tuple[str, int, str] | Send, list[Item], bool]] = []
         for layer in range(1, layers + 1):
             window = topo.window(cell, before, after)
-            tasks.append((f"conv{layer}", [(("a", layer - 1), c) for c in window], False))
+            needs = [(("a", layer - 1), c) for c in window]
+            tasks.append((("conv", layer, f"conv{layer}"), needs, False))
         if leads:
-            tasks.append(("pool", [(("a", layers), c) for c in topo.block_cells(block)], False))
-            tasks.append(("route", [(("dpooled",), block)], True))
-        tasks.append(("dz_top", [(("route",), cell)], True))
+            tasks.append((("pool", layers, "pool"), [(("a", layers), c)
+                                              for c in topo.block_cells(block)], False))
+            tasks.append((("route", layers, "route"), [(("dpooled",), block)], True))
+        tasks.append((("dz_top", layers, "dz_top"), [(("route",), cell)], True))
         for layer in range(layers, 0, -1):
-            tasks.append((f"grad{layer}", [(("dz", layer), cell)], True))
+            tasks.append((("grad", layer, f"grad{layer}"), [(("dz", layer), cell)], True))
             if layer > 1:
                 window = topo.window(cell, after, before)
-                tasks.append((f"dinput{layer}", [(("dz", layer), c) for c in window], True))
+                needs = [(("dz", layer), c) for c in window]
+                tasks.append((("dinput", layer, f"dinput{layer}"), needs, True))
         for send in spec.sends[cell]:
             tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
         self.tasks = [t for t, _, _ in tasks]
+        self.send_keys = [tuple(needs) if isinstance(t, Send) else () for t, needs, _ in tasks]
         self.needs_count = [len(needs) for _, needs, _ in tasks]
         self.train_only = [train for _, _, train in tasks]
         self.waiters: dict[Item, list[int]] = {}
@@ -73,6 +87,10 @@ class NodePlan:
                 self.waiters.setdefault(item, []).append(index)
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
+        self.inbox = {
+            key: Expect(tuple((send.field, i) for i in send.items),
+                        spec.item_shape(send.field, 0)[0], send.train_only)
+            for key, send in spec.expects[cell].items()}
 
 
 class Wave:
@@ -125,6 +143,9 @@ class NodeMachine:
         self.future: list[Message] = []
         self.stats: Counter[str] = Counter()
         self.seq = 0
+        self._steps: dict[str, Callable[[Wave, int], None]] = {
+            "conv": self._conv_forward, "pool": self._pool, "route": self._route,
+            "dz_top": self._dz_top, "grad": self._weight_grad, "dinput": self._input_grad}
 
     # ------------------------------------------------------------- messages in
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
@@ -151,7 +172,7 @@ class NodeMachine:
             return []
         started_before = wave.mode is not None
         out: list[Message] = []
-        if not self._accept(wave, message, out):
+        if not self._accept(wave, message, key, out):
             return []
         wave.seen.add(key)
         self.stats["accepted"] += 1
@@ -181,31 +202,31 @@ class NodeMachine:
             self.stats[why] += 1
         return []
 
-    def _accept(self, wave: Wave, message: Message, out: list[Message]) -> bool:
+    def _accept(self, wave: Wave, message: Message, key: tuple, out: list[Message]) -> bool:
         """Take a message's content into the wave, or count why it does not fit."""
         h, payload = message.header, message.payload
-        if h.kind in (Kind.PARAMS, Kind.BATCH):
+        if h.kind <= Kind.BATCH:
             return self._accept_control(wave, message, out)
         if wave.mode is None:  # item messages before this wave's BATCH: wait for it
             self._buffer(message, "buffered_early")
             return False
         if h.kind == Kind.REDUCE:
             if wave.mode != Mode.TRAIN or h.src not in self.children or payload.shape != (
-                    self.spec.conv_size,):
+                    self.spec.conv_size,) or h.dtype != FLOAT32:
                 self.stats["rejected:bad_reduce"] += 1
                 return False
             wave.reduce_in[h.src] = payload
             return True
-        send = self.expects.get((h.kind, h.layer, h.phase, h.src))
-        if send is None or (send.train_only and wave.mode != Mode.TRAIN):
+        expect = self.plan.inbox.get(key)
+        if expect is None or (expect.train_only and wave.mode != Mode.TRAIN):
             self.stats["rejected:unexpected"] += 1
             return False
-        shape = (len(send.items), *self.spec.item_shape(send.field, wave.batch))
-        if payload.shape != shape or payload.dtype != np.float32:
+        if payload.shape != (len(expect.keys), expect.channels, wave.batch) or \
+                h.dtype != FLOAT32:
             self.stats["rejected:bad_shape"] += 1
             return False
-        for item, values in zip(send.items, payload, strict=True):
-            self._put(wave, send.field, item, values)
+        for item, values in zip(expect.keys, payload, strict=True):
+            self._put(wave, item, values)
         return True
 
     def _accept_control(self, wave: Wave, message: Message, out: list[Message]) -> bool:
@@ -251,12 +272,11 @@ class NodeMachine:
         for child in self.children:
             out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
             out.append(self._message(wave, Kind.BATCH, child, payload))
-        self._put(wave, ("a", 0), self.cell, np.ascontiguousarray(((x - mean) / std).T,
-                                                                    np.float32))
+        self._put(wave, (("a", 0), self.cell),
+                  np.ascontiguousarray(((x - mean) / std).T, np.float32))
 
     # ---------------------------------------------------------------- progress
-    def _put(self, wave: Wave, f: Field, item: Hashable, value: np.ndarray) -> None:
-        key = (f, item)
+    def _put(self, wave: Wave, key: Item, value: np.ndarray) -> None:
         if key in wave.known:
             return
         wave.known[key] = value
@@ -269,21 +289,24 @@ class NodeMachine:
         """Run every task whose items are known (running one may ready others)."""
         if wave.mode is None:
             return
-        plan = self.plan
+        plan, known, training = self.plan, wave.known, wave.mode == Mode.TRAIN
         while wave.ready:
             index = wave.ready.pop()
-            if plan.train_only[index] and wave.mode != Mode.TRAIN:
+            if plan.train_only[index] and not training:
                 continue
             task = plan.tasks[index]
             if isinstance(task, Send):
-                values = _stack([wave.known[(task.field, i)] for i in task.items])
+                keys = plan.send_keys[index]
+                values = known[keys[0]][None] if len(keys) == 1 else _stack(
+                    [known[k] for k in keys])
                 out.append(self._message(wave, task.kind, task.dst, values, task.layer,
                                          task.phase))
             else:
-                self._compute(wave, task)
-                wave.finished_at[task] = now
+                step, layer, stage = task
+                self._steps[step](wave, layer)
+                wave.finished_at[stage] = now
             wave.tasks_done += 1
-        if wave.mode == Mode.TRAIN and not wave.reduced and \
+        if training and not wave.reduced and \
                 len(wave.grad_parts) == self.spec.model.conv_layers and \
                 len(wave.reduce_in) == len(self.children):
             self._reduce(wave, out)
@@ -297,21 +320,10 @@ class NodeMachine:
         return wave.reduced or wave.mode == Mode.INFER
 
     # ------------------------------------------------------------ computation
-    def _compute(self, wave: Wave, task: str) -> None:
-        if task.startswith("conv"):
-            self._conv_forward(wave, int(task[4:]))
-        elif task == "pool":
-            self._pool(wave)
-        elif task == "route":
-            self._route(wave)
-        elif task == "dz_top":
-            layers = self.spec.model.conv_layers
-            active = wave.value(("a", layers), self.cell) > 0
-            self._put(wave, ("dz", layers), self.cell, wave.value(("route",), self.cell) * active)
-        elif task.startswith("grad"):
-            self._weight_grad(wave, int(task[4:]))
-        elif task.startswith("dinput"):
-            self._input_grad(wave, int(task[6:]))
+    def _dz_top(self, wave: Wave, layers: int) -> None:
+        """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
+        active = wave.value(("a", layers), self.cell) > 0
+        self._put(wave, (("dz", layers), self.cell), wave.value(("route",), self.cell) * active)
 
     def _window(self, wave: Wave, f: Field, cells: list[Cell], before: int,
                 channels: int) -> np.ndarray:
@@ -331,19 +343,18 @@ class NodeMachine:
         z = w.reshape(w.shape[0], -1) @ window.reshape(-1, wave.batch) + b[:, None]
         if wave.mode == Mode.TRAIN:
             wave.windows[layer] = window
-        self._put(wave, ("a", layer), self.cell, np.maximum(z, 0.0, dtype=np.float32))
+        self._put(wave, (("a", layer), self.cell), np.maximum(z, 0.0, dtype=np.float32))
 
-    def _pool(self, wave: Wave) -> None:
-        layers = self.spec.model.conv_layers
+    def _pool(self, wave: Wave, layers: int) -> None:
         stacked = np.stack([wave.value(("a", layers), c) for c in self.block_cells])
         wave.winners = stacked.argmax(axis=0)  # first maximum in row-major order, as PyTorch
-        self._put(wave, ("pooled",), self.block, stacked.max(axis=0))
+        self._put(wave, (("pooled",), self.block), stacked.max(axis=0))
 
-    def _route(self, wave: Wave) -> None:
+    def _route(self, wave: Wave, layers: int) -> None:
         """Max-pool backward at the leader: each member gets the gradient where it won."""
         grad = wave.value(("dpooled",), self.block)
         for i, cell in enumerate(self.block_cells):
-            self._put(wave, ("route",), cell,
+            self._put(wave, (("route",), cell),
                       np.where(wave.winners == i, grad, np.float32(0.0)).astype(np.float32))
 
     def _weight_grad(self, wave: Wave, layer: int) -> None:
@@ -361,7 +372,7 @@ class NodeMachine:
         flipped = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # (c_in, h, k, k)
         da = flipped.reshape(flipped.shape[0], -1) @ dzwin.reshape(-1, wave.batch)
         active = wave.value(("a", layer - 1), self.cell) > 0
-        self._put(wave, ("dz", layer - 1), self.cell, (da * active).astype(np.float32))
+        self._put(wave, (("dz", layer - 1), self.cell), (da * active).astype(np.float32))
 
     def _reduce(self, wave: Wave, out: list[Message]) -> None:
         """Own partial gradients plus the children's, as one message to the parent."""
