@@ -19,13 +19,12 @@ import math
 from collections import Counter, defaultdict
 from typing import Any
 
-from meshdl.messages import CLASS_OF, HEADER_BYTES, Kind, Message
+from meshdl.messages import CLASS_OF, HEADER_BYTES, ITEM_BYTES, Kind, Message
 from meshdl.protocol import MeshSpec
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
 _LAYERED = (Kind.HALO, Kind.GRAD_HALO)
-VALUE_BYTES = 4  # every wire dtype (float32, int32) is 4 bytes
 
 
 def class_name(kind: Kind, layer: int) -> str:
@@ -109,7 +108,7 @@ class Ledger:
             values = len(items) * per_item
             figures[name, "transmissions"] += 1
             figures[name, "values"] += values
-            figures[name, "bytes"] += HEADER_BYTES + VALUE_BYTES * values
+            figures[name, "bytes"] += HEADER_BYTES + ITEM_BYTES * values
         return figures
 
     def _items(self, src: Cell, dst: Cell, kind: Kind, layer: int, phase: int) -> tuple:
@@ -131,7 +130,7 @@ class Ledger:
         for (src, dst, kind, layer, _, shape), count in zip(self._keys, self._counts,
                                                              strict=True):
             values = math.prod(shape)
-            size = HEADER_BYTES + VALUE_BYTES * values
+            size = HEADER_BYTES + ITEM_BYTES * values
             counts = unicast[class_name(kind, layer)]
             counts["values"] += values * count
             counts["messages"] += count

@@ -10,9 +10,10 @@ Wire format (little-endian), 48 bytes of header followed by the array's bytes:
 `flags` is reserved (0 in version 1); it also makes the header a multiple of 16 bytes,
 so that a payload read in place from the received bytes is aligned.
 
-The edge is cell (-1, -1). Decoding rejects, with a `CodecError`, anything truncated,
-oversized, of another version, kind, dtype or mesh, or whose shape does not match the
-payload length. Never pickle: the payload is `ndarray.tobytes()` and `np.frombuffer`.
+The edge is cell (-1, -1), "every node" (-2, -2). Decoding rejects, with a `CodecError`,
+anything truncated, oversized, of another version, kind, dtype or mesh, or whose shape
+does not match the payload length. Never pickle: the payload is `ndarray.tobytes()` and
+`np.frombuffer`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from meshdl.kernels import all_finite
 PROTOCOL_VERSION = 1
 MAGIC = b"MD"
 EDGE = (-1, -1)  # the edge's "cell" in headers
+ALL = (-2, -2)  # destination of the edge's broadcasts to every node
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 MAX_DIMS = 4
 
@@ -64,13 +66,14 @@ CLASS_OF = {
 DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4")}
 DTYPE_CODES = {dtype: code for code, dtype in DTYPES.items()}
 FLOAT32, INT32 = DTYPE_CODES[np.dtype("<f4")], DTYPE_CODES[np.dtype("<i4")]
+ITEM_BYTES = 4  # of every wire dtype
 
 
 class CodecError(MeshdlError):
     """A payload that is not a valid mesh message."""
 
 
-Cell16 = Annotated[int, Field(ge=-1, le=0x7FFE)]
+Cell16 = Annotated[int, Field(ge=-2, le=0x7FFE)]  # -1: the edge, -2: every node
 
 
 class Header(NamedTuple):
@@ -156,19 +159,17 @@ def decode(data: bytes, mesh: int | None = None,
         raise CodecError(f"invalid header: {_first_error(exc)}") from None
     if mesh is not None and header.mesh != mesh:
         raise CodecError(f"message of mesh {header.mesh}, this is mesh {mesh}")
-    dtype_ = DTYPES[header.dtype]
-    view = memoryview(data)
-    size = len(view) - HEADER_BYTES
-    expected = math.prod(header.shape) * dtype_.itemsize
+    size = len(data) - HEADER_BYTES
+    expected = math.prod(header.shape) * ITEM_BYTES
     if size != expected:
         raise CodecError(f"payload of {size} bytes, shape {header.shape} needs {expected}")
+    view = memoryview(data)
     if zlib.crc32(view[HEADER_BYTES:], zlib.crc32(view[: _FIELDS.size])) != crc:
         raise CodecError("checksum mismatch (corrupted in transit)")
-    if dtype_ == DTYPES[FLOAT32] and not all_finite(
-            np.frombuffer(view, np.uint32, offset=HEADER_BYTES)):
+    flat = np.frombuffer(data, DTYPES[dtype], offset=HEADER_BYTES)
+    if dtype == FLOAT32 and not all_finite(flat):
         raise CodecError("payload holds NaN or inf")
-    payload = np.frombuffer(view, dtype_, offset=HEADER_BYTES).reshape(header.shape)
-    return Message(header, payload)
+    return Message(header, flat.reshape(header.shape))
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -1,32 +1,44 @@
 """MQTT-style topic names of a mesh, shared by the virtual broker and real MQTT.
 
-    meshdl/<mesh>/<src>/<dst>/<kind>      e.g. meshdl/7/r0c1/r0c2/halo
+    meshdl/<mesh>/<src>/<dst>/<kind>     one hop, e.g. meshdl/7/r0c1/r0c2/halo
+    meshdl/<mesh>/edge/all/<kind>        the edge to every node (parameters, batch)
+    meshdl/<mesh>/status/<client>        a client's liveness: retained JSON, its will
+    meshdl/<mesh>/alerts                 the edge's anomaly alerts: retained JSON
 
 A cell is named `r<row>c<col>`, the edge `edge`. A node publishes only under its own
 name (`meshdl/<mesh>/<self>/#`) and subscribes only to what its one-hop neighbours
-address to it (`meshdl/<mesh>/<neighbour>/<self>/#`), which is what a broker ACL can
-enforce per node.
+address to it (`meshdl/<mesh>/<neighbour>/<self>/#`) and to the edge's broadcasts,
+which is what a broker ACL can enforce per node: no node can write parameters.
 """
 
 from __future__ import annotations
 
 import re
 
-from meshdl.messages import EDGE, Kind
+from meshdl.messages import ALL, EDGE, Kind
 
 ROOT = "meshdl"
 _CELL = re.compile(r"^r(\d{1,5})c(\d{1,5})$")
 _FORBIDDEN = set("+#/\x00")
 
 
+ALL_NAME = "all"  # the destination level of the edge's broadcasts
+
+
 def name_of(cell: tuple[int, int]) -> str:
-    return "edge" if cell == EDGE else f"r{cell[0]}c{cell[1]}"
+    if cell == EDGE:
+        return "edge"
+    if cell == ALL:
+        return ALL_NAME
+    return f"r{cell[0]}c{cell[1]}"
 
 
 def cell_of(name: str) -> tuple[int, int]:
     """Inverse of `name_of`; ValueError for anything else."""
     if name == "edge":
         return EDGE
+    if name == ALL_NAME:
+        return ALL
     match = _CELL.match(name)
     if not match:
         raise ValueError(f"not a cell name: {name!r}")
@@ -47,6 +59,20 @@ def topic(mesh: int, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> 
 def inbox_filter(mesh: int, src: tuple[int, int], dst: tuple[int, int]) -> str:
     """What `dst` subscribes to for messages from its neighbour `src`."""
     return f"{ROOT}/{mesh}/{name_of(src)}/{name_of(dst)}/#"
+
+
+def broadcast_filter(mesh: int) -> str:
+    """What every node subscribes to for the edge's broadcasts."""
+    return f"{ROOT}/{mesh}/edge/{ALL_NAME}/#"
+
+
+def status_topic(mesh: int, client: str) -> str:
+    """A client's retained liveness record (its last will says "offline")."""
+    return f"{ROOT}/{mesh}/status/{check_id(client, 'client name')}"
+
+
+def alerts_topic(mesh: int) -> str:
+    return f"{ROOT}/{mesh}/alerts"
 
 
 def topic_matches(filter_: str, topic_: str) -> bool:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from meshdl.messages import FLOAT32, Kind, Message, make
+from meshdl.messages import FLOAT32, INT32, Kind, Message, make
 from meshdl.protocol import Field, MeshSpec, Mode, Send
 from meshdl.topology import Cell
 
@@ -42,11 +42,16 @@ def _stack(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 class Expect(NamedTuple):
-    """A message this node expects: the items its payload rows carry, and their shape."""
+    """A message this node's plan receives, keyed by (kind, layer, phase, source)."""
 
-    keys: tuple[Item, ...]  # (field, item) of each payload row
-    channels: int  # a row is (channels, batch)
-    train_only: bool
+    role: int  # PARAMS, BATCH, REDUCE or ITEMS: how `NodeMachine._accept` takes it
+    keys: tuple[Item, ...] = ()  # ITEMS: (field, item) of each payload row
+    channels: int = 0  # ITEMS: a row is (channels, batch)
+    train_only: bool = False
+
+
+# Expect roles, plain ints: the kind of a message is checked once per message, by lookup.
+PARAMS, BATCH, REDUCE, ITEMS = range(4)
 
 
 class NodePlan:
@@ -88,9 +93,14 @@ class NodePlan:
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
         self.inbox = {
-            key: Expect(tuple((send.field, i) for i in send.items),
+            key: Expect(ITEMS, tuple((send.field, i) for i in send.items),
                         spec.item_shape(send.field, 0)[0], send.train_only)
             for key, send in spec.expects[cell].items()}
+        parent = topo.parent[cell]
+        self.inbox[(Kind.PARAMS, 0, 0, parent)] = Expect(PARAMS)
+        self.inbox[(Kind.BATCH, 0, 0, parent)] = Expect(BATCH)
+        for child in topo.children[cell]:
+            self.inbox[(Kind.REDUCE, 0, 0, child)] = Expect(REDUCE, train_only=True)
 
 
 class Wave:
@@ -99,6 +109,7 @@ class Wave:
     def __init__(self, step: int, plan: NodePlan) -> None:
         self.step = step
         self.mode: Mode | None = None
+        self.training = False
         self.params: dict[str, np.ndarray] | None = None
         self.params_vector: np.ndarray | None = None
         self.norm: tuple[np.ndarray, np.ndarray] | None = None
@@ -126,13 +137,13 @@ class NodeMachine:
     def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray]) -> None:
         """`readings[split]` is (samples, in_channels) float32: this sensor's own log."""
         self.spec = spec
+        self.mesh_id = spec.mesh_id
         self.cell = cell
         self.readings = readings
         topo = spec.topology
         self.parent = topo.parent[cell]
         self.children = topo.children[cell]
         self.neighbours = set(topo.neighbours(cell))
-        self.expects = spec.expects[cell]
         self.plan = NodePlan(spec, cell)
         before, after = spec.offsets
         self.window_cells = topo.window(cell, before, after)
@@ -151,13 +162,14 @@ class NodeMachine:
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one decoded message; return the messages this node sends in response."""
         h = message.header
-        reason = self._reject_reason(message)
-        if reason:
-            self.stats[f"rejected:{reason}"] += 1
+        key = (h.kind, h.layer, h.phase, h.src)
+        expect = self.plan.inbox.get(key)
+        if expect is None or h.mesh != self.mesh_id or h.dst != self.cell:
+            self.stats[f"rejected:{self._reject_reason(message)}"] += 1
             return []
         wave, new_wave = self.wave, False
         if wave is None or h.step > wave.step:
-            if h.kind != Kind.PARAMS:  # a neighbour is already in the next wave: keep it
+            if expect.role != PARAMS:  # a neighbour is already in the next wave: keep it
                 return self._buffer(message, "buffered_future")
             if wave is not None and not self._finished(wave):
                 self.stats["abandoned_waves"] += 1
@@ -166,13 +178,12 @@ class NodeMachine:
         if h.step < wave.step:
             self.stats["stale"] += 1
             return []
-        key = (h.kind, h.layer, h.phase, h.src)
         if key in wave.seen:
             self.stats["duplicates"] += 1
             return []
         started_before = wave.mode is not None
         out: list[Message] = []
-        if not self._accept(wave, message, key, out):
+        if not self._accept(wave, message, expect, out):
             return []
         wave.seen.add(key)
         self.stats["accepted"] += 1
@@ -183,7 +194,8 @@ class NodeMachine:
                 out.extend(self.handle(early, now))
         return out
 
-    def _reject_reason(self, message: Message) -> str | None:
+    def _reject_reason(self, message: Message) -> str:
+        """Why a message is not one this node's plan receives (the slow path)."""
         h = message.header
         if h.mesh != self.spec.mesh_id:
             return "other_mesh"
@@ -191,7 +203,11 @@ class NodeMachine:
             return "not_for_me"
         if h.src not in self.neighbours:
             return "not_a_neighbour"
-        return None
+        if h.kind in (Kind.PARAMS, Kind.BATCH):
+            return "not_from_parent"
+        if h.kind == Kind.REDUCE:
+            return "bad_reduce"
+        return "unexpected"
 
     def _buffer(self, message: Message, why: str) -> list[Message]:
         """Keep a message that arrived before the wave it belongs to could use it."""
@@ -202,25 +218,24 @@ class NodeMachine:
             self.stats[why] += 1
         return []
 
-    def _accept(self, wave: Wave, message: Message, key: tuple, out: list[Message]) -> bool:
+    def _accept(self, wave: Wave, message: Message, expect: Expect,
+                out: list[Message]) -> bool:
         """Take a message's content into the wave, or count why it does not fit."""
         h, payload = message.header, message.payload
-        if h.kind <= Kind.BATCH:
-            return self._accept_control(wave, message, out)
+        if expect.role <= BATCH:
+            return self._accept_control(wave, message, expect.role, out)
         if wave.mode is None:  # item messages before this wave's BATCH: wait for it
             self._buffer(message, "buffered_early")
             return False
-        if h.kind == Kind.REDUCE:
-            if wave.mode != Mode.TRAIN or h.src not in self.children or payload.shape != (
-                    self.spec.conv_size,) or h.dtype != FLOAT32:
+        if expect.train_only and not wave.training:
+            self.stats["rejected:unexpected"] += 1
+            return False
+        if expect.role == REDUCE:
+            if payload.shape != (self.spec.conv_size,) or h.dtype != FLOAT32:
                 self.stats["rejected:bad_reduce"] += 1
                 return False
             wave.reduce_in[h.src] = payload
             return True
-        expect = self.plan.inbox.get(key)
-        if expect is None or (expect.train_only and wave.mode != Mode.TRAIN):
-            self.stats["rejected:unexpected"] += 1
-            return False
         if payload.shape != (len(expect.keys), expect.channels, wave.batch) or \
                 h.dtype != FLOAT32:
             self.stats["rejected:bad_shape"] += 1
@@ -229,15 +244,13 @@ class NodeMachine:
             self._put(wave, item, values)
         return True
 
-    def _accept_control(self, wave: Wave, message: Message, out: list[Message]) -> bool:
+    def _accept_control(self, wave: Wave, message: Message, role: int,
+                        out: list[Message]) -> bool:
         """PARAMS and BATCH from the tree parent; both in hand -> the wave starts."""
         h, payload = message.header, message.payload
-        if h.src != self.parent:
-            self.stats["rejected:not_from_parent"] += 1
-            return False
-        if h.kind == Kind.PARAMS:
+        if role == PARAMS:
             c = self.spec.model.in_channels
-            if payload.dtype != np.float32 or payload.shape != (self.spec.conv_size + 2 * c,):
+            if h.dtype != FLOAT32 or payload.shape != (self.spec.conv_size + 2 * c,):
                 self.stats["rejected:bad_params"] += 1
                 return False
             params, mean, std = self.spec.split_params(payload)
@@ -246,7 +259,7 @@ class NodeMachine:
                 return False
             wave.params_vector, wave.params, wave.norm = payload, params, (mean, std)
         else:
-            if not self._valid_batch(payload):
+            if h.dtype != INT32 or not self._valid_batch(payload):
                 self.stats["rejected:bad_batch"] += 1
                 return False
             wave.batch_payload = payload
@@ -255,7 +268,7 @@ class NodeMachine:
         return True
 
     def _valid_batch(self, payload: np.ndarray) -> bool:
-        if payload.dtype != np.int32 or payload.ndim != 1 or payload.size < 3:
+        if payload.ndim != 1 or payload.size < 3:
             return False
         mode, split, idx = int(payload[0]), int(payload[1]), payload[2:]
         if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings:
@@ -265,6 +278,7 @@ class NodeMachine:
     def _start(self, wave: Wave, out: list[Message]) -> None:
         payload = wave.batch_payload
         wave.mode = Mode(int(payload[0]))
+        wave.training = wave.mode == Mode.TRAIN
         indices = payload[2:]
         wave.batch = len(indices)
         mean, std = wave.norm
@@ -289,7 +303,7 @@ class NodeMachine:
         """Run every task whose items are known (running one may ready others)."""
         if wave.mode is None:
             return
-        plan, known, training = self.plan, wave.known, wave.mode == Mode.TRAIN
+        plan, known, training = self.plan, wave.known, wave.training
         while wave.ready:
             index = wave.ready.pop()
             if plan.train_only[index] and not training:
@@ -317,7 +331,7 @@ class NodeMachine:
     def _finished(self, wave: Wave) -> bool:
         if wave.mode is None or wave.tasks_done < self.plan.active[wave.mode]:
             return False
-        return wave.reduced or wave.mode == Mode.INFER
+        return wave.reduced or not wave.training
 
     # ------------------------------------------------------------ computation
     def _dz_top(self, wave: Wave, layers: int) -> None:
@@ -341,7 +355,7 @@ class NodeMachine:
                               self.spec.channels(layer - 1))
         w, b = wave.params[f"conv{layer}.weight"], wave.params[f"conv{layer}.bias"]
         z = w.reshape(w.shape[0], -1) @ window.reshape(-1, wave.batch) + b[:, None]
-        if wave.mode == Mode.TRAIN:
+        if wave.training:
             wave.windows[layer] = window
         self._put(wave, (("a", layer), self.cell), np.maximum(z, 0.0, dtype=np.float32))
 
