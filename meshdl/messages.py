@@ -108,15 +108,21 @@ class Message(NamedTuple):
         return self.header.kind
 
 
+_new = tuple.__new__
+
+
 def make(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int, int],
          payload: np.ndarray, layer: int = 0, phase: int = 0, seq: int = 0) -> Message:
     """A message from trusted local code (the payload is converted to a wire dtype)."""
     array = np.ascontiguousarray(payload)
-    if array.dtype not in DTYPE_CODES:
+    code = DTYPE_CODES.get(array.dtype)
+    if code is None:
         array = array.astype(np.float32 if array.dtype.kind == "f" else np.int32)
-    header = Header(PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
-                    DTYPE_CODES[array.dtype], array.shape)
-    return Message(header, array)
+        code = DTYPE_CODES[array.dtype]
+    # tuple.__new__ skips the NamedTuples' generated __new__: this runs for every message.
+    header = _new(Header, (PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
+                           code, array.shape, 0))
+    return _new(Message, (header, array))
 
 
 def encode(message: Message) -> bytes:

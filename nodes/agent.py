@@ -10,14 +10,17 @@ else. Per wave it:
   4. (training) routes d(loss)/d(pooled) back down to each block's max positions,
      exchanges output gradients for each layer's transposed convolution, computes its
      partial filter gradients and adds its children's on the way up (REDUCE).
-Every send and computation is a *task* that waits for a list of items (cells' or
-blocks' values); when the last one arrives the task runs. No sockets, clocks or asyncio:
-transports call `handle`; `now` only stamps when each stage finished. Bad messages are
-counted in `stats` and dropped; they never raise.
+Every send and computation is a *task* that needs a list of items (cells' or blocks'
+values). Items come from *sources*: a message of the plan (all the items it carries) or
+one of the node's own computations. A task waits for its sources and runs when the last
+one arrives. No sockets, clocks or asyncio: transports call `handle`; `now` only stamps
+when each stage finished. Bad messages are counted in `stats` and dropped; they never
+raise.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import NamedTuple
@@ -29,6 +32,8 @@ from meshdl.protocol import Field, MeshSpec, Mode, Send
 from meshdl.topology import Cell
 
 Item = tuple[Field, Hashable]
+Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
+Step = tuple[str, int, str]  # a computation: (method, layer, stage name for the timing)
 
 
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:
@@ -55,44 +60,14 @@ PARAMS, BATCH, REDUCE, ITEMS = range(4)
 
 
 class NodePlan:
-    """A node's tasks and the items each waits for; built once, shared by all waves."""
+    """A node's tasks, and the sources each waits for; built once, shared by all waves."""
 
     def __init__(self, spec: MeshSpec, cell: Cell) -> None:
         topo, layers = spec.topology, spec.model.conv_layers
         before, after = spec.offsets
         block = topo.block_of(cell)
         leads = topo.leader[block] == cell
-        # (task, needs, train only): computations, then sends, in a fixed order. A
-        # computation is (step, layer, stage name); `NodeMachine` maps steps to methods.
-        tasks: list[tuple[tuple[str, int, str] | Send, list[Item], bool]] = []
-        for layer in range(1, layers + 1):
-            window = topo.window(cell, before, after)
-            needs = [(("a", layer - 1), c) for c in window]
-            tasks.append((("conv", layer, f"conv{layer}"), needs, False))
-        if leads:
-            tasks.append((("pool", layers, "pool"), [(("a", layers), c)
-                                              for c in topo.block_cells(block)], False))
-            tasks.append((("route", layers, "route"), [(("dpooled",), block)], True))
-        tasks.append((("dz_top", layers, "dz_top"), [(("route",), cell)], True))
-        for layer in range(layers, 0, -1):
-            tasks.append((("grad", layer, f"grad{layer}"), [(("dz", layer), cell)], True))
-            if layer > 1:
-                window = topo.window(cell, after, before)
-                needs = [(("dz", layer), c) for c in window]
-                tasks.append((("dinput", layer, f"dinput{layer}"), needs, True))
-        for send in spec.sends[cell]:
-            tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
-        self.tasks = [t for t, _, _ in tasks]
-        self.send_keys = [tuple(needs) if isinstance(t, Send) else () for t, needs, _ in tasks]
-        self.needs_count = [len(needs) for _, needs, _ in tasks]
-        self.train_only = [train for _, _, train in tasks]
-        self.waiters: dict[Item, list[int]] = {}
-        for index, (_, needs, _) in enumerate(tasks):
-            for item in needs:
-                self.waiters.setdefault(item, []).append(index)
-        self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
-                       for mode in Mode}
-        self.inbox = {
+        self.inbox: dict[tuple, Expect] = {
             key: Expect(ITEMS, tuple((send.field, i) for i in send.items),
                         spec.item_shape(send.field, 0)[0], send.train_only)
             for key, send in spec.expects[cell].items()}
@@ -100,7 +75,48 @@ class NodePlan:
         self.inbox[(Kind.PARAMS, 0, 0, parent)] = Expect(PARAMS)
         self.inbox[(Kind.BATCH, 0, 0, parent)] = Expect(BATCH)
         for child in topo.children[cell]:
-            self.inbox[(Kind.REDUCE, 0, 0, child)] = Expect(REDUCE, train_only=True)
+            self.inbox[(Kind.REDUCE, 0, 0, child)] = Expect(
+                REDUCE, ((("reduce",), child),), train_only=True)
+
+        # (task, needs, train only): computations, then sends, in a fixed order.
+        tasks: list[tuple[Step | Send, list[Item], bool]] = []
+        for layer in range(1, layers + 1):
+            needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)]
+            tasks.append((("conv", layer, f"conv{layer}"), needs, False))
+        if leads:
+            needs = [(("a", layers), c) for c in topo.block_cells(block)]
+            tasks.append((("pool", layers, "pool"), needs, False))
+            tasks.append((("route", layers, "route"), [(("dpooled",), block)], True))
+        tasks.append((("dz_top", layers, "dz_top"), [(("route",), cell)], True))
+        for layer in range(layers, 0, -1):
+            tasks.append((("grad", layer, f"grad{layer}"), [(("dz", layer), cell)], True))
+            if layer > 1:
+                needs = [(("dz", layer), c) for c in topo.window(cell, after, before)]
+                tasks.append((("dinput", layer, f"dinput{layer}"), needs, True))
+        needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
+        needs += [(("reduce",), child) for child in topo.children[cell]]
+        tasks.append((("reduce", 0, "reduce"), needs, True))
+        for send in spec.sends[cell]:
+            tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
+
+        # Where each item comes from: the messages that carry it, else this node itself.
+        providers: dict[Item, list[Source]] = {}
+        for key, expect in self.inbox.items():
+            for item in expect.keys:
+                providers.setdefault(item, []).append(key)
+        self.tasks = [task for task, _, _ in tasks]
+        self.send_keys = [tuple(needs) if isinstance(task, Send) else ()
+                          for task, needs, _ in tasks]
+        self.train_only = [train for _, _, train in tasks]
+        self.waiters: dict[Source, list[int]] = {}
+        self.needs_count: list[int] = []
+        for index, (_, needs, _) in enumerate(tasks):
+            sources = dict.fromkeys(s for item in needs for s in providers.get(item, [item]))
+            self.needs_count.append(len(sources))
+            for source in sources:
+                self.waiters.setdefault(source, []).append(index)
+        self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
+                       for mode in Mode}
 
 
 class Wave:
@@ -112,18 +128,18 @@ class Wave:
         self.training = False
         self.params: dict[str, np.ndarray] | None = None
         self.params_vector: np.ndarray | None = None
-        self.norm: tuple[np.ndarray, np.ndarray] | None = None
+        self.norm: tuple[np.ndarray, np.ndarray] | None = None  # (c_in, 1) mean, std
         self.batch_payload: np.ndarray | None = None
         self.batch = 0
         self.known: dict[Item, np.ndarray] = {}
-        self.missing = list(plan.needs_count)  # per task: items still unknown
+        self.missing = list(plan.needs_count)  # per task: sources still to come
         self.ready: list[int] = [i for i, n in enumerate(self.missing) if n == 0]
         self.tasks_done = 0
-        self.windows: dict[int, np.ndarray] = {}  # layer -> (c_in, k, k, B) input window
+        self.grad: np.ndarray | None = None  # training: this subtree's conv gradients
+        self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in * k * k)
+        self.biases: dict[int, np.ndarray] = {}  # layer -> (h, 1)
+        self.windows: dict[int, np.ndarray] = {}  # layer -> (c_in * k * k, B) input window
         self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
-        self.grad_parts: dict[int, np.ndarray] = {}  # layer -> this cell's dW|db, flat
-        self.reduce_in: dict[Cell, np.ndarray] = {}
-        self.reduced = False
         self.seen: set[tuple] = set()
         self.finished_at: dict[str, float] = {}
 
@@ -139,24 +155,37 @@ class NodeMachine:
         self.spec = spec
         self.mesh_id = spec.mesh_id
         self.cell = cell
-        self.readings = readings
+        # Channel-major, as the node's activations are (channels, batch).
+        self.readings = {split: np.ascontiguousarray(x.T, np.float32)
+                         for split, x in readings.items()}
         topo = spec.topology
         self.parent = topo.parent[cell]
         self.children = topo.children[cell]
         self.neighbours = set(topo.neighbours(cell))
         self.plan = NodePlan(spec, cell)
         before, after = spec.offsets
-        self.window_cells = topo.window(cell, before, after)
-        self.grad_window_cells = topo.window(cell, after, before)
+        forward = _slots(cell, topo.window(cell, before, after), before, spec.model.kernel)
+        backward = _slots(cell, topo.window(cell, after, before), after, spec.model.kernel)
+        # Per layer: (item, tap) of every window cell inside the grid; outside reads 0.
+        self.conv_window = {layer: [((("a", layer - 1), c), tap) for c, tap in forward]
+                            for layer in range(1, spec.model.conv_layers + 1)}
+        self.grad_window = {layer: [((("dz", layer), c), tap) for c, tap in backward]
+                            for layer in range(2, spec.model.conv_layers + 1)}
         self.block = topo.block_of(cell)
         self.block_cells = topo.block_cells(self.block)
+        # Where each layer's weight and bias gradients sit in the flat conv gradient.
+        offsets = np.cumsum([0, *(math.prod(s) for s in spec.conv_shapes.values())])
+        self.grad_slices = {layer: (slice(offsets[2 * layer - 2], offsets[2 * layer - 1]),
+                                    slice(offsets[2 * layer - 1], offsets[2 * layer]))
+                            for layer in range(1, spec.model.conv_layers + 1)}
         self.wave: Wave | None = None
         self.future: list[Message] = []
         self.stats: Counter[str] = Counter()
         self.seq = 0
-        self._steps: dict[str, Callable[[Wave, int], None]] = {
+        self._steps: dict[str, Callable[[Wave, int, list[Message]], None]] = {
             "conv": self._conv_forward, "pool": self._pool, "route": self._route,
-            "dz_top": self._dz_top, "grad": self._weight_grad, "dinput": self._input_grad}
+            "dz_top": self._dz_top, "grad": self._weight_grad, "dinput": self._input_grad,
+            "reduce": self._reduce}
 
     # ------------------------------------------------------------- messages in
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
@@ -183,7 +212,7 @@ class NodeMachine:
             return []
         started_before = wave.mode is not None
         out: list[Message] = []
-        if not self._accept(wave, message, expect, out):
+        if not self._accept(wave, message, key, expect, out):
             return []
         wave.seen.add(key)
         self.stats["accepted"] += 1
@@ -218,7 +247,7 @@ class NodeMachine:
             self.stats[why] += 1
         return []
 
-    def _accept(self, wave: Wave, message: Message, expect: Expect,
+    def _accept(self, wave: Wave, message: Message, key: tuple, expect: Expect,
                 out: list[Message]) -> bool:
         """Take a message's content into the wave, or count why it does not fit."""
         h, payload = message.header, message.payload
@@ -230,18 +259,20 @@ class NodeMachine:
         if expect.train_only and not wave.training:
             self.stats["rejected:unexpected"] += 1
             return False
-        if expect.role == REDUCE:
-            if payload.shape != (self.spec.conv_size,) or h.dtype != FLOAT32:
-                self.stats["rejected:bad_reduce"] += 1
-                return False
-            wave.reduce_in[h.src] = payload
-            return True
-        if payload.shape != (len(expect.keys), expect.channels, wave.batch) or \
-                h.dtype != FLOAT32:
+        if h.dtype != FLOAT32:
             self.stats["rejected:bad_shape"] += 1
             return False
-        for item, values in zip(expect.keys, payload, strict=True):
-            self._put(wave, item, values)
+        if expect.role == REDUCE:
+            if payload.shape != (self.spec.conv_size,):
+                self.stats["rejected:bad_reduce"] += 1
+                return False
+            wave.known[expect.keys[0]] = payload
+        elif payload.shape == (len(expect.keys), expect.channels, wave.batch):
+            wave.known.update(zip(expect.keys, payload, strict=True))
+        else:
+            self.stats["rejected:bad_shape"] += 1
+            return False
+        self._arrived(wave, key)
         return True
 
     def _accept_control(self, wave: Wave, message: Message, role: int,
@@ -254,10 +285,11 @@ class NodeMachine:
                 self.stats["rejected:bad_params"] += 1
                 return False
             params, mean, std = self.spec.split_params(payload)
-            if np.any(std <= 0):
+            if not std.min() > 0:
                 self.stats["rejected:bad_params"] += 1
                 return False
-            wave.params_vector, wave.params, wave.norm = payload, params, (mean, std)
+            wave.params_vector, wave.params = payload, params
+            wave.norm = mean[:, None], std[:, None]
         else:
             if h.dtype != INT32 or not self._valid_batch(payload):
                 self.stats["rejected:bad_batch"] += 1
@@ -273,7 +305,7 @@ class NodeMachine:
         mode, split, idx = int(payload[0]), int(payload[1]), payload[2:]
         if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings:
             return False
-        return bool(idx.min() >= 0 and idx.max() < len(self.readings[split]))
+        return bool(idx.min() >= 0 and idx.max() < self.readings[split].shape[1])
 
     def _start(self, wave: Wave, out: list[Message]) -> None:
         payload = wave.batch_payload
@@ -281,27 +313,37 @@ class NodeMachine:
         wave.training = wave.mode == Mode.TRAIN
         indices = payload[2:]
         wave.batch = len(indices)
-        mean, std = wave.norm
-        x = self.readings[int(payload[1])][indices]  # (B, c_in)
+        for layer in range(1, self.spec.model.conv_layers + 1):
+            w = wave.params[f"conv{layer}.weight"]
+            wave.weights[layer] = w.reshape(w.shape[0], -1)
+            wave.biases[layer] = wave.params[f"conv{layer}.bias"][:, None]
+        if wave.training:
+            wave.grad = np.empty(self.spec.conv_size, np.float32)
         for child in self.children:
             out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
             out.append(self._message(wave, Kind.BATCH, child, payload))
-        self._put(wave, (("a", 0), self.cell),
-                  np.ascontiguousarray(((x - mean) / std).T, np.float32))
+        mean, std = wave.norm
+        x = self.readings[int(payload[1])][:, indices]  # (c_in, B), a new array
+        x -= mean
+        x /= std
+        self._put(wave, (("a", 0), self.cell), x)
 
     # ---------------------------------------------------------------- progress
-    def _put(self, wave: Wave, key: Item, value: np.ndarray) -> None:
-        if key in wave.known:
-            return
-        wave.known[key] = value
-        for task in self.plan.waiters.get(key, ()):
-            wave.missing[task] -= 1
-            if wave.missing[task] == 0:
+    def _put(self, wave: Wave, item: Item, value: np.ndarray) -> None:
+        """An item this node computed itself (its own source)."""
+        wave.known[item] = value
+        self._arrived(wave, item)
+
+    def _arrived(self, wave: Wave, source: Source) -> None:
+        missing = wave.missing
+        for task in self.plan.waiters.get(source, ()):
+            missing[task] -= 1
+            if missing[task] == 0:
                 wave.ready.append(task)
 
     def _run_ready(self, wave: Wave, now: float, out: list[Message]) -> None:
-        """Run every task whose items are known (running one may ready others)."""
-        if wave.mode is None:
+        """Run every task whose sources have arrived (running one may ready others)."""
+        if wave.mode is None or not wave.ready:
             return
         plan, known, training = self.plan, wave.known, wave.training
         while wave.ready:
@@ -317,90 +359,78 @@ class NodeMachine:
                                          task.phase))
             else:
                 step, layer, stage = task
-                self._steps[step](wave, layer)
+                self._steps[step](wave, layer, out)
                 wave.finished_at[stage] = now
             wave.tasks_done += 1
-        if training and not wave.reduced and \
-                len(wave.grad_parts) == self.spec.model.conv_layers and \
-                len(wave.reduce_in) == len(self.children):
-            self._reduce(wave, out)
-            wave.finished_at["reduce"] = now
-        if self._finished(wave) and "finished" not in wave.finished_at:
-            wave.finished_at["finished"] = now
+        if self._finished(wave):
+            wave.finished_at.setdefault("finished", now)
 
     def _finished(self, wave: Wave) -> bool:
-        if wave.mode is None or wave.tasks_done < self.plan.active[wave.mode]:
-            return False
-        return wave.reduced or not wave.training
+        return wave.mode is not None and wave.tasks_done == self.plan.active[wave.mode]
 
     # ------------------------------------------------------------ computation
-    def _dz_top(self, wave: Wave, layers: int) -> None:
+    def _window(self, wave: Wave, slots: list[tuple[Item, int]], channels: int) -> np.ndarray:
+        """(channels * k * k, B) window around this cell; cells outside the grid read 0."""
+        k = self.spec.model.kernel
+        window = np.zeros((channels, k * k, wave.batch), np.float32)
+        known = wave.known
+        for item, tap in slots:
+            window[:, tap] = known[item]
+        return window.reshape(-1, wave.batch)
+
+    def _conv_forward(self, wave: Wave, layer: int, out: list[Message]) -> None:
+        window = self._window(wave, self.conv_window[layer], self.spec.channels(layer - 1))
+        z = wave.weights[layer] @ window
+        z += wave.biases[layer]
+        if wave.training:
+            wave.windows[layer] = window
+        self._put(wave, (("a", layer), self.cell), np.maximum(z, np.float32(0.0), out=z))
+
+    def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
+        stacked = _stack([wave.value(("a", layers), c) for c in self.block_cells])
+        wave.winners = stacked.argmax(axis=0)  # first maximum in row-major order, as PyTorch
+        self._put(wave, (("pooled",), self.block), stacked.max(axis=0))
+
+    def _route(self, wave: Wave, layers: int, out: list[Message]) -> None:
+        """Max-pool backward at the leader: each member gets the gradient where it won."""
+        grad = wave.value(("dpooled",), self.block)
+        zero = np.float32(0.0)
+        for i, cell in enumerate(self.block_cells):
+            self._put(wave, (("route",), cell), np.where(wave.winners == i, grad, zero))
+
+    def _dz_top(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
         active = wave.value(("a", layers), self.cell) > 0
         self._put(wave, (("dz", layers), self.cell), wave.value(("route",), self.cell) * active)
 
-    def _window(self, wave: Wave, f: Field, cells: list[Cell], before: int,
-                channels: int) -> np.ndarray:
-        """(channels, k, k, B) window around this cell; cells outside the grid read 0."""
-        k = self.spec.model.kernel
-        window = np.zeros((channels, k, k, wave.batch), np.float32)
-        r0, c0 = self.cell[0] - before, self.cell[1] - before
-        for cell in cells:
-            window[:, cell[0] - r0, cell[1] - c0] = wave.known[(f, cell)]
-        return window
-
-    def _conv_forward(self, wave: Wave, layer: int) -> None:
-        before, _ = self.spec.offsets
-        window = self._window(wave, ("a", layer - 1), self.window_cells, before,
-                              self.spec.channels(layer - 1))
-        w, b = wave.params[f"conv{layer}.weight"], wave.params[f"conv{layer}.bias"]
-        z = w.reshape(w.shape[0], -1) @ window.reshape(-1, wave.batch) + b[:, None]
-        if wave.training:
-            wave.windows[layer] = window
-        self._put(wave, (("a", layer), self.cell), np.maximum(z, 0.0, dtype=np.float32))
-
-    def _pool(self, wave: Wave, layers: int) -> None:
-        stacked = np.stack([wave.value(("a", layers), c) for c in self.block_cells])
-        wave.winners = stacked.argmax(axis=0)  # first maximum in row-major order, as PyTorch
-        self._put(wave, (("pooled",), self.block), stacked.max(axis=0))
-
-    def _route(self, wave: Wave, layers: int) -> None:
-        """Max-pool backward at the leader: each member gets the gradient where it won."""
-        grad = wave.value(("dpooled",), self.block)
-        for i, cell in enumerate(self.block_cells):
-            self._put(wave, (("route",), cell),
-                      np.where(wave.winners == i, grad, np.float32(0.0)).astype(np.float32))
-
-    def _weight_grad(self, wave: Wave, layer: int) -> None:
+    def _weight_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """This cell's share of d(loss)/d(conv weights, bias): its output times its window."""
         dz = wave.value(("dz", layer), self.cell)  # (h, B)
-        dw = dz @ wave.windows[layer].reshape(-1, wave.batch).T
-        wave.grad_parts[layer] = np.concatenate([dw.ravel(), dz.sum(axis=1)])
+        dw, db = self.grad_slices[layer]
+        np.matmul(dz, wave.windows[layer].T, out=wave.grad[dw].reshape(dz.shape[0], -1))
+        dz.sum(axis=1, out=wave.grad[db])
+        self._put(wave, (("grad", layer), self.cell), wave.grad)
 
-    def _input_grad(self, wave: Wave, layer: int) -> None:
+    def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
-        _, after = self.spec.offsets
-        dzwin = self._window(wave, ("dz", layer), self.grad_window_cells, after,
-                             self.spec.model.filters)
+        dzwin = self._window(wave, self.grad_window[layer], self.spec.model.filters)
         w = wave.params[f"conv{layer}.weight"]
         flipped = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # (c_in, h, k, k)
-        da = flipped.reshape(flipped.shape[0], -1) @ dzwin.reshape(-1, wave.batch)
-        active = wave.value(("a", layer - 1), self.cell) > 0
-        self._put(wave, (("dz", layer - 1), self.cell), (da * active).astype(np.float32))
+        da = flipped.reshape(flipped.shape[0], -1) @ dzwin
+        da *= wave.value(("a", layer - 1), self.cell) > 0
+        self._put(wave, (("dz", layer - 1), self.cell), da)
 
-    def _reduce(self, wave: Wave, out: list[Message]) -> None:
+    def _reduce(self, wave: Wave, _: int, out: list[Message]) -> None:
         """Own partial gradients plus the children's, as one message to the parent."""
-        layers = self.spec.model.conv_layers
-        total = np.concatenate([wave.grad_parts[layer] for layer in range(1, layers + 1)])
-        for part in wave.reduce_in.values():
-            total += part
+        total = wave.grad  # the own layers' shares, written in place by _weight_grad
+        for child in self.children:
+            total += wave.value(("reduce",), child)
         out.append(self._message(wave, Kind.REDUCE, self.parent, total))
-        wave.reduced = True
 
     def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,
                  layer: int = 0, phase: int = 0) -> Message:
         self.seq = (self.seq + 1) & 0xFFFFFFFF
-        return make(kind, self.spec.mesh_id, wave.step, self.cell, dst, payload,
+        return make(kind, self.mesh_id, wave.step, self.cell, dst, payload,
                     layer=layer, phase=phase, seq=self.seq)
 
     # -------------------------------------------------------------- reporting
@@ -408,3 +438,8 @@ class NodeMachine:
     def finished_at(self) -> dict[str, float]:
         """When (in transport time) this node finished each stage of its last wave."""
         return dict(self.wave.finished_at) if self.wave else {}
+
+
+def _slots(cell: Cell, window: list[Cell], before: int, kernel: int) -> list[tuple[Cell, int]]:
+    """Each window cell with its tap: the flat index into the k x k kernel positions."""
+    return [(c, (c[0] - cell[0] + before) * kernel + c[1] - cell[1] + before) for c in window]

@@ -1,0 +1,113 @@
+"""`meshdl broker`: run a Mosquitto broker in the foreground, for development on one machine.
+
+By default it runs the project's `deploy/mosquitto/local.conf` (loopback only, anonymous,
+nothing persisted); `--config` runs another file and `--port` moves the config's single
+listener to another port. Mosquitto's own log goes to the terminal; Ctrl+C (or SIGTERM)
+stops it cleanly. `find_tool` also serves `meshdl deploy` (mosquitto_passwd).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import typer
+
+from meshdl.cli.common import err_console
+from meshdl.errors import MeshdlError, UsageError
+
+# Debian and Raspberry Pi OS install mosquitto in /usr/sbin, which is not on an ordinary
+# user's PATH; Homebrew uses its own sbin.
+SBIN_DIRS: tuple[str, ...] = ("/usr/sbin", "/usr/local/sbin", "/opt/homebrew/sbin")
+INSTALL_HINT = "install it with `sudo apt-get install mosquitto` (or run ./bootstrap --dev)"
+LOCAL_CONF = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "local.conf"
+_LISTENER = re.compile(r"^(\s*listener\s+)(\d+)(.*)$")
+
+
+def find_tool(name: str) -> str:
+    """The path of a Mosquitto program (PATH first, then the sbin directories)."""
+    found = shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN_DIRS))
+    if found is None:
+        raise MeshdlError(f"{name} not found (looked on PATH and in {', '.join(SBIN_DIRS)}); "
+                          f"{INSTALL_HINT}")
+    return found
+
+
+def register(app: typer.Typer) -> None:
+    app.command("broker")(broker)
+
+
+def broker(
+    port: int | None = typer.Option(
+        None, "--port", min=1, max=65535,
+        help="Listen on this port instead of the config's (which must have one listener)."),
+    config: Path | None = typer.Option(
+        None, "--config", help="Mosquitto config file [default: deploy/mosquitto/local.conf]."),
+) -> None:
+    """Run a Mosquitto broker in the foreground (Ctrl+C stops it)."""
+    binary = find_tool("mosquitto")
+    conf = config if config is not None else LOCAL_CONF
+    if not conf.is_file():
+        hint = "" if config is not None else " (not in a source checkout? pass --config FILE)"
+        raise MeshdlError(f"mosquitto config not found: {conf}{hint}")
+    with tempfile.TemporaryDirectory(prefix="meshdl-broker-") as tmp:
+        run_conf = conf
+        if port is not None:
+            run_conf = Path(tmp) / conf.name
+            run_conf.write_text(with_port(conf.read_text(), port, conf))
+        where = ", ".join(listeners(run_conf.read_text())) or "mosquitto's default port"
+        err_console.print(f"mosquitto on {where}, config {conf} (Ctrl+C stops it)",
+                          highlight=False)
+        code = _run_foreground([binary, "-c", str(run_conf)])
+    if code != 0:
+        raise MeshdlError(f"mosquitto exited with status {code} (its log is above)")
+
+
+def listeners(text: str) -> list[str]:
+    """'PORT' or 'ADDRESS:PORT' for each `listener` line of a config."""
+    out = []
+    for line in text.splitlines():
+        match = _LISTENER.match(line)
+        if match:
+            address = match[3].split()
+            out.append(f"{address[0]}:{match[2]}" if address else match[2])
+    return out
+
+
+def with_port(text: str, port: int, source: Path | str = "the config") -> str:
+    """The config with its single `listener` moved to `port` (UsageError otherwise)."""
+    lines = text.splitlines()
+    at = [i for i, line in enumerate(lines) if _LISTENER.match(line)]
+    if len(at) != 1:
+        raise UsageError(f"--port needs a config with exactly one `listener` line; "
+                         f"{source} has {len(at)}")
+    match = _LISTENER.match(lines[at[0]])
+    assert match is not None
+    lines[at[0]] = f"{match[1]}{port}{match[3]}"
+    return "\n".join(lines) + "\n"
+
+
+def _run_foreground(command: list[str]) -> int:
+    """Run the broker attached to this terminal; SIGINT/SIGTERM stop it and we wait."""
+    process = subprocess.Popen(command)
+
+    def stop(signum: int, _frame: object) -> None:
+        # systemd or `kill` signal only us: pass it on, then wait for a clean shutdown.
+        process.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        while True:
+            try:
+                return process.wait()
+            except KeyboardInterrupt:
+                # Ctrl+C reached mosquitto too (same process group); a `kill -INT` of
+                # this process alone did not, so forward it: a second SIGINT is harmless.
+                process.send_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,177 @@
+"""`meshdl deploy`: provision a mesh for a real Mosquitto broker.
+
+`meshdl deploy credentials --mesh mesh.toml --out DIR` writes, for the mesh the config
+describes:
+
+    DIR/passwd              Mosquitto password_file: every user, hashed by mosquitto_passwd
+    DIR/acl                 Mosquitto acl_file: what each user may read and write
+    DIR/secrets/<user>.env  the plain password of one user, for its systemd unit
+
+Users: `edge`, one per cell (`r<row>c<col>`), one per node host (`--host NAME=CELLS`),
+and a read-only `monitor` (meshdl/acl.py has the rules). Passwords come from
+`secrets.token_urlsafe`; they are never printed. Every file is mode 0600 (the secrets
+directory 0700). Existing files are left alone unless `--force`, which replaces every
+password at once, so that passwd and the secrets files always belong together.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from meshdl.acl import MeshUser, acl_text, format_cells, mesh_users, parse_host
+from meshdl.cli.broker import find_tool
+from meshdl.cli.common import emit_json, err_console
+from meshdl.config import load_run_config
+from meshdl.errors import MeshdlError, UsageError
+from meshdl.topics import name_of
+from meshdl.topology import Cell, Topology
+
+# The hash every Mosquitto 2.x broker reads: 2.1's mosquitto_passwd defaults to argon2id,
+# which a 2.0 broker (Debian 12, Raspberry Pi OS) cannot check.
+HASH = "sha512-pbkdf2"
+PASSWORD_BYTES = 24  # 192 random bits, 32 URL-safe characters
+
+app = typer.Typer(
+    help="Provision a mesh for a real broker: passwords, access rules, secrets.",
+    no_args_is_help=True,
+)
+
+
+@app.command()
+def credentials(
+    mesh: Path = typer.Option(
+        ..., "--mesh", help="The mesh's config (mesh.toml: [model] rows/cols, [mesh] "
+                            "mesh_id/edge_at)."),
+    out: Path = typer.Option(..., "--out", help="Directory for passwd, acl and secrets/."),
+    host: list[str] | None = typer.Option(
+        None, "--host", help="A node host NAME=ROWS,COLS serving a rectangle of cells, "
+                             "e.g. floor1=0-3,0-24 (repeatable)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files (every "
+                                                      "password changes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Write the broker's password and ACL files and one secrets file per user."""
+    cfg = load_run_config(mesh)
+    rows, cols = cfg.model.rows, cfg.model.cols
+    topology = Topology(rows, cols, cfg.mesh.edge_at, cfg.model.pool)
+    hosts = _parse_hosts(host or [], rows, cols)
+    try:
+        users = mesh_users(cfg.mesh.mesh_id, topology, hosts)
+    except ValueError as exc:
+        raise UsageError(f"--host: {exc}") from None
+    tool = find_tool("mosquitto_passwd")  # before writing anything
+
+    secrets_dir = out / "secrets"
+    targets = [out / "passwd", out / "acl", *(secrets_dir / f"{u.name}.env" for u in users)]
+    existing = [path for path in targets if path.exists()]
+    if existing and not force:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise MeshdlError(f"{existing[0]} exists{more}; pass --force to overwrite "
+                          "(every password changes)")
+
+    passwords = {u.name: secrets.token_urlsafe(PASSWORD_BYTES) for u in users}
+    out.mkdir(parents=True, exist_ok=True)
+    secrets_dir.mkdir(mode=0o700, exist_ok=True)
+    secrets_dir.chmod(0o700)
+    header = (f"meshdl mesh {cfg.mesh.mesh_id}: {rows} x {cols} cells, edge at "
+              f"{name_of(cfg.mesh.edge_at)}; written by `meshdl deploy credentials`")
+    _write_private(out / "acl", acl_text(users, header))
+    _hash_passwords(tool, out / "passwd", passwords)
+    for user in users:
+        _write_private(secrets_dir / f"{user.name}.env",
+                       _env_text(user, passwords[user.name], cfg.mesh.mesh_id))
+
+    report = _report(out, cfg.mesh.mesh_id, (rows, cols), users)
+    err_console.print(
+        f"wrote {out / 'passwd'}, {out / 'acl'} and {len(users)} secrets files in "
+        f"{secrets_dir} for mesh {cfg.mesh.mesh_id}: edge, {rows * cols} cells, "
+        f"{len(hosts)} node host(s), monitor", highlight=False)
+    if as_json:
+        emit_json(report)
+
+
+def _parse_hosts(specs: list[str], rows: int, cols: int) -> dict[str, list[Cell]]:
+    hosts: dict[str, list[Cell]] = {}
+    for spec in specs:
+        try:
+            name, cells = parse_host(spec, rows, cols)
+        except ValueError as exc:
+            raise UsageError(f"--host {spec}: {exc}") from None
+        if name in hosts:
+            # One rectangle per host, as `meshdl nodes run --cells` takes.
+            raise UsageError(f"--host {spec}: host {name} is given twice")
+        hosts[name] = cells
+    return hosts
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (also when it existed with looser rights)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(text)
+
+
+def _hash_passwords(tool: str, path: Path, passwords: dict[str, str]) -> None:
+    """Build the password_file with mosquitto_passwd, then move it into place at once."""
+    partial = path.with_name(path.name + ".partial")
+    _write_private(partial, "")  # 0600 from the start: -c keeps an existing file's mode
+    try:
+        for i, (user, password) in enumerate(passwords.items()):
+            create = ["-c"] if i == 0 else []
+            # -b puts the password on the command line for a few milliseconds, on the
+            # provisioning machine only; the resulting file holds hashes alone.
+            result = subprocess.run(
+                [tool, "-H", HASH, *create, "-b", str(partial), user, password],
+                capture_output=True, text=True, check=False,
+            )
+            if result.returncode != 0:
+                reason = (result.stderr or result.stdout).strip().splitlines()
+                raise MeshdlError(f"mosquitto_passwd failed for user {user}: "
+                                  f"{reason[0] if reason else f'exit {result.returncode}'}")
+        partial.chmod(0o600)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _env_text(user: MeshUser, password: str, mesh_id: int) -> str:
+    """A systemd EnvironmentFile: the user's broker login and which cells it acts for."""
+    lines = [
+        f"# meshdl mesh {mesh_id}: broker login of {user.role} {user.name}. Keep it secret:",
+        "# mode 0600, owned by the service user (see deploy/RASPBERRY_PI.md).",
+        f"MESHDL_MQTT_USER={user.name}",
+        f"MESHDL_MQTT_PASSWORD={password}",
+    ]
+    if user.role == "node":
+        (row, col), = user.cells
+        lines.append(f"MESHDL_CELL={row},{col}")  # meshdl-node@.service: --cell
+    elif user.role == "host":
+        lines.append(f"MESHDL_CELLS={format_cells(user.cells)}")  # meshdl-nodes@: --cells
+    return "\n".join(lines) + "\n"
+
+
+def _report(out: Path, mesh_id: int, grid: tuple[int, int],
+            users: list[MeshUser]) -> dict[str, Any]:
+    return {
+        "mesh_id": mesh_id,
+        "grid": list(grid),
+        "passwd": str(out / "passwd"),
+        "acl": str(out / "acl"),
+        "users": [
+            {
+                "name": u.name,
+                "role": u.role,
+                "cells": [list(c) for c in u.cells],
+                "secrets": str(out / "secrets" / f"{u.name}.env"),
+                "grants": [{"access": g.access, "topic": g.topic} for g in u.grants],
+            }
+            for u in users
+        ],
+    }
