@@ -180,15 +180,15 @@ def parse_cells(text: str, rows: int, cols: int) -> list[Cell]:
     parts = text.split(",")
     if len(parts) != 2:
         raise ValueError(f"cells {text!r}: expected ROWS,COLS such as 0-3,0-24 or 2,5")
-    row_lo, row_hi = _parse_range(parts[0], "rows", rows, text)
-    col_lo, col_hi = _parse_range(parts[1], "columns", cols, text)
+    row_lo, row_hi = _parse_range(parts[0], "row", rows, text)
+    col_lo, col_hi = _parse_range(parts[1], "column", cols, text)
     return [(r, c) for r in range(row_lo, row_hi + 1) for c in range(col_lo, col_hi + 1)]
 
 
 def _parse_range(part: str, axis: str, size: int, text: str) -> tuple[int, int]:
     match = _RANGE.match(part)
     if not match:
-        raise ValueError(f"cells {text!r}: {axis} {part.strip()!r} is not N or N-M "
+        raise ValueError(f"cells {text!r}: {axis}s {part.strip()!r} are not N or N-M "
                          "(non-negative integers)")
     lo = int(match[1])
     hi = int(match[2]) if match[2] is not None else lo
@@ -196,7 +196,7 @@ def _parse_range(part: str, axis: str, size: int, text: str) -> tuple[int, int]:
         raise ValueError(f"cells {text!r}: {axis} range {lo}-{hi} is reversed (write {hi}-{lo})")
     if hi >= size:
         raise ValueError(f"cells {text!r}: {axis} {hi} is outside the grid "
-                         f"({axis} 0-{size - 1})")
+                         f"({axis}s 0-{size - 1})")
     return lo, hi
 
 
@@ -223,11 +223,12 @@ def check_host_name(name: str) -> str:
 
 def format_cells(cells: Iterable[Cell]) -> str:
     """The 'R0-R1,C0-C1' text of a rectangle of cells (inverse of `parse_cells`)."""
-    cells = list(cells)
+    cells = set(cells)
     rows = sorted({r for r, _ in cells})
     cols = sorted({c for _, c in cells})
-    if not cells or len(cells) != len(rows) * len(cols) or rows[-1] - rows[0] + 1 != len(rows) \
-            or cols[-1] - cols[0] + 1 != len(cols):
+    full = {(r, c) for r in range(rows[0], rows[-1] + 1)
+            for c in range(cols[0], cols[-1] + 1)} if cells else set()
+    if not cells or cells != full:
         raise ValueError("cells do not form one rectangle")
 
     def span(values: list[int]) -> str:

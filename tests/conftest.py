@@ -11,6 +11,7 @@ from meshdl.cli import main
 from meshdl.config import DataConfig
 from meshdl.data import save_dataset
 from meshdl.sim.lounge import generate_lounge
+from tests.conftest_mqtt import mosquitto, mosquitto_factory  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="session")

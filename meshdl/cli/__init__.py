@@ -13,7 +13,7 @@ import sys
 import typer
 from pydantic import ValidationError
 
-from meshdl.cli import bench, cost, data, model, train
+from meshdl.cli import bench, broker, cost, data, deploy, model, train
 from meshdl.cli.common import err_console, format_validation_error
 from meshdl.errors import MeshdlError
 
@@ -26,9 +26,11 @@ app = typer.Typer(
 )
 app.add_typer(data.app, name="data")
 app.add_typer(bench.app, name="bench")
+app.add_typer(deploy.app, name="deploy")
 train.register(app)
 model.register(app)
 cost.register(app)
+broker.register(app)
 
 
 @app.callback()

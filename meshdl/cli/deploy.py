@@ -143,8 +143,10 @@ def _hash_passwords(tool: str, path: Path, passwords: dict[str, str]) -> None:
 
 def _env_text(user: MeshUser, password: str, mesh_id: int) -> str:
     """A systemd EnvironmentFile: the user's broker login and which cells it acts for."""
+    who = {"edge": "the edge", "monitor": "the read-only monitor"}.get(
+        user.role, f"{user.role} {user.name}")
     lines = [
-        f"# meshdl mesh {mesh_id}: broker login of {user.role} {user.name}. Keep it secret:",
+        f"# meshdl mesh {mesh_id}: broker login of {who}. Keep it secret:",
         "# mode 0600, owned by the service user (see deploy/RASPBERRY_PI.md).",
         f"MESHDL_MQTT_USER={user.name}",
         f"MESHDL_MQTT_PASSWORD={password}",

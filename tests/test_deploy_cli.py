@@ -1,0 +1,369 @@
+"""`meshdl deploy credentials`, `meshdl broker` and the production Mosquitto config.
+
+The credentials command writes hashed passwords, a deny-by-default ACL and private
+secrets files, refuses to overwrite them, and rejects bad node-host specs in one line.
+`meshdl broker` runs a real broker (or says how to install one), and
+deploy/mosquitto/production.conf starts under Mosquitto with TLS and logins working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import ssl
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from meshdl.acl import Grant, format_cells, parse_acl, parse_cells
+from meshdl.cli import broker as broker_cli
+from tests.mosquitto import free_port, mosquitto_binary, wait_for_port
+
+REPO = Path(__file__).resolve().parents[1]
+PRODUCTION_CONF = REPO / "deploy" / "mosquitto" / "production.conf"
+
+MESH_TOML = """\
+[model]
+rows = 3
+cols = 4
+
+[mesh]
+mesh_id = 7
+edge_at = [0, 0]
+"""
+CELLS = [f"r{r}c{c}" for r in range(3) for c in range(4)]
+
+
+@pytest.fixture
+def mesh_file(tmp_path: Path) -> Path:
+    path = tmp_path / "mesh.toml"
+    path.write_text(MESH_TOML)
+    return path
+
+
+def _one_line_error(code: int, err: str, expected_code: int, *needles: str) -> None:
+    assert code == expected_code, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error:")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def _env(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines()
+                if line and not line.startswith("#"))
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _check_hash(entry: str, password: str) -> bool:
+    """Verify a Mosquitto sha512-pbkdf2 entry ($7$iterations$salt$hash) independently."""
+    _, kind, iterations, salt, digest = entry.split("$")
+    assert kind == "7"
+    derived = hashlib.pbkdf2_hmac("sha512", password.encode(), base64.b64decode(salt),
+                                  int(iterations), 64)
+    return derived == base64.b64decode(digest)
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def test_credentials_write_hashed_passwords_an_acl_and_private_secrets(
+        cli, mesh_file, tmp_path) -> None:
+    mosquitto_binary("mosquitto_passwd")
+    out = tmp_path / "creds"
+    code, stdout, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out,
+                            "--host", "floor1=1-2,0-3", "--json")
+    assert code == 0, err
+    report = json.loads(stdout)
+    users = {u["name"]: u for u in report["users"]}
+    assert set(users) == {"edge", "monitor", "floor1", *CELLS}
+    assert users["floor1"]["cells"] == [[r, c] for r in (1, 2) for c in range(4)]
+
+    hashes = dict(line.split(":", 1) for line in (out / "passwd").read_text().splitlines())
+    assert set(hashes) == set(users)
+    passwords = {}
+    for name in users:
+        env = _env(out / "secrets" / f"{name}.env")
+        assert env["MESHDL_MQTT_USER"] == name
+        passwords[name] = env["MESHDL_MQTT_PASSWORD"]
+        assert len(passwords[name]) >= 32
+        assert _check_hash(hashes[name], passwords[name])
+        assert passwords[name] not in stdout + err  # never printed
+        assert _mode(out / "secrets" / f"{name}.env") == 0o600
+    assert len(set(passwords.values())) == len(passwords)
+    assert _env(out / "secrets" / "r1c2.env")["MESHDL_CELL"] == "1,2"
+    assert _env(out / "secrets" / "floor1.env")["MESHDL_CELLS"] == "1-2,0-3"
+    assert _mode(out / "secrets") == 0o700
+    assert _mode(out / "passwd") == 0o600 and _mode(out / "acl") == 0o600
+    assert not list(out.glob("*.partial"))
+
+
+def test_acl_grants_each_user_exactly_its_topics(cli, mesh_file, tmp_path) -> None:
+    mosquitto_binary("mosquitto_passwd")
+    out = tmp_path / "creds"
+    code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out,
+                       "--host", "floor1=1-2,0-3")
+    assert code == 0, err
+    text = (out / "acl").read_text()
+    acl = {user: set(grants) for user, grants in parse_acl(text).items()}
+    # Nothing outside a user block (those lines would apply to anonymous clients).
+    lines = text.splitlines()
+    first_user = next(i for i, line in enumerate(lines) if line.startswith("user "))
+    assert all(line.startswith("#") or not line.strip() for line in lines[:first_user])
+    assert not any(line.startswith("pattern") for line in lines)
+
+    w, r = (lambda t: Grant("write", t)), (lambda t: Grant("read", t))
+    assert acl["r1c1"] == {
+        w("meshdl/7/r1c1/#"), w("meshdl/7/status/r1c1"),
+        r("meshdl/7/r0c1/r1c1/#"), r("meshdl/7/r2c1/r1c1/#"),
+        r("meshdl/7/r1c0/r1c1/#"), r("meshdl/7/r1c2/r1c1/#"),
+        r("meshdl/7/edge/all/#"),
+    }
+    assert acl["r0c0"] == {  # the edge's neighbour also hears the edge
+        w("meshdl/7/r0c0/#"), w("meshdl/7/status/r0c0"),
+        r("meshdl/7/r1c0/r0c0/#"), r("meshdl/7/r0c1/r0c0/#"), r("meshdl/7/edge/r0c0/#"),
+        r("meshdl/7/edge/all/#"),
+    }
+    assert acl["edge"] == {
+        w("meshdl/7/edge/#"), w("meshdl/7/status/edge"), w("meshdl/7/alerts"),
+        r("meshdl/7/r0c0/edge/#"), r("meshdl/7/status/#"),
+    }
+    assert acl["monitor"] == {r("meshdl/7/status/#"), r("meshdl/7/alerts")}
+    floor_cells = [f"r{r_}c{c}" for r_ in (1, 2) for c in range(4)]
+    assert acl["floor1"] == {w("meshdl/7/status/floor1")}.union(
+        *(acl[cell] for cell in floor_cells))
+    for cell in CELLS:  # no node writes under edge/ or as anyone else; reads only inboxes
+        for grant in acl[cell]:
+            assert grant.access in ("read", "write")
+            if grant.access == "write":
+                assert grant.topic in (f"meshdl/7/{cell}/#", f"meshdl/7/status/{cell}")
+            else:
+                assert grant.topic == "meshdl/7/edge/all/#" or \
+                    grant.topic.endswith(f"/{cell}/#")
+
+
+def test_credentials_refuse_to_overwrite_without_force(cli, mesh_file, tmp_path) -> None:
+    mosquitto_binary("mosquitto_passwd")
+    out = tmp_path / "creds"
+    assert cli("deploy", "credentials", "--mesh", mesh_file, "--out", out)[0] == 0
+    before = (out / "passwd").read_bytes(), _env(out / "secrets" / "r0c1.env")
+
+    code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out)
+    _one_line_error(code, err, 1, "exists", "--force")
+    assert ((out / "passwd").read_bytes(), _env(out / "secrets" / "r0c1.env")) == before
+
+    code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out, "--force")
+    assert code == 0, err
+    after = _env(out / "secrets" / "r0c1.env")["MESHDL_MQTT_PASSWORD"]
+    assert after != before[1]["MESHDL_MQTT_PASSWORD"]
+    r0c1 = next(line for line in (out / "passwd").read_text().splitlines()
+                if line.startswith("r0c1:"))
+    assert _check_hash(r0c1.split(":", 1)[1], after)
+
+
+def test_cell_ranges_parse_and_format_back() -> None:
+    assert parse_cells("0-1,2", 3, 4) == [(0, 2), (1, 2)]
+    assert parse_cells(" 2 , 0 - 3 ", 3, 4) == [(2, 0), (2, 1), (2, 2), (2, 3)]
+    assert format_cells(parse_cells("1-2,0-3", 3, 4)) == "1-2,0-3"
+    assert format_cells([(2, 3)]) == "2,3"
+    with pytest.raises(ValueError, match="one rectangle"):
+        format_cells([(0, 0), (1, 1)])
+
+
+@pytest.mark.parametrize(
+    ("hosts", "needle"),
+    [
+        (["floor1"], "NAME=ROWS,COLS"),
+        (["floor1=0-5,0"], "row 5 is outside the grid"),
+        (["floor1=0,4"], "column 4 is outside the grid"),
+        (["floor1=2-1,0"], "reversed"),
+        (["floor1=a,b"], "not N or N-M"),
+        (["floor1=0,0,0"], "ROWS,COLS"),
+        (["floor1=0-,1"], "not N or N-M"),
+        (["r1c1=0,0"], "taken"),
+        (["edge=0,0"], "taken"),
+        (["=0,0"], "host name"),
+        (["floor 1=0,0"], "host name"),
+        (["a=0,0-1", "b=0,1"], "two hosts"),
+        (["a=0,0", "a=1,1"], "given twice"),
+    ],
+    ids=["no-cells", "row-outside", "col-outside", "reversed", "garbage", "three-parts",
+         "open-range", "cell-name", "reserved", "empty-name", "space", "overlap", "twice"],
+)
+def test_bad_host_specs_are_usage_errors(cli, mesh_file, tmp_path, hosts, needle) -> None:
+    out = tmp_path / "creds"
+    args = [arg for host in hosts for arg in ("--host", host)]
+    code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out, *args)
+    _one_line_error(code, err, 2, "--host", needle)
+    assert not out.exists()
+
+
+def test_credentials_without_mosquitto_passwd_say_how_to_install_it(
+        cli, mesh_file, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(broker_cli, "SBIN_DIRS", ())
+    out = tmp_path / "creds"
+    code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out)
+    _one_line_error(code, err, 1, "mosquitto_passwd not found", "apt-get install mosquitto")
+    assert not out.exists()
+
+
+def test_credentials_report_a_missing_or_impossible_mesh(cli, tmp_path) -> None:
+    code, _, err = cli("deploy", "credentials", "--mesh", tmp_path / "none.toml",
+                       "--out", tmp_path / "creds")
+    _one_line_error(code, err, 1, "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(MESH_TOML.replace("edge_at = [0, 0]", "edge_at = [1, 1]"))
+    code, _, err = cli("deploy", "credentials", "--mesh", bad, "--out", tmp_path / "creds")
+    _one_line_error(code, err, 2, "edge_at")
+
+
+# --------------------------------------------------------------------------- broker
+
+
+def test_broker_without_mosquitto_says_how_to_install_it(cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(broker_cli, "SBIN_DIRS", ())
+    code, _, err = cli("broker", "--port", "18830")
+    _one_line_error(code, err, 1, "mosquitto not found", "sudo apt-get install mosquitto",
+                    "./bootstrap --dev")
+
+
+def test_broker_port_needs_a_config_with_one_listener(cli, tmp_path) -> None:
+    mosquitto_binary()
+    conf = tmp_path / "two.conf"
+    conf.write_text("listener 1883 127.0.0.1\nlistener 8883\nallow_anonymous true\n")
+    code, _, err = cli("broker", "--config", conf, "--port", "18830")
+    _one_line_error(code, err, 2, "exactly one `listener`")
+    code, _, err = cli("broker", "--config", tmp_path / "absent.conf")
+    _one_line_error(code, err, 1, "absent.conf")
+
+
+def test_broker_serves_mqtt_on_the_given_port_until_stopped(tmp_path) -> None:
+    mosquitto_binary()
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from meshdl.cli import main; main()", "broker", "--port",
+         str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, timeout=20, process=process)
+
+        async def round_trip() -> bytes:
+            async with aiomqtt.Client("127.0.0.1", port, timeout=5) as client:
+                await client.subscribe("meshdl/test", qos=1)
+                await client.publish("meshdl/test", b"hello", qos=1)
+                async for message in client.messages:
+                    return bytes(message.payload)
+            raise AssertionError("no message")
+
+        assert asyncio.run(asyncio.wait_for(round_trip(), 10)) == b"hello"
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err.decode()
+    assert f"mosquitto on 127.0.0.1:{port}" in err.decode()
+
+
+# --------------------------------------------------------------------------- production
+
+
+def _production_variant(tmp: Path, tls_port: int, local_port: int) -> str:
+    """production.conf with its paths under `tmp`, free ports, and this user."""
+    text = PRODUCTION_CONF.read_text()
+    import pwd
+
+    replacements = {
+        "/etc/mosquitto/meshdl/": f"{tmp}/meshdl/",
+        "/var/lib/mosquitto/": f"{tmp}/data/",
+        "\nlistener 8883\n": f"\nlistener {tls_port} 127.0.0.1\n",
+        "\nlistener 1883 127.0.0.1\n": f"\nlistener {local_port} 127.0.0.1\n",
+        "\nuser mosquitto\n": f"\nuser {pwd.getpwuid(os.getuid()).pw_name}\n",
+    }
+    for old, new in replacements.items():
+        assert old in text, f"production.conf no longer contains {old!r}"
+        text = text.replace(old, new)
+    return text
+
+
+def _self_signed(tls_dir: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed")
+    tls_dir.mkdir(parents=True)
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(tls_dir / "server.key"), "-out", str(tls_dir / "server.crt")],
+        check=True, capture_output=True, timeout=30,
+    )
+    shutil.copy(tls_dir / "server.crt", tls_dir / "ca.crt")
+
+
+def test_production_config_starts_with_tls_and_logins(cli, mesh_file, tmp_path) -> None:
+    binary = mosquitto_binary()
+    mosquitto_binary("mosquitto_passwd")
+    _self_signed(tmp_path / "meshdl" / "tls")
+    code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out",
+                       tmp_path / "meshdl")
+    assert code == 0, err
+    (tmp_path / "data").mkdir()
+    tls_port, local_port = free_port(), free_port()
+    conf = tmp_path / "production-test.conf"
+    conf.write_text(_production_variant(tmp_path, tls_port, local_port))
+    edge_password = _env(tmp_path / "meshdl" / "secrets" / "edge.env")["MESHDL_MQTT_PASSWORD"]
+    log = tmp_path / "mosquitto.log"
+
+    with open(log, "wb") as log_fh:
+        process = subprocess.Popen([binary, "-c", str(conf)], stdout=log_fh,
+                                   stderr=subprocess.STDOUT)
+    try:
+        wait_for_port("127.0.0.1", tls_port, timeout=10, process=process)
+        wait_for_port("127.0.0.1", local_port, timeout=10, process=process)
+        tls = ssl.create_default_context(cafile=str(tmp_path / "meshdl" / "tls" / "ca.crt"))
+
+        async def check() -> None:
+            # TLS: the certificate verifies, the edge logs in and may publish its alerts.
+            async with aiomqtt.Client("127.0.0.1", tls_port, username="edge",
+                                      password=edge_password, tls_context=tls,
+                                      timeout=5) as edge:
+                await edge.publish("meshdl/7/alerts", b"{}", qos=1)
+            # Loopback: a password is still required.
+            with pytest.raises(aiomqtt.MqttError, match=r"[Nn]ot authori[sz]ed"):
+                async with aiomqtt.Client("127.0.0.1", local_port, timeout=5):
+                    pass
+            async with aiomqtt.Client("127.0.0.1", local_port, username="edge",
+                                      password=edge_password, timeout=5):
+                pass
+
+        asyncio.run(asyncio.wait_for(check(), 20))
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    text = log.read_text(errors="replace")
+    assert process.returncode == 0, text
+    assert "Error" not in text, text
+    assert (tmp_path / "data" / "mosquitto.db").exists()  # persistence saved at shutdown
