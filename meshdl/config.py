@@ -91,6 +91,8 @@ class MeshConfig(_Strict):
 
     mesh_id: int = Field(1, ge=0, le=0xFFFF, description="id carried in every message header")
     edge_at: tuple[int, int] = Field((0, 0), description="border cell the edge is linked to")
+    wire: bool = Field(False, description="virtual mesh: pass every message through the "
+                       "binary codec, as over MQTT (slower; same results)")
 
 
 class RunConfig(BaseSettings):

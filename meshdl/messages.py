@@ -119,6 +119,12 @@ def make(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int,
     if code is None:
         array = array.astype(np.float32 if array.dtype.kind == "f" else np.int32)
         code = DTYPE_CODES[array.dtype]
+    if array.ndim > MAX_DIMS:
+        raise ValueError(f"a payload has at most {MAX_DIMS} dimensions, not {array.ndim}")
+    # Read-only, as a decoded payload is: in-process transports hand this very array to
+    # the receiver, which must not be able to change what the sender still holds.
+    array = array.view()
+    array.flags.writeable = False
     # tuple.__new__ skips the NamedTuples' generated __new__: this runs for every message.
     header = _new(Header, (PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
                            code, array.shape, 0))

@@ -65,7 +65,8 @@ def engine_for(config: RunConfig, data: Dataset) -> Engine:
         return CentralEngine(data)
     from meshdl.sim.mesh import MeshEngine  # the simulator is only loaded when used
 
-    return MeshEngine(data, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id)
+    return MeshEngine(data, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
+                      wire=config.mesh.wire)
 
 
 @dataclass

@@ -10,8 +10,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-Handler = Callable[[str, bytes, float], None]
+# (topic, payload, round): payloads are wire bytes, or whatever in-process agents publish.
+Handler = Callable[[str, Any, float], None]
 
 
 @dataclass
@@ -26,8 +28,8 @@ class VirtualBroker:
 
     def __init__(self) -> None:
         self._root = _Level()
-        self._pending: list[tuple[str, bytes]] = []
-        self._delayed: list[tuple[int, str, bytes]] = []  # (due round, topic, payload)
+        self._pending: list[tuple[str, Any]] = []
+        self._delayed: list[tuple[int, str, Any]] = []  # (due round, topic, payload)
         self.shuffle: random.Random | None = None  # set: deliver each round in random order
         self.round = 0
         self.published = 0
@@ -48,7 +50,7 @@ class VirtualBroker:
             level = level.children.setdefault(part, _Level())
         level.handlers.append(handler)
 
-    def publish(self, topic: str, payload: bytes, delay: int = 0) -> None:
+    def publish(self, topic: str, payload: Any, delay: int = 0) -> None:
         """Queue a message for the next round, or `delay` rounds later."""
         if "+" in topic or "#" in topic:
             raise ValueError(f"cannot publish to a wildcard topic {topic!r}")

@@ -35,15 +35,20 @@ def _dataset(config: ModelConfig, samples: int, seed: int) -> Dataset | SimpleNa
 
 
 def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optimizer: str,
-                     seed: int = 0, chaos: Chaos | None = None) -> MeshEngine:
-    """Train a central and a mesh model side by side; parameters agree after every step."""
+                     seed: int = 0, chaos: Chaos | None = None,
+                     wire: bool = True) -> MeshEngine:
+    """Train a central and a mesh model side by side; parameters agree after every step.
+
+    `wire`: every message crosses as bytes through the codec (as over MQTT), or as the
+    in-process objects of the default virtual mesh."""
     data = _dataset(config, batch * steps, seed)
     train = TrainConfig(optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 0.01)
     central, mesh = CNN(config, seed=seed), CNN(config, seed=seed)
     for model in (central, mesh):
         model.set_normalization(20.0, 3.0)
     opt_c, opt_m = Optimizer(train, central.flat.size), Optimizer(train, mesh.flat.size)
-    ref, engine = CentralEngine(data), MeshEngine(data, edge_at=edge_at, chaos=chaos)
+    ref = CentralEngine(data)
+    engine = MeshEngine(data, edge_at=edge_at, chaos=chaos, wire=wire)
     for step in range(steps):
         idx = np.arange(step * batch, (step + 1) * batch)
         loss_c, logits_c, grads_c = ref.loss_and_grads(central, idx)
@@ -95,10 +100,28 @@ def mesh_setups(draw):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(setup=mesh_setups(), seed=st.integers(0, 1000))
-def test_mesh_training_equals_central_training_after_every_step(setup, seed) -> None:
+@given(setup=mesh_setups(), seed=st.integers(0, 1000), wire=st.booleans())
+def test_mesh_training_equals_central_training_after_every_step(setup, seed, wire) -> None:
     config, edge_at, batch, optimizer = setup
-    _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed)
+    _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
+                     wire=wire)
+
+
+def test_messages_as_objects_or_as_bytes_give_bit_identical_steps() -> None:
+    config = ModelConfig(rows=7, cols=9, hidden=8)
+    data = _dataset(config, 12, seed=5)
+    results = []
+    for wire in (False, True):
+        model = CNN(config, seed=1)
+        model.set_normalization(20.0, 3.0)
+        engine = MeshEngine(data, wire=wire)
+        loss, logits, grads = engine.loss_and_grads(model, np.arange(12))
+        results.append((loss, logits.copy(), grads.copy(), engine.report()))
+    (loss_o, logits_o, grads_o, comm_o), (loss_w, logits_w, grads_w, comm_w) = results
+    assert loss_o == loss_w
+    np.testing.assert_array_equal(logits_o, logits_w)
+    np.testing.assert_array_equal(grads_o, grads_w)
+    assert comm_o["classes"] == comm_w["classes"]  # the same bytes are counted
 
 
 @pytest.mark.parametrize("edge_at", [(0, 0), (16, 24), (8, 0), (0, 12)])

@@ -33,6 +33,9 @@ def train(
                                     "(the virtual mesh, default) or central."),
     edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C the edge "
                                        "is linked to (mesh mode)."),
+    wire: bool | None = typer.Option(None, "--wire/--no-wire", help="Virtual mesh: pass "
+                                     "every message through the binary codec, as over "
+                                     "MQTT (slower, same results)."),
     rows: int | None = typer.Option(None, "--rows", help="Grid rows."),
     cols: int | None = typer.Option(None, "--cols", help="Grid columns."),
     kernel: int | None = typer.Option(None, "--kernel", help="Filter size k."),
@@ -59,7 +62,7 @@ def train(
                "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
         train={"epochs": epochs, "batch": batch, "lr": lr, "optimizer": optimizer,
                "seed": seed},
-        mesh={"edge_at": parse_cell(edge_at) if edge_at else None},
+        mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "wire": wire},
     )
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
