@@ -124,7 +124,7 @@ def make(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int,
     # Read-only, as a decoded payload is: in-process transports hand this very array to
     # the receiver, which must not be able to change what the sender still holds.
     array = array.view()
-    array.flags.writeable = False
+    array.setflags(write=False)
     # tuple.__new__ skips the NamedTuples' generated __new__: this runs for every message.
     header = _new(Header, (PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
                            code, array.shape, 0))

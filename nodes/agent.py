@@ -36,16 +36,6 @@ Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a compu
 Step = tuple[str, int, str]  # a computation: (method, layer, stage name for the timing)
 
 
-def _stack(arrays: list[np.ndarray]) -> np.ndarray:
-    """np.stack for equal-shaped arrays, without its per-call overhead (a hot path)."""
-    if len(arrays) == 1:
-        return arrays[0][None]
-    out = np.empty((len(arrays), *arrays[0].shape), arrays[0].dtype)
-    for i, a in enumerate(arrays):
-        out[i] = a
-    return out
-
-
 class Expect(NamedTuple):
     """A message this node's plan receives, keyed by (kind, layer, phase, source)."""
 
@@ -353,7 +343,8 @@ class NodeMachine:
             task = plan.tasks[index]
             if isinstance(task, Send):
                 keys = plan.send_keys[index]
-                values = known[keys[0]][None] if len(keys) == 1 else _stack(
+                # np.array of equal-shaped arrays stacks them, faster than np.stack
+                values = known[keys[0]][None] if len(keys) == 1 else np.array(
                     [known[k] for k in keys])
                 out.append(self._message(wave, task.kind, task.dst, values, task.layer,
                                          task.phase))
@@ -387,7 +378,7 @@ class NodeMachine:
         self._put(wave, (("a", layer), self.cell), np.maximum(z, np.float32(0.0), out=z))
 
     def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
-        stacked = _stack([wave.value(("a", layers), c) for c in self.block_cells])
+        stacked = np.array([wave.value(("a", layers), c) for c in self.block_cells])
         wave.winners = stacked.argmax(axis=0)  # first maximum in row-major order, as PyTorch
         self._put(wave, (("pooled",), self.block), stacked.max(axis=0))
 
