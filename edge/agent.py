@@ -19,6 +19,7 @@ from meshdl import kernels
 from meshdl.messages import EDGE, Kind, Message, make
 from meshdl.model import CNN, Trace
 from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.topology import Cell
 
 
 @dataclass
@@ -35,11 +36,19 @@ class WaveResult:
 class EdgeMachine:
     """The edge of one mesh, holding the model whose head it runs."""
 
-    def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray]) -> None:
+    def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray],
+                 first_step: int = 1, wave_timeout: float | None = None) -> None:
+        """`first_step` numbers the first wave (nodes drop waves older than the one they
+        are in, so a restarted edge must number above its predecessor); a wave without a
+        result `wave_timeout` after it started is restarted by `tick`."""
         self.spec = spec
         self.model = model
         self.labels = labels
-        self.step = 0
+        self.step = first_step - 1
+        self.wave_timeout = wave_timeout
+        self.started_at = 0.0
+        self.attempts = 0  # of the current request: 1, then 2, ... after each restart
+        self._request: tuple[Mode, Split, np.ndarray] | None = None
         self.mode: Mode | None = None
         self.batch_labels: np.ndarray | None = None
         self.trace: Trace | None = None
@@ -50,8 +59,27 @@ class EdgeMachine:
         self.stats: Counter[str] = Counter()
         self.seq = 0
 
-    def start(self, mode: Mode, split: Split, indices: np.ndarray) -> list[Message]:
+    def start(self, mode: Mode, split: Split, indices: np.ndarray,
+              now: float = 0.0) -> list[Message]:
         """Begin a new wave over samples `indices` of `split`; returns what to send."""
+        self._request, self.attempts = (mode, split, np.asarray(indices)), 0
+        return self._begin(now)
+
+    def tick(self, now: float) -> list[Message]:
+        """Restart the current wave if it has outlived `wave_timeout` (messages were lost,
+        say while the broker restarted): the same batch under a new step number, so the
+        nodes drop what is left of the old wave. Nothing was applied for it: a step's
+        gradients only leave the edge in a result."""
+        if self._request is None or self.result is not None or self.wave_timeout is None \
+                or now - self.started_at < self.wave_timeout:
+            return []
+        self.stats["restarted_waves"] += 1
+        return self._begin(now)
+
+    def _begin(self, now: float) -> list[Message]:
+        mode, split, indices = self._request
+        self.attempts += 1
+        self.started_at = now
         self.step += 1
         self.mode, self.result, self.trace = mode, None, None
         indices = np.asarray(indices, np.int32)
@@ -59,7 +87,8 @@ class EdgeMachine:
         params = np.concatenate([self.model.flat[: self.spec.conv_size],
                                  self.model.norm_mean, self.model.norm_std])
         batch = np.concatenate([np.array([mode, split], np.int32), indices])
-        return [self._message(Kind.PARAMS, params), self._message(Kind.BATCH, batch)]
+        to = self.spec.control_destination  # every node at once, or down the tree
+        return [self._message(Kind.PARAMS, params, to), self._message(Kind.BATCH, batch, to)]
 
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one decoded message from the mesh; return what to send in response."""
@@ -111,7 +140,7 @@ class EdgeMachine:
         values = np.stack([dpooled[:, i, j] for i, j in self.gather_blocks])
         return [self._message(Kind.SCATTER, values)]
 
-    def _message(self, kind: Kind, payload: np.ndarray) -> Message:
+    def _message(self, kind: Kind, payload: np.ndarray, dst: Cell | None = None) -> Message:
         self.seq += 1
-        return make(kind, self.spec.mesh_id, self.step, EDGE, self.spec.edge_at, payload,
-                    seq=self.seq & 0xFFFFFFFF)
+        return make(kind, self.spec.mesh_id, self.step, EDGE, dst or self.spec.edge_at,
+                    payload, seq=self.seq & 0xFFFFFFFF)

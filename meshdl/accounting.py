@@ -19,7 +19,7 @@ import math
 from collections import Counter, defaultdict
 from typing import Any
 
-from meshdl.messages import CLASS_OF, HEADER_BYTES, ITEM_BYTES, Kind, Message
+from meshdl.messages import ALL, CLASS_OF, HEADER_BYTES, ITEM_BYTES, Kind, Message
 from meshdl.protocol import MeshSpec
 from meshdl.topics import name_of
 from meshdl.topology import Cell
@@ -127,10 +127,12 @@ class Ledger:
         links: Counter[tuple[str, str]] = Counter()
         link_messages: Counter[tuple[str, str]] = Counter()
         halo_values: Counter[int] = Counter()  # layer -> values per sample, summed
-        for (src, dst, kind, layer, _, shape), count in zip(self._keys, self._counts,
-                                                             strict=True):
+        cells = self.spec.model.rows * self.spec.model.cols
+        for (src, dst, kind, layer, _, shape), sent in zip(self._keys, self._counts,
+                                                            strict=True):
             values = math.prod(shape)
             size = HEADER_BYTES + ITEM_BYTES * values
+            count = sent * cells if dst == ALL else sent  # a broker delivers to every node
             counts = unicast[class_name(kind, layer)]
             counts["values"] += values * count
             counts["messages"] += count

@@ -93,6 +93,9 @@ class MeshConfig(_Strict):
     edge_at: tuple[int, int] = Field((0, 0), description="border cell the edge is linked to")
     wire: bool = Field(False, description="virtual mesh: pass every message through the "
                        "binary codec, as over MQTT (slower; same results)")
+    params_via: Literal["tree", "broadcast"] = Field(
+        "tree", description="how parameters reach the nodes: flooded down the BFS tree "
+        "(radio mesh) or published once by the edge (broker; always so over MQTT)")
 
 
 class RunConfig(BaseSettings):

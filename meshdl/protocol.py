@@ -17,11 +17,12 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
+from typing import Literal
 
 import numpy as np
 
 from meshdl.config import ModelConfig
-from meshdl.messages import EDGE, Kind
+from meshdl.messages import ALL, EDGE, Kind
 from meshdl.model import param_shapes
 from meshdl.topology import Cell, Topology, window_offsets
 
@@ -58,11 +59,24 @@ class MeshSpec:
     mesh_id: int
     model: ModelConfig
     edge_at: Cell = (0, 0)
+    # How PARAMS and BATCH reach every node: flooded down the BFS tree, one hop at a time
+    # (a radio mesh), or published once by the edge to all nodes (through an MQTT broker,
+    # whose ACL then lets nobody but the edge write parameters).
+    params_via: Literal["tree", "broadcast"] = "tree"
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.pool)
         object.__setattr__(self, "topology", topo)
+
+    def control_source(self, cell: Cell) -> Cell:
+        """Who sends `cell` its PARAMS and BATCH."""
+        return EDGE if self.params_via == "broadcast" else self.topology.parent[cell]
+
+    @property
+    def control_destination(self) -> Cell | None:
+        """The edge's PARAMS and BATCH go to every node at once, or to `edge_at` (None)."""
+        return ALL if self.params_via == "broadcast" else None
 
     @property
     def offsets(self) -> tuple[int, int]:

@@ -2,7 +2,8 @@
 
 A node holds its own readings (one value per sample and input channel) and nothing
 else. Per wave it:
-  1. takes PARAMS and BATCH from its tree parent and forwards them to its children;
+  1. takes PARAMS and BATCH from its tree parent and forwards them to its children (or,
+     when the edge broadcasts them through a broker, takes them from the edge);
   2. for each conv layer, exchanges halo strips with its one-hop neighbours and computes
      its cell's output as soon as its window is complete;
   3. sends its last conv output towards its pooling block's leader; a leader pools its
@@ -40,6 +41,7 @@ class Expect(NamedTuple):
     """A message this node's plan receives, keyed by (kind, layer, phase, source)."""
 
     role: int  # PARAMS, BATCH, REDUCE or ITEMS: how `NodeMachine._accept` takes it
+    dst: Cell  # the header's destination: this cell, or ALL for the edge's broadcasts
     keys: tuple[Item, ...] = ()  # ITEMS: (field, item) of each payload row
     channels: int = 0  # ITEMS: a row is (channels, batch)
     train_only: bool = False
@@ -58,15 +60,15 @@ class NodePlan:
         block = topo.block_of(cell)
         leads = topo.leader[block] == cell
         self.inbox: dict[tuple, Expect] = {
-            key: Expect(ITEMS, tuple((send.field, i) for i in send.items),
+            key: Expect(ITEMS, cell, tuple((send.field, i) for i in send.items),
                         spec.item_shape(send.field, 0)[0], send.train_only)
             for key, send in spec.expects[cell].items()}
-        parent = topo.parent[cell]
-        self.inbox[(Kind.PARAMS, 0, 0, parent)] = Expect(PARAMS)
-        self.inbox[(Kind.BATCH, 0, 0, parent)] = Expect(BATCH)
+        control, to = spec.control_source(cell), spec.control_destination or cell
+        self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(PARAMS, to)
+        self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(BATCH, to)
         for child in topo.children[cell]:
             self.inbox[(Kind.REDUCE, 0, 0, child)] = Expect(
-                REDUCE, ((("reduce",), child),), train_only=True)
+                REDUCE, cell, ((("reduce",), child),), train_only=True)
 
         # (task, needs, train only): computations, then sends, in a fixed order.
         tasks: list[tuple[Step | Send, list[Item], bool]] = []
@@ -107,6 +109,7 @@ class NodePlan:
                 self.waiters.setdefault(source, []).append(index)
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
+        self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
 
 
 class Wave:
@@ -123,7 +126,7 @@ class Wave:
         self.batch = 0
         self.known: dict[Item, np.ndarray] = {}
         self.missing = list(plan.needs_count)  # per task: sources still to come
-        self.ready: list[int] = [i for i, n in enumerate(self.missing) if n == 0]
+        self.ready: list[int] = list(plan.ready_at_start)
         self.tasks_done = 0
         self.grad: np.ndarray | None = None  # training: this subtree's conv gradients
         self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in * k * k)
@@ -183,7 +186,7 @@ class NodeMachine:
         h = message.header
         key = (h.kind, h.layer, h.phase, h.src)
         expect = self.plan.inbox.get(key)
-        if expect is None or h.mesh != self.mesh_id or h.dst != self.cell:
+        if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
             self.stats[f"rejected:{self._reject_reason(message)}"] += 1
             return []
         wave, new_wave = self.wave, False
@@ -218,12 +221,13 @@ class NodeMachine:
         h = message.header
         if h.mesh != self.spec.mesh_id:
             return "other_mesh"
+        if h.kind in (Kind.PARAMS, Kind.BATCH):
+            return "not_from_parent" if h.src != self.spec.control_source(self.cell) \
+                else "not_for_me"
         if h.dst != self.cell:
             return "not_for_me"
         if h.src not in self.neighbours:
             return "not_a_neighbour"
-        if h.kind in (Kind.PARAMS, Kind.BATCH):
-            return "not_from_parent"
         if h.kind == Kind.REDUCE:
             return "bad_reduce"
         return "unexpected"
@@ -267,7 +271,8 @@ class NodeMachine:
 
     def _accept_control(self, wave: Wave, message: Message, role: int,
                         out: list[Message]) -> bool:
-        """PARAMS and BATCH from the tree parent; both in hand -> the wave starts."""
+        """PARAMS and BATCH (from the tree parent or the edge): both in hand, the wave
+        starts."""
         h, payload = message.header, message.payload
         if role == PARAMS:
             c = self.spec.model.in_channels
@@ -309,7 +314,7 @@ class NodeMachine:
             wave.biases[layer] = wave.params[f"conv{layer}.bias"][:, None]
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
-        for child in self.children:
+        for child in self.children if self.spec.params_via == "tree" else ():
             out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
             out.append(self._message(wave, Kind.BATCH, child, payload))
         mean, std = wave.norm
@@ -428,7 +433,12 @@ class NodeMachine:
     @property
     def finished_at(self) -> dict[str, float]:
         """When (in transport time) this node finished each stage of its last wave."""
-        return dict(self.wave.finished_at) if self.wave else {}
+        return dict(self.finished_rounds)
+
+    @property
+    def finished_rounds(self) -> dict[str, float]:
+        """`finished_at` itself, not a copy (the transport keeps it after the wave)."""
+        return self.wave.finished_at if self.wave else {}
 
 
 def _slots(cell: Cell, window: list[Cell], before: int, kernel: int) -> list[tuple[Cell, int]]:

@@ -30,7 +30,7 @@ from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.broker import VirtualBroker
 from meshdl.sim.faults import Chaos
-from meshdl.topics import inbox_filter, topic
+from meshdl.topics import broadcast_filter, inbox_filter, topic
 from meshdl.topology import Cell
 
 
@@ -58,14 +58,17 @@ class VirtualMesh:
         self.codec_errors: Counter[str] = Counter()
         self._topics: dict[tuple, str] = {}
         for cell, node in self.nodes.items():
+            deliver = self._deliver_to(node)
             for n in topo.neighbours(cell):
-                self.broker.subscribe(inbox_filter(spec.mesh_id, n, cell), self._deliver_to(node))
+                self.broker.subscribe(inbox_filter(spec.mesh_id, n, cell), deliver)
+            if spec.params_via == "broadcast":
+                self.broker.subscribe(broadcast_filter(spec.mesh_id), deliver)
         self.broker.subscribe(inbox_filter(spec.mesh_id, spec.edge_at, EDGE),
                               self._deliver_to(self.edge))
         # A wave needs about four crossings of the mesh; anything far beyond is a hang.
         self.max_rounds = max_rounds or 16 * (topo.diameter + 4) * (spec.model.conv_layers + 2)
         self.last_wave_rounds = 0
-        self.timing: dict[Mode, dict[str, Any]] = {}  # the last wave of each mode
+        self._timing: dict[Mode, tuple] = {}  # the last wave of each mode, see `timing`
 
     def _deliver_to(self, agent: NodeMachine | EdgeMachine):
         name = "edge" if isinstance(agent, EdgeMachine) else str(agent.cell)
@@ -136,17 +139,26 @@ class VirtualMesh:
         raise MeshdlError(message)
 
     def _record_timing(self, mode: Mode, start_round: int) -> None:
-        """Rounds (relative to the wave's start) at which nodes finished each stage."""
+        """Keep what `wave_report` needs of this wave: each node's finishing rounds (the
+        dicts themselves: a node starts a new one each wave, so these stay as they are)."""
+        finished = [(cell, node.finished_rounds) for cell, node in self.nodes.items()]
+        self._timing[mode] = (mode, start_round, self.last_wave_rounds, finished)
+
+    def timing(self, mode: Mode) -> dict[str, Any]:
+        """Rounds (relative to the wave's start) at which nodes finished each stage, in the
+        last wave of `mode`."""
+        if mode not in self._timing:
+            return {}
+        _, start_round, rounds, finished = self._timing[mode]
         stages: dict[str, dict[str, float]] = {}
-        for cell, node in self.nodes.items():
-            for stage, at in node.finished_at.items():
+        for cell, at_round in finished:
+            for stage, at in at_round.items():
                 stages.setdefault(stage, {})[f"r{cell[0]}c{cell[1]}"] = at - start_round
-        self.timing[mode] = {"mode": mode.name.lower(), "rounds": self.last_wave_rounds,
-                             "stages": stages}
+        return {"mode": mode.name.lower(), "rounds": rounds, "stages": stages}
 
     def wave_report(self) -> dict[str, Any]:
         """Wave depth against the mesh diameter, from the last (training) wave's timing."""
-        timing = self.timing.get(Mode.TRAIN) or self.timing.get(Mode.INFER) or {}
+        timing = self.timing(Mode.TRAIN) or self.timing(Mode.INFER)
         stages = timing.get("stages", {})
         last = f"conv{self.spec.model.conv_layers}"
         forward = max(stages.get(last, {}).values(), default=0)
@@ -170,10 +182,12 @@ class MeshEngine:
     """The training loop's engine, computing every batch in the virtual mesh."""
 
     def __init__(self, data: Dataset, edge_at: Cell = (0, 0), mesh_id: int = 1,
-                 chaos: Chaos | None = None, wire: bool = False) -> None:
+                 chaos: Chaos | None = None, wire: bool = False,
+                 params_via: str = "tree") -> None:
         self.data = data
         self.chaos = chaos
         self.wire = wire
+        self.params_via = params_via
         self.edge_at = edge_at
         self.mesh_id = mesh_id
         self.mesh: VirtualMesh | None = None
@@ -181,7 +195,7 @@ class MeshEngine:
 
     def _mesh_for(self, model: CNN) -> VirtualMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
-            spec = MeshSpec(self.mesh_id, model.config, self.edge_at)
+            spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via)
             readings = {Split.TRAIN: _channels_first(self.data.X_train),
                         Split.TEST: _channels_first(self.data.X_test)}
             labels = {Split.TRAIN: self.data.y_train, Split.TEST: self.data.y_test}

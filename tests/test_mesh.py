@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from meshdl import CNN, ModelConfig, TrainConfig
 from meshdl.accounting import formula_halo_values, needed_halo_values
 from meshdl.data import Dataset
+from meshdl.model import param_shapes, views
 from meshdl.optim import Optimizer
 from meshdl.protocol import MeshSpec
 from meshdl.sim.faults import Chaos
@@ -36,7 +37,7 @@ def _dataset(config: ModelConfig, samples: int, seed: int) -> Dataset | SimpleNa
 
 def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optimizer: str,
                      seed: int = 0, chaos: Chaos | None = None,
-                     wire: bool = True) -> MeshEngine:
+                     wire: bool = True, params_via: str = "tree") -> MeshEngine:
     """Train a central and a mesh model side by side; parameters agree after every step.
 
     `wire`: every message crosses as bytes through the codec (as over MQTT), or as the
@@ -48,34 +49,48 @@ def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optim
         model.set_normalization(20.0, 3.0)
     opt_c, opt_m = Optimizer(train, central.flat.size), Optimizer(train, mesh.flat.size)
     ref = CentralEngine(data)
-    engine = MeshEngine(data, edge_at=edge_at, chaos=chaos, wire=wire)
+    engine = MeshEngine(data, edge_at=edge_at, chaos=chaos, wire=wire, params_via=params_via)
+    noise = np.zeros(central.flat.size, bool)  # gradients Adam amplifies float32 noise of
     for step in range(steps):
         idx = np.arange(step * batch, (step + 1) * batch)
         loss_c, logits_c, grads_c = ref.loss_and_grads(central, idx)
         loss_m, logits_m, grads_m = engine.loss_and_grads(mesh, idx)
         assert loss_m == pytest.approx(loss_c, rel=1e-5, abs=1e-6)
         np.testing.assert_allclose(logits_m, logits_c, rtol=1e-4, atol=1e-5)
+        # Adam's first step moves a weight by lr * g / (|g| + eps): a summation-order
+        # difference d in g shows as d / (|g| + eps) of lr, large where |g| ~ eps.
+        noise |= np.abs(grads_m - grads_c) > 1e-4 * (np.abs(grads_c) + 1e-8)
+        assert np.linalg.norm(grads_m - grads_c) <= 1e-5 * np.linalg.norm(grads_c) + 1e-9
         opt_c.step(central.flat, grads_c)
         opt_m.step(mesh.flat, grads_m)
         _assert_same_parameters(mesh, central, elementwise=optimizer == "sgd",
-                                context=f"step {step + 1}")
+                                context=f"step {step + 1}",
+                                noise=noise if optimizer == "adam" else None,
+                                bound=2 * train.lr * (step + 1))
     test_idx = np.arange(len(data.y_test))
     np.testing.assert_allclose(engine.logits(mesh, "test", test_idx),
                                central.forward(data.X_test), rtol=1e-4, atol=1e-5)
     return engine
 
 
-def _assert_same_parameters(mesh: CNN, central: CNN, elementwise: bool, context: str) -> None:
-    """Every parameter tensor agrees to 1e-5 relative (in norm).
+def _assert_same_parameters(mesh: CNN, central: CNN, elementwise: bool, context: str,
+                            noise: np.ndarray | None = None, bound: float = 0.0) -> None:
+    """Every parameter tensor agrees to 1e-5 relative (in norm); elementwise too for SGD.
 
-    Elementwise too for SGD. Adam divides each gradient by its own running magnitude,
-    so a weight whose gradient is at Adam's eps scale (~1e-8, e.g. fed by a ReLU output
-    that float32 rounds to 0 in one summation order and to 1e-9 in another) can move
-    by a visible fraction of the learning rate: those rare elements are bounded by the
-    tensor-wise check, not the elementwise one.
+    Adam divides each gradient by its own running magnitude, so a weight whose gradient
+    is near Adam's eps (~1e-8, e.g. fed by a ReLU output that rounds to 0 in one
+    summation order and to 1e-9 in another) moves by up to the learning rate either way
+    for a float32 difference far below 1e-5. Those elements (`noise`) are held to that
+    bound instead; the gradients themselves agree to float32 rounding.
     """
+    if noise is None:
+        noise = np.zeros(central.flat.size, bool)
+    noisy = views(noise, param_shapes(central.config))
     for name, expected in central.params.items():
         actual = mesh.params[name]
+        mask = noisy[name]
+        assert np.all(np.abs(actual - expected)[mask] <= bound + 1e-6), f"{context}: {name}"
+        actual, expected = np.where(mask, 0, actual), np.where(mask, 0, expected)
         scale = max(float(np.linalg.norm(expected)), 1e-6)
         error = float(np.linalg.norm(actual - expected)) / scale
         assert error <= 1e-5, f"{context}: {name} differs by {error:.2e} (relative, norm)"
@@ -100,11 +115,13 @@ def mesh_setups(draw):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(setup=mesh_setups(), seed=st.integers(0, 1000), wire=st.booleans())
-def test_mesh_training_equals_central_training_after_every_step(setup, seed, wire) -> None:
+@given(setup=mesh_setups(), seed=st.integers(0, 1000), wire=st.booleans(),
+       params_via=st.sampled_from(["tree", "broadcast"]))
+def test_mesh_training_equals_central_training_after_every_step(setup, seed, wire,
+                                                                 params_via) -> None:
     config, edge_at, batch, optimizer = setup
     _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
-                     wire=wire)
+                     wire=wire, params_via=params_via)
 
 
 def test_messages_as_objects_or_as_bytes_give_bit_identical_steps() -> None:
@@ -175,3 +192,13 @@ def test_counts_cover_every_message_class() -> None:
         assert 0 < counts["broadcast"]["transmissions"] <= counts["messages"]
     assert comm["total_messages"] == sum(c["messages"] for c in comm["classes"].values())
     assert comm["busiest_link"]["bytes"] > 0
+
+
+def test_broadcast_parameters_reach_every_node_in_one_publish() -> None:
+    config = ModelConfig(rows=4, cols=5, hidden=4)
+    engine = _assert_lockstep(config, (0, 0), batch=2, steps=1, optimizer="sgd",
+                              params_via="broadcast")
+    report = engine.report()
+    params, waves = report["classes"]["params"], report["waves"]
+    assert params["broadcast"]["transmissions"] == 2 * waves  # PARAMS and BATCH, once each
+    assert params["messages"] == 2 * waves * 4 * 5  # a broker delivers each to all 20 nodes
