@@ -18,7 +18,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from meshdl.accounting import Ledger
 from meshdl.data import Dataset
@@ -192,6 +192,7 @@ class MeshEngine:
         self.mesh_id = mesh_id
         self.mesh: VirtualMesh | None = None
         self._loop = asyncio.new_event_loop()
+        self._threadpools = ThreadpoolController()  # found once: a lookup costs ~0.5 ms
 
     def _mesh_for(self, model: CNN) -> VirtualMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
@@ -206,7 +207,7 @@ class MeshEngine:
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         mesh = self._mesh_for(model)
         # The nodes' products are tiny: BLAS threads would only add wake-up latency.
-        with threadpool_limits(limits=1):
+        with self._threadpools.limit(limits=1):
             return self._loop.run_until_complete(mesh.run_wave(mode, split, indices))
 
     def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,

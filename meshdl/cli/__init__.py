@@ -13,7 +13,7 @@ import sys
 import typer
 from pydantic import ValidationError
 
-from meshdl.cli import bench, broker, cost, data, deploy, model, train
+from meshdl.cli import bench, broker, cost, data, deploy, model, mqtt_run, train
 from meshdl.cli.common import err_console, format_validation_error
 from meshdl.errors import MeshdlError
 
@@ -31,6 +31,7 @@ train.register(app)
 model.register(app)
 cost.register(app)
 broker.register(app)
+mqtt_run.register(app)
 
 
 @app.callback()

@@ -9,12 +9,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.cost import print_comm_summary
+from meshdl.cli.mqtt_run import BackgroundNodeHost
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
+from meshdl.edge.remote import MqttEngine
+from meshdl.errors import UsageError
 from meshdl.model import CNN
+from meshdl.mqtt import BrokerAddress
+from meshdl.protocol import MeshSpec
 from meshdl.runs import metrics_record, new_run_dir, write_run
 from meshdl.sim.lounge import generate_lounge
-from meshdl.training import History
+from meshdl.training import Engine, History
 from meshdl.training import train as fit
 
 
@@ -33,6 +38,11 @@ def train(
                                     "(the virtual mesh, default) or central."),
     edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C the edge "
                                        "is linked to (mesh mode)."),
+    transport: str = typer.Option("virtual", "--transport", help="Mesh mode: the "
+                                  "in-process virtual mesh, or mqtt (the edge here and "
+                                  "one node host for every cell, through --broker)."),
+    broker: str | None = typer.Option(None, "--broker", help="With --transport mqtt: "
+                                      "mqtt://host[:port]."),
     wire: bool | None = typer.Option(None, "--wire/--no-wire", help="Virtual mesh: pass "
                                      "every message through the binary codec, as over "
                                      "MQTT (slower, same results)."),
@@ -68,7 +78,14 @@ def train(
         with err_console.status("generating the synthetic lounge data set"):
             dataset = generate_lounge(config.data)
     run_dir = out or new_run_dir(name=name or config.mode)
-    model, history = _fit_with_progress(config, dataset)
+    if transport == "virtual":
+        model, history = _fit_with_progress(config, dataset)
+    elif transport == "mqtt" and config.mode == "mesh":
+        if not broker:
+            raise UsageError("--transport mqtt needs --broker mqtt://host[:port]")
+        model, history = _fit_over_mqtt(config, dataset, BrokerAddress.parse(broker))
+    else:
+        raise UsageError(f"--transport {transport!r}: expected virtual or mqtt (mesh mode)")
     metrics = metrics_record(config, history)
     write_run(run_dir, config, model, metrics, source)
     final = history.final
@@ -81,7 +98,20 @@ def train(
         emit_json(metrics)
 
 
-def _fit_with_progress(config: RunConfig, dataset: Dataset) -> tuple[CNN, History]:
+def _fit_over_mqtt(config: RunConfig, dataset: Dataset,
+                   address: BrokerAddress) -> tuple[CNN, History]:
+    """The edge in this process, and a node host for every cell on a thread beside it."""
+    cells = list(MeshSpec(config.mesh.mesh_id, config.model).topology.cells())
+    with BackgroundNodeHost(config, cells, address, dataset):
+        engine = MqttEngine(dataset, address, config.mesh.mesh_id, config.mesh.edge_at)
+        try:
+            return _fit_with_progress(config, dataset, engine)
+        finally:
+            engine.close()
+
+
+def _fit_with_progress(config: RunConfig, dataset: Dataset,
+                       engine: Engine | None = None) -> tuple[CNN, History]:
     """Train with a progress bar on stderr, then list the epochs there."""
     epochs = config.train.epochs
     columns = (TextColumn("epoch {task.fields[epoch]}/" + str(epochs)), BarColumn(),
@@ -94,8 +124,8 @@ def _fit_with_progress(config: RunConfig, dataset: Dataset) -> tuple[CNN, Histor
             bar.update(task, total=steps * epochs, completed=(epoch - 1) * steps + step,
                        epoch=epoch, loss=loss)
 
-        model, history = fit(config, dataset, progress=on_step)
-    if history.comm:
+        model, history = fit(config, dataset, engine=engine, progress=on_step)
+    if history.comm.get("classes"):
         print_comm_summary(history.comm)
     for e in history.epochs:
         err_console.print(

@@ -1,0 +1,163 @@
+"""The training loop's engine for a mesh of real nodes, reached through an MQTT broker.
+
+`MqttEngine` does for `meshdl.training.train` what `MeshEngine` does in process: each
+batch is one wave of the same `EdgeMachine`, whose messages now cross a broker to node
+hosts (other processes, other machines). Before the first wave it waits until the node
+hosts' status records cover every cell. A wave without its result after `wave_timeout`
+seconds (a broker restart, a lost message) is restarted under a new step number, at
+most `max_attempts` times; the optimizer only ever sees a finished wave's gradients, so
+a retried step is applied once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from meshdl.data import Dataset
+from meshdl.edge.agent import EdgeMachine, WaveResult
+from meshdl.errors import MeshdlError
+from meshdl.messages import EDGE, Message
+from meshdl.model import CNN
+from meshdl.mqtt import BrokerAddress, Session
+from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.topics import ROOT, cell_of, inbox_filter, name_of
+from meshdl.topology import Cell
+
+STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from here
+
+
+def clock_step() -> int:
+    """A first wave number above any an earlier edge of this mesh can have reached.
+
+    Nodes drop waves older than the one they are in, so an edge that restarts must not
+    start again from 1. Counting sixteenths of a second keeps ahead of a predecessor
+    that started fewer than 16 waves per second on average; it fits the header's u32
+    until 2032."""
+    return int((time.time() - STEP_CLOCK_EPOCH) * 16) & 0xFFFFFFFF
+
+
+class MqttEngine:
+    """Computes every batch in the nodes of a real mesh, over MQTT."""
+
+    def __init__(self, data: Dataset, broker: str | BrokerAddress, mesh_id: int = 1,
+                 edge_at: Cell = (0, 0), wave_timeout: float = 10.0, max_attempts: int = 5,
+                 nodes_timeout: float = 60.0) -> None:
+        self.labels = {Split.TRAIN: data.y_train, Split.TEST: data.y_test}
+        self.address = broker if isinstance(broker, BrokerAddress) else \
+            BrokerAddress.parse(broker)
+        self.mesh_id = mesh_id
+        self.edge_at = edge_at
+        self.wave_timeout = wave_timeout
+        self.max_attempts = max_attempts
+        self.nodes_timeout = nodes_timeout
+        self.edge: EdgeMachine | None = None
+        self.session: Session | None = None
+        self.online: dict[str, set[Cell]] = {}  # client -> the cells it serves
+        self.stats: Counter[str] = Counter()
+        self._loop = asyncio.new_event_loop()
+
+    # ------------------------------------------------------------- the engine
+    def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
+                                                                       np.ndarray]:
+        result = self._run(model, Mode.TRAIN, Split.TRAIN, indices)
+        return result.loss, result.logits, result.grads
+
+    def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
+        which = Split.TRAIN if split == "train" else Split.TEST
+        return self._run(model, Mode.INFER, which, indices).logits
+
+    def report(self) -> dict[str, Any]:
+        """Transport counts: the broker carries the bytes, so this side counts messages."""
+        session = self.session.stats if self.session else Counter()
+        edge = self.edge.stats if self.edge else Counter()
+        return {"transport": "mqtt", "broker": str(self.address),
+                "edge": dict(edge), "session": dict(session),
+                "node_hosts": sorted(self.online)}
+
+    def close(self) -> None:
+        if self.session is not None:
+            self._loop.run_until_complete(self.session.close())
+        self._loop.close()
+
+    # ---------------------------------------------------------------- waves
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+        if self.edge is None or self.edge.model is not model:
+            spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast")
+            self.edge = EdgeMachine(spec, model, self.labels, first_step=clock_step(),
+                                    wave_timeout=self.wave_timeout)
+        return self._loop.run_until_complete(self._wave(mode, split, indices))
+
+    async def _wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+        session = await self._session()
+        edge = self.edge
+        await session.send(edge.start(mode, split, indices, now=time.monotonic()))
+
+        async def tick() -> None:
+            again = edge.tick(time.monotonic())
+            if again:
+                if edge.attempts > self.max_attempts:
+                    raise MeshdlError(
+                        f"wave {edge.step} got no result in {self.max_attempts} attempts of "
+                        f"{self.wave_timeout:g} s; are all node hosts running? "
+                        f"(`meshdl doctor --broker {self.address}`)")
+                self.stats["restarted_waves"] += 1
+                await session.send(again)
+
+        await session.run(self._handle, tick=tick, until=lambda: edge.result is not None)
+        return edge.result
+
+    def _handle(self, topic: str, message: Message) -> list[Message]:
+        levels = topic.split("/")
+        if levels[2:4] != [name_of(self.edge_at), name_of(EDGE)]:
+            self.stats["rejected:bad_topic"] += 1
+            return []
+        return self.edge.handle(message, time.monotonic())
+
+    async def _session(self) -> Session:
+        """The connection, opened on first use; then every cell's host must be online."""
+        if self.session is None:
+            spec = self.edge.spec
+            status = f"{ROOT}/{self.mesh_id}/status/#"
+            self.session = Session(self.address, self.mesh_id, "edge",
+                                   [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
+                                   status={"role": "edge"}, on_status=self._status)
+            await self.session.connect()
+            await self._wait_for_nodes(spec)
+        return self.session
+
+    def _status(self, client: str, payload: bytes) -> None:
+        """A client's retained status: which cells a node host serves, while online."""
+        try:
+            record = json.loads(payload)
+            cells = {cell_of(name) for name in record.get("cells", [])}
+        except (ValueError, TypeError, AttributeError):
+            self.stats["rejected:bad_status"] += 1
+            return
+        if record.get("state") == "online" and record.get("mesh") == self.mesh_id and \
+                record.get("role") == "node-host":
+            self.online[client] = cells
+        else:
+            self.online.pop(client, None)
+
+    def uncovered(self, spec: MeshSpec) -> set[Cell]:
+        """Cells no online node host serves."""
+        served = set().union(*self.online.values()) if self.online else set()
+        return set(spec.topology.cells()) - served
+
+    async def _wait_for_nodes(self, spec: MeshSpec) -> None:
+        deadline = time.monotonic() + self.nodes_timeout
+        await self.session.run(lambda _t, _m: [], until=lambda: not self.uncovered(spec) or
+                               time.monotonic() > deadline)
+        missing = self.uncovered(spec)
+        if missing:
+            names = ", ".join(name_of(c) for c in sorted(missing)[:8])
+            more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+            raise MeshdlError(f"{len(missing)} cells have no node host online after "
+                              f"{self.nodes_timeout:g} s: {names}{more} "
+                              f"(start them with `meshdl nodes run`)")

@@ -1,0 +1,257 @@
+"""Running a mesh over MQTT: `meshdl node run`, `meshdl nodes run`, `meshdl edge run`,
+`meshdl doctor`.
+
+Every process reads the same mesh file (`--mesh mesh.toml`, the run configuration: grid,
+model, mesh id, edge position) and talks to the broker at `--broker URL` with the login
+of MESHDL_MQTT_USER / MESHDL_MQTT_PASSWORD (or one in the URL). Node hosts keep running
+until stopped (Ctrl+C, SIGTERM); the edge trains and writes its run directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import typer
+
+from meshdl.acl import parse_cells
+from meshdl.cli.common import err_console, out_console, parse_cell
+from meshdl.config import RunConfig, load_run_config
+from meshdl.data import Dataset, load_dataset
+from meshdl.errors import MeshdlError, UsageError
+from meshdl.mqtt import BrokerAddress, Session
+from meshdl.nodes.host import NodeHost, dataset_readings
+from meshdl.protocol import MeshSpec
+from meshdl.topics import name_of
+from meshdl.topology import Cell
+
+node_app = typer.Typer(help="One sensor node (one cell) of a mesh over MQTT.",
+                       no_args_is_help=True)
+nodes_app = typer.Typer(help="A node host: many cells over one MQTT connection.",
+                        no_args_is_help=True)
+
+BROKER = typer.Option(..., "--broker", help="mqtt://host[:port] or mqtts://host[:port].")
+MESH = typer.Option(..., "--mesh", help="The mesh file (TOML run configuration).")
+DATA = typer.Option(..., "--data", help="Data set .npz whose readings the cells replay.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(node_app, name="node")
+    app.add_typer(nodes_app, name="nodes")
+    app.add_typer(edge_app, name="edge")
+    app.command("doctor")(doctor)
+
+
+@node_app.command("run")
+def node_run(cell: str = typer.Option(..., "--cell", help="This node's cell R,C."),
+             broker: str = BROKER, mesh: Path = MESH, data: Path = DATA) -> None:
+    """Serve one cell until stopped."""
+    config = load_run_config(mesh)
+    where = parse_cell(cell)
+    serve_cells(config, [where], BrokerAddress.parse(broker), load_dataset(data),
+                client=name_of(where))
+
+
+@nodes_app.command("run")
+def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges such as "
+                                        "0-3,0-24 (inclusive), or 'all'."),
+              broker: str = BROKER, mesh: Path = MESH, data: Path = DATA,
+              name: str | None = typer.Option(None, "--name", help="Client name (default: "
+                                              "host-<hostname>-<pid>).")) -> None:
+    """Serve many cells over one connection until stopped."""
+    config = load_run_config(mesh)
+    served = select_cells(cells, config)
+    serve_cells(config, served, BrokerAddress.parse(broker), load_dataset(data),
+                client=name or f"host-{socket.gethostname()}-{os.getpid()}")
+
+
+def select_cells(text: str, config: RunConfig) -> list[Cell]:
+    rows, cols = config.model.rows, config.model.cols
+    if text == "all":
+        return [(r, c) for r in range(rows) for c in range(cols)]
+    try:
+        return parse_cells(text, rows, cols)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress, data: Dataset,
+                client: str, stop: asyncio.Event | None = None) -> NodeHost:
+    """Run a node host for `cells` until SIGINT/SIGTERM (or `stop` is set)."""
+    if (data.rows, data.cols) != (config.model.rows, config.model.cols):
+        raise MeshdlError(f"data grid {data.rows} x {data.cols} does not match the mesh "
+                          f"{config.model.rows} x {config.model.cols}")
+    spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
+    host = NodeHost(spec, cells, lambda cell: dataset_readings(data, cell), time.monotonic)
+    asyncio.run(_serve(host, address, client, stop))
+    return host
+
+
+async def _serve(host: NodeHost, address: BrokerAddress, client: str,
+                 stop: asyncio.Event | None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (RuntimeError, ValueError):  # not the main thread: the caller stops us
+            break
+    status = {"role": "node-host", "cells": [name_of(c) for c in host.nodes]}
+    async with Session(address, host.spec.mesh_id, client, host.subscriptions(),
+                       status=status) as session:
+        err_console.print(f"serving {len(host.nodes)} cells of mesh {host.spec.mesh_id} "
+                          f"on {address} as {client}")
+        await session.run(host.handle, until=stop.is_set)
+    stats = host.node_stats()
+    err_console.print(f"stopped: {stats['accepted']} messages accepted, "
+                      f"{sum(v for k, v in stats.items() if k.startswith('rejected'))} "
+                      f"rejected, {session.stats['reconnects']} reconnects")
+
+
+def doctor(broker: str = BROKER,
+           mesh: Path | None = typer.Option(None, "--mesh", help="Also check which cells "
+                                            "have a node host online."),
+           timeout: float = typer.Option(5.0, "--timeout", help="Seconds to wait."),
+           json_out: bool = typer.Option(False, "--json", help="Print findings as JSON.")
+           ) -> None:
+    """Check the broker, the login and which clients are online (with --mesh: cells)."""
+    address = BrokerAddress.parse(broker)
+    config = load_run_config(mesh) if mesh else None
+    findings = asyncio.run(_doctor(address, config, timeout))
+    if json_out:
+        out_console.print_json(json.dumps(findings))
+    else:
+        for line in findings["lines"]:
+            err_console.print(line, highlight=False)
+    if not findings["ok"]:
+        raise typer.Exit(1)
+
+
+async def _doctor(address: BrokerAddress, config: RunConfig | None,
+                  timeout: float) -> dict:
+    mesh_id = config.mesh.mesh_id if config else 1
+    online: dict[str, dict] = {}
+
+    def status(client: str, payload: bytes) -> None:
+        with contextlib.suppress(ValueError):  # not JSON: not a meshdl client
+            online[client] = json.loads(payload)
+
+    lines, ok = [], True
+    session = Session(address, mesh_id, f"doctor-{os.getpid()}",
+                      [f"meshdl/{mesh_id}/status/#"], status={"role": "doctor"},
+                      connect_timeout_s=timeout, on_status=status)
+    try:
+        await session.connect()
+    except MeshdlError as exc:
+        return {"ok": False, "lines": [f"error: {exc}"], "online": {}}
+    lines.append(f"ok: connected to {address}" +
+                 (f" as {address.username}" if address.username else " anonymously"))
+    deadline = time.monotonic() + min(timeout, 2.0)
+    await session.run(lambda _t, _m: [], until=lambda: time.monotonic() > deadline)
+    await session.close()
+    clients = {k: v for k, v in online.items() if not k.startswith("doctor-")}
+    up = {k: v for k, v in clients.items() if v.get("state") == "online"}
+    lines.append(f"ok: {len(up)} clients online on mesh {mesh_id}"
+                 f" ({len(clients) - len(up)} offline)")
+    if config is not None:
+        served = {c for v in up.values() for c in v.get("cells", [])}
+        missing = [name_of(c) for c in MeshSpec(mesh_id, config.model).topology.cells()
+                   if name_of(c) not in served]
+        if missing:
+            ok = False
+            lines.append(f"error: {len(missing)} cells have no node host online: "
+                         f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        else:
+            lines.append("ok: every cell has a node host online")
+        if not any(v.get("role") == "edge" for v in up.values()):
+            lines.append("note: no edge online")
+    return {"ok": ok, "lines": lines, "online": up}
+
+
+class BackgroundNodeHost:
+    """A node host on a thread of this process (`meshdl train --transport mqtt`, tests)."""
+
+    def __init__(self, config: RunConfig, cells: list[Cell], address: BrokerAddress,
+                 data: Dataset, client: str = "host-local") -> None:
+        import threading
+
+        spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
+        self.host = NodeHost(spec, cells, lambda cell: dataset_readings(data, cell),
+                             time.monotonic)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, args=(address, client),
+                                        name=f"meshdl-{client}", daemon=True)
+
+    def _main(self, address: BrokerAddress, client: str) -> None:
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            self._ready.set()
+            await _serve(self.host, address, client, self._stop)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported by stop()
+            self._error = exc
+            self._ready.set()
+
+    def __enter__(self) -> BackgroundNodeHost:
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        if self._error is not None:
+            raise MeshdlError(f"node host failed: {self._error}") from self._error
+
+
+edge_app = typer.Typer(help="The edge of a mesh over MQTT.", no_args_is_help=True)
+
+
+@edge_app.command("run")
+def edge_run(broker: str = BROKER, mesh: Path = MESH,
+             data: Path = typer.Option(..., "--data", help="Data set .npz (the edge uses "
+                                       "its labels; the nodes hold the readings)."),
+             out: Path | None = typer.Option(None, "--out", help="Run directory."),
+             wave_timeout: float = typer.Option(10.0, "--wave-timeout", min=0.1,
+                                                help="Seconds before a wave is restarted."),
+             nodes_timeout: float = typer.Option(60.0, "--nodes-timeout", min=0.0,
+                                                 help="Seconds to wait for node hosts."),
+             json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
+             ) -> None:
+    """Train: every batch is a wave through the node hosts; writes the run directory."""
+    from meshdl.cli.common import emit_json
+    from meshdl.edge.remote import MqttEngine
+    from meshdl.runs import metrics_record, new_run_dir, write_run
+    from meshdl.training import train
+
+    config = load_run_config(mesh)
+    dataset = load_dataset(data)
+    engine = MqttEngine(dataset, BrokerAddress.parse(broker), config.mesh.mesh_id,
+                        config.mesh.edge_at, wave_timeout=wave_timeout,
+                        nodes_timeout=nodes_timeout)
+    try:
+        model, history = train(config, dataset, engine=engine)
+    finally:
+        engine.close()
+    run_dir = out or new_run_dir(name="mqtt")
+    metrics = metrics_record(config, history)
+    write_run(run_dir, config, model, metrics, str(data))
+    err_console.print(f"mqtt training done in {history.wall_s:.1f} s: test acc "
+                      f"{history.final['test_acc']:.4f} -> {run_dir}", highlight=False)
+    if json_out:
+        emit_json(metrics)

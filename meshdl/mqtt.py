@@ -1,0 +1,290 @@
+"""The MQTT transport: one broker connection per process, carrying any number of agents.
+
+`Session` is the connection: it connects with exponential backoff, subscribes to what
+its agents receive, announces itself on its retained status topic (and leaves a last will
+saying it went offline), republishes that status as a heartbeat, and reconnects and
+resubscribes whenever the broker goes away. Agents are the sans-I/O state machines of
+the virtual mesh, unchanged: `Session.run` hands them decoded messages and publishes
+what they return. Payloads are the binary codec's bytes; anything else is counted and
+dropped.
+
+Quality of service per message class:
+- PARAMS and BATCH (the edge's broadcasts): QoS 1. Each starts a wave on every node, and
+  there are only two per wave, so the acknowledgement costs nothing that matters.
+- Everything inside a wave (halo, pool, gather, scatter, route, grad-halo, reduce): QoS 0.
+  They are thousands per wave, and the wave is the unit of recovery: a lost message
+  stalls the wave, the edge restarts it under a new step number (`EdgeMachine.tick`) and
+  no gradient of the stalled wave is ever applied. QoS 1 would double the packets to
+  recover from losses that happen only when a connection breaks.
+- Status and alerts: QoS 1, retained, so that a late subscriber sees the last state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import ssl
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import aiomqtt
+
+from meshdl.errors import MeshdlError, UsageError
+from meshdl.messages import CodecError, Kind, Message, decode, encode
+from meshdl.topics import check_id, status_topic, topic
+
+QOS = {Kind.PARAMS: 1, Kind.BATCH: 1}  # every other kind: 0 (see the module's docstring)
+USER_ENV, PASSWORD_ENV = "MESHDL_MQTT_USER", "MESHDL_MQTT_PASSWORD"
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where the broker is and how to log in: `mqtt://[user[:password]@]host[:port]`, or
+    `mqtts://` for TLS (port 8883 by default, the system's CA store). A login missing
+    from the URL comes from MESHDL_MQTT_USER / MESHDL_MQTT_PASSWORD."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str, env: dict[str, str] | None = None) -> BrokerAddress:
+        env = os.environ if env is None else env
+        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise UsageError(f"broker URL {url!r}: expected mqtt://host[:port] or mqtts://...")
+        try:
+            port = parts.port or (8883 if parts.scheme == "mqtts" else 1883)
+        except ValueError:
+            raise UsageError(f"broker URL {url!r}: bad port") from None
+        username = unquote(parts.username) if parts.username else env.get(USER_ENV)
+        password = unquote(parts.password) if parts.password else env.get(PASSWORD_ENV)
+        return cls(parts.hostname, port, parts.scheme == "mqtts", username, password)
+
+    def __str__(self) -> str:  # never shows the password
+        login = f"{self.username}@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{login}{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits between connection attempts: first, doubling up to `most`."""
+
+    first: float = 0.2
+    most: float = 5.0
+
+    def delays(self) -> Iterable[float]:
+        delay = self.first
+        while True:
+            yield delay
+            delay = min(delay * 2, self.most)
+
+
+Handler = Callable[[str, Message], list[Message]]
+StatusHandler = Callable[[str, bytes], None]  # (client name, its retained JSON record)
+
+
+class Session:
+    """One MQTT connection for the agents of this process."""
+
+    def __init__(self, address: BrokerAddress, mesh: int, client: str,
+                 subscriptions: list[str], status: dict[str, Any] | None = None,
+                 heartbeat_s: float = 5.0, backoff: Backoff = Backoff(),
+                 connect_timeout_s: float = 30.0,
+                 on_status: StatusHandler | None = None) -> None:
+        self.address = address
+        self.mesh = mesh
+        self.client_name = check_id(client, "client name")
+        self.subscriptions = subscriptions
+        self.status = {**(status or {}), "mesh": mesh}
+        self.on_status = on_status
+        self._status_prefix = status_topic(mesh, "x")[:-1]
+        self.heartbeat_s = heartbeat_s
+        self.backoff = backoff
+        self.connect_timeout_s = connect_timeout_s
+        self.stats: Counter[str] = Counter()
+        self._client: aiomqtt.Client | None = None
+        self._pending: asyncio.Future[aiomqtt.Message] | None = None  # a read under way
+        self._pending_client: aiomqtt.Client | None = None
+        self._topics: dict[tuple, str] = {}
+        self.connected = asyncio.Event()
+
+    # ------------------------------------------------------------- connection
+    def _new_client(self) -> aiomqtt.Client:
+        offline = json.dumps({**self.status, "state": "offline"})
+        return aiomqtt.Client(
+            self.address.host, self.address.port, username=self.address.username,
+            password=self.address.password, identifier=f"meshdl-{self.mesh}-{self.client_name}",
+            will=aiomqtt.Will(status_topic(self.mesh, self.client_name), offline, 1, True),
+            clean_session=True, keepalive=15, timeout=10,
+            tls_context=ssl.create_default_context() if self.address.tls else None,
+            max_queued_outgoing_messages=None)
+
+    async def connect(self) -> None:
+        """Connect (retrying with backoff up to `connect_timeout_s`) and subscribe."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        last: Exception | None = None
+        for delay in self.backoff.delays():
+            client = self._new_client()
+            try:
+                await client.__aenter__()
+            except aiomqtt.MqttCodeError as exc:
+                if exc.rc in (4, 5, 134, 135):  # bad credentials, not authorized: final
+                    raise MeshdlError(f"broker {self.address} refused {self.client_name}: "
+                                      f"{exc}") from None
+                last = exc
+            except (aiomqtt.MqttError, OSError) as exc:
+                last = exc
+            else:
+                self._client = client
+                for filter_ in self.subscriptions:
+                    await client.subscribe(filter_, qos=1)
+                await self.announce("online")
+                self.stats["connections"] += 1
+                self.connected.set()
+                return
+            if time.monotonic() + delay > deadline:
+                raise MeshdlError(f"cannot reach the broker at {self.address}: {last}")
+            self.stats["connect_retries"] += 1
+            await asyncio.sleep(delay)
+
+    def _drop_pending(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = self._pending_client = None
+
+    async def close(self) -> None:
+        """Say goodbye (status offline) and disconnect."""
+        self._drop_pending()
+        client, self._client = self._client, None
+        self.connected.clear()
+        if client is None:
+            return
+        with contextlib.suppress(aiomqtt.MqttError):
+            await client.publish(status_topic(self.mesh, self.client_name),
+                                 json.dumps({**self.status, "state": "offline"}), 1, True,
+                                 timeout=2)
+        with contextlib.suppress(aiomqtt.MqttError):
+            await client.__aexit__(None, None, None)
+
+    async def __aenter__(self) -> Session:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _reconnect(self, why: Exception) -> None:
+        self.stats["reconnects"] += 1
+        self._drop_pending()
+        old, self._client = self._client, None
+        self.connected.clear()
+        if old is not None:
+            with contextlib.suppress(aiomqtt.MqttError):
+                await old.__aexit__(None, None, None)
+        await self.connect()
+
+    # ---------------------------------------------------------------- traffic
+    async def announce(self, state: str) -> None:
+        """Publish this client's retained status (also the heartbeat)."""
+        record = {**self.status, "state": state, "time": time.time()}
+        await self._client.publish(status_topic(self.mesh, self.client_name),
+                                   json.dumps(record), 1, True)
+
+    async def send(self, messages: list[Message]) -> None:
+        """Publish agents' messages; while the broker is away they are dropped (counted):
+        the wave they belong to is restarted by the edge."""
+        for message in messages:
+            h = message.header
+            key = (h.src, h.dst, h.kind)
+            name = self._topics.get(key)
+            if name is None:
+                name = self._topics[key] = topic(self.mesh, h.src, h.dst, h.kind)
+            client = self._client
+            if client is None:
+                self.stats["dropped_while_offline"] += 1
+                continue
+            try:
+                await client.publish(name, encode(message), QOS.get(h.kind, 0))
+            except aiomqtt.MqttError:
+                self.stats["dropped_while_offline"] += 1
+            else:
+                self.stats["sent"] += 1
+
+    async def run(self, handle: Handler, tick: Callable[[], Awaitable[None]] | None = None,
+                  tick_s: float = 0.05, until: Callable[[], bool] | None = None) -> None:
+        """Deliver received messages to `handle` and publish what it returns, until
+        `until()` holds (or forever); reconnect whenever the connection breaks. `tick`
+        runs at least every `tick_s` seconds (timeouts), the heartbeat every
+        `heartbeat_s`."""
+        next_beat = time.monotonic() + self.heartbeat_s
+        while until is None or not until():
+            client = self._client
+            if client is None:
+                await self.connect()
+                continue
+            try:
+                if time.monotonic() >= next_beat:
+                    await self.announce("online")
+                    next_beat = time.monotonic() + self.heartbeat_s
+                incoming = await self._next_message(client, tick_s)
+                if incoming is not None:
+                    await self._dispatch(incoming, handle)
+                    # Drain what has already arrived before the next tick or heartbeat.
+                    while until is None or not until():
+                        queued = _queued(client)
+                        if queued is None:
+                            break
+                        await self._dispatch(queued, handle)
+                if tick is not None:
+                    await tick()
+            except aiomqtt.MqttError as exc:
+                await self._reconnect(exc)
+
+    async def _next_message(self, client: aiomqtt.Client,
+                            timeout: float) -> aiomqtt.Message | None:
+        """The next received message, or None after `timeout` seconds. The pending read
+        outlives a timeout (cancelling it could lose a message it has just taken)."""
+        if self._pending is None or self._pending_client is not client:
+            self._pending = asyncio.ensure_future(anext(client.messages))
+            self._pending_client = client
+        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+        if not done:
+            return None
+        pending, self._pending = self._pending, None
+        return pending.result()  # raises MqttError if the connection broke
+
+    async def _dispatch(self, incoming: aiomqtt.Message, handle: Handler) -> None:
+        payload, name = incoming.payload, incoming.topic.value
+        if name.startswith(self._status_prefix):
+            if self.on_status is not None and isinstance(payload, bytes | bytearray):
+                self.on_status(name[len(self._status_prefix):], bytes(payload))
+            return
+        if not isinstance(payload, bytes | bytearray):
+            self.stats["rejected:not_binary"] += 1
+            return
+        try:
+            message = decode(bytes(payload), mesh=self.mesh)
+        except CodecError as exc:
+            self.stats[f"rejected:codec:{str(exc).split(':')[0]}"] += 1
+            return
+        self.stats["received"] += 1
+        await self.send(handle(name, message))
+
+
+def _queued(client: aiomqtt.Client) -> aiomqtt.Message | None:
+    """A message aiomqtt has already queued, without waiting (None if there is none).
+
+    `anext(client.messages)` starts a task per message, several times the cost of the
+    message itself; what is already queued is taken straight from aiomqtt's queue."""
+    if len(client.messages) == 0:
+        return None
+    return client._queue.get_nowait()  # aiomqtt 2.x keeps its queue here

@@ -1,0 +1,86 @@
+"""A node host: the node machines of several cells behind one MQTT connection.
+
+One Raspberry Pi runs a host of one cell; a gateway (or a test bench) runs one for many.
+The host only routes: a message goes to the cell its *topic* names, and its header must
+agree with that topic. The topic is what the broker's ACL authenticates (only `r0c1` may
+publish under `meshdl/<mesh>/r0c1/`), so a client cannot reach a cell by writing one
+address on the topic and another in the header.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+
+from meshdl.data import Dataset
+from meshdl.messages import ALL, Message
+from meshdl.nodes.agent import NodeMachine
+from meshdl.protocol import MeshSpec, Split
+from meshdl.topics import broadcast_filter, cell_of, inbox_filter
+from meshdl.topology import Cell
+
+
+def dataset_readings(data: Dataset, cell: Cell) -> dict[int, np.ndarray]:
+    """One cell's (samples, channels) log of each split, from a data set on this host."""
+    out = {}
+    for split, X in ((Split.TRAIN, data.X_train), (Split.TEST, data.X_test)):
+        X = X[:, None] if X.ndim == 3 else X
+        out[split] = np.ascontiguousarray(X[:, :, cell[0], cell[1]], np.float32)
+    return out
+
+
+class NodeHost:
+    """The cells of one process, and the routing of messages to them."""
+
+    def __init__(self, spec: MeshSpec, cells: list[Cell],
+                 readings: Callable[[Cell], dict[int, np.ndarray]],
+                 clock: Callable[[], float] = lambda: 0.0) -> None:
+        topo = spec.topology
+        for cell in cells:
+            if not topo.inside(cell):
+                raise ValueError(f"cell {cell} is outside the {topo.rows} x {topo.cols} grid")
+        self.spec = spec
+        self.nodes = {cell: NodeMachine(spec, cell, readings(cell)) for cell in cells}
+        self.clock = clock
+        self.stats: Counter[str] = Counter()
+
+    def subscriptions(self) -> list[str]:
+        """What this host's cells receive: their neighbours' messages, the edge's
+        broadcasts."""
+        mesh, topo = self.spec.mesh_id, self.spec.topology
+        filters = [inbox_filter(mesh, n, cell) for cell in self.nodes
+                   for n in topo.neighbours(cell)]
+        return [*filters, broadcast_filter(mesh)]
+
+    def handle(self, topic: str, message: Message) -> list[Message]:
+        """Route one decoded message by its topic; returns what the cells send."""
+        h = message.header
+        levels = topic.split("/")
+        try:
+            src, dst = cell_of(levels[2]), cell_of(levels[3])
+        except (IndexError, ValueError):
+            self.stats["rejected:bad_topic"] += 1
+            return []
+        if len(levels) != 5 or (h.src, h.dst) != (src, dst) or \
+                levels[4] != h.kind.name.lower():
+            self.stats["rejected:topic_mismatch"] += 1
+            return []
+        now = self.clock()
+        if dst == ALL:
+            out: list[Message] = []
+            for node in self.nodes.values():
+                out.extend(node.handle(message, now))
+            return out
+        node = self.nodes.get(dst)
+        if node is None:
+            self.stats["rejected:not_hosted"] += 1
+            return []
+        return node.handle(message, now)
+
+    def node_stats(self) -> Counter[str]:
+        total = Counter(self.stats)
+        for node in self.nodes.values():
+            total.update(node.stats)
+        return total

@@ -1,0 +1,164 @@
+"""Training over a real Mosquitto broker equals the virtual mesh; the broker can restart
+mid-epoch; garbage on mesh topics is rejected and counted while training goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from meshdl.cli.mqtt_run import BackgroundNodeHost
+from meshdl.config import RunConfig, load_run_config
+from meshdl.data import Dataset, save_dataset
+from meshdl.edge.remote import MqttEngine
+from meshdl.messages import EDGE, Kind, encode, make
+from meshdl.model import CNN
+from meshdl.mqtt import BrokerAddress
+from meshdl.sim.lounge import generate_lounge
+from meshdl.topics import topic
+from meshdl.training import train
+from tests.mosquitto import Mosquitto
+
+MESH_TOML = """
+[model]
+rows = 4
+cols = 5
+hidden = 8
+
+[data]
+train = 40
+test = 20
+seed = 4
+
+[train]
+epochs = 2
+batch = 10
+"""
+
+
+@pytest.fixture(scope="module")
+def small_mesh(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, Dataset, Path,
+                                                                    Path, CNN]:
+    """The mesh file, its data set, and the model the virtual mesh trains from them."""
+    folder = tmp_path_factory.mktemp("mesh")
+    mesh_file = folder / "mesh.toml"
+    mesh_file.write_text(MESH_TOML)
+    config = load_run_config(mesh_file)
+    data = generate_lounge(config.data)
+    data_file = save_dataset(data, folder / "data.npz")
+    reference, _ = train(config, data)  # the virtual mesh
+    return config, data, mesh_file, data_file, reference
+
+
+def _assert_same_model(model: CNN, reference: CNN) -> None:
+    scale = float(np.abs(reference.flat).max())
+    np.testing.assert_allclose(model.flat, reference.flat, rtol=1e-5, atol=1e-5 * scale)
+
+
+def _node_host_process(broker: Mosquitto, mesh_file: Path, data_file: Path,
+                       cells: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "meshdl", "nodes", "run", "--cells", cells, "--broker",
+               broker.url, "--mesh", str(mesh_file), "--data", str(data_file)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_training_over_mqtt_equals_the_virtual_mesh_with_nodes_in_two_processes(
+        small_mesh, mosquitto, tmp_path) -> None:
+    _, _, mesh_file, data_file, reference = small_mesh
+    hosts = [_node_host_process(mosquitto, mesh_file, data_file, cells)
+             for cells in ("0-1,0-4", "2-3,0-4")]
+    try:
+        edge = subprocess.run(
+            [sys.executable, "-m", "meshdl", "edge", "run", "--broker", mosquitto.url,
+             "--mesh", str(mesh_file), "--data", str(data_file), "--out",
+             str(tmp_path / "run"), "--nodes-timeout", "60"],
+            capture_output=True, text=True, timeout=240)
+        assert edge.returncode == 0, edge.stderr
+    finally:
+        for host in hosts:
+            host.terminate()
+        for host in hosts:
+            assert host.wait(30) == 0, host.stderr.read().decode()
+    _assert_same_model(CNN.load(tmp_path / "run" / "model.npz"), reference)
+
+
+def test_broker_restart_mid_epoch_loses_nothing_and_applies_nothing_twice(
+        small_mesh, mosquitto) -> None:
+    config, data, _, _, reference = small_mesh
+    address = BrokerAddress.parse(mosquitto.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    restarted = threading.Event()
+
+    def restart_after_a_few_steps(epoch: int, step: int, steps: int, loss: float) -> None:
+        if epoch == 1 and step == 2 and not restarted.is_set():
+            # Stop the broker while the next wave is under way, then bring it back.
+            threading.Timer(0.05, lambda: (mosquitto.restart(), restarted.set())).start()
+
+    with BackgroundNodeHost(config, cells, address, data) as host:
+        engine = MqttEngine(data, address, wave_timeout=1.0, max_attempts=20)
+        try:
+            model, _ = train(config, data, engine=engine, progress=restart_after_a_few_steps)
+            report = engine.report()
+        finally:
+            engine.close()
+    assert restarted.is_set()
+    assert report["session"]["reconnects"] >= 1
+    assert host.host.node_stats()["accepted"] > 0
+    _assert_same_model(model, reference)
+
+
+def test_garbage_forged_and_oversized_payloads_are_rejected_and_counted(
+        small_mesh, mosquitto) -> None:
+    config, data, _, _, reference = small_mesh
+    address = BrokerAddress.parse(mosquitto.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    halo = encode(make(Kind.HALO, 1, 2**31, (0, 1), (1, 1), np.zeros((1, 1, 10)), layer=1))
+    junk = [
+        (topic(1, (0, 1), (1, 1), Kind.HALO), b"\x00garbage"),  # not a message at all
+        (topic(1, (0, 1), (1, 1), Kind.HALO), b"MD" + os.urandom(2 * 1024 * 1024)),  # big
+        (topic(1, (0, 2), (1, 1), Kind.HALO), halo),  # header says (0, 1), topic (0, 2)
+        (topic(1, EDGE, (0, 0), Kind.SCATTER), halo),  # header and topic disagree
+        (topic(1, (0, 1), (1, 1), Kind.HALO), halo[:-3]),  # truncated
+    ]
+
+    async def publish_junk() -> None:
+        async with aiomqtt.Client(mosquitto.host, mosquitto.port) as client:
+            for _ in range(3):
+                for name, payload in junk:
+                    await client.publish(name, payload)
+                await asyncio.sleep(0.3)
+
+    with BackgroundNodeHost(config, cells, address, data) as host:
+        engine = MqttEngine(data, address, wave_timeout=5.0)
+        thread = threading.Thread(target=lambda: (time.sleep(0.5),
+                                                  asyncio.run(publish_junk())))
+        try:
+            thread.start()
+            model, _ = train(config, data, engine=engine)
+        finally:
+            thread.join(30)
+            engine.close()
+        stats = host.host.node_stats()
+    rejected = {k: v for k, v in stats.items() if k.startswith("rejected")}
+    assert rejected.get("rejected:topic_mismatch", 0) >= 3
+    _assert_same_model(model, reference)
+
+
+def test_broker_urls_are_parsed_and_never_print_the_password() -> None:
+    address = BrokerAddress.parse("mqtts://r0c1:s%40cret@pi.local", env={})
+    assert (address.host, address.port, address.tls) == ("pi.local", 8883, True)
+    assert (address.username, address.password) == ("r0c1", "s@cret")
+    assert "s@cret" not in str(address)
+    env = {"MESHDL_MQTT_USER": "edge", "MESHDL_MQTT_PASSWORD": "pw"}
+    assert BrokerAddress.parse("broker:1884", env=env).username == "edge"
+    with pytest.raises(Exception, match="expected mqtt://"):
+        BrokerAddress.parse("http://x", env={})
