@@ -99,13 +99,16 @@ class Session:
                  subscriptions: list[str], status: dict[str, Any] | None = None,
                  heartbeat_s: float = 5.0, backoff: Backoff = Backoff(),
                  connect_timeout_s: float = 30.0,
-                 on_status: StatusHandler | None = None) -> None:
+                 on_status: StatusHandler | None = None, presence: bool = True) -> None:
+        """`presence`: announce this client on its status topic (heartbeat, last will);
+        off for observers such as `meshdl doctor`, which may not write there."""
         self.address = address
         self.mesh = mesh
         self.client_name = check_id(client, "client name")
         self.subscriptions = subscriptions
         self.status = {**(status or {}), "mesh": mesh}
         self.on_status = on_status
+        self.presence = presence
         self._status_prefix = status_topic(mesh, "x")[:-1]
         self.heartbeat_s = heartbeat_s
         self.backoff = backoff
@@ -123,7 +126,8 @@ class Session:
         return aiomqtt.Client(
             self.address.host, self.address.port, username=self.address.username,
             password=self.address.password, identifier=f"meshdl-{self.mesh}-{self.client_name}",
-            will=aiomqtt.Will(status_topic(self.mesh, self.client_name), offline, 1, True),
+            will=aiomqtt.Will(status_topic(self.mesh, self.client_name), offline, 1, True)
+            if self.presence else None,
             clean_session=True, keepalive=15, timeout=10,
             tls_context=ssl.create_default_context() if self.address.tls else None,
             max_queued_outgoing_messages=None)
@@ -169,9 +173,10 @@ class Session:
         if client is None:
             return
         with contextlib.suppress(aiomqtt.MqttError):
-            await client.publish(status_topic(self.mesh, self.client_name),
-                                 json.dumps({**self.status, "state": "offline"}), 1, True,
-                                 timeout=2)
+            if self.presence:
+                await client.publish(status_topic(self.mesh, self.client_name),
+                                     json.dumps({**self.status, "state": "offline"}), 1,
+                                     True, timeout=2)
         with contextlib.suppress(aiomqtt.MqttError):
             await client.__aexit__(None, None, None)
 
@@ -195,6 +200,8 @@ class Session:
     # ---------------------------------------------------------------- traffic
     async def announce(self, state: str) -> None:
         """Publish this client's retained status (also the heartbeat)."""
+        if not self.presence:
+            return
         record = {**self.status, "state": state, "time": time.time()}
         await self._client.publish(status_topic(self.mesh, self.client_name),
                                    json.dumps(record), 1, True)

@@ -43,6 +43,7 @@ class Expect(NamedTuple):
     role: int  # PARAMS, BATCH, REDUCE or ITEMS: how `NodeMachine._accept` takes it
     dst: Cell  # the header's destination: this cell, or ALL for the edge's broadcasts
     keys: tuple[Item, ...] = ()  # ITEMS: (field, item) of each payload row
+    rows: int = 0  # ITEMS: len(keys)
     channels: int = 0  # ITEMS: a row is (channels, batch)
     train_only: bool = False
 
@@ -61,14 +62,14 @@ class NodePlan:
         leads = topo.leader[block] == cell
         self.inbox: dict[tuple, Expect] = {
             key: Expect(ITEMS, cell, tuple((send.field, i) for i in send.items),
-                        spec.item_shape(send.field, 0)[0], send.train_only)
+                        len(send.items), spec.item_shape(send.field, 0)[0], send.train_only)
             for key, send in spec.expects[cell].items()}
         control, to = spec.control_source(cell), spec.control_destination or cell
         self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(PARAMS, to)
         self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(BATCH, to)
         for child in topo.children[cell]:
             self.inbox[(Kind.REDUCE, 0, 0, child)] = Expect(
-                REDUCE, cell, ((("reduce",), child),), train_only=True)
+                REDUCE, cell, ((("reduce",), child),), 1, train_only=True)
 
         # (task, needs, train only): computations, then sends, in a fixed order.
         tasks: list[tuple[Step | Send, list[Item], bool]] = []
@@ -209,7 +210,8 @@ class NodeMachine:
             return []
         wave.seen.add(key)
         self.stats["accepted"] += 1
-        self._run_ready(wave, now, out)
+        if wave.ready:
+            self._run_ready(wave, now, out)
         if self.future and (new_wave or (not started_before and wave.mode is not None)):
             pending, self.future = self.future, []
             for early in pending:
@@ -261,7 +263,7 @@ class NodeMachine:
                 self.stats["rejected:bad_reduce"] += 1
                 return False
             wave.known[expect.keys[0]] = payload
-        elif payload.shape == (len(expect.keys), expect.channels, wave.batch):
+        elif payload.shape == (expect.rows, expect.channels, wave.batch):
             wave.known.update(zip(expect.keys, payload, strict=True))
         else:
             self.stats["rejected:bad_shape"] += 1
@@ -338,11 +340,11 @@ class NodeMachine:
 
     def _run_ready(self, wave: Wave, now: float, out: list[Message]) -> None:
         """Run every task whose sources have arrived (running one may ready others)."""
-        if wave.mode is None or not wave.ready:
+        if wave.mode is None:
             return
-        plan, known, training = self.plan, wave.known, wave.training
-        while wave.ready:
-            index = wave.ready.pop()
+        plan, known, training, ready = self.plan, wave.known, wave.training, wave.ready
+        while ready:
+            index = ready.pop()
             if plan.train_only[index] and not training:
                 continue
             task = plan.tasks[index]
@@ -358,7 +360,7 @@ class NodeMachine:
                 self._steps[step](wave, layer, out)
                 wave.finished_at[stage] = now
             wave.tasks_done += 1
-        if self._finished(wave):
+        if wave.tasks_done == plan.active[wave.mode]:
             wave.finished_at.setdefault("finished", now)
 
     def _finished(self, wave: Wave) -> bool:

@@ -98,8 +98,9 @@ class VirtualBroker:
             batch.extend(due)
         if self.shuffle is not None:
             self.shuffle.shuffle(batch)
+        matches = self._matches
         for topic, payload in batch:
-            handlers = self.match(topic)
+            handlers = matches.get(topic) or self.match(topic)
             if not handlers:
                 self.undeliverable += 1
             for handler in handlers:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.mosquitto import Mosquitto
+from tests.mosquitto import Mosquitto, mosquitto_binary
 
 MosquittoFactory = Callable[..., Mosquitto]
 
@@ -30,6 +30,7 @@ def mosquitto_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosq
     started: list[Mosquitto] = []
 
     def start(**options: Any) -> Mosquitto:
+        mosquitto_binary()  # skips the test when Mosquitto is not installed
         workdir: Path = tmp_path_factory.mktemp("mosquitto")
         broker = Mosquitto(workdir, **options)
         started.append(broker)

@@ -1,150 +1,21 @@
-"""A real Mosquitto broker for tests: started on a free loopback port, stopped at the end.
-
-    with Mosquitto(tmp_path) as broker:                  # anonymous
-        ... aiomqtt.Client(broker.host, broker.port) ...
-    with Mosquitto(tmp_path, password_file=p, acl_file=a) as broker:
-        broker.restart()                                 # same port, e.g. to test reconnects
-
-`start` waits until the broker accepts TCP connections (or raises with the broker's log
-after `timeout`, never hangs); `stop` terminates it and kills it if it does not exit in
-time. `mosquitto_binary()` skips the calling test when the binary is missing (CI
-installs it, so there the tests run).
-"""
+"""The tests' Mosquitto: `meshdl.localbroker.Mosquitto`, skipping a test when the binary
+is missing (CI installs it, so there the tests run)."""
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import time
-from pathlib import Path
-from types import TracebackType
-
 import pytest
 
-from meshdl.cli.broker import SBIN_DIRS
+from meshdl.errors import MeshdlError
+from meshdl.localbroker import HOST, Mosquitto, free_port, wait_for_port
 
-HOST = "127.0.0.1"
+__all__ = ["HOST", "Mosquitto", "free_port", "mosquitto_binary", "wait_for_port"]
 
 
 def mosquitto_binary(name: str = "mosquitto") -> str:
     """The path of a Mosquitto program, or skip the test saying how to install it."""
-    found = shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN_DIRS))
-    if found is None:
-        pytest.skip(f"{name} is not installed (sudo apt-get install mosquitto, or "
-                    "./bootstrap --dev)")
-    return found
+    from meshdl.cli.broker import find_tool
 
-
-def free_port() -> int:
-    """A TCP port nobody listens on now: bind port 0 and let the kernel choose."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(host: str, port: int, timeout: float,
-                  process: subprocess.Popen[bytes] | None = None) -> None:
-    """Return once `host:port` accepts a connection; TimeoutError/RuntimeError otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"the process exited with status {process.returncode}")
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing accepts connections on {host}:{port} "
-                                   f"after {timeout:g} s") from None
-            time.sleep(0.02)
-
-
-class Mosquitto:
-    """One broker process with a generated config in `workdir`."""
-
-    def __init__(
-        self,
-        workdir: Path,
-        *,
-        password_file: Path | None = None,
-        acl_file: Path | None = None,
-        allow_anonymous: bool | None = None,
-        extra: tuple[str, ...] = (),
-        port: int | None = None,
-    ) -> None:
-        self.binary = mosquitto_binary()
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.host = HOST
-        self.port = port if port is not None else free_port()
-        self.config = self.workdir / "mosquitto.conf"
-        self.log = self.workdir / "mosquitto.log"
-        if allow_anonymous is None:
-            allow_anonymous = password_file is None
-        lines = [
-            f"listener {self.port} {HOST}",
-            f"allow_anonymous {'true' if allow_anonymous else 'false'}",
-            "persistence false",
-            # Run as whoever runs the tests: as root Mosquitto would otherwise drop to
-            # the `mosquitto` user before reading the (0600) password and ACL files.
-            f"user {pwd.getpwuid(os.getuid()).pw_name}",
-            "log_dest stderr",
-            "log_type error",
-            "log_type warning",
-            "log_type notice",
-        ]
-        if password_file is not None:
-            lines.append(f"password_file {password_file}")
-        if acl_file is not None:
-            lines.append(f"acl_file {acl_file}")
-        self.config.write_text("\n".join([*lines, *extra]) + "\n")
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"mqtt://{self.host}:{self.port}"
-
-    def start(self, timeout: float = 5.0) -> Mosquitto:
-        if self.process is not None:
-            raise RuntimeError("the broker is already running")
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [self.binary, "-c", str(self.config)], stdout=log, stderr=subprocess.STDOUT
-            )
-        try:
-            wait_for_port(self.host, self.port, timeout, self.process)
-        except (TimeoutError, RuntimeError) as exc:
-            self.stop()
-            raise RuntimeError(f"mosquitto did not start: {exc}; its log:\n{self.log_text()}"
-                               ) from None
-        return self
-
-    def stop(self, timeout: float = 3.0) -> None:
-        """Terminate the broker (SIGTERM, then SIGKILL after `timeout` seconds)."""
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
-
-    def restart(self, timeout: float = 5.0) -> Mosquitto:
-        """Stop and start again on the same port (clients see the connection drop)."""
-        self.stop()
-        return self.start(timeout)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def __enter__(self) -> Mosquitto:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+    try:
+        return find_tool(name)
+    except MeshdlError as exc:
+        pytest.skip(str(exc))

@@ -100,8 +100,9 @@ def test_broker_restart_mid_epoch_loses_nothing_and_applies_nothing_twice(
 
     def restart_after_a_few_steps(epoch: int, step: int, steps: int, loss: float) -> None:
         if epoch == 1 and step == 2 and not restarted.is_set():
-            # Stop the broker while the next wave is under way, then bring it back.
-            threading.Timer(0.05, lambda: (mosquitto.restart(), restarted.set())).start()
+            # Kill the broker while the next wave is under way, then bring it back.
+            threading.Timer(0.05, lambda: (mosquitto.restart(kill=True),
+                                           restarted.set())).start()
 
     with BackgroundNodeHost(config, cells, address, data) as host:
         engine = MqttEngine(data, address, wave_timeout=1.0, max_attempts=20)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from meshdl.bench import bench_kernels
-from meshdl.cli.common import emit_json, out_console
-from meshdl.config import ModelConfig
+from meshdl.cli.common import emit_json, err_console, out_console
+from meshdl.config import ModelConfig, load_run_config
+from meshdl.sim.lounge import generate_lounge
 
 app = typer.Typer(help="Benchmarks (ratios against a reference measured in the same run).",
                   no_args_is_help=True)
@@ -43,3 +46,31 @@ def kernels(
     out_console.print(f"PyTorch {ref['version']}: median {ref['median_ms']:.3f} ms, min "
                       f"{ref['min_ms']:.3f} ms")
     out_console.print(f"speed-up vs PyTorch: {result['speedup_vs_torch']:.2f}x")
+
+
+@app.command("mqtt")
+def mqtt(
+    epochs: int = typer.Option(1, "--epochs", min=1),
+    broker: str | None = typer.Option(None, "--broker", help="A running broker (default: "
+                                      "a private Mosquitto on a free port)."),
+    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
+                                            "(default: the seed experiment)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+) -> None:
+    """Epochs over a real broker with one node host, vs the broker's own throughput."""
+    from meshdl.bench_mqtt import bench_mqtt
+
+    config = load_run_config(config_file, train={"epochs": epochs})
+    data = generate_lounge(config.data)
+    result = bench_mqtt(config, data, broker, log=lambda text: err_console.print(text))
+    if json_out:
+        emit_json(result)
+        return
+    out_console.print(
+        f"{result['epochs']} epoch(s) of {result['train_samples']} samples, batch "
+        f"{result['batch']}, {result['cells']} cells in one node host: "
+        f"{result['wall_s_per_epoch']:.1f} s per epoch, {result['messages']} messages, "
+        f"{result['messages_per_s']:.0f} messages/s")
+    out_console.print(f"the broker alone (mosquitto_pub -> mosquitto_sub): "
+                      f"{result['broker_messages_per_s']:.0f} messages/s; ratio "
+                      f"{result['ratio_to_broker']:.2f}")

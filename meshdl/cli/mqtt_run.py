@@ -63,12 +63,14 @@ def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges s
                                         "0-3,0-24 (inclusive), or 'all'."),
               broker: str = BROKER, mesh: Path = MESH, data: Path = DATA,
               name: str | None = typer.Option(None, "--name", help="Client name (default: "
-                                              "host-<hostname>-<pid>).")) -> None:
+                                              "the broker login, else host-<hostname>-<pid>)."
+                                              )) -> None:
     """Serve many cells over one connection until stopped."""
     config = load_run_config(mesh)
     served = select_cells(cells, config)
-    serve_cells(config, served, BrokerAddress.parse(broker), load_dataset(data),
-                client=name or f"host-{socket.gethostname()}-{os.getpid()}")
+    address = BrokerAddress.parse(broker)
+    serve_cells(config, served, address, load_dataset(data), client=name or
+                address.username or f"host-{socket.gethostname()}-{os.getpid()}")
 
 
 def select_cells(text: str, config: RunConfig) -> list[Cell]:
@@ -145,7 +147,7 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
     lines, ok = [], True
     session = Session(address, mesh_id, f"doctor-{os.getpid()}",
                       [f"meshdl/{mesh_id}/status/#"], status={"role": "doctor"},
-                      connect_timeout_s=timeout, on_status=status)
+                      connect_timeout_s=timeout, on_status=status, presence=False)
     try:
         await session.connect()
     except MeshdlError as exc:

@@ -1,0 +1,170 @@
+"""Benchmark: training epochs over a real Mosquitto broker, against the broker's own
+throughput measured in the same run.
+
+The mesh: the seed configuration (or any), every cell in ONE node-host process, the edge
+in this process, a private Mosquitto on a free loopback port (or `--broker`). Messages
+are counted as the broker delivers them (the protocol is deterministic, so the counts
+come from the same waves on the virtual mesh's ledger). The reference: `mosquitto_pub
+-l` publishing as many messages of the mean mesh message size to one `mosquitto_sub`
+through the same broker, QoS 0, as fast as the tools go.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from meshdl.cli.broker import find_tool
+from meshdl.config import RunConfig
+from meshdl.data import Dataset, save_dataset
+from meshdl.edge.remote import MqttEngine
+from meshdl.errors import MeshdlError
+from meshdl.localbroker import Mosquitto
+from meshdl.mqtt import BrokerAddress
+from meshdl.sim.mesh import MeshEngine
+from meshdl.training import EVAL_BATCH, train
+
+
+def mesh_messages(config: RunConfig, data: Dataset) -> tuple[int, int]:
+    """(broker deliveries, bytes) of the waves one `train(config)` run sends over MQTT,
+    counted on the virtual mesh's ledger with the edge broadcasting parameters."""
+    engine = MeshEngine(data, config.mesh.edge_at, config.mesh.mesh_id,
+                        params_via="broadcast")
+    try:
+        train(config, data, engine=engine)
+        comm = engine.report()
+    finally:
+        engine.close()
+    return comm["total_messages"], comm["total_bytes"]
+
+
+def broker_throughput(address: BrokerAddress, messages: int, size: int,
+                      timeout: float = 120.0) -> dict[str, float]:
+    """Messages per second delivered from mosquitto_pub -l to mosquitto_sub through the
+    broker at QoS 0, counted on the subscriber (QoS 0 may drop under overload: the rate
+    is of what arrived, and the count says how much did)."""
+    sub_tool, pub_tool = find_tool("mosquitto_sub"), find_tool("mosquitto_pub")
+    login = ["-u", address.username, "-P", address.password or ""] if address.username else []
+    where = ["-h", address.host, "-p", str(address.port)]
+    # Lines of `size - 1` bytes and a newline: -l publishes each line as one message.
+    line = b"x" * max(size - 1, 1) + b"\n"
+    sub = subprocess.Popen([sub_tool, *where, *login, "-t", "meshdl-bench/#", "-q", "0",
+                            "-F", "%l"], stdout=subprocess.PIPE)
+    received, last = 0, 0.0
+
+    def count() -> None:
+        nonlocal received, last
+        for _ in sub.stdout:
+            received += 1
+            last = time.perf_counter()
+
+    reader = threading.Thread(target=count, daemon=True)
+    reader.start()
+    try:
+        time.sleep(0.5)  # the subscription must exist before the first publish
+        started = time.perf_counter()
+        pub = subprocess.run([pub_tool, *where, *login, "-t", "meshdl-bench/x", "-l",
+                              "-q", "0"], input=line * messages, timeout=timeout)
+        if pub.returncode != 0:
+            raise MeshdlError(f"mosquitto_pub failed with status {pub.returncode}")
+        while received < messages and time.perf_counter() - max(last, started) < 1.0:
+            time.sleep(0.05)  # until everything arrived, or nothing has for a second
+    except subprocess.TimeoutExpired:
+        raise MeshdlError(f"mosquitto_pub did not finish {messages} messages in "
+                          f"{timeout:g} s") from None
+    finally:
+        sub.kill()
+        reader.join(5)
+    if received == 0:
+        raise MeshdlError("mosquitto_sub received nothing from mosquitto_pub")
+    return {"messages_per_s": received / (last - started), "received": received,
+            "sent": messages, "size": size}
+
+
+def bench_mqtt(config: RunConfig, data: Dataset, broker: str | None = None,
+               log: Any = None) -> dict[str, Any]:
+    """Train `config` over MQTT with one node host; time it; compare with the broker."""
+    say = log or (lambda _text: None)
+    with tempfile.TemporaryDirectory(prefix="meshdl-bench-") as tmp:
+        folder = Path(tmp)
+        private = None
+        if broker is None:
+            private = Mosquitto(folder / "broker").start()
+            broker = private.url
+        address = BrokerAddress.parse(broker)
+        try:
+            return _bench(config, data, address, folder, say)
+        finally:
+            if private is not None:
+                private.stop()
+
+
+def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Path,
+           say: Any) -> dict[str, Any]:
+    mesh_file, data_file = folder / "mesh.toml", folder / "data.npz"
+    mesh_file.write_text(_toml(config))
+    save_dataset(data, data_file)
+    say("counting the epoch's messages on the virtual mesh")
+    messages, nbytes = mesh_messages(config, data)
+    say(f"starting one node host for {config.model.rows * config.model.cols} cells")
+    host = subprocess.Popen(
+        [sys.executable, "-m", "meshdl", "nodes", "run", "--cells", "all", "--broker",
+         str(address) if not address.password else _url(address), "--mesh", str(mesh_file),
+         "--data", str(data_file), "--name", "bench-host"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        engine = MqttEngine(data, address, config.mesh.mesh_id, config.mesh.edge_at,
+                            wave_timeout=60.0)
+        try:
+            say("training over MQTT")
+            _, history = train(config, data, engine=engine)
+            restarts = engine.report()["edge"].get("restarted_waves", 0)
+        finally:
+            engine.close()
+    finally:
+        host.terminate()
+        host.wait(30)
+    wall = history.wall_s
+    say(f"measuring the broker alone with mosquitto_pub/sub ({messages} messages)")
+    raw = broker_throughput(address, messages, max(1, nbytes // max(messages, 1)))
+    rate = messages / wall
+    return {
+        "epochs": config.train.epochs, "cells": config.model.rows * config.model.cols,
+        "train_samples": len(data.y_train), "batch": config.train.batch,
+        "eval_batch": EVAL_BATCH, "wall_s": wall, "wall_s_per_epoch": wall / config.train.epochs,
+        "messages": messages, "bytes": nbytes, "messages_per_s": rate,
+        "broker_messages_per_s": raw["messages_per_s"],
+        "broker_messages_received": raw["received"],
+        "ratio_to_broker": rate / raw["messages_per_s"],
+        "restarted_waves": restarts, "test_acc": history.final["test_acc"],
+        "broker": str(address),
+    }
+
+
+def _url(address: BrokerAddress) -> str:
+    scheme = "mqtts" if address.tls else "mqtt"
+    return f"{scheme}://{address.username}:{address.password}@{address.host}:{address.port}"
+
+
+def _toml(config: RunConfig) -> str:
+    """The mesh file a node host reads: the run configuration as TOML."""
+    lines = []
+    for section in ("model", "data", "train", "mesh"):
+        lines.append(f"[{section}]")
+        for key, value in getattr(config, section).model_dump().items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, str):
+                lines.append(f'{key} = "{value}"')
+            elif isinstance(value, tuple | list):
+                lines.append(f"{key} = [{', '.join(str(v) for v in value)}]")
+            elif value is not None:
+                lines.append(f"{key} = {value}")
+        lines.append("")
+    return "\n".join(lines)
+
