@@ -30,9 +30,11 @@ from meshdl.sim.mesh import MeshEngine
 from meshdl.training import EVAL_BATCH, train
 
 
-def mesh_messages(config: RunConfig, data: Dataset) -> tuple[int, int]:
-    """(broker deliveries, bytes) of the waves one `train(config)` run sends over MQTT,
-    counted on the virtual mesh's ledger with the edge broadcasting parameters."""
+def mesh_messages(config: RunConfig, data: Dataset, clients: int = 1) -> tuple[int, int]:
+    """(broker deliveries, bytes) of the waves one `train(config)` run sends over MQTT to
+    `clients` node hosts, counted on the virtual mesh's ledger with the edge broadcasting
+    parameters. The ledger counts a broadcast once per cell; a broker delivers it once
+    per subscribed client."""
     engine = MeshEngine(data, config.mesh.edge_at, config.mesh.mesh_id,
                         params_via="broadcast")
     try:
@@ -40,7 +42,11 @@ def mesh_messages(config: RunConfig, data: Dataset) -> tuple[int, int]:
         comm = engine.report()
     finally:
         engine.close()
-    return comm["total_messages"], comm["total_bytes"]
+    params = comm["classes"]["params"]
+    per_cell = params["bytes"] // params["messages"]
+    broadcasts = params["broadcast"]["transmissions"] * clients
+    messages = comm["total_messages"] - params["messages"] + broadcasts
+    return messages, comm["total_bytes"] - params["bytes"] + broadcasts * per_cell
 
 
 def broker_throughput(address: BrokerAddress, messages: int, size: int,
