@@ -179,6 +179,9 @@ def decode(data: bytes, mesh: int | None = None,
     if zlib.crc32(view[HEADER_BYTES:], zlib.crc32(view[: _FIELDS.size])) != crc:
         raise CodecError("checksum mismatch (corrupted in transit)")
     flat = np.frombuffer(data, DTYPES[dtype], offset=HEADER_BYTES)
+    if not flat.flags.aligned:  # bytes at an odd address (a slice of a larger buffer)
+        flat = flat.copy()
+        flat.setflags(write=False)
     if dtype == FLOAT32 and not all_finite(flat):
         raise CodecError("payload holds NaN or inf")
     return Message(header, flat.reshape(header.shape))

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from meshdl.messages import FLOAT32, INT32, Kind, Message, make
+from meshdl.nodes import compute
 from meshdl.protocol import Field, MeshSpec, Mode, Send
 from meshdl.topology import Cell
 
@@ -130,9 +131,9 @@ class Wave:
         self.ready: list[int] = list(plan.ready_at_start)
         self.tasks_done = 0
         self.grad: np.ndarray | None = None  # training: this subtree's conv gradients
-        self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in * k * k)
-        self.biases: dict[int, np.ndarray] = {}  # layer -> (h, 1)
-        self.windows: dict[int, np.ndarray] = {}  # layer -> (c_in * k * k, B) input window
+        self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
+        self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)
+        self.windows: dict[int, tuple] = {}  # layer -> its input window's values
         self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
         self.seen: set[tuple] = set()
         self.finished_at: dict[str, float] = {}
@@ -160,11 +161,15 @@ class NodeMachine:
         before, after = spec.offsets
         forward = _slots(cell, topo.window(cell, before, after), before, spec.model.kernel)
         backward = _slots(cell, topo.window(cell, after, before), after, spec.model.kernel)
-        # Per layer: (item, tap) of every window cell inside the grid; outside reads 0.
-        self.conv_window = {layer: [((("a", layer - 1), c), tap) for c, tap in forward]
-                            for layer in range(1, spec.model.conv_layers + 1)}
-        self.grad_window = {layer: [((("dz", layer), c), tap) for c, tap in backward]
-                            for layer in range(2, spec.model.conv_layers + 1)}
+        # Per layer: the items of the window cells inside the grid, and their taps (flat
+        # kernel positions); cells outside the grid are absent, i.e. read 0.
+        layers = range(1, spec.model.conv_layers + 1)
+        self.conv_window = {layer: [(("a", layer - 1), c) for c, _ in forward]
+                            for layer in layers}
+        self.conv_taps = np.array([tap for _, tap in forward], np.int64)
+        self.grad_window = {layer: [(("dz", layer), c) for c, _ in backward]
+                            for layer in layers}
+        self.grad_taps = np.array([tap for _, tap in backward], np.int64)
         self.block = topo.block_of(cell)
         self.block_cells = topo.block_cells(self.block)
         # Where each layer's weight and bias gradients sit in the flat conv gradient.
@@ -312,8 +317,8 @@ class NodeMachine:
         wave.batch = len(indices)
         for layer in range(1, self.spec.model.conv_layers + 1):
             w = wave.params[f"conv{layer}.weight"]
-            wave.weights[layer] = w.reshape(w.shape[0], -1)
-            wave.biases[layer] = wave.params[f"conv{layer}.bias"][:, None]
+            wave.weights[layer] = w.reshape(w.shape[0], w.shape[1], -1)
+            wave.biases[layer] = wave.params[f"conv{layer}.bias"]
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
         for child in self.children if self.spec.params_via == "tree" else ():
@@ -327,7 +332,11 @@ class NodeMachine:
 
     # ---------------------------------------------------------------- progress
     def _put(self, wave: Wave, item: Item, value: np.ndarray) -> None:
-        """An item this node computed itself (its own source)."""
+        """An item this node computed itself (its own source). Stored read-only, as
+        received items are: nothing may change a value others may already hold, and the
+        compute kernels take windows of uniformly typed arrays."""
+        value = np.ascontiguousarray(value).view()
+        value.setflags(write=False)
         wave.known[item] = value
         self._arrived(wave, item)
 
@@ -367,22 +376,15 @@ class NodeMachine:
         return wave.mode is not None and wave.tasks_done == self.plan.active[wave.mode]
 
     # ------------------------------------------------------------ computation
-    def _window(self, wave: Wave, slots: list[tuple[Item, int]], channels: int) -> np.ndarray:
-        """(channels * k * k, B) window around this cell; cells outside the grid read 0."""
-        k = self.spec.model.kernel
-        window = np.zeros((channels, k * k, wave.batch), np.float32)
-        known = wave.known
-        for item, tap in slots:
-            window[:, tap] = known[item]
-        return window.reshape(-1, wave.batch)
-
     def _conv_forward(self, wave: Wave, layer: int, out: list[Message]) -> None:
-        window = self._window(wave, self.conv_window[layer], self.spec.channels(layer - 1))
-        z = wave.weights[layer] @ window
-        z += wave.biases[layer]
+        known = wave.known
+        window = tuple([known[item] for item in self.conv_window[layer]])
+        weight = wave.weights[layer]
+        z = np.empty((weight.shape[0], wave.batch), np.float32)
+        compute.conv_relu(window, self.conv_taps, weight, wave.biases[layer], z)
         if wave.training:
             wave.windows[layer] = window
-        self._put(wave, (("a", layer), self.cell), np.maximum(z, np.float32(0.0), out=z))
+        self._put(wave, (("a", layer), self.cell), z)
 
     def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
         stacked = np.array([wave.value(("a", layers), c) for c in self.block_cells])
@@ -405,17 +407,18 @@ class NodeMachine:
         """This cell's share of d(loss)/d(conv weights, bias): its output times its window."""
         dz = wave.value(("dz", layer), self.cell)  # (h, B)
         dw, db = self.grad_slices[layer]
-        np.matmul(dz, wave.windows[layer].T, out=wave.grad[dw].reshape(dz.shape[0], -1))
-        dz.sum(axis=1, out=wave.grad[db])
+        weight = wave.weights[layer]
+        compute.weight_grad(dz, wave.windows[layer], self.conv_taps,
+                            wave.grad[dw].reshape(weight.shape), wave.grad[db])
         self._put(wave, (("grad", layer), self.cell), wave.grad)
 
     def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
-        dzwin = self._window(wave, self.grad_window[layer], self.spec.model.filters)
-        w = wave.params[f"conv{layer}.weight"]
-        flipped = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # (c_in, h, k, k)
-        da = flipped.reshape(flipped.shape[0], -1) @ dzwin
-        da *= wave.value(("a", layer - 1), self.cell) > 0
+        known = wave.known
+        dz_window = tuple([known[item] for item in self.grad_window[layer]])
+        activation = wave.value(("a", layer - 1), self.cell)
+        da = np.empty(activation.shape, np.float32)
+        compute.input_grad(dz_window, self.grad_taps, wave.weights[layer], activation, da)
         self._put(wave, (("dz", layer - 1), self.cell), da)
 
     def _reduce(self, wave: Wave, _: int, out: list[Message]) -> None:

@@ -1,0 +1,95 @@
+"""A sensor node's arithmetic for its own cell, as Numba kernels.
+
+A node computes one output position of each convolution: a (filters x batch) block from
+the values of the cells in its window, each (channels x batch). Numpy would first copy
+those into a zero-padded window and then call BLAS on a tiny matrix, a dozen calls of
+about a microsecond each per layer; one compiled loop over the cells that exist does the
+same arithmetic several times faster. Window cells are passed as a tuple of read-only
+(channels, batch) arrays (stacking them would cost as much as the arithmetic), with their
+*taps* (flat index dy * k + dx into the kernel); a cell outside the grid is simply absent,
+which is the zero padding. Numba compiles once per tuple length (window size).
+
+No "fast" math that assumes finite values: NaN and inf must propagate (training that
+diverges is reported, not hidden).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "numpy"}
+
+
+@njit(**_JIT)
+def conv_relu(values: tuple, taps: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+              out: np.ndarray) -> None:
+    """out[h, j] = relu(bias[h] + sum over window cells t, channels c of
+    weight[h, c, taps[t]] * values[t][c, j]); weight is (filters, channels, k * k)."""
+    filters, channels, _ = weight.shape
+    batch = out.shape[1]
+    for h in range(filters):
+        for j in range(batch):
+            out[h, j] = bias[h]
+    for t in range(len(values)):
+        v = values[t]
+        tap = taps[t]
+        for h in range(filters):
+            for c in range(channels):
+                w = weight[h, c, tap]
+                for j in range(batch):
+                    out[h, j] += w * v[c, j]
+    for h in range(filters):
+        for j in range(batch):
+            if out[h, j] < 0.0:
+                out[h, j] = 0.0
+
+
+# Reassociating the batch sums lets them vectorize; NaN and inf still propagate.
+@njit(**_JIT, fastmath={"reassoc", "contract"})
+def weight_grad(dz: np.ndarray, values: tuple, taps: np.ndarray, dweight: np.ndarray,
+                dbias: np.ndarray) -> None:
+    """This cell's share of the filter gradients: dweight[h, c, taps[t]] = sum over the
+    batch of dz[h, j] * values[t][c, j] (zero at taps outside the grid); dbias[h] =
+    sum over the batch of dz[h, j]. dweight is (filters, channels, k * k)."""
+    filters, channels, _ = dweight.shape
+    batch = dz.shape[1]
+    dweight[...] = 0.0
+    for t in range(len(values)):
+        v = values[t]
+        tap = taps[t]
+        for h in range(filters):
+            for c in range(channels):
+                acc = np.float32(0.0)
+                for j in range(batch):
+                    acc += dz[h, j] * v[c, j]
+                dweight[h, c, tap] = acc
+    for h in range(filters):
+        acc = np.float32(0.0)
+        for j in range(batch):
+            acc += dz[h, j]
+        dbias[h] = acc
+
+
+@njit(**_JIT)
+def input_grad(dz_values: tuple, taps: np.ndarray, weight: np.ndarray,
+               activation: np.ndarray, out: np.ndarray) -> None:
+    """d(loss)/d(this cell's pre-activation input) of a layer: the transposed
+    convolution of the output gradients around it, through the ReLU that made its
+    input. out[c, j] = [activation[c, j] > 0] * sum over cells t, filters h of
+    weight[h, c, k*k - 1 - taps[t]] * dz_values[t][h, j] (the kernel turned by 180 deg)."""
+    filters, channels, taps_total = weight.shape
+    batch = out.shape[1]
+    out[...] = 0.0
+    for t in range(len(dz_values)):
+        d = dz_values[t]
+        tap = taps_total - 1 - taps[t]
+        for c in range(channels):
+            for h in range(filters):
+                w = weight[h, c, tap]
+                for j in range(batch):
+                    out[c, j] += w * d[h, j]
+    for c in range(channels):
+        for j in range(batch):
+            if not activation[c, j] > 0.0:
+                out[c, j] = 0.0
