@@ -33,6 +33,23 @@ class WaveResult:
     grads: np.ndarray | None = None  # flat gradient of all parameters, training waves
 
 
+class WaveEngine:
+    """The training loop's `Engine` for a mesh, whatever carries its messages: every
+    batch is one wave of an `EdgeMachine`. Subclasses say how a wave runs (`_run`)."""
+
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+        raise NotImplementedError
+
+    def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
+                                                                       np.ndarray]:
+        result = self._run(model, Mode.TRAIN, Split.TRAIN, indices)
+        return result.loss, result.logits, result.grads
+
+    def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
+        which = Split.TRAIN if split == "train" else Split.TEST
+        return self._run(model, Mode.INFER, which, indices).logits
+
+
 class EdgeMachine:
     """The edge of one mesh, holding the model whose head it runs."""
 

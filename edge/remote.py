@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from meshdl.data import Dataset
-from meshdl.edge.agent import EdgeMachine, WaveResult
+from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError
 from meshdl.messages import EDGE, Message
 from meshdl.model import CNN
@@ -42,7 +42,7 @@ def clock_step() -> int:
     return int((time.time() - STEP_CLOCK_EPOCH) * 16) & 0xFFFFFFFF
 
 
-class MqttEngine:
+class MqttEngine(WaveEngine):
     """Computes every batch in the nodes of a real mesh, over MQTT."""
 
     def __init__(self, data: Dataset, broker: str | BrokerAddress, mesh_id: int = 1,
@@ -63,15 +63,6 @@ class MqttEngine:
         self._loop = asyncio.new_event_loop()
 
     # ------------------------------------------------------------- the engine
-    def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
-                                                                       np.ndarray]:
-        result = self._run(model, Mode.TRAIN, Split.TRAIN, indices)
-        return result.loss, result.logits, result.grads
-
-    def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
-        which = Split.TRAIN if split == "train" else Split.TEST
-        return self._run(model, Mode.INFER, which, indices).logits
-
     def report(self) -> dict[str, Any]:
         """Transport counts: the broker carries the bytes, so this side counts messages."""
         session = self.session.stats if self.session else Counter()

@@ -22,7 +22,7 @@ from threadpoolctl import ThreadpoolController
 
 from meshdl.accounting import Ledger
 from meshdl.data import Dataset
-from meshdl.edge.agent import EdgeMachine, WaveResult
+from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
 from meshdl.messages import EDGE, CodecError, Message, decode, encode
 from meshdl.model import CNN
@@ -178,7 +178,7 @@ class VirtualMesh:
         return total
 
 
-class MeshEngine:
+class MeshEngine(WaveEngine):
     """The training loop's engine, computing every batch in the virtual mesh."""
 
     def __init__(self, data: Dataset, edge_at: Cell = (0, 0), mesh_id: int = 1,
@@ -209,15 +209,6 @@ class MeshEngine:
         # The nodes' products are tiny: BLAS threads would only add wake-up latency.
         with self._threadpools.limit(limits=1):
             return self._loop.run_until_complete(mesh.run_wave(mode, split, indices))
-
-    def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
-                                                                       np.ndarray]:
-        result = self._run(model, Mode.TRAIN, Split.TRAIN, indices)
-        return result.loss, result.logits, result.grads
-
-    def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
-        which = Split.TRAIN if split == "train" else Split.TEST
-        return self._run(model, Mode.INFER, which, indices).logits
 
     def report(self) -> dict[str, Any]:
         """The "comm" record: ledger counts plus the wave timing of the last wave."""

@@ -21,21 +21,13 @@ import pytest
 from meshdl.cli import main
 from meshdl.messages import ALL, EDGE, Kind
 from meshdl.topics import alerts_topic, broadcast_filter, inbox_filter, status_topic, topic
+from tests.helpers import SMALL_MESH_TOML
 from tests.mosquitto import Mosquitto
 
 MESH = 7
 QUIET_S = 0.6  # how long "nothing arrives" waits
 ARRIVE_S = 3.0  # how long a message that must arrive may take
 
-MESH_TOML = """\
-[model]
-rows = 3
-cols = 4
-
-[mesh]
-mesh_id = 7
-edge_at = [0, 0]
-"""
 
 
 class Mesh:
@@ -70,7 +62,7 @@ def _read_env(path: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     root = tmp_path_factory.mktemp("acl")
-    (root / "mesh.toml").write_text(MESH_TOML)
+    (root / "mesh.toml").write_text(SMALL_MESH_TOML)
     creds = root / "creds"
     code = _meshdl("deploy", "credentials", "--mesh", root / "mesh.toml", "--out", creds,
                    "--host", "floor1=1-2,0-3")

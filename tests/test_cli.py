@@ -10,6 +10,7 @@ import pytest
 
 from meshdl import CNN
 from meshdl.data import load_dataset
+from tests.helpers import assert_one_line_error
 
 
 def _train(cli, data: Path, out: Path, *extra: str):
@@ -109,26 +110,17 @@ def test_evaluate_prints_a_table_without_json(cli, small_data_file, tmp_path) ->
 
 
 # --------------------------------------------------------------------------- bad input
-def _one_line_error(code: int, err: str, expected_code: int, *needles: str) -> None:
-    assert code == expected_code, err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error:")
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0]
 
-
-def test_missing_data_file_is_one_line_error(cli, tmp_path) -> None:
+def test_missing_data_file_isassert_one_line_error(cli, tmp_path) -> None:
     code, _, err = cli("train", "--data", tmp_path / "absent.npz")
-    _one_line_error(code, err, 1, "absent.npz")
+    assert_one_line_error(code, err, 1, "absent.npz")
 
 
-def test_corrupt_data_file_is_one_line_error(cli, tmp_path) -> None:
+def test_corrupt_data_file_isassert_one_line_error(cli, tmp_path) -> None:
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 this is not a zip archive")
     code, _, err = cli("train", "--data", bad)
-    _one_line_error(code, err, 1, "bad.npz")
+    assert_one_line_error(code, err, 1, "bad.npz")
 
 
 def test_nan_readings_are_refused(cli, small_data_file, tmp_path) -> None:
@@ -138,7 +130,7 @@ def test_nan_readings_are_refused(cli, small_data_file, tmp_path) -> None:
     bad = tmp_path / "nan.npz"
     np.savez(bad, **arrays)
     code, _, err = cli("train", "--data", bad)
-    _one_line_error(code, err, 1, "NaN")
+    assert_one_line_error(code, err, 1, "NaN")
 
 
 def test_wrong_shape_input_to_model_is_refused() -> None:
@@ -154,9 +146,9 @@ def test_wrong_shape_input_to_model_is_refused() -> None:
 
 def test_impossible_config_is_usage_error_naming_the_field(cli, small_data_file) -> None:
     code, _, err = cli("train", "--data", small_data_file, "--kernel", "30")
-    _one_line_error(code, err, 2, "kernel")
+    assert_one_line_error(code, err, 2, "kernel")
     code, _, err = cli("train", "--data", small_data_file, "--lr", "-1")
-    _one_line_error(code, err, 2, "train.lr")
+    assert_one_line_error(code, err, 2, "train.lr")
 
 
 def test_mistyped_flag_exits_2_with_a_hint(cli) -> None:
@@ -166,22 +158,22 @@ def test_mistyped_flag_exits_2_with_a_hint(cli) -> None:
     assert "Traceback" not in err
 
 
-def test_missing_model_file_is_one_line_error(cli, small_data_file, tmp_path) -> None:
+def test_missing_model_file_isassert_one_line_error(cli, small_data_file, tmp_path) -> None:
     code, _, err = cli("evaluate", tmp_path / "none.npz", small_data_file)
-    _one_line_error(code, err, 1, "none.npz")
+    assert_one_line_error(code, err, 1, "none.npz")
 
 
-def test_corrupt_model_file_is_one_line_error(cli, small_data_file, tmp_path) -> None:
+def test_corrupt_model_file_isassert_one_line_error(cli, small_data_file, tmp_path) -> None:
     bad = tmp_path / "model.npz"
     np.savez(bad, **{"conv1.weight": np.zeros(3)})
     code, _, err = cli("evaluate", bad, small_data_file)
-    _one_line_error(code, err, 1, "config")
+    assert_one_line_error(code, err, 1, "config")
 
 
 def test_model_and_data_grids_must_match(cli, small_data_file, tmp_path) -> None:
     CNN(__import__("meshdl").ModelConfig(rows=3, cols=3, hidden=4)).save(tmp_path / "m.npz")
     code, _, err = cli("evaluate", tmp_path / "m.npz", small_data_file)
-    _one_line_error(code, err, 2, "grid")
+    assert_one_line_error(code, err, 2, "grid")
 
 
 def test_debug_flag_shows_the_traceback(cli, tmp_path) -> None:

@@ -26,38 +26,21 @@ import pytest
 
 from meshdl.acl import Grant, format_cells, parse_acl, parse_cells
 from meshdl.cli import broker as broker_cli
+from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
 from tests.mosquitto import free_port, mosquitto_binary, wait_for_port
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCTION_CONF = REPO / "deploy" / "mosquitto" / "production.conf"
 
-MESH_TOML = """\
-[model]
-rows = 3
-cols = 4
-
-[mesh]
-mesh_id = 7
-edge_at = [0, 0]
-"""
 CELLS = [f"r{r}c{c}" for r in range(3) for c in range(4)]
 
 
 @pytest.fixture
 def mesh_file(tmp_path: Path) -> Path:
     path = tmp_path / "mesh.toml"
-    path.write_text(MESH_TOML)
+    path.write_text(SMALL_MESH_TOML)
     return path
 
-
-def _one_line_error(code: int, err: str, expected_code: int, *needles: str) -> None:
-    assert code == expected_code, err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error:")
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def _env(path: Path) -> dict[str, str]:
@@ -163,7 +146,7 @@ def test_credentials_refuse_to_overwrite_without_force(cli, mesh_file, tmp_path)
     before = (out / "passwd").read_bytes(), _env(out / "secrets" / "r0c1.env")
 
     code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out)
-    _one_line_error(code, err, 1, "exists", "--force")
+    assert_one_line_error(code, err, 1, "exists", "--force")
     assert ((out / "passwd").read_bytes(), _env(out / "secrets" / "r0c1.env")) == before
 
     code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out, "--force")
@@ -208,7 +191,7 @@ def test_bad_host_specs_are_usage_errors(cli, mesh_file, tmp_path, hosts, needle
     out = tmp_path / "creds"
     args = [arg for host in hosts for arg in ("--host", host)]
     code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out, *args)
-    _one_line_error(code, err, 2, "--host", needle)
+    assert_one_line_error(code, err, 2, "--host", needle)
     assert not out.exists()
 
 
@@ -218,18 +201,18 @@ def test_credentials_without_mosquitto_passwd_say_how_to_install_it(
     monkeypatch.setattr(broker_cli, "SBIN_DIRS", ())
     out = tmp_path / "creds"
     code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out)
-    _one_line_error(code, err, 1, "mosquitto_passwd not found", "apt-get install mosquitto")
+    assert_one_line_error(code, err, 1, "mosquitto_passwd not found", "apt-get install mosquitto")
     assert not out.exists()
 
 
 def test_credentials_report_a_missing_or_impossible_mesh(cli, tmp_path) -> None:
     code, _, err = cli("deploy", "credentials", "--mesh", tmp_path / "none.toml",
                        "--out", tmp_path / "creds")
-    _one_line_error(code, err, 1, "none.toml")
+    assert_one_line_error(code, err, 1, "none.toml")
     bad = tmp_path / "bad.toml"
-    bad.write_text(MESH_TOML.replace("edge_at = [0, 0]", "edge_at = [1, 1]"))
+    bad.write_text(SMALL_MESH_TOML.replace("edge_at = [0, 0]", "edge_at = [1, 1]"))
     code, _, err = cli("deploy", "credentials", "--mesh", bad, "--out", tmp_path / "creds")
-    _one_line_error(code, err, 2, "edge_at")
+    assert_one_line_error(code, err, 2, "edge_at")
 
 
 # --------------------------------------------------------------------------- broker
@@ -239,7 +222,7 @@ def test_broker_without_mosquitto_says_how_to_install_it(cli, tmp_path, monkeypa
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(broker_cli, "SBIN_DIRS", ())
     code, _, err = cli("broker", "--port", "18830")
-    _one_line_error(code, err, 1, "mosquitto not found", "sudo apt-get install mosquitto",
+    assert_one_line_error(code, err, 1, "mosquitto not found", "sudo apt-get install mosquitto",
                     "./bootstrap --dev")
 
 
@@ -248,9 +231,9 @@ def test_broker_port_needs_a_config_with_one_listener(cli, tmp_path) -> None:
     conf = tmp_path / "two.conf"
     conf.write_text("listener 1883 127.0.0.1\nlistener 8883\nallow_anonymous true\n")
     code, _, err = cli("broker", "--config", conf, "--port", "18830")
-    _one_line_error(code, err, 2, "exactly one `listener`")
+    assert_one_line_error(code, err, 2, "exactly one `listener`")
     code, _, err = cli("broker", "--config", tmp_path / "absent.conf")
-    _one_line_error(code, err, 1, "absent.conf")
+    assert_one_line_error(code, err, 1, "absent.conf")
 
 
 def test_broker_serves_mqtt_on_the_given_port_until_stopped(tmp_path) -> None:
