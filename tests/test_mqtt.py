@@ -163,3 +163,40 @@ def test_broker_urls_are_parsed_and_never_print_the_password() -> None:
     assert BrokerAddress.parse("broker:1884", env=env).username == "edge"
     with pytest.raises(Exception, match="expected mqtt://"):
         BrokerAddress.parse("http://x", env={})
+
+
+def test_training_runs_under_the_generated_credentials_and_acl(small_mesh, mosquitto_factory,
+                                                               tmp_path, cli) -> None:
+    """The ACL grants everything the protocol needs: node host and edge log in with their
+    own generated passwords, and the run equals the virtual mesh."""
+    config, data, mesh_file, _, reference = small_mesh
+    code, _, err = cli("deploy", "credentials", "--mesh", str(mesh_file), "--out",
+                       str(tmp_path / "creds"), "--host", "gw=0-3,0-4")
+    assert code == 0, err
+    logins = {}
+    for env in (tmp_path / "creds" / "secrets").glob("*.env"):
+        values = dict(line.split("=", 1) for line in env.read_text().splitlines()
+                      if line and not line.startswith("#"))
+        logins[values["MESHDL_MQTT_USER"]] = values["MESHDL_MQTT_PASSWORD"]
+    broker = mosquitto_factory(password_file=tmp_path / "creds" / "passwd",
+                               acl_file=tmp_path / "creds" / "acl")
+    as_host = BrokerAddress(broker.host, broker.port, username="gw", password=logins["gw"])
+    as_edge = BrokerAddress(broker.host, broker.port, username="edge",
+                            password=logins["edge"])
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    with BackgroundNodeHost(config, cells, as_host, data, client="gw"):
+        engine = MqttEngine(data, as_edge, nodes_timeout=20)
+        try:
+            model, _ = train(config, data, engine=engine)
+        finally:
+            engine.close()
+    _assert_same_model(model, reference)
+
+
+def test_train_command_runs_edge_and_node_host_over_a_broker(small_mesh, mosquitto, cli,
+                                                              tmp_path) -> None:
+    _, _, mesh_file, data_file, reference = small_mesh
+    code, _, err = cli("train", "--transport", "mqtt", "--broker", mosquitto.url, "--config",
+                       str(mesh_file), "--data", str(data_file), "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    _assert_same_model(CNN.load(tmp_path / "r" / "model.npz"), reference)
