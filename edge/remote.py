@@ -25,7 +25,7 @@ from meshdl.errors import MeshdlError
 from meshdl.messages import EDGE, Message
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress, Session
-from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.topics import ROOT, cell_of, inbox_filter, name_of
 from meshdl.topology import Cell
 
@@ -45,10 +45,12 @@ def clock_step() -> int:
 class MqttEngine(WaveEngine):
     """Computes every batch in the nodes of a real mesh, over MQTT."""
 
-    def __init__(self, data: Dataset, broker: str | BrokerAddress, mesh_id: int = 1,
+    def __init__(self, data: Dataset | None, broker: str | BrokerAddress, mesh_id: int = 1,
                  edge_at: Cell = (0, 0), wave_timeout: float = 10.0, max_attempts: int = 5,
                  nodes_timeout: float = 60.0) -> None:
-        self.labels = {Split.TRAIN: data.y_train, Split.TEST: data.y_test}
+        # No data set: inference on live readings only (`meshdl edge serve`).
+        self.labels = {} if data is None else {Split.TRAIN: data.y_train,
+                                               Split.TEST: data.y_test}
         self.address = broker if isinstance(broker, BrokerAddress) else \
             BrokerAddress.parse(broker)
         self.mesh_id = mesh_id
@@ -63,6 +65,10 @@ class MqttEngine(WaveEngine):
         self._loop = asyncio.new_event_loop()
 
     # ------------------------------------------------------------- the engine
+    def live_logits(self, model: CNN, slot: int) -> np.ndarray:
+        """(1, classes) logits of the nodes' live readings of time slot `slot`."""
+        return self._run(model, Mode.INFER, Split.LIVE, np.array([slot % LIVE_SLOTS])).logits
+
     def report(self) -> dict[str, Any]:
         """Transport counts: the broker carries the bytes, so this side counts messages."""
         session = self.session.stats if self.session else Counter()
@@ -70,6 +76,10 @@ class MqttEngine(WaveEngine):
         return {"transport": "mqtt", "broker": str(self.address),
                 "edge": dict(edge), "session": dict(session),
                 "node_hosts": sorted(self.online)}
+
+    def run_coroutine(self, coroutine: Any) -> Any:
+        """Run a coroutine on the engine's loop (its session lives there)."""
+        return self._loop.run_until_complete(coroutine)
 
     def close(self) -> None:
         if self.session is not None:

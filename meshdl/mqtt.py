@@ -206,6 +206,13 @@ class Session:
         await self._client.publish(status_topic(self.mesh, self.client_name),
                                    json.dumps(record), 1, True)
 
+    async def publish_record(self, name: str, record: dict[str, Any]) -> None:
+        """A retained JSON record (QoS 1): alerts, anything a late subscriber must see."""
+        client = self._client
+        if client is None:
+            raise MeshdlError(f"not connected to {self.address}")
+        await client.publish(name, json.dumps(record), 1, True)
+
     async def send(self, messages: list[Message]) -> None:
         """Publish agents' messages; while the broker is away they are dropped (counted):
         the wave they belong to is restarted by the edge."""

@@ -37,6 +37,10 @@ class Mode(IntEnum):
 class Split(IntEnum):
     TRAIN = 0
     TEST = 1
+    LIVE = 2  # live sensor readings: a ring of the last LIVE_SLOTS time slots
+
+
+LIVE_SLOTS = 64  # time slots a node keeps: a BATCH of LIVE indexes slot % LIVE_SLOTS
 
 
 @dataclass(frozen=True)

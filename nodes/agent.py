@@ -30,7 +30,7 @@ import numpy as np
 
 from meshdl.messages import FLOAT32, INT32, Kind, Message, make
 from meshdl.nodes import compute
-from meshdl.protocol import Field, MeshSpec, Mode, Send
+from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
 
 Item = tuple[Field, Hashable]
@@ -296,6 +296,12 @@ class NodeMachine:
             if h.dtype != INT32 or not self._valid_batch(payload):
                 self.stats["rejected:bad_batch"] += 1
                 return False
+            split, indices = int(payload[1]), payload[2:]
+            if split == Split.LIVE and not np.isfinite(self.readings[split][:, indices]).all():
+                # The sensor gave nothing usable for that slot: never send a made-up
+                # number; the wave cannot finish and the edge reports the slot.
+                self.stats["rejected:no_reading"] += 1
+                return False
             wave.batch_payload = payload
         if wave.params is not None and wave.batch_payload is not None:
             self._start(wave, out)
@@ -329,6 +335,12 @@ class NodeMachine:
         x -= mean
         x /= std
         self._put(wave, (("a", 0), self.cell), x)
+
+    def record(self, split: int, index: int, values: np.ndarray | float | None) -> None:
+        """Store this sensor's reading(s) of one sample (a live time slot), or NaN for a
+        reading that failed."""
+        column = self.readings[split][:, index]
+        column[...] = np.nan if values is None else values
 
     # ---------------------------------------------------------------- progress
     def _put(self, wave: Wave, item: Item, value: np.ndarray) -> None:

@@ -15,9 +15,10 @@ err_console = Console(stderr=True)
 out_console = Console()
 
 
-def emit_json(payload: Any) -> None:
-    """Print one JSON document on stdout (the only thing `--json` commands print there)."""
-    sys.stdout.write(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+def emit_json(payload: Any, indent: int | None = 2) -> None:
+    """Print one JSON document on stdout (the only thing `--json` commands print there);
+    `indent=None` prints it on one line (a stream of records)."""
+    sys.stdout.write(json.dumps(payload, indent=indent, default=_jsonable) + "\n")
     sys.stdout.flush()
 
 

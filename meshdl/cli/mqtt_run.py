@@ -16,8 +16,10 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import typer
 
 from meshdl.acl import parse_cells
@@ -27,7 +29,9 @@ from meshdl.data import Dataset, load_dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.mqtt import BrokerAddress, Session
 from meshdl.nodes.host import NodeHost, dataset_readings
-from meshdl.protocol import MeshSpec
+from meshdl.nodes.live import LiveSampler, live_ring
+from meshdl.nodes.sensors import Sensor, sensor_from_spec
+from meshdl.protocol import MeshSpec, Split
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
@@ -35,10 +39,15 @@ node_app = typer.Typer(help="One sensor node (one cell) of a mesh over MQTT.",
                        no_args_is_help=True)
 nodes_app = typer.Typer(help="A node host: many cells over one MQTT connection.",
                         no_args_is_help=True)
+edge_app = typer.Typer(help="The edge of a mesh over MQTT.", no_args_is_help=True)
 
 BROKER = typer.Option(..., "--broker", help="mqtt://host[:port] or mqtts://host[:port].")
 MESH = typer.Option(..., "--mesh", help="The mesh file (TOML run configuration).")
-DATA = typer.Option(..., "--data", help="Data set .npz whose readings the cells replay.")
+DATA = typer.Option(None, "--data", help="Data set .npz whose readings the cells replay "
+                    "(training and evaluation).")
+SENSOR = typer.Option(None, "--sensor", help="Live readings for `edge serve`: "
+                      "ds18b20:DIR, bme280[:BUS[:ADDR]], replay:LOG or synthetic[:SEED].")
+SLOT = typer.Option(60.0, "--slot-seconds", min=0.05, help="Length of a live time slot.")
 
 
 def register(app: typer.Typer) -> None:
@@ -50,18 +59,20 @@ def register(app: typer.Typer) -> None:
 
 @node_app.command("run")
 def node_run(cell: str = typer.Option(..., "--cell", help="This node's cell R,C."),
-             broker: str = BROKER, mesh: Path = MESH, data: Path = DATA) -> None:
+             broker: str = BROKER, mesh: Path = MESH, data: Path | None = DATA,
+             sensor: str | None = SENSOR, slot_seconds: float = SLOT) -> None:
     """Serve one cell until stopped."""
     config = load_run_config(mesh)
     where = parse_cell(cell)
-    serve_cells(config, [where], BrokerAddress.parse(broker), load_dataset(data),
-                client=name_of(where))
+    readings = Readings.choose(config, [where], data, sensor, slot_seconds)
+    serve_cells(config, [where], BrokerAddress.parse(broker), readings, client=name_of(where))
 
 
 @nodes_app.command("run")
 def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges such as "
                                         "0-3,0-24 (inclusive), or 'all'."),
-              broker: str = BROKER, mesh: Path = MESH, data: Path = DATA,
+              broker: str = BROKER, mesh: Path = MESH, data: Path | None = DATA,
+              sensor: str | None = SENSOR, slot_seconds: float = SLOT,
               name: str | None = typer.Option(None, "--name", help="Client name (default: "
                                               "the broker login, else host-<hostname>-<pid>)."
                                               )) -> None:
@@ -69,7 +80,8 @@ def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges s
     config = load_run_config(mesh)
     served = select_cells(cells, config)
     address = BrokerAddress.parse(broker)
-    serve_cells(config, served, address, load_dataset(data), client=name or
+    readings = Readings.choose(config, served, data, sensor, slot_seconds)
+    serve_cells(config, served, address, readings, client=name or
                 address.username or f"host-{socket.gethostname()}-{os.getpid()}")
 
 
@@ -83,20 +95,55 @@ def select_cells(text: str, config: RunConfig) -> list[Cell]:
         raise UsageError(str(exc)) from None
 
 
-def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress, data: Dataset,
-                client: str, stop: asyncio.Event | None = None) -> NodeHost:
+@dataclass
+class Readings:
+    """What a node host's cells compute on: a data set's maps, or live sensors."""
+
+    data: Dataset | None = None
+    sensors: dict[Cell, Sensor] | None = None
+    slot_s: float = 60.0
+
+    @classmethod
+    def choose(cls, config: RunConfig, cells: list[Cell], data: Path | None,
+               sensor: str | None, slot_s: float) -> Readings:
+        if (data is None) == (sensor is None):
+            raise UsageError("give either --data (replay a data set) or --sensor (live)")
+        if data is not None:
+            dataset = load_dataset(data)
+            if (dataset.rows, dataset.cols) != (config.model.rows, config.model.cols):
+                raise MeshdlError(f"data grid {dataset.rows} x {dataset.cols} does not match "
+                                  f"the mesh {config.model.rows} x {config.model.cols}")
+            return cls(data=dataset)
+        kind = sensor.partition(":")[0].lower()
+        if len(cells) > 1 and kind in ("ds18b20", "bme280"):
+            raise UsageError(f"--sensor {kind} is one physical sensor: serve one cell with "
+                             "`meshdl node run`")
+        if config.model.in_channels != 1:
+            raise UsageError("live sensors give one reading per cell: the model must have "
+                             "one input channel")
+        return cls(sensors={cell: sensor_from_spec(sensor, cell) for cell in cells},
+                   slot_s=slot_s)
+
+    def of(self, cell: Cell) -> dict[int, np.ndarray]:
+        if self.data is not None:
+            return dataset_readings(self.data, cell)
+        return {Split.LIVE: live_ring()}
+
+
+def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
+                readings: Readings, client: str, stop: asyncio.Event | None = None
+                ) -> NodeHost:
     """Run a node host for `cells` until SIGINT/SIGTERM (or `stop` is set)."""
-    if (data.rows, data.cols) != (config.model.rows, config.model.cols):
-        raise MeshdlError(f"data grid {data.rows} x {data.cols} does not match the mesh "
-                          f"{config.model.rows} x {config.model.cols}")
     spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
-    host = NodeHost(spec, cells, lambda cell: dataset_readings(data, cell), time.monotonic)
-    asyncio.run(_serve(host, address, client, stop))
+    host = NodeHost(spec, cells, readings.of, time.monotonic)
+    sampler = None if readings.sensors is None else LiveSampler(
+        host.nodes, readings.sensors, readings.slot_s)
+    asyncio.run(_serve(host, address, client, stop, sampler))
     return host
 
 
 async def _serve(host: NodeHost, address: BrokerAddress, client: str,
-                 stop: asyncio.Event | None) -> None:
+                 stop: asyncio.Event | None, sampler: LiveSampler | None = None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -109,7 +156,13 @@ async def _serve(host: NodeHost, address: BrokerAddress, client: str,
                        status=status) as session:
         err_console.print(f"serving {len(host.nodes)} cells of mesh {host.spec.mesh_id} "
                           f"on {address} as {client}")
-        await session.run(host.handle, until=stop.is_set)
+        sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
+        try:
+            await session.run(host.handle, until=stop.is_set)
+        finally:
+            if sampling is not None:
+                stop.set()
+                await sampling
     stats = host.node_stats()
     err_console.print(f"stopped: {stats['accepted']} messages accepted, "
                       f"{sum(v for k, v in stats.items() if k.startswith('rejected'))} "
@@ -180,12 +233,14 @@ class BackgroundNodeHost:
     """A node host on a thread of this process (`meshdl train --transport mqtt`, tests)."""
 
     def __init__(self, config: RunConfig, cells: list[Cell], address: BrokerAddress,
-                 data: Dataset, client: str = "host-local") -> None:
+                 data: Dataset | Readings, client: str = "host-local") -> None:
         import threading
 
+        readings = data if isinstance(data, Readings) else Readings(data=data)
         spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
-        self.host = NodeHost(spec, cells, lambda cell: dataset_readings(data, cell),
-                             time.monotonic)
+        self.host = NodeHost(spec, cells, readings.of, time.monotonic)
+        self.sampler = None if readings.sensors is None else LiveSampler(
+            self.host.nodes, readings.sensors, readings.slot_s)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -197,7 +252,7 @@ class BackgroundNodeHost:
         async def main() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             self._ready.set()
-            await _serve(self.host, address, client, self._stop)
+            await _serve(self.host, address, client, self._stop, self.sampler)
 
         try:
             asyncio.run(main())
@@ -220,8 +275,6 @@ class BackgroundNodeHost:
         if self._error is not None:
             raise MeshdlError(f"node host failed: {self._error}") from self._error
 
-
-edge_app = typer.Typer(help="The edge of a mesh over MQTT.", no_args_is_help=True)
 
 
 @edge_app.command("run")
@@ -257,3 +310,48 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
                       f"{history.final['test_acc']:.4f} -> {run_dir}", highlight=False)
     if json_out:
         emit_json(metrics)
+
+
+@edge_app.command("serve")
+def edge_serve(broker: str = BROKER, mesh: Path = MESH,
+               model_file: Path = typer.Option(..., "--model", help="model.npz to run."),
+               slot_seconds: float = SLOT,
+               slots: int = typer.Option(0, "--slots", min=0, help="Stop after this many "
+                                         "slots (0: run until stopped)."),
+               threshold: float = typer.Option(0.5, "--threshold", min=0.0, max=1.0,
+                                               help="Probability from which a slot is an "
+                                               "anomaly."),
+               nodes_timeout: float = typer.Option(60.0, "--nodes-timeout", min=0.0),
+               json_out: bool = typer.Option(False, "--json", help="Print each alert as a "
+                                             "JSON line on stdout.")) -> None:
+    """Continuous inference: a wave per time slot on live readings; alerts published."""
+    from meshdl.cli.common import emit_json
+    from meshdl.edge.remote import MqttEngine
+    from meshdl.edge.serve import serve
+    from meshdl.model import CNN
+
+    config = load_run_config(mesh)
+    model = CNN.load(model_file)
+    if (model.config.rows, model.config.cols) != (config.model.rows, config.model.cols):
+        raise UsageError(f"{model_file} is a {model.config.rows} x {model.config.cols} model, "
+                         f"the mesh is {config.model.rows} x {config.model.cols}")
+    # A slot's wave must end (or fail) before the next slot's starts.
+    engine = MqttEngine(None, BrokerAddress.parse(broker), config.mesh.mesh_id,
+                        config.mesh.edge_at, wave_timeout=slot_seconds / 2, max_attempts=1,
+                        nodes_timeout=nodes_timeout)
+
+    def show(alert: dict) -> None:
+        if json_out:
+            emit_json(alert, indent=None)
+        else:
+            what = (f"error: {alert['error']}" if "error" in alert else
+                    f"p(anomaly) {alert['probability']:.3f} -> label {alert['label']}")
+            err_console.print(f"{alert['timestamp']} slot {alert['slot']}: {what}",
+                              highlight=False)
+
+    try:
+        serve(engine, model, slot_seconds, slots or None, threshold, on_alert=show)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.close()

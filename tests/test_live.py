@@ -1,0 +1,84 @@
+"""Live inference over MQTT: nodes sample sensors each slot, the edge publishes an alert
+per slot; a node without a valid reading makes an error alert, never a made-up number."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from meshdl.cli.mqtt_run import BackgroundNodeHost, Readings
+from meshdl.config import load_run_config
+from meshdl.edge.remote import MqttEngine
+from meshdl.edge.serve import anomaly_probability, serve
+from meshdl.model import CNN
+from meshdl.mqtt import BrokerAddress
+from meshdl.nodes.sensors import SensorError, SyntheticSensor
+from meshdl.topics import alerts_topic
+
+SLOT_S = 1.0
+
+
+class DeadSensor:
+    def read(self) -> float:
+        raise SensorError("no answer on the 1-wire bus")
+
+
+def _config():
+    return load_run_config(None, model={"rows": 3, "cols": 4, "hidden": 6})
+
+
+def _serve_slots(broker, sensors, slots: int) -> tuple[list[dict], dict]:
+    config = _config()
+    model = CNN(config.model, seed=3)
+    model.set_normalization(21.0, 2.0)
+    address = BrokerAddress.parse(broker.url)
+    cells = list(sensors)
+    retained: dict = {}
+
+    async def last_alert() -> None:
+        async with aiomqtt.Client(broker.host, broker.port) as client:
+            await client.subscribe(alerts_topic(1), qos=1)
+            async for message in client.messages:
+                retained.update(json.loads(message.payload))
+                return
+
+    with BackgroundNodeHost(config, cells, address, Readings(sensors=sensors, slot_s=SLOT_S)):
+        engine = MqttEngine(None, address, wave_timeout=SLOT_S / 2, max_attempts=1,
+                            nodes_timeout=20)
+        try:
+            alerts = serve(engine, model, SLOT_S, slots)
+        finally:
+            engine.close()
+    thread = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(last_alert(), 10)))
+    thread.start()
+    thread.join(15)
+    return alerts, retained
+
+
+def test_each_slot_gets_a_retained_alert_with_a_probability(mosquitto) -> None:
+    sensors = {(r, c): SyntheticSensor((r, c), seed=1) for r in range(3) for c in range(4)}
+    alerts, retained = _serve_slots(mosquitto, sensors, slots=3)
+    assert len(alerts) == 3
+    for alert in alerts:
+        assert set(alert) == {"timestamp", "slot", "probability", "label"}
+        assert 0.0 <= alert["probability"] <= 1.0
+        assert alert["label"] == int(alert["probability"] >= 0.5)
+    assert [a["slot"] for a in alerts] == sorted({a["slot"] for a in alerts})
+    assert retained == alerts[-1]  # a late subscriber sees the last one
+
+
+def test_a_dead_sensor_gives_an_error_alert_not_a_guess(mosquitto) -> None:
+    sensors = {(r, c): SyntheticSensor((r, c), seed=1) for r in range(3) for c in range(4)}
+    sensors[(1, 2)] = DeadSensor()
+    alerts, _ = _serve_slots(mosquitto, sensors, slots=1)
+    assert "error" in alerts[0] and "probability" not in alerts[0]
+
+
+def test_anomaly_probability_is_the_softmax_of_class_one() -> None:
+    assert anomaly_probability(np.array([[0.0, 0.0]])) == pytest.approx(0.5)
+    assert anomaly_probability(np.array([[1000.0, 0.0]])) == pytest.approx(0.0)
