@@ -100,17 +100,6 @@ class MeshSpec:
         """Channels of activation ("a", layer): the input's for 0, filters after."""
         return self.model.in_channels if layer == 0 else self.model.filters
 
-    def split_params(self, vector: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray,
-                                                         np.ndarray]:
-        """PARAMS payload -> (conv params by name, norm mean, norm std)."""
-        out, start = {}, 0
-        for name, shape in self.conv_shapes.items():
-            size = math.prod(shape)
-            out[name] = vector[start : start + size].reshape(shape)
-            start += size
-        c = self.model.in_channels
-        return out, vector[start : start + c], vector[start + c : start + 2 * c]
-
     # ------------------------------------------------------------------ plan
     @cached_property
     def sends(self) -> dict[Cell, list[Send]]:

@@ -121,9 +121,7 @@ class Wave:
         self.step = step
         self.mode: Mode | None = None
         self.training = False
-        self.params: dict[str, np.ndarray] | None = None
-        self.params_vector: np.ndarray | None = None
-        self.norm: tuple[np.ndarray, np.ndarray] | None = None  # (c_in, 1) mean, std
+        self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
         self.batch_payload: np.ndarray | None = None
         self.batch = 0
         self.known: dict[Item, np.ndarray] = {}
@@ -172,11 +170,18 @@ class NodeMachine:
         self.grad_taps = np.array([tap for _, tap in backward], np.int64)
         self.block = topo.block_of(cell)
         self.block_cells = topo.block_cells(self.block)
-        # Where each layer's weight and bias gradients sit in the flat conv gradient.
-        offsets = np.cumsum([0, *(math.prod(s) for s in spec.conv_shapes.values())])
+        # Where each layer's weights and biases sit in the PARAMS vector, and likewise
+        # their gradients in the REDUCE vector; then the normalization mean and std.
+        shapes = list(spec.conv_shapes.values())
+        offsets = [int(o) for o in np.cumsum([0, *(math.prod(s) for s in shapes)])]
         self.grad_slices = {layer: (slice(offsets[2 * layer - 2], offsets[2 * layer - 1]),
                                     slice(offsets[2 * layer - 1], offsets[2 * layer]))
                             for layer in range(1, spec.model.conv_layers + 1)}
+        self.weight_shapes = {layer: (*shapes[2 * layer - 2][:2], spec.model.kernel ** 2)
+                              for layer in self.grad_slices}  # (h, c_in, k * k)
+        c, end = spec.model.in_channels, offsets[-1]
+        self.norm_slices = (slice(end, end + c), slice(end + c, end + 2 * c))
+        self.params_size = end + 2 * c
         self.wave: Wave | None = None
         self.future: list[Message] = []
         self.stats: Counter[str] = Counter()
@@ -282,16 +287,11 @@ class NodeMachine:
         starts."""
         h, payload = message.header, message.payload
         if role == PARAMS:
-            c = self.spec.model.in_channels
-            if h.dtype != FLOAT32 or payload.shape != (self.spec.conv_size + 2 * c,):
+            if h.dtype != FLOAT32 or payload.shape != (self.params_size,) or \
+                    not payload[self.norm_slices[1]].min() > 0:  # std
                 self.stats["rejected:bad_params"] += 1
                 return False
-            params, mean, std = self.spec.split_params(payload)
-            if not std.min() > 0:
-                self.stats["rejected:bad_params"] += 1
-                return False
-            wave.params_vector, wave.params = payload, params
-            wave.norm = mean[:, None], std[:, None]
+            wave.params_vector = payload
         else:
             if h.dtype != INT32 or not self._valid_batch(payload):
                 self.stats["rejected:bad_batch"] += 1
@@ -303,7 +303,7 @@ class NodeMachine:
                 self.stats["rejected:no_reading"] += 1
                 return False
             wave.batch_payload = payload
-        if wave.params is not None and wave.batch_payload is not None:
+        if wave.params_vector is not None and wave.batch_payload is not None:
             self._start(wave, out)
         return True
 
@@ -321,19 +321,19 @@ class NodeMachine:
         wave.training = wave.mode == Mode.TRAIN
         indices = payload[2:]
         wave.batch = len(indices)
-        for layer in range(1, self.spec.model.conv_layers + 1):
-            w = wave.params[f"conv{layer}.weight"]
-            wave.weights[layer] = w.reshape(w.shape[0], w.shape[1], -1)
-            wave.biases[layer] = wave.params[f"conv{layer}.bias"]
+        params = wave.params_vector
+        for layer, (weight, bias) in self.grad_slices.items():
+            wave.weights[layer] = params[weight].reshape(self.weight_shapes[layer])
+            wave.biases[layer] = params[bias]
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
         for child in self.children if self.spec.params_via == "tree" else ():
             out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
             out.append(self._message(wave, Kind.BATCH, child, payload))
-        mean, std = wave.norm
+        mean, std = self.norm_slices
         x = self.readings[int(payload[1])][:, indices]  # (c_in, B), a new array
-        x -= mean
-        x /= std
+        x -= params[mean][:, None]
+        x /= params[std][:, None]
         self._put(wave, (("a", 0), self.cell), x)
 
     def record(self, split: int, index: int, values: np.ndarray | float | None) -> None:

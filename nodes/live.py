@@ -12,6 +12,7 @@ slot's inference wave later in the slot (`edge serve`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -72,7 +73,5 @@ class LiveSampler:
             slot = slot_of(self.clock(), self.slot_s)
             await self.sample(slot)
             wait = (slot + 1) * self.slot_s - self.clock()
-            try:
+            with contextlib.suppress(TimeoutError):  # the next slot has come
                 await asyncio.wait_for(stop.wait(), max(wait, 0.0))
-            except TimeoutError:
-                pass
