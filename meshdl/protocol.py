@@ -19,8 +19,6 @@ from enum import IntEnum
 from functools import cached_property
 from typing import Literal
 
-import numpy as np
-
 from meshdl.config import ModelConfig
 from meshdl.messages import ALL, EDGE, Kind
 from meshdl.model import param_shapes
