@@ -98,7 +98,7 @@ class Session:
     def __init__(self, address: BrokerAddress, mesh: int, client: str,
                  subscriptions: list[str], status: dict[str, Any] | None = None,
                  heartbeat_s: float = 5.0, backoff: Backoff = Backoff(),
-                 connect_timeout_s: float = 30.0,
+                 connect_timeout_s: float | None = 30.0,
                  on_status: StatusHandler | None = None, presence: bool = True) -> None:
         """`presence`: announce this client on its status topic (heartbeat, last will);
         off for observers such as `meshdl doctor`, which may not write there."""
@@ -125,18 +125,25 @@ class Session:
         offline = json.dumps({**self.status, "state": "offline"})
         return aiomqtt.Client(
             self.address.host, self.address.port, username=self.address.username,
-            password=self.address.password, identifier=f"meshdl-{self.mesh}-{self.client_name}",
+            password=self.address.password,
+            # Unique per process: two clients with one id would keep taking over each
+            # other's session (the status topic, not the id, names the client).
+            identifier=f"meshdl-{self.mesh}-{self.client_name}-{os.getpid()}-{id(self):x}",
             will=aiomqtt.Will(status_topic(self.mesh, self.client_name), offline, 1, True)
             if self.presence else None,
             clean_session=True, keepalive=15, timeout=10,
             tls_context=ssl.create_default_context() if self.address.tls else None,
             max_queued_outgoing_messages=None)
 
-    async def connect(self) -> None:
-        """Connect (retrying with backoff up to `connect_timeout_s`) and subscribe."""
-        deadline = time.monotonic() + self.connect_timeout_s
+    async def connect(self, stop: Callable[[], bool] | None = None) -> bool:
+        """Connect, subscribe and announce, retrying with backoff for up to
+        `connect_timeout_s` (None: until `stop()` holds). False if stopped first."""
+        deadline = None if self.connect_timeout_s is None else \
+            time.monotonic() + self.connect_timeout_s
         last: Exception | None = None
         for delay in self.backoff.delays():
+            if stop is not None and stop():
+                return False
             client = self._new_client()
             try:
                 await client.__aenter__()
@@ -148,17 +155,23 @@ class Session:
             except (aiomqtt.MqttError, OSError) as exc:
                 last = exc
             else:
-                self._client = client
-                for filter_ in self.subscriptions:
-                    await client.subscribe(filter_, qos=1)
-                await self.announce("online")
-                self.stats["connections"] += 1
-                self.connected.set()
-                return
-            if time.monotonic() + delay > deadline:
+                try:  # the broker may go away again right now: then start over
+                    await client.subscribe([(f, 1) for f in self.subscriptions])
+                    self._client = client
+                    await self.announce("online")
+                except (aiomqtt.MqttError, OSError) as exc:
+                    last, self._client = exc, None
+                    with contextlib.suppress(aiomqtt.MqttError, OSError):
+                        await client.__aexit__(None, None, None)
+                else:
+                    self.stats["connections"] += 1
+                    self.connected.set()
+                    return True
+            if deadline is not None and time.monotonic() + delay > deadline:
                 raise MeshdlError(f"cannot reach the broker at {self.address}: {last}")
             self.stats["connect_retries"] += 1
             await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the backoff never ends")
 
     def _drop_pending(self) -> None:
         if self._pending is not None:
@@ -187,15 +200,15 @@ class Session:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _reconnect(self, why: Exception) -> None:
+    async def _disconnected(self) -> None:
+        """The connection broke: forget it (the run loop connects again)."""
         self.stats["reconnects"] += 1
         self._drop_pending()
         old, self._client = self._client, None
         self.connected.clear()
         if old is not None:
-            with contextlib.suppress(aiomqtt.MqttError):
+            with contextlib.suppress(aiomqtt.MqttError, OSError):
                 await old.__aexit__(None, None, None)
-        await self.connect()
 
     # ---------------------------------------------------------------- traffic
     async def announce(self, state: str) -> None:
@@ -242,10 +255,10 @@ class Session:
         next_beat = time.monotonic() + self.heartbeat_s
         while until is None or not until():
             client = self._client
-            if client is None:
-                await self.connect()
-                continue
             try:
+                if client is None:
+                    await self.connect(until)
+                    continue
                 if time.monotonic() >= next_beat:
                     await self.announce("online")
                     next_beat = time.monotonic() + self.heartbeat_s
@@ -260,8 +273,8 @@ class Session:
                         await self._dispatch(queued, handle)
                 if tick is not None:
                     await tick()
-            except aiomqtt.MqttError as exc:
-                await self._reconnect(exc)
+            except aiomqtt.MqttError:
+                await self._disconnected()
 
     async def _next_message(self, client: aiomqtt.Client,
                             timeout: float) -> aiomqtt.Message | None:
@@ -281,6 +294,9 @@ class Session:
         if name.startswith(self._status_prefix):
             if self.on_status is not None and isinstance(payload, bytes | bytearray):
                 self.on_status(name[len(self._status_prefix):], bytes(payload))
+            return
+        if incoming.retain:  # a wave's messages are never retained: the broker would
+            self.stats["rejected:retained"] += 1  # replay them at every resubscription
             return
         if not isinstance(payload, bytes | bytearray):
             self.stats["rejected:not_binary"] += 1

@@ -22,7 +22,7 @@ raise.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
@@ -48,6 +48,8 @@ class Expect(NamedTuple):
     channels: int = 0  # ITEMS: a row is (channels, batch)
     train_only: bool = False
 
+
+EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 
 # Expect roles, plain ints: the kind of a message is checked once per message, by lookup.
 PARAMS, BATCH, REDUCE, ITEMS = range(4)
@@ -183,7 +185,9 @@ class NodeMachine:
         self.norm_slices = (slice(end, end + c), slice(end + c, end + 2 * c))
         self.params_size = end + 2 * c
         self.wave: Wave | None = None
-        self.future: list[Message] = []
+        # Messages that came before their wave could use them, per sender (a bounded
+        # queue each: a misbehaving neighbour can only push out its own).
+        self.early: dict[Cell, deque[Message]] = {}
         self.stats: Counter[str] = Counter()
         self.seq = 0
         self._steps: dict[str, Callable[[Wave, int, list[Message]], None]] = {
@@ -222,9 +226,8 @@ class NodeMachine:
         self.stats["accepted"] += 1
         if wave.ready:
             self._run_ready(wave, now, out)
-        if self.future and (new_wave or (not started_before and wave.mode is not None)):
-            pending, self.future = self.future, []
-            for early in pending:
+        if self.early and (new_wave or (not started_before and wave.mode is not None)):
+            for early in self._due(wave.step):
                 out.extend(self.handle(early, now))
         return out
 
@@ -246,12 +249,32 @@ class NodeMachine:
 
     def _buffer(self, message: Message, why: str) -> list[Message]:
         """Keep a message that arrived before the wave it belongs to could use it."""
-        if len(self.future) >= 64 * (len(self.neighbours) + 1):
-            self.stats["rejected:buffer_full"] += 1
-        else:
-            self.future.append(message)
-            self.stats[why] += 1
+        queue = self.early.setdefault(message.header.src, deque(maxlen=EARLY_PER_SENDER))
+        if len(queue) == queue.maxlen:
+            self.stats["dropped:early_overflow"] += 1  # the oldest goes
+        queue.append(message)
+        self.stats[why] += 1
         return []
+
+    def _due(self, step: int) -> list[Message]:
+        """Take the buffered messages of wave `step`; forget those of older waves, keep
+        those of later ones."""
+        due: list[Message] = []
+        for src, queue in list(self.early.items()):
+            keep = deque(maxlen=queue.maxlen)
+            for message in queue:
+                at = message.header.step
+                if at == step:
+                    due.append(message)
+                elif at > step:
+                    keep.append(message)
+                else:
+                    self.stats["stale"] += 1
+            if keep:
+                self.early[src] = keep
+            else:
+                del self.early[src]
+        return due
 
     def _accept(self, wave: Wave, message: Message, key: tuple, expect: Expect,
                 out: list[Message]) -> bool:

@@ -126,3 +126,24 @@ def test_edge_ignores_messages_not_from_its_cell() -> None:
     assert edge.handle(make(Kind.GATHER, 1, 1, (0, 0), EDGE, np.zeros((3, 2, 4)))) == []
     assert edge.stats["rejected:not_for_me"] == 1
     assert edge.stats["rejected:bad_shape"] == 1
+
+
+def test_a_flood_of_far_future_messages_from_a_neighbour_does_not_stall_later_waves() -> None:
+    data = _dataset(CONFIG, 8, seed=1)
+    from meshdl.sim.mesh import MeshEngine
+
+    model = CNN(CONFIG, seed=2)
+    model.set_normalization(20.0, 3.0)
+    engine = MeshEngine(data)
+    mesh = engine._mesh_for(model)
+    junk = encode(make(Kind.HALO, 1, 0xFFFFFFF0, (1, 3), (1, 4), np.zeros((1, 1, 4)),
+                       layer=1))
+    for _ in range(300):  # more than a node keeps for one neighbour
+        mesh.inject(topic(1, (1, 3), (1, 4), Kind.HALO), junk)
+    mesh.broker.deliver_round()
+    for step in range(3):
+        loss, _, _ = engine.loss_and_grads(model, np.arange(4 * (step % 2), 4 * (step % 2) + 4))
+        assert np.isfinite(loss)
+    node = mesh.nodes[(1, 4)]
+    assert node.stats["dropped:early_overflow"] > 0
+    assert sum(len(q) for q in node.early.values()) <= 64 * len(node.neighbours)

@@ -152,17 +152,20 @@ async def _serve(host: NodeHost, address: BrokerAddress, client: str,
         except (RuntimeError, ValueError):  # not the main thread: the caller stops us
             break
     status = {"role": "node-host", "cells": [name_of(c) for c in host.nodes]}
-    async with Session(address, host.spec.mesh_id, client, host.subscriptions(),
-                       status=status) as session:
-        err_console.print(f"serving {len(host.nodes)} cells of mesh {host.spec.mesh_id} "
-                          f"on {address} as {client}")
-        sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
-        try:
+    # A node host waits for its broker as long as it takes (until it is stopped).
+    session = Session(address, host.spec.mesh_id, client, host.subscriptions(),
+                      status=status, connect_timeout_s=None)
+    sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
+    try:
+        if await session.connect(stop.is_set):
+            err_console.print(f"serving {len(host.nodes)} cells of mesh {host.spec.mesh_id} "
+                              f"on {address} as {client}")
             await session.run(host.handle, until=stop.is_set)
-        finally:
-            if sampling is not None:
-                stop.set()
-                await sampling
+    finally:
+        stop.set()
+        if sampling is not None:
+            await sampling
+        await session.close()
     stats = host.node_stats()
     err_console.print(f"stopped: {stats['accepted']} messages accepted, "
                       f"{sum(v for k, v in stats.items() if k.startswith('rejected'))} "
