@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshdl import kernels
-from meshdl.messages import EDGE, Kind, Message, make
+from meshdl.messages import EDGE, FLOAT32, Kind, Message, make
 from meshdl.model import CNN, Trace
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
@@ -61,7 +61,8 @@ class EdgeMachine:
         self.spec = spec
         self.model = model
         self.labels = labels
-        self.step = first_step - 1
+        self.step = (first_step - 1) & 0xFFFFFFFF
+        self.batch = 0  # samples in the current wave
         self.wave_timeout = wave_timeout
         self.started_at = 0.0
         self.attempts = 0  # of the current request: 1, then 2, ... after each restart
@@ -97,9 +98,10 @@ class EdgeMachine:
         mode, split, indices = self._request
         self.attempts += 1
         self.started_at = now
-        self.step += 1
+        self.step = (self.step + 1) & 0xFFFFFFFF  # the header's u32
         self.mode, self.result, self.trace = mode, None, None
         indices = np.asarray(indices, np.int32)
+        self.batch = len(indices)
         self.batch_labels = self.labels[split][indices] if mode == Mode.TRAIN else None
         params = np.concatenate([self.model.flat[: self.spec.conv_size],
                                  self.model.norm_mean, self.model.norm_std])
@@ -116,11 +118,12 @@ class EdgeMachine:
         if h.step != self.step or self.result is not None:
             self.stats["stale"] += 1
             return []
-        batch = len(self.batch_labels) if self.batch_labels is not None else None
+        if h.kind in (Kind.GATHER, Kind.REDUCE) and h.dtype != FLOAT32:
+            self.stats["rejected:bad_shape"] += 1
+            return []
         if h.kind == Kind.GATHER and self.trace is None:
-            shape = (len(self.gather_blocks), self.spec.model.filters)
-            if payload.shape[:2] != shape or payload.ndim != 3 or (
-                    batch is not None and payload.shape[2] != batch):
+            shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
+            if payload.shape != shape:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1

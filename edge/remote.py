@@ -12,7 +12,6 @@ a retried step is applied once.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from typing import Any
@@ -24,7 +23,7 @@ from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError
 from meshdl.messages import EDGE, Message
 from meshdl.model import CNN
-from meshdl.mqtt import BrokerAddress, Session
+from meshdl.mqtt import BrokerAddress, Session, parse_status
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.topics import ROOT, cell_of, inbox_filter, name_of
 from meshdl.topology import Cell
@@ -77,6 +76,17 @@ class MqttEngine(WaveEngine):
                 "edge": dict(edge), "session": dict(session),
                 "node_hosts": sorted(self.online)}
 
+    def idle(self, seconds: float) -> None:
+        """Wait between waves with the connection alive: keepalive pings, heartbeats and
+        status records keep flowing (a loop that stood still would be dropped by the
+        broker after 1.5 keepalive periods)."""
+        if self.session is None:
+            time.sleep(max(seconds, 0.0))
+            return
+        deadline = time.monotonic() + seconds
+        self.run_coroutine(self.session.run(self._handle,
+                                            until=lambda: time.monotonic() >= deadline))
+
     def run_coroutine(self, coroutine: Any) -> Any:
         """Run a coroutine on the engine's loop (its session lives there)."""
         return self._loop.run_until_complete(coroutine)
@@ -90,7 +100,9 @@ class MqttEngine(WaveEngine):
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         if self.edge is None or self.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast")
-            self.edge = EdgeMachine(spec, model, self.labels, first_step=clock_step(),
+            # Above the clock, and above this engine's own earlier waves.
+            first = max(clock_step(), self.edge.step + 1 if self.edge else 0)
+            self.edge = EdgeMachine(spec, model, self.labels, first_step=first,
                                     wave_timeout=self.wave_timeout)
         return self._loop.run_until_complete(self._wave(mode, split, indices))
 
@@ -134,10 +146,12 @@ class MqttEngine(WaveEngine):
 
     def _status(self, client: str, payload: bytes) -> None:
         """A client's retained status: which cells a node host serves, while online."""
+        record = parse_status(payload)
         try:
-            record = json.loads(payload)
-            cells = {cell_of(name) for name in record.get("cells", [])}
-        except (ValueError, TypeError, AttributeError):
+            cells = {cell_of(name) for name in record.get("cells", [])} if record else None
+        except ValueError:
+            cells = None
+        if record is None or cells is None:
             self.stats["rejected:bad_status"] += 1
             return
         if record.get("state") == "online" and record.get("mesh") == self.mesh_id and \

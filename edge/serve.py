@@ -58,7 +58,7 @@ def serve(engine: MqttEngine, model: CNN, slot_s: float, slots: int | None = Non
         if now > start:
             slot += 1
             start += slot_s
-        time.sleep(max(start - clock(), 0.0))
+        engine.idle(start - clock())
         try:
             alert = slot_alert(slot, slot_s, engine.live_logits(model, slot), threshold)
         except MeshdlError as exc:

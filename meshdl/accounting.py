@@ -137,9 +137,10 @@ class Ledger:
             counts["values"] += values * count
             counts["messages"] += count
             counts["bytes"] += size * count
+            # A broadcast crosses the edge's own link once; the broker fans it out.
             link = (name_of(src), name_of(dst))
-            links[link] += size * count
-            link_messages[link] += count
+            links[link] += size * sent
+            link_messages[link] += sent
             if kind == Kind.HALO:
                 halo_values[layer] += values // shape[-1] * count
         classes = {}

@@ -11,6 +11,7 @@ through the same broker, QoS 0, as fast as the tools go.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from meshdl.data import Dataset, save_dataset
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError
 from meshdl.localbroker import Mosquitto
-from meshdl.mqtt import BrokerAddress
+from meshdl.mqtt import PASSWORD_ENV, USER_ENV, BrokerAddress
 from meshdl.sim.mesh import MeshEngine
 from meshdl.training import EVAL_BATCH, train
 
@@ -55,6 +56,7 @@ def broker_throughput(address: BrokerAddress, messages: int, size: int,
     broker at QoS 0, counted on the subscriber (QoS 0 may drop under overload: the rate
     is of what arrived, and the count says how much did)."""
     sub_tool, pub_tool = find_tool("mosquitto_sub"), find_tool("mosquitto_pub")
+    # mosquitto_pub/sub take a password only as an argument: a benchmark on a local broker.
     login = ["-u", address.username, "-P", address.password or ""] if address.username else []
     where = ["-h", address.host, "-p", str(address.port)]
     # Lines of `size - 1` bytes and a newline: -l publishes each line as one message.
@@ -118,23 +120,36 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
     say("counting the epoch's messages on the virtual mesh")
     messages, nbytes = mesh_messages(config, data)
     say(f"starting one node host for {config.model.rows * config.model.cols} cells")
+    # The login goes through the environment, never the command line (`ps` shows that).
+    env = dict(os.environ)
+    if address.username:
+        env[USER_ENV], env[PASSWORD_ENV] = address.username, address.password or ""
     host = subprocess.Popen(
         [sys.executable, "-m", "meshdl", "nodes", "run", "--cells", "all", "--broker",
-         str(address) if not address.password else _url(address), "--mesh", str(mesh_file),
-         "--data", str(data_file), "--name", "bench-host"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+         f"{'mqtts' if address.tls else 'mqtt'}://{address.host}:{address.port}",
+         "--mesh", str(mesh_file), "--data", str(data_file), "--name", "bench-host"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         engine = MqttEngine(data, address, config.mesh.mesh_id, config.mesh.edge_at,
-                            wave_timeout=60.0)
+                            wave_timeout=60.0, nodes_timeout=120.0)
         try:
             say("training over MQTT")
             _, history = train(config, data, engine=engine)
             restarts = engine.report()["edge"].get("restarted_waves", 0)
+        except MeshdlError as exc:
+            if host.poll() is not None:  # say why the node host died
+                raise MeshdlError(f"{exc}; the node host exited: "
+                                  f"{host.stderr.read().decode(errors='replace')}") from None
+            raise
         finally:
             engine.close()
     finally:
         host.terminate()
-        host.wait(30)
+        try:
+            host.wait(30)
+        except subprocess.TimeoutExpired:
+            host.kill()
+            host.wait(10)
     wall = history.wall_s
     say(f"measuring the broker alone with mosquitto_pub/sub ({messages} messages)")
     raw = broker_throughput(address, messages, max(1, nbytes // max(messages, 1)))
@@ -150,11 +165,6 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
         "restarted_waves": restarts, "test_acc": history.final["test_acc"],
         "broker": str(address),
     }
-
-
-def _url(address: BrokerAddress) -> str:
-    scheme = "mqtts" if address.tls else "mqtt"
-    return f"{scheme}://{address.username}:{address.password}@{address.host}:{address.port}"
 
 
 def _toml(config: RunConfig) -> str:

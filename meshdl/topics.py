@@ -40,7 +40,7 @@ def cell_of(name: str) -> tuple[int, int]:
     if name == ALL_NAME:
         return ALL
     match = _CELL.match(name)
-    if not match:
+    if not match or name_of((int(match[1]), int(match[2]))) != name:  # r01c2 is not r1c2
         raise ValueError(f"not a cell name: {name!r}")
     return int(match[1]), int(match[2])
 

@@ -237,8 +237,9 @@ class NodeMachine:
         if h.mesh != self.spec.mesh_id:
             return "other_mesh"
         if h.kind in (Kind.PARAMS, Kind.BATCH):
-            return "not_from_parent" if h.src != self.spec.control_source(self.cell) \
-                else "not_for_me"
+            if h.src != self.spec.control_source(self.cell):
+                return "not_from_parent" if self.spec.params_via == "tree" else "not_from_edge"
+            return "not_for_me"
         if h.dst != self.cell:
             return "not_for_me"
         if h.src not in self.neighbours:
@@ -436,7 +437,10 @@ class NodeMachine:
     def _dz_top(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
         active = wave.value(("a", layers), self.cell) > 0
-        self._put(wave, (("dz", layers), self.cell), wave.value(("route",), self.cell) * active)
+        # np.where, not a product: 0 where the ReLU was off, even for a NaN gradient
+        # (as the central model's ReLU backward does).
+        self._put(wave, (("dz", layers), self.cell),
+                  np.where(active, wave.value(("route",), self.cell), np.float32(0.0)))
 
     def _weight_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """This cell's share of d(loss)/d(conv weights, bias): its output times its window."""
@@ -445,7 +449,7 @@ class NodeMachine:
         weight = wave.weights[layer]
         compute.weight_grad(dz, wave.windows[layer], self.conv_taps,
                             wave.grad[dw].reshape(weight.shape), wave.grad[db])
-        self._put(wave, (("grad", layer), self.cell), wave.grad)
+        self._arrived(wave, (("grad", layer), self.cell))  # the reduce task waits for it
 
     def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
@@ -459,6 +463,8 @@ class NodeMachine:
     def _reduce(self, wave: Wave, _: int, out: list[Message]) -> None:
         """Own partial gradients plus the children's, as one message to the parent."""
         total = wave.grad  # the own layers' shares, written in place by _weight_grad
+        # In process a child's payload is its own `wave.grad`, read-only here and never
+        # written again by the child: REDUCE is its wave's last task.
         for child in self.children:
             total += wave.value(("reduce",), child)
         out.append(self._message(wave, Kind.REDUCE, self.parent, total))
@@ -476,7 +482,7 @@ class NodeMachine:
         return dict(self.finished_rounds)
 
     @property
-    def finished_rounds(self) -> dict[str, float]:
+    def finish_times(self) -> dict[str, float]:
         """`finished_at` itself, not a copy (the transport keeps it after the wave)."""
         return self.wave.finished_at if self.wave else {}
 

@@ -10,7 +10,8 @@ same arithmetic several times faster. Window cells are passed as a tuple of read
 which is the zero padding. Numba compiles once per tuple length (window size).
 
 No "fast" math that assumes finite values: NaN and inf must propagate (training that
-diverges is reported, not hidden).
+diverges is reported, not hidden), except through a ReLU that was off, whose gradient is
+0 whatever arrives, as in the central model.
 """
 
 from __future__ import annotations

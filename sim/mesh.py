@@ -141,7 +141,7 @@ class VirtualMesh:
     def _record_timing(self, mode: Mode, start_round: int) -> None:
         """Keep what `wave_report` needs of this wave: each node's finishing rounds (the
         dicts themselves: a node starts a new one each wave, so these stay as they are)."""
-        finished = [(cell, node.finished_rounds) for cell, node in self.nodes.items()]
+        finished = [(cell, node.finish_times) for cell, node in self.nodes.items()]
         self._timing[mode] = (mode, start_round, self.last_wave_rounds, finished)
 
     def timing(self, mode: Mode) -> dict[str, Any]:

@@ -10,7 +10,6 @@ until stopped (Ctrl+C, SIGTERM); the edge trains and writes its run directory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -27,7 +26,7 @@ from meshdl.cli.common import err_console, out_console, parse_cell
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.mqtt import BrokerAddress, Session
+from meshdl.mqtt import BrokerAddress, Session, parse_status
 from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.nodes.live import LiveSampler, live_ring
 from meshdl.nodes.sensors import Sensor, sensor_from_spec
@@ -197,8 +196,9 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
     online: dict[str, dict] = {}
 
     def status(client: str, payload: bytes) -> None:
-        with contextlib.suppress(ValueError):  # not JSON: not a meshdl client
-            online[client] = json.loads(payload)
+        record = parse_status(payload)
+        if record is not None:  # anything else is not a meshdl client's
+            online[client] = record
 
     lines, ok = [], True
     session = Session(address, mesh_id, f"doctor-{os.getpid()}",
@@ -265,7 +265,9 @@ class BackgroundNodeHost:
 
     def __enter__(self) -> BackgroundNodeHost:
         self._thread.start()
-        self._ready.wait(30)
+        if not self._ready.wait(30) or self._error is not None:
+            self.stop()
+            raise MeshdlError(f"node host did not start: {self._error or 'timed out'}")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -275,6 +277,8 @@ class BackgroundNodeHost:
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
+        if self._thread.is_alive():
+            raise MeshdlError("node host did not stop within 30 s")
         if self._error is not None:
             raise MeshdlError(f"node host failed: {self._error}") from self._error
 
