@@ -120,6 +120,7 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
     say("counting the epoch's messages on the virtual mesh")
     messages, nbytes = mesh_messages(config, data)
     say(f"starting one node host for {config.model.rows * config.model.cols} cells")
+    host_log = folder / "node-host.log"
     # The login goes through the environment, never the command line (`ps` shows that).
     env = dict(os.environ)
     if address.username:
@@ -128,7 +129,7 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
         [sys.executable, "-m", "meshdl", "nodes", "run", "--cells", "all", "--broker",
          f"{'mqtts' if address.tls else 'mqtt'}://{address.host}:{address.port}",
          "--mesh", str(mesh_file), "--data", str(data_file), "--name", "bench-host"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        stdout=subprocess.DEVNULL, stderr=host_log.open("wb"), env=env)
     try:
         engine = MqttEngine(data, address, config.mesh.mesh_id, config.mesh.edge_at,
                             wave_timeout=60.0, nodes_timeout=120.0)
@@ -139,7 +140,7 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
         except MeshdlError as exc:
             if host.poll() is not None:  # say why the node host died
                 raise MeshdlError(f"{exc}; the node host exited: "
-                                  f"{host.stderr.read().decode(errors='replace')}") from None
+                                  f"{host_log.read_text(errors='replace')[-2000:]}") from None
             raise
         finally:
             engine.close()

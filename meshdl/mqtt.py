@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import ssl
 import time
@@ -41,6 +42,10 @@ from meshdl.topics import check_id, status_topic, topic
 
 QOS = {Kind.PARAMS: 1, Kind.BATCH: 1}  # every other kind: 0 (see the module's docstring)
 USER_ENV, PASSWORD_ENV = "MESHDL_MQTT_USER", "MESHDL_MQTT_PASSWORD"
+DRAIN_AT_ONCE = 256  # received messages handled before their replies are published
+# aiomqtt warns whenever more than 10 publishes are pending, which `send` does on purpose.
+_CLIENT_LOG = logging.getLogger("meshdl.mqtt.client")
+_CLIENT_LOG.setLevel(logging.ERROR)
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ class Session:
             if self.presence else None,
             clean_session=True, keepalive=15, timeout=10,
             tls_context=ssl.create_default_context() if self.address.tls else None,
-            max_queued_outgoing_messages=None)
+            max_queued_outgoing_messages=None, logger=_CLIENT_LOG)
 
     async def connect(self, stop: Callable[[], bool] | None = None) -> bool:
         """Connect, subscribe and announce, retrying with backoff for up to
@@ -243,23 +248,28 @@ class Session:
 
     async def send(self, messages: list[Message]) -> None:
         """Publish agents' messages; while the broker is away they are dropped (counted):
-        the wave they belong to is restarted by the edge."""
+        the wave they belong to is restarted by the edge. All of them are handed to the
+        client before any is awaited, so that one socket write carries them all (awaiting
+        each publish in turn costs an event-loop cycle per message)."""
+        client = self._client
+        if client is None:
+            self.stats["dropped_while_offline"] += len(messages)
+            return
+        publishing = []
         for message in messages:
             h = message.header
             key = (h.src, h.dst, h.kind)
             name = self._topics.get(key)
             if name is None:
                 name = self._topics[key] = topic(self.mesh, h.src, h.dst, h.kind)
-            client = self._client
-            if client is None:
-                self.stats["dropped_while_offline"] += 1
-                continue
-            try:
-                await client.publish(name, encode(message), QOS.get(h.kind, 0))
-            except aiomqtt.MqttError:
+            publishing.append(client.publish(name, encode(message), QOS.get(h.kind, 0)))
+        for outcome in await asyncio.gather(*publishing, return_exceptions=True):
+            if outcome is None:
+                self.stats["sent"] += 1
+            elif isinstance(outcome, aiomqtt.MqttError):
                 self.stats["dropped_while_offline"] += 1
             else:
-                self.stats["sent"] += 1
+                raise outcome
 
     async def run(self, handle: Handler, tick: Callable[[], Awaitable[None]] | None = None,
                   tick_s: float = 0.05, until: Callable[[], bool] | None = None) -> None:
@@ -279,13 +289,17 @@ class Session:
                     next_beat = time.monotonic() + self.heartbeat_s
                 incoming = await self._next_message(client, tick_s)
                 if incoming is not None:
-                    await self._dispatch(incoming, handle)
-                    # Drain what has already arrived before the next tick or heartbeat.
-                    while until is None or not until():
+                    out = self._dispatch(incoming, handle)
+                    # Take what has already arrived too (up to a bound, so that replies
+                    # are not held back long), then publish all the replies at once.
+                    for _ in range(DRAIN_AT_ONCE):
+                        if until is not None and until():
+                            break
                         queued = _queued(client)
                         if queued is None:
                             break
-                        await self._dispatch(queued, handle)
+                        out += self._dispatch(queued, handle)
+                    await self.send(out)
                 if tick is not None:
                     await tick()
             except aiomqtt.MqttError:
@@ -304,25 +318,26 @@ class Session:
         pending, self._pending = self._pending, None
         return pending.result()  # raises MqttError if the connection broke
 
-    async def _dispatch(self, incoming: aiomqtt.Message, handle: Handler) -> None:
+    def _dispatch(self, incoming: aiomqtt.Message, handle: Handler) -> list[Message]:
+        """Decode one received message and hand it to `handle`; returns the replies."""
         payload, name = incoming.payload, incoming.topic.value
         if name.startswith(self._status_prefix):
             if self.on_status is not None and isinstance(payload, bytes | bytearray):
                 self.on_status(name[len(self._status_prefix):], bytes(payload))
-            return
+            return []
         if incoming.retain:  # a wave's messages are never retained: the broker would
             self.stats["rejected:retained"] += 1  # replay them at every resubscription
-            return
+            return []
         if not isinstance(payload, bytes | bytearray):
             self.stats["rejected:not_binary"] += 1
-            return
+            return []
         try:
             message = decode(bytes(payload), mesh=self.mesh)
         except CodecError as exc:
             self.stats[f"rejected:codec:{str(exc).split(':')[0]}"] += 1
-            return
+            return []
         self.stats["received"] += 1
-        await self.send(handle(name, message))
+        return handle(name, message)
 
 
 def _queued(client: aiomqtt.Client) -> aiomqtt.Message | None:
