@@ -94,3 +94,28 @@ def input_grad(dz_values: tuple, taps: np.ndarray, weight: np.ndarray,
         for j in range(batch):
             if not activation[c, j] > 0.0:
                 out[c, j] = 0.0
+
+
+def warm_up(window_sizes: set[int], grad_window_sizes: set[int], channels: int,
+            filters: int, taps: int) -> None:
+    """Compile (or load from Numba's cache) the kernels for these window sizes now, with
+    the argument types a wave uses (received arrays are read-only), so that a node's
+    first wave is not slowed by compilation: a live slot's wave has a deadline."""
+
+    def frozen(shape: tuple[int, ...]) -> np.ndarray:
+        array = np.zeros(shape, np.float32)
+        array.setflags(write=False)
+        return array
+
+    batch = 1
+    out = np.zeros((filters, batch), np.float32)
+    for first, size in ((channels, n) for n in window_sizes):
+        values = tuple(frozen((first, batch)) for _ in range(size))
+        index = np.arange(size, dtype=np.int64)
+        conv_relu(values, index, frozen((filters, first, taps)), frozen((filters,)), out)
+        weight_grad(frozen((filters, batch)), values, index,
+                    np.zeros((filters, first, taps), np.float32), np.zeros(filters, np.float32))
+    for size in grad_window_sizes:
+        dz = tuple(frozen((filters, batch)) for _ in range(size))
+        input_grad(dz, np.arange(size, dtype=np.int64), frozen((filters, filters, taps)),
+                   frozen((filters, batch)), np.zeros((filters, batch), np.float32))

@@ -16,6 +16,7 @@ import numpy as np
 
 from meshdl.data import Dataset
 from meshdl.messages import ALL, Message
+from meshdl.nodes import compute
 from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Split
 from meshdl.topics import broadcast_filter, cell_of, inbox_filter
@@ -43,6 +44,11 @@ class NodeHost:
                 raise ValueError(f"cell {cell} is outside the {topo.rows} x {topo.cols} grid")
         self.spec = spec
         self.nodes = {cell: NodeMachine(spec, cell, readings(cell)) for cell in cells}
+        model = spec.model
+        windows = {len(node.conv_taps) for node in self.nodes.values()}
+        grad_windows = {len(node.grad_taps) for node in self.nodes.values()}
+        for channels in {model.in_channels, model.filters}:
+            compute.warm_up(windows, grad_windows, channels, model.filters, model.kernel ** 2)
         self.clock = clock
         self.stats: Counter[str] = Counter()
 
