@@ -21,7 +21,7 @@ import numpy as np
 from meshdl.data import Dataset
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError
-from meshdl.messages import EDGE, Message
+from meshdl.messages import EDGE, Kind, Message, decode, encode, make
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress, Session, parse_status
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
@@ -141,8 +141,19 @@ class MqttEngine(WaveEngine):
                                    [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
                                    status={"role": "edge"}, on_status=self._status)
             await self.session.connect()
+            self._warm_up(spec)
             await self._wait_for_nodes(spec)
         return self.session
+
+    def _warm_up(self, spec: MeshSpec) -> None:
+        """Compile (or load from Numba's cache) what a wave runs at the edge: the codec's
+        check and the head, forward and backward, so that no wave's deadline pays for it."""
+        decode(encode(make(Kind.GATHER, self.mesh_id, 0, spec.edge_at, EDGE,
+                           np.zeros((1, 1, 1), np.float32))))
+        model = self.edge.model
+        rows, cols = spec.topology.pooled_shape
+        trace = model.head_forward(np.zeros((model.config.filters, rows, cols, 1), np.float32))
+        model.head_backward(trace, np.zeros_like(trace.logits))
 
     def _status(self, client: str, payload: bytes) -> None:
         """A client's retained status: which cells a node host serves, while online."""
