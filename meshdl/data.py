@@ -60,6 +60,13 @@ _MISSING_TOKENS = frozenset({"", "nan", "na", "n/a", "null", "none", "-"})
 # --------------------------------------------------------------------------- label rule
 
 
+def cell_series(X: np.ndarray, cell: tuple[int, int]) -> np.ndarray:
+    """One cell's readings, (samples, channels) float32, from maps (N, rows, cols) or
+    (N, channels, rows, cols): what the sensor node of that cell holds."""
+    maps = X[:, None] if X.ndim == 3 else X
+    return np.ascontiguousarray(maps[:, :, cell[0], cell[1]], np.float32)
+
+
 def max_neighbour_diff(X: np.ndarray) -> np.ndarray:
     """Largest |difference| of any up/down/left/right neighbour pair in each map.
 

@@ -138,7 +138,6 @@ class Session:
         self._pending: asyncio.Future[aiomqtt.Message] | None = None  # a read under way
         self._pending_client: aiomqtt.Client | None = None
         self._topics: dict[tuple, str] = {}
-        self.connected = asyncio.Event()
 
     # ------------------------------------------------------------- connection
     def _new_client(self) -> aiomqtt.Client:
@@ -185,7 +184,6 @@ class Session:
                         await client.__aexit__(None, None, None)
                 else:
                     self.stats["connections"] += 1
-                    self.connected.set()
                     return True
             if deadline is not None and time.monotonic() + delay > deadline:
                 raise MeshdlError(f"cannot reach the broker at {self.address}: {last}")
@@ -202,7 +200,6 @@ class Session:
         """Say goodbye (status offline) and disconnect."""
         self._drop_pending()
         client, self._client = self._client, None
-        self.connected.clear()
         if client is None:
             return
         with contextlib.suppress(aiomqtt.MqttError):
@@ -225,7 +222,6 @@ class Session:
         self.stats["reconnects"] += 1
         self._drop_pending()
         old, self._client = self._client, None
-        self.connected.clear()
         if old is not None:
             with contextlib.suppress(aiomqtt.MqttError, OSError):
                 await old.__aexit__(None, None, None)

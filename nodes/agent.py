@@ -477,13 +477,9 @@ class NodeMachine:
 
     # -------------------------------------------------------------- reporting
     @property
-    def finished_at(self) -> dict[str, float]:
-        """When (in transport time) this node finished each stage of its last wave."""
-        return dict(self.finished_rounds)
-
-    @property
     def finish_times(self) -> dict[str, float]:
-        """`finished_at` itself, not a copy (the transport keeps it after the wave)."""
+        """When (in transport time) this node finished each stage of its last wave; the
+        wave's own dict, not a copy (the transport keeps it after the wave)."""
         return self.wave.finished_at if self.wave else {}
 
 

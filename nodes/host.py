@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from meshdl.data import Dataset
+from meshdl.data import Dataset, cell_series
 from meshdl.messages import ALL, Message
 from meshdl.nodes import compute
 from meshdl.nodes.agent import NodeMachine
@@ -25,11 +25,8 @@ from meshdl.topology import Cell
 
 def dataset_readings(data: Dataset, cell: Cell) -> dict[int, np.ndarray]:
     """One cell's (samples, channels) log of each split, from a data set on this host."""
-    out = {}
-    for split, X in ((Split.TRAIN, data.X_train), (Split.TEST, data.X_test)):
-        X = X[:, None] if X.ndim == 3 else X
-        out[split] = np.ascontiguousarray(X[:, :, cell[0], cell[1]], np.float32)
-    return out
+    return {Split.TRAIN: cell_series(data.X_train, cell),
+            Split.TEST: cell_series(data.X_test, cell)}
 
 
 class NodeHost:

@@ -24,7 +24,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from meshdl.accounting import Ledger
-from meshdl.data import Dataset
+from meshdl.data import Dataset, cell_series
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
 from meshdl.messages import EDGE, CodecError, Message, decode, encode
@@ -33,7 +33,7 @@ from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.broker import VirtualBroker
 from meshdl.sim.faults import Chaos
-from meshdl.topics import broadcast_filter, inbox_filter, topic
+from meshdl.topics import broadcast_filter, inbox_filter, name_of, topic
 from meshdl.topology import Cell
 
 
@@ -43,7 +43,8 @@ class VirtualMesh:
     def __init__(self, spec: MeshSpec, readings: dict[int, np.ndarray], model: CNN,
                  labels: dict[int, np.ndarray], max_rounds: int | None = None,
                  chaos: Chaos | None = None, wire: bool = False) -> None:
-        """`readings[split]` is (samples, in_channels, rows, cols): each node gets its cell."""
+        """`readings[split]` holds maps, (samples, [in_channels,] rows, cols): each node
+        gets its cell's."""
         self.spec = spec
         self.broker = VirtualBroker()
         self.chaos = chaos
@@ -54,8 +55,7 @@ class VirtualMesh:
         topo = spec.topology
         self.nodes: dict[Cell, NodeMachine] = {}
         for cell in topo.cells():
-            own = {split: np.ascontiguousarray(x[:, :, cell[0], cell[1]], np.float32)
-                   for split, x in readings.items()}
+            own = {split: cell_series(x, cell) for split, x in readings.items()}
             self.nodes[cell] = NodeMachine(spec, cell, own)
         self.edge = EdgeMachine(spec, model, labels)
         self.codec_errors: Counter[str] = Counter()
@@ -145,18 +145,18 @@ class VirtualMesh:
         """Keep what `wave_report` needs of this wave: each node's finishing rounds (the
         dicts themselves: a node starts a new one each wave, so these stay as they are)."""
         finished = [(cell, node.finish_times) for cell, node in self.nodes.items()]
-        self._timing[mode] = (mode, start_round, self.last_wave_rounds, finished)
+        self._timing[mode] = (start_round, self.last_wave_rounds, finished)
 
     def timing(self, mode: Mode) -> dict[str, Any]:
         """Rounds (relative to the wave's start) at which nodes finished each stage, in the
         last wave of `mode`."""
         if mode not in self._timing:
             return {}
-        _, start_round, rounds, finished = self._timing[mode]
+        start_round, rounds, finished = self._timing[mode]
         stages: dict[str, dict[str, float]] = {}
         for cell, at_round in finished:
             for stage, at in at_round.items():
-                stages.setdefault(stage, {})[f"r{cell[0]}c{cell[1]}"] = at - start_round
+                stages.setdefault(stage, {})[name_of(cell)] = at - start_round
         return {"mode": mode.name.lower(), "rounds": rounds, "stages": stages}
 
     def wave_report(self) -> dict[str, Any]:
@@ -200,8 +200,7 @@ class MeshEngine(WaveEngine):
     def _mesh_for(self, model: CNN) -> VirtualMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via)
-            readings = {Split.TRAIN: _channels_first(self.data.X_train),
-                        Split.TEST: _channels_first(self.data.X_test)}
+            readings = {Split.TRAIN: self.data.X_train, Split.TEST: self.data.X_test}
             labels = {Split.TRAIN: self.data.y_train, Split.TEST: self.data.y_test}
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
                                     wire=self.wire)
@@ -242,7 +241,3 @@ def _cyclic_gc_paused() -> Iterator[None]:
         if enabled:
             gc.enable()
 
-
-def _channels_first(X: np.ndarray) -> np.ndarray:
-    """(N, rows, cols) -> (N, 1, rows, cols); (N, c, rows, cols) unchanged."""
-    return X[:, None] if X.ndim == 3 else X

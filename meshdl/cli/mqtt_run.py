@@ -185,7 +185,7 @@ def doctor(broker: str = BROKER,
         out_console.print_json(json.dumps(findings))
     else:
         for line in findings["lines"]:
-            err_console.print(line, highlight=False)
+            err_console.print(line, highlight=False, soft_wrap=True)
     if not findings["ok"]:
         raise typer.Exit(1)
 
@@ -205,14 +205,13 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
                       [f"meshdl/{mesh_id}/status/#"], status={"role": "doctor"},
                       connect_timeout_s=timeout, on_status=status, presence=False)
     try:
-        await session.connect()
+        async with session:
+            lines.append(f"ok: connected to {address}" +
+                         (f" as {address.username}" if address.username else " anonymously"))
+            deadline = time.monotonic() + min(timeout, 2.0)  # retained records come at once
+            await session.run(lambda _t, _m: [], until=lambda: time.monotonic() > deadline)
     except MeshdlError as exc:
         return {"ok": False, "lines": [f"error: {exc}"], "online": {}}
-    lines.append(f"ok: connected to {address}" +
-                 (f" as {address.username}" if address.username else " anonymously"))
-    deadline = time.monotonic() + min(timeout, 2.0)
-    await session.run(lambda _t, _m: [], until=lambda: time.monotonic() > deadline)
-    await session.close()
     clients = {k: v for k, v in online.items() if not k.startswith("doctor-")}
     up = {k: v for k, v in clients.items() if v.get("state") == "online"}
     lines.append(f"ok: {len(up)} clients online on mesh {mesh_id}"
