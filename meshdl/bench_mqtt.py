@@ -2,11 +2,15 @@
 throughput measured in the same run.
 
 The mesh: the seed configuration (or any), every cell in ONE node-host process, the edge
-in this process, a private Mosquitto on a free loopback port (or `--broker`). Messages
-are counted as the broker delivers them (the protocol is deterministic, so the counts
-come from the same waves on the virtual mesh's ledger). The reference: `mosquitto_pub
--l` publishing as many messages of the mean mesh message size to one `mosquitto_sub`
-through the same broker, QoS 0, as fast as the tools go.
+in this process, a private Mosquitto on a free loopback port (or `--broker`). The host
+hands messages between its own cells over in process, so the broker carries the edge's
+traffic; with `via_broker` every message of the mesh crosses the broker, as between
+separate Pis. Two counts: the mesh's messages (the protocol's, on the virtual mesh's
+ledger for the same waves: the protocol is deterministic) and the broker's deliveries
+(the edge's session counts what it sent and received; via the broker, the ledger's
+count is the deliveries). The reference: `mosquitto_pub -l` publishing as many
+messages of the mean mesh message size to one `mosquitto_sub` through the same broker,
+QoS 0, as fast as the tools go.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def broker_throughput(address: BrokerAddress, messages: int, size: int,
 
 
 def bench_mqtt(config: RunConfig, data: Dataset, broker: str | None = None,
-               log: Any = None) -> dict[str, Any]:
+               log: Any = None, via_broker: bool = False) -> dict[str, Any]:
     """Train `config` over MQTT with one node host; time it; compare with the broker."""
     say = log or (lambda _text: None)
     with tempfile.TemporaryDirectory(prefix="meshdl-bench-") as tmp:
@@ -106,14 +110,14 @@ def bench_mqtt(config: RunConfig, data: Dataset, broker: str | None = None,
             broker = private.url
         address = BrokerAddress.parse(broker)
         try:
-            return _bench(config, data, address, folder, say)
+            return _bench(config, data, address, folder, say, via_broker)
         finally:
             if private is not None:
                 private.stop()
 
 
 def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Path,
-           say: Any) -> dict[str, Any]:
+           say: Any, via_broker: bool) -> dict[str, Any]:
     mesh_file, data_file = folder / "mesh.toml", folder / "data.npz"
     mesh_file.write_text(_toml(config))
     save_dataset(data, data_file)
@@ -128,7 +132,8 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
     host = subprocess.Popen(
         [sys.executable, "-m", "meshdl", "nodes", "run", "--cells", "all", "--broker",
          f"{'mqtts' if address.tls else 'mqtt'}://{address.host}:{address.port}",
-         "--mesh", str(mesh_file), "--data", str(data_file), "--name", "bench-host"],
+         "--mesh", str(mesh_file), "--data", str(data_file), "--name", "bench-host",
+         *(["--via-broker"] if via_broker else [])],
         stdout=subprocess.DEVNULL, stderr=host_log.open("wb"), env=env)
     try:
         engine = MqttEngine(data, address, config.mesh.mesh_id, config.mesh.edge_at,
@@ -136,7 +141,7 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
         try:
             say("training over MQTT")
             _, history = train(config, data, engine=engine)
-            restarts = engine.report()["edge"].get("restarted_waves", 0)
+            report = engine.report()
         except MeshdlError as exc:
             if host.poll() is not None:  # say why the node host died
                 raise MeshdlError(f"{exc}; the node host exited: "
@@ -152,19 +157,23 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
             host.kill()
             host.wait(10)
     wall = history.wall_s
+    edge_traffic = report["session"].get("sent", 0) + report["session"].get("received", 0)
+    deliveries = messages if via_broker else edge_traffic
     say(f"measuring the broker alone with mosquitto_pub/sub ({messages} messages)")
     raw = broker_throughput(address, messages, max(1, nbytes // max(messages, 1)))
-    rate = messages / wall
     return {
         "epochs": config.train.epochs, "cells": config.model.rows * config.model.cols,
         "train_samples": len(data.y_train), "batch": config.train.batch,
-        "eval_batch": EVAL_BATCH, "wall_s": wall, "wall_s_per_epoch": wall / config.train.epochs,
-        "messages": messages, "bytes": nbytes, "messages_per_s": rate,
+        "eval_batch": EVAL_BATCH, "via_broker": via_broker,
+        "wall_s": wall, "wall_s_per_epoch": wall / config.train.epochs,
+        "messages": messages, "bytes": nbytes, "messages_per_s": messages / wall,
+        "broker_deliveries": deliveries, "broker_deliveries_per_s": deliveries / wall,
         "broker_messages_per_s": raw["messages_per_s"],
         "broker_messages_received": raw["received"],
-        "ratio_to_broker": rate / raw["messages_per_s"],
-        "restarted_waves": restarts, "test_acc": history.final["test_acc"],
-        "broker": str(address),
+        "ratio_to_broker": messages / wall / raw["messages_per_s"],
+        "deliveries_ratio_to_broker": deliveries / wall / raw["messages_per_s"],
+        "restarted_waves": report["edge"].get("restarted_waves", 0),
+        "test_acc": history.final["test_acc"], "broker": str(address),
     }
 
 

@@ -1,15 +1,21 @@
 """A node host: the node machines of several cells behind one MQTT connection.
 
 One Raspberry Pi runs a host of one cell; a gateway (or a test bench) runs one for many.
-The host only routes: a message goes to the cell its *topic* names, and its header must
-agree with that topic. The topic is what the broker's ACL authenticates (only `r0c1` may
-publish under `meshdl/<mesh>/r0c1/`), so a client cannot reach a cell by writing one
-address on the topic and another in the header.
+The host only routes. A message from the broker goes to the cell its *topic* names, and
+its header must agree with that topic. The topic is what the broker's ACL authenticates
+(only `r0c1` may publish under `meshdl/<mesh>/r0c1/`), so a client cannot reach a cell by
+writing one address on the topic and another in the header.
+
+A message from one hosted cell to another is handed over in process, as a gateway
+relays between the radios it serves, and never crosses the broker (unless
+`local_delivery` is off: then every message makes the round trip, as between Pis). The
+node machines cannot tell the difference; only the host's counts and the broker's load
+do.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 
 import numpy as np
@@ -34,7 +40,8 @@ class NodeHost:
 
     def __init__(self, spec: MeshSpec, cells: list[Cell],
                  readings: Callable[[Cell], dict[int, np.ndarray]],
-                 clock: Callable[[], float] = lambda: 0.0) -> None:
+                 clock: Callable[[], float] = lambda: 0.0,
+                 local_delivery: bool = True) -> None:
         topo = spec.topology
         for cell in cells:
             if not topo.inside(cell):
@@ -47,14 +54,17 @@ class NodeHost:
         for channels in {model.in_channels, model.filters}:
             compute.warm_up(windows, grad_windows, channels, model.filters, model.kernel ** 2)
         self.clock = clock
+        self.local_delivery = local_delivery
         self.stats: Counter[str] = Counter()
 
     def subscriptions(self) -> list[str]:
-        """What this host's cells receive: their neighbours' messages, the edge's
+        """What this host's cells receive through the broker: their neighbours' messages
+        (only those of other hosts' cells, under local delivery), the edge's
         broadcasts."""
         mesh, topo = self.spec.mesh_id, self.spec.topology
         filters = [inbox_filter(mesh, n, cell) for cell in self.nodes
-                   for n in topo.neighbours(cell)]
+                   for n in topo.neighbours(cell)
+                   if not (self.local_delivery and n in self.nodes)]
         return [*filters, broadcast_filter(mesh)]
 
     def handle(self, topic: str, message: Message) -> list[Message]:
@@ -75,12 +85,29 @@ class NodeHost:
             out: list[Message] = []
             for node in self.nodes.values():
                 out.extend(node.handle(message, now))
-            return out
-        node = self.nodes.get(dst)
-        if node is None:
-            self.stats["rejected:not_hosted"] += 1
-            return []
-        return node.handle(message, now)
+        else:
+            node = self.nodes.get(dst)
+            if node is None:
+                self.stats["rejected:not_hosted"] += 1
+                return []
+            out = node.handle(message, now)
+        return self._deliver_locally(out, now) if self.local_delivery else out
+
+    def _deliver_locally(self, messages: list[Message], now: float) -> list[Message]:
+        """Hand messages between hosted cells over in process (first in, first out: in
+        hops, as the broker would); returns those for the edge and other hosts' cells."""
+        queue, nodes, remote = deque(messages), self.nodes, []
+        local = 0
+        while queue:
+            message = queue.popleft()
+            node = nodes.get(message.header.dst)
+            if node is None:
+                remote.append(message)
+            else:
+                local += 1
+                queue.extend(node.handle(message, now))
+        self.stats["delivered_locally"] += local
+        return remote
 
     def node_stats(self) -> Counter[str]:
         total = Counter(self.stats)

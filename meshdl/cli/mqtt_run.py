@@ -74,14 +74,19 @@ def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges s
               sensor: str | None = SENSOR, slot_seconds: float = SLOT,
               name: str | None = typer.Option(None, "--name", help="Client name (default: "
                                               "the broker login, else host-<hostname>-<pid>)."
-                                              )) -> None:
+                                              ),
+              via_broker: bool = typer.Option(False, "--via-broker", help="Send messages "
+                                              "between the served cells through the broker "
+                                              "too (as separate nodes would), instead of in "
+                                              "process.")) -> None:
     """Serve many cells over one connection until stopped."""
     config = load_run_config(mesh)
     served = select_cells(cells, config)
     address = BrokerAddress.parse(broker)
     readings = Readings.choose(config, served, data, sensor, slot_seconds)
     serve_cells(config, served, address, readings, client=name or
-                address.username or f"host-{socket.gethostname()}-{os.getpid()}")
+                address.username or f"host-{socket.gethostname()}-{os.getpid()}",
+                local_delivery=not via_broker)
 
 
 def select_cells(text: str, config: RunConfig) -> list[Cell]:
@@ -130,11 +135,11 @@ class Readings:
 
 
 def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
-                readings: Readings, client: str, stop: asyncio.Event | None = None
-                ) -> NodeHost:
+                readings: Readings, client: str, stop: asyncio.Event | None = None,
+                local_delivery: bool = True) -> NodeHost:
     """Run a node host for `cells` until SIGINT/SIGTERM (or `stop` is set)."""
     spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
-    host = NodeHost(spec, cells, readings.of, time.monotonic)
+    host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
     sampler = None if readings.sensors is None else LiveSampler(
         host.nodes, readings.sensors, readings.slot_s)
     asyncio.run(_serve(host, address, client, stop, sampler))
@@ -166,7 +171,10 @@ async def _serve(host: NodeHost, address: BrokerAddress, client: str,
             await sampling
         await session.close()
     stats = host.node_stats()
-    err_console.print(f"stopped: {stats['accepted']} messages accepted, "
+    err_console.print(f"stopped: {stats['accepted']} messages accepted "
+                      f"({session.stats['received']} from the broker, "
+                      f"{stats['delivered_locally']} in process), {session.stats['sent']} "
+                      f"published, "
                       f"{sum(v for k, v in stats.items() if k.startswith('rejected'))} "
                       f"rejected, {session.stats['reconnects']} reconnects")
 
@@ -235,12 +243,13 @@ class BackgroundNodeHost:
     """A node host on a thread of this process (`meshdl train --transport mqtt`, tests)."""
 
     def __init__(self, config: RunConfig, cells: list[Cell], address: BrokerAddress,
-                 data: Dataset | Readings, client: str = "host-local") -> None:
+                 data: Dataset | Readings, client: str = "host-local",
+                 local_delivery: bool = True) -> None:
         import threading
 
         readings = data if isinstance(data, Readings) else Readings(data=data)
         spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
-        self.host = NodeHost(spec, cells, readings.of, time.monotonic)
+        self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
         self.sampler = None if readings.sensors is None else LiveSampler(
             self.host.nodes, readings.sensors, readings.slot_s)
         self._ready = threading.Event()
