@@ -90,7 +90,8 @@ def train(
     write_run(run_dir, config, model, metrics, source)
     final = history.final
     err_console.print(
-        f"[bold]{config.mode}[/] training done in {history.wall_s:.1f} s: "
+        f"[bold]{config.mode}[/] training{' over MQTT' if transport == 'mqtt' else ''} "
+        f"done in {history.wall_s:.1f} s: "
         f"train acc {final['train_acc']:.4f}, test acc {final['test_acc']:.4f} -> {run_dir}",
         highlight=False,
     )
