@@ -17,6 +17,11 @@ from meshdl.cli import bench, broker, cost, data, deploy, model, mqtt_run, train
 from meshdl.cli.common import err_console, format_validation_error
 from meshdl.errors import MeshdlError
 
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click.exceptions import ClickException, NoArgsIsHelpError
+
 app = typer.Typer(
     name="meshdl",
     help="Train and run a CNN inside a mesh of sensor nodes.",
@@ -46,14 +51,30 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
-        # Standalone: typer reports usage errors itself (exit 2) and raises SystemExit.
-        app(args=args, prog_name="meshdl")
+        # Not standalone: usage errors come back here to be said in one line.
+        code = app(args=args, prog_name="meshdl", standalone_mode=False)
+        if isinstance(code, int) and code:  # an explicit exit, such as --help's (0)
+            sys.exit(code)
+    except NoArgsIsHelpError as exc:  # `meshdl data`: the group's help, as asked
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ClickException as exc:  # a mistyped option, a missing argument
+        err_console.print(f"[bold red]error:[/] {exc.format_message()} "
+                          f"(see '{_command_of(exc)} --help')", highlight=False,
+                          soft_wrap=True)
+        sys.exit(exc.exit_code)
     except Exception as exc:
         if debug:
             raise
         message, exit_code = _one_line(exc)
         err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
         sys.exit(exit_code)
+
+
+def _command_of(exc: ClickException) -> str:
+    """The command a usage error is about, e.g. `meshdl train`."""
+    ctx = getattr(exc, "ctx", None)
+    return ctx.command_path if ctx is not None else "meshdl"
 
 
 def _one_line(exc: Exception) -> tuple[str, int]:
