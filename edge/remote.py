@@ -25,6 +25,7 @@ from meshdl.messages import EDGE, Kind, Message, decode, encode, make
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress, Session, parse_status
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
+from meshdl.sdnotify import Notifier, stop_task
 from meshdl.topics import ROOT, cell_of, inbox_filter, name_of
 from meshdl.topology import Cell
 
@@ -46,7 +47,9 @@ class MqttEngine(WaveEngine):
 
     def __init__(self, data: Dataset | None, broker: str | BrokerAddress, mesh_id: int = 1,
                  edge_at: Cell = (0, 0), wave_timeout: float = 10.0, max_attempts: int = 5,
-                 nodes_timeout: float = 60.0) -> None:
+                 nodes_timeout: float = 60.0, systemd: Notifier | None = None) -> None:
+        """`systemd`: the unit of this process (`meshdl edge ...` under systemd), told
+        when the edge is connected and pinged while its loop turns."""
         # No data set: inference on live readings only (`meshdl edge serve`).
         self.labels = {} if data is None else {Split.TRAIN: data.y_train,
                                                Split.TEST: data.y_test}
@@ -61,6 +64,8 @@ class MqttEngine(WaveEngine):
         self.session: Session | None = None
         self.online: dict[str, set[Cell]] = {}  # client -> the cells it serves
         self.stats: Counter[str] = Counter()
+        self.systemd = systemd or Notifier({})
+        self._keep_alive: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
 
     # ------------------------------------------------------------- the engine
@@ -91,19 +96,31 @@ class MqttEngine(WaveEngine):
         """Run a coroutine on the engine's loop (its session lives there)."""
         return self._loop.run_until_complete(coroutine)
 
+    def open(self, model: CNN) -> None:
+        """Connect and wait until node hosts cover every cell (the first wave does it
+        otherwise): `meshdl edge serve` does this before it waits for its first slot."""
+        self._edge_for(model)
+        self._loop.run_until_complete(self._session())
+
     def close(self) -> None:
+        self.systemd.stopping()
         if self.session is not None:
             self._loop.run_until_complete(self.session.close())
+        self._loop.run_until_complete(stop_task(self._keep_alive))
         self._loop.close()
 
     # ---------------------------------------------------------------- waves
-    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+    def _edge_for(self, model: CNN) -> EdgeMachine:
         if self.edge is None or self.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast")
             # Above the clock, and above this engine's own earlier waves.
             first = max(clock_step(), self.edge.step + 1 if self.edge else 0)
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,
                                     wave_timeout=self.wave_timeout)
+        return self.edge
+
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+        self._edge_for(model)
         return self._loop.run_until_complete(self._wave(mode, split, indices))
 
     async def _wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
@@ -141,8 +158,12 @@ class MqttEngine(WaveEngine):
                                    [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
                                    status={"role": "edge"}, on_status=self._status)
             await self.session.connect()
+            # The watchdog runs from READY on: the pings start with it.
+            self._keep_alive = self.systemd.start_keep_alive()
+            self.systemd.ready(f"connected to {self.address}; waiting for node hosts")
             self._warm_up(spec)
             await self._wait_for_nodes(spec)
+            self.systemd.status(f"running waves of mesh {self.mesh_id} on {self.address}")
         return self.session
 
     def _warm_up(self, spec: MeshSpec) -> None:

@@ -50,6 +50,7 @@ def serve(engine: MqttEngine, model: CNN, slot_s: float, slots: int | None = Non
     """Run one inference wave per slot (forever, or `slots` of them) and publish alerts."""
     alerts = []
     done = 0
+    engine.open(model)  # connected, node hosts online: then the slots begin
     while slots is None or done < slots:
         now = clock()
         slot = int(now // slot_s)

@@ -350,3 +350,22 @@ def test_production_config_starts_with_tls_and_logins(cli, mesh_file, tmp_path) 
     assert process.returncode == 0, text
     assert "Error" not in text, text
     assert (tmp_path / "data" / "mosquitto.db").exists()  # persistence saved at shutdown
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_units_pass_systemd_analyze_verify(tmp_path) -> None:
+    """The units parse, every directive is known, and they are notify services with a
+    watchdog; the only complaint allowed is that meshdl is not installed in /opt here."""
+    units = Path(__file__).parent.parent / "deploy" / "systemd"
+    names = {"meshdl-edge.service": "meshdl-edge.service",
+             "meshdl-node@.service": "meshdl-node@r0c1.service",
+             "meshdl-nodes@.service": "meshdl-nodes@floor1.service"}
+    for source, instance in names.items():
+        text = (units / source).read_text()
+        assert "Type=notify" in text and "WatchdogSec=" in text, source
+        (tmp_path / instance).write_text(text)
+    result = subprocess.run(["systemd-analyze", "verify", *names.values()], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    problems = [line for line in (result.stdout + result.stderr).splitlines()
+                if line.strip() and "/opt/meshdl/.venv/bin/meshdl" not in line]
+    assert not problems, "\n".join(problems)

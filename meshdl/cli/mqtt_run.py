@@ -31,6 +31,7 @@ from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.nodes.live import LiveSampler, live_ring
 from meshdl.nodes.sensors import Sensor, sensor_from_spec
 from meshdl.protocol import MeshSpec, Split
+from meshdl.sdnotify import Notifier, stop_task
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
@@ -142,13 +143,18 @@ def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
     host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
     sampler = None if readings.sensors is None else LiveSampler(
         host.nodes, readings.sensors, readings.slot_s)
-    asyncio.run(_serve(host, address, client, stop, sampler))
+    asyncio.run(_serve(host, address, client, stop, sampler, Notifier()))
     return host
 
 
 async def _serve(host: NodeHost, address: BrokerAddress, client: str,
-                 stop: asyncio.Event | None, sampler: LiveSampler | None = None) -> None:
+                 stop: asyncio.Event | None, sampler: LiveSampler | None = None,
+                 systemd: Notifier | None = None) -> None:
+    """Serve until `stop`; `systemd`: the process's unit, told when the host is ready
+    (its kernels are compiled: it may connect to the broker later), what it does, and
+    pinged while the loop turns."""
     stop = stop or asyncio.Event()
+    systemd = systemd or Notifier({})
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
@@ -160,16 +166,22 @@ async def _serve(host: NodeHost, address: BrokerAddress, client: str,
     session = Session(address, host.spec.mesh_id, client, host.subscriptions(),
                       status=status, connect_timeout_s=None)
     sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
+    keep_alive = systemd.start_keep_alive()
+    systemd.ready(f"connecting to {address}")
     try:
         if await session.connect(stop.is_set):
-            err_console.print(f"serving {len(host.nodes)} cells of mesh {host.spec.mesh_id} "
-                              f"on {address} as {client}")
+            serving = (f"serving {len(host.nodes)} cells of mesh {host.spec.mesh_id} on "
+                       f"{address} as {client}")
+            err_console.print(serving)
+            systemd.status(serving)
             await session.run(host.handle, until=stop.is_set)
     finally:
         stop.set()
+        systemd.stopping()
         if sampling is not None:
             await sampling
         await session.close()
+        await stop_task(keep_alive)
     stats = host.node_stats()
     err_console.print(f"stopped: {stats['accepted']} messages accepted "
                       f"({session.stats['received']} from the broker, "
@@ -313,7 +325,7 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
     dataset = load_dataset(data)
     engine = MqttEngine(dataset, BrokerAddress.parse(broker), config.mesh.mesh_id,
                         config.mesh.edge_at, wave_timeout=wave_timeout,
-                        nodes_timeout=nodes_timeout)
+                        nodes_timeout=nodes_timeout, systemd=Notifier())
     try:
         model, history = train(config, dataset, engine=engine)
     finally:
@@ -353,7 +365,7 @@ def edge_serve(broker: str = BROKER, mesh: Path = MESH,
     # A slot's wave must end (or fail) before the next slot's starts.
     engine = MqttEngine(None, BrokerAddress.parse(broker), config.mesh.mesh_id,
                         config.mesh.edge_at, wave_timeout=slot_seconds / 2, max_attempts=1,
-                        nodes_timeout=nodes_timeout)
+                        nodes_timeout=nodes_timeout, systemd=Notifier())
 
     def show(alert: dict) -> None:
         if json_out:

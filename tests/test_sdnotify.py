@@ -1,0 +1,134 @@
+"""Services tell systemd when they are ready and ping its watchdog while their event loop
+turns, even while the broker is away; outside systemd nothing is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshdl.sdnotify import Notifier
+from tests.mosquitto import Mosquitto
+
+MESH_TOML = "[model]\nrows = 2\ncols = 3\nhidden = 4\n\n[data]\ntrain = 8\ntest = 4\n"
+
+
+@pytest.fixture
+def systemd_socket() -> Iterator[tuple[socket.socket, str]]:
+    """A datagram socket standing in for systemd's, in the abstract namespace (no path
+    length limit, nothing to clean up)."""
+    name = f"@meshdl-test-{os.getpid()}-{time.monotonic_ns()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + name[1:])
+    sock.settimeout(0.2)
+    yield sock, name
+    sock.close()
+
+
+def _received(sock: socket.socket, seconds: float, until: str | None = None,
+              sender: subprocess.Popen[bytes] | None = None) -> list[str]:
+    """Notifications (one string each) that arrive within `seconds`, or until one
+    containing `until`, or until the `sender` process has exited."""
+    got: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (sender is None or sender.poll() is None):
+        try:
+            got.append(sock.recv(4096).decode())
+        except TimeoutError:
+            continue
+        if until is not None and until in got[-1]:
+            break
+    return got
+
+
+def test_notifications_reach_the_socket_systemd_names(systemd_socket) -> None:
+    sock, name = systemd_socket
+    systemd = Notifier({"NOTIFY_SOCKET": name})
+    assert systemd.ready("connecting") and systemd.stopping()
+    assert _received(sock, 1.0, until="STOPPING") == ["READY=1\nSTATUS=connecting",
+                                                      "STOPPING=1"]
+
+
+def test_the_watchdog_is_pinged_at_half_its_interval(systemd_socket) -> None:
+    sock, name = systemd_socket
+    systemd = Notifier({"NOTIFY_SOCKET": name, "WATCHDOG_USEC": "100000"})
+    assert systemd.watchdog_s == pytest.approx(0.1)
+
+    async def run_for(seconds: float) -> None:
+        task = systemd.start_keep_alive()
+        await asyncio.sleep(seconds)
+        task.cancel()
+
+    asyncio.run(run_for(0.5))
+    pings = _received(sock, 0.5)
+    assert 8 <= pings.count("WATCHDOG=1") <= 12
+
+
+def test_a_receiver_that_stopped_reading_never_blocks_the_sender(systemd_socket) -> None:
+    _, name = systemd_socket  # bound, never read: its queue fills after a few datagrams
+    systemd = Notifier({"NOTIFY_SOCKET": name})
+    started = time.monotonic()
+    sent = [systemd.notify("WATCHDOG=1") for _ in range(500)]
+    assert time.monotonic() - started < 2.0
+    assert sent[0] and not sent[-1]  # the first went, the overflow is dropped
+
+
+@pytest.mark.parametrize("env", [{}, {"NOTIFY_SOCKET": "relative/path"},
+                                 {"NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "1000000",
+                                  "WATCHDOG_PID": "1"}])
+def test_outside_systemd_or_for_another_process_nothing_is_sent(env) -> None:
+    systemd = Notifier(env)
+    assert not (systemd.enabled and systemd.watchdog_s)
+    if not systemd.enabled:
+        assert not systemd.ready("x")
+
+
+def _node_host(mesh_file: Path, url: str, name: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "NOTIFY_SOCKET": name, "WATCHDOG_USEC": "200000"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "meshdl", "nodes", "run", "--cells", "all", "--broker", url,
+         "--mesh", str(mesh_file), "--sensor", "synthetic"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+
+def test_a_node_host_is_ready_pings_and_says_it_stops(systemd_socket, mosquitto: Mosquitto,
+                                                      tmp_path) -> None:
+    sock, name = systemd_socket
+    mesh_file = tmp_path / "mesh.toml"
+    mesh_file.write_text(MESH_TOML)
+    host = _node_host(mesh_file, mosquitto.url, name)
+    try:
+        started = _received(sock, 60.0, until="STATUS=serving", sender=host)
+        assert started[0].startswith("READY=1")
+        assert any(n.startswith("STATUS=serving 6 cells") for n in started)
+        assert _received(sock, 1.0).count("WATCHDOG=1") >= 3
+    finally:
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(30) == 0, host.stderr.read().decode()
+    assert "STOPPING=1" in _received(sock, 1.0)
+
+
+def test_a_node_host_waiting_for_its_broker_keeps_the_watchdog_fed(systemd_socket,
+                                                                   tmp_path) -> None:
+    sock, name = systemd_socket
+    mesh_file = tmp_path / "mesh.toml"
+    mesh_file.write_text(MESH_TOML)
+    with socket.socket() as probe:  # a free port where no broker listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    host = _node_host(mesh_file, f"mqtt://127.0.0.1:{port}", name)
+    try:
+        started = _received(sock, 60.0, until="READY=1", sender=host)
+        assert started and started[-1].startswith("READY=1\nSTATUS=connecting")
+        assert _received(sock, 1.5).count("WATCHDOG=1") >= 5
+    finally:
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(30) == 0, host.stderr.read().decode()
