@@ -47,9 +47,11 @@ class MqttEngine(WaveEngine):
 
     def __init__(self, data: Dataset | None, broker: str | BrokerAddress, mesh_id: int = 1,
                  edge_at: Cell = (0, 0), wave_timeout: float = 10.0, max_attempts: int = 5,
-                 nodes_timeout: float = 60.0, systemd: Notifier | None = None) -> None:
-        """`systemd`: the unit of this process (`meshdl edge ...` under systemd), told
-        when the edge is connected and pinged while its loop turns."""
+                 nodes_timeout: float = 60.0, connect_timeout_s: float | None = 30.0,
+                 systemd: Notifier | None = None) -> None:
+        """`connect_timeout_s`: how long to wait for the broker (None: as long as it
+        takes, for a service); `systemd`: the unit of this process (`meshdl edge ...`
+        under systemd), told what the edge does and pinged while its loop turns."""
         # No data set: inference on live readings only (`meshdl edge serve`).
         self.labels = {} if data is None else {Split.TRAIN: data.y_train,
                                                Split.TEST: data.y_test}
@@ -60,6 +62,7 @@ class MqttEngine(WaveEngine):
         self.wave_timeout = wave_timeout
         self.max_attempts = max_attempts
         self.nodes_timeout = nodes_timeout
+        self.connect_timeout_s = connect_timeout_s
         self.edge: EdgeMachine | None = None
         self.session: Session | None = None
         self.online: dict[str, set[Cell]] = {}  # client -> the cells it serves
@@ -154,13 +157,17 @@ class MqttEngine(WaveEngine):
         if self.session is None:
             spec = self.edge.spec
             status = f"{ROOT}/{self.mesh_id}/status/#"
-            self.session = Session(self.address, self.mesh_id, "edge",
-                                   [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
-                                   status={"role": "edge"}, on_status=self._status)
-            await self.session.connect()
-            # The watchdog runs from READY on: the pings start with it.
-            self._keep_alive = self.systemd.start_keep_alive()
-            self.systemd.ready(f"connected to {self.address}; waiting for node hosts")
+            session = Session(self.address, self.mesh_id, "edge",
+                              [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
+                              status={"role": "edge"}, on_status=self._status,
+                              connect_timeout_s=self.connect_timeout_s)
+            # The watchdog runs from READY on, so the pings start with it; waiting for
+            # the broker keeps them going.
+            self._keep_alive = self._keep_alive or self.systemd.start_keep_alive()
+            self.systemd.ready(f"connecting to {self.address}")
+            await session.connect()
+            self.session = session
+            self.systemd.status(f"connected to {self.address}; waiting for node hosts")
             self._warm_up(spec)
             await self._wait_for_nodes(spec)
             self.systemd.status(f"running waves of mesh {self.mesh_id} on {self.address}")

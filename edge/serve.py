@@ -50,7 +50,12 @@ def serve(engine: MqttEngine, model: CNN, slot_s: float, slots: int | None = Non
     """Run one inference wave per slot (forever, or `slots` of them) and publish alerts."""
     alerts = []
     done = 0
-    engine.open(model)  # connected, node hosts online: then the slots begin
+    try:  # connected, node hosts online: then the slots begin
+        engine.open(model)
+    except MeshdlError:
+        if engine.session is None:  # the broker refused this edge: nothing to serve
+            raise
+        # Connected, but some node hosts are late: the slots' alerts say so until they come.
     while slots is None or done < slots:
         now = clock()
         slot = int(now // slot_s)

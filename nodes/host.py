@@ -68,7 +68,9 @@ class NodeHost:
         return [*filters, broadcast_filter(mesh)]
 
     def handle(self, topic: str, message: Message) -> list[Message]:
-        """Route one decoded message by its topic; returns what the cells send."""
+        """Route one decoded message from the broker by its topic; returns what the
+        cells send to the edge and to other hosts' cells (under local delivery, the
+        messages between this host's own cells are handled within this call)."""
         h = message.header
         levels = topic.split("/")
         try:

@@ -156,6 +156,13 @@ def test_mistyped_flag_is_one_line_naming_the_likely_option(cli) -> None:
     assert_one_line_error(code, err, 2, "--epoch", "--epochs", "meshdl train --help")
 
 
+def test_what_the_user_typed_is_shown_as_typed_never_as_markup(cli) -> None:
+    code, _, err = cli("train", "--x[bold]y")
+    assert_one_line_error(code, err, 2, "--x[bold]y")
+    code, _, err = cli("[/b]")
+    assert_one_line_error(code, err, 2, "[/b]")
+
+
 def test_missing_required_option_is_one_line(cli) -> None:
     code, _, err = cli("nodes", "run")
     assert_one_line_error(code, err, 2, "--cells")

@@ -79,6 +79,22 @@ def test_a_dead_sensor_gives_an_error_alert_not_a_guess(mosquitto) -> None:
     assert "error" in alerts[0] and "probability" not in alerts[0]
 
 
+def test_an_edge_without_node_hosts_alerts_each_slot_and_keeps_serving(mosquitto) -> None:
+    """Node hosts late after a power cut: the edge does not exit (under systemd that would
+    be a restart loop); each slot's alert says it got no result."""
+    config = _config()
+    model = CNN(config.model, seed=3)
+    model.set_normalization(21.0, 2.0)
+    engine = MqttEngine(None, BrokerAddress.parse(mosquitto.url), wave_timeout=SLOT_S / 2,
+                        max_attempts=1, nodes_timeout=0.5, connect_timeout_s=None)
+    try:
+        alerts = serve(engine, model, SLOT_S, slots=2)
+    finally:
+        engine.close()
+    assert len(alerts) == 2
+    assert all("error" in a and "probability" not in a for a in alerts)
+
+
 def test_anomaly_probability_is_the_softmax_of_class_one() -> None:
     assert anomaly_probability(np.array([[0.0, 0.0]])) == pytest.approx(0.5)
     assert anomaly_probability(np.array([[1000.0, 0.0]])) == pytest.approx(0.0)

@@ -104,7 +104,10 @@ def test_broker_restart_mid_epoch_loses_nothing_and_applies_nothing_twice(
             threading.Timer(0.05, lambda: (mosquitto.restart(kill=True),
                                            restarted.set())).start()
 
-    with BackgroundNodeHost(config, cells, address, data) as host:
+    # Two hosts: the broker carries their boundary traffic as well as the edge's.
+    top, bottom = [c for c in cells if c[0] < 2], [c for c in cells if c[0] >= 2]
+    with BackgroundNodeHost(config, top, address, data, client="top") as upper, \
+            BackgroundNodeHost(config, bottom, address, data, client="bottom") as lower:
         engine = MqttEngine(data, address, wave_timeout=1.0, max_attempts=20)
         try:
             model, _ = train(config, data, engine=engine, progress=restart_after_a_few_steps)
@@ -113,7 +116,8 @@ def test_broker_restart_mid_epoch_loses_nothing_and_applies_nothing_twice(
             engine.close()
     assert restarted.is_set()
     assert report["session"]["reconnects"] >= 1
-    assert host.host.node_stats()["accepted"] > 0
+    for host in (upper, lower):
+        assert host.host.node_stats()["accepted"] > 0
     _assert_same_model(model, reference)
 
 
@@ -185,7 +189,8 @@ def test_training_runs_under_the_generated_credentials_and_acl(small_mesh, mosqu
     as_edge = BrokerAddress(broker.host, broker.port, username="edge",
                             password=logins["edge"])
     cells = [(r, c) for r in range(4) for c in range(5)]
-    with BackgroundNodeHost(config, cells, as_host, data, client="gw"):
+    # Every message through the broker, so that every grant of the ACL is exercised.
+    with BackgroundNodeHost(config, cells, as_host, data, client="gw", local_delivery=False):
         engine = MqttEngine(data, as_edge, nodes_timeout=20)
         try:
             model, _ = train(config, data, engine=engine)

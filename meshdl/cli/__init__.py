@@ -12,15 +12,21 @@ import sys
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 
 from meshdl.cli import bench, broker, cost, data, deploy, model, mqtt_run, train
 from meshdl.cli.common import err_console, format_validation_error
 from meshdl.errors import MeshdlError
 
-try:  # typer >= 0.2x carries its own copy of click
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
-except ImportError:  # pragma: no cover - older typer on top of click
-    from click.exceptions import ClickException, NoArgsIsHelpError
+try:  # typer 0.29 carries its own copy of click
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - a typer on top of click
+    from click import exceptions as _click_errors
+
+ClickException = _click_errors.ClickException
+# `meshdl data`: typer has printed the group's help already (click >= 8.2).
+_HELP_SHOWN = tuple(getattr(_click_errors, name) for name in ("NoArgsIsHelpError",)
+                    if hasattr(_click_errors, name))
 
 app = typer.Typer(
     name="meshdl",
@@ -55,19 +61,20 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=args, prog_name="meshdl", standalone_mode=False)
         if isinstance(code, int) and code:  # an explicit exit, such as --help's (0)
             sys.exit(code)
-    except NoArgsIsHelpError as exc:  # `meshdl data`: the group's help, as asked
-        exc.show()
+    except _HELP_SHOWN as exc:
         sys.exit(exc.exit_code)
     except ClickException as exc:  # a mistyped option, a missing argument
-        err_console.print(f"[bold red]error:[/] {exc.format_message()} "
-                          f"(see '{_command_of(exc)} --help')", highlight=False,
+        # The message repeats what the user typed: never rich markup.
+        err_console.print(f"[bold red]error:[/] {escape(exc.format_message())} "
+                          f"(see '{escape(_command_of(exc))} --help')", highlight=False,
                           soft_wrap=True)
         sys.exit(exc.exit_code)
     except Exception as exc:
         if debug:
             raise
         message, exit_code = _one_line(exc)
-        err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False,
+                          soft_wrap=True)
         sys.exit(exit_code)
 
 

@@ -183,12 +183,12 @@ async def _serve(host: NodeHost, address: BrokerAddress, client: str,
         await session.close()
         await stop_task(keep_alive)
     stats = host.node_stats()
-    err_console.print(f"stopped: {stats['accepted']} messages accepted "
-                      f"({session.stats['received']} from the broker, "
-                      f"{stats['delivered_locally']} in process), {session.stats['sent']} "
-                      f"published, "
-                      f"{sum(v for k, v in stats.items() if k.startswith('rejected'))} "
-                      f"rejected, {session.stats['reconnects']} reconnects")
+    rejected = sum(v for k, v in stats.items() if k.startswith("rejected"))
+    err_console.print(f"stopped: {session.stats['received']} messages in from the broker, "
+                      f"{stats['delivered_locally']} handed over in process, "
+                      f"{session.stats['sent']} published; the cells accepted "
+                      f"{stats['accepted']} and rejected {rejected}; "
+                      f"{session.stats['reconnects']} reconnects")
 
 
 def doctor(broker: str = BROKER,
@@ -365,7 +365,8 @@ def edge_serve(broker: str = BROKER, mesh: Path = MESH,
     # A slot's wave must end (or fail) before the next slot's starts.
     engine = MqttEngine(None, BrokerAddress.parse(broker), config.mesh.mesh_id,
                         config.mesh.edge_at, wave_timeout=slot_seconds / 2, max_attempts=1,
-                        nodes_timeout=nodes_timeout, systemd=Notifier())
+                        nodes_timeout=nodes_timeout, connect_timeout_s=None,
+                        systemd=Notifier())
 
     def show(alert: dict) -> None:
         if json_out:
