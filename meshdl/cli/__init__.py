@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # Not standalone: usage errors come back here to be said in one line.
         code = app(args=args, prog_name="meshdl", standalone_mode=False)
-        if isinstance(code, int) and code:  # an explicit exit, such as --help's (0)
+        if isinstance(code, int) and code:  # a typer.Exit(code) comes back as its code
             sys.exit(code)
     except _HELP_SHOWN as exc:
         sys.exit(exc.exit_code)
