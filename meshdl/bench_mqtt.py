@@ -29,7 +29,7 @@ from meshdl.config import RunConfig
 from meshdl.data import Dataset, save_dataset
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError
-from meshdl.localbroker import Mosquitto
+from meshdl.localbroker import Mosquitto, stop_process
 from meshdl.mqtt import PASSWORD_ENV, USER_ENV, BrokerAddress
 from meshdl.sim.mesh import MeshEngine
 from meshdl.training import EVAL_BATCH, train
@@ -150,12 +150,7 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
         finally:
             engine.close()
     finally:
-        host.terminate()
-        try:
-            host.wait(30)
-        except subprocess.TimeoutExpired:
-            host.kill()
-            host.wait(10)
+        stop_process(host, timeout=30)
     wall = history.wall_s
     edge_traffic = report["session"].get("sent", 0) + report["session"].get("received", 0)
     deliveries = messages if via_broker else edge_traffic

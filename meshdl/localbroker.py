@@ -114,17 +114,8 @@ class Mosquitto:
         """Terminate the broker (SIGTERM, then SIGKILL after `timeout` seconds), or kill
         it at once (`kill`: no goodbye to its clients, as in a crash)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        if kill:
-            process.kill()
-        else:
-            process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
+        if process is not None:
+            stop_process(process, timeout, kill)
 
     def restart(self, timeout: float = 5.0, kill: bool = False) -> Mosquitto:
         """Stop (or kill) and start again on the same port: clients see the connection
@@ -141,3 +132,20 @@ class Mosquitto:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 3.0,
+                 kill: bool = False) -> None:
+    """SIGTERM a child process and reap it, with SIGKILL if it outlives `timeout`
+    seconds (`kill`: SIGKILL at once, as in a crash)."""
+    if process.poll() is not None:
+        return
+    if kill:
+        process.kill()
+    else:
+        process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)

@@ -26,6 +26,7 @@ import pytest
 
 from meshdl.acl import Grant, format_cells, parse_acl, parse_cells
 from meshdl.cli import broker as broker_cli
+from meshdl.localbroker import stop_process
 from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
 from tests.mosquitto import free_port, mosquitto_binary, wait_for_port
 
@@ -340,12 +341,7 @@ def test_production_config_starts_with_tls_and_logins(cli, mesh_file, tmp_path) 
 
         asyncio.run(asyncio.wait_for(check(), 20))
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=10)
     text = log.read_text(errors="replace")
     assert process.returncode == 0, text
     assert "Error" not in text, text
