@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -36,6 +36,7 @@ from meshdl.topology import Cell
 Item = tuple[Field, Hashable]
 Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
 Step = tuple[str, int, str]  # a computation: (method, layer, stage name for the timing)
+Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
 
 
 class Expect(NamedTuple):
@@ -47,6 +48,8 @@ class Expect(NamedTuple):
     rows: int = 0  # ITEMS: len(keys)
     channels: int = 0  # ITEMS: a row is (channels, batch)
     train_only: bool = False
+    buffer: int = -1  # ITEMS: the field buffer its rows go to ...
+    slots: slice = slice(0)  # ... and where in it (a message's items are adjacent)
 
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
@@ -56,23 +59,50 @@ PARAMS, BATCH, REDUCE, ITEMS = range(4)
 
 
 class NodePlan:
-    """A node's tasks, and the sources each waits for; built once, shared by all waves."""
+    """A node's tasks, the sources each waits for, and where each item's values live;
+    built once, shared by all waves.
+
+    Storage: the items of one field (say the activations ("a", 1) of the cells in this
+    node's window, own cell included) are the slots of one (slots, channels, batch) array
+    per wave. Every item has exactly one writer, a message of the plan or one of this
+    node's computations, so a slot is written once per wave; a received message is one
+    slice assignment, a compute kernel reads its window by slot numbers, and a wave's
+    storage is a handful of arrays, not thousands of small ones.
+    """
 
     def __init__(self, spec: MeshSpec, cell: Cell) -> None:
         topo, layers = spec.topology, spec.model.conv_layers
         before, after = spec.offsets
         block = topo.block_of(cell)
         leads = topo.leader[block] == cell
-        self.inbox: dict[tuple, Expect] = {
-            key: Expect(ITEMS, cell, tuple((send.field, i) for i in send.items),
-                        len(send.items), spec.item_shape(send.field, 0)[0], send.train_only)
-            for key, send in spec.expects[cell].items()}
+        self.buffers: dict[Field, int] = {}  # field -> index into a wave's buffers
+        self.slots: list[dict[Hashable, int]] = []  # per buffer: item -> slot
+        self.channels: list[int] = []  # per buffer
+        self.writer: dict[Item, Source] = {}
+
+        self.inbox: dict[tuple, Expect] = {}
+        for key, send in spec.expects[cell].items():
+            first = self._allocate(spec, send.field, send.items, key)
+            self.inbox[key] = Expect(
+                ITEMS, cell, tuple((send.field, i) for i in send.items), len(send.items),
+                spec.item_shape(send.field, 0)[0], send.train_only,
+                self.buffers[send.field], slice(first, first + len(send.items)))
+        # What this node computes itself: its cell's activations and output gradients; a
+        # block leader also its block's pooled features and each member's routed gradient.
+        for layer in range(layers + 1):
+            self._allocate(spec, ("a", layer), [cell])
+        for layer in range(1, layers + 1):
+            self._allocate(spec, ("dz", layer), [cell])
+        if leads:
+            self._allocate(spec, ("pooled",), [block])
+            self._allocate(spec, ("route",), topo.block_cells(block))
         control, to = spec.control_source(cell), spec.control_destination or cell
         self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(PARAMS, to)
         self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(BATCH, to)
         for child in topo.children[cell]:
-            self.inbox[(Kind.REDUCE, 0, 0, child)] = Expect(
-                REDUCE, cell, ((("reduce",), child),), 1, train_only=True)
+            key = (Kind.REDUCE, 0, 0, child)
+            self.inbox[key] = Expect(REDUCE, cell, train_only=True)
+            self.writer[(("reduce",), child)] = key
 
         # (task, needs, train only): computations, then sends, in a fixed order.
         tasks: list[tuple[Step | Send, list[Item], bool]] = []
@@ -95,25 +125,53 @@ class NodePlan:
         for send in spec.sends[cell]:
             tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
 
-        # Where each item comes from: the messages that carry it, else this node itself.
-        providers: dict[Item, list[Source]] = {}
-        for key, expect in self.inbox.items():
-            for item in expect.keys:
-                providers.setdefault(item, []).append(key)
         self.tasks = [task for task, _, _ in tasks]
-        self.send_keys = [tuple(needs) if isinstance(task, Send) else ()
-                          for task, needs, _ in tasks]
+        # A send's values: (buffer, slots) of its items.
+        self.send_rows: list[tuple[int, Rows] | None] = [
+            (self.buffers[task.field], self.rows(task.field, task.items))
+            if isinstance(task, Send) else None for task, _, _ in tasks]
         self.train_only = [train for _, _, train in tasks]
         self.waiters: dict[Source, list[int]] = {}
         self.needs_count: list[int] = []
         for index, (_, needs, _) in enumerate(tasks):
-            sources = dict.fromkeys(s for item in needs for s in providers.get(item, [item]))
+            # An item nobody writes is a computation's marker (("grad", layer), cell).
+            sources = dict.fromkeys(self.writer.get(item, item) for item in needs)
             self.needs_count.append(len(sources))
             for source in sources:
                 self.waiters.setdefault(source, []).append(index)
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
         self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
+        self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.channels,
+                                                          strict=True)]
+
+    def _allocate(self, spec: MeshSpec, f: Field, items: Iterable[Hashable],
+                  writer: Source | None = None) -> int:
+        """Give `items` of field `f` adjacent slots, written by `writer` (a message key;
+        None: this node computes each of them). Returns the first slot."""
+        index = self.buffers.get(f)
+        if index is None:
+            index = self.buffers[f] = len(self.slots)
+            self.slots.append({})
+            self.channels.append(spec.item_shape(f, 0)[0])
+        slots = self.slots[index]
+        first = len(slots)
+        for item in items:
+            if (f, item) in self.writer:  # the plan would write a slot twice in a wave
+                raise ValueError(f"item {(f, item)} has two writers")
+            slots[item] = len(slots)
+            self.writer[(f, item)] = (f, item) if writer is None else writer
+        return first
+
+    def slot(self, f: Field, item: Hashable) -> int:
+        return self.slots[self.buffers[f]][item]
+
+    def rows(self, f: Field, items: Iterable[Hashable]) -> Rows:
+        """The slots of `items` in field `f`'s buffer: a slice when they are a run."""
+        slots = [self.slot(f, item) for item in items]
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            return slice(slots[0], slots[0] + len(slots))
+        return np.array(slots, np.intp)
 
 
 class Wave:
@@ -126,20 +184,17 @@ class Wave:
         self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
         self.batch_payload: np.ndarray | None = None
         self.batch = 0
-        self.known: dict[Item, np.ndarray] = {}
+        self.buffers: list[np.ndarray] = []  # per field: (slots, channels, batch)
+        self.reduce: dict[Cell, np.ndarray] = {}  # children's REDUCE payloads
         self.missing = list(plan.needs_count)  # per task: sources still to come
         self.ready: list[int] = list(plan.ready_at_start)
         self.tasks_done = 0
         self.grad: np.ndarray | None = None  # training: this subtree's conv gradients
         self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
         self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)
-        self.windows: dict[int, tuple] = {}  # layer -> its input window's values
         self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
         self.seen: set[tuple] = set()
         self.finished_at: dict[str, float] = {}
-
-    def value(self, f: Field, item: Hashable) -> np.ndarray:
-        return self.known[(f, item)]
 
 
 class NodeMachine:
@@ -157,21 +212,35 @@ class NodeMachine:
         self.parent = topo.parent[cell]
         self.children = topo.children[cell]
         self.neighbours = set(topo.neighbours(cell))
-        self.plan = NodePlan(spec, cell)
+        self.plan = plan = NodePlan(spec, cell)
+        layers = spec.model.conv_layers
         before, after = spec.offsets
         forward = _slots(cell, topo.window(cell, before, after), before, spec.model.kernel)
         backward = _slots(cell, topo.window(cell, after, before), after, spec.model.kernel)
-        # Per layer: the items of the window cells inside the grid, and their taps (flat
-        # kernel positions); cells outside the grid are absent, i.e. read 0.
-        layers = range(1, spec.model.conv_layers + 1)
-        self.conv_window = {layer: [(("a", layer - 1), c) for c, _ in forward]
-                            for layer in layers}
+        # Buffers and slots the computations read and write. A window lists the cells
+        # inside the grid with their taps (flat kernel positions); cells outside the grid
+        # are absent, i.e. read 0.
+        self.a = [plan.buffers[("a", layer)] for layer in range(layers + 1)]
+        self.dz = [-1] + [plan.buffers[("dz", layer)] for layer in range(1, layers + 1)]
+        self.own_a = [plan.slot(("a", layer), cell) for layer in range(layers + 1)]
+        self.own_dz = [-1] + [plan.slot(("dz", layer), cell) for layer in range(1, layers + 1)]
+        self.conv_slots = [np.empty(0, np.intp)] + [
+            np.array([plan.slot(("a", layer - 1), c) for c, _ in forward], np.intp)
+            for layer in range(1, layers + 1)]
         self.conv_taps = np.array([tap for _, tap in forward], np.int64)
-        self.grad_window = {layer: [(("dz", layer), c) for c, _ in backward]
-                            for layer in layers}
+        self.grad_slots = [np.empty(0, np.intp)] * 2 + [
+            np.array([plan.slot(("dz", layer), c) for c, _ in backward], np.intp)
+            for layer in range(2, layers + 1)]
         self.grad_taps = np.array([tap for _, tap in backward], np.int64)
         self.block = topo.block_of(cell)
         self.block_cells = topo.block_cells(self.block)
+        if topo.leader[self.block] == cell:  # pooling, and max routing back
+            self.block_slots = plan.rows(("a", layers), self.block_cells)
+            self.pooled_slot = plan.slot(("pooled",), self.block)
+            self.dpooled_slot = plan.slot(("dpooled",), self.block)
+            self.route_slots = [plan.slot(("route",), c) for c in self.block_cells]
+        self.route = plan.buffers[("route",)]
+        self.own_route = plan.slot(("route",), cell)
         # Where each layer's weights and biases sit in the PARAMS vector, and likewise
         # their gradients in the REDUCE vector; then the normalization mean and std.
         shapes = list(spec.conv_shapes.values())
@@ -296,9 +365,9 @@ class NodeMachine:
             if payload.shape != (self.spec.conv_size,):
                 self.stats["rejected:bad_reduce"] += 1
                 return False
-            wave.known[expect.keys[0]] = payload
+            wave.reduce[h.src] = payload
         elif payload.shape == (expect.rows, expect.channels, wave.batch):
-            wave.known.update(zip(expect.keys, payload, strict=True))
+            wave.buffers[expect.buffer][expect.slots] = payload
         else:
             self.stats["rejected:bad_shape"] += 1
             return False
@@ -349,16 +418,18 @@ class NodeMachine:
         for layer, (weight, bias) in self.grad_slices.items():
             wave.weights[layer] = params[weight].reshape(self.weight_shapes[layer])
             wave.biases[layer] = params[bias]
+        wave.buffers = [np.empty((slots, channels, wave.batch), np.float32)
+                        for slots, channels in self.plan.buffer_shapes]
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
         for child in self.children if self.spec.params_via == "tree" else ():
             out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
             out.append(self._message(wave, Kind.BATCH, child, payload))
         mean, std = self.norm_slices
-        x = self.readings[int(payload[1])][:, indices]  # (c_in, B), a new array
-        x -= params[mean][:, None]
+        x = wave.buffers[self.a[0]][self.own_a[0]]  # (c_in, B)
+        np.subtract(self.readings[int(payload[1])][:, indices], params[mean][:, None], out=x)
         x /= params[std][:, None]
-        self._put(wave, (("a", 0), self.cell), x)
+        self._arrived(wave, (("a", 0), self.cell))
 
     def record(self, split: int, index: int, values: np.ndarray | float | None) -> None:
         """Store this sensor's reading(s) of one sample (a live time slot), or NaN for a
@@ -367,15 +438,6 @@ class NodeMachine:
         column[...] = np.nan if values is None else values
 
     # ---------------------------------------------------------------- progress
-    def _put(self, wave: Wave, item: Item, value: np.ndarray) -> None:
-        """An item this node computed itself (its own source). Stored read-only, as
-        received items are: nothing may change a value others may already hold, and the
-        compute kernels take windows of uniformly typed arrays."""
-        value = np.ascontiguousarray(value).view()
-        value.setflags(write=False)
-        wave.known[item] = value
-        self._arrived(wave, item)
-
     def _arrived(self, wave: Wave, source: Source) -> None:
         missing = wave.missing
         for task in self.plan.waiters.get(source, ()):
@@ -387,18 +449,16 @@ class NodeMachine:
         """Run every task whose sources have arrived (running one may ready others)."""
         if wave.mode is None:
             return
-        plan, known, training, ready = self.plan, wave.known, wave.training, wave.ready
+        plan, buffers, training, ready = self.plan, wave.buffers, wave.training, wave.ready
         while ready:
             index = ready.pop()
             if plan.train_only[index] and not training:
                 continue
             task = plan.tasks[index]
             if isinstance(task, Send):
-                keys = plan.send_keys[index]
-                # np.array of equal-shaped arrays stacks them, faster than np.stack
-                values = known[keys[0]][None] if len(keys) == 1 else np.array(
-                    [known[k] for k in keys])
-                out.append(self._message(wave, task.kind, task.dst, values, task.layer,
+                buffer, rows = plan.send_rows[index]
+                out.append(self._message(wave, task.kind, task.dst, buffers[buffer][rows],
+                                         task.layer,
                                          task.phase))
             else:
                 step, layer, stage = task
@@ -413,52 +473,52 @@ class NodeMachine:
 
     # ------------------------------------------------------------ computation
     def _conv_forward(self, wave: Wave, layer: int, out: list[Message]) -> None:
-        known = wave.known
-        window = tuple([known[item] for item in self.conv_window[layer]])
-        weight = wave.weights[layer]
-        z = np.empty((weight.shape[0], wave.batch), np.float32)
-        compute.conv_relu(window, self.conv_taps, weight, wave.biases[layer], z)
-        if wave.training:
-            wave.windows[layer] = window
-        self._put(wave, (("a", layer), self.cell), z)
+        z = wave.buffers[self.a[layer]][self.own_a[layer]]
+        compute.conv_relu(wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
+                          self.conv_taps, wave.weights[layer], wave.biases[layer], z)
+        self._arrived(wave, (("a", layer), self.cell))
 
     def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
-        stacked = np.array([wave.value(("a", layers), c) for c in self.block_cells])
-        wave.winners = stacked.argmax(axis=0)  # first maximum in row-major order, as PyTorch
-        self._put(wave, (("pooled",), self.block), stacked.max(axis=0))
+        block = wave.buffers[self.a[layers]][self.block_slots]
+        wave.winners = block.argmax(axis=0)  # first maximum in row-major order, as PyTorch
+        pooled = wave.buffers[self.plan.buffers[("pooled",)]]
+        np.max(block, axis=0, out=pooled[self.pooled_slot])
+        self._arrived(wave, (("pooled",), self.block))
 
     def _route(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """Max-pool backward at the leader: each member gets the gradient where it won."""
-        grad = wave.value(("dpooled",), self.block)
-        zero = np.float32(0.0)
-        for i, cell in enumerate(self.block_cells):
-            self._put(wave, (("route",), cell), np.where(wave.winners == i, grad, zero))
+        grad = wave.buffers[self.plan.buffers[("dpooled",)]][self.dpooled_slot]
+        route, zero = wave.buffers[self.route], np.float32(0.0)
+        for i, (cell, slot) in enumerate(zip(self.block_cells, self.route_slots, strict=True)):
+            route[slot] = np.where(wave.winners == i, grad, zero)
+            self._arrived(wave, (("route",), cell))
 
     def _dz_top(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
-        active = wave.value(("a", layers), self.cell) > 0
+        active = wave.buffers[self.a[layers]][self.own_a[layers]] > 0
         # np.where, not a product: 0 where the ReLU was off, even for a NaN gradient
         # (as the central model's ReLU backward does).
-        self._put(wave, (("dz", layers), self.cell),
-                  np.where(active, wave.value(("route",), self.cell), np.float32(0.0)))
+        wave.buffers[self.dz[layers]][self.own_dz[layers]] = np.where(
+            active, wave.buffers[self.route][self.own_route], np.float32(0.0))
+        self._arrived(wave, (("dz", layers), self.cell))
 
     def _weight_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """This cell's share of d(loss)/d(conv weights, bias): its output times its window."""
-        dz = wave.value(("dz", layer), self.cell)  # (h, B)
+        dz = wave.buffers[self.dz[layer]][self.own_dz[layer]]  # (h, B)
         dw, db = self.grad_slices[layer]
         weight = wave.weights[layer]
-        compute.weight_grad(dz, wave.windows[layer], self.conv_taps,
-                            wave.grad[dw].reshape(weight.shape), wave.grad[db])
+        compute.weight_grad(dz, wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
+                            self.conv_taps, wave.grad[dw].reshape(weight.shape), wave.grad[db])
         self._arrived(wave, (("grad", layer), self.cell))  # the reduce task waits for it
 
     def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
-        known = wave.known
-        dz_window = tuple([known[item] for item in self.grad_window[layer]])
-        activation = wave.value(("a", layer - 1), self.cell)
-        da = np.empty(activation.shape, np.float32)
-        compute.input_grad(dz_window, self.grad_taps, wave.weights[layer], activation, da)
-        self._put(wave, (("dz", layer - 1), self.cell), da)
+        below = layer - 1
+        compute.input_grad(wave.buffers[self.dz[layer]], self.grad_slots[layer],
+                           self.grad_taps, wave.weights[layer],
+                           wave.buffers[self.a[below]][self.own_a[below]],
+                           wave.buffers[self.dz[below]][self.own_dz[below]])
+        self._arrived(wave, (("dz", below), self.cell))
 
     def _reduce(self, wave: Wave, _: int, out: list[Message]) -> None:
         """Own partial gradients plus the children's, as one message to the parent."""
@@ -466,7 +526,7 @@ class NodeMachine:
         # In process a child's payload is its own `wave.grad`, read-only here and never
         # written again by the child: REDUCE is its wave's last task.
         for child in self.children:
-            total += wave.value(("reduce",), child)
+            total += wave.reduce[child]
         out.append(self._message(wave, Kind.REDUCE, self.parent, total))
 
     def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,

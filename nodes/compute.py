@@ -4,10 +4,10 @@ A node computes one output position of each convolution: a (filters x batch) blo
 the values of the cells in its window, each (channels x batch). Numpy would first copy
 those into a zero-padded window and then call BLAS on a tiny matrix, a dozen calls of
 about a microsecond each per layer; one compiled loop over the cells that exist does the
-same arithmetic several times faster. Window cells are passed as a tuple of read-only
-(channels, batch) arrays (stacking them would cost as much as the arithmetic), with their
-*taps* (flat index dy * k + dx into the kernel); a cell outside the grid is simply absent,
-which is the zero padding. Numba compiles once per tuple length (window size).
+same arithmetic several times faster. A node keeps the values of a field (say the
+activations of layer 1) in one (slots, channels, batch) array; a kernel gets that array,
+the *slots* of its window's cells and their *taps* (flat index dy * k + dx into the
+kernel). A cell outside the grid is simply absent, which is the zero padding.
 
 No "fast" math that assumes finite values: NaN and inf must propagate (training that
 diverges is reported, not hidden), except through a ReLU that was off, whose gradient is
@@ -23,17 +23,17 @@ _JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "nump
 
 
 @njit(**_JIT)
-def conv_relu(values: tuple, taps: np.ndarray, weight: np.ndarray, bias: np.ndarray,
-              out: np.ndarray) -> None:
+def conv_relu(values: np.ndarray, slots: np.ndarray, taps: np.ndarray, weight: np.ndarray,
+              bias: np.ndarray, out: np.ndarray) -> None:
     """out[h, j] = relu(bias[h] + sum over window cells t, channels c of
-    weight[h, c, taps[t]] * values[t][c, j]); weight is (filters, channels, k * k)."""
+    weight[h, c, taps[t]] * values[slots[t], c, j]); weight is (filters, channels, k * k)."""
     filters, channels, _ = weight.shape
     batch = out.shape[1]
     for h in range(filters):
         for j in range(batch):
             out[h, j] = bias[h]
-    for t in range(len(values)):
-        v = values[t]
+    for t in range(len(slots)):
+        v = values[slots[t]]
         tap = taps[t]
         for h in range(filters):
             for c in range(channels):
@@ -48,16 +48,16 @@ def conv_relu(values: tuple, taps: np.ndarray, weight: np.ndarray, bias: np.ndar
 
 # Reassociating the batch sums lets them vectorize; NaN and inf still propagate.
 @njit(**_JIT, fastmath={"reassoc", "contract"})
-def weight_grad(dz: np.ndarray, values: tuple, taps: np.ndarray, dweight: np.ndarray,
-                dbias: np.ndarray) -> None:
+def weight_grad(dz: np.ndarray, values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
+                dweight: np.ndarray, dbias: np.ndarray) -> None:
     """This cell's share of the filter gradients: dweight[h, c, taps[t]] = sum over the
-    batch of dz[h, j] * values[t][c, j] (zero at taps outside the grid); dbias[h] =
+    batch of dz[h, j] * values[slots[t], c, j] (zero at taps outside the grid); dbias[h] =
     sum over the batch of dz[h, j]. dweight is (filters, channels, k * k)."""
     filters, channels, _ = dweight.shape
     batch = dz.shape[1]
     dweight[...] = 0.0
-    for t in range(len(values)):
-        v = values[t]
+    for t in range(len(slots)):
+        v = values[slots[t]]
         tap = taps[t]
         for h in range(filters):
             for c in range(channels):
@@ -73,17 +73,18 @@ def weight_grad(dz: np.ndarray, values: tuple, taps: np.ndarray, dweight: np.nda
 
 
 @njit(**_JIT)
-def input_grad(dz_values: tuple, taps: np.ndarray, weight: np.ndarray,
-               activation: np.ndarray, out: np.ndarray) -> None:
+def input_grad(dz_values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
+               weight: np.ndarray, activation: np.ndarray, out: np.ndarray) -> None:
     """d(loss)/d(this cell's pre-activation input) of a layer: the transposed
     convolution of the output gradients around it, through the ReLU that made its
     input. out[c, j] = [activation[c, j] > 0] * sum over cells t, filters h of
-    weight[h, c, k*k - 1 - taps[t]] * dz_values[t][h, j] (the kernel turned by 180 deg)."""
+    weight[h, c, k*k - 1 - taps[t]] * dz_values[slots[t], h, j] (the kernel turned by
+    180 degrees)."""
     filters, channels, taps_total = weight.shape
     batch = out.shape[1]
     out[...] = 0.0
-    for t in range(len(dz_values)):
-        d = dz_values[t]
+    for t in range(len(slots)):
+        d = dz_values[slots[t]]
         tap = taps_total - 1 - taps[t]
         for c in range(channels):
             for h in range(filters):
@@ -96,26 +97,20 @@ def input_grad(dz_values: tuple, taps: np.ndarray, weight: np.ndarray,
                 out[c, j] = 0.0
 
 
-def warm_up(window_sizes: set[int], grad_window_sizes: set[int], channels: int,
-            filters: int, taps: int) -> None:
-    """Compile (or load from Numba's cache) the kernels for these window sizes now, with
-    the argument types a wave uses (received arrays are read-only), so that a node's
-    first wave is not slowed by compilation: a live slot's wave has a deadline."""
+def warm_up() -> None:
+    """Compile (or load from Numba's cache) the kernels now, with the argument types a
+    wave uses (parameters arrive read-only; the types do not depend on any size), so
+    that a node's first wave is not slowed by compilation: a live slot's wave has a
+    deadline."""
 
     def frozen(shape: tuple[int, ...]) -> np.ndarray:
         array = np.zeros(shape, np.float32)
         array.setflags(write=False)
         return array
 
-    batch = 1
-    out = np.zeros((filters, batch), np.float32)
-    for first, size in ((channels, n) for n in window_sizes):
-        values = tuple(frozen((first, batch)) for _ in range(size))
-        index = np.arange(size, dtype=np.int64)
-        conv_relu(values, index, frozen((filters, first, taps)), frozen((filters,)), out)
-        weight_grad(frozen((filters, batch)), values, index,
-                    np.zeros((filters, first, taps), np.float32), np.zeros(filters, np.float32))
-    for size in grad_window_sizes:
-        dz = tuple(frozen((filters, batch)) for _ in range(size))
-        input_grad(dz, np.arange(size, dtype=np.int64), frozen((filters, filters, taps)),
-                   frozen((filters, batch)), np.zeros((filters, batch), np.float32))
+    slots, taps = np.zeros(1, np.intp), np.zeros(1, np.int64)
+    values, out = np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32)
+    conv_relu(values, slots, taps, frozen((1, 1, 1)), frozen((1,)), out)
+    weight_grad(out, values, slots, taps, np.zeros((1, 1, 1), np.float32),
+                np.zeros(1, np.float32))
+    input_grad(values, slots, taps, frozen((1, 1, 1)), out, np.zeros((1, 1), np.float32))

@@ -48,11 +48,7 @@ class NodeHost:
                 raise ValueError(f"cell {cell} is outside the {topo.rows} x {topo.cols} grid")
         self.spec = spec
         self.nodes = {cell: NodeMachine(spec, cell, readings(cell)) for cell in cells}
-        model = spec.model
-        windows = {len(node.conv_taps) for node in self.nodes.values()}
-        grad_windows = {len(node.grad_taps) for node in self.nodes.values()}
-        for channels in {model.in_channels, model.filters}:
-            compute.warm_up(windows, grad_windows, channels, model.filters, model.kernel ** 2)
+        compute.warm_up()
         self.clock = clock
         self.local_delivery = local_delivery
         self.stats: Counter[str] = Counter()
