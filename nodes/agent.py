@@ -49,7 +49,7 @@ class Expect(NamedTuple):
     channels: int = 0  # ITEMS: a row is (channels, batch)
     train_only: bool = False
     buffer: int = -1  # ITEMS: the field buffer its rows go to ...
-    slots: slice = slice(0)  # ... and where in it (a message's items are adjacent)
+    slots: Rows = slice(0)  # ... and where in it
 
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
@@ -65,9 +65,10 @@ class NodePlan:
     Storage: the items of one field (say the activations ("a", 1) of the cells in this
     node's window, own cell included) are the slots of one (slots, channels, batch) array
     per wave. Every item has exactly one writer, a message of the plan or one of this
-    node's computations, so a slot is written once per wave; a received message is one
-    slice assignment, a compute kernel reads its window by slot numbers, and a wave's
-    storage is a handful of arrays, not thousands of small ones.
+    node's computations, so a slot is written once per wave; a message in or out is one
+    indexing of that array (a slice where its items are adjacent: slots follow the
+    items' row-major order, as strips do), a compute kernel reads its window by slot
+    numbers, and a wave's storage is a handful of arrays, not thousands of small ones.
     """
 
     def __init__(self, spec: MeshSpec, cell: Cell) -> None:
@@ -75,34 +76,39 @@ class NodePlan:
         before, after = spec.offsets
         block = topo.block_of(cell)
         leads = topo.leader[block] == cell
-        self.buffers: dict[Field, int] = {}  # field -> index into a wave's buffers
-        self.slots: list[dict[Hashable, int]] = []  # per buffer: item -> slot
-        self.channels: list[int] = []  # per buffer
         self.writer: dict[Item, Source] = {}
-
-        self.inbox: dict[tuple, Expect] = {}
-        for key, send in spec.expects[cell].items():
-            first = self._allocate(spec, send.field, send.items, key)
-            self.inbox[key] = Expect(
-                ITEMS, cell, tuple((send.field, i) for i in send.items), len(send.items),
-                spec.item_shape(send.field, 0)[0], send.train_only,
-                self.buffers[send.field], slice(first, first + len(send.items)))
+        received = spec.expects[cell]
+        for key, send in received.items():
+            self._write(send.field, send.items, key)
         # What this node computes itself: its cell's activations and output gradients; a
         # block leader also its block's pooled features and each member's routed gradient.
         for layer in range(layers + 1):
-            self._allocate(spec, ("a", layer), [cell])
+            self._write(("a", layer), [cell])
         for layer in range(1, layers + 1):
-            self._allocate(spec, ("dz", layer), [cell])
+            self._write(("dz", layer), [cell])
         if leads:
-            self._allocate(spec, ("pooled",), [block])
-            self._allocate(spec, ("route",), topo.block_cells(block))
+            self._write(("pooled",), [block])
+            self._write(("route",), topo.block_cells(block))
+        fields: dict[Field, list[Hashable]] = {}
+        for f, item in self.writer:
+            fields.setdefault(f, []).append(item)
+        self.buffers = {f: index for index, f in enumerate(fields)}  # field -> buffer
+        self.slots = [{item: slot for slot, item in enumerate(sorted(items))}
+                      for items in fields.values()]  # per buffer: item -> slot
+        self.buffer_channels = [spec.item_shape(f, 0)[0] for f in fields]
+
+        self.inbox: dict[tuple, Expect] = {
+            key: Expect(ITEMS, cell, tuple((send.field, i) for i in send.items),
+                        len(send.items), spec.item_shape(send.field, 0)[0], send.train_only,
+                        self.buffers[send.field], self.rows(send.field, send.items))
+            for key, send in received.items()}
         control, to = spec.control_source(cell), spec.control_destination or cell
         self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(PARAMS, to)
         self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(BATCH, to)
         for child in topo.children[cell]:
             key = (Kind.REDUCE, 0, 0, child)
             self.inbox[key] = Expect(REDUCE, cell, train_only=True)
-            self.writer[(("reduce",), child)] = key
+            self.writer[(("reduce",), child)] = key  # no buffer: REDUCE is a vector
 
         # (task, needs, train only): computations, then sends, in a fixed order.
         tasks: list[tuple[Step | Send, list[Item], bool]] = []
@@ -142,26 +148,17 @@ class NodePlan:
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
         self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
-        self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.channels,
+        self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
 
-    def _allocate(self, spec: MeshSpec, f: Field, items: Iterable[Hashable],
-                  writer: Source | None = None) -> int:
-        """Give `items` of field `f` adjacent slots, written by `writer` (a message key;
-        None: this node computes each of them). Returns the first slot."""
-        index = self.buffers.get(f)
-        if index is None:
-            index = self.buffers[f] = len(self.slots)
-            self.slots.append({})
-            self.channels.append(spec.item_shape(f, 0)[0])
-        slots = self.slots[index]
-        first = len(slots)
+    def _write(self, f: Field, items: Iterable[Hashable], writer: Source | None = None
+               ) -> None:
+        """Record who writes `items` of field `f`: a message (its inbox key), or (None)
+        this node's own computations, each known by the item it makes."""
         for item in items:
             if (f, item) in self.writer:  # the plan would write a slot twice in a wave
                 raise ValueError(f"item {(f, item)} has two writers")
-            slots[item] = len(slots)
             self.writer[(f, item)] = (f, item) if writer is None else writer
-        return first
 
     def slot(self, f: Field, item: Hashable) -> int:
         return self.slots[self.buffers[f]][item]
