@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from operator import itemgetter
 from typing import Any
 
-from meshdl.messages import ALL, CLASS_OF, HEADER_BYTES, ITEM_BYTES, Kind, Message
+from meshdl.messages import ALL, CLASS_OF, HEADER_BYTES, ITEM_BYTES, Header, Kind, Message
 from meshdl.protocol import MeshSpec
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
 _LAYERED = (Kind.HALO, Kind.GRAD_HALO)
+# A header's (step, (src, dst, kind, layer, phase, shape)): its wave, and what it costs.
+_STEP = itemgetter(3)
+_COST_KEY = itemgetter(6, 7, 1, 4, 5, 10)
 
 
 def class_name(kind: Kind, layer: int) -> str:
@@ -48,11 +52,12 @@ def formula_halo_values(spec: MeshSpec, layer: int) -> int:
 class Ledger:
     """Accumulates counts of every message sent in a mesh run.
 
-    `record` is on the hot path of every wave, so it only counts how often each distinct
-    message (sender, receiver, kind, layer, phase, shape) was sent; `report` turns those
-    counts into values, bytes and links. Broadcast needs each wave's set of messages, and
-    successive waves of a run send the same set, so its figures are computed once per
-    distinct set.
+    `record` is on the hot path of every wave, so it only keeps the header; `tally`
+    (called by the transport after each wave, and by `report`) counts how often each
+    distinct message (sender, receiver, kind, layer, phase, shape) was sent, in C-level
+    loops; `report` turns those counts into values, bytes and links. Broadcast needs each
+    wave's set of messages, and successive waves of a run send the same set, so its
+    figures are computed once per distinct set.
     """
 
     def __init__(self, spec: MeshSpec) -> None:
@@ -63,24 +68,33 @@ class Ledger:
         self._counts: list[int] = []
         self._wave: set[int] = set()  # distinct messages of the wave being recorded
         self._step = -1
+        self._headers: list[Header] = []  # recorded since the last tally
         self._broadcast_of: dict[frozenset[int], Counter[tuple[str, str]]] = {}
         self._broadcast: Counter[tuple[str, str]] = Counter()  # (class, figure) -> sum
 
     def record(self, message: Message) -> None:
         """Count one message at the moment it is sent."""
-        h = message.header
-        if h.step != self._step:
-            self._end_wave()
-            self._step = h.step
-            self.waves += 1
-        key = (h.src, h.dst, h.kind, h.layer, h.phase, h.shape)
-        index = self._ids.get(key)
-        if index is None:
-            index = self._ids[key] = len(self._keys)
-            self._keys.append(key)
-            self._counts.append(0)
-        self._counts[index] += 1
-        self._wave.add(index)
+        self._headers.append(message.header)
+
+    def tally(self) -> None:
+        """Count the headers recorded since the last tally, wave (step number) by wave."""
+        headers, self._headers = self._headers, []
+        by_step: dict[int, list[Header]] = {}
+        for step, header in zip(map(_STEP, headers), headers, strict=True):
+            by_step.setdefault(step, []).append(header)
+        for step, group in by_step.items():
+            if step != self._step:  # a wave's tail may come in the next tally
+                self._end_wave()
+                self._step = step
+                self.waves += 1
+            for key, sent in Counter(map(_COST_KEY, group)).items():
+                index = self._ids.get(key)
+                if index is None:
+                    index = self._ids[key] = len(self._keys)
+                    self._keys.append(key)
+                    self._counts.append(0)
+                self._counts[index] += sent
+                self._wave.add(index)
 
     def _end_wave(self) -> None:
         if not self._wave:
@@ -122,6 +136,7 @@ class Ledger:
 
     def report(self) -> dict[str, Any]:
         """The "comm" record of metrics.json (wave timing is added by the transport)."""
+        self.tally()
         self._end_wave()
         unicast: dict[str, Counter[str]] = defaultdict(Counter)
         links: Counter[tuple[str, str]] = Counter()

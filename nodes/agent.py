@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from meshdl.messages import FLOAT32, INT32, Kind, Message, make
+from meshdl.messages import FLOAT32, INT32, Kind, Message, make, seal
 from meshdl.nodes import compute
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
@@ -44,18 +44,20 @@ class Expect(NamedTuple):
 
     role: int  # PARAMS, BATCH, REDUCE or ITEMS: how `NodeMachine._accept` takes it
     dst: Cell  # the header's destination: this cell, or ALL for the edge's broadcasts
-    keys: tuple[Item, ...] = ()  # ITEMS: (field, item) of each payload row
-    rows: int = 0  # ITEMS: len(keys)
-    channels: int = 0  # ITEMS: a row is (channels, batch)
+    rows: int = 0  # ITEMS: items carried, a payload row each ...
+    channels: int = 0  # ... of (channels, batch) values
     train_only: bool = False
     buffer: int = -1  # ITEMS: the field buffer its rows go to ...
     slots: Rows = slice(0)  # ... and where in it
+    index: int = 0  # its flag in a wave's `seen`
+    waiters: tuple[int, ...] = ()  # the tasks waiting for it
 
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 
 # Expect roles, plain ints: the kind of a message is checked once per message, by lookup.
 PARAMS, BATCH, REDUCE, ITEMS = range(4)
+_MODES = tuple(Mode)  # by value, without the enum's lookup
 
 
 class NodePlan:
@@ -98,9 +100,9 @@ class NodePlan:
         self.buffer_channels = [spec.item_shape(f, 0)[0] for f in fields]
 
         self.inbox: dict[tuple, Expect] = {
-            key: Expect(ITEMS, cell, tuple((send.field, i) for i in send.items),
-                        len(send.items), spec.item_shape(send.field, 0)[0], send.train_only,
-                        self.buffers[send.field], self.rows(send.field, send.items))
+            key: Expect(ITEMS, cell, len(send.items), spec.item_shape(send.field, 0)[0],
+                        send.train_only, self.buffers[send.field],
+                        self.rows(send.field, send.items))
             for key, send in received.items()}
         control, to = spec.control_source(cell), spec.control_destination or cell
         self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(PARAMS, to)
@@ -145,6 +147,8 @@ class NodePlan:
             self.needs_count.append(len(sources))
             for source in sources:
                 self.waiters.setdefault(source, []).append(index)
+        self.inbox = {key: expect._replace(index=index, waiters=self.waiting_for(key))
+                      for index, (key, expect) in enumerate(self.inbox.items())}
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
         self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
@@ -159,6 +163,11 @@ class NodePlan:
             if (f, item) in self.writer:  # the plan would write a slot twice in a wave
                 raise ValueError(f"item {(f, item)} has two writers")
             self.writer[(f, item)] = (f, item) if writer is None else writer
+
+    def waiting_for(self, source: Source) -> tuple[int, ...]:
+        """The tasks that wait for a message (its inbox key) or a computation (the item
+        it makes)."""
+        return tuple(self.waiters.get(source, ()))
 
     def slot(self, f: Field, item: Hashable) -> int:
         return self.slots[self.buffers[f]][item]
@@ -190,7 +199,7 @@ class Wave:
         self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
         self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)
         self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
-        self.seen: set[tuple] = set()
+        self.seen = bytearray(len(plan.inbox))  # per inbox key: taken in this wave
         self.finished_at: dict[str, float] = {}
 
 
@@ -238,6 +247,14 @@ class NodeMachine:
             self.route_slots = [plan.slot(("route",), c) for c in self.block_cells]
         self.route = plan.buffers[("route",)]
         self.own_route = plan.slot(("route",), cell)
+        # The tasks waiting for each of this node's computations.
+        self.made_a = [plan.waiting_for((("a", layer), cell)) for layer in range(layers + 1)]
+        self.made_dz = [()] + [plan.waiting_for((("dz", layer), cell))
+                               for layer in range(1, layers + 1)]
+        self.made_grad = [()] + [plan.waiting_for((("grad", layer), cell))
+                                 for layer in range(1, layers + 1)]
+        self.made_pooled = plan.waiting_for((("pooled",), self.block))
+        self.made_route = [plan.waiting_for((("route",), c)) for c in self.block_cells]
         # Where each layer's weights and biases sit in the PARAMS vector, and likewise
         # their gradients in the REDUCE vector; then the normalization mean and std.
         shapes = list(spec.conv_shapes.values())
@@ -256,10 +273,21 @@ class NodeMachine:
         self.early: dict[Cell, deque[Message]] = {}
         self.stats: Counter[str] = Counter()
         self.seq = 0
-        self._steps: dict[str, Callable[[Wave, int, list[Message]], None]] = {
+        steps: dict[str, Callable[[Wave, int, list[Message]], None]] = {
             "conv": self._conv_forward, "pool": self._pool, "route": self._route,
             "dz_top": self._dz_top, "grad": self._weight_grad, "dinput": self._input_grad,
             "reduce": self._reduce}
+        # Per task: (train only, a send's (kind, dst, buffer, rows, layer, phase) or None,
+        # a computation's method, its layer, its stage name).
+        self.jobs: list[tuple] = []
+        for task, train_only, rows in zip(plan.tasks, plan.train_only, plan.send_rows,
+                                          strict=True):
+            if isinstance(task, Send):
+                send = (task.kind, task.dst, *rows, task.layer, task.phase)
+                self.jobs.append((train_only, send, None, 0, ""))
+            else:
+                step, layer, stage = task
+                self.jobs.append((train_only, None, steps[step], layer, stage))
 
     # ------------------------------------------------------------- messages in
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
@@ -281,14 +309,14 @@ class NodeMachine:
         if h.step < wave.step:
             self.stats["stale"] += 1
             return []
-        if key in wave.seen:
+        if wave.seen[expect.index]:
             self.stats["duplicates"] += 1
             return []
         started_before = wave.mode is not None
         out: list[Message] = []
-        if not self._accept(wave, message, key, expect, out):
+        if not self._accept(wave, message, expect, out):
             return []
-        wave.seen.add(key)
+        wave.seen[expect.index] = 1
         self.stats["accepted"] += 1
         if wave.ready:
             self._run_ready(wave, now, out)
@@ -343,12 +371,12 @@ class NodeMachine:
                 del self.early[src]
         return due
 
-    def _accept(self, wave: Wave, message: Message, key: tuple, expect: Expect,
+    def _accept(self, wave: Wave, message: Message, expect: Expect,
                 out: list[Message]) -> bool:
         """Take a message's content into the wave, or count why it does not fit."""
         h, payload = message.header, message.payload
         if expect.role <= BATCH:
-            return self._accept_control(wave, message, expect.role, out)
+            return self._accept_control(wave, message, expect, out)
         if wave.mode is None:  # item messages before this wave's BATCH: wait for it
             self._buffer(message, "buffered_early")
             return False
@@ -368,17 +396,17 @@ class NodeMachine:
         else:
             self.stats["rejected:bad_shape"] += 1
             return False
-        self._arrived(wave, key)
+        self._arrived(wave, expect.waiters)
         return True
 
-    def _accept_control(self, wave: Wave, message: Message, role: int,
+    def _accept_control(self, wave: Wave, message: Message, expect: Expect,
                         out: list[Message]) -> bool:
         """PARAMS and BATCH (from the tree parent or the edge): both in hand, the wave
         starts."""
         h, payload = message.header, message.payload
-        if role == PARAMS:
+        if expect.role == PARAMS:
             if h.dtype != FLOAT32 or payload.shape != (self.params_size,) or \
-                    not payload[self.norm_slices[1]].min() > 0:  # std
+                    not compute.all_positive(payload[self.norm_slices[1]]):  # std
                 self.stats["rejected:bad_params"] += 1
                 return False
             wave.params_vector = payload
@@ -400,14 +428,14 @@ class NodeMachine:
     def _valid_batch(self, payload: np.ndarray) -> bool:
         if payload.ndim != 1 or payload.size < 3:
             return False
-        mode, split, idx = int(payload[0]), int(payload[1]), payload[2:]
+        mode, split = int(payload[0]), int(payload[1])
         if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings:
             return False
-        return bool(idx.min() >= 0 and idx.max() < self.readings[split].shape[1])
+        return compute.indices_within(payload[2:], self.readings[split].shape[1])
 
     def _start(self, wave: Wave, out: list[Message]) -> None:
         payload = wave.batch_payload
-        wave.mode = Mode(int(payload[0]))
+        wave.mode = _MODES[payload[0]]
         wave.training = wave.mode == Mode.TRAIN
         indices = payload[2:]
         wave.batch = len(indices)
@@ -426,7 +454,7 @@ class NodeMachine:
         x = wave.buffers[self.a[0]][self.own_a[0]]  # (c_in, B)
         np.subtract(self.readings[int(payload[1])][:, indices], params[mean][:, None], out=x)
         x /= params[std][:, None]
-        self._arrived(wave, (("a", 0), self.cell))
+        self._arrived(wave, self.made_a[0])
 
     def record(self, split: int, index: int, values: np.ndarray | float | None) -> None:
         """Store this sensor's reading(s) of one sample (a live time slot), or NaN for a
@@ -435,9 +463,10 @@ class NodeMachine:
         column[...] = np.nan if values is None else values
 
     # ---------------------------------------------------------------- progress
-    def _arrived(self, wave: Wave, source: Source) -> None:
+    def _arrived(self, wave: Wave, waiters: tuple[int, ...]) -> None:
+        """A source came: `waiters` are the tasks that waited for it."""
         missing = wave.missing
-        for task in self.plan.waiters.get(source, ()):
+        for task in waiters:
             missing[task] -= 1
             if missing[task] == 0:
                 wave.ready.append(task)
@@ -446,23 +475,22 @@ class NodeMachine:
         """Run every task whose sources have arrived (running one may ready others)."""
         if wave.mode is None:
             return
-        plan, buffers, training, ready = self.plan, wave.buffers, wave.training, wave.ready
+        jobs, buffers, training, ready = self.jobs, wave.buffers, wave.training, wave.ready
+        mesh, step, cell = self.mesh_id, wave.step, self.cell
         while ready:
-            index = ready.pop()
-            if plan.train_only[index] and not training:
+            train_only, send, run, layer, stage = jobs[ready.pop()]
+            if train_only and not training:
                 continue
-            task = plan.tasks[index]
-            if isinstance(task, Send):
-                buffer, rows = plan.send_rows[index]
-                out.append(self._message(wave, task.kind, task.dst, buffers[buffer][rows],
-                                         task.layer,
-                                         task.phase))
-            else:
-                step, layer, stage = task
-                self._steps[step](wave, layer, out)
+            if send is None:
+                run(wave, layer, out)
                 wave.finished_at[stage] = now
+            else:
+                kind, dst, buffer, rows, layer, phase = send
+                self.seq = (self.seq + 1) & 0xFFFFFFFF
+                out.append(seal(kind, mesh, step, cell, dst, buffers[buffer][rows], layer,
+                                phase, self.seq))
             wave.tasks_done += 1
-        if wave.tasks_done == plan.active[wave.mode]:
+        if wave.tasks_done == self.plan.active[wave.mode]:
             wave.finished_at.setdefault("finished", now)
 
     def _finished(self, wave: Wave) -> bool:
@@ -473,22 +501,22 @@ class NodeMachine:
         z = wave.buffers[self.a[layer]][self.own_a[layer]]
         compute.conv_relu(wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
                           self.conv_taps, wave.weights[layer], wave.biases[layer], z)
-        self._arrived(wave, (("a", layer), self.cell))
+        self._arrived(wave, self.made_a[layer])
 
     def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
         block = wave.buffers[self.a[layers]][self.block_slots]
         wave.winners = block.argmax(axis=0)  # first maximum in row-major order, as PyTorch
         pooled = wave.buffers[self.plan.buffers[("pooled",)]]
         np.max(block, axis=0, out=pooled[self.pooled_slot])
-        self._arrived(wave, (("pooled",), self.block))
+        self._arrived(wave, self.made_pooled)
 
     def _route(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """Max-pool backward at the leader: each member gets the gradient where it won."""
         grad = wave.buffers[self.plan.buffers[("dpooled",)]][self.dpooled_slot]
         route, zero = wave.buffers[self.route], np.float32(0.0)
-        for i, (cell, slot) in enumerate(zip(self.block_cells, self.route_slots, strict=True)):
+        for i, (slot, made) in enumerate(zip(self.route_slots, self.made_route, strict=True)):
             route[slot] = np.where(wave.winners == i, grad, zero)
-            self._arrived(wave, (("route",), cell))
+            self._arrived(wave, made)
 
     def _dz_top(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
@@ -497,7 +525,7 @@ class NodeMachine:
         # (as the central model's ReLU backward does).
         wave.buffers[self.dz[layers]][self.own_dz[layers]] = np.where(
             active, wave.buffers[self.route][self.own_route], np.float32(0.0))
-        self._arrived(wave, (("dz", layers), self.cell))
+        self._arrived(wave, self.made_dz[layers])
 
     def _weight_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """This cell's share of d(loss)/d(conv weights, bias): its output times its window."""
@@ -506,7 +534,7 @@ class NodeMachine:
         weight = wave.weights[layer]
         compute.weight_grad(dz, wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
                             self.conv_taps, wave.grad[dw].reshape(weight.shape), wave.grad[db])
-        self._arrived(wave, (("grad", layer), self.cell))  # the reduce task waits for it
+        self._arrived(wave, self.made_grad[layer])  # the reduce task waits for it
 
     def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
@@ -515,7 +543,7 @@ class NodeMachine:
                            self.grad_taps, wave.weights[layer],
                            wave.buffers[self.a[below]][self.own_a[below]],
                            wave.buffers[self.dz[below]][self.own_dz[below]])
-        self._arrived(wave, (("dz", below), self.cell))
+        self._arrived(wave, self.made_dz[below])
 
     def _reduce(self, wave: Wave, _: int, out: list[Message]) -> None:
         """Own partial gradients plus the children's, as one message to the parent."""

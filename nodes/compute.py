@@ -97,6 +97,24 @@ def input_grad(dz_values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
                 out[c, j] = 0.0
 
 
+@njit(**_JIT)
+def all_positive(values: np.ndarray) -> bool:
+    """Whether every value is > 0 (NaN is not): a PARAMS message's standard deviations."""
+    ok = True
+    for i in range(values.size):
+        ok &= values[i] > 0.0
+    return ok
+
+
+@njit(**_JIT)
+def indices_within(indices: np.ndarray, size: int) -> bool:
+    """Whether every index lies in [0, size): a BATCH message's sample numbers."""
+    ok = True
+    for i in range(indices.size):
+        ok &= (indices[i] >= 0) & (indices[i] < size)
+    return ok
+
+
 def warm_up() -> None:
     """Compile (or load from Numba's cache) the kernels now, with the argument types a
     wave uses (parameters arrive read-only; the types do not depend on any size), so
@@ -114,3 +132,7 @@ def warm_up() -> None:
     weight_grad(out, values, slots, taps, np.zeros((1, 1, 1), np.float32),
                 np.zeros(1, np.float32))
     input_grad(values, slots, taps, frozen((1, 1, 1)), out, np.zeros((1, 1), np.float32))
+    all_positive(frozen((1,)))
+    indices = np.zeros(3, np.int32)
+    indices.setflags(write=False)
+    indices_within(indices[2:], 1)

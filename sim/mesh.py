@@ -124,6 +124,7 @@ class VirtualMesh:
         # Let the tail of the wave (e.g. the last REDUCE relays) settle for the counts.
         while not self.broker.idle:
             self.broker.deliver_round()
+        self.ledger.tally()
         self.last_wave_rounds = self.broker.round - start_round
         self._record_timing(mode, start_round)
         return self.edge.result
