@@ -135,7 +135,7 @@ def seal(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int,
          view: np.ndarray, layer: int, phase: int, seq: int) -> Message:
     """`make` for a hot path whose payload is already a fresh C-contiguous float32 view
     (a slice of a node's buffer): it is only made read-only, as `make` would."""
-    view.flags.writeable = False
+    view.setflags(write=False)
     header = _new(Header, (PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
                            FLOAT32, view.shape, 0))
     return _new(Message, (header, view))
