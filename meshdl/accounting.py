@@ -52,24 +52,24 @@ def formula_halo_values(spec: MeshSpec, layer: int) -> int:
 class Ledger:
     """Accumulates counts of every message sent in a mesh run.
 
-    `record` is on the hot path of every wave, so it only keeps the header; `tally`
-    (called by the transport after each wave, and by `report`) counts how often each
-    distinct message (sender, receiver, kind, layer, phase, shape) was sent, in C-level
-    loops; `report` turns those counts into values, bytes and links. Broadcast needs each
-    wave's set of messages, and successive waves of a run send the same set, so its
-    figures are computed once per distinct set.
+    `record` is on the hot path of every wave, so it only keeps the header. `tally`
+    (called by the transport after each wave, and by `report`) counts each wave's
+    distinct messages (sender, receiver, kind, layer, phase, shape) in C-level loops.
+    Successive waves of a run mostly send exactly the same messages, so a wave equal to
+    the one before only adds to a repeat count; `report` turns the counts into values,
+    bytes and links, and the broadcast figures of each distinct wave.
     """
 
     def __init__(self, spec: MeshSpec) -> None:
         self.spec = spec
         self.waves = 0
-        self._ids: dict[tuple, int] = {}  # distinct message -> index into the lists below
-        self._keys: list[tuple] = []
-        self._counts: list[int] = []
-        self._wave: set[int] = set()  # distinct messages of the wave being recorded
-        self._step = -1
         self._headers: list[Header] = []  # recorded since the last tally
-        self._broadcast_of: dict[frozenset[int], Counter[tuple[str, str]]] = {}
+        self._step = -1  # of the wave being counted ...
+        self._wave: Counter[tuple] = Counter()  # ... and its distinct messages
+        self._last: Counter[tuple] = Counter()  # the last finished wave ...
+        self._repeats = 0  # ... and how many waves in a row sent exactly that
+        self._totals: Counter[tuple] = Counter()  # distinct message -> times sent
+        self._broadcast_of: dict[frozenset[tuple], Counter[tuple[str, str]]] = {}
         self._broadcast: Counter[tuple[str, str]] = Counter()  # (class, figure) -> sum
 
     def record(self, message: Message) -> None:
@@ -79,39 +79,43 @@ class Ledger:
     def tally(self) -> None:
         """Count the headers recorded since the last tally, wave (step number) by wave."""
         headers, self._headers = self._headers, []
-        by_step: dict[int, list[Header]] = {}
-        for step, header in zip(map(_STEP, headers), headers, strict=True):
-            by_step.setdefault(step, []).append(header)
-        for step, group in by_step.items():
-            if step != self._step:  # a wave's tail may come in the next tally
+        steps = dict.fromkeys(map(_STEP, headers))  # in order of first appearance
+        for step in steps:
+            group = headers if len(steps) == 1 else [h for h in headers if h.step == step]
+            if step != self._step:  # else the tail of the wave counted last time
                 self._end_wave()
                 self._step = step
                 self.waves += 1
-            for key, sent in Counter(map(_COST_KEY, group)).items():
-                index = self._ids.get(key)
-                if index is None:
-                    index = self._ids[key] = len(self._keys)
-                    self._keys.append(key)
-                    self._counts.append(0)
-                self._counts[index] += sent
-                self._wave.add(index)
+            self._wave.update(map(_COST_KEY, group))
 
     def _end_wave(self) -> None:
         if not self._wave:
             return
-        wave = frozenset(self._wave)
+        if self._wave == self._last:
+            self._repeats += 1
+        else:
+            self._fold()
+            self._last, self._repeats = self._wave, 1
+        self._wave = Counter()
+
+    def _fold(self) -> None:
+        """Add the last wave, times its repeats, to the totals."""
+        if not self._repeats:
+            return
+        wave = frozenset(self._last)
         figures = self._broadcast_of.get(wave)
         if figures is None:
             figures = self._broadcast_of[wave] = self._broadcast_figures(wave)
-        self._broadcast.update(figures)
-        self._wave.clear()
+        for _ in range(self._repeats):
+            self._totals.update(self._last)
+            self._broadcast.update(figures)
+        self._last, self._repeats = Counter(), 0
 
-    def _broadcast_figures(self, wave: frozenset[int]) -> Counter[tuple[str, str]]:
+    def _broadcast_figures(self, wave: frozenset[tuple]) -> Counter[tuple[str, str]]:
         """One wave by radio: a sender's messages of one kind, layer and phase share one
         transmission, carrying the union of their items."""
         groups: dict[tuple, tuple[str, set, int]] = {}
-        for index in wave:
-            src, dst, kind, layer, phase, shape = self._keys[index]
+        for src, dst, kind, layer, phase, shape in wave:
             items = self._items(src, dst, kind, layer, phase)
             per_item = math.prod(shape) // len(items)
             group = groups.setdefault((src, kind, layer, phase),
@@ -138,13 +142,13 @@ class Ledger:
         """The "comm" record of metrics.json (wave timing is added by the transport)."""
         self.tally()
         self._end_wave()
+        self._fold()
         unicast: dict[str, Counter[str]] = defaultdict(Counter)
         links: Counter[tuple[str, str]] = Counter()
         link_messages: Counter[tuple[str, str]] = Counter()
         halo_values: Counter[int] = Counter()  # layer -> values per sample, summed
         cells = self.spec.model.rows * self.spec.model.cols
-        for (src, dst, kind, layer, _, shape), sent in zip(self._keys, self._counts,
-                                                            strict=True):
+        for (src, dst, kind, layer, _, shape), sent in self._totals.items():
             values = math.prod(shape)
             size = HEADER_BYTES + ITEM_BYTES * values
             count = sent * cells if dst == ALL else sent  # a broker delivers to every node
