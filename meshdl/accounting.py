@@ -91,7 +91,7 @@ class Ledger:
     def _end_wave(self) -> None:
         if not self._wave:
             return
-        if self._wave == self._last:
+        if dict.__eq__(self._wave, self._last):  # in C: Counter's own == is a Python loop
             self._repeats += 1
         else:
             self._fold()

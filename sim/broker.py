@@ -98,11 +98,11 @@ class VirtualBroker:
             batch.extend(due)
         if self.shuffle is not None:
             self.shuffle.shuffle(batch)
-        matches = self._matches
+        matches, now = self._matches, float(self.round)
         for topic, payload in batch:
             handlers = matches.get(topic) or self.match(topic)
             if not handlers:
                 self.undeliverable += 1
             for handler in handlers:
-                handler(topic, payload, float(self.round))
+                handler(topic, payload, now)
         return len(batch)

@@ -59,6 +59,7 @@ class VirtualMesh:
             self.nodes[cell] = NodeMachine(spec, cell, own)
         self.edge = EdgeMachine(spec, model, labels)
         self.codec_errors: Counter[str] = Counter()
+        self._outbox: list[Message] = []  # what agents sent during the current round
         self._topics: dict[tuple, str] = {}
         for cell, node in self.nodes.items():
             deliver = self._deliver_to(node)
@@ -76,9 +77,11 @@ class VirtualMesh:
     def _deliver_to(self, agent: NodeMachine | EdgeMachine):
         name = "edge" if isinstance(agent, EdgeMachine) else str(agent.cell)
 
+        outbox = self._outbox
+
         def deliver(_topic: str, payload: bytes | Message, now: float) -> None:
             if isinstance(payload, Message):  # an agent's own, never touched by bytes
-                self.send(agent.handle(payload, now))
+                outbox.extend(agent.handle(payload, now))
                 return
             try:
                 message = decode(payload, mesh=self.spec.mesh_id)
@@ -86,21 +89,29 @@ class VirtualMesh:
                 self.codec_errors[name] += 1
                 agent.stats[f"rejected:codec:{str(exc).split(':')[0]}"] += 1
                 return
-            self.send(agent.handle(message, now))
+            outbox.extend(agent.handle(message, now))
 
         return deliver
 
+    def deliver_round(self) -> None:
+        """Deliver one round; what the agents sent in it goes out in the next."""
+        self.broker.deliver_round()
+        sent = self._outbox[:]  # the agents' closures hold this very list
+        self._outbox.clear()
+        self.send(sent)
+
     def send(self, messages: list[Message]) -> None:
         """Encode, count and publish messages from any agent."""
+        record, topics, publish = self.ledger.record, self._topics, self.broker.publish
         for message in messages:
-            self.ledger.record(message)
+            record(message)
             h = message.header
             key = (h.src, h.dst, h.kind)
-            name = self._topics.get(key)
+            name = topics.get(key)
             if name is None:
-                name = self._topics[key] = topic(h.mesh, h.src, h.dst, h.kind)
+                name = topics[key] = topic(h.mesh, h.src, h.dst, h.kind)
             if not self.wire:
-                self.broker.publish(name, message)
+                publish(name, message)
             elif self.chaos is None:
                 self.broker.publish(name, encode(message))
             else:
@@ -118,12 +129,12 @@ class VirtualMesh:
         while self.edge.result is None:
             if self.broker.idle or self.broker.round - start_round > self.max_rounds:
                 self._stalled(start_round)
-            self.broker.deliver_round()
+            self.deliver_round()
             if self.broker.round % 8 == 0:
                 await asyncio.sleep(0)  # let other tasks of the loop run
         # Let the tail of the wave (e.g. the last REDUCE relays) settle for the counts.
         while not self.broker.idle:
-            self.broker.deliver_round()
+            self.deliver_round()
         self.ledger.tally()
         self.last_wave_rounds = self.broker.round - start_round
         self._record_timing(mode, start_round)

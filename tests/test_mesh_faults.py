@@ -76,7 +76,7 @@ def test_forged_and_garbage_messages_are_rejected_without_effect(junk) -> None:
                 mesh.inject(topic(1, src, dst, kind), payload)
         while mesh.edge.result is None:
             assert not mesh.broker.idle, "the wave stalled"
-            mesh.broker.deliver_round()
+            mesh.deliver_round()
         results.append((mesh.edge.result.loss, mesh.edge.result.grads.copy()))
     assert results[1][0] == results[0][0]
     np.testing.assert_array_equal(results[1][1], results[0][1])
@@ -140,7 +140,7 @@ def test_a_flood_of_far_future_messages_from_a_neighbour_does_not_stall_later_wa
                        layer=1))
     for _ in range(300):  # more than a node keeps for one neighbour
         mesh.inject(topic(1, (1, 3), (1, 4), Kind.HALO), junk)
-    mesh.broker.deliver_round()
+    mesh.deliver_round()
     for step in range(3):
         loss, _, _ = engine.loss_and_grads(model, np.arange(4 * (step % 2), 4 * (step % 2) + 4))
         assert np.isfinite(loss)
