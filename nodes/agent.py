@@ -242,10 +242,12 @@ class NodeMachine:
         self.block = topo.block_of(cell)
         self.block_cells = topo.block_cells(self.block)
         if topo.leader[self.block] == cell:  # pooling, and max routing back
-            self.block_slots = plan.rows(("a", layers), self.block_cells)
+            self.block_slots = np.array([plan.slot(("a", layers), c)
+                                         for c in self.block_cells], np.intp)
             self.pooled_slot = plan.slot(("pooled",), self.block)
             self.dpooled_slot = plan.slot(("dpooled",), self.block)
-            self.route_slots = [plan.slot(("route",), c) for c in self.block_cells]
+            self.route_slots = np.array([plan.slot(("route",), c)
+                                         for c in self.block_cells], np.intp)
         self.route = plan.buffers[("route",)]
         self.own_route = plan.slot(("route",), cell)
         # The tasks waiting for each of this node's computations.
@@ -452,9 +454,8 @@ class NodeMachine:
             out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
             out.append(self._message(wave, Kind.BATCH, child, payload))
         mean, std = self.norm_slices
-        x = wave.buffers[self.a[0]][self.own_a[0]]  # (c_in, B)
-        np.subtract(self.readings[int(payload[1])][:, indices], params[mean][:, None], out=x)
-        x /= params[std][:, None]
+        compute.normalize(self.readings[int(payload[1])], indices, params[mean], params[std],
+                          wave.buffers[self.a[0]][self.own_a[0]])
         self._arrived(wave, self.made_a[0])
 
     def _field_buffers(self, batch: int) -> list[np.ndarray]:
@@ -516,27 +517,25 @@ class NodeMachine:
         self._arrived(wave, self.made_a[layer])
 
     def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
-        block = wave.buffers[self.a[layers]][self.block_slots]
-        wave.winners = block.argmax(axis=0)  # first maximum in row-major order, as PyTorch
-        pooled = wave.buffers[self.plan.buffers[("pooled",)]]
-        np.max(block, axis=0, out=pooled[self.pooled_slot])
+        """The block's maximum and, for the backward pass, which member held it (the
+        first in row-major order, as PyTorch)."""
+        pooled = wave.buffers[self.plan.buffers[("pooled",)]][self.pooled_slot]
+        wave.winners = np.empty(pooled.shape, np.intp)
+        compute.max_pool(wave.buffers[self.a[layers]], self.block_slots, pooled, wave.winners)
         self._arrived(wave, self.made_pooled)
 
     def _route(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """Max-pool backward at the leader: each member gets the gradient where it won."""
         grad = wave.buffers[self.plan.buffers[("dpooled",)]][self.dpooled_slot]
-        route, zero = wave.buffers[self.route], np.float32(0.0)
-        for i, (slot, made) in enumerate(zip(self.route_slots, self.made_route, strict=True)):
-            route[slot] = np.where(wave.winners == i, grad, zero)
+        compute.route_max(grad, wave.winners, self.route_slots, wave.buffers[self.route])
+        for made in self.made_route:
             self._arrived(wave, made)
 
     def _dz_top(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
-        active = wave.buffers[self.a[layers]][self.own_a[layers]] > 0
-        # np.where, not a product: 0 where the ReLU was off, even for a NaN gradient
-        # (as the central model's ReLU backward does).
-        wave.buffers[self.dz[layers]][self.own_dz[layers]] = np.where(
-            active, wave.buffers[self.route][self.own_route], np.float32(0.0))
+        compute.relu_backward(wave.buffers[self.a[layers]][self.own_a[layers]],
+                              wave.buffers[self.route][self.own_route],
+                              wave.buffers[self.dz[layers]][self.own_dz[layers]])
         self._arrived(wave, self.made_dz[layers])
 
     def _weight_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:

@@ -98,6 +98,53 @@ def input_grad(dz_values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
 
 
 @njit(**_JIT)
+def normalize(readings: np.ndarray, indices: np.ndarray, mean: np.ndarray, std: np.ndarray,
+              out: np.ndarray) -> None:
+    """out[c, j] = (readings[c, indices[j]] - mean[c]) / std[c]: a wave's input."""
+    for c in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[c, j] = (readings[c, indices[j]] - mean[c]) / std[c]
+
+
+@njit(**_JIT)
+def max_pool(values: np.ndarray, slots: np.ndarray, out: np.ndarray,
+             winners: np.ndarray) -> None:
+    """A block leader's pooling: out[h, j] = the maximum over the block's cells
+    values[slots[t], h, j], winners[h, j] = the first t holding it, as numpy's max and
+    argmax (a NaN wins over any number, the first NaN over later ones)."""
+    for h in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            best = values[slots[0], h, j]
+            win = 0
+            for t in range(1, len(slots)):
+                x = values[slots[t], h, j]
+                if not np.isnan(best) and (x > best or np.isnan(x)):
+                    best = x
+                    win = t
+            out[h, j] = best
+            winners[h, j] = win
+
+
+@njit(**_JIT)
+def route_max(grad: np.ndarray, winners: np.ndarray, slots: np.ndarray,
+              out: np.ndarray) -> None:
+    """Max-pool backward: block cell t gets grad[h, j] where it won, else 0."""
+    for t in range(len(slots)):
+        for h in range(grad.shape[0]):
+            for j in range(grad.shape[1]):
+                out[slots[t], h, j] = grad[h, j] if winners[h, j] == t else 0.0
+
+
+@njit(**_JIT)
+def relu_backward(activation: np.ndarray, grad: np.ndarray, out: np.ndarray) -> None:
+    """out = grad where the ReLU passed (activation > 0), else 0, even for a NaN grad
+    (as the central model's ReLU backward does)."""
+    for h in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[h, j] = grad[h, j] if activation[h, j] > 0.0 else 0.0
+
+
+@njit(**_JIT)
 def all_positive(values: np.ndarray) -> bool:
     """Whether every value is > 0 (NaN is not): a PARAMS message's standard deviations."""
     ok = True
@@ -117,22 +164,26 @@ def indices_within(indices: np.ndarray, size: int) -> bool:
 
 def warm_up() -> None:
     """Compile (or load from Numba's cache) the kernels now, with the argument types a
-    wave uses (parameters arrive read-only; the types do not depend on any size), so
-    that a node's first wave is not slowed by compilation: a live slot's wave has a
-    deadline."""
+    wave uses (what arrives in messages is read-only; the types do not depend on any
+    size), so that a node's first wave is not slowed by compilation: a live slot's wave
+    has a deadline."""
 
-    def frozen(shape: tuple[int, ...]) -> np.ndarray:
-        array = np.zeros(shape, np.float32)
+    def frozen(shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
+        array = np.zeros(shape, dtype)
         array.setflags(write=False)
         return array
 
     slots, taps = np.zeros(1, np.intp), np.zeros(1, np.int64)
     values, out = np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32)
-    conv_relu(values, slots, taps, frozen((1, 1, 1)), frozen((1,)), out)
+    weight, bias = frozen((1, 1, 1)), frozen((1,))
+    normalize(np.zeros((1, 1), np.float32), frozen((1,), np.int32), bias, bias, out)
+    conv_relu(values, slots, taps, weight, bias, out)
+    winners = np.zeros((1, 1), np.intp)
+    max_pool(values, slots, out, winners)
+    route_max(out, winners, slots, values)
+    relu_backward(out, out, out)
     weight_grad(out, values, slots, taps, np.zeros((1, 1, 1), np.float32),
                 np.zeros(1, np.float32))
-    input_grad(values, slots, taps, frozen((1, 1, 1)), out, np.zeros((1, 1), np.float32))
-    all_positive(frozen((1,)))
-    indices = np.zeros(3, np.int32)
-    indices.setflags(write=False)
-    indices_within(indices[2:], 1)
+    input_grad(values, slots, taps, weight, out, out)
+    all_positive(bias)
+    indices_within(frozen((1,), np.int32), 1)
