@@ -53,11 +53,12 @@ class Ledger:
     """Accumulates counts of every message sent in a mesh run.
 
     `record` is on the hot path of every wave, so it only keeps the header. `tally`
-    (called by the transport after each wave, and by `report`) counts each wave's
-    distinct messages (sender, receiver, kind, layer, phase, shape) in C-level loops.
-    Successive waves of a run mostly send exactly the same messages, so a wave equal to
-    the one before only adds to a repeat count; `report` turns the counts into values,
-    bytes and links, and the broadcast figures of each distinct wave.
+    (called by the transport after each wave, and by `report`) reduces each wave to the
+    list of what its messages cost (sender, receiver, kind, layer, phase, shape), in
+    C-level loops. Successive waves of a run mostly send exactly the same messages in
+    the same order, so a wave equal to the one before only adds to a repeat count, and
+    only a different wave is counted message by message. `report` turns the counts into
+    values, bytes and links, and the broadcast figures of each distinct wave.
     """
 
     def __init__(self, spec: MeshSpec) -> None:
@@ -65,8 +66,8 @@ class Ledger:
         self.waves = 0
         self._headers: list[Header] = []  # recorded since the last tally
         self._step = -1  # of the wave being counted ...
-        self._wave: Counter[tuple] = Counter()  # ... and its distinct messages
-        self._last: Counter[tuple] = Counter()  # the last finished wave ...
+        self._wave: list[tuple] = []  # ... and its messages' cost keys
+        self._last: list[tuple] = []  # the last finished wave ...
         self._repeats = 0  # ... and how many waves in a row sent exactly that
         self._totals: Counter[tuple] = Counter()  # distinct message -> times sent
         self._broadcast_of: dict[frozenset[tuple], Counter[tuple[str, str]]] = {}
@@ -86,30 +87,31 @@ class Ledger:
                 self._end_wave()
                 self._step = step
                 self.waves += 1
-            self._wave.update(map(_COST_KEY, group))
+            self._wave.extend(map(_COST_KEY, group))
 
     def _end_wave(self) -> None:
         if not self._wave:
             return
-        if dict.__eq__(self._wave, self._last):  # in C: Counter's own == is a Python loop
+        if self._wave == self._last:
             self._repeats += 1
         else:
             self._fold()
             self._last, self._repeats = self._wave, 1
-        self._wave = Counter()
+        self._wave = []
 
     def _fold(self) -> None:
         """Add the last wave, times its repeats, to the totals."""
         if not self._repeats:
             return
-        wave = frozenset(self._last)
+        sent = Counter(self._last)
+        wave = frozenset(sent)
         figures = self._broadcast_of.get(wave)
         if figures is None:
             figures = self._broadcast_of[wave] = self._broadcast_figures(wave)
         for _ in range(self._repeats):
-            self._totals.update(self._last)
+            self._totals.update(sent)
             self._broadcast.update(figures)
-        self._last, self._repeats = Counter(), 0
+        self._last, self._repeats = [], 0
 
     def _broadcast_figures(self, wave: frozenset[tuple]) -> Counter[tuple[str, str]]:
         """One wave by radio: a sender's messages of one kind, layer and phase share one
