@@ -191,6 +191,21 @@ def test_debug_flag_shows_the_traceback(cli, tmp_path) -> None:
         cli("--debug", "train", "--data", tmp_path / "absent.npz")
 
 
+def test_bench_mesh_reports_both_modes_and_their_ratio(cli, tmp_path) -> None:
+    config = tmp_path / "small.toml"
+    config.write_text("[model]\nrows = 4\ncols = 5\nhidden = 8\n"
+                      "[data]\ntrain = 40\ntest = 10\n[train]\nbatch = 20\n")
+    code, out, err = cli("bench", "mesh", "--config", config, "--epochs", "2", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["grid"] == [4, 5] and result["epochs"] == 2
+    mesh, central = result["mesh"], result["central"]
+    assert mesh["test_acc"] == pytest.approx(central["test_acc"])  # the same model
+    assert mesh["waves"] == 2 * (2 + 1) + 1  # per epoch 2 steps and a test pass; final
+    assert mesh["messages_per_s"] == pytest.approx(mesh["messages"] / mesh["wall_s"])
+    assert result["ratio_to_central"] == pytest.approx(mesh["wall_s"] / central["wall_s"])
+
+
 def test_bench_kernels_reports_a_step_time(cli) -> None:
     code, out, err = cli("bench", "kernels", "--rows", "5", "--cols", "5", "--hidden", "8",
                          "--batch", "4", "--repeats", "3", "--json")

@@ -48,6 +48,36 @@ def kernels(
     out_console.print(f"speed-up vs PyTorch: {result['speedup_vs_torch']:.2f}x")
 
 
+@app.command("mesh")
+def mesh(
+    epochs: int | None = typer.Option(None, "--epochs", min=1, help="Default: the "
+                                      "configuration's (the seed experiment: 20)."),
+    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
+                                            "(default: the seed experiment)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+) -> None:
+    """A training run in the in-process virtual mesh vs the same run in central mode."""
+    from meshdl.bench_mesh import bench_mesh
+
+    config = load_run_config(config_file, train={"epochs": epochs})
+    with err_console.status("generating the synthetic lounge data set"):
+        data = generate_lounge(config.data)
+    result = bench_mesh(config, data, log=lambda text: err_console.print(text))
+    if json_out:
+        emit_json(result)
+        return
+    central, ours = result["central"], result["mesh"]
+    rows, cols = result["grid"]
+    out_console.print(
+        f"{rows} x {cols} grid, {result['train_samples']} samples, batch {result['batch']}, "
+        f"{result['epochs']} epoch(s)")
+    out_console.print(f"central: {central['wall_s']:.1f} s, test acc {central['test_acc']:.4f}")
+    out_console.print(f"mesh:    {ours['wall_s']:.1f} s, test acc {ours['test_acc']:.4f}; "
+                      f"{ours['waves']} waves ({ours['ms_per_wave']:.0f} ms each)")
+    out_console.print(f"         {ours['messages']} messages ({ours['messages_per_s']:.0f}/s)")
+    out_console.print(f"mesh / central: {result['ratio_to_central']:.1f}x")
+
+
 @app.command("mqtt")
 def mqtt(
     epochs: int = typer.Option(1, "--epochs", min=1),
