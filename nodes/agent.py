@@ -220,6 +220,7 @@ class NodeMachine:
         self.children = topo.children[cell]
         self.neighbours = set(topo.neighbours(cell))
         self.plan = plan = NodePlan(spec, cell)
+        self.inbox = plan.inbox
         layers = spec.model.conv_layers
         before, after = spec.offsets
         forward = _slots(cell, topo.window(cell, before, after), before, spec.model.kernel)
@@ -298,7 +299,7 @@ class NodeMachine:
         """Take one decoded message; return the messages this node sends in response."""
         h = message.header
         key = (h.kind, h.layer, h.phase, h.src)
-        expect = self.plan.inbox.get(key)
+        expect = self.inbox.get(key)
         if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
             self.stats[f"rejected:{self._reject_reason(message)}"] += 1
             return []

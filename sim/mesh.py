@@ -5,7 +5,7 @@ round = one hop), which is the mesh's virtual clock. With `wire=True` (and alway
 fault injection) every message crosses as bytes through the real codec, exactly as over
 Mosquitto; by default the agents' messages cross as immutable objects, which computes the
 same results (a test shows it) and counts the same bytes (the ledger sizes messages from
-their headers) in about 60 % of the time per wave. Bytes published from outside
+their headers) in less than half the time per wave. Bytes published from outside
 (`inject`) are always decoded and validated. `VirtualMesh.run_wave` is a coroutine so that the
 mesh can share an asyncio loop with other tasks; `MeshEngine` adapts it to the training
 loop's `Engine` protocol.
