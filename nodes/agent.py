@@ -298,11 +298,45 @@ class NodeMachine:
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one decoded message; return the messages this node sends in response."""
         h = message.header
-        key = (h.kind, h.layer, h.phase, h.src)
-        expect = self.inbox.get(key)
+        expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
         if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
             self.stats[f"rejected:{self._reject_reason(message)}"] += 1
             return []
+        wave = self.wave
+        if expect.role == ITEMS and wave is not None and h.step == wave.step and \
+                wave.mode is not None:
+            return self._take_items(wave, message, expect, now)  # most messages
+        return self._handle_wave_event(message, expect, now)
+
+    def _take_items(self, wave: Wave, message: Message, expect: Expect,
+                    now: float) -> list[Message]:
+        """A neighbour's items for the running wave: stored in their slots, and what they
+        complete runs."""
+        if wave.seen[expect.index]:
+            self.stats["duplicates"] += 1
+            return []
+        if expect.train_only and not wave.training:
+            self.stats["rejected:unexpected"] += 1
+            return []
+        payload = message.payload
+        if message.header.dtype != FLOAT32 or \
+                payload.shape != (expect.rows, expect.channels, wave.batch):
+            self.stats["rejected:bad_shape"] += 1
+            return []
+        wave.buffers[expect.buffer][expect.slots] = payload
+        wave.seen[expect.index] = 1
+        self.stats["accepted"] += 1
+        self._arrived(wave, expect.waiters)
+        out: list[Message] = []
+        if wave.ready:
+            self._run_ready(wave, now, out)
+        return out
+
+    def _handle_wave_event(self, message: Message, expect: Expect,
+                           now: float) -> list[Message]:
+        """Everything but a running wave's items: control messages (which may begin a
+        wave), REDUCE, and messages of another wave or before their wave started."""
+        h = message.header
         wave, new_wave = self.wave, False
         if wave is None or h.step > wave.step:
             if expect.role != PARAMS:  # a neighbour is already in the next wave: keep it
@@ -378,29 +412,26 @@ class NodeMachine:
 
     def _accept(self, wave: Wave, message: Message, expect: Expect,
                 out: list[Message]) -> bool:
-        """Take a message's content into the wave, or count why it does not fit."""
+        """Take a control or REDUCE message into the wave (or keep items that came before
+        the wave started), or count why it does not fit."""
         h, payload = message.header, message.payload
         if expect.role <= BATCH:
             return self._accept_control(wave, message, expect, out)
-        if wave.mode is None:  # item messages before this wave's BATCH: wait for it
+        if wave.mode is None:  # before this wave's BATCH: wait for it
             self._buffer(message, "buffered_early")
             return False
-        if expect.train_only and not wave.training:
+        if expect.role == ITEMS:  # never here: `handle` gives a running wave's items
+            return False          # to `_take_items`
+        if not wave.training:
             self.stats["rejected:unexpected"] += 1
             return False
         if h.dtype != FLOAT32:
             self.stats["rejected:bad_shape"] += 1
             return False
-        if expect.role == REDUCE:
-            if payload.shape != (self.spec.conv_size,):
-                self.stats["rejected:bad_reduce"] += 1
-                return False
-            wave.reduce[h.src] = payload
-        elif payload.shape == (expect.rows, expect.channels, wave.batch):
-            wave.buffers[expect.buffer][expect.slots] = payload
-        else:
-            self.stats["rejected:bad_shape"] += 1
+        if payload.shape != (self.spec.conv_size,):
+            self.stats["rejected:bad_reduce"] += 1
             return False
+        wave.reduce[h.src] = payload
         self._arrived(wave, expect.waiters)
         return True
 
