@@ -245,7 +245,9 @@ class NodeMachine:
         if topo.leader[self.block] == cell:  # pooling, and max routing back
             self.block_slots = np.array([plan.slot(("a", layers), c)
                                          for c in self.block_cells], np.intp)
+            self.pooled = plan.buffers[("pooled",)]
             self.pooled_slot = plan.slot(("pooled",), self.block)
+            self.dpooled = plan.buffers[("dpooled",)]
             self.dpooled_slot = plan.slot(("dpooled",), self.block)
             self.route_slots = np.array([plan.slot(("route",), c)
                                          for c in self.block_cells], np.intp)
@@ -551,14 +553,14 @@ class NodeMachine:
     def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """The block's maximum and, for the backward pass, which member held it (the
         first in row-major order, as PyTorch)."""
-        pooled = wave.buffers[self.plan.buffers[("pooled",)]][self.pooled_slot]
+        pooled = wave.buffers[self.pooled][self.pooled_slot]
         wave.winners = np.empty(pooled.shape, np.intp)
         compute.max_pool(wave.buffers[self.a[layers]], self.block_slots, pooled, wave.winners)
         self._arrived(wave, self.made_pooled)
 
     def _route(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """Max-pool backward at the leader: each member gets the gradient where it won."""
-        grad = wave.buffers[self.plan.buffers[("dpooled",)]][self.dpooled_slot]
+        grad = wave.buffers[self.dpooled][self.dpooled_slot]
         compute.route_max(grad, wave.winners, self.route_slots, wave.buffers[self.route])
         for made in self.made_route:
             self._arrived(wave, made)

@@ -76,7 +76,6 @@ class VirtualMesh:
 
     def _deliver_to(self, agent: NodeMachine | EdgeMachine):
         name = "edge" if isinstance(agent, EdgeMachine) else str(agent.cell)
-
         outbox = self._outbox
 
         def deliver(_topic: str, payload: bytes | Message, now: float) -> None:
