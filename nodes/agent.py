@@ -15,9 +15,9 @@ Every send and computation is a *task* that needs a list of items (cells' or blo
 values). Items come from *sources*: a message of the plan (all the items it carries) or
 one of the node's own computations. A task waits for its sources and runs when the last
 one arrives. Values live in one (slots, channels, batch) array per field (`NodePlan`),
-reused from wave to wave. No sockets, clocks or asyncio: transports call `handle`; `now` only stamps
-when each stage finished. Bad messages are counted in `stats` and dropped; they never
-raise.
+reused from wave to wave. No sockets, clocks or asyncio: transports call `handle`; `now`
+only stamps when each stage finished. Bad messages are counted in `stats` and dropped;
+they never raise.
 """
 
 from __future__ import annotations
