@@ -108,9 +108,10 @@ class Ledger:
         figures = self._broadcast_of.get(wave)
         if figures is None:
             figures = self._broadcast_of[wave] = self._broadcast_figures(wave)
-        for _ in range(self._repeats):
-            self._totals.update(sent)
-            self._broadcast.update(figures)
+        for key, times in sent.items():
+            self._totals[key] += times * self._repeats
+        for key, value in figures.items():
+            self._broadcast[key] += value * self._repeats
         self._last, self._repeats = [], 0
 
     def _broadcast_figures(self, wave: frozenset[tuple]) -> Counter[tuple[str, str]]:

@@ -202,3 +202,34 @@ def test_broadcast_parameters_reach_every_node_in_one_publish() -> None:
     params, waves = report["classes"]["params"], report["waves"]
     assert params["broadcast"]["transmissions"] == 2 * waves  # PARAMS and BATCH, once each
     assert params["messages"] == 2 * waves * 4 * 5  # a broker delivers each to all 20 nodes
+
+
+def test_the_ledger_counts_a_run_as_the_sum_of_its_waves() -> None:
+    """Repeated waves are counted as repeats of one; a different wave between them (an
+    inference pass, another batch size) is counted on its own; nothing is lost."""
+    config = ModelConfig(rows=4, cols=5, hidden=4)
+    data = _dataset(config, 6, seed=3)
+    model = CNN(config, seed=0)
+    model.set_normalization(20.0, 3.0)
+
+    def comm(*waves: tuple[str, int]) -> dict:
+        engine = MeshEngine(data)
+        for kind, batch in waves:
+            if kind == "train":
+                engine.loss_and_grads(model, np.arange(batch))
+            else:
+                engine.logits(model, "test", np.arange(batch))
+        return engine.report()
+
+    run = comm(("train", 2), ("train", 2), ("infer", 3), ("train", 2), ("train", 3))
+    parts = [comm(("train", 2)), comm(("infer", 3)), comm(("train", 3))]
+    expected = [3, 1, 1]  # times each part occurs in the run
+    assert run["waves"] == 5
+    for figure in ("total_messages", "total_bytes", "broadcast_transmissions",
+                   "broadcast_bytes"):
+        assert run[figure] == sum(n * part[figure] for n, part in zip(expected, parts,
+                                                                        strict=True)), figure
+    for name, counts in run["classes"].items():
+        for figure in ("values", "messages", "bytes"):
+            assert counts[figure] == sum(n * part["classes"].get(name, {}).get(figure, 0)
+                                         for n, part in zip(expected, parts, strict=True))
