@@ -74,7 +74,7 @@ class Ledger:
         self._broadcast: Counter[tuple[str, str]] = Counter()  # (class, figure) -> sum
 
     def record(self, message: Message) -> None:
-        """Count one message at the moment it is sent."""
+        """Note one message at the moment it is sent (`tally` counts it)."""
         self._headers.append(message.header)
 
     def tally(self) -> None:

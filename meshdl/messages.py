@@ -121,23 +121,20 @@ def make(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int,
         code = DTYPE_CODES[array.dtype]
     if array.ndim > MAX_DIMS:
         raise ValueError(f"a payload has at most {MAX_DIMS} dimensions, not {array.ndim}")
-    # Read-only, as a decoded payload is: in-process transports hand this very array to
-    # the receiver, which must not be able to change what the sender still holds.
-    array = array.view()
-    array.setflags(write=False)
-    # tuple.__new__ skips the NamedTuples' generated __new__: this runs for every message.
-    header = _new(Header, (PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
-                           code, array.shape, 0))
-    return _new(Message, (header, array))
+    return seal(kind, mesh, step, src, dst, array.view(), layer, phase, seq, code)
 
 
 def seal(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int, int],
-         view: np.ndarray, layer: int, phase: int, seq: int) -> Message:
-    """`make` for a hot path whose payload is already a fresh C-contiguous float32 view
-    (a slice of a node's buffer): it is only made read-only, as `make` would."""
+         view: np.ndarray, layer: int, phase: int, seq: int, dtype: int = FLOAT32) -> Message:
+    """A message around a fresh C-contiguous view of a wire dtype (`dtype`'s code): the
+    hot path of a node's sends, whose payloads are slices of its buffers; `make` for
+    anything else."""
+    # Read-only, as a decoded payload is: in-process transports hand this very array to
+    # the receiver, which must not be able to change what the sender still holds.
     view.setflags(write=False)
+    # tuple.__new__ skips the NamedTuples' generated __new__: this runs for every message.
     header = _new(Header, (PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
-                           FLOAT32, view.shape, 0))
+                           dtype, view.shape, 0))
     return _new(Message, (header, view))
 
 

@@ -306,15 +306,16 @@ class NodeMachine:
             self.stats[f"rejected:{self._reject_reason(message)}"] += 1
             return []
         wave = self.wave
-        if expect.role == ITEMS and wave is not None and h.step == wave.step and \
-                wave.mode is not None:
+        if expect.role == ITEMS and wave is not None and h.step == wave.step:
             return self._take_items(wave, message, expect, now)  # most messages
         return self._handle_wave_event(message, expect, now)
 
     def _take_items(self, wave: Wave, message: Message, expect: Expect,
                     now: float) -> list[Message]:
-        """A neighbour's items for the running wave: stored in their slots, and what they
-        complete runs."""
+        """A neighbour's items for the current wave: stored in their slots, and what they
+        complete runs (kept for later if the wave has not started yet)."""
+        if wave.mode is None:  # before this wave's BATCH: wait for it
+            return self._buffer(message, "buffered_early")
         if wave.seen[expect.index]:
             self.stats["duplicates"] += 1
             return []
@@ -337,8 +338,8 @@ class NodeMachine:
 
     def _handle_wave_event(self, message: Message, expect: Expect,
                            now: float) -> list[Message]:
-        """Everything but a running wave's items: control messages (which may begin a
-        wave), REDUCE, and messages of another wave or before their wave started."""
+        """Everything but the current wave's items: control messages (which may begin a
+        wave), REDUCE, and messages of another wave."""
         h = message.header
         wave, new_wave = self.wave, False
         if wave is None or h.step > wave.step:
@@ -415,16 +416,13 @@ class NodeMachine:
 
     def _accept(self, wave: Wave, message: Message, expect: Expect,
                 out: list[Message]) -> bool:
-        """Take a control or REDUCE message into the wave (or keep items that came before
-        the wave started), or count why it does not fit."""
+        """Take a control or REDUCE message into the wave, or count why it does not fit."""
         h, payload = message.header, message.payload
         if expect.role <= BATCH:
             return self._accept_control(wave, message, expect, out)
         if wave.mode is None:  # before this wave's BATCH: wait for it
             self._buffer(message, "buffered_early")
             return False
-        if expect.role == ITEMS:  # never here: `handle` gives a running wave's items
-            return False          # to `_take_items`
         if not wave.training:
             self.stats["rejected:unexpected"] += 1
             return False
