@@ -55,6 +55,7 @@ class MqttEngine(WaveEngine):
         # No data set: inference on live readings only (`meshdl edge serve`).
         self.labels = {} if data is None else {Split.TRAIN: data.y_train,
                                                Split.TEST: data.y_test}
+        self.train_samples = 0 if data is None else len(data.y_train)
         self.address = broker if isinstance(broker, BrokerAddress) else \
             BrokerAddress.parse(broker)
         self.mesh_id = mesh_id

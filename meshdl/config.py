@@ -81,6 +81,15 @@ class TrainConfig(_Strict):
     lr: float = Field(0.15, gt=0, description="learning rate (the peak, with a schedule)")
     schedule: Literal["constant", "cosine"] = Field(
         "cosine", description="learning rate over the run: constant, or cosine decay to 0")
+    warmup_fraction: float = Field(
+        0.25, ge=0, le=1, description="share of the run's updates over which the learning "
+        "rate ramps linearly up to lr before the schedule starts")
+    clip_norm: float = Field(
+        1.0, ge=0, description="scale each gradient down to this global L2 norm when it is "
+        "longer (0: never)")
+    augment: Literal["none", "mirror"] = Field(
+        "mirror", description="mirror: each epoch shows every training map once, flipped "
+        "up-down and/or left-right at random (the label rule is symmetric under both)")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
     weight_decay: float = Field(0.0, ge=0)
     seed: int = Field(0, ge=0, description="seeds parameter init and batch shuffling")

@@ -20,11 +20,11 @@ _JIT = {"cache": True, "fastmath": True, "nogil": True, "boundscheck": False}
 
 @njit(**_JIT)
 def _sgd_step(
-    params: np.ndarray, grads: np.ndarray, velocity: np.ndarray,
+    params: np.ndarray, grads: np.ndarray, grad_scale: float, velocity: np.ndarray,
     lr: float, momentum: float, weight_decay: float, first: bool,
 ) -> None:
     for i in range(params.size):
-        g = grads[i] + weight_decay * params[i]
+        g = grad_scale * grads[i] + weight_decay * params[i]
         if momentum > 0.0:
             v = g if first else momentum * velocity[i] + g
             velocity[i] = v
@@ -34,14 +34,14 @@ def _sgd_step(
 
 @njit(**_JIT)
 def _adam_step(
-    params: np.ndarray, grads: np.ndarray, m: np.ndarray, v: np.ndarray, step: int,
-    lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+    params: np.ndarray, grads: np.ndarray, grad_scale: float, m: np.ndarray, v: np.ndarray,
+    step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
 ) -> None:
     bias1 = 1.0 - beta1**step
     bias2_sqrt = np.sqrt(1.0 - beta2**step)
     step_size = lr / bias1
     for i in range(params.size):
-        g = grads[i] + weight_decay * params[i]
+        g = grad_scale * grads[i] + weight_decay * params[i]
         m[i] = beta1 * m[i] + (1.0 - beta1) * g
         v[i] = beta2 * v[i] + (1.0 - beta2) * g * g
         params[i] -= step_size * m[i] / (np.sqrt(v[i]) / bias2_sqrt + eps)
@@ -61,12 +61,13 @@ class Optimizer:
         cfg = self.config
         lr = cfg.lr if lr is None else lr
         self.steps += 1
+        scale = clip_scale(grads, cfg.clip_norm)
         if cfg.optimizer == "sgd":
-            _sgd_step(params, grads, self.first_moment, lr, cfg.momentum,
+            _sgd_step(params, grads, scale, self.first_moment, lr, cfg.momentum,
                       cfg.weight_decay, self.steps == 1)
         else:
-            _adam_step(params, grads, self.first_moment, self.second_moment, self.steps,
-                       lr, 0.9, 0.999, 1e-8, cfg.weight_decay)
+            _adam_step(params, grads, scale, self.first_moment, self.second_moment,
+                       self.steps, lr, 0.9, 0.999, 1e-8, cfg.weight_decay)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """The optimizer state as arrays, for checkpoints."""
@@ -82,8 +83,29 @@ class Optimizer:
         self.second_moment[...] = state["second_moment"]
 
 
+def clip_scale(grads: np.ndarray, max_norm: float) -> float:
+    """The factor that shortens `grads` to global L2 norm `max_norm` (1 when it is shorter).
+
+    PyTorch's `clip_grad_norm_(params, max_norm)`, over the whole flat gradient: in the
+    mesh the edge holds that vector after the reduction, so the norm is the same one.
+    """
+    if max_norm <= 0.0:
+        return 1.0
+    norm = float(np.sqrt(np.dot(grads.astype(np.float64), grads.astype(np.float64))))
+    return min(1.0, max_norm / (norm + 1e-6))
+
+
 def learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:
-    """The learning rate of update `step` (0-based) out of `total_steps`."""
-    if config.schedule == "constant" or total_steps <= 1:
+    """The learning rate of update `step` (0-based) out of `total_steps`.
+
+    A linear warm-up over the first w = round(warmup_fraction * total_steps) updates
+    (lr/w, 2 lr/w, ..., lr), then the schedule over the updates that remain: constant, or
+    a cosine decay towards 0.
+    """
+    warmup = round(config.warmup_fraction * total_steps)
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    if config.schedule == "constant" or total_steps - warmup <= 1:
         return config.lr
-    return 0.5 * config.lr * (1.0 + math.cos(math.pi * step / total_steps))
+    progress = (step - warmup) / (total_steps - warmup)
+    return 0.5 * config.lr * (1.0 + math.cos(math.pi * progress))

@@ -4,7 +4,8 @@ A run directory holds `model.npz` (the model, PyTorch names), `config.json` (the
 effective RunConfig and where the data came from) and `metrics.json`, whose schema
 users script against:
     {"mode", "config", "epochs": [{"epoch", "train_loss", "train_acc", "test_acc"}],
-     "final": {"train_acc", "test_acc"}, "wall_s"}
+     "final": {"train_acc", "test_acc", "predicted_per_class": {"train", "test"},
+               "single_class"}, "wall_s"}
 Later modes add keys (the mesh adds "comm"); none is ever renamed.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from meshdl.config import RunConfig
 from meshdl.model import CNN
@@ -46,6 +49,19 @@ def metrics_record(config: RunConfig, history: History, extra: dict[str, Any] | 
         **({"comm": history.comm} if history.comm else {}),
         **(extra or {}),
     }
+
+
+def single_class_warning(final: dict[str, Any]) -> str | None:
+    """One line for a run that ended predicting one class for every sample, else None.
+
+    Such a model is no detector at all, whatever its accuracy (the majority share).
+    """
+    if not final.get("single_class"):
+        return None
+    counts = final["predicted_per_class"]
+    predicted = int(np.argmax(np.add(counts["train"], counts["test"])))
+    return (f"warning: the model predicts class {predicted} for every sample (a collapsed "
+            "run: it detects nothing); train again with another --seed or a lower --lr")
 
 
 def write_run(out: Path, config: RunConfig, model: CNN, metrics: dict[str, Any],

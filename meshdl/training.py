@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from meshdl.augment import orientations, originals, training_data
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
 from meshdl.errors import MeshdlError, NonFiniteError
@@ -25,6 +26,8 @@ from meshdl.optim import Optimizer, learning_rate
 
 class Engine(Protocol):
     """Computes one batch's loss, logits and flat gradient for the model's parameters."""
+
+    train_samples: int  # maps of the training split it holds (mirrors included)
 
     def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
                                                                        np.ndarray]: ...
@@ -41,6 +44,7 @@ class CentralEngine:
 
     def __init__(self, data: Dataset) -> None:
         self.splits = {"train": (data.X_train, data.y_train), "test": (data.X_test, data.y_test)}
+        self.train_samples = len(data.y_train)
 
     def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
                                                                        np.ndarray]:
@@ -80,7 +84,7 @@ class EpochMetrics:
 @dataclass
 class History:
     epochs: list[EpochMetrics] = field(default_factory=list)
-    final: dict[str, float] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)  # see `final_metrics`
     wall_s: float = 0.0
     comm: dict[str, Any] = field(default_factory=dict)  # the engine's network report
 
@@ -99,25 +103,49 @@ def normalization(X: np.ndarray) -> tuple[float, float]:
     return mean, (std if std > 1e-6 else 1.0)
 
 
-def batches(n: int, batch: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """One epoch's shuffled sample indices, cut into batches (the last may be short)."""
+def batches(n: int, batch: int, rng: np.random.Generator,
+            orientations: int = 1) -> list[np.ndarray]:
+    """One epoch's shuffled sample indices, cut into batches (the last may be short).
+
+    With mirrors (`augment.training_data`) sample i appears in orientation o at index
+    o * n + i; each epoch draws one orientation per sample, so it still has n samples.
+    """
     order = rng.permutation(n)
+    if orientations > 1:
+        order += n * rng.integers(0, orientations, n)
     return [order[i : i + batch] for i in range(0, n, batch)]
 
 
 EVAL_BATCH = 1024  # samples per evaluation pass: in the mesh, one inference wave each
 
 
-def accuracy(engine: Engine, model: CNN, split: str, labels: np.ndarray,
-             batch: int = EVAL_BATCH) -> float:
-    """Fraction of `split` predicted right, evaluated in batches of `batch`."""
-    if len(labels) == 0:
-        return float("nan")
-    correct = 0
-    for start in range(0, len(labels), batch):
-        idx = np.arange(start, min(start + batch, len(labels)))
-        correct += int(np.sum(engine.logits(model, split, idx).argmax(axis=1) == labels[idx]))
-    return correct / len(labels)
+def predictions(engine: Engine, model: CNN, split: str, n: int,
+                batch: int = EVAL_BATCH) -> np.ndarray:
+    """The predicted class of each of the `n` samples of `split`, in batches of `batch`."""
+    out = np.empty(n, np.int64)
+    for start in range(0, n, batch):
+        idx = np.arange(start, min(start + batch, n))
+        out[idx] = engine.logits(model, split, idx).argmax(axis=1)
+    return out
+
+
+def final_metrics(classes: int, train_pred: np.ndarray, y_train: np.ndarray,
+                  test_pred: np.ndarray, y_test: np.ndarray) -> dict[str, Any]:
+    """`History.final`: accuracies, how often each class was predicted, and whether the
+    model ended predicting one class for every sample (a collapsed run, which an
+    accuracy near the majority share alone does not tell apart from a weak one)."""
+    def share(pred: np.ndarray, y: np.ndarray) -> float:
+        return float(np.mean(pred == y)) if len(y) else float("nan")
+
+    per_class = {split: np.bincount(pred, minlength=classes).tolist()
+                 for split, pred in (("train", train_pred), ("test", test_pred))}
+    used = np.flatnonzero(np.add(per_class["train"], per_class["test"]))
+    return {
+        "train_acc": share(train_pred, y_train),
+        "test_acc": share(test_pred, y_test),
+        "predicted_per_class": per_class,
+        "single_class": bool(len(used) == 1),
+    }
 
 
 def train(
@@ -134,17 +162,24 @@ def train(
         )
     started = time.perf_counter()
     tc = config.train
+    data = training_data(tc, data)  # an engine given by the caller holds the same view
     model = CNN(config.model, seed=tc.seed)
     model.set_normalization(*normalization(data.X_train))
     created = engine is None
     engine = engine or engine_for(config, data)
+    if engine.train_samples != len(data.y_train):
+        raise MeshdlError(
+            f"the engine holds {engine.train_samples} training maps but this run trains on "
+            f"{len(data.y_train)} (augment={tc.augment}): build the engine and its nodes "
+            "on augment.training_data(config.train, data)")
     optimizer = Optimizer(tc, model.flat.size)
     rng = np.random.default_rng(tc.seed)
     history = History()
-    n_train = len(data.y_train)
+    n_train, n_test = originals(data), len(data.y_test)
+    test_pred = np.empty(0, np.int64)
     total = tc.epochs * -(-n_train // tc.batch)  # updates in the whole run
     for epoch in range(1, tc.epochs + 1):
-        epoch_batches = batches(n_train, tc.batch, rng)
+        epoch_batches = batches(n_train, tc.batch, rng, orientations(tc))
         loss_sum, correct = 0.0, 0
         for step, idx in enumerate(epoch_batches, 1):
             try:
@@ -162,16 +197,16 @@ def train(
             correct += int(np.sum(logits.argmax(axis=1) == data.y_train[idx]))
             if progress:
                 progress(epoch, step, len(epoch_batches), loss)
+        test_pred = predictions(engine, model, "test", n_test)
         history.epochs.append(EpochMetrics(
             epoch=epoch,
             train_loss=loss_sum / n_train,
             train_acc=correct / n_train,
-            test_acc=accuracy(engine, model, "test", data.y_test),
+            test_acc=float(np.mean(test_pred == data.y_test)) if n_test else float("nan"),
         ))
-    history.final = {
-        "train_acc": accuracy(engine, model, "train", data.y_train),
-        "test_acc": history.epochs[-1].test_acc,
-    }
+    history.final = final_metrics(config.model.classes,
+                                  predictions(engine, model, "train", n_train),
+                                  data.y_train[:n_train], test_pred, data.y_test)
     history.comm = engine.report()
     if created:
         engine.close()

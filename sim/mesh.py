@@ -199,6 +199,7 @@ class MeshEngine(WaveEngine):
                  chaos: Chaos | None = None, wire: bool = False,
                  params_via: str = "tree") -> None:
         self.data = data
+        self.train_samples = len(data.y_train)
         self.chaos = chaos
         self.wire = wire
         self.params_via = params_via

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from meshdl import CNN
-from meshdl.data import load_dataset
+from meshdl.data import load_dataset, save_dataset
 from tests.helpers import assert_one_line_error
 
 
@@ -32,7 +33,9 @@ def test_train_writes_model_config_and_metrics(cli, small_data_file, tmp_path) -
     assert set(comm["halo"]["conv1"]) == {"needed", "transmitted", "formula"}
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     assert set(metrics["epochs"][0]) == {"epoch", "train_loss", "train_acc", "test_acc"}
-    assert set(metrics["final"]) == {"train_acc", "test_acc"}
+    assert set(metrics["final"]) == {"train_acc", "test_acc", "predicted_per_class",
+                                     "single_class"}
+    assert sum(metrics["final"]["predicted_per_class"]["test"]) == 40
     assert metrics["config"]["model"]["rows"] == 6  # the grid follows the data file
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data_source"] == str(small_data_file)
@@ -69,6 +72,25 @@ def test_cost_reports_measured_and_formula_halo(cli) -> None:
     report = json.loads(out)
     conv1 = report["halo"]["conv1"]
     assert conv1["transmitted"] == conv1["needed"] < conv1["formula"] == 8 * 6 * 7
+
+
+def test_train_warns_in_one_line_when_the_model_predicts_one_class(
+        cli, small_data_file, tmp_path) -> None:
+    data = load_dataset(small_data_file)
+    no_anomalies = replace(data, y_train=np.zeros_like(data.y_train),
+                           y_test=np.zeros_like(data.y_test))
+    path = save_dataset(no_anomalies, tmp_path / "no-anomalies.npz")
+    code, out, err = _train(cli, path, tmp_path / "run", "--mode", "central")
+    assert code == 0, err
+    assert json.loads(out)["final"]["single_class"] is True
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == [line for line in err.splitlines()
+                        if "predicts class 0 for every sample" in line]
+    assert len(warnings) == 1
+    code, out, err = _train(cli, small_data_file, tmp_path / "working", "--mode", "central",
+                            "--epochs", "20")
+    assert json.loads(out)["final"]["single_class"] is False
+    assert "warning:" not in err
 
 
 def test_train_is_deterministic_for_a_seed(cli, small_data_file, tmp_path) -> None:

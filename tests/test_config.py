@@ -20,6 +20,9 @@ from meshdl import ModelConfig, TrainConfig, load_run_config
         (lambda: TrainConfig(lr=-0.1), "lr"),
         (lambda: TrainConfig(batch=0), "batch"),
         (lambda: TrainConfig(optimizer="rmsprop"), "optimizer"),
+        (lambda: TrainConfig(warmup_fraction=1.5), "warmup_fraction"),
+        (lambda: TrainConfig(clip_norm=-1.0), "clip_norm"),
+        (lambda: TrainConfig(augment="rotate"), "augment"),
         (lambda: ModelConfig(kernels=3), "kernels"),
     ],
 )

@@ -4,6 +4,7 @@ the halo counts are exact; the wave is pipelined."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from meshdl import CNN, ModelConfig, TrainConfig
 from meshdl.accounting import formula_halo_values, needed_halo_values
 from meshdl.data import Dataset
 from meshdl.model import param_shapes, views
-from meshdl.optim import Optimizer
+from meshdl.optim import Optimizer, learning_rate
 from meshdl.protocol import MeshSpec
 from meshdl.sim.faults import Chaos
 from meshdl.sim.mesh import MeshEngine
@@ -37,13 +38,17 @@ def _dataset(config: ModelConfig, samples: int, seed: int) -> Dataset | SimpleNa
 
 def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optimizer: str,
                      seed: int = 0, chaos: Chaos | None = None,
-                     wire: bool = True, params_via: str = "tree") -> MeshEngine:
+                     wire: bool = True, params_via: str = "tree",
+                     **recipe: Any) -> MeshEngine:
     """Train a central and a mesh model side by side; parameters agree after every step.
 
     `wire`: every message crosses as bytes through the codec (as over MQTT), or as the
-    in-process objects of the default virtual mesh."""
+    in-process objects of the default virtual mesh. `recipe`: TrainConfig fields beyond
+    the optimizer (warm-up, clipping), at their defaults unless given; the learning
+    rate follows the schedule over `steps` updates as in `training.train`."""
     data = _dataset(config, batch * steps, seed)
-    train = TrainConfig(optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 0.01)
+    train = TrainConfig(optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 0.01,
+                        **recipe)
     central, mesh = CNN(config, seed=seed), CNN(config, seed=seed)
     for model in (central, mesh):
         model.set_normalization(20.0, 3.0)
@@ -61,8 +66,9 @@ def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optim
         # difference d in g shows as d / (|g| + eps) of lr, large where |g| ~ eps.
         noise |= np.abs(grads_m - grads_c) > 1e-4 * (np.abs(grads_c) + 1e-8)
         assert np.linalg.norm(grads_m - grads_c) <= 1e-5 * np.linalg.norm(grads_c) + 1e-9
-        opt_c.step(central.flat, grads_c)
-        opt_m.step(mesh.flat, grads_m)
+        lr = learning_rate(train, step, steps)
+        opt_c.step(central.flat, grads_c, lr)
+        opt_m.step(mesh.flat, grads_m, lr)
         _assert_same_parameters(mesh, central, elementwise=optimizer == "sgd",
                                 context=f"step {step + 1}",
                                 noise=noise if optimizer == "adam" else None,
@@ -114,14 +120,22 @@ def mesh_setups(draw):
         draw(st.sampled_from(["sgd", "adam"]))
 
 
+# The recipe's parts that act on the whole gradient: a clip norm of 1e-3 shortens every
+# step's gradient (the edge computes the norm from the reduced flat vector), 1.0 some.
+recipes = st.fixed_dictionaries({
+    "warmup_fraction": st.sampled_from([0.0, 0.5, 1.0]),
+    "clip_norm": st.sampled_from([0.0, 1e-3, 1.0]),
+})
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setup=mesh_setups(), seed=st.integers(0, 1000), wire=st.booleans(),
-       params_via=st.sampled_from(["tree", "broadcast"]))
+       params_via=st.sampled_from(["tree", "broadcast"]), recipe=recipes)
 def test_mesh_training_equals_central_training_after_every_step(setup, seed, wire,
-                                                                 params_via) -> None:
+                                                                 params_via, recipe) -> None:
     config, edge_at, batch, optimizer = setup
     _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
-                     wire=wire, params_via=params_via)
+                     wire=wire, params_via=params_via, **recipe)
 
 
 def test_messages_as_objects_or_as_bytes_give_bit_identical_steps() -> None:

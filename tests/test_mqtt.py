@@ -15,6 +15,7 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from meshdl.augment import training_data
 from meshdl.cli.mqtt_run import BackgroundNodeHost
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, save_dataset
@@ -108,7 +109,8 @@ def test_broker_restart_mid_epoch_loses_nothing_and_applies_nothing_twice(
     top, bottom = [c for c in cells if c[0] < 2], [c for c in cells if c[0] >= 2]
     with BackgroundNodeHost(config, top, address, data, client="top") as upper, \
             BackgroundNodeHost(config, bottom, address, data, client="bottom") as lower:
-        engine = MqttEngine(data, address, wave_timeout=1.0, max_attempts=20)
+        engine = MqttEngine(training_data(config.train, data), address, wave_timeout=1.0,
+                            max_attempts=20)
         try:
             model, _ = train(config, data, engine=engine, progress=restart_after_a_few_steps)
             report = engine.report()
@@ -144,7 +146,7 @@ def test_garbage_forged_and_oversized_payloads_are_rejected_and_counted(
 
     # Every message through the broker, as between Pis: the cells hear the junk too.
     with BackgroundNodeHost(config, cells, address, data, local_delivery=False) as host:
-        engine = MqttEngine(data, address, wave_timeout=5.0)
+        engine = MqttEngine(training_data(config.train, data), address, wave_timeout=5.0)
         thread = threading.Thread(target=lambda: (time.sleep(0.5),
                                                   asyncio.run(publish_junk())))
         try:
@@ -191,7 +193,7 @@ def test_training_runs_under_the_generated_credentials_and_acl(small_mesh, mosqu
     cells = [(r, c) for r in range(4) for c in range(5)]
     # Every message through the broker, so that every grant of the ACL is exercised.
     with BackgroundNodeHost(config, cells, as_host, data, client="gw", local_delivery=False):
-        engine = MqttEngine(data, as_edge, nodes_timeout=20)
+        engine = MqttEngine(training_data(config.train, data), as_edge, nodes_timeout=20)
         try:
             model, _ = train(config, data, engine=engine)
         finally:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from meshdl import CNN, ModelConfig, TrainConfig
-from meshdl.optim import Optimizer
+from meshdl.optim import Optimizer, learning_rate
 from tests.test_model_gradients import CONFIGS, _problem
 
 torch = pytest.importorskip("torch")
@@ -54,11 +54,13 @@ def test_saved_model_loads_into_pytorch_and_predicts_the_same(tmp_path) -> None:
     assert (ours.argmax(1) == theirs.argmax(1)).all()
 
 
+@pytest.mark.parametrize("clip_norm", [0.0, 0.05])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_optimizer_steps_match_pytorch(optimizer: str) -> None:
+def test_optimizer_steps_match_pytorch(optimizer: str, clip_norm: float) -> None:
     config = ModelConfig(rows=6, cols=8, filters=3, hidden=10)
     model, X, y = _problem(config, 16)
-    train = TrainConfig(optimizer=optimizer, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    train = TrainConfig(optimizer=optimizer, lr=0.05, momentum=0.9, weight_decay=1e-3,
+                        clip_norm=clip_norm)
     net = _torch_net(model)
     if optimizer == "sgd":
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
@@ -71,7 +73,35 @@ def test_optimizer_steps_match_pytorch(optimizer: str) -> None:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(torch.from_numpy(X).double()),
                                           torch.from_numpy(y)).backward()
+        if clip_norm:
+            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), clip_norm)
+            assert norm > clip_norm  # the check below covers a step that clipped
         opt.step()
     for pname, p in net.named_parameters():
         np.testing.assert_allclose(model.params[pname], p.detach().numpy(), rtol=1e-4,
                                    atol=1e-5, err_msg=pname)
+
+
+@pytest.mark.parametrize(("warmup", "schedule"), [(0, "cosine"), (5, "cosine"),
+                                                  (5, "constant"), (20, "cosine")])
+def test_learning_rate_schedule_matches_pytorch_schedulers(warmup: int, schedule: str) -> None:
+    total = 20
+    train = TrainConfig(lr=0.15, warmup_fraction=warmup / total, schedule=schedule)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.15)
+    after_warmup = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warmup)
+                    if schedule == "cosine" and warmup < total
+                    else torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0))
+    if warmup:  # lr/w, 2 lr/w, ..., lr: then the schedule from its start
+        ramp = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / warmup,
+                                                 total_iters=max(warmup - 1, 1))
+        scheduler = torch.optim.lr_scheduler.SequentialLR(opt, [ramp, after_warmup],
+                                                          milestones=[warmup])
+    else:
+        scheduler = after_warmup
+    theirs = []
+    for _ in range(total):
+        theirs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        scheduler.step()
+    ours = [learning_rate(train, step, total) for step in range(total)]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)

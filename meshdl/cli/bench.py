@@ -9,6 +9,7 @@ import typer
 from meshdl.bench import bench_kernels
 from meshdl.cli.common import emit_json, err_console, out_console
 from meshdl.config import ModelConfig, load_run_config
+from meshdl.errors import UsageError
 from meshdl.sim.lounge import generate_lounge
 
 app = typer.Typer(help="Benchmarks (ratios against a reference measured in the same run).",
@@ -111,3 +112,42 @@ def mqtt(
                       f"{result['broker_messages_per_s']:.0f} messages/s; ratio "
                       f"{result['ratio_to_broker']:.2f} (mesh messages), "
                       f"{result['deliveries_ratio_to_broker']:.3f} (broker deliveries)")
+
+
+def _seed_range(text: str, flag: str) -> list[int]:
+    """'0-9' or '3' or '0-4,11' -> the seeds; a one-line usage error otherwise."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()) or int(high or low) < int(low):
+            raise UsageError(f"{flag} {text!r}: expected seeds like 0-9 or 0-4,11")
+        seeds.extend(range(int(low), int(high or low) + 1))
+    return seeds
+
+
+@app.command("recipe")
+def recipe(
+    data_seeds: str = typer.Option("100-109", "--data-seeds", help="Data sets, as "
+                                   "`meshdl data generate --seed` makes them: 0-9, 3,7."),
+    train_seeds: str = typer.Option("0-2", "--train-seeds", help="Training seeds per "
+                                    "data set."),
+    mode: str = typer.Option("central", "--mode", help="central or mesh (slower)."),
+    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
+                                            "(default: the default recipe)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the table as JSON on stdout."),
+) -> None:
+    """The training recipe over many data sets and seeds: mean, worst, collapsed runs."""
+    from meshdl.bench_recipe import bench_recipe
+
+    config = load_run_config(config_file, mode=mode)
+    result = bench_recipe(config, _seed_range(data_seeds, "--data-seeds"),
+                          _seed_range(train_seeds, "--train-seeds"),
+                          log=lambda text: err_console.print(text, highlight=False))
+    if json_out:
+        emit_json(result)
+        return
+    out_console.print(
+        f"{len(result['runs'])} runs ({result['mode']}): mean test acc "
+        f"{result['mean_test_acc']:.4f}, worst {result['min_test_acc']:.4f}, "
+        f"{result['under_floor']} under {result['floor']:.0%}, "
+        f"{result['single_class']} predicting one class", highlight=False)

@@ -22,6 +22,7 @@ import numpy as np
 import typer
 
 from meshdl.acl import parse_cells
+from meshdl.augment import training_data
 from meshdl.cli.common import err_console, out_console, parse_cell
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
@@ -118,7 +119,7 @@ class Readings:
             if (dataset.rows, dataset.cols) != (config.model.rows, config.model.cols):
                 raise MeshdlError(f"data grid {dataset.rows} x {dataset.cols} does not match "
                                   f"the mesh {config.model.rows} x {config.model.cols}")
-            return cls(data=dataset)
+            return cls(data=training_data(config.train, dataset))
         kind = sensor.partition(":")[0].lower()
         if len(cells) > 1 and kind in ("ds18b20", "bme280"):
             raise UsageError(f"--sensor {kind} is one physical sensor: serve one cell with "
@@ -259,7 +260,8 @@ class BackgroundNodeHost:
                  local_delivery: bool = True) -> None:
         import threading
 
-        readings = data if isinstance(data, Readings) else Readings(data=data)
+        readings = (data if isinstance(data, Readings)
+                    else Readings(data=training_data(config.train, data)))
         spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
         self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
         self.sampler = None if readings.sensors is None else LiveSampler(
@@ -318,13 +320,13 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
     """Train: every batch is a wave through the node hosts; writes the run directory."""
     from meshdl.cli.common import emit_json
     from meshdl.edge.remote import MqttEngine
-    from meshdl.runs import metrics_record, new_run_dir, write_run
+    from meshdl.runs import metrics_record, new_run_dir, single_class_warning, write_run
     from meshdl.training import train
 
     config = load_run_config(mesh)
     dataset = load_dataset(data)
-    engine = MqttEngine(dataset, BrokerAddress.parse(broker), config.mesh.mesh_id,
-                        config.mesh.edge_at, wave_timeout=wave_timeout,
+    engine = MqttEngine(training_data(config.train, dataset), BrokerAddress.parse(broker),
+                        config.mesh.mesh_id, config.mesh.edge_at, wave_timeout=wave_timeout,
                         nodes_timeout=nodes_timeout, systemd=Notifier())
     try:
         model, history = train(config, dataset, engine=engine)
@@ -335,6 +337,8 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
     write_run(run_dir, config, model, metrics, str(data))
     err_console.print(f"mqtt training done in {history.wall_s:.1f} s: test acc "
                       f"{history.final['test_acc']:.4f} -> {run_dir}", highlight=False)
+    if warning := single_class_warning(history.final):
+        err_console.print(warning, style="yellow", highlight=False)
     if json_out:
         emit_json(metrics)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from meshdl.augment import training_data
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.cost import print_comm_summary
 from meshdl.cli.mqtt_run import BackgroundNodeHost
@@ -17,7 +18,7 @@ from meshdl.errors import UsageError
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
 from meshdl.protocol import MeshSpec
-from meshdl.runs import metrics_record, new_run_dir, write_run
+from meshdl.runs import metrics_record, new_run_dir, single_class_warning, write_run
 from meshdl.sim.lounge import generate_lounge
 from meshdl.training import Engine, History
 from meshdl.training import train as fit
@@ -57,6 +58,12 @@ def train(
     batch: int | None = typer.Option(None, "--batch", help="Batch size."),
     lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
     optimizer: str | None = typer.Option(None, "--optimizer", help="sgd or adam."),
+    warmup: float | None = typer.Option(None, "--warmup", help="Share of the updates over "
+                                        "which the learning rate ramps up to --lr."),
+    clip_norm: float | None = typer.Option(None, "--clip-norm", help="Shorten gradients "
+                                           "to this global L2 norm (0: never)."),
+    augment: str | None = typer.Option(None, "--augment", help="mirror (train on flipped "
+                                       "maps too) or none."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of init and batch order."),
     json_out: bool = typer.Option(False, "--json", help="Print metrics.json on stdout."),
 ) -> None:
@@ -71,6 +78,7 @@ def train(
         model={"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
                "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
         train={"epochs": epochs, "batch": batch, "lr": lr, "optimizer": optimizer,
+               "warmup_fraction": warmup, "clip_norm": clip_norm, "augment": augment,
                "seed": seed},
         mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "wire": wire},
     )
@@ -95,6 +103,8 @@ def train(
         f"train acc {final['train_acc']:.4f}, test acc {final['test_acc']:.4f} -> {run_dir}",
         highlight=False,
     )
+    if warning := single_class_warning(final):
+        err_console.print(warning, style="yellow", highlight=False)
     if json_out:
         emit_json(metrics)
 
@@ -104,7 +114,8 @@ def _fit_over_mqtt(config: RunConfig, dataset: Dataset,
     """The edge in this process, and a node host for every cell on a thread beside it."""
     cells = list(MeshSpec(config.mesh.mesh_id, config.model).topology.cells())
     with BackgroundNodeHost(config, cells, address, dataset):
-        engine = MqttEngine(dataset, address, config.mesh.mesh_id, config.mesh.edge_at)
+        engine = MqttEngine(training_data(config.train, dataset), address,
+                            config.mesh.mesh_id, config.mesh.edge_at)
         try:
             return _fit_with_progress(config, dataset, engine)
         finally:
