@@ -1,17 +1,25 @@
-"""Shared fixtures: a small synthetic data set and an in-process CLI runner."""
+"""Shared fixtures: a small synthetic data set and an in-process CLI runner; and the
+hypothesis profile: under CI the examples are derandomized and no example database is
+read or written, so every run of the suite tries the same cases."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from meshdl.cli import main
 from meshdl.config import DataConfig
 from meshdl.data import save_dataset
 from meshdl.sim.lounge import generate_lounge
 from tests.conftest_mqtt import mosquitto, mosquitto_factory  # noqa: F401  (fixtures)
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
