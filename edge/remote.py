@@ -23,10 +23,11 @@ from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError
 from meshdl.messages import EDGE, Kind, Message, decode, encode, make
 from meshdl.model import CNN
-from meshdl.mqtt import BrokerAddress, Session, parse_status
+from meshdl.mqtt import BrokerAddress, Session
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.sdnotify import Notifier, stop_task
-from meshdl.topics import ROOT, cell_of, inbox_filter, name_of
+from meshdl.status import parse_status
+from meshdl.topics import ROOT, inbox_filter, name_of
 from meshdl.topology import Cell
 
 STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from here
@@ -82,7 +83,7 @@ class MqttEngine(WaveEngine):
         session = self.session.stats if self.session else Counter()
         edge = self.edge.stats if self.edge else Counter()
         return {"transport": "mqtt", "broker": str(self.address),
-                "edge": dict(edge), "session": dict(session),
+                "edge": dict(edge), "session": dict(session), "engine": dict(self.stats),
                 "node_hosts": sorted(self.online)}
 
     def idle(self, seconds: float) -> None:
@@ -187,16 +188,11 @@ class MqttEngine(WaveEngine):
     def _status(self, client: str, payload: bytes) -> None:
         """A client's retained status: which cells a node host serves, while online."""
         record = parse_status(payload)
-        try:
-            cells = {cell_of(name) for name in record.get("cells", [])} if record else None
-        except ValueError:
-            cells = None
-        if record is None or cells is None:
+        if record is None:
             self.stats["rejected:bad_status"] += 1
             return
-        if record.get("state") == "online" and record.get("mesh") == self.mesh_id and \
-                record.get("role") == "node-host":
-            self.online[client] = cells
+        if record.role == "node-host" and record.mesh == self.mesh_id and record.served:
+            self.online[client] = record.served
         else:
             self.online.pop(client, None)
 

@@ -93,21 +93,6 @@ class Backoff:
             delay = min(delay * 2, self.most)
 
 
-def parse_status(payload: bytes) -> dict[str, Any] | None:
-    """A client's status record: a JSON object whose "cells", if any, are cell names;
-    None for anything else (any client may write its own status topic)."""
-    try:
-        record = json.loads(payload)
-    except ValueError:
-        return None
-    if not isinstance(record, dict):
-        return None
-    cells = record.get("cells", [])
-    if not isinstance(cells, list) or not all(isinstance(c, str) for c in cells):
-        return None
-    return record
-
-
 Handler = Callable[[str, Message], list[Message]]
 StatusHandler = Callable[[str, bytes], None]  # (client name, its retained JSON record)
 

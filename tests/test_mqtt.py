@@ -4,6 +4,7 @@ mid-epoch; garbage on mesh topics is rejected and counted while training goes on
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -158,6 +159,42 @@ def test_garbage_forged_and_oversized_payloads_are_rejected_and_counted(
         stats = host.host.node_stats()
     rejected = {k: v for k, v in stats.items() if k.startswith("rejected")}
     assert rejected.get("rejected:topic_mismatch", 0) >= 3
+    _assert_same_model(model, reference)
+
+
+NESTING_BOMB = b"[" * 3000 + b"]" * 3000  # json.loads: RecursionError
+
+
+async def _retain(broker: Mosquitto, records: dict[str, bytes]) -> None:
+    async with aiomqtt.Client(broker.host, broker.port) as client:
+        for name, payload in records.items():
+            await client.publish(name, payload, qos=1, retain=True)
+
+
+def test_bad_retained_status_records_are_ignored_and_counted_not_fatal(
+        small_mesh, mosquitto, cli, tmp_path) -> None:
+    config, data, mesh_file, _, reference = small_mesh
+    asyncio.run(_retain(mosquitto, {
+        "meshdl/1/status/r0c1": NESTING_BOMB,
+        "meshdl/1/status/r0c2": b'{"role": "node-host", "state": "online", "mesh": 1, '
+                                b'"cells": ["edge"]}',  # not a sensor cell
+        "meshdl/1/status/r0c3": b"{" + b" " * (300 * 1024) + b"}",  # beyond the size limit
+    }))
+    code, out, err = cli("doctor", "--broker", mosquitto.url, "--mesh", mesh_file, "--json")
+    assert code == 1, err  # no node host serves the cells: a finding, not a crash
+    assert "unexpected" not in err
+    findings = json.loads(out)
+    assert findings["malformed"] == ["r0c1", "r0c2", "r0c3"]
+    assert any(line.startswith("warning: 3 status records") for line in findings["lines"])
+    address = BrokerAddress.parse(mosquitto.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    with BackgroundNodeHost(config, cells, address, data):
+        engine = MqttEngine(training_data(config.train, data), address, wave_timeout=5.0)
+        try:
+            model, history = train(config, data, engine=engine)
+        finally:
+            engine.close()
+    assert history.comm["engine"]["rejected:bad_status"] >= 3
     _assert_same_model(model, reference)
 
 

@@ -27,12 +27,13 @@ from meshdl.cli.common import err_console, out_console, parse_cell
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.mqtt import BrokerAddress, Session, parse_status
+from meshdl.mqtt import BrokerAddress, Session
 from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.nodes.live import LiveSampler, live_ring
 from meshdl.nodes.sensors import Sensor, sensor_from_spec
 from meshdl.protocol import MeshSpec, Split
 from meshdl.sdnotify import Notifier, stop_task
+from meshdl.status import StatusRecord, parse_status
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
@@ -214,12 +215,16 @@ def doctor(broker: str = BROKER,
 async def _doctor(address: BrokerAddress, config: RunConfig | None,
                   timeout: float) -> dict:
     mesh_id = config.mesh.mesh_id if config else 1
-    online: dict[str, dict] = {}
+    online: dict[str, StatusRecord] = {}
+    malformed: set[str] = set()  # clients whose status topic holds no valid record
 
     def status(client: str, payload: bytes) -> None:
         record = parse_status(payload)
-        if record is not None:  # anything else is not a meshdl client's
+        if record is None:
+            malformed.add(client)
+        else:
             online[client] = record
+            malformed.discard(client)
 
     lines, ok = [], True
     session = Session(address, mesh_id, f"doctor-{os.getpid()}",
@@ -234,22 +239,27 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
     except MeshdlError as exc:
         return {"ok": False, "lines": [f"error: {exc}"], "online": {}}
     clients = {k: v for k, v in online.items() if not k.startswith("doctor-")}
-    up = {k: v for k, v in clients.items() if v.get("state") == "online"}
+    up = {k: v for k, v in clients.items() if v.state == "online"}
     lines.append(f"ok: {len(up)} clients online on mesh {mesh_id}"
                  f" ({len(clients) - len(up)} offline)")
+    if malformed:
+        names = sorted(malformed)
+        lines.append(f"warning: {len(names)} status records are not valid and were ignored: "
+                     f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
     if config is not None:
-        served = {c for v in up.values() for c in v.get("cells", [])}
+        served = set().union(*(v.served for v in up.values() if v.role == "node-host"))
         missing = [name_of(c) for c in MeshSpec(mesh_id, config.model).topology.cells()
-                   if name_of(c) not in served]
+                   if c not in served]
         if missing:
             ok = False
             lines.append(f"error: {len(missing)} cells have no node host online: "
                          f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
         else:
             lines.append("ok: every cell has a node host online")
-        if not any(v.get("role") == "edge" for v in up.values()):
+        if not any(v.role == "edge" for v in up.values()):
             lines.append("note: no edge online")
-    return {"ok": ok, "lines": lines, "online": up}
+    return {"ok": ok, "lines": lines, "malformed": sorted(malformed),
+            "online": {k: v.model_dump(mode="json") for k, v in up.items()}}
 
 
 class BackgroundNodeHost:

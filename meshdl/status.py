@@ -1,0 +1,60 @@
+"""Status records: what each client says about itself on its retained status topic.
+
+`meshdl/<mesh>/status/<client>` holds one JSON object per client, written by the client
+itself (heartbeats, and its last will when it drops): {"role", "state", "mesh", "time"},
+and for a node host the "cells" it serves. The edge reads them to know when every cell
+is served; `meshdl doctor` lists them. Any client may write its own status topic and the
+broker replays it to every later subscriber, so a record is untrusted input: it is read
+with a size limit, pydantic's JSON parser (which refuses nesting beyond its recursion
+limit instead of exhausting Python's stack) and a schema, and a bad one is ignored by the
+reader, which counts it; nothing a record holds can stop a reader.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from meshdl.messages import ALL, EDGE
+from meshdl.topics import cell_of
+
+MAX_STATUS_BYTES = 256 * 1024  # a node host serving 20,000 cells fits; a flood does not
+MAX_CELLS = 1 << 16
+
+Role = Literal["node-host", "edge", "doctor"]
+
+
+class StatusRecord(BaseModel):
+    """One client's status; the fields a reader acts on, any others ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    role: Role
+    state: Literal["online", "offline"]
+    mesh: int = Field(ge=0, le=0xFFFF)
+    time: float | None = None  # the writer's clock at its last heartbeat (Unix seconds)
+    cells: Annotated[list[str], Field(max_length=MAX_CELLS)] = []
+
+    @field_validator("cells")
+    @classmethod
+    def _cell_names(cls, names: list[str]) -> list[str]:
+        for name in names:  # ValueError (-> ValidationError) for anything but "r<R>c<C>"
+            if cell_of(name) in (EDGE, ALL):
+                raise ValueError(f"{name!r} is not a sensor cell")
+        return names
+
+    @property
+    def served(self) -> set[tuple[int, int]]:
+        """The cells this record says its client serves (none unless online)."""
+        return {cell_of(n) for n in self.cells} if self.state == "online" else set()
+
+
+def parse_status(payload: bytes) -> StatusRecord | None:
+    """The record in `payload`, or None for anything that is not a valid one."""
+    if len(payload) > MAX_STATUS_BYTES:
+        return None
+    try:
+        return StatusRecord.model_validate_json(payload)
+    except ValidationError:
+        return None
