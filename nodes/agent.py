@@ -114,7 +114,11 @@ class NodePlan:
             self.inbox[key] = Expect(REDUCE, cell, train_only=True)
             self.writer[(("reduce",), child)] = key  # no buffer: REDUCE is a vector
 
-        # (task, needs, train only): computations, then sends, in a fixed order.
+        # (task, needs, train only): computations, then sends, in a fixed order. A
+        # computation needs every item its kernel reads, so it runs only once they all
+        # exist, in whatever order messages arrive (a message may come early, forged or
+        # not: it fills its slot and waits). Own results stand for what they were made
+        # from: ("a", layer) of this cell for the window conv `layer` read.
         tasks: list[tuple[Step | Send, list[Item], bool]] = []
         for layer in range(1, layers + 1):
             needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)]
@@ -122,12 +126,16 @@ class NodePlan:
         if leads:
             needs = [(("a", layers), c) for c in topo.block_cells(block)]
             tasks.append((("pool", layers, "pool"), needs, False))
-            tasks.append((("route", layers, "route"), [(("dpooled",), block)], True))
-        tasks.append((("dz_top", layers, "dz_top"), [(("route",), cell)], True))
+            needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
+            tasks.append((("route", layers, "route"), needs, True))
+        needs = [(("route",), cell), (("a", layers), cell)]  # ReLU's mask
+        tasks.append((("dz_top", layers, "dz_top"), needs, True))
         for layer in range(layers, 0, -1):
-            tasks.append((("grad", layer, f"grad{layer}"), [(("dz", layer), cell)], True))
+            needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
+            tasks.append((("grad", layer, f"grad{layer}"), needs, True))
             if layer > 1:
                 needs = [(("dz", layer), c) for c in topo.window(cell, after, before)]
+                needs.append((("a", layer - 1), cell))  # ReLU's mask below
                 tasks.append((("dinput", layer, f"dinput{layer}"), needs, True))
         needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
         needs += [(("reduce",), child) for child in topo.children[cell]]

@@ -147,3 +147,60 @@ def test_a_flood_of_far_future_messages_from_a_neighbour_does_not_stall_later_wa
     node = mesh.nodes[(1, 4)]
     assert node.stats["dropped:early_overflow"] > 0
     assert sum(len(q) for q in node.early.values()) <= 64 * len(node.neighbours)
+
+
+def _one_wave_inbox(cell) -> tuple[MeshSpec, dict, list]:
+    """The readings of `cell` and every message it received in one clean training wave."""
+    from meshdl.sim.mesh import MeshEngine
+
+    data = _dataset(CONFIG, 4, seed=3)
+    model = CNN(CONFIG, seed=4)
+    model.set_normalization(20.0, 3.0)
+    mesh = MeshEngine(data)._mesh_for(model)
+    received = []
+    node = mesh.nodes[cell]
+    handle = node.handle
+
+    def tap(message, now=0.0):
+        received.append(message)
+        return handle(message, now)
+
+    node.handle = tap
+    mesh.send(mesh.edge.start(Mode.TRAIN, Split.TRAIN, np.arange(4)))
+    while mesh.edge.result is None:
+        mesh.deliver_round()
+    return mesh.spec, dict(node.readings), received
+
+
+def _sent(node: NodeMachine, messages) -> list[tuple]:
+    """What a node sends for `messages` in that order: (kind, layer, phase, dst, values),
+    sorted (a send's sequence number depends on the order, its content must not)."""
+    out = [m for message in messages for m in node.handle(message)]
+    return sorted(((int(m.header.kind), m.header.layer, m.header.phase, m.header.dst,
+                    m.payload.tobytes()) for m in out), key=lambda s: s[:4])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cell=st.sampled_from([(0, 0), (0, 1), (1, 1), (2, 2), (4, 5)]), order=st.randoms())
+def test_a_node_computes_the_same_whatever_order_its_messages_arrive_in(cell, order) -> None:
+    # Any message may come first: a tree parent's SCATTER before the leader has pooled
+    # once crashed the node host. No kernel runs before every input it reads exists.
+    spec, readings, inbox = _one_wave_inbox(cell)
+    own = {split: x.T for split, x in readings.items()}  # back to (samples, channels)
+    shuffled = list(inbox)
+    order.shuffle(shuffled)
+    in_order = _sent(NodeMachine(spec, cell, own), inbox)
+    assert in_order, "the wave made the node send"
+    assert _sent(NodeMachine(spec, cell, own), shuffled) == in_order
+
+
+def test_a_scatter_before_pooling_waits_for_the_pooled_block() -> None:
+    spec, readings, inbox = _one_wave_inbox((0, 0))
+    node = NodeMachine(spec, (0, 0), {split: x.T for split, x in readings.items()})
+    control = [m for m in inbox if m.header.kind in (Kind.PARAMS, Kind.BATCH)]
+    scatter = [m for m in inbox if m.header.kind == Kind.SCATTER]
+    assert scatter and control
+    for message in control + scatter:
+        node.handle(message)  # the wave has begun; the pooled features do not exist yet
+    assert node.stats["accepted"] == len(control) + len(scatter)
+    assert not [t for t in node.wave.ready if node.plan.tasks[t][0] == "route"]
