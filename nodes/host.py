@@ -52,6 +52,7 @@ class NodeHost:
         self.clock = clock
         self.local_delivery = local_delivery
         self.stats: Counter[str] = Counter()
+        self.failed: dict[Cell, str] = {}  # isolated cells, with what they raised
 
     def subscriptions(self) -> list[str]:
         """What this host's cells receive through the broker: their neighbours' messages
@@ -82,14 +83,28 @@ class NodeHost:
         if dst == ALL:
             out: list[Message] = []
             for node in self.nodes.values():
-                out.extend(node.handle(message, now))
+                out.extend(self._handle_in(node, message, now))
         else:
             node = self.nodes.get(dst)
             if node is None:
                 self.stats["rejected:not_hosted"] += 1
                 return []
-            out = node.handle(message, now)
+            out = self._handle_in(node, message, now)
         return self._deliver_locally(out, now) if self.local_delivery else out
+
+    def _handle_in(self, node: NodeMachine, message: Message, now: float) -> list[Message]:
+        """One cell takes a message. Whatever a message does to a cell stays in that cell:
+        a cell whose machine raises is isolated (it takes nothing more) and reported,
+        and the host goes on serving the others."""
+        if node.cell in self.failed:
+            self.stats["rejected:cell_failed"] += 1
+            return []
+        try:
+            return node.handle(message, now)
+        except Exception as exc:  # a bug, whatever the message: never the whole host
+            self.failed[node.cell] = f"{type(exc).__name__}: {exc}"[:200]
+            self.stats["failed_cells"] += 1
+            return []
 
     def _deliver_locally(self, messages: list[Message], now: float) -> list[Message]:
         """Hand messages between hosted cells over in process (first in, first out: in
@@ -103,7 +118,7 @@ class NodeHost:
                 remote.append(message)
             else:
                 local += 1
-                queue.extend(node.handle(message, now))
+                queue.extend(self._handle_in(node, message, now))
         self.stats["delivered_locally"] += local
         return remote
 

@@ -109,3 +109,23 @@ def test_hosts_splitting_the_grid_give_the_virtual_meshs_result(local: bool) -> 
             assert not any(f.split("/")[2] in own for f in host.subscriptions())
     else:
         assert local_count == 0 and crossed["halo"] > across
+
+
+def test_a_cell_that_raises_is_isolated_and_reported_while_the_host_serves_the_others(
+        ) -> None:
+    spec = MeshSpec(1, CONFIG, (0, 0), "broadcast")
+    data = _data()
+    cells = list(spec.topology.cells())
+    host = NodeHost(spec, cells, lambda cell: dataset_readings(data, cell))
+    broken = host.nodes[(2, 3)]
+
+    def bug(message: Message, now: float = 0.0) -> list[Message]:
+        raise IndexError("a bug some message reached")
+
+    broken.handle = bug
+    edge, _ = _wave_through_hosts([host], data)  # must not raise
+    assert edge.result is None  # the wave cannot finish without that cell ...
+    assert set(host.failed) == {(2, 3)} and "IndexError" in host.failed[(2, 3)]
+    stats = host.node_stats()
+    assert stats["failed_cells"] == 1 and stats["rejected:cell_failed"] > 0
+    assert stats["accepted"] > 0  # ... but every other cell took its messages

@@ -185,12 +185,17 @@ async def _serve(host: NodeHost, address: BrokerAddress, client: str,
         await session.close()
         await stop_task(keep_alive)
     stats = host.node_stats()
-    rejected = sum(v for k, v in stats.items() if k.startswith("rejected"))
+    # Every rejection, wherever it was counted: by the cells, the host, the session.
+    rejected = sum(v for k, v in (*stats.items(), *session.stats.items())
+                   if k.startswith("rejected"))
     err_console.print(f"stopped: {session.stats['received']} messages in from the broker, "
                       f"{stats['delivered_locally']} handed over in process, "
                       f"{session.stats['sent']} published; the cells accepted "
                       f"{stats['accepted']} and rejected {rejected}; "
-                      f"{session.stats['reconnects']} reconnects")
+                      f"{session.stats['reconnects']} reconnects", highlight=False)
+    for cell, error in host.failed.items():
+        err_console.print(f"error: cell {name_of(cell)} failed and was isolated: {error}",
+                          highlight=False)
 
 
 def doctor(broker: str = BROKER,
