@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
@@ -69,8 +69,29 @@ FLOAT32, INT32 = DTYPE_CODES[np.dtype("<f4")], DTYPE_CODES[np.dtype("<i4")]
 ITEM_BYTES = 4  # of every wire dtype
 
 
+class CodecReason(str, Enum):
+    """Why bytes are not a valid mesh message: a closed set, so that counting rejections
+    by reason stays a handful of counters however varied the garbage."""
+
+    TRUNCATED = "truncated"
+    OVERSIZED = "oversized"
+    BAD_MAGIC = "bad_magic"
+    VERSION = "version"
+    BAD_SHAPE = "bad_shape"
+    INVALID_HEADER = "invalid_header"
+    OTHER_MESH = "other_mesh"
+    PAYLOAD_SIZE = "payload_size"
+    CHECKSUM = "checksum"
+    NOT_FINITE = "not_finite"
+
+
 class CodecError(MeshdlError):
-    """A payload that is not a valid mesh message."""
+    """A payload that is not a valid mesh message: `reason` for counting, the text for
+    people."""
+
+    def __init__(self, reason: CodecReason, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
 
 
 Cell16 = Annotated[int, Field(ge=-2, le=0x7FFE)]  # -1: the edge, -2: every node
@@ -160,37 +181,42 @@ def decode(data: bytes, mesh: int | None = None,
            max_payload: int = MAX_PAYLOAD_BYTES) -> Message:
     """Parse and validate wire bytes; raises CodecError naming what is wrong."""
     if len(data) < HEADER_BYTES:
-        raise CodecError(f"truncated message: {len(data)} bytes, header alone is {HEADER_BYTES}")
+        raise CodecError(CodecReason.TRUNCATED, f"truncated message: {len(data)} bytes, "
+                                                f"header alone is {HEADER_BYTES}")
     if len(data) - HEADER_BYTES > max_payload:
-        raise CodecError(f"oversized message: {len(data)} bytes")
+        raise CodecError(CodecReason.OVERSIZED, f"oversized message: {len(data)} bytes")
     (magic, version, kind, mesh_id, step, layer, phase, sr, sc, dr, dc, seq, dtype, ndim,
      flags, *dims, crc) = _HEADER.unpack_from(data)
     if magic != MAGIC:
-        raise CodecError("not a meshdl message (bad magic)")
+        raise CodecError(CodecReason.BAD_MAGIC, "not a meshdl message (bad magic)")
     if version != PROTOCOL_VERSION:
-        raise CodecError(f"protocol version {version}, this node speaks {PROTOCOL_VERSION}")
+        raise CodecError(CodecReason.VERSION, f"protocol version {version}, this node "
+                                              f"speaks {PROTOCOL_VERSION}")
     if ndim > MAX_DIMS or any(dims[ndim:]):
-        raise CodecError(f"bad shape: ndim {ndim}, dims {dims}")
+        raise CodecError(CodecReason.BAD_SHAPE, f"bad shape: ndim {ndim}, dims {dims}")
     try:
         header = _validate_header((version, kind, mesh_id, step, layer, phase, (sr, sc),
                                    (dr, dc), seq, dtype, tuple(dims[:ndim]), flags))
     except ValidationError as exc:
-        raise CodecError(f"invalid header: {_first_error(exc)}") from None
+        raise CodecError(CodecReason.INVALID_HEADER,
+                         f"invalid header: {_first_error(exc)}") from None
     if mesh is not None and header.mesh != mesh:
-        raise CodecError(f"message of mesh {header.mesh}, this is mesh {mesh}")
+        raise CodecError(CodecReason.OTHER_MESH,
+                         f"message of mesh {header.mesh}, this is mesh {mesh}")
     size = len(data) - HEADER_BYTES
     expected = math.prod(header.shape) * ITEM_BYTES
     if size != expected:
-        raise CodecError(f"payload of {size} bytes, shape {header.shape} needs {expected}")
+        raise CodecError(CodecReason.PAYLOAD_SIZE,
+                         f"payload of {size} bytes, shape {header.shape} needs {expected}")
     view = memoryview(data)
     if zlib.crc32(view[HEADER_BYTES:], zlib.crc32(view[: _FIELDS.size])) != crc:
-        raise CodecError("checksum mismatch (corrupted in transit)")
+        raise CodecError(CodecReason.CHECKSUM, "checksum mismatch (corrupted in transit)")
     flat = np.frombuffer(data, DTYPES[dtype], offset=HEADER_BYTES)
     if not flat.flags.aligned:  # bytes at an odd address (a slice of a larger buffer)
         flat = flat.copy()
         flat.setflags(write=False)
     if dtype == FLOAT32 and not all_finite(flat):
-        raise CodecError("payload holds NaN or inf")
+        raise CodecError(CodecReason.NOT_FINITE, "payload holds NaN or inf")
     return Message(header, flat.reshape(header.shape))
 
 

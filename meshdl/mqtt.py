@@ -315,7 +315,7 @@ class Session:
         try:
             message = decode(bytes(payload), mesh=self.mesh)
         except CodecError as exc:
-            self.stats[f"rejected:codec:{str(exc).split(':')[0]}"] += 1
+            self.stats[f"rejected:codec:{exc.reason.value}"] += 1
             return []
         self.stats["received"] += 1
         return handle(name, message)

@@ -86,7 +86,7 @@ class VirtualMesh:
                 message = decode(payload, mesh=self.spec.mesh_id)
             except CodecError as exc:
                 self.codec_errors[name] += 1
-                agent.stats[f"rejected:codec:{str(exc).split(':')[0]}"] += 1
+                agent.stats[f"rejected:codec:{exc.reason.value}"] += 1
                 return
             outbox.extend(agent.handle(message, now))
 

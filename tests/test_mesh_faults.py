@@ -204,3 +204,23 @@ def test_a_scatter_before_pooling_waits_for_the_pooled_block() -> None:
         node.handle(message)  # the wave has begun; the pooled features do not exist yet
     assert node.stats["accepted"] == len(control) + len(scatter)
     assert not [t for t in node.wave.ready if node.plan.tasks[t][0] == "route"]
+
+
+def test_rejection_counters_stay_a_closed_set_under_varied_garbage() -> None:
+    # Once 300,000 messages of distinct bad shapes made 300,003 counters: one per text.
+    from meshdl.messages import CodecReason
+    from meshdl.sim.mesh import MeshEngine
+
+    model = CNN(CONFIG, seed=2)
+    model.set_normalization(20.0, 3.0)
+    mesh = MeshEngine(_dataset(CONFIG, 4, seed=1), wire=True)._mesh_for(model)
+    name = topic(1, (1, 3), (1, 4), Kind.HALO)
+    halo = encode(make(Kind.HALO, 1, 7, (1, 3), (1, 4), np.zeros((1, 1, 4)), layer=1))
+    for k in range(1, 200):
+        mesh.inject(name, halo + bytes(4 * k))  # a payload too long by k values
+        mesh.inject(name, encode(make(Kind.HALO, 1 + k, 7, (1, 3), (1, 4),
+                                      np.zeros((1, 1, k)), layer=1)))  # other meshes
+    mesh.deliver_round()
+    keys = [k for k in mesh.nodes[(1, 4)].stats if k.startswith("rejected:codec:")]
+    assert sorted(keys) == ["rejected:codec:other_mesh", "rejected:codec:payload_size"]
+    assert {k.split(":")[-1] for k in keys} <= {r.value for r in CodecReason}
