@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ def anomaly_probability(logits: np.ndarray) -> float:
 
 def slot_alert(slot: int, slot_s: float, logits: np.ndarray | None, threshold: float,
                error: str | None = None) -> dict[str, Any]:
-    stamp = datetime.fromtimestamp(slot * slot_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = datetime.fromtimestamp(slot * slot_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     if logits is None:
         return {"timestamp": stamp, "slot": slot, "error": error or "no result"}
     probability = anomaly_probability(logits)

@@ -523,7 +523,9 @@ def maxpool_forward_planes(
     act: np.ndarray, base: int, row_stride: int, batch: int, size: int,
     out: np.ndarray, arg: np.ndarray,
 ) -> None:
-    """`maxpool_forward` of the ReLU output inside activation planes (cell (0,0) at base).
+    """Ceil-mode max-pool of the ReLU output inside activation planes (cell (0,0) at
+    base) into out (C,PH,PW,B); arg = the winner's row-major index in its window. Only
+    a strictly larger value takes over, so the first maximum wins, as in PyTorch.
 
     Windows past the grid read pad cells, 0, which never beats a ReLU output (>= 0)
     that comes first in the window: no clipping needed. 2x2 windows (the seed) take
@@ -590,53 +592,6 @@ def maxpool_relu_backward_planes(
                         g = dout[ch, pr, pc, i] if pooled[ch, pr, pc, i] > zero else zero
                         dz[ch, at + i] = g if arg[ch, pr, pc, i] == mine else zero
         sums[ch] = total
-
-
-@njit(**_JIT)
-def maxpool_forward(x: np.ndarray, size: int, out: np.ndarray, arg: np.ndarray) -> None:
-    """Ceil-mode max-pool of x (C,H,W,B) into out (C,PH,PW,B); arg = winner's window index.
-
-    The window is scanned in row-major order and only a strictly larger value takes
-    over, so the first maximum wins, as in PyTorch. x may be a strided view.
-    """
-    n_ch, rows, cols, batch = x.shape
-    _, prow, pcol, _ = out.shape
-    for ch in range(n_ch):
-        for pr in range(prow):
-            r0 = pr * size
-            for pc in range(pcol):
-                c0 = pc * size
-                best = out[ch, pr, pc]
-                where = arg[ch, pr, pc]
-                first = x[ch, r0, c0]
-                for i in range(batch):
-                    best[i] = first[i]
-                    where[i] = 0
-                for r in range(r0, min(r0 + size, rows)):
-                    for c in range(c0, min(c0 + size, cols)):
-                        code = (r - r0) * size + (c - c0)
-                        v = x[ch, r, c]
-                        for i in range(batch):
-                            if v[i] > best[i]:
-                                best[i] = v[i]
-                                where[i] = code
-
-
-@njit(**_JIT)
-def maxpool_backward(dout: np.ndarray, arg: np.ndarray, size: int, dx: np.ndarray) -> None:
-    """Route dout (C,PH,PW,B) to each window's winner in dx (C,H,W,B); others get 0."""
-    n_ch, rows, cols, batch = dx.shape
-    for ch in range(n_ch):
-        for r in range(rows):
-            pr = r // size
-            for c in range(cols):
-                pc = c // size
-                code = (r - pr * size) * size + (c - pc * size)
-                g = dout[ch, pr, pc]
-                where = arg[ch, pr, pc]
-                d = dx[ch, r, c]
-                for i in range(batch):
-                    d[i] = g[i] if where[i] == code else np.float32(0.0)
 
 
 @njit(**_JIT)

@@ -205,8 +205,3 @@ class Topology:
             if self.inside(dst) and cells:
                 out.append(Strip(cell, dst, 1, cells))
         return out
-
-    def strips_to(self, cell: Cell, before: int, after: int) -> list[Strip]:
-        """The halo messages `cell` receives (the neighbours' strips addressed to it)."""
-        return [s for n in self.neighbours(cell) if n != EDGE
-                for s in self.strips_from(n, before, after) if s.dst == cell]

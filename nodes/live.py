@@ -73,5 +73,6 @@ class LiveSampler:
             slot = slot_of(self.clock(), self.slot_s)
             await self.sample(slot)
             wait = (slot + 1) * self.slot_s - self.clock()
-            with contextlib.suppress(TimeoutError):  # the next slot has come
+            # asyncio.TimeoutError: not yet the builtin one before Python 3.11.
+            with contextlib.suppress(asyncio.TimeoutError):  # the next slot has come
                 await asyncio.wait_for(stop.wait(), max(wait, 0.0))
