@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshdl import kernels
+from meshdl.errors import UsageError
 from meshdl.messages import EDGE, FLOAT32, Kind, Message, make
 from meshdl.model import CNN, Trace
 from meshdl.protocol import MeshSpec, Mode, Split
@@ -40,14 +41,28 @@ class WaveEngine:
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         raise NotImplementedError
 
+    def spec_for(self, model: CNN) -> MeshSpec:
+        """The mesh `model` runs in."""
+        raise NotImplementedError
+
     def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
                                                                        np.ndarray]:
+        spec = self.spec_for(model)
+        if len(indices) > spec.max_batch:  # one step is one wave: it cannot be cut
+            raise UsageError(
+                f"a training batch of {len(indices)} samples needs messages above the "
+                f"mesh's max_message_bytes ({spec.max_message_bytes}): at most "
+                f"{spec.max_batch} samples fit (lower --batch or raise the limit)")
         result = self._run(model, Mode.TRAIN, Split.TRAIN, indices)
         return result.loss, result.logits, result.grads
 
     def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
+        """Inference on `indices`, in as many waves as the message size limit needs."""
         which = Split.TRAIN if split == "train" else Split.TEST
-        return self._run(model, Mode.INFER, which, indices).logits
+        most = self.spec_for(model).max_batch
+        return np.concatenate([  # copies: a wave's result may live in reused buffers
+            self._run(model, Mode.INFER, which, indices[i:i + most]).logits.copy()
+            for i in range(0, len(indices), most)])
 
 
 class EdgeMachine:

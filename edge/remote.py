@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from meshdl.augment import training_data
+from meshdl.config import RunConfig
 from meshdl.data import Dataset
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError
-from meshdl.messages import EDGE, Kind, Message, decode, encode, make
+from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Kind, Message, decode, encode, make
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress, Session
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
@@ -49,7 +51,8 @@ class MqttEngine(WaveEngine):
     def __init__(self, data: Dataset | None, broker: str | BrokerAddress, mesh_id: int = 1,
                  edge_at: Cell = (0, 0), wave_timeout: float = 10.0, max_attempts: int = 5,
                  nodes_timeout: float = 60.0, connect_timeout_s: float | None = 30.0,
-                 systemd: Notifier | None = None) -> None:
+                 systemd: Notifier | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         """`connect_timeout_s`: how long to wait for the broker (None: as long as it
         takes, for a service); `systemd`: the unit of this process (`meshdl edge ...`
         under systemd), told what the edge does and pinged while its loop turns."""
@@ -61,6 +64,7 @@ class MqttEngine(WaveEngine):
             BrokerAddress.parse(broker)
         self.mesh_id = mesh_id
         self.edge_at = edge_at
+        self.max_message_bytes = max_message_bytes
         self.wave_timeout = wave_timeout
         self.max_attempts = max_attempts
         self.nodes_timeout = nodes_timeout
@@ -72,6 +76,15 @@ class MqttEngine(WaveEngine):
         self.systemd = systemd or Notifier({})
         self._keep_alive: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
+
+    @classmethod
+    def for_run(cls, config: RunConfig, data: Dataset | None, broker: str | BrokerAddress,
+                **options: Any) -> MqttEngine:
+        """The edge of the mesh `config` describes, holding the labels of the view of
+        `data` the run trains on (with its mirrors, as the node hosts build it)."""
+        view = None if data is None else training_data(config.train, data)
+        return cls(view, broker, config.mesh.mesh_id, config.mesh.edge_at,
+                   max_message_bytes=config.mesh.max_message_bytes, **options)
 
     # ------------------------------------------------------------- the engine
     def live_logits(self, model: CNN, slot: int) -> np.ndarray:
@@ -117,12 +130,16 @@ class MqttEngine(WaveEngine):
     # ---------------------------------------------------------------- waves
     def _edge_for(self, model: CNN) -> EdgeMachine:
         if self.edge is None or self.edge.model is not model:
-            spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast")
+            spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast",
+                            self.max_message_bytes)
             # Above the clock, and above this engine's own earlier waves.
             first = max(clock_step(), self.edge.step + 1 if self.edge else 0)
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,
                                     wave_timeout=self.wave_timeout)
         return self.edge
+
+    def spec_for(self, model: CNN) -> MeshSpec:
+        return self._edge_for(model).spec
 
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         self._edge_for(model)
@@ -139,8 +156,10 @@ class MqttEngine(WaveEngine):
                 if edge.attempts > self.max_attempts:
                     raise MeshdlError(
                         f"wave {edge.step} got no result in {self.max_attempts} attempts of "
-                        f"{self.wave_timeout:g} s; are all node hosts running? "
-                        f"(`meshdl doctor --broker {self.address}`)")
+                        f"{self.wave_timeout:g} s; are all node hosts running "
+                        f"(`meshdl doctor --broker {self.address}`), and does the broker "
+                        f"take messages of {edge.spec.max_message_bytes} bytes "
+                        "(mesh.max_message_bytes vs its message_size_limit)?")
                 self.stats["restarted_waves"] += 1
                 await session.send(again)
 

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meshdl.augment import training_data
 from meshdl.cli.broker import find_tool
 from meshdl.config import RunConfig
 from meshdl.data import Dataset, save_dataset
@@ -137,8 +136,8 @@ def _bench(config: RunConfig, data: Dataset, address: BrokerAddress, folder: Pat
          *(["--via-broker"] if via_broker else [])],
         stdout=subprocess.DEVNULL, stderr=host_log.open("wb"), env=env)
     try:
-        engine = MqttEngine(training_data(config.train, data), address, config.mesh.mesh_id,
-                            config.mesh.edge_at, wave_timeout=60.0, nodes_timeout=120.0)
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=60.0,
+                                    nodes_timeout=120.0)
         try:
             say("training over MQTT")
             _, history = train(config, data, engine=engine)

@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from meshdl.messages import MAX_MESSAGE_BYTES, MAX_PAYLOAD_BYTES
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -102,6 +104,10 @@ class MeshConfig(_Strict):
     edge_at: tuple[int, int] = Field((0, 0), description="border cell the edge is linked to")
     wire: bool = Field(False, description="virtual mesh: pass every message through the "
                        "binary codec, as over MQTT (slower; same results)")
+    max_message_bytes: int = Field(
+        MAX_MESSAGE_BYTES, ge=1024, le=MAX_PAYLOAD_BYTES, description="the most one message "
+        "may weigh, header included (the broker's message_size_limit); evaluation waves "
+        "are cut to fit")
     params_via: Literal["tree", "broadcast"] = Field(
         "tree", description="how parameters reach the nodes: flooded down the BFS tree "
         "(radio mesh) or published once by the edge (broker; always so over MQTT)")

@@ -34,7 +34,10 @@ PROTOCOL_VERSION = 1
 MAGIC = b"MD"
 EDGE = (-1, -1)  # the edge's "cell" in headers
 ALL = (-2, -2)  # destination of the edge's broadcasts to every node
-MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # what the codec accepts at all
+# What one message may weigh, header included, unless the mesh configuration says
+# otherwise: the production broker's message_size_limit (deploy/mosquitto/production.conf).
+MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_DIMS = 4
 
 _FIELDS = struct.Struct("<2sBBHIBBhhhhIBBH4I")

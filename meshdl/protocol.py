@@ -20,7 +20,8 @@ from functools import cached_property
 from typing import Literal
 
 from meshdl.config import ModelConfig
-from meshdl.messages import ALL, EDGE, Kind
+from meshdl.errors import UsageError
+from meshdl.messages import ALL, EDGE, HEADER_BYTES, ITEM_BYTES, MAX_MESSAGE_BYTES, Kind
 from meshdl.model import param_shapes
 from meshdl.topology import Cell, Topology, window_offsets
 
@@ -65,11 +66,38 @@ class MeshSpec:
     # (a radio mesh), or published once by the edge to all nodes (through an MQTT broker,
     # whose ACL then lets nobody but the edge write parameters).
     params_via: Literal["tree", "broadcast"] = "tree"
+    # No message of a wave may weigh more (header included): the broker's limit. Waves
+    # are planned from it (`max_batch`); a node refuses a BATCH beyond.
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.pool)
         object.__setattr__(self, "topology", topo)
+        params = HEADER_BYTES + ITEM_BYTES * self.params_size
+        if params > self.max_message_bytes or self.max_batch < 1:
+            need = max(params, HEADER_BYTES + ITEM_BYTES * self.values_per_sample)
+            raise UsageError(f"mesh.max_message_bytes: {self.max_message_bytes} is too small "
+                             f"for this model's messages (at least {need} bytes)")
+
+    @cached_property
+    def params_size(self) -> int:
+        """Values of a PARAMS payload: the conv parameters, then normalization mean, std."""
+        return self.conv_size + 2 * self.model.in_channels
+
+    @cached_property
+    def values_per_sample(self) -> int:
+        """Values per sample of a wave's largest message (the GATHER into the edge,
+        usually: every block's pooled features)."""
+        return max(len(s.items) * self.item_shape(s.field, 0)[0]
+                   for sends in self.sends.values() for s in sends)
+
+    @cached_property
+    def max_batch(self) -> int:
+        """The most samples one wave may carry with every message within
+        `max_message_bytes` (a BATCH holds mode, split and an index per sample)."""
+        room = (self.max_message_bytes - HEADER_BYTES) // ITEM_BYTES
+        return min(room // self.values_per_sample, room - 2)
 
     def control_source(self, cell: Cell) -> Cell:
         """Who sends `cell` its PARAMS and BATCH."""

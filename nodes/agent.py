@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from meshdl.messages import FLOAT32, INT32, Kind, Message, make, seal
+from meshdl.messages import FLOAT32, INT32, ITEM_BYTES, Kind, Message, make, seal
 from meshdl.nodes import compute
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
@@ -162,6 +162,14 @@ class NodePlan:
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
         self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
+        # What a sender may have waiting here: two waves' worth of its messages, each at
+        # the largest batch (an honest sender is at most one wave ahead).
+        self.early_bytes: dict[Cell, int] = {}
+        for (_, _, _, src), expect in self.inbox.items():
+            values = {ITEMS: expect.rows * expect.channels * spec.max_batch,
+                      REDUCE: spec.conv_size, PARAMS: spec.params_size,
+                      BATCH: spec.max_batch + 2}[expect.role]
+            self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * ITEM_BYTES * values
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
 
@@ -323,7 +331,7 @@ class NodeMachine:
         """A neighbour's items for the current wave: stored in their slots, and what they
         complete runs (kept for later if the wave has not started yet)."""
         if wave.mode is None:  # before this wave's BATCH: wait for it
-            return self._buffer(message, "buffered_early")
+            return self._buffer(message, expect, "buffered_early")
         if wave.seen[expect.index]:
             self.stats["duplicates"] += 1
             return []
@@ -352,7 +360,7 @@ class NodeMachine:
         wave, new_wave = self.wave, False
         if wave is None or h.step > wave.step:
             if expect.role != PARAMS:  # a neighbour is already in the next wave: keep it
-                return self._buffer(message, "buffered_future")
+                return self._buffer(message, expect, "buffered_future")
             if wave is not None and not self._finished(wave):
                 self.stats["abandoned_waves"] += 1
             self.wave = wave = Wave(h.step, self.plan)
@@ -393,14 +401,38 @@ class NodeMachine:
             return "bad_reduce"
         return "unexpected"
 
-    def _buffer(self, message: Message, why: str) -> list[Message]:
-        """Keep a message that arrived before the wave it belongs to could use it."""
-        queue = self.early.setdefault(message.header.src, deque(maxlen=EARLY_PER_SENDER))
+    def _buffer(self, message: Message, expect: Expect, why: str) -> list[Message]:
+        """Keep a message that arrived before the wave it belongs to could use it, if it
+        has a shape the plan could use: a sender's queue holds at most
+        `EARLY_PER_SENDER` messages and two waves' worth of its bytes (the oldest go)."""
+        if not self._plausible(message, expect):
+            self.stats["rejected:bad_shape"] += 1
+            return []
+        src = message.header.src
+        queue = self.early.setdefault(src, deque(maxlen=EARLY_PER_SENDER))
         if len(queue) == queue.maxlen:
             self.stats["dropped:early_overflow"] += 1  # the oldest goes
         queue.append(message)
+        held, budget = sum(m.payload.nbytes for m in queue), self.plan.early_bytes[src]
+        while held > budget:
+            held -= queue.popleft().payload.nbytes
+            self.stats["dropped:early_overflow"] += 1
         self.stats[why] += 1
         return []
+
+    def _plausible(self, message: Message, expect: Expect) -> bool:
+        """Could this message, by dtype and shape, be what the plan expects of it?"""
+        h, shape = message.header, message.payload.shape
+        if expect.role == ITEMS:
+            return h.dtype == FLOAT32 and len(shape) == 3 and \
+                shape[:2] == (expect.rows, expect.channels) and \
+                1 <= shape[2] <= self.spec.max_batch
+        if expect.role == REDUCE:
+            return h.dtype == FLOAT32 and shape == (self.spec.conv_size,)
+        if expect.role == BATCH:
+            return h.dtype == INT32 and len(shape) == 1 and \
+                3 <= shape[0] <= self.spec.max_batch + 2
+        return h.dtype == FLOAT32 and shape == (self.params_size,)
 
     def _due(self, step: int) -> list[Message]:
         """Take the buffered messages of wave `step`; forget those of older waves, keep
@@ -429,7 +461,7 @@ class NodeMachine:
         if expect.role <= BATCH:
             return self._accept_control(wave, message, expect, out)
         if wave.mode is None:  # before this wave's BATCH: wait for it
-            self._buffer(message, "buffered_early")
+            self._buffer(message, expect, "buffered_early")
             return False
         if not wave.training:
             self.stats["rejected:unexpected"] += 1
@@ -471,7 +503,9 @@ class NodeMachine:
         return True
 
     def _valid_batch(self, payload: np.ndarray) -> bool:
-        if payload.ndim != 1 or payload.size < 3:
+        # No more samples than the messages of a wave can carry: a forged BATCH of
+        # 100,000 indices would otherwise make every node allocate for them.
+        if payload.ndim != 1 or not 3 <= payload.size <= self.spec.max_batch + 2:
             return False
         mode, split = int(payload[0]), int(payload[1])
         if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings:

@@ -27,7 +27,7 @@ from meshdl.accounting import Ledger
 from meshdl.data import Dataset, cell_series
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
-from meshdl.messages import EDGE, CodecError, Message, decode, encode
+from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, CodecError, Message, decode, encode
 from meshdl.model import CNN
 from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Mode, Split
@@ -197,8 +197,9 @@ class MeshEngine(WaveEngine):
 
     def __init__(self, data: Dataset, edge_at: Cell = (0, 0), mesh_id: int = 1,
                  chaos: Chaos | None = None, wire: bool = False,
-                 params_via: str = "tree") -> None:
+                 params_via: str = "tree", max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.data = data
+        self.max_message_bytes = max_message_bytes
         self.train_samples = len(data.y_train)
         self.chaos = chaos
         self.wire = wire
@@ -211,12 +212,16 @@ class MeshEngine(WaveEngine):
 
     def _mesh_for(self, model: CNN) -> VirtualMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
-            spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via)
+            spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
+                            self.max_message_bytes)
             readings = {Split.TRAIN: self.data.X_train, Split.TEST: self.data.X_test}
             labels = {Split.TRAIN: self.data.y_train, Split.TEST: self.data.y_test}
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
                                     wire=self.wire)
         return self.mesh
+
+    def spec_for(self, model: CNN) -> MeshSpec:
+        return self._mesh_for(model).spec
 
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         mesh = self._mesh_for(model)

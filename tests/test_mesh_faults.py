@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshdl import CNN, ModelConfig
+from meshdl.errors import UsageError
 from meshdl.messages import EDGE, Kind, encode, make
 from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Mode, Split
@@ -224,3 +225,54 @@ def test_rejection_counters_stay_a_closed_set_under_varied_garbage() -> None:
     keys = [k for k in mesh.nodes[(1, 4)].stats if k.startswith("rejected:codec:")]
     assert sorted(keys) == ["rejected:codec:other_mesh", "rejected:codec:payload_size"]
     assert {k.split(":")[-1] for k in keys} <= {r.value for r in CodecReason}
+
+
+def test_waves_are_planned_so_that_every_message_fits_the_size_limit() -> None:
+    from meshdl.messages import HEADER_BYTES, MAX_MESSAGE_BYTES, wire_size
+    from meshdl.sim.mesh import MeshEngine
+
+    seed = MeshSpec(1, ModelConfig())  # 17 x 25, pool 2: 9 x 13 blocks of 5 filters
+    assert seed.values_per_sample == 9 * 13 * 5  # the GATHER into the edge
+    assert seed.max_batch == (MAX_MESSAGE_BYTES - HEADER_BYTES) // 4 // 585 == 448
+    config = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=6)
+    engine = MeshEngine(_dataset(config, 50, seed=1), max_message_bytes=1024)
+    model = CNN(config, seed=2)
+    model.set_normalization(20.0, 3.0)
+    spec = engine.spec_for(model)
+    assert spec.max_batch == (1024 - HEADER_BYTES) // 4 // (3 * 3 * 2) == 13
+    mesh = engine._mesh_for(model)
+    sizes, send = [], mesh.send
+    mesh.send = lambda messages: (sizes.extend(map(wire_size, messages)), send(messages))
+    np.testing.assert_allclose(engine.logits(model, "train", np.arange(50)),
+                               model.forward(engine.data.X_train), rtol=1e-4, atol=1e-5)
+    assert max(sizes) <= 1024 and engine.report()["waves"] == 4  # 13 + 13 + 13 + 11
+    with pytest.raises(UsageError, match="at most 13 samples fit"):
+        engine.loss_and_grads(model, np.arange(14))  # a step is one wave: refused
+
+
+def test_a_batch_beyond_what_a_wave_can_carry_is_refused_before_any_allocation() -> None:
+    node, spec = _node()
+    params = np.zeros(spec.conv_size + 2, np.float32)
+    params[-1] = 1.0
+    parent = spec.topology.parent[(1, 1)]
+    node.handle(make(Kind.PARAMS, 1, 1, parent, (1, 1), params))
+    huge = np.zeros(2 + spec.max_batch + 1, np.int32)  # mode TRAIN, split TRAIN, indices 0
+    assert node.handle(make(Kind.BATCH, 1, 1, parent, (1, 1), huge)) == []
+    assert node.stats["rejected:bad_batch"] == 1 and node.wave.mode is None
+
+
+def test_early_messages_are_kept_only_in_a_plausible_shape_and_within_a_byte_budget() -> None:
+    # Once 64 future-wave messages of 8 MB per sender were kept (a host: 95 -> 721 MB).
+    node, spec = _node()
+    src = (1, 0)
+    right = next(k for k in node.inbox if k[0] == Kind.HALO and k[3] == src)
+    expect = node.inbox[right]
+    wrong = make(Kind.HALO, 1, 9, src, (1, 1), np.zeros((expect.rows + 1, 1, 2)), layer=1)
+    assert node.handle(wrong) == [] and node.stats["rejected:bad_shape"] == 1
+    big = np.zeros((expect.rows, expect.channels, spec.max_batch), np.float32)
+    for step in range(9, 9 + 40):  # far-future waves, each message as big as can be
+        node.handle(make(Kind.HALO, 1, step, src, (1, 1), big, layer=right[1],
+                         phase=right[2]))
+    held = sum(m.payload.nbytes for m in node.early[src])
+    assert held <= node.plan.early_bytes[src]
+    assert node.stats["dropped:early_overflow"] > 0

@@ -16,7 +16,6 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from meshdl.augment import training_data
 from meshdl.cli.mqtt_run import BackgroundNodeHost
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, save_dataset
@@ -110,8 +109,8 @@ def test_broker_restart_mid_epoch_loses_nothing_and_applies_nothing_twice(
     top, bottom = [c for c in cells if c[0] < 2], [c for c in cells if c[0] >= 2]
     with BackgroundNodeHost(config, top, address, data, client="top") as upper, \
             BackgroundNodeHost(config, bottom, address, data, client="bottom") as lower:
-        engine = MqttEngine(training_data(config.train, data), address, wave_timeout=1.0,
-                            max_attempts=20)
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=1.0,
+                                    max_attempts=20)
         try:
             model, _ = train(config, data, engine=engine, progress=restart_after_a_few_steps)
             report = engine.report()
@@ -147,7 +146,7 @@ def test_garbage_forged_and_oversized_payloads_are_rejected_and_counted(
 
     # Every message through the broker, as between Pis: the cells hear the junk too.
     with BackgroundNodeHost(config, cells, address, data, local_delivery=False) as host:
-        engine = MqttEngine(training_data(config.train, data), address, wave_timeout=5.0)
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)
         thread = threading.Thread(target=lambda: (time.sleep(0.5),
                                                   asyncio.run(publish_junk())))
         try:
@@ -189,13 +188,38 @@ def test_bad_retained_status_records_are_ignored_and_counted_not_fatal(
     address = BrokerAddress.parse(mosquitto.url)
     cells = [(r, c) for r in range(4) for c in range(5)]
     with BackgroundNodeHost(config, cells, address, data):
-        engine = MqttEngine(training_data(config.train, data), address, wave_timeout=5.0)
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)
         try:
             model, history = train(config, data, engine=engine)
         finally:
             engine.close()
     assert history.comm["engine"]["rejected:bad_status"] >= 3
     _assert_same_model(model, reference)
+
+
+def test_evaluation_waves_fit_a_broker_message_size_limit(small_mesh,
+                                                          mosquitto_factory) -> None:
+    # With the production broker's 1 MiB limit, the seed configuration's 1,024-sample
+    # evaluation waves (GATHER of 2.4 MB) once got every client disconnected. Here the
+    # same at a small scale: GATHER of 20 test samples is 2,448 bytes, the limit 2,048.
+    config, data, _, _, reference = small_mesh
+    limit = 2048
+    config = config.model_copy(update={"mesh": config.mesh.model_copy(
+        update={"max_message_bytes": limit})})
+    broker = mosquitto_factory(extra=(f"message_size_limit {limit}",
+                                      f"max_packet_size {limit + 1024}"))
+    address = BrokerAddress.parse(broker.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    with BackgroundNodeHost(config, cells, address, data, local_delivery=False):
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0, max_attempts=2)
+        try:
+            model, history = train(config, data, engine=engine)
+        finally:
+            engine.close()
+    assert engine.spec_for(model).max_batch == 16  # (2048 - 48) // 4 // 30
+    _assert_same_model(model, reference)
+    assert history.final["test_acc"] == pytest.approx(
+        float(np.mean(reference.predict(data.X_test) == data.y_test)))
 
 
 def test_broker_urls_are_parsed_and_never_print_the_password() -> None:
@@ -230,7 +254,7 @@ def test_training_runs_under_the_generated_credentials_and_acl(small_mesh, mosqu
     cells = [(r, c) for r in range(4) for c in range(5)]
     # Every message through the broker, so that every grant of the ACL is exercised.
     with BackgroundNodeHost(config, cells, as_host, data, client="gw", local_delivery=False):
-        engine = MqttEngine(training_data(config.train, data), as_edge, nodes_timeout=20)
+        engine = MqttEngine.for_run(config, data, as_edge, nodes_timeout=20)
         try:
             model, _ = train(config, data, engine=engine)
         finally:

@@ -141,7 +141,8 @@ def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
                 readings: Readings, client: str, stop: asyncio.Event | None = None,
                 local_delivery: bool = True) -> NodeHost:
     """Run a node host for `cells` until SIGINT/SIGTERM (or `stop` is set)."""
-    spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
+    spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
+                    config.mesh.max_message_bytes)
     host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
     sampler = None if readings.sensors is None else LiveSampler(
         host.nodes, readings.sensors, readings.slot_s)
@@ -277,7 +278,8 @@ class BackgroundNodeHost:
 
         readings = (data if isinstance(data, Readings)
                     else Readings(data=training_data(config.train, data)))
-        spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast")
+        spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
+                    config.mesh.max_message_bytes)
         self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
         self.sampler = None if readings.sensors is None else LiveSampler(
             self.host.nodes, readings.sensors, readings.slot_s)
@@ -340,9 +342,9 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
 
     config = load_run_config(mesh)
     dataset = load_dataset(data)
-    engine = MqttEngine(training_data(config.train, dataset), BrokerAddress.parse(broker),
-                        config.mesh.mesh_id, config.mesh.edge_at, wave_timeout=wave_timeout,
-                        nodes_timeout=nodes_timeout, systemd=Notifier())
+    engine = MqttEngine.for_run(config, dataset, BrokerAddress.parse(broker),
+                                wave_timeout=wave_timeout, nodes_timeout=nodes_timeout,
+                                systemd=Notifier())
     try:
         model, history = train(config, dataset, engine=engine)
     finally:
@@ -382,10 +384,10 @@ def edge_serve(broker: str = BROKER, mesh: Path = MESH,
         raise UsageError(f"{model_file} is a {model.config.rows} x {model.config.cols} model, "
                          f"the mesh is {config.model.rows} x {config.model.cols}")
     # A slot's wave must end (or fail) before the next slot's starts.
-    engine = MqttEngine(None, BrokerAddress.parse(broker), config.mesh.mesh_id,
-                        config.mesh.edge_at, wave_timeout=slot_seconds / 2, max_attempts=1,
-                        nodes_timeout=nodes_timeout, connect_timeout_s=None,
-                        systemd=Notifier())
+    engine = MqttEngine.for_run(config, None, BrokerAddress.parse(broker),
+                                wave_timeout=slot_seconds / 2, max_attempts=1,
+                                nodes_timeout=nodes_timeout, connect_timeout_s=None,
+                                systemd=Notifier())
 
     def show(alert: dict) -> None:
         if json_out:

@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshdl.augment import training_data
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.cost import print_comm_summary
 from meshdl.cli.mqtt_run import BackgroundNodeHost
@@ -114,8 +113,7 @@ def _fit_over_mqtt(config: RunConfig, dataset: Dataset,
     """The edge in this process, and a node host for every cell on a thread beside it."""
     cells = list(MeshSpec(config.mesh.mesh_id, config.model).topology.cells())
     with BackgroundNodeHost(config, cells, address, dataset):
-        engine = MqttEngine(training_data(config.train, dataset), address,
-                            config.mesh.mesh_id, config.mesh.edge_at)
+        engine = MqttEngine.for_run(config, dataset, address)
         try:
             return _fit_with_progress(config, dataset, engine)
         finally:
