@@ -1,8 +1,9 @@
 """Run directories: where one `meshdl train` leaves its model, config and metrics.
 
-A run directory holds `model.npz` (the model, PyTorch names), `config.json` (the
-effective RunConfig and where the data came from) and `metrics.json`, whose schema
-users script against:
+A run directory holds `config.json` (the effective RunConfig and where the data came
+from; written first), `checkpoint.npz` (after every epoch, for `--resume`), and at the
+end `model.npz` (the model, PyTorch names) and `metrics.json`, whose schema users script
+against:
     {"mode", "config", "epochs": [{"epoch", "train_loss", "train_acc", "test_acc"}],
      "final": {"train_acc", "test_acc", "predicted_per_class": {"train", "test"},
                "single_class"}, "wall_s"}
@@ -20,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from meshdl.checkpoint import Checkpoint, load_checkpoint
 from meshdl.config import RunConfig
+from meshdl.errors import MeshdlError
 from meshdl.model import CNN
 from meshdl.training import History
 
@@ -64,11 +67,28 @@ def single_class_warning(final: dict[str, Any]) -> str | None:
             "run: it detects nothing); train again with another --seed or a lower --lr")
 
 
+def start_run(out: Path, config: RunConfig, data_source: str) -> None:
+    """Write config.json into `out` before training: what `--resume` starts again from."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = {**config.model_dump(mode="json"), "data_source": data_source}
+    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def resumed_run(out: Path) -> tuple[RunConfig, str, Checkpoint]:
+    """The configuration, data source and last checkpoint of the run in `out`."""
+    try:
+        record = json.loads((out / "config.json").read_text())
+        source = record.pop("data_source")
+        config = RunConfig.model_validate(record)
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise MeshdlError(f"{out} holds no run to resume: config.json is missing or "
+                          f"unreadable ({exc})") from None
+    return config, source, load_checkpoint(out)
+
+
 def write_run(out: Path, config: RunConfig, model: CNN, metrics: dict[str, Any],
               data_source: str) -> None:
     """Write model.npz, config.json and metrics.json into `out`."""
-    out.mkdir(parents=True, exist_ok=True)
+    start_run(out, config, data_source)
     model.save(out / "model.npz")
-    record = {**config.model_dump(mode="json"), "data_source": data_source}
-    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=True) + "\n")

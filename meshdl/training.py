@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from meshdl.augment import orientations, originals, training_data
+from meshdl.checkpoint import Checkpoint, save_checkpoint
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
 from meshdl.errors import MeshdlError, NonFiniteError
@@ -154,8 +156,13 @@ def train(
     data: Dataset,
     engine: Engine | None = None,
     progress: ProgressFn | None = None,
+    checkpoints: Path | None = None,
+    resume: Checkpoint | None = None,
 ) -> tuple[CNN, History]:
-    """Fit a fresh model to `data` as `config` says; returns the model and its history."""
+    """Fit a fresh model to `data` as `config` says; returns the model and its history.
+
+    `checkpoints`: a folder to write a checkpoint into after every epoch; `resume`: one
+    to go on from (same configuration), ending where the uninterrupted run would."""
     if (data.rows, data.cols) != (config.model.rows, config.model.cols):
         raise MeshdlError(
             f"data grid {data.rows} x {data.cols} does not match model grid "
@@ -173,43 +180,69 @@ def train(
             f"the engine holds {engine.train_samples} training maps but this run trains on "
             f"{len(data.y_train)} (augment={tc.augment}): build the engine and its nodes "
             "on augment.training_data(config.train, data)")
-    optimizer = Optimizer(tc, model.flat.size)
-    rng = np.random.default_rng(tc.seed)
-    history = History()
-    n_train, n_test = originals(data), len(data.y_test)
-    test_pred = np.empty(0, np.int64)
-    total = tc.epochs * -(-n_train // tc.batch)  # updates in the whole run
-    for epoch in range(1, tc.epochs + 1):
-        epoch_batches = batches(n_train, tc.batch, rng, orientations(tc))
-        loss_sum, correct = 0.0, 0
-        for step, idx in enumerate(epoch_batches, 1):
-            try:
-                loss, logits, grads = engine.loss_and_grads(model, idx)
-            except NonFiniteError:
-                loss = float("nan")
-            else:
-                optimizer.step(model.flat, grads, learning_rate(tc, optimizer.steps, total))
-            if not (np.isfinite(loss) and np.isfinite(model.flat.sum(dtype=np.float64))):
-                raise MeshdlError(
-                    f"training diverged at epoch {epoch}, step {step} (loss {loss}); "
-                    f"lower the learning rate (now {tc.lr})"
-                )
-            loss_sum += loss * len(idx)
-            correct += int(np.sum(logits.argmax(axis=1) == data.y_train[idx]))
-            if progress:
-                progress(epoch, step, len(epoch_batches), loss)
-        test_pred = predictions(engine, model, "test", n_test)
-        history.epochs.append(EpochMetrics(
-            epoch=epoch,
-            train_loss=loss_sum / n_train,
-            train_acc=correct / n_train,
-            test_acc=float(np.mean(test_pred == data.y_test)) if n_test else float("nan"),
-        ))
-    history.final = final_metrics(config.model.classes,
-                                  predictions(engine, model, "train", n_train),
-                                  data.y_train[:n_train], test_pred, data.y_test)
-    history.comm = engine.report()
-    if created:
-        engine.close()
+    try:
+        optimizer = Optimizer(tc, model.flat.size)
+        rng = np.random.default_rng(tc.seed)
+        history = History()
+        if resume is not None:
+            _restore(resume, config, model, optimizer, rng, history)
+        n_train, n_test = originals(data), len(data.y_test)
+        test_pred = np.empty(0, np.int64)
+        total = tc.epochs * -(-n_train // tc.batch)  # updates in the whole run
+        for epoch in range(len(history.epochs) + 1, tc.epochs + 1):
+            epoch_batches = batches(n_train, tc.batch, rng, orientations(tc))
+            loss_sum, correct = 0.0, 0
+            for step, idx in enumerate(epoch_batches, 1):
+                try:
+                    loss, logits, grads = engine.loss_and_grads(model, idx)
+                except NonFiniteError:
+                    loss = float("nan")
+                else:
+                    optimizer.step(model.flat, grads, learning_rate(tc, optimizer.steps, total))
+                if not (np.isfinite(loss) and np.isfinite(model.flat.sum(dtype=np.float64))):
+                    raise MeshdlError(
+                        f"training diverged at epoch {epoch}, step {step} (loss {loss}); "
+                        f"lower the learning rate (now {tc.lr})"
+                    )
+                loss_sum += loss * len(idx)
+                correct += int(np.sum(logits.argmax(axis=1) == data.y_train[idx]))
+                if progress:
+                    progress(epoch, step, len(epoch_batches), loss)
+            test_pred = predictions(engine, model, "test", n_test)
+            history.epochs.append(EpochMetrics(
+                epoch=epoch,
+                train_loss=loss_sum / n_train,
+                train_acc=correct / n_train,
+                test_acc=float(np.mean(test_pred == data.y_test)) if n_test else float("nan"),
+            ))
+            if checkpoints is not None:
+                save_checkpoint(checkpoints, Checkpoint(
+                    config=config.model_dump(mode="json"), epochs_done=epoch,
+                    params=model.flat.copy(), optimizer=optimizer.state_dict(),
+                    batch_order=rng.bit_generator.state,
+                    epochs=[asdict(e) for e in history.epochs]))
+        if len(test_pred) != n_test:  # resumed after the last epoch: nothing ran
+            test_pred = predictions(engine, model, "test", n_test)
+        history.final = final_metrics(config.model.classes,
+                                      predictions(engine, model, "train", n_train),
+                                      data.y_train[:n_train], test_pred, data.y_test)
+        history.comm = engine.report()
+    finally:
+        if created:  # an engine given by the caller is the caller's to close
+            engine.close()
     history.wall_s = time.perf_counter() - started
     return model, history
+
+
+def _restore(checkpoint: Checkpoint, config: RunConfig, model: CNN, optimizer: Optimizer,
+             rng: np.random.Generator, history: History) -> None:
+    """Put a run's saved state into its freshly made parts."""
+    if checkpoint.config != config.model_dump(mode="json"):
+        raise MeshdlError("the checkpoint was written by a run with another configuration; "
+                          "resume it with its own (the run directory's config.json)")
+    if checkpoint.params.shape != model.flat.shape:
+        raise MeshdlError("the checkpoint's parameters do not fit this model")
+    model.flat[...] = checkpoint.params
+    optimizer.load_state_dict(checkpoint.optimizer)
+    rng.bit_generator.state = checkpoint.batch_order
+    history.epochs = [EpochMetrics(**e) for e in checkpoint.epochs]

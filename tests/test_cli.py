@@ -237,3 +237,34 @@ def test_bench_kernels_reports_a_step_time(cli) -> None:
     if result["torch"] is not None:
         assert result["speedup_vs_torch"] == pytest.approx(
             result["torch"]["median_ms"] / result["meshdl"]["median_ms"])
+
+
+def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(
+        cli, small_data_file, tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    flags = ["--data", str(small_data_file), "--epochs", "30", "--batch", "16",
+             "--hidden", "16", "--seed", "5"]
+    killed = tmp_path / "killed"
+    run = subprocess.Popen([sys.executable, "-m", "meshdl", "train", *flags, "--out",
+                            str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120  # a hang limit, not a timing assertion
+    while not (killed / "checkpoint.npz").exists() and run.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # somewhere inside a later epoch
+    run.send_signal(signal.SIGKILL)
+    assert run.wait(30) == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (killed / "model.npz").exists()
+    code, out, err = cli("train", "--resume", killed, "--json")
+    assert code == 0, err
+    assert "resuming" in err and len(json.loads(out)["epochs"]) == 30
+    code, _, err = cli("train", *flags, "--out", tmp_path / "whole")
+    assert code == 0, err
+    resumed = CNN.load(killed / "model.npz")
+    np.testing.assert_array_equal(resumed.flat, CNN.load(tmp_path / "whole" / "model.npz").flat)
+    code, _, err = cli("train", "--resume", killed, "--epochs", "3")
+    assert code == 2 and "drop --epochs" in err

@@ -222,6 +222,36 @@ def test_evaluation_waves_fit_a_broker_message_size_limit(small_mesh,
         float(np.mean(reference.predict(data.X_test) == data.y_test)))
 
 
+class _Stopped(Exception):
+    """Stands for the edge being killed mid-epoch."""
+
+
+def test_an_edge_stopped_mid_epoch_resumes_to_the_virtual_meshs_parameters(
+        small_mesh, mosquitto, tmp_path) -> None:
+    from meshdl.checkpoint import load_checkpoint
+
+    config, data, _, _, reference = small_mesh
+    address = BrokerAddress.parse(mosquitto.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+
+    def kill(epoch: int, step: int, _steps: int, _loss: float) -> None:
+        if (epoch, step) == (2, 3):
+            raise _Stopped
+
+    with BackgroundNodeHost(config, cells, address, data):
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)
+        with pytest.raises(_Stopped):
+            train(config, data, engine=engine, progress=kill, checkpoints=tmp_path)
+        engine.close()
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)  # a new edge
+        try:
+            model, _ = train(config, data, engine=engine, checkpoints=tmp_path,
+                             resume=load_checkpoint(tmp_path))
+        finally:
+            engine.close()
+    _assert_same_model(model, reference)
+
+
 def test_broker_urls_are_parsed_and_never_print_the_password() -> None:
     address = BrokerAddress.parse("mqtts://r0c1:s%40cret@pi.local", env={})
     assert (address.host, address.port, address.tls) == ("pi.local", 8883, True)

@@ -88,3 +88,48 @@ def test_default_recipe_trains_where_the_old_one_collapsed() -> None:
     _, history = train(config, generate_lounge(config.data))
     assert not history.final["single_class"]
     assert history.final["test_acc"] >= 0.93, history.final
+
+
+class _Stopped(Exception):
+    """Stands for a kill: the run ends wherever it is."""
+
+
+@pytest.mark.parametrize(("mode", "stop_at"), [("central", (2, 1)), ("central", (3, 4)),
+                                               ("mesh", (2, 3))])
+def test_a_run_stopped_anywhere_and_resumed_ends_with_the_uninterrupted_parameters(
+        mode: str, stop_at: tuple[int, int], tmp_path) -> None:
+    from meshdl.checkpoint import load_checkpoint
+
+    config = load_run_config(mode=mode, model={"rows": 6, "cols": 8, "hidden": 16},
+                             train={"epochs": 3, "batch": 16})
+    data = generate_lounge(DataConfig(rows=6, cols=8, train=64, test=20, seed=1))
+    whole, whole_history = train(config, data)
+
+    def kill(epoch: int, step: int, _steps: int, _loss: float) -> None:
+        if (epoch, step) == stop_at:
+            raise _Stopped
+
+    with pytest.raises(_Stopped):
+        train(config, data, progress=kill, checkpoints=tmp_path)
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint.epochs_done == stop_at[0] - 1  # the last finished epoch
+    resumed, history = train(config, data, checkpoints=tmp_path, resume=checkpoint)
+    np.testing.assert_array_equal(resumed.flat, whole.flat)
+    assert history.epochs == whole_history.epochs
+    assert history.final == whole_history.final
+
+
+def test_a_checkpoint_of_another_configuration_is_refused(tmp_path) -> None:
+    from meshdl.checkpoint import load_checkpoint
+
+    config = load_run_config(mode="central", model={"rows": 6, "cols": 8, "hidden": 16},
+                             train={"epochs": 1, "batch": 16})
+    data = generate_lounge(DataConfig(rows=6, cols=8, train=32, test=8, seed=1))
+    train(config, data, checkpoints=tmp_path)
+    other = load_run_config(mode="central", model={"rows": 6, "cols": 8, "hidden": 16},
+                            train={"epochs": 2, "batch": 16, "lr": 0.01})
+    with pytest.raises(MeshdlError, match="another configuration"):
+        train(other, data, resume=load_checkpoint(tmp_path))
+    (tmp_path / "checkpoint.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(MeshdlError, match="not a readable checkpoint"):
+        load_checkpoint(tmp_path)

@@ -328,28 +328,44 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
              data: Path = typer.Option(..., "--data", help="Data set .npz (the edge uses "
                                        "its labels; the nodes hold the readings)."),
              out: Path | None = typer.Option(None, "--out", help="Run directory."),
+             resume: Path | None = typer.Option(None, "--resume", help="Continue the run "
+                                                "in this directory from its last "
+                                                "checkpoint (same mesh file and data)."),
              wave_timeout: float = typer.Option(10.0, "--wave-timeout", min=0.1,
                                                 help="Seconds before a wave is restarted."),
              nodes_timeout: float = typer.Option(60.0, "--nodes-timeout", min=0.0,
                                                  help="Seconds to wait for node hosts."),
              json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
              ) -> None:
-    """Train: every batch is a wave through the node hosts; writes the run directory."""
+    """Train: every batch is a wave through the node hosts; writes the run directory,
+    with a checkpoint after every epoch."""
+    from meshdl.checkpoint import load_checkpoint
     from meshdl.cli.common import emit_json
     from meshdl.edge.remote import MqttEngine
-    from meshdl.runs import metrics_record, new_run_dir, single_class_warning, write_run
+    from meshdl.runs import (
+        metrics_record,
+        new_run_dir,
+        single_class_warning,
+        start_run,
+        write_run,
+    )
     from meshdl.training import train
 
+    if resume is not None and out is not None and out != resume:
+        raise UsageError("--resume RUN_DIR writes into RUN_DIR: drop --out")
     config = load_run_config(mesh)
     dataset = load_dataset(data)
+    checkpoint = load_checkpoint(resume) if resume is not None else None
+    run_dir = resume or out or new_run_dir(name="mqtt")
+    start_run(run_dir, config, str(data))
     engine = MqttEngine.for_run(config, dataset, BrokerAddress.parse(broker),
                                 wave_timeout=wave_timeout, nodes_timeout=nodes_timeout,
                                 systemd=Notifier())
     try:
-        model, history = train(config, dataset, engine=engine)
+        model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
+                               resume=checkpoint)
     finally:
         engine.close()
-    run_dir = out or new_run_dir(name="mqtt")
     metrics = metrics_record(config, history)
     write_run(run_dir, config, model, metrics, str(data))
     err_console.print(f"mqtt training done in {history.wall_s:.1f} s: test acc "

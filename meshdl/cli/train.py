@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from meshdl.checkpoint import Checkpoint
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.cost import print_comm_summary
 from meshdl.cli.mqtt_run import BackgroundNodeHost
@@ -17,10 +19,17 @@ from meshdl.errors import UsageError
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
 from meshdl.protocol import MeshSpec
-from meshdl.runs import metrics_record, new_run_dir, single_class_warning, write_run
+from meshdl.runs import (
+    metrics_record,
+    new_run_dir,
+    resumed_run,
+    single_class_warning,
+    start_run,
+    write_run,
+)
 from meshdl.sim.lounge import generate_lounge
 from meshdl.training import Engine, History
-from meshdl.training import train as fit
+from meshdl.training import train as train_model
 
 
 def register(app: typer.Typer) -> None:
@@ -64,9 +73,31 @@ def train(
     augment: str | None = typer.Option(None, "--augment", help="mirror (train on flipped "
                                        "maps too) or none."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of init and batch order."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
+                                       "directory from its last checkpoint, with its own "
+                                       "configuration and data."),
     json_out: bool = typer.Option(False, "--json", help="Print metrics.json on stdout."),
 ) -> None:
     """Train the CNN and write model.npz, config.json and metrics.json."""
+    if resume is not None:
+        given = [flag for flag, value in (
+            ("--data", data), ("--out", out), ("--name", name), ("--config", config_file),
+            ("--mode", mode), ("--edge-at", edge_at), ("--rows", rows), ("--cols", cols),
+            ("--kernel", kernel), ("--filters", filters), ("--conv-layers", conv_layers),
+            ("--pool", pool), ("--hidden", hidden), ("--epochs", epochs), ("--batch", batch),
+            ("--lr", lr), ("--optimizer", optimizer), ("--warmup", warmup),
+            ("--clip-norm", clip_norm), ("--augment", augment), ("--seed", seed))
+            if value is not None]
+        if given:
+            raise UsageError(f"--resume continues the run as it was configured: drop "
+                             f"{', '.join(given)}")
+        config, source, checkpoint = resumed_run(resume)
+        dataset = (generate_lounge(config.data) if source == "synthetic lounge"
+                   else load_dataset(Path(source)))
+        err_console.print(f"resuming {resume} after epoch {checkpoint.epochs_done} of "
+                          f"{config.train.epochs}", highlight=False)
+        _run(config, dataset, source, resume, checkpoint, transport, broker, json_out)
+        return
     dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
     if dataset is not None:  # a data file fixes the grid unless the flags say otherwise
         rows = rows if rows is not None else dataset.rows
@@ -84,15 +115,24 @@ def train(
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
             dataset = generate_lounge(config.data)
-    run_dir = out or new_run_dir(name=name or config.mode)
-    if transport == "virtual":
-        model, history = _fit_with_progress(config, dataset)
-    elif transport == "mqtt" and config.mode == "mesh":
-        if not broker:
-            raise UsageError("--transport mqtt needs --broker mqtt://host[:port]")
-        model, history = _fit_over_mqtt(config, dataset, BrokerAddress.parse(broker))
-    else:
+    _run(config, dataset, source, out or new_run_dir(name=name or config.mode), None,
+         transport, broker, json_out)
+
+
+def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
+         checkpoint: Checkpoint | None, transport: str, broker: str | None,
+         json_out: bool) -> None:
+    """Train (from `checkpoint`, if any), checkpointing into `run_dir`; then report."""
+    if transport not in ("virtual", "mqtt") or (transport == "mqtt" and config.mode != "mesh"):
         raise UsageError(f"--transport {transport!r}: expected virtual or mqtt (mesh mode)")
+    if transport == "mqtt" and not broker:
+        raise UsageError("--transport mqtt needs --broker mqtt://host[:port]")
+    start_run(run_dir, config, source)
+    fit = Fit(checkpoints=run_dir, resume=checkpoint)
+    if transport == "virtual":
+        model, history = _fit_with_progress(config, dataset, fit)
+    else:
+        model, history = _fit_over_mqtt(config, dataset, BrokerAddress.parse(broker), fit)
     metrics = metrics_record(config, history)
     write_run(run_dir, config, model, metrics, source)
     final = history.final
@@ -108,19 +148,27 @@ def train(
         emit_json(metrics)
 
 
-def _fit_over_mqtt(config: RunConfig, dataset: Dataset,
-                   address: BrokerAddress) -> tuple[CNN, History]:
+@dataclass(frozen=True)
+class Fit:
+    """Where a run checkpoints, and the checkpoint it goes on from."""
+
+    checkpoints: Path
+    resume: Checkpoint | None = None
+
+
+def _fit_over_mqtt(config: RunConfig, dataset: Dataset, address: BrokerAddress,
+                   fit: Fit) -> tuple[CNN, History]:
     """The edge in this process, and a node host for every cell on a thread beside it."""
     cells = list(MeshSpec(config.mesh.mesh_id, config.model).topology.cells())
     with BackgroundNodeHost(config, cells, address, dataset):
         engine = MqttEngine.for_run(config, dataset, address)
         try:
-            return _fit_with_progress(config, dataset, engine)
+            return _fit_with_progress(config, dataset, fit, engine)
         finally:
             engine.close()
 
 
-def _fit_with_progress(config: RunConfig, dataset: Dataset,
+def _fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
                        engine: Engine | None = None) -> tuple[CNN, History]:
     """Train with a progress bar on stderr, then list the epochs there."""
     epochs = config.train.epochs
@@ -134,7 +182,8 @@ def _fit_with_progress(config: RunConfig, dataset: Dataset,
             bar.update(task, total=steps * epochs, completed=(epoch - 1) * steps + step,
                        epoch=epoch, loss=loss)
 
-        model, history = fit(config, dataset, engine=engine, progress=on_step)
+        model, history = train_model(config, dataset, engine=engine, progress=on_step,
+                                     checkpoints=fit.checkpoints, resume=fit.resume)
     if history.comm.get("classes"):
         print_comm_summary(history.comm)
     for e in history.epochs:
