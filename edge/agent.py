@@ -69,14 +69,18 @@ class EdgeMachine:
     """The edge of one mesh, holding the model whose head it runs."""
 
     def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray],
-                 first_step: int = 1, wave_timeout: float | None = None) -> None:
-        """`first_step` numbers the first wave (nodes drop waves older than the one they
-        are in, so a restarted edge must number above its predecessor); a wave without a
-        result `wave_timeout` after it started is restarted by `tick`."""
+                 first_step: int = 1, wave_timeout: float | None = None,
+                 session: int = 0) -> None:
+        """`first_step` numbers the first wave; `session` (u16) names this edge run in
+        every message of its waves: nodes follow the PARAMS of another session whatever
+        its step, so an edge that restarts with a new session takes its mesh back even
+        below its predecessor's steps. A wave without a result `wave_timeout` after it
+        started is restarted by `tick`."""
         self.spec = spec
         self.model = model
         self.labels = labels
         self.step = (first_step - 1) & 0xFFFFFFFF
+        self.session = session
         self.batch = 0  # samples in the current wave
         self.wave_timeout = wave_timeout
         self.started_at = 0.0
@@ -130,7 +134,7 @@ class EdgeMachine:
         if h.mesh != self.spec.mesh_id or h.dst != EDGE or h.src != self.spec.edge_at:
             self.stats["rejected:not_for_me"] += 1
             return []
-        if h.step != self.step or self.result is not None:
+        if h.step != self.step or h.session != self.session or self.result is not None:
             self.stats["stale"] += 1
             return []
         if h.kind in (Kind.GATHER, Kind.REDUCE) and h.dtype != FLOAT32:
@@ -178,4 +182,4 @@ class EdgeMachine:
     def _message(self, kind: Kind, payload: np.ndarray, dst: Cell | None = None) -> Message:
         self.seq += 1
         return make(kind, self.spec.mesh_id, self.step, EDGE, dst or self.spec.edge_at,
-                    payload, seq=self.seq & 0xFFFFFFFF)
+                    payload, seq=self.seq & 0xFFFFFFFF, session=self.session)

@@ -12,6 +12,7 @@ a retried step is applied once.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from typing import Any
@@ -36,12 +37,9 @@ STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from h
 
 
 def clock_step() -> int:
-    """A first wave number above any an earlier edge of this mesh can have reached.
-
-    Nodes drop waves older than the one they are in, so an edge that restarts must not
-    start again from 1. Counting sixteenths of a second keeps ahead of a predecessor
-    that started fewer than 16 waves per second on average; it fits the header's u32
-    until 2032."""
+    """A first wave number: sixteenths of a second since STEP_CLOCK_EPOCH, modulo the
+    header's u32 (it wraps in 2032; steps compare in serial-number arithmetic). Not what
+    keeps a restarted edge's waves apart from its predecessor's: the session does."""
     return int((time.time() - STEP_CLOCK_EPOCH) * 16) & 0xFFFFFFFF
 
 
@@ -52,7 +50,8 @@ class MqttEngine(WaveEngine):
                  edge_at: Cell = (0, 0), wave_timeout: float = 10.0, max_attempts: int = 5,
                  nodes_timeout: float = 60.0, connect_timeout_s: float | None = 30.0,
                  systemd: Notifier | None = None,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 session: int | None = None) -> None:
         """`connect_timeout_s`: how long to wait for the broker (None: as long as it
         takes, for a service); `systemd`: the unit of this process (`meshdl edge ...`
         under systemd), told what the edge does and pinged while its loop turns."""
@@ -65,6 +64,11 @@ class MqttEngine(WaveEngine):
         self.mesh_id = mesh_id
         self.edge_at = edge_at
         self.max_message_bytes = max_message_bytes
+        # This edge run's name in its waves: nodes follow a new session whatever the
+        # steps their last edge reached (restarted after a fast run, across the wrap).
+        # (`session`: None draws one; tests pass their own.)
+        self.edge_session = int.from_bytes(os.urandom(2), "little") if session is None \
+            else session
         self.wave_timeout = wave_timeout
         self.max_attempts = max_attempts
         self.nodes_timeout = nodes_timeout
@@ -133,9 +137,9 @@ class MqttEngine(WaveEngine):
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast",
                             self.max_message_bytes)
             # Above the clock, and above this engine's own earlier waves.
-            first = max(clock_step(), self.edge.step + 1 if self.edge else 0)
+            first = clock_step() if self.edge is None else self.edge.step + 1
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,
-                                    wave_timeout=self.wave_timeout)
+                                    wave_timeout=self.wave_timeout, session=self.edge_session)
         return self.edge
 
     def spec_for(self, model: CNN) -> MeshSpec:

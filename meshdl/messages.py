@@ -4,11 +4,13 @@ Wire format (little-endian), 48 bytes of header followed by the array's bytes:
 
     magic "MD" | version u8 | kind u8 | mesh u16 | step u32 | layer u8 | phase u8 |
     src row i16 | src col i16 | dst row i16 | dst col i16 | seq u32 |
-    dtype u8 | ndim u8 | flags u16 | shape 4 x u32 | crc32 u32 (of every byte before and
-    after it)
+    dtype u8 | ndim u8 | session u16 | shape 4 x u32 | crc32 u32 (of every byte before
+    and after it)
 
-`flags` is reserved (0 in version 1); it also makes the header a multiple of 16 bytes,
-so that a payload read in place from the received bytes is aligned.
+`session` (version 2; reserved 0 in version 1) names the edge run a wave belongs to: an
+edge picks a new one when it starts, and nodes follow the PARAMS of a new session
+whatever its step, so a restarted edge always takes its mesh back. The header is a
+multiple of 16 bytes, so that a payload read in place from the received bytes is aligned.
 
 The edge is cell (-1, -1), "every node" (-2, -2). Decoding rejects, with a `CodecError`,
 anything truncated, oversized, of another version, kind, dtype or mesh, or whose shape
@@ -30,7 +32,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from meshdl.errors import MeshdlError
 from meshdl.kernels import all_finite
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the header's u16 at byte 26 carries the edge's session
 MAGIC = b"MD"
 EDGE = (-1, -1)  # the edge's "cell" in headers
 ALL = (-2, -2)  # destination of the edge's broadcasts to every node
@@ -103,7 +105,7 @@ Cell16 = Annotated[int, Field(ge=-2, le=0x7FFE)]  # -1: the edge, -2: every node
 class Header(NamedTuple):
     """The header of one mesh message; `validate_header` checks one from the wire."""
 
-    version: Literal[1]
+    version: Literal[2]
     kind: Kind
     mesh: Annotated[int, Field(ge=0, le=0xFFFF)]
     step: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
@@ -114,7 +116,7 @@ class Header(NamedTuple):
     seq: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
     dtype: Literal[0, 1]
     shape: Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(max_length=MAX_DIMS)]
-    flags: Literal[0] = 0
+    session: Annotated[int, Field(ge=0, le=0xFFFF)] = 0  # the edge run the wave belongs to
 
 
 # pydantic validates wire headers (compiled once; the checks run in pydantic-core).
@@ -136,7 +138,8 @@ _new = tuple.__new__
 
 
 def make(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int, int],
-         payload: np.ndarray, layer: int = 0, phase: int = 0, seq: int = 0) -> Message:
+         payload: np.ndarray, layer: int = 0, phase: int = 0, seq: int = 0,
+         session: int = 0) -> Message:
     """A message from trusted local code (the payload is converted to a wire dtype)."""
     array = np.ascontiguousarray(payload)
     code = DTYPE_CODES.get(array.dtype)
@@ -145,11 +148,12 @@ def make(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int,
         code = DTYPE_CODES[array.dtype]
     if array.ndim > MAX_DIMS:
         raise ValueError(f"a payload has at most {MAX_DIMS} dimensions, not {array.ndim}")
-    return seal(kind, mesh, step, src, dst, array.view(), layer, phase, seq, code)
+    return seal(kind, mesh, step, src, dst, array.view(), layer, phase, seq, code, session)
 
 
 def seal(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int, int],
-         view: np.ndarray, layer: int, phase: int, seq: int, dtype: int = FLOAT32) -> Message:
+         view: np.ndarray, layer: int, phase: int, seq: int, dtype: int = FLOAT32,
+         session: int = 0) -> Message:
     """A message around a fresh C-contiguous view of a wire dtype (`dtype`'s code): the
     hot path of a node's sends, whose payloads are slices of its buffers; `make` for
     anything else."""
@@ -158,7 +162,7 @@ def seal(kind: Kind, mesh: int, step: int, src: tuple[int, int], dst: tuple[int,
     view.setflags(write=False)
     # tuple.__new__ skips the NamedTuples' generated __new__: this runs for every message.
     header = _new(Header, (PROTOCOL_VERSION, kind, mesh, step, layer, phase, src, dst, seq,
-                           dtype, view.shape, 0))
+                           dtype, view.shape, session))
     return _new(Message, (header, view))
 
 
@@ -168,11 +172,18 @@ def encode(message: Message) -> bytes:
     shape = tuple(h.shape) + (0,) * (MAX_DIMS - len(h.shape))
     fields = _FIELDS.pack(
         MAGIC, h.version, int(h.kind), h.mesh, h.step, h.layer, h.phase, *h.src, *h.dst,
-        h.seq, h.dtype, len(h.shape), h.flags, *shape,
+        h.seq, h.dtype, len(h.shape), h.session, *shape,
     )
     # The checksum covers the header too: a flipped bit in `layer` or `step` would
     # otherwise pass as a different, valid-looking message.
     return fields + _CRC.pack(zlib.crc32(body, zlib.crc32(fields))) + body
+
+
+def newer(step: int, than: int) -> bool:
+    """Whether wave `step` comes after wave `than`, in serial-number arithmetic over the
+    header's u32 (RFC 1982): steps wrap from 0xFFFFFFFF to 0, and a step is newer when it
+    is less than 2**31 ahead, so a forged far-ahead number reads as an old one."""
+    return 0 < ((step - than) & 0xFFFFFFFF) < 0x80000000
 
 
 def wire_size(message: Message) -> int:
@@ -189,7 +200,7 @@ def decode(data: bytes, mesh: int | None = None,
     if len(data) - HEADER_BYTES > max_payload:
         raise CodecError(CodecReason.OVERSIZED, f"oversized message: {len(data)} bytes")
     (magic, version, kind, mesh_id, step, layer, phase, sr, sc, dr, dc, seq, dtype, ndim,
-     flags, *dims, crc) = _HEADER.unpack_from(data)
+     session, *dims, crc) = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CodecError(CodecReason.BAD_MAGIC, "not a meshdl message (bad magic)")
     if version != PROTOCOL_VERSION:
@@ -199,7 +210,7 @@ def decode(data: bytes, mesh: int | None = None,
         raise CodecError(CodecReason.BAD_SHAPE, f"bad shape: ndim {ndim}, dims {dims}")
     try:
         header = _validate_header((version, kind, mesh_id, step, layer, phase, (sr, sc),
-                                   (dr, dc), seq, dtype, tuple(dims[:ndim]), flags))
+                                   (dr, dc), seq, dtype, tuple(dims[:ndim]), session))
     except ValidationError as exc:
         raise CodecError(CodecReason.INVALID_HEADER,
                          f"invalid header: {_first_error(exc)}") from None

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from meshdl.messages import FLOAT32, INT32, ITEM_BYTES, Kind, Message, make, seal
+from meshdl.messages import FLOAT32, INT32, ITEM_BYTES, Kind, Message, make, newer, seal
 from meshdl.nodes import compute
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
@@ -199,10 +199,11 @@ class NodePlan:
 
 
 class Wave:
-    """Everything a node knows about one wave (one step number)."""
+    """Everything a node knows about one wave (one step number of one edge session)."""
 
-    def __init__(self, step: int, plan: NodePlan) -> None:
+    def __init__(self, step: int, session: int, plan: NodePlan) -> None:
         self.step = step
+        self.session = session
         self.mode: Mode | None = None
         self.training = False
         self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
@@ -322,7 +323,8 @@ class NodeMachine:
             self.stats[f"rejected:{self._reject_reason(message)}"] += 1
             return []
         wave = self.wave
-        if expect.role == ITEMS and wave is not None and h.step == wave.step:
+        if expect.role == ITEMS and wave is not None and h.step == wave.step and \
+                h.session == wave.session:
             return self._take_items(wave, message, expect, now)  # most messages
         return self._handle_wave_event(message, expect, now)
 
@@ -358,14 +360,18 @@ class NodeMachine:
         wave), REDUCE, and messages of another wave."""
         h = message.header
         wave, new_wave = self.wave, False
-        if wave is None or h.step > wave.step:
+        # A later wave of this edge session, or any wave of another: an edge that
+        # restarted (new session, maybe lower steps) takes the mesh back with its PARAMS.
+        if wave is None or h.session != wave.session or newer(h.step, wave.step):
             if expect.role != PARAMS:  # a neighbour is already in the next wave: keep it
                 return self._buffer(message, expect, "buffered_future")
             if wave is not None and not self._finished(wave):
                 self.stats["abandoned_waves"] += 1
-            self.wave = wave = Wave(h.step, self.plan)
+            if wave is not None and h.session != wave.session:
+                self.stats["resynchronised"] += 1
+            self.wave = wave = Wave(h.step, h.session, self.plan)
             new_wave = True
-        if h.step < wave.step:
+        if h.step != wave.step:  # an earlier wave of this session
             self.stats["stale"] += 1
             return []
         if wave.seen[expect.index]:
@@ -380,7 +386,7 @@ class NodeMachine:
         if wave.ready:
             self._run_ready(wave, now, out)
         if self.early and (new_wave or (not started_before and wave.mode is not None)):
-            for early in self._due(wave.step):
+            for early in self._due(wave):
                 out.extend(self.handle(early, now))
         return out
 
@@ -434,17 +440,17 @@ class NodeMachine:
                 3 <= shape[0] <= self.spec.max_batch + 2
         return h.dtype == FLOAT32 and shape == (self.params_size,)
 
-    def _due(self, step: int) -> list[Message]:
-        """Take the buffered messages of wave `step`; forget those of older waves, keep
-        those of later ones."""
+    def _due(self, wave: Wave) -> list[Message]:
+        """Take the buffered messages of `wave`; keep those of later waves of its
+        session, forget the rest (older waves, other sessions)."""
         due: list[Message] = []
         for src, queue in list(self.early.items()):
             keep = deque(maxlen=queue.maxlen)
             for message in queue:
-                at = message.header.step
-                if at == step:
+                h = message.header
+                if h.session == wave.session and h.step == wave.step:
                     due.append(message)
-                elif at > step:
+                elif h.session == wave.session and newer(h.step, wave.step):
                     keep.append(message)
                 else:
                     self.stats["stale"] += 1
@@ -564,7 +570,7 @@ class NodeMachine:
         if wave.mode is None:
             return
         jobs, buffers, training, ready = self.jobs, wave.buffers, wave.training, wave.ready
-        mesh, step, cell = self.mesh_id, wave.step, self.cell
+        mesh, step, session, cell = self.mesh_id, wave.step, wave.session, self.cell
         while ready:
             train_only, send, run, layer, stage = jobs[ready.pop()]
             if train_only and not training:
@@ -576,7 +582,7 @@ class NodeMachine:
                 kind, dst, buffer, rows, layer, phase = send
                 self.seq = (self.seq + 1) & 0xFFFFFFFF
                 out.append(seal(kind, mesh, step, cell, dst, buffers[buffer][rows], layer,
-                                phase, self.seq))
+                                phase, self.seq, FLOAT32, session))
             wave.tasks_done += 1
         if wave.tasks_done == self.plan.active[wave.mode]:
             wave.finished_at.setdefault("finished", now)
@@ -644,7 +650,7 @@ class NodeMachine:
                  layer: int = 0, phase: int = 0) -> Message:
         self.seq = (self.seq + 1) & 0xFFFFFFFF
         return make(kind, self.mesh_id, wave.step, self.cell, dst, payload,
-                    layer=layer, phase=phase, seq=self.seq)
+                    layer=layer, phase=phase, seq=self.seq, session=wave.session)
 
     # -------------------------------------------------------------- reporting
     @property

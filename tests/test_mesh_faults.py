@@ -14,7 +14,7 @@ from meshdl.messages import EDGE, Kind, encode, make
 from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.faults import Chaos
-from meshdl.topics import topic
+from meshdl.topics import inbox_filter, topic
 from tests.test_mesh import _assert_lockstep, _dataset
 
 CONFIG = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=6)
@@ -276,3 +276,58 @@ def test_early_messages_are_kept_only_in_a_plausible_shape_and_within_a_byte_bud
     held = sum(m.payload.nbytes for m in node.early[src])
     assert held <= node.plan.early_bytes[src]
     assert node.stats["dropped:early_overflow"] > 0
+
+
+def _mesh_and_reference(steps: int):
+    """A virtual mesh and the central engine on the same data and model copies."""
+    from meshdl.sim.mesh import MeshEngine
+    from meshdl.training import CentralEngine
+
+    data = _dataset(CONFIG, 4 * steps, seed=6)
+    mesh_model, central = CNN(CONFIG, seed=7), CNN(CONFIG, seed=7)
+    for model in (mesh_model, central):
+        model.set_normalization(20.0, 3.0)
+    engine = MeshEngine(data)
+    return engine, engine._mesh_for(mesh_model), mesh_model, CentralEngine(data), central
+
+
+def _assert_wave_equals_central(engine, mesh_model, reference, central, step: int) -> None:
+    idx = np.arange(4 * step, 4 * step + 4)
+    loss, _, grads = engine.loss_and_grads(mesh_model, idx)
+    loss_c, _, grads_c = reference.loss_and_grads(central, idx)
+    assert loss == pytest.approx(loss_c, rel=1e-5)
+    np.testing.assert_allclose(grads, grads_c, rtol=1e-4, atol=1e-6)
+
+
+def test_wave_numbers_wrap_from_the_top_of_the_u32_to_zero() -> None:
+    engine, mesh, model, reference, central = _mesh_and_reference(4)
+    mesh.edge.step = 0xFFFFFFFD  # the waves are numbered ...FE, ...FF, 0, 1
+    for step in range(4):
+        _assert_wave_equals_central(engine, model, reference, central, step)
+    assert mesh.edge.step == 1
+
+
+def test_a_restarted_edge_takes_the_mesh_back_below_its_predecessors_steps() -> None:
+    from meshdl.edge.agent import EdgeMachine
+
+    engine, mesh, model, reference, central = _mesh_and_reference(2)
+    mesh.edge.step = 10_000_000  # a predecessor that ran fast
+    _assert_wave_equals_central(engine, model, reference, central, 0)
+    old = mesh.edge
+    mesh.edge = EdgeMachine(old.spec, model, old.labels, first_step=5, session=old.session + 1)
+    mesh.broker.subscribe(inbox_filter(1, old.spec.edge_at, EDGE), mesh._deliver_to(mesh.edge))
+    _assert_wave_equals_central(engine, model, reference, central, 1)
+    assert sum(node.stats["resynchronised"] for node in mesh.nodes.values()) == len(mesh.nodes)
+
+
+def test_a_forged_far_ahead_wave_number_reads_as_old_and_stops_nothing() -> None:
+    engine, mesh, model, reference, central = _mesh_and_reference(2)
+    _assert_wave_equals_central(engine, model, reference, central, 0)
+    spec = mesh.spec
+    params = np.zeros(spec.params_size, np.float32)
+    params[-1] = 1.0
+    for cell in mesh.nodes:  # PARAMS numbered 0xFFFFFFFF, in this very session
+        forged = make(Kind.PARAMS, 1, 0xFFFFFFFF, spec.topology.parent[cell], cell, params,
+                      session=mesh.edge.session)
+        mesh.inject(topic(1, forged.header.src, cell, Kind.PARAMS), encode(forged))
+    _assert_wave_equals_central(engine, model, reference, central, 1)

@@ -49,7 +49,7 @@ def test_int32_payloads_and_the_edge_address_round_trip() -> None:
     (lambda b: b[:-4], "payload of"),
     (lambda b: b + b"\0\0\0\0", "payload of"),
     (lambda b: b"XY" + b[2:], "magic"),
-    (lambda b: b[:2] + bytes([2]) + b[3:], "version"),
+    (lambda b: b[:2] + bytes([1]) + b[3:], "version"),
     (lambda b: b[:3] + bytes([200]) + b[4:], "kind"),
     (lambda b: b[:-1] + bytes([b[-1] ^ 0xFF]), "checksum"),
 ])

@@ -252,6 +252,34 @@ def test_an_edge_stopped_mid_epoch_resumes_to_the_virtual_meshs_parameters(
     _assert_same_model(model, reference)
 
 
+def test_an_edge_restarted_after_a_faster_predecessor_takes_the_mesh_back(
+        small_mesh, mosquitto, monkeypatch) -> None:
+    # Wave numbers count sixteenths of a second: a predecessor that ran faster than 16
+    # waves/s (here: a million steps ahead) once left every node treating new waves as old.
+    import meshdl.edge.remote as remote
+
+    config, data, _, _, reference = small_mesh
+    address = BrokerAddress.parse(mosquitto.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    clock = remote.clock_step
+    with BackgroundNodeHost(config, cells, address, data) as host:
+        monkeypatch.setattr(remote, "clock_step", lambda: clock() + 1_000_000)
+        fast = MqttEngine.for_run(config, data, address, wave_timeout=5.0, session=1)
+        try:
+            fast.loss_and_grads(CNN(config.model, seed=1), np.arange(10))
+        finally:
+            fast.close()
+        monkeypatch.setattr(remote, "clock_step", clock)
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0, max_attempts=1,
+                                    session=2)
+        try:
+            model, _ = train(config, data, engine=engine)
+        finally:
+            engine.close()
+        assert host.host.node_stats()["resynchronised"] > 0
+    _assert_same_model(model, reference)
+
+
 def test_broker_urls_are_parsed_and_never_print_the_password() -> None:
     address = BrokerAddress.parse("mqtts://r0c1:s%40cret@pi.local", env={})
     assert (address.host, address.port, address.tls) == ("pi.local", 8883, True)
