@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from meshdl.checkpoint import Checkpoint, load_checkpoint
+from meshdl.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
 from meshdl.config import RunConfig
 from meshdl.errors import MeshdlError
 from meshdl.model import CNN
@@ -84,6 +84,14 @@ def resumed_run(out: Path) -> tuple[RunConfig, str, Checkpoint]:
         raise MeshdlError(f"{out} holds no run to resume: config.json is missing or "
                           f"unreadable ({exc})") from None
     return config, source, load_checkpoint(out)
+
+
+def with_resume_hint(exc: MeshdlError, out: Path, command: str) -> MeshdlError:
+    """`exc`, saying how to go on when the run in `out` has a checkpoint to go on from."""
+    if not (out / CHECKPOINT).is_file():
+        return exc
+    return type(exc)(f"{exc}; the run can go on from its last finished epoch: "
+                     f"{command} --resume {out}")
 
 
 def write_run(out: Path, config: RunConfig, model: CNN, metrics: dict[str, Any],

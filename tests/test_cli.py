@@ -268,3 +268,17 @@ def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(
     np.testing.assert_array_equal(resumed.flat, CNN.load(tmp_path / "whole" / "model.npz").flat)
     code, _, err = cli("train", "--resume", killed, "--epochs", "3")
     assert code == 2 and "drop --epochs" in err
+
+
+def test_a_failed_run_with_a_checkpoint_says_how_to_go_on(cli, small_data_file,
+                                                           tmp_path) -> None:
+    from meshdl.errors import MeshdlError
+    from meshdl.runs import with_resume_hint
+
+    failure = MeshdlError("wave 7 got no result")
+    assert with_resume_hint(failure, tmp_path, "meshdl train") is failure  # nothing to resume
+    code, _, err = _train(cli, small_data_file, tmp_path / "run", "--epochs", "1")
+    assert code == 0, err
+    hinted = with_resume_hint(failure, tmp_path / "run", "meshdl train")
+    assert str(hinted) == (f"wave 7 got no result; the run can go on from its last finished "
+                           f"epoch: meshdl train --resume {tmp_path / 'run'}")

@@ -347,6 +347,7 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
         new_run_dir,
         single_class_warning,
         start_run,
+        with_resume_hint,
         write_run,
     )
     from meshdl.training import train
@@ -364,6 +365,10 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
     try:
         model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
                                resume=checkpoint)
+    except MeshdlError as exc:
+        command = (f"meshdl edge run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
+                   f"--data {data}")  # the address as printed: never the password
+        raise with_resume_hint(exc, run_dir, command) from None
     finally:
         engine.close()
     metrics = metrics_record(config, history)

@@ -15,7 +15,7 @@ from meshdl.cli.mqtt_run import BackgroundNodeHost
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
 from meshdl.edge.remote import MqttEngine
-from meshdl.errors import UsageError
+from meshdl.errors import MeshdlError, UsageError
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
 from meshdl.protocol import MeshSpec
@@ -25,6 +25,7 @@ from meshdl.runs import (
     resumed_run,
     single_class_warning,
     start_run,
+    with_resume_hint,
     write_run,
 )
 from meshdl.sim.lounge import generate_lounge
@@ -129,10 +130,13 @@ def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
         raise UsageError("--transport mqtt needs --broker mqtt://host[:port]")
     start_run(run_dir, config, source)
     fit = Fit(checkpoints=run_dir, resume=checkpoint)
-    if transport == "virtual":
-        model, history = _fit_with_progress(config, dataset, fit)
-    else:
-        model, history = _fit_over_mqtt(config, dataset, BrokerAddress.parse(broker), fit)
+    try:
+        if transport == "virtual":
+            model, history = _fit_with_progress(config, dataset, fit)
+        else:
+            model, history = _fit_over_mqtt(config, dataset, BrokerAddress.parse(broker), fit)
+    except MeshdlError as exc:  # a broker away too long, a diverged run: say how to go on
+        raise with_resume_hint(exc, run_dir, "meshdl train") from None
     metrics = metrics_record(config, history)
     write_run(run_dir, config, model, metrics, source)
     final = history.final
