@@ -76,6 +76,7 @@ class MqttEngine(WaveEngine):
         self.edge: EdgeMachine | None = None
         self.session: Session | None = None
         self.online: dict[str, set[Cell]] = {}  # client -> the cells it serves
+        self.stale: dict[str, float] = {}  # client -> age (s) of a claim with no heartbeat
         self.stats: Counter[str] = Counter()
         self.systemd = systemd or Notifier({})
         self._keep_alive: asyncio.Task[None] | None = None
@@ -208,16 +209,20 @@ class MqttEngine(WaveEngine):
         trace = model.head_forward(np.zeros((model.config.filters, rows, cols, 1), np.float32))
         model.head_backward(trace, np.zeros_like(trace.logits))
 
-    def _status(self, client: str, payload: bytes) -> None:
-        """A client's retained status: which cells a node host serves, while online."""
+    def _status(self, client: str, payload: bytes, retained: bool) -> None:
+        """A client's status: which cells a node host serves, while online and alive."""
         record = parse_status(payload)
         if record is None:
             self.stats["rejected:bad_status"] += 1
             return
-        if record.role == "node-host" and record.mesh == self.mesh_id and record.served:
+        self.stale.pop(client, None)
+        self.online.pop(client, None)
+        if record.role != "node-host" or record.mesh != self.mesh_id or not record.served:
+            return
+        if record.fresh(time.time(), retained):
             self.online[client] = record.served
-        else:
-            self.online.pop(client, None)
+        else:  # a claim with no heartbeat behind it: named if cells stay uncovered
+            self.stale[client] = time.time() - (record.time or 0.0)
 
     def uncovered(self, spec: MeshSpec) -> set[Cell]:
         """Cells no online node host serves."""
@@ -232,6 +237,8 @@ class MqttEngine(WaveEngine):
         if missing:
             names = ", ".join(name_of(c) for c in sorted(missing)[:8])
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+            stale = "".join(f"; {client}'s status claims cells but is {age:.0f} s old, "
+                            "with no heartbeat since" for client, age in sorted(self.stale.items()))
             raise MeshdlError(f"{len(missing)} cells have no node host online after "
                               f"{self.nodes_timeout:g} s: {names}{more} "
-                              f"(start them with `meshdl nodes run`)")
+                              f"(start them with `meshdl nodes run`){stale}")

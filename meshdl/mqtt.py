@@ -94,7 +94,9 @@ class Backoff:
 
 
 Handler = Callable[[str, Message], list[Message]]
-StatusHandler = Callable[[str, bytes], None]  # (client name, its retained JSON record)
+# (client name, its JSON record, whether the broker replayed it from its retained store
+# rather than the client publishing it now)
+StatusHandler = Callable[[str, bytes, bool], None]
 
 
 class Session:
@@ -304,7 +306,8 @@ class Session:
         payload, name = incoming.payload, incoming.topic.value
         if name.startswith(self._status_prefix):
             if self.on_status is not None and isinstance(payload, bytes | bytearray):
-                self.on_status(name[len(self._status_prefix):], bytes(payload))
+                self.on_status(name[len(self._status_prefix):], bytes(payload),
+                               bool(incoming.retain))
             return []
         if incoming.retain:  # a wave's messages are never retained: the broker would
             self.stats["rejected:retained"] += 1  # replay them at every resubscription

@@ -21,6 +21,10 @@ from meshdl.topics import cell_of
 
 MAX_STATUS_BYTES = 256 * 1024  # a node host serving 20,000 cells fits; a flood does not
 MAX_CELLS = 1 << 16
+# A record replayed from the broker's store counts only while its heartbeat time is this
+# recent (clients re-announce every 5 s): a host that died without its will being
+# delivered, or a record a client left behind, must not pass for a running host.
+FRESH_S = 20.0
 
 Role = Literal["node-host", "edge", "doctor"]
 
@@ -43,6 +47,11 @@ class StatusRecord(BaseModel):
             if cell_of(name) in (EDGE, ALL):
                 raise ValueError(f"{name!r} is not a sensor cell")
         return names
+
+    def fresh(self, now: float, retained: bool) -> bool:
+        """Whether this record speaks for a client alive now: published now, or replayed
+        by the broker with a heartbeat time within FRESH_S of `now` (Unix seconds)."""
+        return not retained or (self.time is not None and abs(now - self.time) <= FRESH_S)
 
     @property
     def served(self) -> set[tuple[int, int]]:

@@ -20,6 +20,7 @@ from meshdl.cli.mqtt_run import BackgroundNodeHost
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, save_dataset
 from meshdl.edge.remote import MqttEngine
+from meshdl.errors import MeshdlError
 from meshdl.messages import EDGE, Kind, encode, make
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
@@ -278,6 +279,26 @@ def test_an_edge_restarted_after_a_faster_predecessor_takes_the_mesh_back(
             engine.close()
         assert host.host.node_stats()["resynchronised"] > 0
     _assert_same_model(model, reference)
+
+
+def test_a_retained_claim_with_no_host_behind_it_starts_no_waves(small_mesh, mosquitto, cli
+                                                                  ) -> None:
+    config, data, mesh_file, _, _ = small_mesh
+    cells = [f"r{r}c{c}" for r in range(4) for c in range(5)]
+    claim = {"role": "node-host", "state": "online", "mesh": 1, "cells": cells,
+             "time": time.time() - 3600}  # written an hour ago by a client long gone
+    asyncio.run(_retain(mosquitto, {"meshdl/1/status/r0c1": json.dumps(claim).encode()}))
+    engine = MqttEngine.for_run(config, data, BrokerAddress.parse(mosquitto.url),
+                                nodes_timeout=1.0)
+    try:
+        with pytest.raises(MeshdlError, match=r"20 cells have no node host online .*"
+                           r"r0c1's status claims cells but is 3600 s old"):
+            engine.open(CNN(config.model))
+    finally:
+        engine.close()
+    assert engine.report()["edge"] == {}  # not one wave was started
+    code, out, _ = cli("doctor", "--broker", mosquitto.url, "--mesh", mesh_file, "--json")
+    assert code == 1 and json.loads(out)["stale"] == ["r0c1"]
 
 
 def test_broker_urls_are_parsed_and_never_print_the_password() -> None:

@@ -223,14 +223,20 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
     mesh_id = config.mesh.mesh_id if config else 1
     online: dict[str, StatusRecord] = {}
     malformed: set[str] = set()  # clients whose status topic holds no valid record
+    stale: set[str] = set()  # "online" records replayed by the broker, heartbeat long past
 
-    def status(client: str, payload: bytes) -> None:
+    def status(client: str, payload: bytes, retained: bool) -> None:
         record = parse_status(payload)
         if record is None:
             malformed.add(client)
+            return
+        malformed.discard(client)
+        if record.state == "online" and not record.fresh(time.time(), retained):
+            stale.add(client)  # left behind: no host heartbeats under that name
+            record = record.model_copy(update={"state": "offline"})
         else:
-            online[client] = record
-            malformed.discard(client)
+            stale.discard(client)
+        online[client] = record
 
     lines, ok = [], True
     session = Session(address, mesh_id, f"doctor-{os.getpid()}",
@@ -252,6 +258,11 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
         names = sorted(malformed)
         lines.append(f"warning: {len(names)} status records are not valid and were ignored: "
                      f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+    if stale:
+        names = sorted(stale)
+        lines.append(f"warning: {len(names)} status records say online but have had no "
+                     f"heartbeat for long (counted offline): "
+                     f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
     if config is not None:
         served = set().union(*(v.served for v in up.values() if v.role == "node-host"))
         missing = [name_of(c) for c in MeshSpec(mesh_id, config.model).topology.cells()
@@ -264,7 +275,7 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
             lines.append("ok: every cell has a node host online")
         if not any(v.role == "edge" for v in up.values()):
             lines.append("note: no edge online")
-    return {"ok": ok, "lines": lines, "malformed": sorted(malformed),
+    return {"ok": ok, "lines": lines, "malformed": sorted(malformed), "stale": sorted(stale),
             "online": {k: v.model_dump(mode="json") for k, v in up.items()}}
 
 
