@@ -87,7 +87,8 @@ def train(
             ("--kernel", kernel), ("--filters", filters), ("--conv-layers", conv_layers),
             ("--pool", pool), ("--hidden", hidden), ("--epochs", epochs), ("--batch", batch),
             ("--lr", lr), ("--optimizer", optimizer), ("--warmup", warmup),
-            ("--clip-norm", clip_norm), ("--augment", augment), ("--seed", seed))
+            ("--clip-norm", clip_norm), ("--augment", augment), ("--seed", seed),
+            ("--wire/--no-wire", wire))
             if value is not None]
         if given:
             raise UsageError(f"--resume continues the run as it was configured: drop "
