@@ -5,7 +5,8 @@ Two media are counted side by side for every message sent:
 - broadcast: one radio transmission heard by every one-hop neighbour, so the messages a
   node sends in the same wave, of the same kind, layer and phase, go out once, carrying
   the union of their items.
-All links are one hop, so a message is one hop transmission.
+All links are one hop, so a message is one hop transmission. Bytes include the header
+and, when the mesh authenticates its messages, each one's tag or signature.
 The analytical side: per conv layer and per sample, `needed` is what nodes must obtain
 (their window inside the grid minus their own cell, times input channels), next to the
 seed paper's formula (k^2 - 1) * m * n * c_in, which assumes every cell has a full
@@ -17,18 +18,18 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from operator import itemgetter
+from operator import attrgetter
 from typing import Any
 
-from meshdl.messages import ALL, CLASS_OF, HEADER_BYTES, ITEM_BYTES, Header, Kind, Message
+from meshdl.messages import ALL, CLASS_OF, ITEM_BYTES, Header, Kind, Message
 from meshdl.protocol import MeshSpec
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
 _LAYERED = (Kind.HALO, Kind.GRAD_HALO)
 # A header's (step, (src, dst, kind, layer, phase, shape)): its wave, and what it costs.
-_STEP = itemgetter(3)
-_COST_KEY = itemgetter(6, 7, 1, 4, 5, 10)
+_STEP = attrgetter("step")
+_COST_KEY = attrgetter("src", "dst", "kind", "layer", "phase", "shape")
 
 
 def class_name(kind: Kind, layer: int) -> str:
@@ -117,19 +118,19 @@ class Ledger:
     def _broadcast_figures(self, wave: frozenset[tuple]) -> Counter[tuple[str, str]]:
         """One wave by radio: a sender's messages of one kind, layer and phase share one
         transmission, carrying the union of their items."""
-        groups: dict[tuple, tuple[str, set, int]] = {}
+        groups: dict[tuple, tuple[str, set, int, Kind]] = {}
         for src, dst, kind, layer, phase, shape in wave:
             items = self._items(src, dst, kind, layer, phase)
             per_item = math.prod(shape) // len(items)
             group = groups.setdefault((src, kind, layer, phase),
-                                      (class_name(kind, layer), set(), per_item))
+                                      (class_name(kind, layer), set(), per_item, kind))
             group[1].update(items)
         figures: Counter[tuple[str, str]] = Counter()
-        for name, items, per_item in groups.values():
+        for name, items, per_item, kind in groups.values():
             values = len(items) * per_item
             figures[name, "transmissions"] += 1
             figures[name, "values"] += values
-            figures[name, "bytes"] += HEADER_BYTES + ITEM_BYTES * values
+            figures[name, "bytes"] += self.spec.overhead(kind) + ITEM_BYTES * values
         return figures
 
     def _items(self, src: Cell, dst: Cell, kind: Kind, layer: int, phase: int) -> tuple:
@@ -153,7 +154,7 @@ class Ledger:
         cells = self.spec.model.rows * self.spec.model.cols
         for (src, dst, kind, layer, _, shape), sent in self._totals.items():
             values = math.prod(shape)
-            size = HEADER_BYTES + ITEM_BYTES * values
+            size = self.spec.overhead(kind) + ITEM_BYTES * values  # tags included
             count = sent * cells if dst == ALL else sent  # a broker delivers to every node
             counts = unicast[class_name(kind, layer)]
             counts["values"] += values * count

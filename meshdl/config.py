@@ -111,6 +111,12 @@ class MeshConfig(_Strict):
     params_via: Literal["tree", "broadcast"] = Field(
         "tree", description="how parameters reach the nodes: flooded down the BFS tree "
         "(radio mesh) or published once by the edge (broker; always so over MQTT)")
+    auth: bool = Field(False, description="authenticate every message: link tags between "
+                       "neighbours, the edge's signature on parameters (meshdl/auth.py); "
+                       "on in a deployment from `meshdl deploy credentials`")
+    keys: Path | None = Field(None, description="this process's key file (over MQTT, with "
+                              "auth): secrets/<user>.keys.json from `meshdl deploy "
+                              "credentials`; the virtual mesh derives its own")
 
 
 class RunConfig(BaseSettings):

@@ -88,6 +88,7 @@ class CodecReason(str, Enum):
     PAYLOAD_SIZE = "payload_size"
     CHECKSUM = "checksum"
     NOT_FINITE = "not_finite"
+    FORGED = "forged"  # a tag or signature that does not verify (meshdl/auth.py)
 
 
 class CodecError(MeshdlError):

@@ -19,6 +19,7 @@ from enum import IntEnum
 from functools import cached_property
 from typing import Literal
 
+from meshdl.auth import link, tag_bytes
 from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
 from meshdl.messages import ALL, EDGE, HEADER_BYTES, ITEM_BYTES, MAX_MESSAGE_BYTES, Kind
@@ -69,14 +70,16 @@ class MeshSpec:
     # No message of a wave may weigh more (header included): the broker's limit. Waves
     # are planned from it (`max_batch`); a node refuses a BATCH beyond.
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    # Every message carries a link tag or the edge's signature (meshdl/auth.py).
+    auth: bool = False
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.pool)
         object.__setattr__(self, "topology", topo)
-        params = HEADER_BYTES + ITEM_BYTES * self.params_size
+        params = self.overhead(Kind.PARAMS) + ITEM_BYTES * self.params_size
         if params > self.max_message_bytes or self.max_batch < 1:
-            need = max(params, HEADER_BYTES + ITEM_BYTES * self.values_per_sample)
+            need = max(params, self.overhead(Kind.GATHER) + ITEM_BYTES * self.values_per_sample)
             raise UsageError(f"mesh.max_message_bytes: {self.max_message_bytes} is too small "
                              f"for this model's messages (at least {need} bytes)")
 
@@ -96,8 +99,24 @@ class MeshSpec:
     def max_batch(self) -> int:
         """The most samples one wave may carry with every message within
         `max_message_bytes` (a BATCH holds mode, split and an index per sample)."""
-        room = (self.max_message_bytes - HEADER_BYTES) // ITEM_BYTES
-        return min(room // self.values_per_sample, room - 2)
+        values = (self.max_message_bytes - self.overhead(Kind.GATHER)) // ITEM_BYTES
+        indices = (self.max_message_bytes - self.overhead(Kind.BATCH)) // ITEM_BYTES - 2
+        return min(values // self.values_per_sample, indices)
+
+    def overhead(self, kind: Kind) -> int:
+        """Bytes of a message of `kind` besides its values: the header, and the tag or
+        signature when the mesh authenticates its messages."""
+        return HEADER_BYTES + (tag_bytes(kind) if self.auth else 0)
+
+    @cached_property
+    def links(self) -> frozenset[tuple[Cell, Cell]]:
+        """The pairs of parties that exchange link messages (each shares a key when the
+        mesh authenticates): neighbours, and the edge with the cell it is linked to (its
+        tree parent)."""
+        topo = self.topology
+        pairs = {link(src, s.dst) for src, sends in self.sends.items() for s in sends}
+        tree = {link(cell, topo.parent[cell]) for cell in topo.cells()}  # REDUCE
+        return frozenset(pairs | tree)
 
     def control_source(self, cell: Cell) -> Cell:
         """Who sends `cell` its PARAMS and BATCH."""

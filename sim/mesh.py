@@ -6,9 +6,11 @@ fault injection) every message crosses as bytes through the real codec, exactly 
 Mosquitto; by default the agents' messages cross as immutable objects, which computes the
 same results (a test shows it) and counts the same bytes (the ledger sizes messages from
 their headers) in less than half the time per wave. Bytes published from outside
-(`inject`) are always decoded and validated. `VirtualMesh.run_wave` is a coroutine so that the
-mesh can share an asyncio loop with other tasks; `MeshEngine` adapts it to the training
-loop's `Engine` protocol.
+(`inject`) are always decoded and validated. A mesh whose spec authenticates (`auth`)
+always crosses as bytes: each party seals its messages with its own keys and opens what
+it receives, exactly as a node host does (meshdl/auth.py). `VirtualMesh.run_wave` is a
+coroutine so that the mesh can share an asyncio loop with other tasks; `MeshEngine`
+adapts it to the training loop's `Engine` protocol.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from meshdl.accounting import Ledger
+from meshdl.auth import Authenticator, MeshKeys
 from meshdl.data import Dataset, cell_series
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
@@ -32,7 +35,7 @@ from meshdl.model import CNN
 from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.broker import VirtualBroker
-from meshdl.sim.faults import Chaos
+from meshdl.sim.faults import Chaos, Forger
 from meshdl.topics import broadcast_filter, inbox_filter, name_of, topic
 from meshdl.topology import Cell
 
@@ -42,13 +45,24 @@ class VirtualMesh:
 
     def __init__(self, spec: MeshSpec, readings: dict[int, np.ndarray], model: CNN,
                  labels: dict[int, np.ndarray], max_rounds: int | None = None,
-                 chaos: Chaos | None = None, wire: bool = False) -> None:
+                 chaos: Chaos | None = None, wire: bool = False,
+                 keys: MeshKeys | None = None) -> None:
         """`readings[split]` holds maps, (samples, [in_channels,] rows, cols): each node
-        gets its cell's."""
+        gets its cell's. `keys`: those of an authenticating mesh (default: from seed 0)."""
         self.spec = spec
         self.broker = VirtualBroker()
         self.chaos = chaos
-        self.wire = wire or chaos is not None  # faults are injected into bytes
+        # Faults are injected into bytes; tags are computed over them.
+        self.wire = wire or chaos is not None or spec.auth
+        # Each party seals what it sends and opens what it receives with its own keys.
+        self.auth: dict[Cell, Authenticator] = {}
+        if spec.auth:
+            keys = keys or MeshKeys.from_seed(0)
+            self.auth = {party: Authenticator(keys.keyring(spec, [party]))
+                         for party in [*spec.topology.cells(), EDGE]}
+            if chaos is not None and chaos.forger_cell is not None:
+                chaos.forger = Forger(keys.keyring(spec, [chaos.forger_cell]),
+                                      chaos.forger_cell, chaos.rng)
         if chaos is not None and chaos.shuffle:
             self.broker.shuffle = chaos.rng
         self.ledger = Ledger(spec)
@@ -75,15 +89,20 @@ class VirtualMesh:
         self._timing: dict[Mode, tuple] = {}  # the last wave of each mode, see `timing`
 
     def _deliver_to(self, agent: NodeMachine | EdgeMachine):
-        name = "edge" if isinstance(agent, EdgeMachine) else str(agent.cell)
+        party = EDGE if isinstance(agent, EdgeMachine) else agent.cell
+        name = "edge" if party == EDGE else str(party)
         outbox = self._outbox
+        mesh_id = self.spec.mesh_id
+        authenticator = self.auth.get(party)
+        open_ = (lambda data: decode(data, mesh=mesh_id)) if authenticator is None \
+            else authenticator.open
 
         def deliver(_topic: str, payload: bytes | Message, now: float) -> None:
             if isinstance(payload, Message):  # an agent's own, never touched by bytes
                 outbox.extend(agent.handle(payload, now))
                 return
             try:
-                message = decode(payload, mesh=self.spec.mesh_id)
+                message = open_(payload)
             except CodecError as exc:
                 self.codec_errors[name] += 1
                 agent.stats[f"rejected:codec:{exc.reason.value}"] += 1
@@ -102,6 +121,7 @@ class VirtualMesh:
     def send(self, messages: list[Message]) -> None:
         """Encode, count and publish messages from any agent."""
         record, topics, publish = self.ledger.record, self._topics, self.broker.publish
+        auth = self.auth
         for message in messages:
             record(message)
             h = message.header
@@ -111,10 +131,12 @@ class VirtualMesh:
                 name = topics[key] = topic(h.mesh, h.src, h.dst, h.kind)
             if not self.wire:
                 publish(name, message)
-            elif self.chaos is None:
-                self.broker.publish(name, encode(message))
+                continue
+            data = auth[h.src].seal(message) if auth else encode(message)
+            if self.chaos is None:
+                self.broker.publish(name, data)
             else:
-                for topic_, payload, delay in self.chaos.copies(name, encode(message)):
+                for topic_, payload, delay in self.chaos.copies(name, data):
                     self.broker.publish(topic_, payload, delay)
 
     def inject(self, topic_: str, payload: bytes) -> None:
@@ -197,8 +219,11 @@ class MeshEngine(WaveEngine):
 
     def __init__(self, data: Dataset, edge_at: Cell = (0, 0), mesh_id: int = 1,
                  chaos: Chaos | None = None, wire: bool = False,
-                 params_via: str = "tree", max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 params_via: str = "tree", max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 auth: bool = False, keys: MeshKeys | None = None) -> None:
         self.data = data
+        self.auth = auth
+        self.keys = keys
         self.max_message_bytes = max_message_bytes
         self.train_samples = len(data.y_train)
         self.chaos = chaos
@@ -213,11 +238,11 @@ class MeshEngine(WaveEngine):
     def _mesh_for(self, model: CNN) -> VirtualMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
-                            self.max_message_bytes)
+                            self.max_message_bytes, self.auth)
             readings = {Split.TRAIN: self.data.X_train, Split.TEST: self.data.X_test}
             labels = {Split.TRAIN: self.data.y_train, Split.TEST: self.data.y_test}
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
-                                    wire=self.wire)
+                                    wire=self.wire, keys=self.keys)
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:

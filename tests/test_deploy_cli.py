@@ -25,8 +25,11 @@ import aiomqtt
 import pytest
 
 from meshdl.acl import Grant, format_cells, parse_acl, parse_cells
+from meshdl.auth import Keyring
 from meshdl.cli import broker as broker_cli
 from meshdl.localbroker import stop_process
+from meshdl.messages import EDGE
+from meshdl.topics import name_of
 from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
 from tests.mosquitto import free_port, mosquitto_binary, wait_for_port
 
@@ -94,6 +97,36 @@ def test_credentials_write_hashed_passwords_an_acl_and_private_secrets(
     assert _mode(out / "secrets") == 0o700
     assert _mode(out / "passwd") == 0o600 and _mode(out / "acl") == 0o600
     assert not list(out.glob("*.partial"))
+
+
+def test_credentials_give_each_user_the_message_keys_of_its_own_cells_only(
+        cli, mesh_file, tmp_path) -> None:
+    """Authentication is on in every unit's environment; a node's key file holds its own
+    links' keys, a host's its cells', only the edge's can sign, the monitor has none."""
+    mosquitto_binary("mosquitto_passwd")
+    out = tmp_path / "creds"
+    code, stdout, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out,
+                            "--host", "floor1=1-2,0-3", "--keys-dir", "/srv/keys")
+    assert code == 0, err
+    secrets = out / "secrets"
+    env = _env(secrets / "r1c1.env")
+    assert env["MESHDL_MESH__AUTH"] == "true"
+    assert env["MESHDL_MESH__KEYS"] == "/srv/keys/r1c1.keys.json"
+    assert not (secrets / "monitor.keys.json").exists()
+    assert "MESHDL_MESH__AUTH" not in _env(secrets / "monitor.env")
+    rings = {name: Keyring.load(secrets / f"{name}.keys.json")
+             for name in ("edge", "r1c1", "r0c0", "floor1")}
+    for name, ring in rings.items():
+        assert _mode(secrets / f"{name}.keys.json") == 0o600
+        assert ring.mesh_id == 7 and ring.edge_public == rings["edge"].edge_public
+    assert {name_of(c) for pair in rings["r1c1"].links for c in pair} == \
+        {"r1c1", "r0c1", "r2c1", "r1c0", "r1c2"}
+    assert rings["r0c0"].links[(EDGE, (0, 0))] == rings["edge"].links[(EDGE, (0, 0))]
+    assert rings["floor1"].links[((1, 1), (1, 2))] == rings["r1c1"].links[((1, 1), (1, 2))]
+    assert rings["edge"].edge_private is not None
+    assert all(r.edge_private is None for name, r in rings.items() if name != "edge")
+    for ring in rings.values():
+        assert not any(key.hex() in stdout + err for key in ring.links.values())
 
 
 def test_acl_grants_each_user_exactly_its_topics(cli, mesh_file, tmp_path) -> None:

@@ -38,12 +38,13 @@ def _dataset(config: ModelConfig, samples: int, seed: int) -> Dataset | SimpleNa
 
 def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optimizer: str,
                      seed: int = 0, chaos: Chaos | None = None,
-                     wire: bool = True, params_via: str = "tree",
+                     wire: bool = True, params_via: str = "tree", auth: bool = False,
                      **recipe: Any) -> MeshEngine:
     """Train a central and a mesh model side by side; parameters agree after every step.
 
     `wire`: every message crosses as bytes through the codec (as over MQTT), or as the
-    in-process objects of the default virtual mesh. `recipe`: TrainConfig fields beyond
+    in-process objects of the default virtual mesh; `auth`: every message sealed and
+    opened with its parties' keys (meshdl/auth.py). `recipe`: TrainConfig fields beyond
     the optimizer (warm-up, clipping), at their defaults unless given; the learning
     rate follows the schedule over `steps` updates as in `training.train`."""
     data = _dataset(config, batch * steps, seed)
@@ -54,7 +55,8 @@ def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optim
         model.set_normalization(20.0, 3.0)
     opt_c, opt_m = Optimizer(train, central.flat.size), Optimizer(train, mesh.flat.size)
     ref = CentralEngine(data)
-    engine = MeshEngine(data, edge_at=edge_at, chaos=chaos, wire=wire, params_via=params_via)
+    engine = MeshEngine(data, edge_at=edge_at, chaos=chaos, wire=wire, params_via=params_via,
+                        auth=auth)
     noise = np.zeros(central.flat.size, bool)  # gradients Adam amplifies float32 noise of
     for step in range(steps):
         idx = np.arange(step * batch, (step + 1) * batch)

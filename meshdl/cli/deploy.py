@@ -6,10 +6,15 @@ describes:
     DIR/passwd              Mosquitto password_file: every user, hashed by mosquitto_passwd
     DIR/acl                 Mosquitto acl_file: what each user may read and write
     DIR/secrets/<user>.env  the plain password of one user, for its systemd unit
+    DIR/secrets/<user>.keys.json  the message keys of the cells the user acts for (and the
+                            edge's signing key, for `edge`): meshdl/auth.py
 
 Users: `edge`, one per cell (`r<row>c<col>`), one per node host (`--host NAME=CELLS`),
 and a read-only `monitor` (meshdl/acl.py has the rules). Passwords come from
-`secrets.token_urlsafe`; they are never printed. Every file is mode 0600 (the secrets
+`secrets.token_urlsafe`, the mesh's link secret and the edge's Ed25519 key from
+`secrets.token_bytes`; they are never printed. Every user's .env file turns message
+authentication on (`MESHDL_MESH__AUTH=true`) and names its key file as it will be
+installed (`--keys-dir`, /etc/meshdl/secrets by default). Every file is mode 0600 (the secrets
 directory 0700). Existing files are left alone unless `--force`, which replaces every
 password at once, so that passwd and the secrets files always belong together.
 """
@@ -25,10 +30,13 @@ from typing import Any
 import typer
 
 from meshdl.acl import MeshUser, acl_text, format_cells, mesh_users, parse_host
+from meshdl.auth import KEY_BYTES, MeshKeys
 from meshdl.cli.broker import find_tool
 from meshdl.cli.common import emit_json, err_console
 from meshdl.config import load_run_config
 from meshdl.errors import MeshdlError, UsageError
+from meshdl.messages import EDGE
+from meshdl.protocol import MeshSpec
 from meshdl.topics import name_of
 from meshdl.topology import Cell, Topology
 
@@ -53,7 +61,11 @@ def credentials(
         None, "--host", help="A node host NAME=ROWS,COLS serving a rectangle of cells, "
                              "e.g. floor1=0-3,0-24 (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files (every "
-                                                      "password changes)."),
+                                                      "password and key changes)."),
+    keys_dir: Path = typer.Option(
+        Path("/etc/meshdl/secrets"), "--keys-dir",
+        help="Where the secrets files will be installed on the machines (the .env files "
+             "name the key files there)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Write the broker's password and ACL files and one secrets file per user."""
@@ -68,7 +80,9 @@ def credentials(
     tool = find_tool("mosquitto_passwd")  # before writing anything
 
     secrets_dir = out / "secrets"
-    targets = [out / "passwd", out / "acl", *(secrets_dir / f"{u.name}.env" for u in users)]
+    keyed = [u for u in users if u.role != "monitor"]  # the monitor sends no messages
+    targets = [out / "passwd", out / "acl", *(secrets_dir / f"{u.name}.env" for u in users),
+               *(secrets_dir / f"{u.name}.keys.json" for u in keyed)]
     existing = [path for path in targets if path.exists()]
     if existing and not force:
         more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
@@ -83,9 +97,16 @@ def credentials(
               f"{name_of(cfg.mesh.edge_at)}; written by `meshdl deploy credentials`")
     _write_private(out / "acl", acl_text(users, header))
     _hash_passwords(tool, out / "passwd", passwords)
+    keys = MeshKeys(secrets.token_bytes(KEY_BYTES), secrets.token_bytes(KEY_BYTES))
+    spec = MeshSpec(cfg.mesh.mesh_id, cfg.model, cfg.mesh.edge_at, "broadcast", auth=True)
     for user in users:
+        key_file = keys_dir / f"{user.name}.keys.json" if user in keyed else None
         _write_private(secrets_dir / f"{user.name}.env",
-                       _env_text(user, passwords[user.name], cfg.mesh.mesh_id))
+                       _env_text(user, passwords[user.name], cfg.mesh.mesh_id, key_file))
+        if key_file is not None:
+            parties = [EDGE] if user.role == "edge" else list(user.cells)
+            _write_private(secrets_dir / key_file.name,
+                           keys.keyring(spec, parties).to_json())
 
     report = _report(out, cfg.mesh.mesh_id, (rows, cols), users)
     err_console.print(
@@ -141,8 +162,9 @@ def _hash_passwords(tool: str, path: Path, passwords: dict[str, str]) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _env_text(user: MeshUser, password: str, mesh_id: int) -> str:
-    """A systemd EnvironmentFile: the user's broker login and which cells it acts for."""
+def _env_text(user: MeshUser, password: str, mesh_id: int, key_file: Path | None) -> str:
+    """A systemd EnvironmentFile: the user's broker login, which cells it acts for, and
+    its message keys."""
     who = {"edge": "the edge", "monitor": "the read-only monitor"}.get(
         user.role, f"{user.role} {user.name}")
     lines = [
@@ -151,6 +173,8 @@ def _env_text(user: MeshUser, password: str, mesh_id: int) -> str:
         f"MESHDL_MQTT_USER={user.name}",
         f"MESHDL_MQTT_PASSWORD={password}",
     ]
+    if key_file is not None:
+        lines += ["MESHDL_MESH__AUTH=true", f"MESHDL_MESH__KEYS={key_file}"]
     if user.role == "node":
         (row, col), = user.cells
         lines.append(f"MESHDL_CELL={row},{col}")  # meshdl-node@.service: --cell
@@ -172,6 +196,8 @@ def _report(out: Path, mesh_id: int, grid: tuple[int, int],
                 "role": u.role,
                 "cells": [list(c) for c in u.cells],
                 "secrets": str(out / "secrets" / f"{u.name}.env"),
+                "keys": None if u.role == "monitor" else
+                str(out / "secrets" / f"{u.name}.keys.json"),
                 "grants": [{"access": g.access, "topic": g.topic} for g in u.grants],
             }
             for u in users

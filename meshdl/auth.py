@@ -1,0 +1,279 @@
+"""Message authentication: no node can forge another node's messages, nor the edge's.
+
+With `mesh.auth` on, every message on the wire carries a tag after its payload:
+
+- a link message (halo, pool, gather, scatter, route, gradient halo, reduce) carries
+  HMAC-SHA256 over its header and payload, truncated to `LINK_TAG_BYTES`, under the key
+  its sender and receiver share (one key per pair of neighbours, and one between the
+  edge and the cell it is linked to). A node holds the keys of its own links only, so it
+  can speak for itself and nobody else;
+- the edge's PARAMS and BATCH carry an Ed25519 signature (`SIGNATURE_BYTES`) that every
+  node verifies with the edge's public key and none can make. It covers what every hop
+  leaves unchanged (kind, mesh, step, session, dtype, shape, payload), so a node that
+  relays the parameters down the tree forwards the edge's signature as it received it.
+
+Keys come from one mesh secret and the edge's signing key (`MeshKeys`): `meshdl deploy
+credentials` draws both at random and writes each broker user the `Keyring` of the cells
+it acts for; the virtual mesh derives them from a seed. The CRC inside the message still
+catches corruption; the tag is what a forger cannot make. What a tag does not stop: a
+replay of a genuine message of an earlier edge session (see PROTOCOL.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from meshdl.errors import MeshdlError, UsageError
+from meshdl.messages import (
+    EDGE,
+    HEADER_BYTES,
+    CodecError,
+    CodecReason,
+    Kind,
+    Message,
+    decode,
+    encode,
+)
+from meshdl.topics import cell_of, name_of
+from meshdl.topology import Cell
+
+LINK_TAG_BYTES = 16  # HMAC-SHA256 truncated to 128 bits (RFC 2104 section 5 allows it)
+SIGNATURE_BYTES = 64  # Ed25519 (RFC 8032)
+KEY_BYTES = 32
+SIGNED_KINDS = frozenset({Kind.PARAMS, Kind.BATCH})  # what only the edge can say
+_KIND_AT = 3  # byte offset of the kind in the header (messages.py)
+_SIGNED_FIELDS = struct.Struct("<BHIHB4I")  # kind, mesh, step, session, dtype, shape
+_SIGNATURES_KEPT = 8  # verified edge signatures a relay remembers (a few waves' worth)
+
+
+def tag_bytes(kind: Kind) -> int:
+    """Bytes an authenticated message of `kind` carries after its payload."""
+    return SIGNATURE_BYTES if kind in SIGNED_KINDS else LINK_TAG_BYTES
+
+
+def link(a: Cell, b: Cell) -> tuple[Cell, Cell]:
+    """The key name of the link between two parties, in either direction."""
+    return (a, b) if a <= b else (b, a)
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """The keys one party holds: its links' keys, the edge's public key, and (the edge
+    only) the edge's signing key."""
+
+    mesh_id: int
+    links: dict[tuple[Cell, Cell], bytes]
+    edge_public: bytes
+    edge_private: bytes | None = None
+
+    def merged(self, other: Keyring) -> Keyring:
+        """The keys of a host acting for the cells of both rings."""
+        if (other.mesh_id, other.edge_public) != (self.mesh_id, self.edge_public):
+            raise MeshdlError("key files of different meshes (or edge keys) cannot be merged")
+        return Keyring(self.mesh_id, {**self.links, **other.links}, self.edge_public,
+                       self.edge_private or other.edge_private)
+
+    def to_json(self) -> str:
+        record = KeyFile(
+            mesh_id=self.mesh_id, edge_public=self.edge_public.hex(),
+            edge_private=None if self.edge_private is None else self.edge_private.hex(),
+            links={f"{name_of(a)}-{name_of(b)}": key.hex()
+                   for (a, b), key in sorted(self.links.items())})
+        return record.model_dump_json(indent=1, exclude_none=True) + "\n"
+
+    @classmethod
+    def load(cls, path: Path) -> Keyring:
+        """Read a key file; a damaged one is a one-line error, never a traceback."""
+        try:
+            record = KeyFile.model_validate_json(path.read_bytes())
+            links = {}
+            for name, key in record.links.items():
+                a, b = name.split("-")
+                links[link(cell_of(a), cell_of(b))] = bytes.fromhex(key)
+            ring = cls(record.mesh_id, links, bytes.fromhex(record.edge_public),
+                       None if record.edge_private is None else bytes.fromhex(record.edge_private))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "file"
+            raise MeshdlError(f"{path}: not a meshdl key file ({where}: {first['msg']})"
+                              ) from None
+        except ValueError as exc:  # a link name that is not two cells
+            raise MeshdlError(f"{path}: not a meshdl key file ({exc})") from None
+        if any(len(k) != KEY_BYTES for k in ring.links.values()) or \
+                len(ring.edge_public) != KEY_BYTES or \
+                (ring.edge_private is not None and len(ring.edge_private) != KEY_BYTES):
+            raise MeshdlError(f"{path}: a key is not {KEY_BYTES} bytes long")
+        return ring
+
+
+_HEX_KEY = f"^[0-9a-f]{{{2 * KEY_BYTES}}}$"
+
+
+class KeyFile(BaseModel):
+    """A key file as stored: JSON, keys in hex; link names such as "r0c0-r0c1"."""
+
+    model_config = ConfigDict(extra="forbid")
+    mesh_id: int = Field(ge=0, le=0xFFFF)
+    edge_public: str = Field(pattern=_HEX_KEY)
+    edge_private: str | None = Field(None, pattern=_HEX_KEY)
+    links: dict[str, str] = Field(max_length=1 << 20)
+
+
+class LinkPlan(Protocol):
+    """What `MeshKeys` needs of a mesh spec: its id and which parties talk."""
+
+    mesh_id: int
+
+    @property
+    def links(self) -> frozenset[tuple[Cell, Cell]]: ...
+
+
+@dataclass(frozen=True)
+class MeshKeys:
+    """Every key of one mesh, from which each party's `Keyring` is cut. Link keys are
+    derived (HMAC-SHA256 of the mesh secret and the link's name), so that the whole
+    mesh's keys are two 32-byte secrets."""
+
+    secret: bytes
+    edge_seed: bytes  # the Ed25519 private key
+
+    @classmethod
+    def from_seed(cls, seed: int) -> MeshKeys:
+        """Deterministic keys for a simulation (never for a deployment)."""
+        root = hashlib.sha256(f"meshdl virtual mesh keys {seed}".encode()).digest()
+        return cls(hmac.digest(root, b"links", "sha256"), hmac.digest(root, b"edge", "sha256"))
+
+    def link_key(self, mesh_id: int, a: Cell, b: Cell) -> bytes:
+        lo, hi = link(a, b)
+        return hmac.digest(self.secret, struct.pack("<H4h", mesh_id, *lo, *hi), "sha256")
+
+    def edge_public(self) -> bytes:
+        return Ed25519PrivateKey.from_private_bytes(self.edge_seed).public_key() \
+            .public_bytes_raw()
+
+    def keyring(self, spec: LinkPlan, holder: list[Cell]) -> Keyring:
+        """The keys of the parties `holder` (cells, or `EDGE`): their links, the edge's
+        public key, and the signing key if the edge is among them."""
+        mine = set(holder)
+        links = {pair: self.link_key(spec.mesh_id, *pair) for pair in spec.links
+                 if pair[0] in mine or pair[1] in mine}
+        return Keyring(spec.mesh_id, links, self.edge_public(),
+                       self.edge_seed if EDGE in mine else None)
+
+
+class Authenticator:
+    """Seals the messages of the parties a keyring speaks for, and opens what they
+    receive: the bytes of `encode` plus a tag. `open` raises a `CodecError` (reason
+    `forged`) for a tag that does not verify and never returns such a message."""
+
+    def __init__(self, keyring: Keyring) -> None:
+        self.keyring = keyring
+        self.mesh_id = keyring.mesh_id
+        self._links = keyring.links
+        self._verify_key = Ed25519PublicKey.from_public_bytes(keyring.edge_public)
+        self._sign_key = None if keyring.edge_private is None else \
+            Ed25519PrivateKey.from_private_bytes(keyring.edge_private)
+        # Verified edge signatures by (kind, session, step): a relay forwards them.
+        self._signatures: OrderedDict[tuple[int, int, int], bytes] = OrderedDict()
+
+    def seal(self, message: Message) -> bytes:
+        """The wire bytes of a message this keyring's parties send, tag included."""
+        data = encode(message)
+        h = message.header
+        if h.kind not in SIGNED_KINDS:
+            return data + self._link_tag(h.src, h.dst, data)
+        if self._sign_key is not None and h.src == EDGE:
+            return data + self._sign_key.sign(_signed_bytes(message))
+        signature = self._signatures.get((h.kind, h.session, h.step))
+        if signature is None:  # a relay forwards only what it received and verified
+            raise MeshdlError(f"no edge signature for {h.kind.name} of wave {h.step}: only "
+                              "the edge can start a wave")
+        return data + signature
+
+    def open(self, data: bytes) -> Message:
+        """Verify and decode wire bytes; raises CodecError naming what is wrong."""
+        if len(data) <= HEADER_BYTES + LINK_TAG_BYTES:
+            raise CodecError(CodecReason.TRUNCATED, f"truncated message: {len(data)} bytes, "
+                             "too short for a header and its tag")
+        kind = data[_KIND_AT]
+        size = SIGNATURE_BYTES if kind in SIGNED_KINDS else LINK_TAG_BYTES
+        body, tag = data[:-size], data[-size:]
+        message = decode(body, mesh=self.mesh_id)
+        h = message.header
+        if h.kind not in SIGNED_KINDS:
+            key = self._links.get(link(h.src, h.dst))
+            if key is None or not hmac.compare_digest(tag, self._tag(key, body)):
+                raise CodecError(CodecReason.FORGED, f"{h.kind.name} from {name_of(h.src)} "
+                                 f"to {name_of(h.dst)}: no valid link tag")
+            return message
+        try:
+            self._verify_key.verify(tag, _signed_bytes(message))
+        except InvalidSignature:
+            raise CodecError(CodecReason.FORGED, f"{h.kind.name} of wave {h.step}: not "
+                             "signed by the edge") from None
+        self._remember(h.kind, h.session, h.step, tag)
+        return message
+
+    def _link_tag(self, src: Cell, dst: Cell, data: bytes) -> bytes:
+        key = self._links.get(link(src, dst))
+        if key is None:
+            raise MeshdlError(f"no key for the link {name_of(src)}-{name_of(dst)}: this "
+                              "key file is not for the cells this process serves")
+        return self._tag(key, data)
+
+    @staticmethod
+    def _tag(key: bytes, data: bytes) -> bytes:
+        return hmac.digest(key, data, "sha256")[:LINK_TAG_BYTES]
+
+    def _remember(self, kind: Kind, session: int, step: int, signature: bytes) -> None:
+        self._signatures[(kind, session, step)] = signature
+        self._signatures.move_to_end((kind, session, step))
+        while len(self._signatures) > _SIGNATURES_KEPT:
+            self._signatures.popitem(last=False)
+
+
+def authenticator_for(spec: LinkPlan, parties: list[Cell], keys: Path | None,
+                      enabled: bool) -> Authenticator | None:
+    """The authenticator of a process acting for `parties` (cells, or `EDGE`), from its
+    key file; None when the mesh does not authenticate. A key file that lacks one of
+    the parties' links is refused up front, naming the link."""
+    if not enabled:
+        return None
+    if keys is None:
+        raise UsageError("mesh.auth is on: give this process its key file (mesh.keys in "
+                         "the config, or MESHDL_MESH__KEYS), from `meshdl deploy credentials`")
+    ring = Keyring.load(keys)
+    if ring.mesh_id != spec.mesh_id:
+        raise UsageError(f"{keys}: keys of mesh {ring.mesh_id}, this is mesh {spec.mesh_id}")
+    mine = set(parties)
+    missing = sorted(p for p in spec.links if (p[0] in mine or p[1] in mine)
+                     and p not in ring.links)
+    if missing:
+        a, b = missing[0]
+        raise UsageError(f"{keys}: no key for the link {name_of(a)}-{name_of(b)} "
+                         f"({len(missing)} missing): not the key file of these cells")
+    if EDGE in mine and ring.edge_private is None:
+        raise UsageError(f"{keys}: not the edge's key file (it cannot sign parameters)")
+    return Authenticator(ring)
+
+
+def _signed_bytes(message: Message) -> bytes:
+    """What the edge's signature covers: every field a relay keeps, and the payload."""
+    h = message.header
+    shape = tuple(h.shape) + (0,) * (4 - len(h.shape))
+    return _SIGNED_FIELDS.pack(h.kind, h.mesh, h.step, h.session, h.dtype, *shape) + \
+        message.payload.tobytes()
+
