@@ -7,6 +7,18 @@ hosts' status records cover every cell. A wave without its result after `wave_ti
 seconds (a broker restart, a lost message) is restarted under a new step number, at
 most `max_attempts` times; the optimizer only ever sees a finished wave's gradients, so
 a retried step is applied once.
+
+Before its first wave the edge also makes sure it is the only edge of the mesh and that
+every node host runs the same mesh (and replays the same data):
+- the lease: the edge's retained status topic (`meshdl/<mesh>/status/edge`) says which
+  edge session holds the mesh, with a heartbeat every few seconds, and the broker turns
+  it "offline" (the edge's last will) when that edge drops. A second edge refuses to start
+  while a live edge holds it, unless told to take over; of two edges that both hold it
+  (a take-over, or two started at the same moment) the one that took it last keeps it and
+  the other stops, without a word on the lease;
+- agreement: each node host's status record carries its mesh spec's summary and its
+  data set's digest; the edge refuses, in one line naming the host and the fields that
+  differ, to start waves with a host of another mesh or data.
 """
 
 from __future__ import annotations
@@ -20,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from meshdl.augment import training_data
+from meshdl.auth import Authenticator, authenticator_for
 from meshdl.config import RunConfig
-from meshdl.data import Dataset
+from meshdl.data import Dataset, data_digest
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError
 from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Kind, Message, decode, encode, make
@@ -29,11 +42,13 @@ from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress, Session
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.sdnotify import Notifier, stop_task
-from meshdl.status import parse_status
-from meshdl.topics import ROOT, inbox_filter, name_of
+from meshdl.status import StatusRecord, parse_status
+from meshdl.topics import ROOT, inbox_filter, name_of, status_topic
 from meshdl.topology import Cell
 
 STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from here
+EDGE_CLIENT = "edge"  # the edge's status topic, which is also the mesh's lease
+LEASE_READ_S = 1.0  # how long a starting edge waits for a retained lease record
 
 
 def clock_step() -> int:
@@ -51,14 +66,18 @@ class MqttEngine(WaveEngine):
                  nodes_timeout: float = 60.0, connect_timeout_s: float | None = 30.0,
                  systemd: Notifier | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 session: int | None = None) -> None:
+                 session: int | None = None, take_over: bool = False,
+                 auth: Authenticator | None = None) -> None:
         """`connect_timeout_s`: how long to wait for the broker (None: as long as it
         takes, for a service); `systemd`: the unit of this process (`meshdl edge ...`
-        under systemd), told what the edge does and pinged while its loop turns."""
+        under systemd), told what the edge does and pinged while its loop turns;
+        `take_over`: start even while another edge holds the mesh (it stops); `auth`:
+        seals and opens the edge's messages (a mesh with `auth` on)."""
         # No data set: inference on live readings only (`meshdl edge serve`).
         self.labels = {} if data is None else {Split.TRAIN: data.y_train,
                                                Split.TEST: data.y_test}
         self.train_samples = 0 if data is None else len(data.y_train)
+        self.data_digest: str | None = None  # of the data set node hosts must replay
         self.address = broker if isinstance(broker, BrokerAddress) else \
             BrokerAddress.parse(broker)
         self.mesh_id = mesh_id
@@ -77,6 +96,11 @@ class MqttEngine(WaveEngine):
         self.session: Session | None = None
         self.online: dict[str, set[Cell]] = {}  # client -> the cells it serves
         self.stale: dict[str, float] = {}  # client -> age (s) of a claim with no heartbeat
+        self.hosts: dict[str, StatusRecord] = {}  # online node hosts' status records
+        self.take_over = take_over
+        self.auth = auth
+        self.since = 0.0  # when this edge took the mesh (its lease record says so)
+        self.taken_over: StatusRecord | None = None  # the edge that took the mesh from us
         self.stats: Counter[str] = Counter()
         self.systemd = systemd or Notifier({})
         self._keep_alive: asyncio.Task[None] | None = None
@@ -88,8 +112,13 @@ class MqttEngine(WaveEngine):
         """The edge of the mesh `config` describes, holding the labels of the view of
         `data` the run trains on (with its mirrors, as the node hosts build it)."""
         view = None if data is None else training_data(config.train, data)
-        return cls(view, broker, config.mesh.mesh_id, config.mesh.edge_at,
-                   max_message_bytes=config.mesh.max_message_bytes, **options)
+        spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
+                        config.mesh.max_message_bytes, config.mesh.auth)
+        auth = authenticator_for(spec, [EDGE], config.mesh.keys, config.mesh.auth)
+        engine = cls(view, broker, config.mesh.mesh_id, config.mesh.edge_at,
+                     max_message_bytes=config.mesh.max_message_bytes, auth=auth, **options)
+        engine.data_digest = None if data is None else data_digest(data)
+        return engine
 
     # ------------------------------------------------------------- the engine
     def live_logits(self, model: CNN, slot: int) -> np.ndarray:
@@ -126,6 +155,9 @@ class MqttEngine(WaveEngine):
         self._loop.run_until_complete(self._session())
 
     def close(self) -> None:
+        """Say goodbye and release the loop (again: nothing more)."""
+        if self._loop.is_closed():
+            return
         self.systemd.stopping()
         if self.session is not None:
             self._loop.run_until_complete(self.session.close())
@@ -136,7 +168,7 @@ class MqttEngine(WaveEngine):
     def _edge_for(self, model: CNN) -> EdgeMachine:
         if self.edge is None or self.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast",
-                            self.max_message_bytes)
+                            self.max_message_bytes, self.auth is not None)
             # Above the clock, and above this engine's own earlier waves.
             first = clock_step() if self.edge is None else self.edge.step + 1
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,
@@ -156,6 +188,7 @@ class MqttEngine(WaveEngine):
         await session.send(edge.start(mode, split, indices, now=time.monotonic()))
 
         async def tick() -> None:
+            self._check_still_ours()
             again = edge.tick(time.monotonic())
             if again:
                 if edge.attempts > self.max_attempts:
@@ -179,18 +212,22 @@ class MqttEngine(WaveEngine):
         return self.edge.handle(message, time.monotonic())
 
     async def _session(self) -> Session:
-        """The connection, opened on first use; then every cell's host must be online."""
+        """The connection, opened on first use; then every cell's host must be online,
+        running this edge's mesh."""
         if self.session is None:
             spec = self.edge.spec
             status = f"{ROOT}/{self.mesh_id}/status/#"
-            session = Session(self.address, self.mesh_id, "edge",
-                              [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
-                              status={"role": "edge"}, on_status=self._status,
-                              connect_timeout_s=self.connect_timeout_s)
             # The watchdog runs from READY on, so the pings start with it; waiting for
             # the broker keeps them going.
             self._keep_alive = self._keep_alive or self.systemd.start_keep_alive()
             self.systemd.ready(f"connecting to {self.address}")
+            await self._check_lease()
+            self.since = time.time()
+            session = Session(self.address, self.mesh_id, EDGE_CLIENT,
+                              [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
+                              status={"role": "edge", "session": self.edge_session,
+                                      "since": self.since},
+                              on_status=self._status, connect_timeout_s=self.connect_timeout_s)
             await session.connect()
             self.session = session
             self.systemd.status(f"connected to {self.address}; waiting for node hosts")
@@ -209,20 +246,88 @@ class MqttEngine(WaveEngine):
         trace = model.head_forward(np.zeros((model.config.filters, rows, cols, 1), np.float32))
         model.head_backward(trace, np.zeros_like(trace.logits))
 
+    async def _check_lease(self) -> None:
+        """Refuse to start while another edge holds the mesh (unless taking over): read
+        the lease, the edge's retained status, without writing anything."""
+        lease: list[StatusRecord] = []
+
+        def read(client: str, payload: bytes, retained: bool) -> None:
+            record = parse_status(payload)
+            if client == EDGE_CLIENT and record is not None:
+                lease.append(record)
+
+        probe = Session(self.address, self.mesh_id, f"edge-lease-{os.getpid()}",
+                        [status_topic(self.mesh_id, EDGE_CLIENT)], on_status=read,
+                        presence=False, connect_timeout_s=self.connect_timeout_s)
+        async with probe:  # a retained record comes right after the subscription
+            deadline = time.monotonic() + LEASE_READ_S
+            await probe.run(lambda _t, _m: [], until=lambda: bool(lease) or
+                            time.monotonic() > deadline)
+        holder = lease[-1] if lease else None
+        if holder is None or holder.role != "edge" or holder.state != "online" or \
+                not holder.fresh(time.time(), retained=True):
+            return
+        if self.take_over:
+            self.stats["took_over"] += 1
+            return
+        raise MeshdlError(
+            f"another edge holds mesh {self.mesh_id} (session {holder.session}, heartbeat "
+            f"{time.time() - (holder.time or 0):.0f} s ago): stop it, or pass --take-over "
+            "to take the mesh from it")
+
+    def _check_still_ours(self) -> None:
+        taker = self.taken_over
+        if taker is not None:
+            raise MeshdlError(f"another edge (session {taker.session}) took mesh "
+                              f"{self.mesh_id} over: this edge stops")
+
     def _status(self, client: str, payload: bytes, retained: bool) -> None:
-        """A client's status: which cells a node host serves, while online and alive."""
+        """A client's status: which cells a node host serves, while online and alive;
+        for the edge's own topic, who holds the mesh."""
         record = parse_status(payload)
         if record is None:
             self.stats["rejected:bad_status"] += 1
             return
+        if client == EDGE_CLIENT:
+            self._lease_record(record)
+            return
         self.stale.pop(client, None)
         self.online.pop(client, None)
+        self.hosts.pop(client, None)
         if record.role != "node-host" or record.mesh != self.mesh_id or not record.served:
             return
         if record.fresh(time.time(), retained):
             self.online[client] = record.served
+            self.hosts[client] = record
         else:  # a claim with no heartbeat behind it: named if cells stay uncovered
             self.stale[client] = time.time() - (record.time or 0.0)
+
+    def _lease_record(self, record: StatusRecord) -> None:
+        """Another edge's record on the lease: the one that took the mesh last keeps it
+        (ties: the higher session). The loser leaves the lease as it is."""
+        if record.role != "edge" or record.state != "online" or \
+                record.session in (None, self.edge_session):
+            return
+        if (record.since or 0.0, record.session) > (self.since, self.edge_session):
+            self.taken_over = record
+            if self.session is not None:
+                self.session.presence = False  # no "offline" over the new holder's lease
+
+    def _check_agreement(self, spec: MeshSpec) -> None:
+        """Every node host runs this mesh, and replays this data set (if it replays one)."""
+        for client, record in sorted(self.hosts.items()):
+            if record.spec is None:
+                raise MeshdlError(f"node host {client} does not say which mesh it runs "
+                                  "(a meshdl older than this edge?)")
+            differ = spec.differences(record.spec)
+            if differ:
+                raise MeshdlError(f"node host {client} runs another mesh: "
+                                  f"{', '.join(differ)}; give it this edge's mesh file")
+            if self.data_digest is not None and record.data is not None and \
+                    record.data != self.data_digest:
+                raise MeshdlError(f"node host {client} replays another data set (digest "
+                                  f"{record.data}, here {self.data_digest}); give it the "
+                                  "edge's --data file")
 
     def uncovered(self, spec: MeshSpec) -> set[Cell]:
         """Cells no online node host serves."""
@@ -233,7 +338,10 @@ class MqttEngine(WaveEngine):
         deadline = time.monotonic() + self.nodes_timeout
         await self.session.run(lambda _t, _m: [], until=lambda: not self.uncovered(spec) or
                                time.monotonic() > deadline)
+        self._check_still_ours()
         missing = self.uncovered(spec)
+        if not missing:
+            self._check_agreement(spec)
         if missing:
             names = ", ".join(name_of(c) for c in sorted(missing)[:8])
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""

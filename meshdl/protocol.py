@@ -17,7 +17,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 from meshdl.auth import link, tag_bytes
 from meshdl.config import ModelConfig
@@ -117,6 +117,23 @@ class MeshSpec:
         pairs = {link(src, s.dst) for src, sends in self.sends.items() for s in sends}
         tree = {link(cell, topo.parent[cell]) for cell in topo.cells()}  # REDUCE
         return frozenset(pairs | tree)
+
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        """What node hosts and the edge must agree on before the first wave: every
+        setting a node's plan or kernels depend on. Node hosts put it in their status
+        record; the edge names the fields that differ from its own."""
+        m = self.model
+        return {"mesh_id": self.mesh_id, "rows": m.rows, "cols": m.cols,
+                "in_channels": m.in_channels, "kernel": m.kernel, "filters": m.filters,
+                "conv_layers": m.conv_layers, "pool": m.pool,
+                "edge_at": list(self.edge_at), "params_via": self.params_via,
+                "max_message_bytes": self.max_message_bytes, "auth": self.auth}
+
+    def differences(self, summary: dict[str, Any]) -> list[str]:
+        """"kernel 5 (here 3)" for each field of another agent's `summary` that differs."""
+        return [f"{key} {summary.get(key, 'missing')} (here {mine})"
+                for key, mine in self.summary.items() if summary.get(key) != mine]
 
     def control_source(self, cell: Cell) -> Cell:
         """Who sends `cell` its PARAMS and BATCH."""

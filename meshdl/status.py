@@ -1,9 +1,12 @@
 """Status records: what each client says about itself on its retained status topic.
 
 `meshdl/<mesh>/status/<client>` holds one JSON object per client, written by the client
-itself (heartbeats, and its last will when it drops): {"role", "state", "mesh", "time"},
-and for a node host the "cells" it serves. The edge reads them to know when every cell
-is served; `meshdl doctor` lists them. Any client may write its own status topic and the
+itself (heartbeats, and its last will when it drops): {"role", "state", "mesh", "time"};
+for a node host the "cells" it serves, the "spec" of the mesh it runs (`MeshSpec.summary`),
+the "data" it replays (a digest) and what it has "rejected"; for the edge its "session"
+and "since" (when it took the mesh: the edge's status topic is the mesh's lease, see
+edge/remote.py). The edge reads them to know when every cell is served, by hosts that
+run its mesh and data; `meshdl doctor` lists them. Any client may write its own status topic and the
 broker replays it to every later subscriber, so a record is untrusted input: it is read
 with a size limit, pydantic's JSON parser (which refuses nesting beyond its recursion
 limit instead of exhausting Python's stack) and a schema, and a bad one is ignored by the
@@ -39,6 +42,12 @@ class StatusRecord(BaseModel):
     mesh: int = Field(ge=0, le=0xFFFF)
     time: float | None = None  # the writer's clock at its last heartbeat (Unix seconds)
     cells: Annotated[list[str], Field(max_length=MAX_CELLS)] = []
+    spec: Annotated[dict[str, int | bool | str | list[int]], Field(max_length=64)] | None = None
+    data: Annotated[str, Field(max_length=64)] | None = None  # digest of a replayed data set
+    rejected: Annotated[dict[str, int], Field(max_length=256)] = {}  # by reason, summed
+    failed: Annotated[list[str], Field(max_length=MAX_CELLS)] = []  # isolated cells
+    session: int | None = Field(None, ge=0, le=0xFFFF)  # the edge's
+    since: float | None = None  # when the edge took the mesh (Unix seconds)
 
     @field_validator("cells")
     @classmethod

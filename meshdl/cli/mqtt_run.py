@@ -23,9 +23,10 @@ import typer
 
 from meshdl.acl import parse_cells
 from meshdl.augment import training_data
+from meshdl.auth import Authenticator, authenticator_for
 from meshdl.cli.common import err_console, out_console, parse_cell
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data import Dataset, load_dataset
+from meshdl.data import Dataset, data_digest, load_dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.mqtt import BrokerAddress, Session
 from meshdl.nodes.host import NodeHost, dataset_readings
@@ -50,6 +51,10 @@ DATA = typer.Option(None, "--data", help="Data set .npz whose readings the cells
 SENSOR = typer.Option(None, "--sensor", help="Live readings for `edge serve`: "
                       "ds18b20:DIR, bme280[:BUS[:ADDR]], replay:LOG or synthetic[:SEED].")
 SLOT = typer.Option(60.0, "--slot-seconds", min=0.05, help="Length of a live time slot.")
+
+
+TAKE_OVER = typer.Option(False, "--take-over", help="Start even while another edge "
+                         "holds the mesh: that edge stops.")
 
 
 def register(app: typer.Typer) -> None:
@@ -109,6 +114,7 @@ class Readings:
     data: Dataset | None = None
     sensors: dict[Cell, Sensor] | None = None
     slot_s: float = 60.0
+    data_digest: str | None = None  # of the data set as loaded (before augmentation)
 
     @classmethod
     def choose(cls, config: RunConfig, cells: list[Cell], data: Path | None,
@@ -120,7 +126,8 @@ class Readings:
             if (dataset.rows, dataset.cols) != (config.model.rows, config.model.cols):
                 raise MeshdlError(f"data grid {dataset.rows} x {dataset.cols} does not match "
                                   f"the mesh {config.model.rows} x {config.model.cols}")
-            return cls(data=training_data(config.train, dataset))
+            return cls(data=training_data(config.train, dataset),
+                       data_digest=data_digest(dataset))
         kind = sensor.partition(":")[0].lower()
         if len(cells) > 1 and kind in ("ds18b20", "bme280"):
             raise UsageError(f"--sensor {kind} is one physical sensor: serve one cell with "
@@ -141,21 +148,30 @@ def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
                 readings: Readings, client: str, stop: asyncio.Event | None = None,
                 local_delivery: bool = True) -> NodeHost:
     """Run a node host for `cells` until SIGINT/SIGTERM (or `stop` is set)."""
-    spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
-                    config.mesh.max_message_bytes)
+    spec = host_spec(config)
+    auth = authenticator_for(spec, cells, config.mesh.keys, config.mesh.auth)
     host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
     sampler = None if readings.sensors is None else LiveSampler(
         host.nodes, readings.sensors, readings.slot_s)
-    asyncio.run(_serve(host, address, client, stop, sampler, Notifier()))
+    asyncio.run(_serve(host, address, client, stop, sampler, Notifier(),
+                       readings.data_digest, auth))
     return host
+
+
+def host_spec(config: RunConfig) -> MeshSpec:
+    """The mesh a node host serves: over a broker, the edge publishes parameters once."""
+    return MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
+                    config.mesh.max_message_bytes, config.mesh.auth)
 
 
 async def _serve(host: NodeHost, address: BrokerAddress, client: str,
                  stop: asyncio.Event | None, sampler: LiveSampler | None = None,
-                 systemd: Notifier | None = None) -> None:
+                 systemd: Notifier | None = None, data: str | None = None,
+                 auth: Authenticator | None = None) -> None:
     """Serve until `stop`; `systemd`: the process's unit, told when the host is ready
     (its kernels are compiled: it may connect to the broker later), what it does, and
-    pinged while the loop turns."""
+    pinged while the loop turns; `data`: the digest of the data set it replays, and
+    `auth`: its keys, when the mesh authenticates messages."""
     stop = stop or asyncio.Event()
     systemd = systemd or Notifier({})
     loop = asyncio.get_running_loop()
@@ -164,7 +180,9 @@ async def _serve(host: NodeHost, address: BrokerAddress, client: str,
             loop.add_signal_handler(sig, stop.set)
         except (RuntimeError, ValueError):  # not the main thread: the caller stops us
             break
-    status = {"role": "node-host", "cells": [name_of(c) for c in host.nodes]}
+    # What the edge checks before its first wave: the mesh this host runs, its data.
+    status = {"role": "node-host", "cells": [name_of(c) for c in host.nodes],
+              "spec": host.spec.summary, "data": data}
     # A node host waits for its broker as long as it takes (until it is stopped).
     session = Session(address, host.spec.mesh_id, client, host.subscriptions(),
                       status=status, connect_timeout_s=None)
@@ -288,9 +306,11 @@ class BackgroundNodeHost:
         import threading
 
         readings = (data if isinstance(data, Readings)
-                    else Readings(data=training_data(config.train, data)))
-        spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
-                    config.mesh.max_message_bytes)
+                    else Readings(data=training_data(config.train, data),
+                                  data_digest=data_digest(data)))
+        spec = host_spec(config)
+        self.data_digest = readings.data_digest
+        self.auth = authenticator_for(spec, cells, config.mesh.keys, config.mesh.auth)
         self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
         self.sampler = None if readings.sensors is None else LiveSampler(
             self.host.nodes, readings.sensors, readings.slot_s)
@@ -305,7 +325,8 @@ class BackgroundNodeHost:
         async def main() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             self._ready.set()
-            await _serve(self.host, address, client, self._stop, self.sampler)
+            await _serve(self.host, address, client, self._stop, self.sampler, None,
+                         self.data_digest, self.auth)
 
         try:
             asyncio.run(main())
@@ -346,6 +367,7 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
                                                 help="Seconds before a wave is restarted."),
              nodes_timeout: float = typer.Option(60.0, "--nodes-timeout", min=0.0,
                                                  help="Seconds to wait for node hosts."),
+             take_over: bool = TAKE_OVER,
              json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
              ) -> None:
     """Train: every batch is a wave through the node hosts; writes the run directory,
@@ -372,7 +394,7 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
     start_run(run_dir, config, str(data))
     engine = MqttEngine.for_run(config, dataset, BrokerAddress.parse(broker),
                                 wave_timeout=wave_timeout, nodes_timeout=nodes_timeout,
-                                systemd=Notifier())
+                                systemd=Notifier(), take_over=take_over)
     try:
         model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
                                resume=checkpoint)
@@ -402,6 +424,7 @@ def edge_serve(broker: str = BROKER, mesh: Path = MESH,
                                                help="Probability from which a slot is an "
                                                "anomaly."),
                nodes_timeout: float = typer.Option(60.0, "--nodes-timeout", min=0.0),
+               take_over: bool = TAKE_OVER,
                json_out: bool = typer.Option(False, "--json", help="Print each alert as a "
                                              "JSON line on stdout.")) -> None:
     """Continuous inference: a wave per time slot on live readings; alerts published."""
@@ -419,7 +442,7 @@ def edge_serve(broker: str = BROKER, mesh: Path = MESH,
     engine = MqttEngine.for_run(config, None, BrokerAddress.parse(broker),
                                 wave_timeout=slot_seconds / 2, max_attempts=1,
                                 nodes_timeout=nodes_timeout, connect_timeout_s=None,
-                                systemd=Notifier())
+                                systemd=Notifier(), take_over=take_over)
 
     def show(alert: dict) -> None:
         if json_out:
