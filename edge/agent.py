@@ -19,6 +19,7 @@ from meshdl import kernels
 from meshdl.errors import UsageError
 from meshdl.messages import EDGE, FLOAT32, Kind, Message, make
 from meshdl.model import CNN, Trace
+from meshdl.payloads import BatchOrder
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
 
@@ -122,9 +123,9 @@ class EdgeMachine:
         indices = np.asarray(indices, np.int32)
         self.batch = len(indices)
         self.batch_labels = self.labels[split][indices] if mode == Mode.TRAIN else None
-        params = np.concatenate([self.model.flat[: self.spec.conv_size],
-                                 self.model.norm_mean, self.model.norm_std])
-        batch = np.concatenate([np.array([mode, split], np.int32), indices])
+        params = self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
+                                              self.model.norm_std)
+        batch = BatchOrder(mode, split, indices).pack()
         to = self.spec.control_destination  # every node at once, or down the tree
         return [self._message(Kind.PARAMS, params, to), self._message(Kind.BATCH, batch, to)]
 

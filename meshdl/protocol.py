@@ -12,7 +12,6 @@ delivery order.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -23,7 +22,7 @@ from meshdl.auth import link, tag_bytes
 from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
 from meshdl.messages import ALL, EDGE, HEADER_BYTES, ITEM_BYTES, MAX_MESSAGE_BYTES, Kind
-from meshdl.model import param_shapes
+from meshdl.payloads import BATCH_HEAD, ParamsLayout
 from meshdl.topology import Cell, Topology, window_offsets
 
 Field = tuple[Hashable, ...]
@@ -84,9 +83,14 @@ class MeshSpec:
                              f"for this model's messages (at least {need} bytes)")
 
     @cached_property
+    def params_layout(self) -> ParamsLayout:
+        """Where each conv layer's weights, biases and the normalization sit in PARAMS."""
+        return ParamsLayout.of(self.model)
+
+    @cached_property
     def params_size(self) -> int:
         """Values of a PARAMS payload: the conv parameters, then normalization mean, std."""
-        return self.conv_size + 2 * self.model.in_channels
+        return self.params_layout.size
 
     @cached_property
     def values_per_sample(self) -> int:
@@ -100,7 +104,8 @@ class MeshSpec:
         """The most samples one wave may carry with every message within
         `max_message_bytes` (a BATCH holds mode, split and an index per sample)."""
         values = (self.max_message_bytes - self.overhead(Kind.GATHER)) // ITEM_BYTES
-        indices = (self.max_message_bytes - self.overhead(Kind.BATCH)) // ITEM_BYTES - 2
+        indices = (self.max_message_bytes - self.overhead(Kind.BATCH)) // ITEM_BYTES - \
+            BATCH_HEAD
         return min(values // self.values_per_sample, indices)
 
     def overhead(self, kind: Kind) -> int:
@@ -149,14 +154,10 @@ class MeshSpec:
         """(before, after): how far a forward window reaches from its centre."""
         return window_offsets(self.model.kernel)
 
-    @cached_property
-    def conv_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Names and shapes of the conv parameters: the part of the model nodes need."""
-        return {k: v for k, v in param_shapes(self.model).items() if k.startswith("conv")}
-
-    @cached_property
+    @property
     def conv_size(self) -> int:
-        return sum(math.prod(s) for s in self.conv_shapes.values())
+        """Values of the conv parameters: of a REDUCE payload."""
+        return self.params_layout.conv_size
 
     def channels(self, layer: int) -> int:
         """Channels of activation ("a", layer): the input's for 0, filters after."""

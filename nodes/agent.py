@@ -22,29 +22,72 @@ they never raise.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable
+from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
 
 from meshdl.messages import FLOAT32, INT32, ITEM_BYTES, Kind, Message, make, newer, seal
 from meshdl.nodes import compute
+from meshdl.payloads import BATCH_HEAD, BatchOrder
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
 
 Item = tuple[Field, Hashable]
 Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
-Step = tuple[str, int, str]  # a computation: (method, layer, stage name for the timing)
 Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
+
+
+class Role(IntEnum):
+    """How a node takes a message of its plan (`Expect.role`)."""
+
+    PARAMETERS = 0  # PARAMS: the conv parameters and normalization of a wave
+    SAMPLES = 1  # BATCH: mode, split and sample indices of a wave
+    PARTIAL_GRADIENTS = 2  # REDUCE from a tree child: a vector added to this node's own
+    ITEMS = 3  # any other kind: values of items, stored in the slots of a field buffer
+
+    @property
+    def starts_wave(self) -> bool:
+        """PARAMS and BATCH: together they start a wave."""
+        return self in (Role.PARAMETERS, Role.SAMPLES)
+
+
+class Computation(NamedTuple):
+    """A task that runs one of this node's kernels."""
+
+    method: str  # the NodeMachine step: conv, pool, route, dz_top, grad, dinput, reduce
+    layer: int
+    stage: str  # its name in the wave's timing ("conv1", "pool", ...)
+
+
+class SendJob(NamedTuple):
+    """A task that sends the values of some items: a slice of one field buffer."""
+
+    kind: Kind
+    dst: Cell
+    buffer: int
+    rows: Rows
+    layer: int
+    phase: int
+
+
+class Job(NamedTuple):
+    """One task of a node's plan, ready to run: a send, or a computation's method."""
+
+    train_only: bool
+    send: SendJob | None
+    run: Callable[[Wave, int, list[Message]], None] | None
+    layer: int
+    stage: str
 
 
 class Expect(NamedTuple):
     """A message this node's plan receives, keyed by (kind, layer, phase, source)."""
 
-    role: int  # PARAMS, BATCH, REDUCE or ITEMS: how `NodeMachine._accept` takes it
+    role: Role  # how `NodeMachine._accept` takes it
     dst: Cell  # the header's destination: this cell, or ALL for the edge's broadcasts
     rows: int = 0  # ITEMS: items carried, a payload row each ...
     channels: int = 0  # ... of (channels, batch) values
@@ -57,8 +100,7 @@ class Expect(NamedTuple):
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 
-# Expect roles, plain ints: the kind of a message is checked once per message, by lookup.
-PARAMS, BATCH, REDUCE, ITEMS = range(4)
+ITEMS = Role.ITEMS  # the hot path's comparison, without an attribute lookup
 _MODES = tuple(Mode)  # by value, without the enum's lookup
 
 
@@ -102,16 +144,16 @@ class NodePlan:
         self.buffer_channels = [spec.item_shape(f, 0)[0] for f in fields]
 
         self.inbox: dict[tuple, Expect] = {
-            key: Expect(ITEMS, cell, len(send.items), spec.item_shape(send.field, 0)[0],
+            key: Expect(Role.ITEMS, cell, len(send.items), spec.item_shape(send.field, 0)[0],
                         send.train_only, self.buffers[send.field],
                         self.rows(send.field, send.items))
             for key, send in received.items()}
         control, to = spec.control_source(cell), spec.control_destination or cell
-        self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(PARAMS, to)
-        self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(BATCH, to)
+        self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(Role.PARAMETERS, to)
+        self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(Role.SAMPLES, to)
         for child in topo.children[cell]:
             key = (Kind.REDUCE, 0, 0, child)
-            self.inbox[key] = Expect(REDUCE, cell, train_only=True)
+            self.inbox[key] = Expect(Role.PARTIAL_GRADIENTS, cell, train_only=True)
             self.writer[(("reduce",), child)] = key  # no buffer: REDUCE is a vector
 
         # (task, needs, train only): computations, then sends, in a fixed order. A
@@ -119,27 +161,27 @@ class NodePlan:
         # exist, in whatever order messages arrive (a message may come early, forged or
         # not: it fills its slot and waits). Own results stand for what they were made
         # from: ("a", layer) of this cell for the window conv `layer` read.
-        tasks: list[tuple[Step | Send, list[Item], bool]] = []
+        tasks: list[tuple[Computation | Send, list[Item], bool]] = []
         for layer in range(1, layers + 1):
             needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)]
-            tasks.append((("conv", layer, f"conv{layer}"), needs, False))
+            tasks.append((Computation("conv", layer, f"conv{layer}"), needs, False))
         if leads:
             needs = [(("a", layers), c) for c in topo.block_cells(block)]
-            tasks.append((("pool", layers, "pool"), needs, False))
+            tasks.append((Computation("pool", layers, "pool"), needs, False))
             needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
-            tasks.append((("route", layers, "route"), needs, True))
+            tasks.append((Computation("route", layers, "route"), needs, True))
         needs = [(("route",), cell), (("a", layers), cell)]  # ReLU's mask
-        tasks.append((("dz_top", layers, "dz_top"), needs, True))
+        tasks.append((Computation("dz_top", layers, "dz_top"), needs, True))
         for layer in range(layers, 0, -1):
             needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
-            tasks.append((("grad", layer, f"grad{layer}"), needs, True))
+            tasks.append((Computation("grad", layer, f"grad{layer}"), needs, True))
             if layer > 1:
                 needs = [(("dz", layer), c) for c in topo.window(cell, after, before)]
                 needs.append((("a", layer - 1), cell))  # ReLU's mask below
-                tasks.append((("dinput", layer, f"dinput{layer}"), needs, True))
+                tasks.append((Computation("dinput", layer, f"dinput{layer}"), needs, True))
         needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
         needs += [(("reduce",), child) for child in topo.children[cell]]
-        tasks.append((("reduce", 0, "reduce"), needs, True))
+        tasks.append((Computation("reduce", 0, "reduce"), needs, True))
         for send in spec.sends[cell]:
             tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
 
@@ -166,9 +208,10 @@ class NodePlan:
         # the largest batch (an honest sender is at most one wave ahead).
         self.early_bytes: dict[Cell, int] = {}
         for (_, _, _, src), expect in self.inbox.items():
-            values = {ITEMS: expect.rows * expect.channels * spec.max_batch,
-                      REDUCE: spec.conv_size, PARAMS: spec.params_size,
-                      BATCH: spec.max_batch + 2}[expect.role]
+            values = {Role.ITEMS: expect.rows * expect.channels * spec.max_batch,
+                      Role.PARTIAL_GRADIENTS: spec.conv_size,
+                      Role.PARAMETERS: spec.params_size,
+                      Role.SAMPLES: spec.max_batch + BATCH_HEAD}[expect.role]
             self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * ITEM_BYTES * values
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
@@ -279,18 +322,9 @@ class NodeMachine:
                                  for layer in range(1, layers + 1)]
         self.made_pooled = plan.waiting_for((("pooled",), self.block))
         self.made_route = [plan.waiting_for((("route",), c)) for c in self.block_cells]
-        # Where each layer's weights and biases sit in the PARAMS vector, and likewise
-        # their gradients in the REDUCE vector; then the normalization mean and std.
-        shapes = list(spec.conv_shapes.values())
-        offsets = [int(o) for o in np.cumsum([0, *(math.prod(s) for s in shapes)])]
-        self.grad_slices = {layer: (slice(offsets[2 * layer - 2], offsets[2 * layer - 1]),
-                                    slice(offsets[2 * layer - 1], offsets[2 * layer]))
-                            for layer in range(1, spec.model.conv_layers + 1)}
-        self.weight_shapes = {layer: (*shapes[2 * layer - 2][:2], spec.model.kernel ** 2)
-                              for layer in self.grad_slices}  # (h, c_in, k * k)
-        c, end = spec.model.in_channels, offsets[-1]
-        self.norm_slices = (slice(end, end + c), slice(end + c, end + 2 * c))
-        self.params_size = end + 2 * c
+        # Where each layer's weights and biases sit in PARAMS (their gradients in REDUCE).
+        self.layout = spec.params_layout
+        self.params_size = self.layout.size
         self.wave: Wave | None = None
         self._storage: list[np.ndarray] = []  # the field buffers of the last wave
         # Messages that came before their wave could use them, per sender (a bounded
@@ -302,17 +336,15 @@ class NodeMachine:
             "conv": self._conv_forward, "pool": self._pool, "route": self._route,
             "dz_top": self._dz_top, "grad": self._weight_grad, "dinput": self._input_grad,
             "reduce": self._reduce}
-        # Per task: (train only, a send's (kind, dst, buffer, rows, layer, phase) or None,
-        # a computation's method, its layer, its stage name).
-        self.jobs: list[tuple] = []
+        self.jobs: list[Job] = []
         for task, train_only, rows in zip(plan.tasks, plan.train_only, plan.send_rows,
                                           strict=True):
             if isinstance(task, Send):
-                send = (task.kind, task.dst, *rows, task.layer, task.phase)
-                self.jobs.append((train_only, send, None, 0, ""))
+                send = SendJob(task.kind, task.dst, *rows, task.layer, task.phase)
+                self.jobs.append(Job(train_only, send, None, 0, ""))
             else:
-                step, layer, stage = task
-                self.jobs.append((train_only, None, steps[step], layer, stage))
+                self.jobs.append(Job(train_only, None, steps[task.method], task.layer,
+                                     task.stage))
 
     # ------------------------------------------------------------- messages in
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
@@ -363,7 +395,7 @@ class NodeMachine:
         # A later wave of this edge session, or any wave of another: an edge that
         # restarted (new session, maybe lower steps) takes the mesh back with its PARAMS.
         if wave is None or h.session != wave.session or newer(h.step, wave.step):
-            if expect.role != PARAMS:  # a neighbour is already in the next wave: keep it
+            if expect.role != Role.PARAMETERS:  # a neighbour is already in the next wave
                 return self._buffer(message, expect, "buffered_future")
             if wave is not None and not self._finished(wave):
                 self.stats["abandoned_waves"] += 1
@@ -429,15 +461,15 @@ class NodeMachine:
     def _plausible(self, message: Message, expect: Expect) -> bool:
         """Could this message, by dtype and shape, be what the plan expects of it?"""
         h, shape = message.header, message.payload.shape
-        if expect.role == ITEMS:
+        if expect.role == Role.ITEMS:
             return h.dtype == FLOAT32 and len(shape) == 3 and \
                 shape[:2] == (expect.rows, expect.channels) and \
                 1 <= shape[2] <= self.spec.max_batch
-        if expect.role == REDUCE:
+        if expect.role == Role.PARTIAL_GRADIENTS:
             return h.dtype == FLOAT32 and shape == (self.spec.conv_size,)
-        if expect.role == BATCH:
+        if expect.role == Role.SAMPLES:
             return h.dtype == INT32 and len(shape) == 1 and \
-                3 <= shape[0] <= self.spec.max_batch + 2
+                BATCH_HEAD < shape[0] <= self.spec.max_batch + BATCH_HEAD
         return h.dtype == FLOAT32 and shape == (self.params_size,)
 
     def _due(self, wave: Wave) -> list[Message]:
@@ -464,7 +496,7 @@ class NodeMachine:
                 out: list[Message]) -> bool:
         """Take a control or REDUCE message into the wave, or count why it does not fit."""
         h, payload = message.header, message.payload
-        if expect.role <= BATCH:
+        if expect.role.starts_wave:
             return self._accept_control(wave, message, expect, out)
         if wave.mode is None:  # before this wave's BATCH: wait for it
             self._buffer(message, expect, "buffered_early")
@@ -487,9 +519,9 @@ class NodeMachine:
         """PARAMS and BATCH (from the tree parent or the edge): both in hand, the wave
         starts."""
         h, payload = message.header, message.payload
-        if expect.role == PARAMS:
+        if expect.role == Role.PARAMETERS:
             if h.dtype != FLOAT32 or payload.shape != (self.params_size,) or \
-                    not compute.all_positive(payload[self.norm_slices[1]]):  # std
+                    not compute.all_positive(payload[self.layout.std]):
                 self.stats["rejected:bad_params"] += 1
                 return False
             wave.params_vector = payload
@@ -497,7 +529,7 @@ class NodeMachine:
             if h.dtype != INT32 or not self._valid_batch(payload):
                 self.stats["rejected:bad_batch"] += 1
                 return False
-            split, indices = int(payload[1]), payload[2:]
+            _, split, indices = BatchOrder.read(payload)
             if split == Split.LIVE and not np.isfinite(self.readings[split][:, indices]).all():
                 # The sensor gave nothing usable for that slot: never send a made-up
                 # number; the wave cannot finish and the edge reports the slot.
@@ -511,32 +543,32 @@ class NodeMachine:
     def _valid_batch(self, payload: np.ndarray) -> bool:
         # No more samples than the messages of a wave can carry: a forged BATCH of
         # 100,000 indices would otherwise make every node allocate for them.
-        if payload.ndim != 1 or not 3 <= payload.size <= self.spec.max_batch + 2:
+        if payload.ndim != 1 or \
+                not BATCH_HEAD < payload.size <= self.spec.max_batch + BATCH_HEAD:
             return False
-        mode, split = int(payload[0]), int(payload[1])
+        mode, split, indices = BatchOrder.read(payload)
         if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings:
             return False
-        return compute.indices_within(payload[2:], self.readings[split].shape[1])
+        return compute.indices_within(indices, self.readings[split].shape[1])
 
     def _start(self, wave: Wave, out: list[Message]) -> None:
         payload = wave.batch_payload
-        wave.mode = _MODES[payload[0]]
+        mode, split, indices = BatchOrder.read(payload)
+        wave.mode = _MODES[mode]
         wave.training = wave.mode == Mode.TRAIN
-        indices = payload[2:]
         wave.batch = len(indices)
         params = wave.params_vector
-        for layer, (weight, bias) in self.grad_slices.items():
-            wave.weights[layer] = params[weight].reshape(self.weight_shapes[layer])
-            wave.biases[layer] = params[bias]
+        for layer, where in self.layout.layers.items():
+            wave.weights[layer] = params[where.weight].reshape(where.kernel_shape)
+            wave.biases[layer] = params[where.bias]
         wave.buffers = self._field_buffers(wave.batch)
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
         for child in self.children if self.spec.params_via == "tree" else ():
             out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
             out.append(self._message(wave, Kind.BATCH, child, payload))
-        mean, std = self.norm_slices
-        compute.normalize(self.readings[int(payload[1])], indices, params[mean], params[std],
-                          wave.buffers[self.a[0]][self.own_a[0]])
+        compute.normalize(self.readings[split], indices, params[self.layout.mean],
+                          params[self.layout.std], wave.buffers[self.a[0]][self.own_a[0]])
         self._arrived(wave, self.made_a[0])
 
     def _field_buffers(self, batch: int) -> list[np.ndarray]:
@@ -622,10 +654,10 @@ class NodeMachine:
     def _weight_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """This cell's share of d(loss)/d(conv weights, bias): its output times its window."""
         dz = wave.buffers[self.dz[layer]][self.own_dz[layer]]  # (h, B)
-        dw, db = self.grad_slices[layer]
-        weight = wave.weights[layer]
+        where = self.layout.layers[layer]
         compute.weight_grad(dz, wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
-                            self.conv_taps, wave.grad[dw].reshape(weight.shape), wave.grad[db])
+                            self.conv_taps, wave.grad[where.weight].reshape(where.kernel_shape),
+                            wave.grad[where.bias])
         self._arrived(wave, self.made_grad[layer])  # the reduce task waits for it
 
     def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:

@@ -1,0 +1,81 @@
+"""The layouts of the edge's control payloads and of REDUCE, packed and read here only.
+
+    PARAMS  float32  conv1.weight, conv1.bias, ..., convL.weight, convL.bias (each
+                     flattened, PyTorch's shapes), then the input normalization's mean
+                     and std (in_channels values each)
+    REDUCE  float32  d(loss)/d(conv parameters): PARAMS' first part, same order
+    BATCH   int32    mode, split, then one sample index per sample of the wave
+
+The edge packs PARAMS and BATCH (edge/agent.py); nodes read them and pack REDUCE
+(nodes/agent.py), through the same `ParamsLayout` and `BatchOrder`, so the two sides
+cannot disagree on an offset.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from meshdl.config import ModelConfig
+from meshdl.model import param_shapes
+
+
+class LayerSlices(NamedTuple):
+    """Where one conv layer's weight and bias sit in PARAMS (and REDUCE)."""
+
+    weight: slice
+    bias: slice
+    kernel_shape: tuple[int, int, int]  # the weight as kernels read it: (h, c_in, k * k)
+
+
+@dataclass(frozen=True)
+class ParamsLayout:
+    """Offsets of a PARAMS vector for one model."""
+
+    layers: dict[int, LayerSlices]  # conv layer (from 1) -> its slices
+    conv_size: int  # values of the conv parameters, i.e. of a REDUCE
+    mean: slice
+    std: slice
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> ParamsLayout:
+        shapes = [s for name, s in param_shapes(model).items() if name.startswith("conv")]
+        offsets = [int(o) for o in np.cumsum([0, *(math.prod(s) for s in shapes)])]
+        layers = {layer: LayerSlices(slice(offsets[2 * layer - 2], offsets[2 * layer - 1]),
+                                     slice(offsets[2 * layer - 1], offsets[2 * layer]),
+                                     (*shapes[2 * layer - 2][:2], model.kernel ** 2))
+                  for layer in range(1, model.conv_layers + 1)}
+        end, c = offsets[-1], model.in_channels
+        return cls(layers, end, slice(end, end + c), slice(end + c, end + 2 * c))
+
+    @property
+    def size(self) -> int:
+        """Values of a PARAMS payload."""
+        return self.std.stop
+
+    def pack(self, conv: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+        """PARAMS from the model's flat conv parameters and its normalization."""
+        return np.concatenate([conv[: self.conv_size], mean, std]).astype(np.float32)
+
+
+class BatchOrder(NamedTuple):
+    """What a BATCH says: the wave's mode, the split its samples come from, which ones."""
+
+    mode: int
+    split: int
+    indices: np.ndarray  # int32, a view of the payload
+
+    def pack(self) -> np.ndarray:
+        return np.concatenate([np.array([self.mode, self.split], np.int32),
+                               np.asarray(self.indices, np.int32)])
+
+    @classmethod
+    def read(cls, payload: np.ndarray) -> BatchOrder:
+        """The fields of a BATCH payload of at least 3 values (checked by the reader)."""
+        return cls(int(payload[0]), int(payload[1]), payload[2:])
+
+
+BATCH_HEAD = 2  # values of a BATCH before its indices (mode, split)
