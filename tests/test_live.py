@@ -11,13 +11,13 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from meshdl.cli.mqtt_run import BackgroundNodeHost, Readings
 from meshdl.config import load_run_config
 from meshdl.edge.remote import MqttEngine
 from meshdl.edge.serve import anomaly_probability, serve
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
 from meshdl.nodes.sensors import SensorError, SyntheticSensor
+from meshdl.nodes.serve import BackgroundNodeHost, Readings
 from meshdl.topics import alerts_topic
 
 SLOT_S = 1.0

@@ -16,7 +16,6 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from meshdl.cli.mqtt_run import BackgroundNodeHost
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, save_dataset
 from meshdl.edge.remote import MqttEngine
@@ -24,6 +23,7 @@ from meshdl.errors import MeshdlError
 from meshdl.messages import EDGE, Kind, encode, make
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
+from meshdl.nodes.serve import BackgroundNodeHost
 from meshdl.sim.lounge import generate_lounge
 from meshdl.topics import topic
 from meshdl.training import train

@@ -1,7 +1,8 @@
 """Running a mesh over MQTT: `meshdl node run`, `meshdl nodes run`, `meshdl edge run`,
 `meshdl doctor`.
 
-Every process reads the same mesh file (`--mesh mesh.toml`, the run configuration: grid,
+The node hosts' serving loop is nodes/serve.py; the edge's engine edge/remote.py. Every
+process reads the same mesh file (`--mesh mesh.toml`, the run configuration: grid,
 model, mesh id, edge position) and talks to the broker at `--broker URL` with the login
 of MESHDL_MQTT_USER / MESHDL_MQTT_PASSWORD (or one in the URL). Node hosts keep running
 until stopped (Ctrl+C, SIGTERM); the edge trains and writes its run directory.
@@ -12,28 +13,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import typer
 
 from meshdl.acl import parse_cells
-from meshdl.augment import training_data
-from meshdl.auth import Authenticator, authenticator_for
 from meshdl.cli.common import err_console, out_console, parse_cell
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data import Dataset, data_digest, load_dataset
+from meshdl.data import load_dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.mqtt import BrokerAddress, Session
-from meshdl.nodes.host import NodeHost, dataset_readings
-from meshdl.nodes.live import LiveSampler, live_ring
-from meshdl.nodes.sensors import Sensor, sensor_from_spec
-from meshdl.protocol import MeshSpec, Split
-from meshdl.sdnotify import Notifier, stop_task
+from meshdl.nodes.serve import Readings, serve_cells
+from meshdl.protocol import MeshSpec
+from meshdl.sdnotify import Notifier
 from meshdl.status import StatusRecord, parse_status
 from meshdl.topics import name_of
 from meshdl.topology import Cell
@@ -72,7 +66,8 @@ def node_run(cell: str = typer.Option(..., "--cell", help="This node's cell R,C.
     config = load_run_config(mesh)
     where = parse_cell(cell)
     readings = Readings.choose(config, [where], data, sensor, slot_seconds)
-    serve_cells(config, [where], BrokerAddress.parse(broker), readings, client=name_of(where))
+    serve_cells(config, [where], BrokerAddress.parse(broker), readings, client=name_of(where),
+                say=_say)
 
 
 @nodes_app.command("run")
@@ -94,7 +89,11 @@ def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges s
     readings = Readings.choose(config, served, data, sensor, slot_seconds)
     serve_cells(config, served, address, readings, client=name or
                 address.username or f"host-{socket.gethostname()}-{os.getpid()}",
-                local_delivery=not via_broker)
+                local_delivery=not via_broker, say=_say)
+
+
+def _say(line: str) -> None:
+    err_console.print(line, highlight=False, soft_wrap=True)
 
 
 def select_cells(text: str, config: RunConfig) -> list[Cell]:
@@ -105,116 +104,6 @@ def select_cells(text: str, config: RunConfig) -> list[Cell]:
         return parse_cells(text, rows, cols)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-
-
-@dataclass
-class Readings:
-    """What a node host's cells compute on: a data set's maps, or live sensors."""
-
-    data: Dataset | None = None
-    sensors: dict[Cell, Sensor] | None = None
-    slot_s: float = 60.0
-    data_digest: str | None = None  # of the data set as loaded (before augmentation)
-
-    @classmethod
-    def choose(cls, config: RunConfig, cells: list[Cell], data: Path | None,
-               sensor: str | None, slot_s: float) -> Readings:
-        if (data is None) == (sensor is None):
-            raise UsageError("give either --data (replay a data set) or --sensor (live)")
-        if data is not None:
-            dataset = load_dataset(data)
-            if (dataset.rows, dataset.cols) != (config.model.rows, config.model.cols):
-                raise MeshdlError(f"data grid {dataset.rows} x {dataset.cols} does not match "
-                                  f"the mesh {config.model.rows} x {config.model.cols}")
-            return cls(data=training_data(config.train, dataset),
-                       data_digest=data_digest(dataset))
-        kind = sensor.partition(":")[0].lower()
-        if len(cells) > 1 and kind in ("ds18b20", "bme280"):
-            raise UsageError(f"--sensor {kind} is one physical sensor: serve one cell with "
-                             "`meshdl node run`")
-        if config.model.in_channels != 1:
-            raise UsageError("live sensors give one reading per cell: the model must have "
-                             "one input channel")
-        return cls(sensors={cell: sensor_from_spec(sensor, cell) for cell in cells},
-                   slot_s=slot_s)
-
-    def of(self, cell: Cell) -> dict[int, np.ndarray]:
-        if self.data is not None:
-            return dataset_readings(self.data, cell)
-        return {Split.LIVE: live_ring()}
-
-
-def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
-                readings: Readings, client: str, stop: asyncio.Event | None = None,
-                local_delivery: bool = True) -> NodeHost:
-    """Run a node host for `cells` until SIGINT/SIGTERM (or `stop` is set)."""
-    spec = host_spec(config)
-    auth = authenticator_for(spec, cells, config.mesh.keys, config.mesh.auth)
-    host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
-    sampler = None if readings.sensors is None else LiveSampler(
-        host.nodes, readings.sensors, readings.slot_s)
-    asyncio.run(_serve(host, address, client, stop, sampler, Notifier(),
-                       readings.data_digest, auth))
-    return host
-
-
-def host_spec(config: RunConfig) -> MeshSpec:
-    """The mesh a node host serves: over a broker, the edge publishes parameters once."""
-    return MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
-                    config.mesh.max_message_bytes, config.mesh.auth)
-
-
-async def _serve(host: NodeHost, address: BrokerAddress, client: str,
-                 stop: asyncio.Event | None, sampler: LiveSampler | None = None,
-                 systemd: Notifier | None = None, data: str | None = None,
-                 auth: Authenticator | None = None) -> None:
-    """Serve until `stop`; `systemd`: the process's unit, told when the host is ready
-    (its kernels are compiled: it may connect to the broker later), what it does, and
-    pinged while the loop turns; `data`: the digest of the data set it replays, and
-    `auth`: its keys, when the mesh authenticates messages."""
-    stop = stop or asyncio.Event()
-    systemd = systemd or Notifier({})
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (RuntimeError, ValueError):  # not the main thread: the caller stops us
-            break
-    # What the edge checks before its first wave: the mesh this host runs, its data.
-    status = {"role": "node-host", "cells": [name_of(c) for c in host.nodes],
-              "spec": host.spec.summary, "data": data}
-    # A node host waits for its broker as long as it takes (until it is stopped).
-    session = Session(address, host.spec.mesh_id, client, host.subscriptions(),
-                      status=status, connect_timeout_s=None)
-    sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
-    keep_alive = systemd.start_keep_alive()
-    systemd.ready(f"connecting to {address}")
-    try:
-        if await session.connect(stop.is_set):
-            serving = (f"serving {len(host.nodes)} cells of mesh {host.spec.mesh_id} on "
-                       f"{address} as {client}")
-            err_console.print(serving)
-            systemd.status(serving)
-            await session.run(host.handle, until=stop.is_set)
-    finally:
-        stop.set()
-        systemd.stopping()
-        if sampling is not None:
-            await sampling
-        await session.close()
-        await stop_task(keep_alive)
-    stats = host.node_stats()
-    # Every rejection, wherever it was counted: by the cells, the host, the session.
-    rejected = sum(v for k, v in (*stats.items(), *session.stats.items())
-                   if k.startswith("rejected"))
-    err_console.print(f"stopped: {session.stats['received']} messages in from the broker, "
-                      f"{stats['delivered_locally']} handed over in process, "
-                      f"{session.stats['sent']} published; the cells accepted "
-                      f"{stats['accepted']} and rejected {rejected}; "
-                      f"{session.stats['reconnects']} reconnects", highlight=False)
-    for cell, error in host.failed.items():
-        err_console.print(f"error: cell {name_of(cell)} failed and was isolated: {error}",
-                          highlight=False)
 
 
 def doctor(broker: str = BROKER,
@@ -295,64 +184,6 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
             lines.append("note: no edge online")
     return {"ok": ok, "lines": lines, "malformed": sorted(malformed), "stale": sorted(stale),
             "online": {k: v.model_dump(mode="json") for k, v in up.items()}}
-
-
-class BackgroundNodeHost:
-    """A node host on a thread of this process (`meshdl train --transport mqtt`, tests)."""
-
-    def __init__(self, config: RunConfig, cells: list[Cell], address: BrokerAddress,
-                 data: Dataset | Readings, client: str = "host-local",
-                 local_delivery: bool = True) -> None:
-        import threading
-
-        readings = (data if isinstance(data, Readings)
-                    else Readings(data=training_data(config.train, data),
-                                  data_digest=data_digest(data)))
-        spec = host_spec(config)
-        self.data_digest = readings.data_digest
-        self.auth = authenticator_for(spec, cells, config.mesh.keys, config.mesh.auth)
-        self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
-        self.sampler = None if readings.sensors is None else LiveSampler(
-            self.host.nodes, readings.sensors, readings.slot_s)
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._main, args=(address, client),
-                                        name=f"meshdl-{client}", daemon=True)
-
-    def _main(self, address: BrokerAddress, client: str) -> None:
-        async def main() -> None:
-            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-            self._ready.set()
-            await _serve(self.host, address, client, self._stop, self.sampler, None,
-                         self.data_digest, self.auth)
-
-        try:
-            asyncio.run(main())
-        except BaseException as exc:  # reported by stop()
-            self._error = exc
-            self._ready.set()
-
-    def __enter__(self) -> BackgroundNodeHost:
-        self._thread.start()
-        if not self._ready.wait(30) or self._error is not None:
-            self.stop()
-            raise MeshdlError(f"node host did not start: {self._error or 'timed out'}")
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-        if self._thread.is_alive():
-            raise MeshdlError("node host did not stop within 30 s")
-        if self._error is not None:
-            raise MeshdlError(f"node host failed: {self._error}") from self._error
-
 
 
 @edge_app.command("run")

@@ -11,13 +11,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from meshdl.checkpoint import Checkpoint
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.cost import print_comm_summary
-from meshdl.cli.mqtt_run import BackgroundNodeHost
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
+from meshdl.nodes.serve import BackgroundNodeHost
 from meshdl.protocol import MeshSpec
 from meshdl.runs import (
     metrics_record,
