@@ -1,12 +1,15 @@
 """Training checkpoints: what a run needs to go on exactly where it stopped.
 
 `train` writes `checkpoint.npz` into the run directory at the end of every epoch, and
-`meshdl train --resume RUN_DIR` (or `meshdl edge run --resume RUN_DIR`) continues from
-it. It holds the parameters, the optimizer's state, how many epochs are done, the state
-of the generator that draws the batch order, the metrics of the epochs done, and the
-run's configuration, which the resumed run must match. As the next epoch's batches are
-drawn from the saved generator state, a run stopped anywhere and resumed ends with
-exactly the parameters of a run never stopped (the interrupted epoch is computed again).
+also when its engine gives up in the middle of one (the broker away for longer than the
+edge's patience, node hosts gone); `meshdl train --resume RUN_DIR` (or `meshdl edge run
+--resume RUN_DIR`) continues from it. It holds the parameters, the optimizer's state,
+the position in the run (epochs done, and updates done of the next epoch with their
+loss and hits so far), the state of the generator that draws the next epoch's batch
+order, the metrics of the epochs done, and the run's configuration, which the resumed
+run must match. As the batches are drawn again from the saved generator state, a run
+stopped anywhere and resumed ends with exactly the parameters of a run never stopped
+(a run killed outright computes its interrupted epoch again).
 
 The file is written next to its final name and renamed over it, so a kill mid-write
 leaves the previous checkpoint; it is read without pickle and checked field by field.
@@ -30,7 +33,7 @@ CHECKPOINT = "checkpoint.npz"
 
 @dataclass
 class Checkpoint:
-    """A run's state at the end of epoch `epochs_done`."""
+    """A run's state after epoch `epochs_done` and `steps_done` updates of the next."""
 
     config: dict[str, Any]  # RunConfig.model_dump(mode="json")
     epochs_done: int
@@ -38,6 +41,9 @@ class Checkpoint:
     optimizer: dict[str, np.ndarray]  # Optimizer.state_dict()
     batch_order: dict[str, Any]  # the batch generator's bit_generator.state
     epochs: list[dict[str, Any]]  # EpochMetrics of the epochs done, as dicts
+    steps_done: int = 0  # updates of epoch epochs_done + 1 already applied ...
+    epoch_loss: float = 0.0  # ... their summed loss (times batch size) ...
+    epoch_correct: int = 0  # ... and correctly classified samples
 
 
 def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> Path:
@@ -45,7 +51,9 @@ def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / CHECKPOINT
     meta = {"config": checkpoint.config, "epochs_done": checkpoint.epochs_done,
-            "batch_order": checkpoint.batch_order, "epochs": checkpoint.epochs}
+            "batch_order": checkpoint.batch_order, "epochs": checkpoint.epochs,
+            "steps_done": checkpoint.steps_done, "epoch_loss": checkpoint.epoch_loss,
+            "epoch_correct": checkpoint.epoch_correct}
     partial = path.with_name(f".{CHECKPOINT}.{os.getpid()}.partial")
     with partial.open("wb") as out:
         np.savez(out, params=checkpoint.params,
@@ -71,11 +79,15 @@ def load_checkpoint(folder: Path) -> Checkpoint:
                      for k in list(stored) if k.startswith("optimizer.")}
         checkpoint = Checkpoint(config=meta["config"], epochs_done=int(meta["epochs_done"]),
                                 params=stored["params"], optimizer=optimizer,
-                                batch_order=meta["batch_order"], epochs=list(meta["epochs"]))
+                                batch_order=meta["batch_order"], epochs=list(meta["epochs"]),
+                                steps_done=int(meta.get("steps_done", 0)),
+                                epoch_loss=float(meta.get("epoch_loss", 0.0)),
+                                epoch_correct=int(meta.get("epoch_correct", 0)))
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
         raise MeshdlError(f"{path} is not a readable checkpoint ({exc})") from None
     if checkpoint.params.dtype != np.float32 or checkpoint.params.ndim != 1 or \
             set(optimizer) != {"steps", "first_moment", "second_moment"} or \
-            not isinstance(checkpoint.config, dict) or checkpoint.epochs_done < 1:
+            not isinstance(checkpoint.config, dict) or checkpoint.epochs_done < 0 or \
+            checkpoint.steps_done < 0 or checkpoint.epochs_done + checkpoint.steps_done < 1:
         raise MeshdlError(f"{path} is not a checkpoint of this version of meshdl")
     return checkpoint

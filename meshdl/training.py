@@ -190,14 +190,26 @@ def train(
         n_train, n_test = originals(data), len(data.y_test)
         test_pred = np.empty(0, np.int64)
         total = tc.epochs * -(-n_train // tc.batch)  # updates in the whole run
+        # Where a resumed run picks up inside its next epoch: updates, loss, hits so far.
+        within = (0, 0.0, 0) if resume is None else \
+            (resume.steps_done, resume.epoch_loss, resume.epoch_correct)
         for epoch in range(len(history.epochs) + 1, tc.epochs + 1):
+            epoch_start = rng.bit_generator.state  # draws this epoch's batches again
             epoch_batches = batches(n_train, tc.batch, rng, orientations(tc))
-            loss_sum, correct = 0.0, 0
-            for step, idx in enumerate(epoch_batches, 1):
+            applied, loss_sum, correct = within
+            within = (0, 0.0, 0)
+
+            for step, idx in enumerate(epoch_batches[applied:], applied + 1):
                 try:
                     loss, logits, grads = engine.loss_and_grads(model, idx)
                 except NonFiniteError:
                     loss = float("nan")
+                except MeshdlError:  # the engine gave up: keep what is done, exactly
+                    if checkpoints is not None and applied + epoch > 1:
+                        save_checkpoint(checkpoints, _checkpoint(
+                            config, model, optimizer, history, epoch_start,
+                            steps_done=applied, loss_sum=loss_sum, correct=correct))
+                    raise
                 else:
                     optimizer.step(model.flat, grads, learning_rate(tc, optimizer.steps, total))
                 if not (np.isfinite(loss) and np.isfinite(model.flat.sum(dtype=np.float64))):
@@ -205,11 +217,19 @@ def train(
                         f"training diverged at epoch {epoch}, step {step} (loss {loss}); "
                         f"lower the learning rate (now {tc.lr})"
                     )
+                applied = step
                 loss_sum += loss * len(idx)
                 correct += int(np.sum(logits.argmax(axis=1) == data.y_train[idx]))
                 if progress:
                     progress(epoch, step, len(epoch_batches), loss)
-            test_pred = predictions(engine, model, "test", n_test)
+            try:
+                test_pred = predictions(engine, model, "test", n_test)
+            except MeshdlError:  # every update of the epoch done, its evaluation not
+                if checkpoints is not None:
+                    save_checkpoint(checkpoints, _checkpoint(
+                        config, model, optimizer, history, epoch_start,
+                        steps_done=applied, loss_sum=loss_sum, correct=correct))
+                raise
             history.epochs.append(EpochMetrics(
                 epoch=epoch,
                 train_loss=loss_sum / n_train,
@@ -217,11 +237,8 @@ def train(
                 test_acc=float(np.mean(test_pred == data.y_test)) if n_test else float("nan"),
             ))
             if checkpoints is not None:
-                save_checkpoint(checkpoints, Checkpoint(
-                    config=config.model_dump(mode="json"), epochs_done=epoch,
-                    params=model.flat.copy(), optimizer=optimizer.state_dict(),
-                    batch_order=rng.bit_generator.state,
-                    epochs=[asdict(e) for e in history.epochs]))
+                save_checkpoint(checkpoints, _checkpoint(config, model, optimizer, history,
+                                                         rng.bit_generator.state))
         if len(test_pred) != n_test:  # resumed after the last epoch: nothing ran
             test_pred = predictions(engine, model, "test", n_test)
         history.final = final_metrics(config.model.classes,
@@ -235,6 +252,17 @@ def train(
     return model, history
 
 
+def _checkpoint(config: RunConfig, model: CNN, optimizer: Optimizer, history: History,
+                batch_order: dict[str, Any], steps_done: int = 0, loss_sum: float = 0.0,
+                correct: int = 0) -> Checkpoint:
+    """The run's state after the epochs in `history` and `steps_done` updates of the
+    next, whose batches `batch_order` (a generator state) draws."""
+    return Checkpoint(config=config.model_dump(mode="json"), epochs_done=len(history.epochs),
+                      params=model.flat.copy(), optimizer=optimizer.state_dict(),
+                      batch_order=batch_order, epochs=[asdict(e) for e in history.epochs],
+                      steps_done=steps_done, epoch_loss=loss_sum, epoch_correct=correct)
+
+
 def _restore(checkpoint: Checkpoint, config: RunConfig, model: CNN, optimizer: Optimizer,
              rng: np.random.Generator, history: History) -> None:
     """Put a run's saved state into its freshly made parts."""
@@ -245,5 +273,5 @@ def _restore(checkpoint: Checkpoint, config: RunConfig, model: CNN, optimizer: O
         raise MeshdlError("the checkpoint's parameters do not fit this model")
     model.flat[...] = checkpoint.params
     optimizer.load_state_dict(checkpoint.optimizer)
-    rng.bit_generator.state = checkpoint.batch_order
+    rng.bit_generator.state = checkpoint.batch_order  # draws the next epoch's batches
     history.epochs = [EpochMetrics(**e) for e in checkpoint.epochs]

@@ -124,6 +124,42 @@ def test_broker_restart_mid_epoch_loses_nothing_and_applies_nothing_twice(
     _assert_same_model(model, reference)
 
 
+def test_a_broker_away_beyond_the_edges_patience_leaves_a_checkpoint_to_resume_from(
+        small_mesh, mosquitto, tmp_path) -> None:
+    """The broker stops in the middle of epoch 2 and stays away longer than the edge
+    waits: the run stops with a one-line error, keeping every update done; once the
+    broker is back, resuming ends with the virtual mesh's parameters."""
+    from meshdl.checkpoint import load_checkpoint
+
+    config, data, _, _, reference = small_mesh
+    address = BrokerAddress.parse(mosquitto.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+
+    def stop_broker(epoch: int, step: int, _steps: int, _loss: float) -> None:
+        if (epoch, step) == (2, 2):
+            mosquitto.stop(kill=True)
+
+    with BackgroundNodeHost(config, cells, address, data):
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=1.0,
+                                    connect_timeout_s=1.5)
+        try:
+            with pytest.raises(MeshdlError, match="cannot reach the broker"):
+                train(config, data, engine=engine, progress=stop_broker,
+                      checkpoints=tmp_path)
+        finally:
+            engine.close()
+        checkpoint = load_checkpoint(tmp_path)
+        assert (checkpoint.epochs_done, checkpoint.steps_done) == (1, 2)
+        mosquitto.start()
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)
+        try:
+            model, _ = train(config, data, engine=engine, checkpoints=tmp_path,
+                             resume=checkpoint)
+        finally:
+            engine.close()
+    _assert_same_model(model, reference)
+
+
 def test_garbage_forged_and_oversized_payloads_are_rejected_and_counted(
         small_mesh, mosquitto) -> None:
     config, data, _, _, reference = small_mesh

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from meshdl import load_run_config
+from meshdl.augment import training_data
 from meshdl.config import DataConfig
 from meshdl.errors import MeshdlError
 from meshdl.optim import learning_rate
 from meshdl.sim.lounge import generate_lounge
-from meshdl.training import batches, final_metrics, normalization, train
+from meshdl.training import CentralEngine, batches, final_metrics, normalization, train
 
 
 def test_batches_cover_every_sample_once_per_epoch() -> None:
@@ -113,6 +114,54 @@ def test_a_run_stopped_anywhere_and_resumed_ends_with_the_uninterrupted_paramete
         train(config, data, progress=kill, checkpoints=tmp_path)
     checkpoint = load_checkpoint(tmp_path)
     assert checkpoint.epochs_done == stop_at[0] - 1  # the last finished epoch
+    resumed, history = train(config, data, checkpoints=tmp_path, resume=checkpoint)
+    np.testing.assert_array_equal(resumed.flat, whole.flat)
+    assert history.epochs == whole_history.epochs
+    assert history.final == whole_history.final
+
+
+class _FailingEngine(CentralEngine):
+    """Central training whose `fail_at`-th update (counting from 1), or its first
+    evaluation after `fail_at` updates, gives up as a broker gone for good would."""
+
+    def __init__(self, data, fail_at: int, in_evaluation: bool = False) -> None:
+        super().__init__(data)
+        self.updates, self.fail_at, self.in_evaluation = 0, fail_at, in_evaluation
+
+    def loss_and_grads(self, model, indices):
+        self.updates += 1
+        if self.updates == self.fail_at and not self.in_evaluation:
+            raise MeshdlError("cannot reach the broker")
+        return super().loss_and_grads(model, indices)
+
+    def logits(self, model, split, indices):
+        if self.in_evaluation and self.updates == self.fail_at:
+            raise MeshdlError("cannot reach the broker")
+        return super().logits(model, split, indices)
+
+
+@pytest.mark.parametrize(("fail_at", "in_evaluation"), [(1, False), (7, False), (4, True)])
+def test_an_engine_that_gives_up_mid_epoch_leaves_a_checkpoint_of_exactly_what_is_done(
+        fail_at: int, in_evaluation: bool, tmp_path) -> None:
+    """4 updates per epoch: the 7th is epoch 2's third; the evaluation after the 4th is
+    epoch 1's. The checkpoint holds the updates applied, and resuming from it ends with
+    the uninterrupted run's parameters and metrics."""
+    from meshdl.checkpoint import load_checkpoint
+
+    config = load_run_config(mode="central", model={"rows": 6, "cols": 8, "hidden": 16},
+                             train={"epochs": 3, "batch": 16})
+    data = generate_lounge(DataConfig(rows=6, cols=8, train=64, test=20, seed=1))
+    whole, whole_history = train(config, data)
+    with pytest.raises(MeshdlError, match="cannot reach the broker"):
+        train(config, data, engine=_FailingEngine(training_data(config.train, data), fail_at,
+                                                  in_evaluation), checkpoints=tmp_path)
+    if fail_at == 1:  # nothing done yet: nothing to keep
+        assert not (tmp_path / "checkpoint.npz").exists()
+        return
+    checkpoint = load_checkpoint(tmp_path)
+    # (epochs done, updates done of the next): an epoch is done once evaluated.
+    expected = (0, 4) if in_evaluation else divmod(fail_at - 1, 4)
+    assert (checkpoint.epochs_done, checkpoint.steps_done) == expected
     resumed, history = train(config, data, checkpoints=tmp_path, resume=checkpoint)
     np.testing.assert_array_equal(resumed.flat, whole.flat)
     assert history.epochs == whole_history.epochs

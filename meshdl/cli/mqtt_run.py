@@ -198,6 +198,10 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
                                                 help="Seconds before a wave is restarted."),
              nodes_timeout: float = typer.Option(60.0, "--nodes-timeout", min=0.0,
                                                  help="Seconds to wait for node hosts."),
+             broker_patience: float = typer.Option(
+                 120.0, "--broker-patience", min=0.0, help="Seconds to wait for the broker "
+                 "when it is away; then a checkpoint of every finished update is saved and "
+                 "the run stops (go on with --resume)."),
              take_over: bool = TAKE_OVER,
              json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
              ) -> None:
@@ -225,7 +229,8 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
     start_run(run_dir, config, str(data))
     engine = MqttEngine.for_run(config, dataset, BrokerAddress.parse(broker),
                                 wave_timeout=wave_timeout, nodes_timeout=nodes_timeout,
-                                systemd=Notifier(), take_over=take_over)
+                                connect_timeout_s=broker_patience, systemd=Notifier(),
+                                take_over=take_over)
     try:
         model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
                                resume=checkpoint)
