@@ -14,8 +14,9 @@ which is what a broker ACL can enforce per node: no node can write parameters.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
-from meshdl.messages import ALL, EDGE, Kind
+from meshdl.messages import ALL, EDGE, Header, Kind
 
 ROOT = "meshdl"
 _CELL = re.compile(r"^r(\d{1,5})c(\d{1,5})$")
@@ -54,6 +55,57 @@ def check_id(value: str, what: str = "id") -> str:
 
 def topic(mesh: int, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> str:
     return f"{ROOT}/{mesh}/{name_of(src)}/{name_of(dst)}/{kind.name.lower()}"
+
+
+class Route(NamedTuple):
+    """What a mesh message's topic says: who sends, to whom, what kind."""
+
+    src: tuple[int, int]
+    dst: tuple[int, int]
+    kind: Kind
+
+    def agrees_with(self, header: Header) -> bool:
+        """A header must say what its topic says: the broker's ACL checks the topic."""
+        return (header.src, header.dst, header.kind) == self
+
+
+_KINDS = {kind.name.lower(): kind for kind in Kind}
+
+
+class TopicNames:
+    """Topic names of mesh messages, made and read once each: a wave sends the same few
+    thousand topics again and again (both transports, every node host and the edge)."""
+
+    def __init__(self, mesh: int) -> None:
+        self.mesh = mesh
+        self._names: dict[tuple, str] = {}
+        self._routes: dict[str, Route] = {}
+
+    def of(self, header: Header) -> str:
+        """The topic a message with this header is published on."""
+        key = (header.src, header.dst, header.kind)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = topic(self.mesh, *key)
+        return name
+
+    def route(self, name: str) -> Route | None:
+        """What a received topic says, or None for one no mesh message has. Only valid
+        routes are remembered: a flood of made-up topics cannot grow the cache beyond
+        the mesh's real topics."""
+        route = self._routes.get(name)
+        if route is not None:
+            return route
+        levels = name.split("/")
+        if len(levels) != 5 or levels[:2] != [ROOT, str(self.mesh)] or \
+                levels[4] not in _KINDS:
+            return None
+        try:
+            route = Route(cell_of(levels[2]), cell_of(levels[3]), _KINDS[levels[4]])
+        except ValueError:
+            return None
+        self._routes[name] = route
+        return route
 
 
 def inbox_filter(mesh: int, src: tuple[int, int], dst: tuple[int, int]) -> str:

@@ -25,7 +25,7 @@ from meshdl.messages import ALL, Message
 from meshdl.nodes import compute
 from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Split
-from meshdl.topics import broadcast_filter, cell_of, inbox_filter
+from meshdl.topics import TopicNames, broadcast_filter, inbox_filter
 from meshdl.topology import Cell
 
 
@@ -53,6 +53,7 @@ class NodeHost:
         self.local_delivery = local_delivery
         self.stats: Counter[str] = Counter()
         self.failed: dict[Cell, str] = {}  # isolated cells, with what they raised
+        self.topics = TopicNames(spec.mesh_id)
 
     def subscriptions(self) -> list[str]:
         """What this host's cells receive through the broker: their neighbours' messages
@@ -64,22 +65,21 @@ class NodeHost:
                    if not (self.local_delivery and n in self.nodes)]
         return [*filters, broadcast_filter(mesh)]
 
-    def handle(self, topic: str, message: Message) -> list[Message]:
+    def handle(self, topic: str, message: Message, now: float | None = None
+               ) -> list[Message]:
         """Route one decoded message from the broker by its topic; returns what the
         cells send to the edge and to other hosts' cells (under local delivery, the
-        messages between this host's own cells are handled within this call)."""
-        h = message.header
-        levels = topic.split("/")
-        try:
-            src, dst = cell_of(levels[2]), cell_of(levels[3])
-        except (IndexError, ValueError):
+        messages between this host's own cells are handled within this call). `now`:
+        the transport's time (default: the host's clock)."""
+        route = self.topics.route(topic)
+        if route is None:
             self.stats["rejected:bad_topic"] += 1
             return []
-        if len(levels) != 5 or (h.src, h.dst) != (src, dst) or \
-                levels[4] != h.kind.name.lower():
+        if not route.agrees_with(message.header):
             self.stats["rejected:topic_mismatch"] += 1
             return []
-        now = self.clock()
+        now = self.clock() if now is None else now
+        dst = route.dst
         if dst == ALL:
             out: list[Message] = []
             for node in self.nodes.values():

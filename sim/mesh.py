@@ -1,6 +1,9 @@
 """The virtual mesh: every node machine and the edge machine of one mesh in one process.
 
-Agents talk only through `VirtualBroker` topics; the broker delivers in rounds (one
+Each cell is served by a `NodeHost` of its own, as by one Raspberry Pi over MQTT, so a
+message takes a deployment's path: topic checked against header, then the cell's
+machine (a cell that raises is isolated and named when the wave stalls). Agents talk
+only through `VirtualBroker` topics; the broker delivers in rounds (one
 round = one hop), which is the mesh's virtual clock. With `wire=True` (and always under
 fault injection) every message crosses as bytes through the real codec, exactly as over
 Mosquitto; by default the agents' messages cross as immutable objects, which computes the
@@ -19,7 +22,7 @@ import asyncio
 import contextlib
 import gc
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -30,14 +33,16 @@ from meshdl.auth import Authenticator, MeshKeys
 from meshdl.data import Dataset, cell_series
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
-from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, CodecError, Message, decode, encode
+from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Message
 from meshdl.model import CNN
 from meshdl.nodes.agent import NodeMachine
+from meshdl.nodes.host import NodeHost
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.broker import VirtualBroker
 from meshdl.sim.faults import Chaos, Forger
-from meshdl.topics import broadcast_filter, inbox_filter, name_of, topic
+from meshdl.topics import TopicNames, inbox_filter, name_of
 from meshdl.topology import Cell
+from meshdl.wire import Wire
 
 
 class VirtualMesh:
@@ -67,47 +72,58 @@ class VirtualMesh:
             self.broker.shuffle = chaos.rng
         self.ledger = Ledger(spec)
         topo = spec.topology
-        self.nodes: dict[Cell, NodeMachine] = {}
+        # One node host per cell, as one Raspberry Pi per cell: each receives through its
+        # own topics, checks them against the headers and isolates a failing cell, on the
+        # very path of a deployment (nodes/host.py).
+        self.hosts: dict[Cell, NodeHost] = {}
         for cell in topo.cells():
-            own = {split: cell_series(x, cell) for split, x in readings.items()}
-            self.nodes[cell] = NodeMachine(spec, cell, own)
+            self.hosts[cell] = NodeHost(spec, [cell], _cell_readings(readings),
+                                        local_delivery=False)
+        self.nodes: dict[Cell, NodeMachine] = {
+            cell: host.nodes[cell] for cell, host in self.hosts.items()}
         self.edge = EdgeMachine(spec, model, labels)
+        self.wires = {party: Wire(spec.mesh_id, self.auth.get(party))
+                      for party in [*topo.cells(), EDGE]}
         self.codec_errors: Counter[str] = Counter()
         self._outbox: list[Message] = []  # what agents sent during the current round
-        self._topics: dict[tuple, str] = {}
-        for cell, node in self.nodes.items():
-            deliver = self._deliver_to(node)
-            for n in topo.neighbours(cell):
-                self.broker.subscribe(inbox_filter(spec.mesh_id, n, cell), deliver)
-            if spec.params_via == "broadcast":
-                self.broker.subscribe(broadcast_filter(spec.mesh_id), deliver)
+        self._topics = TopicNames(spec.mesh_id)
+        for cell, host in self.hosts.items():
+            deliver = self._deliver_to_host(cell, host)
+            for name in host.subscriptions():
+                self.broker.subscribe(name, deliver)
         self.broker.subscribe(inbox_filter(spec.mesh_id, spec.edge_at, EDGE),
-                              self._deliver_to(self.edge))
+                              self._deliver_to_edge())
         # A wave needs about four crossings of the mesh; anything far beyond is a hang.
         self.max_rounds = max_rounds or 16 * (topo.diameter + 4) * (spec.model.conv_layers + 2)
         self.last_wave_rounds = 0
         self._timing: dict[Mode, tuple] = {}  # the last wave of each mode, see `timing`
 
-    def _deliver_to(self, agent: NodeMachine | EdgeMachine):
-        party = EDGE if isinstance(agent, EdgeMachine) else agent.cell
-        name = "edge" if party == EDGE else str(party)
-        outbox = self._outbox
-        mesh_id = self.spec.mesh_id
-        authenticator = self.auth.get(party)
-        open_ = (lambda data: decode(data, mesh=mesh_id)) if authenticator is None \
-            else authenticator.open
+    def _deliver_to_host(self, cell: Cell, host: NodeHost):
+        outbox, wire, name = self._outbox, self.wires[cell], str(cell)
+
+        def deliver(topic_: str, payload: bytes | Message, now: float) -> None:
+            if isinstance(payload, Message):  # an agent's own, never touched by bytes
+                outbox.extend(host.handle(topic_, payload, now))
+                return
+            message = wire.receive(payload, host.stats)
+            if message is None:
+                self.codec_errors[name] += 1
+            else:
+                outbox.extend(host.handle(topic_, message, now))
+
+        return deliver
+
+    def _deliver_to_edge(self):
+        outbox, wire = self._outbox, self.wires[EDGE]
 
         def deliver(_topic: str, payload: bytes | Message, now: float) -> None:
-            if isinstance(payload, Message):  # an agent's own, never touched by bytes
-                outbox.extend(agent.handle(payload, now))
-                return
-            try:
-                message = open_(payload)
-            except CodecError as exc:
-                self.codec_errors[name] += 1
-                agent.stats[f"rejected:codec:{exc.reason.value}"] += 1
-                return
-            outbox.extend(agent.handle(message, now))
+            edge = self.edge  # (a test may restart the edge: a new machine)
+            message = payload if isinstance(payload, Message) else \
+                wire.receive(payload, edge.stats)
+            if message is None:
+                self.codec_errors["edge"] += 1
+            else:
+                outbox.extend(edge.handle(message, now))
 
         return deliver
 
@@ -120,19 +136,17 @@ class VirtualMesh:
 
     def send(self, messages: list[Message]) -> None:
         """Encode, count and publish messages from any agent."""
-        record, topics, publish = self.ledger.record, self._topics, self.broker.publish
-        auth = self.auth
+        record, name_of_topic, publish = self.ledger.record, self._topics.of, \
+            self.broker.publish
+        wires = self.wires
         for message in messages:
             record(message)
             h = message.header
-            key = (h.src, h.dst, h.kind)
-            name = topics.get(key)
-            if name is None:
-                name = topics[key] = topic(h.mesh, h.src, h.dst, h.kind)
+            name = name_of_topic(h)
             if not self.wire:
                 publish(name, message)
                 continue
-            data = auth[h.src].seal(message) if auth else encode(message)
+            data = wires[h.src].seal(message)
             if self.chaos is None:
                 self.broker.publish(name, data)
             else:
@@ -168,8 +182,13 @@ class VirtualMesh:
         why = "no messages left" if self.broker.idle else "round limit"
         detail = ", ".join(f"{n} x {k.removeprefix('rejected:')}"
                            for k, n in rejected.most_common(3))
+        failed = {cell: error for host in self.hosts.values()
+                  for cell, error in host.failed.items()}
+        isolated = "".join(f"; cell {name_of(cell)} failed and was isolated: {error}"
+                           for cell, error in sorted(failed.items())[:3])
         message = (f"wave {self.edge.step} stalled after {self.broker.round - start_round} "
-                   f"rounds ({why}){'; nodes rejected ' + detail if detail else ''}")
+                   f"rounds ({why}){'; nodes rejected ' + detail if detail else ''}"
+                   f"{isolated}")
         if any("NaN" in k for k in rejected):
             raise NonFiniteError(message)
         raise MeshdlError(message)
@@ -208,9 +227,10 @@ class VirtualMesh:
         }
 
     def node_stats(self) -> Counter[str]:
+        """Every count of the node hosts and their cells (rejections wherever made)."""
         total: Counter[str] = Counter()
-        for node in self.nodes.values():
-            total.update(node.stats)
+        for host in self.hosts.values():
+            total.update(host.node_stats())
         return total
 
 
@@ -267,6 +287,11 @@ class MeshEngine(WaveEngine):
     def close(self) -> None:
         """Release the event loop the waves run on."""
         self._loop.close()
+
+
+def _cell_readings(readings: dict[int, np.ndarray]) -> Callable[[Cell], dict[int, np.ndarray]]:
+    """A node host's readings: its cell's series of every split."""
+    return lambda cell: {split: cell_series(x, cell) for split, x in readings.items()}
 
 
 @contextlib.contextmanager

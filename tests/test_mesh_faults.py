@@ -14,7 +14,7 @@ from meshdl.messages import EDGE, Kind, encode, make
 from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.faults import Chaos
-from meshdl.topics import inbox_filter, topic
+from meshdl.topics import topic
 from tests.test_mesh import _assert_lockstep, _dataset
 
 CONFIG = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=6)
@@ -222,7 +222,7 @@ def test_rejection_counters_stay_a_closed_set_under_varied_garbage() -> None:
         mesh.inject(name, encode(make(Kind.HALO, 1 + k, 7, (1, 3), (1, 4),
                                       np.zeros((1, 1, k)), layer=1)))  # other meshes
     mesh.deliver_round()
-    keys = [k for k in mesh.nodes[(1, 4)].stats if k.startswith("rejected:codec:")]
+    keys = [k for k in mesh.hosts[(1, 4)].node_stats() if k.startswith("rejected:codec:")]
     assert sorted(keys) == ["rejected:codec:other_mesh", "rejected:codec:payload_size"]
     assert {k.split(":")[-1] for k in keys} <= {r.value for r in CodecReason}
 
@@ -315,7 +315,6 @@ def test_a_restarted_edge_takes_the_mesh_back_below_its_predecessors_steps() -> 
     _assert_wave_equals_central(engine, model, reference, central, 0)
     old = mesh.edge
     mesh.edge = EdgeMachine(old.spec, model, old.labels, first_step=5, session=old.session + 1)
-    mesh.broker.subscribe(inbox_filter(1, old.spec.edge_at, EDGE), mesh._deliver_to(mesh.edge))
     _assert_wave_equals_central(engine, model, reference, central, 1)
     assert sum(node.stats["resynchronised"] for node in mesh.nodes.values()) == len(mesh.nodes)
 
