@@ -45,6 +45,7 @@ from meshdl.sdnotify import Notifier, stop_task
 from meshdl.status import StatusRecord, parse_status
 from meshdl.topics import ROOT, inbox_filter, name_of, status_topic
 from meshdl.topology import Cell
+from meshdl.wire import Wire
 
 STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from here
 EDGE_CLIENT = "edge"  # the edge's status topic, which is also the mesh's lease
@@ -227,7 +228,8 @@ class MqttEngine(WaveEngine):
                               [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
                               status={"role": "edge", "session": self.edge_session,
                                       "since": self.since},
-                              on_status=self._status, connect_timeout_s=self.connect_timeout_s)
+                              on_status=self._status, connect_timeout_s=self.connect_timeout_s,
+                              wire=Wire(self.mesh_id, self.auth))
             await session.connect()
             self.session = session
             self.systemd.status(f"connected to {self.address}; waiting for node hosts")

@@ -37,8 +37,9 @@ from urllib.parse import unquote, urlsplit
 import aiomqtt
 
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.messages import CodecError, Kind, Message, decode, encode
-from meshdl.topics import check_id, status_topic, topic
+from meshdl.messages import Kind, Message
+from meshdl.topics import TopicNames, check_id, status_topic
+from meshdl.wire import Wire
 
 QOS = {Kind.PARAMS: 1, Kind.BATCH: 1}  # every other kind: 0 (see the module's docstring)
 USER_ENV, PASSWORD_ENV = "MESHDL_MQTT_USER", "MESHDL_MQTT_PASSWORD"
@@ -106,9 +107,16 @@ class Session:
                  subscriptions: list[str], status: dict[str, Any] | None = None,
                  heartbeat_s: float = 5.0, backoff: Backoff = Backoff(),
                  connect_timeout_s: float | None = 30.0,
-                 on_status: StatusHandler | None = None, presence: bool = True) -> None:
+                 on_status: StatusHandler | None = None, presence: bool = True,
+                 wire: Wire | None = None,
+                 status_extra: Callable[[], dict[str, Any]] | None = None,
+                 stats: Counter[str] | None = None) -> None:
         """`presence`: announce this client on its status topic (heartbeat, last will);
-        off for observers such as `meshdl doctor`, which may not write there."""
+        off for observers such as `meshdl doctor`, which may not write there. `wire`:
+        how messages become bytes and back (with the process's keys when the mesh
+        authenticates); `status_extra`: what each heartbeat adds to the status (counts
+        that change while the client runs); `stats`: where to count (a node host's own
+        counter, so that one count holds what its cells and its connection saw)."""
         self.address = address
         self.mesh = mesh
         self.client_name = check_id(client, "client name")
@@ -120,11 +128,13 @@ class Session:
         self.heartbeat_s = heartbeat_s
         self.backoff = backoff
         self.connect_timeout_s = connect_timeout_s
-        self.stats: Counter[str] = Counter()
+        self.stats: Counter[str] = Counter() if stats is None else stats
+        self.wire = wire or Wire(mesh)
+        self.status_extra = status_extra
         self._client: aiomqtt.Client | None = None
         self._pending: asyncio.Future[aiomqtt.Message] | None = None  # a read under way
         self._pending_client: aiomqtt.Client | None = None
-        self._topics: dict[tuple, str] = {}
+        self._topics = TopicNames(mesh)
 
     # ------------------------------------------------------------- connection
     def _new_client(self) -> aiomqtt.Client:
@@ -218,7 +228,8 @@ class Session:
         """Publish this client's retained status (also the heartbeat)."""
         if not self.presence:
             return
-        record = {**self.status, "state": state, "time": time.time()}
+        extra = self.status_extra() if self.status_extra is not None else {}
+        record = {**self.status, **extra, "state": state, "time": time.time()}
         await self._client.publish(status_topic(self.mesh, self.client_name),
                                    json.dumps(record), 1, True)
 
@@ -238,14 +249,10 @@ class Session:
         if client is None:
             self.stats["dropped_while_offline"] += len(messages)
             return
-        publishing = []
+        publishing, name_of_topic, seal = [], self._topics.of, self.wire.seal
         for message in messages:
-            h = message.header
-            key = (h.src, h.dst, h.kind)
-            name = self._topics.get(key)
-            if name is None:
-                name = self._topics[key] = topic(self.mesh, h.src, h.dst, h.kind)
-            publishing.append(client.publish(name, encode(message), QOS.get(h.kind, 0)))
+            publishing.append(client.publish(name_of_topic(message.header), seal(message),
+                                             QOS.get(message.header.kind, 0)))
         for outcome in await asyncio.gather(*publishing, return_exceptions=True):
             if outcome is None:
                 self.stats["sent"] += 1
@@ -315,10 +322,8 @@ class Session:
         if not isinstance(payload, bytes | bytearray):
             self.stats["rejected:not_binary"] += 1
             return []
-        try:
-            message = decode(bytes(payload), mesh=self.mesh)
-        except CodecError as exc:
-            self.stats[f"rejected:codec:{exc.reason.value}"] += 1
+        message = self.wire.receive(bytes(payload), self.stats)
+        if message is None:
             return []
         self.stats["received"] += 1
         return handle(name, message)

@@ -14,9 +14,11 @@ import asyncio
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +35,7 @@ from meshdl.protocol import MeshSpec, Split
 from meshdl.sdnotify import Notifier, stop_task
 from meshdl.topics import name_of
 from meshdl.topology import Cell
+from meshdl.wire import Wire
 
 Say = Callable[[str], None]
 
@@ -120,7 +123,9 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
               "spec": host.spec.summary, "data": data}
     # A node host waits for its broker as long as it takes (until it is stopped).
     session = Session(address, host.spec.mesh_id, client, host.subscriptions(),
-                      status=status, connect_timeout_s=None)
+                      status=status, connect_timeout_s=None,
+                      wire=Wire(host.spec.mesh_id, auth), stats=host.stats,
+                      status_extra=lambda: rejections(host))
     sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
     keep_alive = systemd.start_keep_alive()
     systemd.ready(f"connecting to {address}")
@@ -139,15 +144,24 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
         await session.close()
         await stop_task(keep_alive)
     stats = host.node_stats()
-    # Every rejection, wherever it was counted: by the cells, the host, the session.
-    rejected = sum(v for k, v in (*stats.items(), *session.stats.items())
-                   if k.startswith("rejected"))
-    say(f"stopped: {session.stats['received']} messages in from the broker, "
-        f"{stats['delivered_locally']} handed over in process, {session.stats['sent']} "
+    rejected = sum(rejections(host)["rejected"].values())
+    say(f"stopped: {stats['received']} messages in from the broker, "
+        f"{stats['delivered_locally']} handed over in process, {stats['sent']} "
         f"published; the cells accepted {stats['accepted']} and rejected {rejected}; "
-        f"{session.stats['reconnects']} reconnects")
+        f"{stats['reconnects']} reconnects")
     for cell, error in host.failed.items():
         say(f"error: cell {name_of(cell)} failed and was isolated: {error}")
+
+
+def rejections(host: NodeHost) -> dict[str, Any]:
+    """Every rejection, wherever it was counted (by the cells, the host, its connection),
+    by reason, and the isolated cells: what the status record and the stop line say."""
+    counts: Counter[str] = Counter()
+    for name, n in host.node_stats().items():
+        if name.startswith("rejected:"):
+            counts[name.removeprefix("rejected:")] += n
+    return {"rejected": dict(sorted(counts.items())),
+            "failed": [name_of(cell) for cell in host.failed]}
 
 
 class BackgroundNodeHost:

@@ -161,7 +161,7 @@ def test_a_broker_away_beyond_the_edges_patience_leaves_a_checkpoint_to_resume_f
 
 
 def test_garbage_forged_and_oversized_payloads_are_rejected_and_counted(
-        small_mesh, mosquitto) -> None:
+        small_mesh, mosquitto, cli) -> None:
     config, data, _, _, reference = small_mesh
     address = BrokerAddress.parse(mosquitto.url)
     cells = [(r, c) for r in range(4) for c in range(5)]
@@ -193,12 +193,26 @@ def test_garbage_forged_and_oversized_payloads_are_rejected_and_counted(
             thread.join(30)
             engine.close()
         stats = host.host.node_stats()
+        time.sleep(5.5)  # a heartbeat: the host's status record carries its rejections
+        _, out, _ = cli("doctor", "--broker", mosquitto.url, "--json")
     rejected = {k: v for k, v in stats.items() if k.startswith("rejected")}
     assert rejected.get("rejected:topic_mismatch", 0) >= 3
     _assert_same_model(model, reference)
+    # Every rejection reaches what the user reads: the status record, and doctor.
+    findings = json.loads(out)
+    said = findings["rejected"]["host-local"]
+    assert said["topic_mismatch"] >= 3 and said["codec:payload_size"] >= 3, said
+    assert any(line.startswith("note: host-local has rejected") for line in findings["lines"])
 
 
 NESTING_BOMB = b"[" * 3000 + b"]" * 3000  # json.loads: RecursionError
+
+
+async def _publish(broker: Mosquitto, user: str, password: str, name: str,
+                   payload: bytes) -> None:
+    async with aiomqtt.Client(broker.host, broker.port, username=user,
+                              password=password) as client:
+        await client.publish(name, payload, qos=1)
 
 
 async def _retain(broker: Mosquitto, records: dict[str, bytes]) -> None:
@@ -351,7 +365,8 @@ def test_broker_urls_are_parsed_and_never_print_the_password() -> None:
 def test_training_runs_under_the_generated_credentials_and_acl(small_mesh, mosquitto_factory,
                                                                tmp_path, cli) -> None:
     """The ACL grants everything the protocol needs: node host and edge log in with their
-    own generated passwords, and the run equals the virtual mesh."""
+    own generated passwords, authenticate every message with their generated keys, and
+    the run equals the virtual mesh."""
     config, data, mesh_file, _, reference = small_mesh
     code, _, err = cli("deploy", "credentials", "--mesh", str(mesh_file), "--out",
                        str(tmp_path / "creds"), "--host", "gw=0-3,0-4")
@@ -367,14 +382,27 @@ def test_training_runs_under_the_generated_credentials_and_acl(small_mesh, mosqu
     as_edge = BrokerAddress(broker.host, broker.port, username="edge",
                             password=logins["edge"])
     cells = [(r, c) for r in range(4) for c in range(5)]
+    # Each process authenticates its messages with its own key file, as the .env says.
+    secrets = tmp_path / "creds" / "secrets"
+    host_config, edge_config = (config.model_copy(update={"mesh": config.mesh.model_copy(
+        update={"auth": True, "keys": secrets / f"{user}.keys.json"})}) for user in ("gw", "edge"))
     # Every message through the broker, so that every grant of the ACL is exercised.
-    with BackgroundNodeHost(config, cells, as_host, data, client="gw", local_delivery=False):
-        engine = MqttEngine.for_run(config, data, as_edge, nodes_timeout=20)
+    with BackgroundNodeHost(host_config, cells, as_host, data, client="gw",
+                            local_delivery=False) as host:
+        engine = MqttEngine.for_run(edge_config, data, as_edge, nodes_timeout=20)
         try:
             model, _ = train(config, data, engine=engine)
         finally:
             engine.close()
+        # r1c0's login, not its keys: what it writes within its ACL is tagged wrongly.
+        forged = encode(make(Kind.HALO, 1, 5, (1, 0), (1, 1), np.ones((1, 1, 10)),
+                             layer=1)) + os.urandom(16)
+        asyncio.run(_publish(broker, "r1c0", logins["r1c0"],
+                             topic(1, (1, 0), (1, 1), Kind.HALO), forged))
+        time.sleep(0.5)
+        stats = host.host.node_stats()
     _assert_same_model(model, reference)
+    assert stats["rejected:codec:forged"] == 1
 
 
 def test_train_command_runs_edge_and_node_host_over_a_broker(small_mesh, mosquitto, cli,

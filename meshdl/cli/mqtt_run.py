@@ -170,6 +170,17 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
         lines.append(f"warning: {len(names)} status records say online but have had no "
                      f"heartbeat for long (counted offline): "
                      f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+    rejected = {client: record.rejected for client, record in sorted(up.items())
+                if record.rejected}
+    for client, counts in rejected.items():
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:4]
+        lines.append(f"note: {client} has rejected {sum(counts.values())} messages ("
+                     f"{', '.join(f'{n} {reason}' for reason, n in top)})")
+    for client, record in sorted(up.items()):
+        if record.failed:
+            ok = False
+            lines.append(f"error: {client} isolated failing cells: "
+                         f"{', '.join(record.failed[:8])}")
     if config is not None:
         served = set().union(*(v.served for v in up.values() if v.role == "node-host"))
         missing = [name_of(c) for c in MeshSpec(mesh_id, config.model).topology.cells()
@@ -183,6 +194,7 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
         if not any(v.role == "edge" for v in up.values()):
             lines.append("note: no edge online")
     return {"ok": ok, "lines": lines, "malformed": sorted(malformed), "stale": sorted(stale),
+            "rejected": rejected,
             "online": {k: v.model_dump(mode="json") for k, v in up.items()}}
 
 
