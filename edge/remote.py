@@ -24,6 +24,7 @@ every node host runs the same mesh (and replays the same data):
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections import Counter
@@ -229,7 +230,8 @@ class MqttEngine(WaveEngine):
                               status={"role": "edge", "session": self.edge_session,
                                       "since": self.since},
                               on_status=self._status, connect_timeout_s=self.connect_timeout_s,
-                              wire=Wire(self.mesh_id, self.auth))
+                              wire=Wire(self.mesh_id, self.auth),
+                              sign_status=None if self.auth is None else self.auth.sign_status)
             await session.connect()
             self.session = session
             self.systemd.status(f"connected to {self.address}; waiting for node hosts")
@@ -254,7 +256,7 @@ class MqttEngine(WaveEngine):
         lease: list[StatusRecord] = []
 
         def read(client: str, payload: bytes, retained: bool) -> None:
-            record = parse_status(payload)
+            record = self._parse_status(payload)
             if client == EDGE_CLIENT and record is not None:
                 lease.append(record)
 
@@ -286,9 +288,8 @@ class MqttEngine(WaveEngine):
     def _status(self, client: str, payload: bytes, retained: bool) -> None:
         """A client's status: which cells a node host serves, while online and alive;
         for the edge's own topic, who holds the mesh."""
-        record = parse_status(payload)
+        record = self._parse_status(payload)
         if record is None:
-            self.stats["rejected:bad_status"] += 1
             return
         if client == EDGE_CLIENT:
             self._lease_record(record)
@@ -303,6 +304,19 @@ class MqttEngine(WaveEngine):
             self.hosts[client] = record
         else:  # a claim with no heartbeat behind it: named if cells stay uncovered
             self.stale[client] = time.time() - (record.time or 0.0)
+
+    def _parse_status(self, payload: bytes) -> StatusRecord | None:
+        """A valid status record; in a mesh that authenticates, only one its writer signed
+        (a node host for every cell it claims, the edge with its key). Others are counted."""
+        record = parse_status(payload)
+        if record is None:
+            self.stats["rejected:bad_status"] += 1
+            return None
+        if self.auth is not None and record.role in ("node-host", "edge") and \
+                not self.auth.verify_status(json.loads(payload)):
+            self.stats["rejected:unsigned_status"] += 1
+            return None
+        return record
 
     def _lease_record(self, record: StatusRecord) -> None:
         """Another edge's record on the lease: the one that took the mesh last keeps it

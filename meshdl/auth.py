@@ -12,6 +12,12 @@ With `mesh.auth` on, every message on the wire carries a tag after its payload:
   leaves unchanged (kind, mesh, step, session, dtype, shape, payload), so a node that
   relays the parameters down the tree forwards the edge's signature as it received it.
 
+Status records (meshdl/status.py) are signed the same way when the mesh authenticates:
+a node host's with the status keys of the cells it claims (chained, so a claim needs the
+key of every cell claimed), the edge's (the mesh's lease) with the edge's signing key;
+the edge ignores, and counts, any it cannot verify, so that a client with a node's login
+but not its keys can neither claim cells nor take the mesh nor stop its edge.
+
 Keys come from one mesh secret and the edge's signing key (`MeshKeys`): `meshdl deploy
 credentials` draws both at random and writes each broker user the `Keyring` of the cells
 it acts for; the virtual mesh derives them from a seed. The CRC inside the message still
@@ -23,11 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import struct
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -53,6 +60,7 @@ from meshdl.topology import Cell
 LINK_TAG_BYTES = 16  # HMAC-SHA256 truncated to 128 bits (RFC 2104 section 5 allows it)
 SIGNATURE_BYTES = 64  # Ed25519 (RFC 8032)
 KEY_BYTES = 32
+STATUS_TAG = "tag"  # the field of a signed status record
 SIGNED_KINDS = frozenset({Kind.PARAMS, Kind.BATCH})  # what only the edge can say
 _KIND_AT = 3  # byte offset of the kind in the header (messages.py)
 _SIGNED_FIELDS = struct.Struct("<BHIHB4I")  # kind, mesh, step, session, dtype, shape
@@ -78,20 +86,23 @@ class Keyring:
     links: dict[tuple[Cell, Cell], bytes]
     edge_public: bytes
     edge_private: bytes | None = None
+    status: dict[Cell, bytes] = field(default_factory=dict)  # cell -> its status key
 
     def merged(self, other: Keyring) -> Keyring:
         """The keys of a host acting for the cells of both rings."""
         if (other.mesh_id, other.edge_public) != (self.mesh_id, self.edge_public):
             raise MeshdlError("key files of different meshes (or edge keys) cannot be merged")
         return Keyring(self.mesh_id, {**self.links, **other.links}, self.edge_public,
-                       self.edge_private or other.edge_private)
+                       self.edge_private or other.edge_private,
+                       {**self.status, **other.status})
 
     def to_json(self) -> str:
         record = KeyFile(
             mesh_id=self.mesh_id, edge_public=self.edge_public.hex(),
             edge_private=None if self.edge_private is None else self.edge_private.hex(),
             links={f"{name_of(a)}-{name_of(b)}": key.hex()
-                   for (a, b), key in sorted(self.links.items())})
+                   for (a, b), key in sorted(self.links.items())},
+            status={name_of(cell): key.hex() for cell, key in sorted(self.status.items())})
         return record.model_dump_json(indent=1, exclude_none=True) + "\n"
 
     @classmethod
@@ -103,8 +114,10 @@ class Keyring:
             for name, key in record.links.items():
                 a, b = name.split("-")
                 links[link(cell_of(a), cell_of(b))] = bytes.fromhex(key)
+            status = {cell_of(name): bytes.fromhex(key) for name, key in record.status.items()}
             ring = cls(record.mesh_id, links, bytes.fromhex(record.edge_public),
-                       None if record.edge_private is None else bytes.fromhex(record.edge_private))
+                       None if record.edge_private is None else bytes.fromhex(record.edge_private),
+                       status)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "file"
@@ -112,7 +125,7 @@ class Keyring:
                               ) from None
         except ValueError as exc:  # a link name that is not two cells
             raise MeshdlError(f"{path}: not a meshdl key file ({exc})") from None
-        if any(len(k) != KEY_BYTES for k in ring.links.values()) or \
+        if any(len(k) != KEY_BYTES for k in (*ring.links.values(), *ring.status.values())) or \
                 len(ring.edge_public) != KEY_BYTES or \
                 (ring.edge_private is not None and len(ring.edge_private) != KEY_BYTES):
             raise MeshdlError(f"{path}: a key is not {KEY_BYTES} bytes long")
@@ -130,6 +143,7 @@ class KeyFile(BaseModel):
     edge_public: str = Field(pattern=_HEX_KEY)
     edge_private: str | None = Field(None, pattern=_HEX_KEY)
     links: dict[str, str] = Field(max_length=1 << 20)
+    status: dict[str, str] = Field(default_factory=dict, max_length=1 << 20)
 
 
 class LinkPlan(Protocol):
@@ -160,6 +174,10 @@ class MeshKeys:
         lo, hi = link(a, b)
         return hmac.digest(self.secret, struct.pack("<H4h", mesh_id, *lo, *hi), "sha256")
 
+    def status_key(self, mesh_id: int, cell: Cell) -> bytes:
+        return hmac.digest(self.secret, b"status" + struct.pack("<H2h", mesh_id, *cell),
+                           "sha256")
+
     def edge_public(self) -> bytes:
         return Ed25519PrivateKey.from_private_bytes(self.edge_seed).public_key() \
             .public_bytes_raw()
@@ -170,8 +188,12 @@ class MeshKeys:
         mine = set(holder)
         links = {pair: self.link_key(spec.mesh_id, *pair) for pair in spec.links
                  if pair[0] in mine or pair[1] in mine}
+        # The edge checks every node host's status record: it holds every cell's key.
+        cells = sorted({cell for pair in spec.links for cell in pair} - {EDGE})
+        status = {cell: self.status_key(spec.mesh_id, cell) for cell in cells
+                  if cell in mine or EDGE in mine}
         return Keyring(spec.mesh_id, links, self.edge_public(),
-                       self.edge_seed if EDGE in mine else None)
+                       self.edge_seed if EDGE in mine else None, status)
 
 
 class Authenticator:
@@ -227,6 +249,46 @@ class Authenticator:
         self._remember(h.kind, h.session, h.step, tag)
         return message
 
+    # ------------------------------------------------------------- status records
+    def sign_status(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record with its tag: the edge's signature for the edge's record, else the
+        chain of the claimed cells' status keys."""
+        body = status_bytes(record)
+        if record.get("role") == "edge":
+            if self._sign_key is None:
+                raise MeshdlError("only the edge signs the edge's status record")
+            return {**record, STATUS_TAG: self._sign_key.sign(body).hex()}
+        cells = record.get("cells", [])
+        return {**record, STATUS_TAG: self._chain(cells, body, self.keyring.status)}
+
+    def verify_status(self, record: dict[str, Any]) -> bool:
+        """Whether a received status record carries a tag only its writer could make."""
+        tag = record.get(STATUS_TAG)
+        if not isinstance(tag, str):
+            return False
+        body = status_bytes(record)
+        if record.get("role") == "edge":
+            try:
+                self._verify_key.verify(bytes.fromhex(tag), body)
+            except (InvalidSignature, ValueError):
+                return False
+            return True
+        try:
+            expected = self._chain(record.get("cells", []), body, self.keyring.status)
+        except (MeshdlError, ValueError):
+            return False
+        return hmac.compare_digest(tag, expected)
+
+    @staticmethod
+    def _chain(names: list[str], body: bytes, keys: dict[Cell, bytes]) -> str:
+        tag = b""
+        for name in names:
+            key = keys.get(cell_of(name))
+            if key is None:
+                raise MeshdlError(f"no status key for {name}")
+            tag = hmac.digest(key, tag + body, "sha256")
+        return tag[:LINK_TAG_BYTES].hex()
+
     def _link_tag(self, src: Cell, dst: Cell, data: bytes) -> bytes:
         key = self._links.get(link(src, dst))
         if key is None:
@@ -268,6 +330,12 @@ def authenticator_for(spec: LinkPlan, parties: list[Cell], keys: Path | None,
     if EDGE in mine and ring.edge_private is None:
         raise UsageError(f"{keys}: not the edge's key file (it cannot sign parameters)")
     return Authenticator(ring)
+
+
+def status_bytes(record: dict[str, Any]) -> bytes:
+    """What a status record's tag covers: the record without its tag, canonical JSON."""
+    fields = {k: v for k, v in record.items() if k != STATUS_TAG}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _signed_bytes(message: Message) -> bytes:

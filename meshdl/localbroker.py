@@ -62,7 +62,10 @@ class Mosquitto:
         allow_anonymous: bool | None = None,
         extra: tuple[str, ...] = (),
         port: int | None = None,
+        config_text: str | None = None,
     ) -> None:
+        """`config_text`: a whole config of the caller's (`port` names its listener),
+        instead of the one made from the other options."""
         self.binary = find_tool("mosquitto")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +91,8 @@ class Mosquitto:
             lines.append(f"password_file {password_file}")
         if acl_file is not None:
             lines.append(f"acl_file {acl_file}")
-        self.config.write_text("\n".join([*lines, *extra]) + "\n")
+        self.config.write_text(config_text if config_text is not None else
+                               "\n".join([*lines, *extra]) + "\n")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -132,6 +136,33 @@ class Mosquitto:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+PRODUCTION_CONF = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto" / \
+    "production.conf"
+
+
+def production_config(folder: Path, tls_port: int, local_port: int) -> str:
+    """deploy/mosquitto/production.conf as it is, but for a private broker: its files
+    under `folder` (meshdl/passwd, meshdl/acl, meshdl/tls/*, data/), its listeners on
+    free loopback ports, run as this user. Raises if the file no longer says what is
+    replaced (a change there must be seen here)."""
+    if not PRODUCTION_CONF.is_file():
+        raise FileNotFoundError(f"{PRODUCTION_CONF} (the production config is in a source "
+                                "checkout of meshdl)")
+    text = PRODUCTION_CONF.read_text()
+    replacements = {
+        "/etc/mosquitto/meshdl/": f"{folder}/meshdl/",
+        "/var/lib/mosquitto/": f"{folder}/data/",
+        "\nlistener 8883\n": f"\nlistener {tls_port} {HOST}\n",
+        "\nlistener 1883 127.0.0.1\n": f"\nlistener {local_port} {HOST}\n",
+        "\nuser mosquitto\n": f"\nuser {pwd.getpwuid(os.getuid()).pw_name}\n",
+    }
+    for old, new in replacements.items():
+        if old not in text:
+            raise ValueError(f"production.conf no longer contains {old!r}")
+        text = text.replace(old, new)
+    return text
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout: float = 3.0,

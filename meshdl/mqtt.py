@@ -110,13 +110,16 @@ class Session:
                  on_status: StatusHandler | None = None, presence: bool = True,
                  wire: Wire | None = None,
                  status_extra: Callable[[], dict[str, Any]] | None = None,
-                 stats: Counter[str] | None = None) -> None:
+                 stats: Counter[str] | None = None,
+                 sign_status: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                 ) -> None:
         """`presence`: announce this client on its status topic (heartbeat, last will);
         off for observers such as `meshdl doctor`, which may not write there. `wire`:
         how messages become bytes and back (with the process's keys when the mesh
         authenticates); `status_extra`: what each heartbeat adds to the status (counts
         that change while the client runs); `stats`: where to count (a node host's own
-        counter, so that one count holds what its cells and its connection saw)."""
+        counter, so that one count holds what its cells and its connection saw);
+        `sign_status`: adds the tag to each status record (meshdl/auth.py)."""
         self.address = address
         self.mesh = mesh
         self.client_name = check_id(client, "client name")
@@ -131,6 +134,7 @@ class Session:
         self.stats: Counter[str] = Counter() if stats is None else stats
         self.wire = wire or Wire(mesh)
         self.status_extra = status_extra
+        self.sign_status = sign_status or (lambda record: record)
         self._client: aiomqtt.Client | None = None
         self._pending: asyncio.Future[aiomqtt.Message] | None = None  # a read under way
         self._pending_client: aiomqtt.Client | None = None
@@ -138,7 +142,7 @@ class Session:
 
     # ------------------------------------------------------------- connection
     def _new_client(self) -> aiomqtt.Client:
-        offline = json.dumps({**self.status, "state": "offline"})
+        offline = self._status_json("offline")
         return aiomqtt.Client(
             self.address.host, self.address.port, username=self.address.username,
             password=self.address.password,
@@ -202,7 +206,7 @@ class Session:
         with contextlib.suppress(aiomqtt.MqttError):
             if self.presence:
                 await client.publish(status_topic(self.mesh, self.client_name),
-                                     json.dumps({**self.status, "state": "offline"}), 1,
+                                     self._status_json("offline"), 1,
                                      True, timeout=2)
         with contextlib.suppress(aiomqtt.MqttError):
             await client.__aexit__(None, None, None)
@@ -228,10 +232,14 @@ class Session:
         """Publish this client's retained status (also the heartbeat)."""
         if not self.presence:
             return
+        await self._client.publish(status_topic(self.mesh, self.client_name),
+                                   self._status_json(state), 1, True)
+
+    def _status_json(self, state: str) -> str:
+        """This client's status record now (signed, when the mesh authenticates)."""
         extra = self.status_extra() if self.status_extra is not None else {}
         record = {**self.status, **extra, "state": state, "time": time.time()}
-        await self._client.publish(status_topic(self.mesh, self.client_name),
-                                   json.dumps(record), 1, True)
+        return json.dumps(self.sign_status(record))
 
     async def publish_record(self, name: str, record: dict[str, Any]) -> None:
         """A retained JSON record (QoS 1): alerts, anything a late subscriber must see."""

@@ -125,7 +125,8 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
     session = Session(address, host.spec.mesh_id, client, host.subscriptions(),
                       status=status, connect_timeout_s=None,
                       wire=Wire(host.spec.mesh_id, auth), stats=host.stats,
-                      status_extra=lambda: rejections(host))
+                      status_extra=lambda: rejections(host),
+                      sign_status=None if auth is None else auth.sign_status)
     sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
     keep_alive = systemd.start_keep_alive()
     systemd.ready(f"connecting to {address}")

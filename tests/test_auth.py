@@ -142,3 +142,22 @@ def test_key_files_round_trip_and_a_damaged_one_is_a_clear_error(tmp_path) -> No
         authenticator_for(SPEC, [(1, 1)], None, True)
     assert authenticator_for(SPEC, [(1, 1)], None, False) is None
 
+
+
+def test_status_records_verify_only_for_the_writer_of_every_cell_they_claim() -> None:
+    host, edge = _auth((1, 1), (1, 2)), _auth(EDGE)
+    claim = {"role": "node-host", "state": "online", "mesh": 3, "time": 1.5,
+             "cells": ["r1c1", "r1c2"]}
+    signed = host.sign_status(claim)
+    assert edge.verify_status(signed)
+    assert not edge.verify_status(claim)  # no tag
+    assert not edge.verify_status({**signed, "time": 2.5})  # changed after signing
+    assert not edge.verify_status({**signed, "cells": ["r1c1", "r1c2", "r2c2"]})
+    with pytest.raises(MeshdlError, match="no status key for r2c2"):
+        host.sign_status({**claim, "cells": ["r2c2"]})  # a cell it does not serve
+    lease = {"role": "edge", "state": "online", "mesh": 3, "session": 4, "since": 1.0}
+    assert edge.verify_status(edge.sign_status(lease))
+    with pytest.raises(MeshdlError, match="only the edge signs"):
+        host.sign_status(lease)
+    forged = {**lease, "tag": host.sign_status({**claim})["tag"]}
+    assert not edge.verify_status(forged)

@@ -12,7 +12,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import os
 import shutil
 import signal
 import ssl
@@ -27,7 +26,7 @@ import pytest
 from meshdl.acl import Grant, format_cells, parse_acl, parse_cells
 from meshdl.auth import Keyring
 from meshdl.cli import broker as broker_cli
-from meshdl.localbroker import stop_process
+from meshdl.localbroker import production_config, stop_process
 from meshdl.messages import EDGE
 from meshdl.topics import name_of
 from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
@@ -305,20 +304,7 @@ def test_broker_serves_mqtt_on_the_given_port_until_stopped(tmp_path) -> None:
 
 def _production_variant(tmp: Path, tls_port: int, local_port: int) -> str:
     """production.conf with its paths under `tmp`, free ports, and this user."""
-    text = PRODUCTION_CONF.read_text()
-    import pwd
-
-    replacements = {
-        "/etc/mosquitto/meshdl/": f"{tmp}/meshdl/",
-        "/var/lib/mosquitto/": f"{tmp}/data/",
-        "\nlistener 8883\n": f"\nlistener {tls_port} 127.0.0.1\n",
-        "\nlistener 1883 127.0.0.1\n": f"\nlistener {local_port} 127.0.0.1\n",
-        "\nuser mosquitto\n": f"\nuser {pwd.getpwuid(os.getuid()).pw_name}\n",
-    }
-    for old, new in replacements.items():
-        assert old in text, f"production.conf no longer contains {old!r}"
-        text = text.replace(old, new)
-    return text
+    return production_config(tmp, tls_port, local_port)
 
 
 def _self_signed(tls_dir: Path) -> None:

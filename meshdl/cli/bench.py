@@ -114,6 +114,35 @@ def mqtt(
                       f"{result['deliveries_ratio_to_broker']:.3f} (broker deliveries)")
 
 
+@app.command("hostile")
+def hostile(
+    epochs: int = typer.Option(2, "--epochs", min=1),
+    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
+                                            "(default: the seed experiment)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+) -> None:
+    """The production setup (TLS, passwords, ACL, message keys, 1 MiB limit) trains over
+    MQTT with two node hosts, clean and while a client with one node's password floods
+    every topic it may write; vs the virtual mesh's parameters and the clean run's memory."""
+    from meshdl.bench_hostile import bench_hostile
+
+    config = load_run_config(config_file, train={"epochs": epochs})
+    data = generate_lounge(config.data)
+    result = bench_hostile(config, data, log=lambda text: err_console.print(text))
+    if json_out:
+        emit_json(result)
+        return
+    for name in ("clean", "attack"):
+        run = result[name]
+        memory = ", ".join(f"{proc} {mb:.0f} MB" for proc, mb in run["peak_rss_mb"].items())
+        out_console.print(f"{name}: {run['wall_s']:.0f} s, edge exit {run['edge_exit']}, "
+                          f"hosts alive {run['node_hosts_alive_at_end']}, max parameter "
+                          f"difference to the virtual mesh {run['max_param_diff']:.2e}; "
+                          f"peak memory {memory}")
+    out_console.print(f"attacker sent {result['attack']['attacker_sent']}; memory under "
+                      f"attack vs clean: {result['attack']['memory_vs_clean']}")
+
+
 def _seed_range(text: str, flag: str) -> list[int]:
     """'0-9' or '3' or '0-4,11' -> the seeds; a one-line usage error otherwise."""
     seeds: list[int] = []
