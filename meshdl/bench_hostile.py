@@ -153,7 +153,8 @@ class _ProductionSetup:
             "test_acc": metrics["final"]["test_acc"] if "final" in metrics else None,
             "host_stop_lines": {n: _last_line(logs / f"{n}.err", "stopped:")
                                 for n in ("north", "south")},
-            "edge_rejected": {k: v for k, v in metrics.get("comm", {}).get("session", {}).items()
+            "edge_rejected": {k: v for part in ("session", "engine", "edge")
+                              for k, v in metrics.get("comm", {}).get(part, {}).items()
                               if k.startswith("rejected")},
         }
         if attacker is not None:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import ssl
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -43,10 +44,13 @@ from meshdl.wire import Wire
 
 QOS = {Kind.PARAMS: 1, Kind.BATCH: 1}  # every other kind: 0 (see the module's docstring)
 USER_ENV, PASSWORD_ENV = "MESHDL_MQTT_USER", "MESHDL_MQTT_PASSWORD"
+STOP_POLL_S = 0.1  # how often a wait for the broker looks whether to stop
+CLOSE_STEP_S = 0.5  # each of a closing session's goodbye and disconnect
 DRAIN_AT_ONCE = 256  # received messages handled before their replies are published
-# aiomqtt warns whenever more than 10 publishes are pending, which `send` does on purpose.
+# aiomqtt warns whenever more than 10 publishes are pending, which `send` does on purpose,
+# and paho logs the errors it also raises (which we report, once, our way).
 _CLIENT_LOG = logging.getLogger("meshdl.mqtt.client")
-_CLIENT_LOG.setLevel(logging.ERROR)
+_CLIENT_LOG.setLevel(logging.CRITICAL)
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,8 @@ class Session:
                 return False
             client = self._new_client()
             try:
-                await client.__aenter__()
+                if not await _unless_stopped(client.__aenter__(), stop):
+                    return False
             except aiomqtt.MqttCodeError as exc:
                 if exc.rc in (4, 5, 134, 135):  # bad credentials, not authorized: final
                     raise MeshdlError(f"broker {self.address} refused {self.client_name}: "
@@ -189,7 +194,8 @@ class Session:
             if deadline is not None and time.monotonic() + delay > deadline:
                 raise MeshdlError(f"cannot reach the broker at {self.address}: {last}")
             self.stats["connect_retries"] += 1
-            await asyncio.sleep(delay)
+            if not await _unless_stopped(asyncio.sleep(delay), stop):
+                return False
         raise AssertionError("unreachable: the backoff never ends")
 
     def _drop_pending(self) -> None:
@@ -198,18 +204,19 @@ class Session:
         self._pending = self._pending_client = None
 
     async def close(self) -> None:
-        """Say goodbye (status offline) and disconnect."""
+        """Say goodbye (status offline) and disconnect, in at most about a second: a
+        stopped process must go even when its broker hangs (the will says goodbye)."""
         self._drop_pending()
         client, self._client = self._client, None
         if client is None:
             return
-        with contextlib.suppress(aiomqtt.MqttError):
+        with contextlib.suppress(aiomqtt.MqttError, asyncio.TimeoutError):
             if self.presence:
                 await client.publish(status_topic(self.mesh, self.client_name),
                                      self._status_json("offline"), 1,
-                                     True, timeout=2)
-        with contextlib.suppress(aiomqtt.MqttError):
-            await client.__aexit__(None, None, None)
+                                     True, timeout=CLOSE_STEP_S)
+        with contextlib.suppress(aiomqtt.MqttError, OSError, asyncio.TimeoutError):
+            await asyncio.wait_for(client.__aexit__(None, None, None), CLOSE_STEP_S)
 
     async def __aenter__(self) -> Session:
         await self.connect()
@@ -335,6 +342,58 @@ class Session:
             return []
         self.stats["received"] += 1
         return handle(name, message)
+
+
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Close an event loop as `asyncio.run` does: cancel what still runs on it (such as
+    the housekeeping task of a connection attempt that timed out) and wait for that, so
+    that nothing is left to complain about a closed loop."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:  # (gather of nothing would make its future on another loop)
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+
+
+def quiet_abandoned_clients() -> None:
+    """Keep paho's finalizer of an abandoned connection from printing a traceback at exit.
+
+    A connection attempt that timed out (a frozen broker) leaves paho's socket open;
+    aiomqtt offers no way to close it, and when the client is collected, after its event
+    loop has closed, paho tells that loop and Python prints "Exception ignored ...
+    RuntimeError: Event loop is closed". The socket is closed all the same; the CLI
+    installs this so that a user reads the one-line error and nothing else."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        where = getattr(unraisable.object, "__qualname__", "")
+        module = getattr(unraisable.object, "__module__", "") or ""
+        if where == "Client.__del__" and module.startswith("paho.") and \
+                isinstance(unraisable.exc_value, RuntimeError) and \
+                str(unraisable.exc_value) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
+async def _unless_stopped(step: Awaitable[Any], stop: Callable[[], bool] | None) -> bool:
+    """Await `step` unless `stop()` comes first (looked at every STOP_POLL_S): False
+    then, and the step is cancelled. A process told to stop while it waits for its
+    broker (a connection attempt, a pause between attempts) goes at once."""
+    task = asyncio.ensure_future(step)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=STOP_POLL_S)
+        if done:
+            task.result()  # its exception, if it failed
+            return True
+        if stop is not None and stop():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            return False
 
 
 def _queued(client: aiomqtt.Client) -> aiomqtt.Message | None:

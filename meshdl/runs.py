@@ -90,8 +90,8 @@ def with_resume_hint(exc: MeshdlError, out: Path, command: str) -> MeshdlError:
     """`exc`, saying how to go on when the run in `out` has a checkpoint to go on from."""
     if not (out / CHECKPOINT).is_file():
         return exc
-    return type(exc)(f"{exc}; the run can go on from its last finished epoch: "
-                     f"{command} --resume {out}")
+    return type(exc)(f"{exc}; the run can go on from its checkpoint (every update it "
+                     f"finished): {command} --resume {out}")
 
 
 def write_run(out: Path, config: RunConfig, model: CNN, metrics: dict[str, Any],

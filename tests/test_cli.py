@@ -280,5 +280,6 @@ def test_a_failed_run_with_a_checkpoint_says_how_to_go_on(cli, small_data_file,
     code, _, err = _train(cli, small_data_file, tmp_path / "run", "--epochs", "1")
     assert code == 0, err
     hinted = with_resume_hint(failure, tmp_path / "run", "meshdl train")
-    assert str(hinted) == (f"wave 7 got no result; the run can go on from its last finished "
-                           f"epoch: meshdl train --resume {tmp_path / 'run'}")
+    assert str(hinted) == (f"wave 7 got no result; the run can go on from its checkpoint "
+                           f"(every update it finished): meshdl train --resume "
+                           f"{tmp_path / 'run'}")

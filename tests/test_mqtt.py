@@ -504,3 +504,43 @@ def test_the_edge_refuses_node_hosts_of_another_mesh_or_data_naming_what_differs
             finally:
                 engine.close()
             assert engine.report()["edge"] == {}  # not one wave was started
+
+
+def test_a_frozen_broker_ends_the_run_in_one_line_and_every_process_obeys_sigterm(
+        small_mesh, mosquitto, tmp_path) -> None:
+    """The broker stops answering mid-run (SIGSTOP): `edge run` gives up after its wave
+    attempts with one error line that says how to go on, no traceback, a checkpoint
+    kept; node hosts told to stop while their broker hangs go at once, with their stop
+    line."""
+    import signal
+
+    _, _, mesh_file, data_file, _ = small_mesh
+    host = _node_host_process(mosquitto, mesh_file, data_file, "all")
+    edge = subprocess.Popen(
+        [sys.executable, "-m", "meshdl", "edge", "run", "--broker", mosquitto.url,
+         "--mesh", str(mesh_file), "--data", str(data_file), "--out", str(tmp_path / "run"),
+         "--nodes-timeout", "60", "--wave-timeout", "1", "--broker-patience", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    frozen = False
+    try:
+        deadline = time.monotonic() + 120  # a bound on the test, not a timing claim
+        while not (tmp_path / "run" / "checkpoint.npz").exists():
+            assert edge.poll() is None and time.monotonic() < deadline, edge.stderr.read()
+            time.sleep(0.05)
+        os.kill(mosquitto.process.pid, signal.SIGSTOP)  # epoch 1 done: now freeze it
+        frozen = True
+        _, err = edge.communicate(timeout=120)
+        host.send_signal(signal.SIGTERM)
+        host_err = host.communicate(timeout=30)[1].decode()
+    finally:
+        if frozen:
+            os.kill(mosquitto.process.pid, signal.SIGCONT)
+        for process in (edge, host):
+            if process.poll() is None:
+                process.kill()
+    lines = err.decode().strip().splitlines()
+    assert edge.returncode == 1
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "--resume" in lines[0]
+    assert "Traceback" not in host_err and "Event loop is closed" not in host_err, host_err
+    assert host.returncode == 0 and "stopped:" in host_err, host_err

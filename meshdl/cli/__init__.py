@@ -17,6 +17,7 @@ from rich.markup import escape
 from meshdl.cli import bench, broker, cost, data, deploy, model, mqtt_run, train
 from meshdl.cli.common import err_console, format_validation_error
 from meshdl.errors import MeshdlError
+from meshdl.mqtt import quiet_abandoned_clients
 
 try:  # typer 0.29 carries its own copy of click
     from typer._click import exceptions as _click_errors
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and turn every expected failure into one line."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    if not debug:
+        quiet_abandoned_clients()
     try:
         # Not standalone: usage errors come back here to be said in one line.
         code = app(args=args, prog_name="meshdl", standalone_mode=False)
