@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshdl.augment import training_data
 from meshdl.cli.broker import find_tool
 from meshdl.config import RunConfig
 from meshdl.data import Dataset, save_dataset
@@ -40,8 +41,8 @@ def mesh_messages(config: RunConfig, data: Dataset, clients: int = 1) -> tuple[i
     `clients` node hosts, counted on the virtual mesh's ledger with the edge broadcasting
     parameters. The ledger counts a broadcast once per cell; a broker delivers it once
     per subscribed client."""
-    engine = MeshEngine(data, config.mesh.edge_at, config.mesh.mesh_id,
-                        params_via="broadcast")
+    engine = MeshEngine(training_data(config.train, data), config.mesh.edge_at,
+                        config.mesh.mesh_id, params_via="broadcast")
     try:
         train(config, data, engine=engine)
         comm = engine.report()

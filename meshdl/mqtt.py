@@ -140,13 +140,26 @@ class Session:
         self.status_extra = status_extra
         self.sign_status = sign_status or (lambda record: record)
         self._client: aiomqtt.Client | None = None
+        self._stack: contextlib.AsyncExitStack | None = None  # leaves the client's context
         self._pending: asyncio.Future[aiomqtt.Message] | None = None  # a read under way
         self._pending_client: aiomqtt.Client | None = None
         self._topics = TopicNames(mesh)
+        self._inbox: asyncio.Queue[aiomqtt.Message] | None = None  # the client's, see Inbox
 
     # ------------------------------------------------------------- connection
     def _new_client(self) -> aiomqtt.Client:
         offline = self._status_json("offline")
+        session = self
+
+        class Inbox(asyncio.Queue):  # type: ignore[type-arg]
+            """aiomqtt's queue of received messages, made through its `queue_type`
+            option, so that the session can take what has already arrived without a
+            task per message (`anext(client.messages)` starts one each time)."""
+
+            def __init__(self, maxsize: int = 0) -> None:
+                super().__init__(maxsize)
+                session._inbox = self
+
         return aiomqtt.Client(
             self.address.host, self.address.port, username=self.address.username,
             password=self.address.password,
@@ -157,7 +170,7 @@ class Session:
             if self.presence else None,
             clean_session=True, keepalive=15, timeout=10,
             tls_context=ssl.create_default_context() if self.address.tls else None,
-            max_queued_outgoing_messages=None, logger=_CLIENT_LOG)
+            max_queued_outgoing_messages=None, logger=_CLIENT_LOG, queue_type=Inbox)
 
     async def connect(self, stop: Callable[[], bool] | None = None) -> bool:
         """Connect, subscribe and announce, retrying with backoff for up to
@@ -168,9 +181,9 @@ class Session:
         for delay in self.backoff.delays():
             if stop is not None and stop():
                 return False
-            client = self._new_client()
-            try:
-                if not await _unless_stopped(client.__aenter__(), stop):
+            client, stack = self._new_client(), contextlib.AsyncExitStack()
+            try:  # the client is an async context manager: the stack leaves it later
+                if not await _unless_stopped(stack.enter_async_context(client), stop):
                     return False
             except aiomqtt.MqttCodeError as exc:
                 if exc.rc in (4, 5, 134, 135):  # bad credentials, not authorized: final
@@ -182,12 +195,11 @@ class Session:
             else:
                 try:  # the broker may go away again right now: then start over
                     await client.subscribe([(f, 1) for f in self.subscriptions])
-                    self._client = client
+                    self._client, self._stack = client, stack
                     await self.announce("online")
                 except (aiomqtt.MqttError, OSError) as exc:
-                    last, self._client = exc, None
-                    with contextlib.suppress(aiomqtt.MqttError, OSError):
-                        await client.__aexit__(None, None, None)
+                    last, self._client, self._stack = exc, None, None
+                    await _leave(stack)
                 else:
                     self.stats["connections"] += 1
                     return True
@@ -208,15 +220,15 @@ class Session:
         stopped process must go even when its broker hangs (the will says goodbye)."""
         self._drop_pending()
         client, self._client = self._client, None
-        if client is None:
+        stack, self._stack = self._stack, None
+        if client is None or stack is None:
             return
         with contextlib.suppress(aiomqtt.MqttError, asyncio.TimeoutError):
             if self.presence:
                 await client.publish(status_topic(self.mesh, self.client_name),
                                      self._status_json("offline"), 1,
                                      True, timeout=CLOSE_STEP_S)
-        with contextlib.suppress(aiomqtt.MqttError, OSError, asyncio.TimeoutError):
-            await asyncio.wait_for(client.__aexit__(None, None, None), CLOSE_STEP_S)
+        await _leave(stack)
 
     async def __aenter__(self) -> Session:
         await self.connect()
@@ -229,10 +241,9 @@ class Session:
         """The connection broke: forget it (the run loop connects again)."""
         self.stats["reconnects"] += 1
         self._drop_pending()
-        old, self._client = self._client, None
-        if old is not None:
-            with contextlib.suppress(aiomqtt.MqttError, OSError):
-                await old.__aexit__(None, None, None)
+        stack, self._client, self._stack = self._stack, None, None
+        if stack is not None:
+            await _leave(stack)
 
     # ---------------------------------------------------------------- traffic
     async def announce(self, state: str) -> None:
@@ -300,7 +311,7 @@ class Session:
                     for _ in range(DRAIN_AT_ONCE):
                         if until is not None and until():
                             break
-                        queued = _queued(client)
+                        queued = self._queued()
                         if queued is None:
                             break
                         out += self._dispatch(queued, handle)
@@ -323,6 +334,11 @@ class Session:
         pending, self._pending = self._pending, None
         return pending.result()  # raises MqttError if the connection broke
 
+    def _queued(self) -> aiomqtt.Message | None:
+        """A message the client has already received, without waiting (None if none)."""
+        inbox = self._inbox
+        return None if inbox is None or inbox.empty() else inbox.get_nowait()
+
     def _dispatch(self, incoming: aiomqtt.Message, handle: Handler) -> list[Message]:
         """Decode one received message and hand it to `handle`; returns the replies."""
         payload, name = incoming.payload, incoming.topic.value
@@ -342,6 +358,13 @@ class Session:
             return []
         self.stats["received"] += 1
         return handle(name, message)
+
+
+async def _leave(stack: contextlib.AsyncExitStack) -> None:
+    """Disconnect (leave the client's context), in at most CLOSE_STEP_S: a broker that
+    went away does not answer, and the connection is gone all the same."""
+    with contextlib.suppress(aiomqtt.MqttError, OSError, asyncio.TimeoutError):
+        await asyncio.wait_for(stack.aclose(), CLOSE_STEP_S)
 
 
 def close_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -394,13 +417,3 @@ async def _unless_stopped(step: Awaitable[Any], stop: Callable[[], bool] | None)
             with contextlib.suppress(BaseException):
                 await task
             return False
-
-
-def _queued(client: aiomqtt.Client) -> aiomqtt.Message | None:
-    """A message aiomqtt has already queued, without waiting (None if there is none).
-
-    `anext(client.messages)` starts a task per message, several times the cost of the
-    message itself; what is already queued is taken straight from aiomqtt's queue."""
-    if len(client.messages) == 0:
-        return None
-    return client._queue.get_nowait()  # aiomqtt 2.x keeps its queue here

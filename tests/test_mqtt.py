@@ -544,3 +544,16 @@ def test_a_frozen_broker_ends_the_run_in_one_line_and_every_process_obeys_sigter
     assert "--resume" in lines[0]
     assert "Traceback" not in host_err and "Event loop is closed" not in host_err, host_err
     assert host.returncode == 0 and "stopped:" in host_err, host_err
+
+
+def test_the_mqtt_benchmark_trains_the_configured_run_and_reports_its_ratios(
+        small_mesh) -> None:
+    from meshdl.bench_mqtt import bench_mqtt
+
+    config, data, *_ = small_mesh
+    result = bench_mqtt(config.model_copy(update={"train": config.train.model_copy(
+        update={"epochs": 1})}), data)
+    assert result["train_samples"] == len(data.y_train)
+    assert result["messages"] > 0 and result["broker_messages_per_s"] > 0
+    assert result["ratio_to_broker"] == pytest.approx(
+        result["messages_per_s"] / result["broker_messages_per_s"])
