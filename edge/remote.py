@@ -199,17 +199,38 @@ class MqttEngine(WaveEngine):
             again = edge.tick(time.monotonic())
             if again:
                 if edge.attempts > self.max_attempts:
-                    raise MeshdlError(
-                        f"wave {edge.step} got no result in {self.max_attempts} attempts of "
-                        f"{self.wave_timeout:g} s; are all node hosts running "
-                        f"(`meshdl doctor --broker {self.address}`), and does the broker "
-                        f"take messages of {edge.spec.max_message_bytes} bytes "
-                        "(mesh.max_message_bytes vs its message_size_limit)?")
+                    raise MeshdlError(self._no_result(edge))
                 self.stats["restarted_waves"] += 1
                 await session.send(again)
 
         await session.run(self._handle, tick=tick, until=lambda: edge.result is not None)
         return edge.result
+
+    def _no_result(self, edge: EdgeMachine) -> str:
+        """Why a wave may have got no result: what the broker said it refused, if it
+        did, else the questions to ask."""
+        what = f"wave {edge.step} got no result in {self.max_attempts} attempts of " \
+               f"{self.wave_timeout:g} s"
+        refused = Counter({k.removeprefix("refused:"): n for k, n in
+                           (self.session.stats if self.session else Counter()).items()
+                           if k.startswith("refused:")})
+        by: list[str] = [] if not refused else ["the edge"]
+        for client, record in sorted(self.hosts.items()):
+            if record.refused:
+                refused.update(record.refused)
+                by.append(f"node host {client}")
+        if refused.get("packet_too_large"):
+            return (f"{what}: the broker refused messages as too large (from "
+                    f"{', '.join(by)}): mesh.max_message_bytes ({edge.spec.max_message_bytes}) "
+                    "must not exceed what it takes (its max_packet_size and "
+                    "message_size_limit)")
+        if refused:
+            return (f"{what}: the broker refused messages from {', '.join(by)} "
+                    f"({', '.join(f'{n} {why}' for why, n in sorted(refused.items()))})")
+        return (f"{what}; are all node hosts running (`meshdl doctor --broker "
+                f"{self.address}`), and does the broker take messages of "
+                f"{edge.spec.max_message_bytes} bytes (mesh.max_message_bytes vs its "
+                "message_size_limit)?")
 
     def _handle(self, topic: str, message: Message) -> list[Message]:
         levels = topic.split("/")

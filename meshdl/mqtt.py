@@ -168,7 +168,8 @@ class Session:
             identifier=f"meshdl-{self.mesh}-{self.client_name}-{os.getpid()}-{id(self):x}",
             will=aiomqtt.Will(status_topic(self.mesh, self.client_name), offline, 1, True)
             if self.presence else None,
-            clean_session=True, keepalive=15, timeout=10,
+            # MQTT 5: a broker that drops us says why (a packet too large, ...).
+            protocol=aiomqtt.ProtocolVersion.V5, keepalive=15, timeout=10,
             tls_context=ssl.create_default_context() if self.address.tls else None,
             max_queued_outgoing_messages=None, logger=_CLIENT_LOG, queue_type=Inbox)
 
@@ -237,9 +238,13 @@ class Session:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _disconnected(self) -> None:
-        """The connection broke: forget it (the run loop connects again)."""
+    async def _disconnected(self, cause: aiomqtt.MqttError | None = None) -> None:
+        """The connection broke: forget it (the run loop connects again), and count why
+        when the broker said (`refused:packet_too_large`: a message above its limit)."""
         self.stats["reconnects"] += 1
+        reason = refusal(cause)
+        if reason is not None:
+            self.stats[f"refused:{reason}"] += 1
         self._drop_pending()
         stack, self._client, self._stack = self._stack, None, None
         if stack is not None:
@@ -318,8 +323,8 @@ class Session:
                     await self.send(out)
                 if tick is not None:
                     await tick()
-            except aiomqtt.MqttError:
-                await self._disconnected()
+            except aiomqtt.MqttError as exc:
+                await self._disconnected(exc)
 
     async def _next_message(self, client: aiomqtt.Client,
                             timeout: float) -> aiomqtt.Message | None:
@@ -358,6 +363,22 @@ class Session:
             return []
         self.stats["received"] += 1
         return handle(name, message)
+
+
+# MQTT 5 reason codes with which a broker drops a client for what it sent.
+REFUSALS = {0x95: "packet_too_large", 0x87: "not_authorized", 0x97: "quota_exceeded",
+            0x90: "topic_name_invalid", 0x99: "payload_format_invalid"}
+
+
+def refusal(error: BaseException | None) -> str | None:
+    """Why the broker dropped this connection, if it said so: the reason code of the
+    error or of its cause (aiomqtt raises "disconnected" from the broker's code)."""
+    while error is not None:
+        if isinstance(error, aiomqtt.MqttCodeError):
+            code = getattr(error.rc, "value", error.rc)
+            return REFUSALS.get(code) if isinstance(code, int) else None
+        error = error.__cause__
+    return None
 
 
 async def _leave(stack: contextlib.AsyncExitStack) -> None:

@@ -45,6 +45,7 @@ class StatusRecord(BaseModel):
     spec: Annotated[dict[str, int | bool | str | list[int]], Field(max_length=64)] | None = None
     data: Annotated[str, Field(max_length=64)] | None = None  # digest of a replayed data set
     rejected: Annotated[dict[str, int], Field(max_length=256)] = {}  # by reason, summed
+    refused: Annotated[dict[str, int], Field(max_length=32)] = {}  # by the broker, by reason
     failed: Annotated[list[str], Field(max_length=MAX_CELLS)] = []  # isolated cells
     session: int | None = Field(None, ge=0, le=0xFFFF)  # the edge's
     since: float | None = None  # when the edge took the mesh (Unix seconds)

@@ -156,12 +156,16 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
 
 def rejections(host: NodeHost) -> dict[str, Any]:
     """Every rejection, wherever it was counted (by the cells, the host, its connection),
-    by reason, and the isolated cells: what the status record and the stop line say."""
+    by reason, what the broker refused of its messages, and the isolated cells: what the
+    status record and the stop line say."""
     counts: Counter[str] = Counter()
+    refused: Counter[str] = Counter()  # what the broker refused of ours (MQTT 5 reasons)
     for name, n in host.node_stats().items():
         if name.startswith("rejected:"):
             counts[name.removeprefix("rejected:")] += n
-    return {"rejected": dict(sorted(counts.items())),
+        elif name.startswith("refused:"):
+            refused[name.removeprefix("refused:")] += n
+    return {"rejected": dict(sorted(counts.items())), "refused": dict(sorted(refused.items())),
             "failed": [name_of(cell) for cell in host.failed]}
 
 

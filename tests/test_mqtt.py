@@ -273,6 +273,30 @@ def test_evaluation_waves_fit_a_broker_message_size_limit(small_mesh,
         float(np.mean(reference.predict(data.X_test) == data.y_test)))
 
 
+def test_messages_the_broker_refuses_as_too_large_are_named_in_the_edges_error(
+        small_mesh, mosquitto_factory) -> None:
+    """The mesh file says 1 MiB, the broker takes packets of 2 KiB: the node host's
+    GATHER of an evaluation wave gets it disconnected with MQTT 5's reason "packet too
+    large", which its status record carries to the edge's error. (A payload above
+    message_size_limit but within max_packet_size is dropped without a word at QoS 0:
+    production.conf keeps the two 1 KiB apart, and the edge's error still asks.)"""
+    config, data, *_ = small_mesh
+    broker = mosquitto_factory(extra=("max_packet_size 2048",))
+    address = BrokerAddress.parse(broker.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    with BackgroundNodeHost(config, cells, address, data, local_delivery=False) as host:
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=4.0, max_attempts=2)
+        try:
+            with pytest.raises(MeshdlError, match=r"the broker refused messages as too "
+                                                  r"large \(from node host host-local\): "
+                                                  r"mesh.max_message_bytes \(1048576\) must "
+                                                  "not exceed what it takes"):
+                train(config, data, engine=engine)
+        finally:
+            engine.close()
+    assert host.host.stats["refused:packet_too_large"] >= 1, host.host.stats
+
+
 class _Stopped(Exception):
     """Stands for the edge being killed mid-epoch."""
 

@@ -14,7 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 
-from meshdl.cli import bench, broker, cost, data, deploy, model, mqtt_run, train
+from meshdl.cli import bench, broker, cost, data, deploy, model, mqtt_run, plan, train
 from meshdl.cli.common import err_console, format_validation_error
 from meshdl.errors import MeshdlError
 from meshdl.mqtt import quiet_abandoned_clients
@@ -42,6 +42,7 @@ app.add_typer(deploy.app, name="deploy")
 train.register(app)
 model.register(app)
 cost.register(app)
+plan.register(app)
 broker.register(app)
 mqtt_run.register(app)
 

@@ -1,0 +1,169 @@
+"""`meshdl plan --cell r1c1`: what one node expects, computes and sends in a wave.
+
+For people debugging a deployment: which messages a cell waits for (and on which
+topics), which of its computations wait for which inputs, and what it sends, with the
+bytes at a given batch. Everything comes from the mesh spec alone (meshdl/protocol.py)
+and the node's own plan (`NodePlan`), the very objects a node runs on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from meshdl.cli.common import emit_json, out_console
+from meshdl.config import load_run_config
+from meshdl.errors import UsageError
+from meshdl.messages import ITEM_BYTES, Kind
+from meshdl.nodes.agent import NodePlan, Role
+from meshdl.payloads import BATCH_HEAD
+from meshdl.protocol import MeshSpec, Send
+from meshdl.topics import cell_of, name_of, topic
+from meshdl.topology import Cell
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)
+
+
+def plan(
+    cell: str = typer.Option(..., "--cell", help="The node: r<row>c<col> or R,C."),
+    mesh: Path | None = typer.Option(None, "--mesh", help="The mesh file (TOML run "
+                                     "configuration; default: the seed experiment)."),
+    transport: str = typer.Option("mqtt", "--transport", help="mqtt (the edge publishes "
+                                  "parameters to every node) or radio (they flood down "
+                                  "the tree)."),
+    batch: int | None = typer.Option(None, "--batch", min=1, help="Samples in the wave "
+                                     "(default: the configuration's batch)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+) -> None:
+    """What one node expects, computes and sends in a training wave."""
+    if transport not in ("mqtt", "radio"):
+        raise UsageError(f"--transport {transport}: expected mqtt or radio")
+    config = load_run_config(mesh)
+    spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at,
+                    "broadcast" if transport == "mqtt" else "tree",
+                    config.mesh.max_message_bytes, config.mesh.auth)
+    where = _parse_cell(cell, spec)
+    report = node_plan(spec, where, batch or config.train.batch)
+    if json_out:
+        emit_json(report)
+        return
+    _print(report)
+
+
+def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
+    """The plan of `cell` as plain data: role, receives, computes, sends."""
+    topo = spec.topology
+    node = NodePlan(spec, cell)
+    block = topo.block_of(cell)
+    role = {
+        "parent": name_of(topo.parent[cell]),
+        "children": [name_of(c) for c in topo.children[cell]],
+        "neighbours": [name_of(c) for c in topo.neighbours(cell)],
+        "pooling_block": list(block),
+        "pooling_leader": name_of(topo.leader[block]),
+        "leads_its_block": topo.leader[block] == cell,
+        "linked_to_edge": cell == spec.edge_at,
+        "control_from": name_of(spec.control_source(cell)),
+    }
+    receives = []
+    for (kind, layer, phase, src), expect in node.inbox.items():
+        if expect.role == Role.ITEMS:
+            per_sample, fixed = expect.rows * expect.channels, 0
+        elif expect.role == Role.SAMPLES:
+            per_sample, fixed = 1, BATCH_HEAD
+        elif expect.role == Role.PARAMETERS:
+            per_sample, fixed = 0, spec.params_size
+        else:  # a child's REDUCE
+            per_sample, fixed = 0, spec.conv_size
+        receives.append(_message(spec, kind, layer, phase, src, expect.dst, expect.rows or 1,
+                                 per_sample, fixed, batch, expect.train_only))
+    computes = []
+    for index, task in enumerate(node.tasks):
+        if isinstance(task, Send):
+            continue
+        waits = [_source(s) for s, tasks in node.waiters.items() if index in tasks]
+        computes.append({"task": task.method, "layer": task.layer, "stage": task.stage,
+                         "train_only": node.train_only[index], "waits_for": waits})
+    sends = [_message(spec, s.kind, s.layer, s.phase, cell, s.dst, len(s.items),
+                      len(s.items) * spec.item_shape(s.field, 0)[0], 0, batch, s.train_only,
+                      own=True) for s in spec.sends[cell]]
+    if spec.params_via == "tree":
+        for child in topo.children[cell]:
+            sends.append(_message(spec, Kind.PARAMS, 0, 0, cell, child, 1, 0,
+                                  spec.params_size, batch, False, own=True))
+            sends.append(_message(spec, Kind.BATCH, 0, 0, cell, child, 1, 1, BATCH_HEAD,
+                                  batch, False, own=True))
+    sends.append(_message(spec, Kind.REDUCE, 0, 0, cell, topo.parent[cell], 1, 0,
+                          spec.conv_size, batch, True, own=True))
+    return {"cell": name_of(cell), "mesh_id": spec.mesh_id, "batch": batch,
+            "params_via": spec.params_via, "role": role, "receives": receives,
+            "computes": computes, "sends": sends}
+
+
+def _message(spec: MeshSpec, kind: Kind, layer: int, phase: int, src: Cell, dst: Cell,
+             items: int, per_sample: int, fixed: int, batch: int, train_only: bool,
+             own: bool = False) -> dict[str, Any]:
+    """One message of the plan: `own` for what the cell sends (the peer is `dst`)."""
+    values = per_sample * batch + fixed
+    return {"kind": kind.name, "layer": layer, "phase": phase,
+            "peer": name_of(dst if own else src), "topic": topic(spec.mesh_id, src, dst, kind),
+            "items": items, "values_per_sample": per_sample,
+            "bytes": spec.overhead(kind) + ITEM_BYTES * values, "train_only": train_only}
+
+
+def _source(source: Hashable) -> str:
+    """A task's input in words: a message of the plan, or what a computation makes."""
+    if isinstance(source, tuple) and len(source) == 4 and isinstance(source[0], Kind):
+        kind, layer, phase, src = source
+        return f"{kind.name} layer {layer} phase {phase} from {name_of(src)}"
+    field, item = source  # type: ignore[misc]
+    what = " ".join(str(part) for part in field)
+    if field[0] in ("pooled", "dpooled"):  # an item of these is a pooling block
+        return f"{what} of block {tuple(item)}"
+    return f"{what} of {name_of(item)}"
+
+
+def _parse_cell(text: str, spec: MeshSpec) -> Cell:
+    try:
+        cell = cell_of(text) if text.startswith("r") else \
+            tuple(int(part) for part in text.split(","))  # type: ignore[assignment]
+    except ValueError:
+        raise UsageError(f"--cell {text}: expected r<row>c<col> or R,C") from None
+    if len(cell) != 2 or not spec.topology.inside(cell):
+        raise UsageError(f"--cell {text}: not a cell of the {spec.model.rows} x "
+                         f"{spec.model.cols} grid")
+    return cell  # type: ignore[return-value]
+
+
+def _print(report: dict[str, Any]) -> None:
+    role = report["role"]
+    out_console.print(
+        f"cell {report['cell']} of mesh {report['mesh_id']} (batch {report['batch']}, "
+        f"parameters {report['params_via']}): tree parent {role['parent']}, children "
+        f"{', '.join(role['children']) or 'none'}; pooling block {role['pooling_block']} "
+        f"led by {role['pooling_leader']}"
+        f"{' (this cell)' if role['leads_its_block'] else ''}"
+        f"{'; linked to the edge' if role['linked_to_edge'] else ''}", highlight=False)
+    for title, rows in (("receives", report["receives"]), ("sends", report["sends"])):
+        table = Table(title=title)
+        for column in ("kind", "layer", "phase", "peer", "topic", "values/sample", "bytes",
+                       "training only"):
+            table.add_column(column)
+        for m in rows:
+            table.add_row(m["kind"], str(m["layer"]), str(m["phase"]), m["peer"], m["topic"],
+                          str(m["values_per_sample"]), f"{m['bytes']:,}",
+                          "yes" if m["train_only"] else "")
+        out_console.print(table)
+    table = Table(title="computes (each runs once all it waits for is in)")
+    for column in ("stage", "waits for", "training only"):
+        table.add_column(column)
+    for c in report["computes"]:
+        table.add_row(c["stage"], "; ".join(c["waits_for"]), "yes" if c["train_only"] else "")
+    out_console.print(table)
+
