@@ -45,7 +45,7 @@ from meshdl.mqtt import BrokerAddress, Session, close_loop
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.sdnotify import Notifier, stop_task
 from meshdl.status import StatusRecord, parse_status
-from meshdl.topics import ROOT, inbox_filter, name_of, status_topic
+from meshdl.topics import ROOT, TopicNames, inbox_filter, name_of, status_topic
 from meshdl.topology import Cell
 from meshdl.wire import Wire
 
@@ -109,6 +109,7 @@ class MqttEngine(WaveEngine):
         self._keep_alive: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
         self._threadpools = ThreadpoolController()  # found once: a lookup costs ~0.5 ms
+        self._routes = TopicNames(mesh_id)
 
     @classmethod
     def for_run(cls, config: RunConfig, data: Dataset | None, broker: str | BrokerAddress,
@@ -200,8 +201,7 @@ class MqttEngine(WaveEngine):
             if again:
                 if edge.attempts > self.max_attempts:
                     raise MeshdlError(self._no_result(edge))
-                self.stats["restarted_waves"] += 1
-                await session.send(again)
+                await session.send(again)  # (the edge machine counts the restart)
 
         await session.run(self._handle, tick=tick, until=lambda: edge.result is not None)
         return edge.result
@@ -233,9 +233,14 @@ class MqttEngine(WaveEngine):
                 "message_size_limit)?")
 
     def _handle(self, topic: str, message: Message) -> list[Message]:
-        levels = topic.split("/")
-        if levels[2:4] != [name_of(self.edge_at), name_of(EDGE)]:
+        """A message from the broker: its topic must be the edge's inbox and agree with
+        its header (the topic is what the broker's ACL checked)."""
+        route = self._routes.route(topic)
+        if route is None or (route.src, route.dst) != (self.edge_at, EDGE):
             self.stats["rejected:bad_topic"] += 1
+            return []
+        if not route.agrees_with(message.header):
+            self.stats["rejected:topic_mismatch"] += 1
             return []
         return self.edge.handle(message, time.monotonic())
 
