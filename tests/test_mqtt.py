@@ -215,6 +215,20 @@ async def _publish(broker: Mosquitto, user: str, password: str, name: str,
         await client.publish(name, payload, qos=1)
 
 
+def _start_fails(broker: Mosquitto, config: RunConfig, data: Dataset,
+                 retained: dict[str, bytes], error: str) -> MqttEngine:
+    """With `retained` records on the broker, an edge refuses to start, saying `error`."""
+    asyncio.run(_retain(broker, retained))
+    engine = MqttEngine.for_run(config, data, BrokerAddress.parse(broker.url),
+                                nodes_timeout=1.0)
+    try:
+        with pytest.raises(MeshdlError, match=error):
+            engine.open(CNN(config.model))
+    finally:
+        engine.close()
+    return engine
+
+
 async def _retain(broker: Mosquitto, records: dict[str, bytes]) -> None:
     async with aiomqtt.Client(broker.host, broker.port) as client:
         for name, payload in records.items():
@@ -361,15 +375,10 @@ def test_a_retained_claim_with_no_host_behind_it_starts_no_waves(small_mesh, mos
     cells = [f"r{r}c{c}" for r in range(4) for c in range(5)]
     claim = {"role": "node-host", "state": "online", "mesh": 1, "cells": cells,
              "time": time.time() - 3600}  # written an hour ago by a client long gone
-    asyncio.run(_retain(mosquitto, {"meshdl/1/status/r0c1": json.dumps(claim).encode()}))
-    engine = MqttEngine.for_run(config, data, BrokerAddress.parse(mosquitto.url),
-                                nodes_timeout=1.0)
-    try:
-        with pytest.raises(MeshdlError, match=r"20 cells have no node host online .*"
-                           r"r0c1's status claims cells but is 360[0-9] s old"):
-            engine.open(CNN(config.model))
-    finally:
-        engine.close()
+    engine = _start_fails(mosquitto, config, data,
+                          {"meshdl/1/status/r0c1": json.dumps(claim).encode()},
+                          r"20 cells have no node host online .*"
+                          r"r0c1's status claims cells but is 360[0-9] s old")
     assert engine.report()["edge"] == {}  # not one wave was started
     code, out, _ = cli("doctor", "--broker", mosquitto.url, "--mesh", mesh_file, "--json")
     assert code == 1 and json.loads(out)["stale"] == ["r0c1"]
@@ -456,15 +465,8 @@ def test_a_second_edge_refuses_to_start_while_another_holds_the_mesh(small_mesh,
     config, data, *_ = small_mesh
     lease = json.dumps({"role": "edge", "state": "online", "mesh": 1, "session": 77,
                         "since": time.time() - 60, "time": time.time()}).encode()
-    asyncio.run(_retain(mosquitto, {"meshdl/1/status/edge": lease}))
-    engine = MqttEngine.for_run(config, data, BrokerAddress.parse(mosquitto.url),
-                                nodes_timeout=1.0)
-    try:
-        with pytest.raises(MeshdlError, match=r"another edge holds mesh 1 \(session 77, "
-                                              r"heartbeat \d+ s ago\).*--take-over"):
-            engine.open(CNN(config.model))
-    finally:
-        engine.close()
+    _start_fails(mosquitto, config, data, {"meshdl/1/status/edge": lease},
+                 r"another edge holds mesh 1 \(session 77, heartbeat \d+ s ago\).*--take-over")
     # It wrote nothing: the holder's lease stands.
     assert asyncio.run(_read_retained(mosquitto, "meshdl/1/status/edge")) == lease
 
