@@ -28,24 +28,28 @@ def cost(
     pool: int = typer.Option(2, "--pool"),
     batch: int = typer.Option(100, "--batch", min=1, help="Samples in the wave."),
     edge_at: str = typer.Option("0,0", "--edge-at", help="Border cell R,C of the edge."),
+    auth: bool = typer.Option(False, "--auth", help="Every message with its link tag or "
+                              "the edge's signature (mesh.auth)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Run one dry training wave on random data and report its communication cost."""
     config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters,
                          conv_layers=conv_layers, pool=pool, hidden=8)
-    report = dry_wave(config, batch, parse_cell(edge_at))
+    report = dry_wave(config, batch, parse_cell(edge_at), auth)
     if json_out:
         emit_json(report)
         return
     print_comm_summary(report, console=out_console)
 
 
-def dry_wave(config: ModelConfig, batch: int, edge_at: tuple[int, int]) -> dict[str, Any]:
+def dry_wave(config: ModelConfig, batch: int, edge_at: tuple[int, int],
+             auth: bool = False) -> dict[str, Any]:
     """The "comm" report of one training wave over `batch` random maps."""
     rng = np.random.default_rng(0)
     X = rng.normal(20.0, 2.0, (batch, config.rows, config.cols)).astype(np.float32)
     y = rng.integers(0, config.classes, batch)
-    engine = MeshEngine(Dataset(X, y, X[:1], y[:1], {"generator": "random"}), edge_at=edge_at)
+    engine = MeshEngine(Dataset(X, y, X[:1], y[:1], {"generator": "random"}), edge_at=edge_at,
+                        auth=auth)
     model = CNN(config, seed=0)
     model.set_normalization(20.0, 2.0)
     try:
