@@ -6,6 +6,7 @@ import json
 
 from meshdl.config import ModelConfig
 from meshdl.messages import HEADER_BYTES, ITEM_BYTES
+from meshdl.payloads import BATCH_HEAD
 from meshdl.protocol import MeshSpec
 from meshdl.topics import name_of
 from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
@@ -28,9 +29,10 @@ def test_a_corner_cell_expects_exactly_the_halos_its_neighbours_send_it(cli, tmp
            if m["kind"] not in ("PARAMS", "BATCH", "REDUCE")}
     assert got == expected
     assert {m["peer"] for m in report["receives"] if m["kind"] == "HALO"} == {"r1c3", "r2c2"}
+    fixed = {"PARAMS": spec.params_size, "REDUCE": spec.conv_size, "BATCH": BATCH_HEAD}
     for m in report["receives"] + report["sends"]:
-        if m["values_per_sample"] and m["kind"] != "BATCH":
-            assert m["bytes"] == HEADER_BYTES + ITEM_BYTES * m["values_per_sample"] * 7
+        values = m["values_per_sample"] * 7 + fixed.get(m["kind"], 0)
+        assert m["bytes"] == HEADER_BYTES + ITEM_BYTES * values, m
         assert m["topic"].startswith("meshdl/7/")
     assert not report["role"]["linked_to_edge"]
 
@@ -53,3 +55,27 @@ def test_a_cell_outside_the_grid_is_a_one_line_usage_error(cli, tmp_path) -> Non
     for cell in ("r9c9", "x1", "1,2,3"):
         code, _, err = cli("plan", "--mesh", mesh, "--cell", cell)
         assert_one_line_error(code, err, 2, "--cell")
+
+
+def test_the_flags_of_meshdl_cost_override_the_mesh_file(cli, tmp_path) -> None:
+    report = _plan(cli, tmp_path, "--cell", "r4c0", "--rows", "5", "--edge-at", "4,0",
+                   "--batch", "3")
+    assert report["batch"] == 3 and report["role"]["linked_to_edge"]
+    spec = MeshSpec(7, ModelConfig(rows=5, cols=4), (4, 0), "broadcast")
+    assert len(report["sends"]) == len(spec.sends[(4, 0)]) + 1  # and its REDUCE
+    assert {(m["kind"], m["peer"]) for m in report["sends"]} >= {("GATHER", "edge"),
+                                                                ("REDUCE", "edge")}
+    radio = _plan(cli, tmp_path, "--cell", "r0c0", "--transport", "radio")
+    relayed = {(m["kind"], m["peer"]) for m in radio["sends"] if m["kind"] in ("PARAMS", "BATCH")}
+    assert relayed == {(kind, child) for kind in ("PARAMS", "BATCH")
+                       for child in radio["role"]["children"]}
+    assert {m["peer"] for m in radio["receives"] if m["kind"] == "PARAMS"} == {"edge"}
+
+
+def test_the_human_plan_goes_to_stdout_in_wave_order(cli, tmp_path) -> None:
+    mesh = tmp_path / "mesh.toml"
+    mesh.write_text(SMALL_MESH_TOML)
+    code, out, err = cli("plan", "--config", mesh, "--cell", "r1c1")
+    assert code == 0 and not err.strip(), err
+    assert out.index("receives") < out.index("computes") < out.index("sends")
+    assert "meshdl/7/r0c1/r1c1/halo" in out and "conv2" in out

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 
-from meshdl.cli.common import emit_json, out_console
+from meshdl.cli.common import emit_json, out_console, parse_cell
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
 from meshdl.messages import ITEM_BYTES, Kind
@@ -32,11 +34,21 @@ def register(app: typer.Typer) -> None:
 
 def plan(
     cell: str = typer.Option(..., "--cell", help="The node: r<row>c<col> or R,C."),
-    mesh: Path | None = typer.Option(None, "--mesh", help="The mesh file (TOML run "
-                                     "configuration; default: the seed experiment)."),
+    mesh: Path | None = typer.Option(None, "--mesh", "--config", help="The mesh file (TOML "
+                                     "run configuration; default: the seed experiment)."),
     transport: str = typer.Option("mqtt", "--transport", help="mqtt (the edge publishes "
                                   "parameters to every node) or radio (they flood down "
                                   "the tree)."),
+    rows: int | None = typer.Option(None, "--rows", help="Grid rows."),
+    cols: int | None = typer.Option(None, "--cols", help="Grid columns."),
+    kernel: int | None = typer.Option(None, "--kernel", help="Filter size k."),
+    filters: int | None = typer.Option(None, "--filters", help="Filters per conv layer."),
+    conv_layers: int | None = typer.Option(None, "--conv-layers", help="Conv layers."),
+    pool: int | None = typer.Option(None, "--pool", help="Max-pool size."),
+    edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C the edge "
+                                       "is linked to."),
+    auth: bool | None = typer.Option(None, "--auth/--no-auth", help="Every message with "
+                                     "its link tag or the edge's signature (mesh.auth)."),
     batch: int | None = typer.Option(None, "--batch", min=1, help="Samples in the wave "
                                      "(default: the configuration's batch)."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
@@ -44,12 +56,20 @@ def plan(
     """What one node expects, computes and sends in a training wave."""
     if transport not in ("mqtt", "radio"):
         raise UsageError(f"--transport {transport}: expected mqtt or radio")
-    config = load_run_config(mesh)
+    # The flags `meshdl cost` takes, layered over the mesh file as `meshdl train` does:
+    # the plan must be the one of the deployment being debugged, not of the defaults.
+    config = load_run_config(
+        mesh,
+        model={"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+               "conv_layers": conv_layers, "pool": pool},
+        train={"batch": batch},
+        mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "auth": auth},
+    )
     spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at,
                     "broadcast" if transport == "mqtt" else "tree",
                     config.mesh.max_message_bytes, config.mesh.auth)
     where = _parse_cell(cell, spec)
-    report = node_plan(spec, where, batch or config.train.batch)
+    report = node_plan(spec, where, config.train.batch)
     if json_out:
         emit_json(report)
         return
@@ -66,6 +86,7 @@ def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
         "children": [name_of(c) for c in topo.children[cell]],
         "neighbours": [name_of(c) for c in topo.neighbours(cell)],
         "pooling_block": list(block),
+        "pooling_cells": [name_of(c) for c in topo.block_cells(block)],
         "pooling_leader": name_of(topo.leader[block]),
         "leads_its_block": topo.leader[block] == cell,
         "linked_to_edge": cell == spec.edge_at,
@@ -93,6 +114,8 @@ def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
     sends = [_message(spec, s.kind, s.layer, s.phase, cell, s.dst, len(s.items),
                       len(s.items) * spec.item_shape(s.field, 0)[0], 0, batch, s.train_only,
                       own=True) for s in spec.sends[cell]]
+    # `spec.sends` holds only the item-carrying messages: the node machine itself relays
+    # PARAMS and BATCH down the tree (radio) and sends its REDUCE last (NodeMachine).
     if spec.params_via == "tree":
         for child in topo.children[cell]:
             sends.append(_message(spec, Kind.PARAMS, 0, 0, cell, child, 1, 0,
@@ -130,40 +153,69 @@ def _source(source: Hashable) -> str:
 
 
 def _parse_cell(text: str, spec: MeshSpec) -> Cell:
+    """`r1c1` (as in topics) or `1,1` (as in --edge-at), inside the grid; else exit 2."""
     try:
-        cell = cell_of(text) if text.startswith("r") else \
-            tuple(int(part) for part in text.split(","))  # type: ignore[assignment]
+        if text.startswith("r"):
+            cell = cell_of(text)
+        else:
+            row, col = (int(part) for part in text.split(","))  # not 2 parts: ValueError
+            cell = (row, col)
     except ValueError:
         raise UsageError(f"--cell {text}: expected r<row>c<col> or R,C") from None
-    if len(cell) != 2 or not spec.topology.inside(cell):
+    if not spec.topology.inside(cell):
         raise UsageError(f"--cell {text}: not a cell of the {spec.model.rows} x "
                          f"{spec.model.cols} grid")
-    return cell  # type: ignore[return-value]
+    return cell
 
 
 def _print(report: dict[str, Any]) -> None:
+    """The human form: the role in words, then receives, computes, sends (a wave's order)."""
     role = report["role"]
-    out_console.print(
-        f"cell {report['cell']} of mesh {report['mesh_id']} (batch {report['batch']}, "
-        f"parameters {report['params_via']}): tree parent {role['parent']}, children "
-        f"{', '.join(role['children']) or 'none'}; pooling block {role['pooling_block']} "
-        f"led by {role['pooling_leader']}"
-        f"{' (this cell)' if role['leads_its_block'] else ''}"
-        f"{'; linked to the edge' if role['linked_to_edge'] else ''}", highlight=False)
-    for title, rows in (("receives", report["receives"]), ("sends", report["sends"])):
-        table = Table(title=title)
-        for column in ("kind", "layer", "phase", "peer", "topic", "values/sample", "bytes",
-                       "training only"):
-            table.add_column(column)
-        for m in rows:
-            table.add_row(m["kind"], str(m["layer"]), str(m["phase"]), m["peer"], m["topic"],
-                          str(m["values_per_sample"]), f"{m['bytes']:,}",
-                          "yes" if m["train_only"] else "")
-        out_console.print(table)
-    table = Table(title="computes (each runs once all it waits for is in)")
+    leader = "this cell" if role["leads_its_block"] else role["pooling_leader"]
+    computes = Table(title="computes, in plan order (each runs once all it waits for is in)")
     for column in ("stage", "waits for", "training only"):
-        table.add_column(column)
+        computes.add_column(column)
     for c in report["computes"]:
-        table.add_row(c["stage"], "; ".join(c["waits_for"]), "yes" if c["train_only"] else "")
-    out_console.print(table)
+        computes.add_row(c["stage"], "; ".join(c["waits_for"]),
+                         "yes" if c["train_only"] else "")
+    receives = _messages("receives", "from", report["receives"])
+    sends = _messages("sends", "to", report["sends"])
+    console = _console_for(receives, sends)
+    # soft_wrap: the role stays one line, to grep for.
+    console.print(
+        f"cell {report['cell']} of mesh {report['mesh_id']} (batch {report['batch']}, "
+        f"parameters {report['params_via']} from {role['control_from']}): tree parent "
+        f"{role['parent']}, children {', '.join(role['children']) or 'none'}; pooling "
+        f"block {tuple(role['pooling_block'])} ({', '.join(role['pooling_cells'])}) led by "
+        f"{leader}{'; the edge is linked here (edge_at)' if role['linked_to_edge'] else ''}",
+        highlight=False, soft_wrap=True)
+    for table in (receives, computes, sends):
+        console.print(table)
+    # PARAMS and REDUCE weigh the same at any batch; BATCH is 2 values plus 1 per sample.
+    console.print("values/sample 0: a fixed-size message (PARAMS, REDUCE); bytes include "
+                  f"the header, at batch {report['batch']}", highlight=False, soft_wrap=True)
 
+
+def _messages(title: str, peer: str, rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=title)
+    for column in ("kind", "layer", "phase", peer, "topic", "items", "values/sample",
+                   "bytes", "training only"):
+        table.add_column(column, no_wrap=True, justify="right" if column in (
+            "items", "values/sample", "bytes") else "left")
+    for m in rows:
+        table.add_row(m["kind"], str(m["layer"]), str(m["phase"]), m["peer"], m["topic"],
+                      str(m["items"]), str(m["values_per_sample"]), f"{m['bytes']:,}",
+                      "yes" if m["train_only"] else "")
+    return table
+
+
+def _console_for(*tables: RenderableType) -> Console:
+    """`out_console`, or a copy as wide as the widest table: a message table cut to the
+    terminal (or to 80 columns in a pipe) would shorten topics and byte counts to "…",
+    and a line the terminal wraps loses nothing."""
+    probe = Console(width=10_000)
+    need = max(Measurement.get(probe, probe.options, t).maximum for t in tables)
+    if need <= out_console.width:
+        return out_console
+    return Console(file=out_console.file, width=need, color_system=out_console.color_system,
+                   force_terminal=out_console.is_terminal)
