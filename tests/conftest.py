@@ -1,15 +1,21 @@
 """Shared fixtures: a small synthetic data set and an in-process CLI runner; and the
 hypothesis profile: under CI the examples are derandomized and no example database is
-read or written, so every run of the suite tries the same cases."""
+read or written, so every run of the suite tries the same cases; hypothesis's other files
+(its cache of constants found in our sources) go to a temporary directory removed at exit,
+so a CI run leaves the checkout as it found it."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from meshdl.cli import main
 from meshdl.config import DataConfig
@@ -20,6 +26,9 @@ from tests.conftest_mqtt import mosquitto, mosquitto_factory  # noqa: F401  (fix
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+    _hypothesis_home = tempfile.mkdtemp(prefix="meshdl-hypothesis-")
+    atexit.register(shutil.rmtree, _hypothesis_home, ignore_errors=True)
+    set_hypothesis_home_dir(_hypothesis_home)
 
 
 @pytest.fixture(scope="session")
