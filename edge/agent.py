@@ -22,6 +22,7 @@ from meshdl.model import CNN, Trace
 from meshdl.payloads import BatchOrder
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
+from meshdl.work import head_work
 
 
 @dataclass
@@ -96,6 +97,8 @@ class EdgeMachine:
         self.gather_blocks = spec.topology.tree_blocks(spec.edge_at)
         self.stats: Counter[str] = Counter()
         self.seq = 0
+        # Floating-point operations of the head so far (simulated time's CPU time).
+        self.flops = 0
 
     def start(self, mode: Mode, split: Split, indices: np.ndarray,
               now: float = 0.0) -> list[Message]:
@@ -168,6 +171,7 @@ class EdgeMachine:
         pooled = np.empty((filters, prow, pcol, batch), np.float32)
         for (i, j), values in zip(self.gather_blocks, gathered, strict=True):
             pooled[:, i, j] = values
+        self.flops += head_work(self.spec.model, self.mode == Mode.TRAIN).at(batch)
         self.trace = self.model.head_forward(pooled)
         self.logits = np.ascontiguousarray(self.trace.logits.T)
         if self.mode == Mode.INFER:

@@ -50,6 +50,17 @@ def formula_halo_values(spec: MeshSpec, layer: int) -> int:
     return (m.kernel**2 - 1) * m.rows * m.cols * spec.channels(layer - 1)
 
 
+def message_items(spec: MeshSpec, src: Cell, dst: Cell, kind: Kind, layer: int,
+                  phase: int) -> tuple:
+    """The items a message carries, so that a radio broadcast carries each once."""
+    send = spec.expects.get(dst, {}).get((kind, layer, phase, src))
+    if send is not None:
+        return send.items
+    if kind == Kind.REDUCE:
+        return (("reduce", dst),)  # one parent: never shared
+    return (("same-for-all", kind),)  # PARAMS, BATCH: one content per wave
+
+
 class Ledger:
     """Accumulates counts of every message sent in a mesh run.
 
@@ -120,7 +131,7 @@ class Ledger:
         transmission, carrying the union of their items."""
         groups: dict[tuple, tuple[str, set, int, Kind]] = {}
         for src, dst, kind, layer, phase, shape in wave:
-            items = self._items(src, dst, kind, layer, phase)
+            items = message_items(self.spec, src, dst, kind, layer, phase)
             per_item = math.prod(shape) // len(items)
             group = groups.setdefault((src, kind, layer, phase),
                                       (class_name(kind, layer), set(), per_item, kind))
@@ -133,14 +144,6 @@ class Ledger:
             figures[name, "bytes"] += self.spec.overhead(kind) + ITEM_BYTES * values
         return figures
 
-    def _items(self, src: Cell, dst: Cell, kind: Kind, layer: int, phase: int) -> tuple:
-        """The items a message carries, so that a broadcast carries each once."""
-        send = self.spec.expects.get(dst, {}).get((kind, layer, phase, src))
-        if send is not None:
-            return send.items
-        if kind == Kind.REDUCE:
-            return (("reduce", dst),)  # one parent: never shared
-        return (("same-for-all", kind),)  # PARAMS, BATCH: one content per wave
 
     def report(self) -> dict[str, Any]:
         """The "comm" record of metrics.json (wave timing is added by the transport)."""

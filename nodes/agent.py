@@ -35,6 +35,7 @@ from meshdl.nodes import compute
 from meshdl.payloads import BATCH_HEAD, BatchOrder
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
+from meshdl.work import Work, node_work
 
 Item = tuple[Field, Hashable]
 Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
@@ -82,6 +83,7 @@ class Job(NamedTuple):
     run: Callable[[Wave, int, list[Message]], None] | None
     layer: int
     stage: str
+    work: Work = Work(0)  # a computation's floating-point operations (meshdl/work.py)
 
 
 class Expect(NamedTuple):
@@ -332,6 +334,9 @@ class NodeMachine:
         self.early: dict[Cell, deque[Message]] = {}
         self.stats: Counter[str] = Counter()
         self.seq = 0
+        # Floating-point operations of every computation run so far: simulated time
+        # turns them into CPU time on a device profile (sim/device.py).
+        self.flops = 0
         steps: dict[str, Callable[[Wave, int, list[Message]], None]] = {
             "conv": self._conv_forward, "pool": self._pool, "route": self._route,
             "dz_top": self._dz_top, "grad": self._weight_grad, "dinput": self._input_grad,
@@ -344,7 +349,8 @@ class NodeMachine:
                 self.jobs.append(Job(train_only, send, None, 0, ""))
             else:
                 self.jobs.append(Job(train_only, None, steps[task.method], task.layer,
-                                     task.stage))
+                                     task.stage, node_work(spec, cell, task.method,
+                                                           task.layer)))
 
     # ------------------------------------------------------------- messages in
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
@@ -569,6 +575,7 @@ class NodeMachine:
             out.append(self._message(wave, Kind.BATCH, child, payload))
         compute.normalize(self.readings[split], indices, params[self.layout.mean],
                           params[self.layout.std], wave.buffers[self.a[0]][self.own_a[0]])
+        self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
         self._arrived(wave, self.made_a[0])
 
     def _field_buffers(self, batch: int) -> list[np.ndarray]:
@@ -604,12 +611,13 @@ class NodeMachine:
         jobs, buffers, training, ready = self.jobs, wave.buffers, wave.training, wave.ready
         mesh, step, session, cell = self.mesh_id, wave.step, wave.session, self.cell
         while ready:
-            train_only, send, run, layer, stage = jobs[ready.pop()]
+            train_only, send, run, layer, stage, work = jobs[ready.pop()]
             if train_only and not training:
                 continue
             if send is None:
                 run(wave, layer, out)
                 wave.finished_at[stage] = now
+                self.flops += work.per_sample * wave.batch + work.per_wave
             else:
                 kind, dst, buffer, rows, layer, phase = send
                 self.seq = (self.seq + 1) & 0xFFFFFFFF

@@ -1,0 +1,51 @@
+"""Simulated time: one queue of events, (time, sequence, action, argument), in a heap.
+
+A plain heap rather than SimPy: the simulator's parties are state machines that take a
+message and return what to send, not processes that wait, so there is nothing for a
+coroutine to hold; and a heap loop runs about 2.5 times as many events a second as
+SimPy's processes on this machine (1.8 M against 0.7 M, ../shared/RADIOS.md). The
+sequence number breaks ties in the order events were scheduled, so the same inputs give
+the same run, event for event. Nothing here sleeps: time is a number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from heapq import heappop, heappush
+from typing import Any
+
+Action = Callable[[Any], None]
+
+
+class EventQueue:
+    """The simulator's clock: `at` schedules, `run` advances `now` event by event."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+        self.events = 0  # run so far
+        self._heap: list[tuple[float, int, Action, Any]] = []
+        self._sequence = 0
+
+    def at(self, time: float, action: Action, argument: Any = None) -> None:
+        """Run `action(argument)` at `time` (never before now)."""
+        if time < self.now:
+            raise ValueError(f"cannot schedule at {time} before now ({self.now})")
+        heappush(self._heap, (time, self._sequence, action, argument))
+        self._sequence += 1
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def run(self, done: Callable[[], bool], limit: int) -> bool:
+        """Run events until `done()` or none is left; False if `limit` events ran out
+        first (a hang)."""
+        heap, ran = self._heap, 0
+        while heap and not done():
+            if ran == limit:
+                return False
+            time, _, action, argument = heappop(heap)
+            self.now = time
+            action(argument)
+            ran += 1
+        self.events += ran
+        return True

@@ -1,0 +1,215 @@
+"""The cloud-heavy baseline: every node's readings go to the edge, which computes all.
+
+This is what the source paper argues in-mesh computing beats, so it runs on the same
+medium, radio and device profiles as the mesh and is timed the same way (sim/media.py):
+
+- over the radio mesh, up the same BFS tree, either *aggregated* (a node waits for its
+  children and sends one message per tree link carrying its subtree's readings, cut to
+  the mesh's message size limit) or *unaggregated* (every node's readings are one
+  message, relayed hop by hop);
+- over the MQTT star, each node publishes its readings and the broker passes them to
+  the edge.
+
+Messages carry the mesh's own header (48 bytes) and float32 values, so bytes compare
+like for like. For inference the readings are one time slot (the batch); for training
+the raw training set is shipped once and every epoch then runs at the edge (the cloud
+behind it computes the same), against in-mesh training, which crosses the mesh at
+every step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from meshdl.messages import EDGE, HEADER_BYTES, ITEM_BYTES, Kind
+from meshdl.protocol import MeshSpec
+from meshdl.sim.clock import EventQueue
+from meshdl.sim.device import DeviceProfile
+from meshdl.sim.media import BROKER, Medium, MqttStar, Party, SharedRadio, Transmission
+from meshdl.sim.radio import RadioProfile
+from meshdl.sim.timed import BROKER_S, MediumName, publish_bytes, state_energy
+from meshdl.topics import topic
+from meshdl.topology import Cell
+from meshdl.work import central_work, optimizer_work
+
+Variant = Literal["aggregated", "unaggregated"]
+
+
+class Piece(NamedTuple):
+    """One message of readings: its bytes, and the cells whose readings it completes."""
+
+    size: int
+    cells: int
+
+
+@dataclass
+class Shipped:
+    """Readings shipped to the edge: when the last arrived, and what it cost."""
+
+    variant: Variant
+    makespan_s: float
+    bytes: int  # unframed, every transmission (each hop, broker relays included)
+    frames: int
+    transmissions: int
+    energy_j: dict[str, Any]  # total, max_node, max_node_cell, per_node
+
+
+def ship_readings(spec: MeshSpec, radio: RadioProfile, medium: MediumName,
+                  device: DeviceProfile, edge_device: DeviceProfile, samples: int,
+                  variant: Variant = "aggregated", seed: int = 0) -> Shipped:
+    """Time and cost of bringing `samples` readings of every node to the edge."""
+    return _Shipping(spec, radio, medium, device, edge_device, samples, variant, seed).run()
+
+
+class _Shipping:
+    """A convergecast of raw readings: each party's CPU takes a message at a time (the
+    device's per-message cost) and its radio sends what it has, as in the mesh."""
+
+    def __init__(self, spec: MeshSpec, radio: RadioProfile, medium: MediumName,
+                 device: DeviceProfile, edge_device: DeviceProfile, samples: int,
+                 variant: Variant, seed: int) -> None:
+        self.spec, self.radio, self.device, self.edge_device = spec, radio, device, \
+            edge_device
+        self.medium_name, self.variant = medium, variant
+        topo = spec.topology
+        self.topo = topo
+        self.values_per_cell = samples * spec.model.in_channels
+        self.queue = EventQueue()
+        self.cells = list(topo.cells())
+        self.medium: Medium
+        if medium == "shared":
+            neighbours: dict[Party, list[Party]] = {
+                cell: list(topo.neighbours(cell)) for cell in self.cells}
+            neighbours[spec.edge_at].append(EDGE)
+            neighbours[EDGE] = [spec.edge_at]
+            self.medium = SharedRadio(neighbours, radio, self.queue, seed, self._arrive)
+        else:
+            self.medium = MqttStar(radio, self.queue, seed, self._arrive)
+        self.waiting = {cell: len(topo.children[cell]) for cell in self.cells}
+        self.carried = {cell: 1 for cell in self.cells}  # cells' readings held, own first
+        self.cpu_free: dict[Party, float] = {}
+        self.cpu_s: dict[Party, float] = {}
+        self.arrived_cells = 0
+        # A topic as long as the mesh's own, for the MQTT overhead.
+        self.topic_length = len(topic(spec.mesh_id, (0, 0), EDGE, Kind.GATHER))
+
+    def run(self) -> Shipped:
+        for cell in self.cells:
+            if self.medium_name == "star" or self.variant == "unaggregated" or \
+                    self.waiting[cell] == 0:
+                self._after_cpu(cell, 1, self._send_own if self.variant == "unaggregated"
+                                or self.medium_name == "star" else self._send_subtree)
+        self.queue.run(lambda: False, 1 << 62)
+        total = self.queue.now
+        per_node = {}
+        for cell in self.cells:
+            parts = state_energy(self.radio, self.device, self.medium.times, cell,
+                                 self.cpu_s.get(cell, 0.0), total)
+            per_node[f"r{cell[0]}c{cell[1]}"] = parts["total"]
+        edge = state_energy(self.radio, self.edge_device, self.medium.times, EDGE,
+                            self.cpu_s.get(EDGE, 0.0), total)["total"]
+        hottest = max(per_node, key=per_node.__getitem__)
+        sizes = sum(size for size, _ in self.medium.by_kind.values())
+        return Shipped(self.variant, total, sizes, self.medium.frames,
+                       self.medium.transmissions,
+                       {"total": sum(per_node.values()) + edge, "nodes": sum(per_node.values()),
+                        "edge": edge, "max_node": per_node[hottest],
+                        "max_node_cell": hottest, "per_node": per_node})
+
+    # ------------------------------------------------------------ parties
+    def _after_cpu(self, party: Party, messages: int, then: Any, argument: Any = None) -> None:
+        """Run `then(party, argument)` once the party's CPU has handled `messages`."""
+        device = self.edge_device if party == EDGE else self.device
+        seconds = BROKER_S * messages if party == BROKER else device.cpu_s(0, messages)
+        start = max(self.queue.now, self.cpu_free.get(party, 0.0))
+        self.cpu_free[party] = start + seconds
+        self.cpu_s[party] = self.cpu_s.get(party, 0.0) + seconds
+        self.queue.at(start + seconds, lambda _: then(party, argument))
+
+    def _send_own(self, cell: Cell, _: Any) -> None:
+        self._send(cell, 1)
+
+    def _send_subtree(self, cell: Cell, _: Any) -> None:
+        self._send(cell, self.carried[cell])
+
+    def _send(self, src: Party, cells: int) -> None:
+        """Readings of `cells` cells to the next hop, in messages within the limit."""
+        per_message = (self.spec.max_message_bytes - HEADER_BYTES) // ITEM_BYTES
+        values = cells * self.values_per_cell
+        pieces = max(1, math.ceil(values / per_message))
+        for index in range(pieces):
+            share = min(per_message, values - index * per_message)
+            last = index == pieces - 1
+            self._forward(src, Piece(HEADER_BYTES + ITEM_BYTES * share, cells if last else 0))
+
+    def _forward(self, src: Party, piece: Piece) -> None:
+        """One message to the next hop: the tree parent, the broker, or from the broker
+        the edge."""
+        if src == BROKER:
+            dst: Party = EDGE
+        elif self.medium_name == "star":
+            dst = BROKER
+        else:
+            dst = self.topo.parent[src]
+        size = publish_bytes(self.topic_length, piece.size) if self.medium_name == "star" \
+            else piece.size
+        self.medium.send(Transmission(src, (dst,), Kind.GATHER, 0, size, [(dst, piece)]))
+
+    def _arrive(self, party: Party, piece: Piece) -> None:
+        if party == EDGE:
+            self._after_cpu(EDGE, 1, lambda *_: None)
+            self.arrived_cells += piece.cells
+        elif party == BROKER or self.variant == "unaggregated":
+            self._after_cpu(party, 1, self._forward, piece)  # relayed as it came
+        elif piece.cells:  # the last piece of a child's subtree
+            self.carried[party] += piece.cells
+            self.waiting[party] -= 1
+            if self.waiting[party] == 0:
+                self._after_cpu(party, 1, self._send_subtree)
+
+
+def inference_slot(spec: MeshSpec, radio: RadioProfile, medium: MediumName,
+                   device: DeviceProfile, edge_device: DeviceProfile, batch: int,
+                   variant: Variant = "aggregated", seed: int = 0) -> dict[str, Any]:
+    """One time slot: readings to the edge, then the whole network at the edge."""
+    shipped = ship_readings(spec, radio, medium, device, edge_device, batch, variant, seed)
+    compute = edge_device.cpu_s(central_work(spec.model, training=False).at(batch), 0)
+    return _figures(shipped, compute, edge_device)
+
+
+def training_run(spec: MeshSpec, radio: RadioProfile, medium: MediumName,
+                 device: DeviceProfile, edge_device: DeviceProfile, train_samples: int,
+                 steps: int, batch: int, variant: Variant = "aggregated",
+                 seed: int = 0) -> dict[str, Any]:
+    """The raw training set shipped once, then `steps` steps of `batch` at the edge."""
+    shipped = ship_readings(spec, radio, medium, device, edge_device, train_samples, variant,
+                            seed)
+    parameters = _parameters(spec)
+    per_step = central_work(spec.model, training=True).at(batch) + \
+        optimizer_work(parameters).at(0)
+    compute = edge_device.cpu_s(per_step * steps, 0)
+    return _figures(shipped, compute, edge_device)
+
+
+def _parameters(spec: MeshSpec) -> int:
+    m = spec.model
+    return spec.conv_size + m.features * m.hidden + m.hidden + m.hidden * m.classes + \
+        m.classes
+
+
+def _figures(shipped: Shipped, compute_s: float, edge_device: DeviceProfile
+             ) -> dict[str, Any]:
+    """sim.json's baseline record: the nodes sleep once their readings are sent; the
+    edge computes for `compute_s` after the last reading came."""
+    energy = dict(shipped.energy_j)
+    edge_compute = compute_s * (edge_device.cpu_w - edge_device.idle_w)
+    energy["edge"] += compute_s * edge_device.cpu_w
+    energy["total"] += compute_s * edge_device.cpu_w
+    return {"variant": shipped.variant,
+            "makespan_s": shipped.makespan_s + compute_s,
+            "ship_s": shipped.makespan_s, "compute_s": compute_s,
+            "energy_j": energy, "edge_compute_j": edge_compute,
+            "bytes": shipped.bytes, "frames": shipped.frames,
+            "transmissions": shipped.transmissions}

@@ -1,0 +1,183 @@
+"""`meshdl simulate`'s engine and report: training and inference waves under simulated
+time, and what they cost in seconds, frames and joules (sim.json, trace.jsonl,
+energy.png).
+
+`SimEngine` is the training loop's engine (as `MeshEngine` is for the virtual mesh),
+so `meshdl simulate train` runs exactly `meshdl train`'s loop with one more clock.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from meshdl.accounting import class_name
+from meshdl.data import Dataset
+from meshdl.edge.agent import WaveEngine, WaveResult
+from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Kind
+from meshdl.model import CNN
+from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.sim.device import DeviceProfile
+from meshdl.sim.media import BROKER, Sent
+from meshdl.sim.radio import RadioProfile
+from meshdl.sim.timed import MediumName, TimedMesh, Usage, energy_of
+from meshdl.topics import name_of
+from meshdl.topology import Cell
+
+
+class SimEngine(WaveEngine):
+    """The training loop's engine, running every batch as a wave in simulated time."""
+
+    def __init__(self, data: Dataset, radio: RadioProfile, medium: MediumName,
+                 device: DeviceProfile, edge_device: DeviceProfile, seed: int = 0,
+                 trace: bool = False, edge_at: Cell = (0, 0), mesh_id: int = 1,
+                 params_via: str | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.data = data
+        self.train_samples = len(data.y_train)
+        self.radio, self.medium, self.device = radio, medium, device
+        self.edge_device, self.seed, self.trace = edge_device, seed, trace
+        self.edge_at, self.mesh_id = edge_at, mesh_id
+        # A radio mesh floods parameters down the tree; a broker fans them out.
+        self.params_via = params_via or ("tree" if medium == "shared" else "broadcast")
+        self.max_message_bytes = max_message_bytes
+        self.mesh: TimedMesh | None = None
+        self._threadpools = ThreadpoolController()
+
+    def _mesh_for(self, model: CNN) -> TimedMesh:
+        if self.mesh is None or self.mesh.edge.model is not model:
+            spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
+                            self.max_message_bytes)
+            readings = {Split.TRAIN: self.data.X_train, Split.TEST: self.data.X_test}
+            labels = {Split.TRAIN: self.data.y_train, Split.TEST: self.data.y_test}
+            self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
+                                  self.device, self.edge_device, self.seed, self.trace)
+        return self.mesh
+
+    def spec_for(self, model: CNN) -> MeshSpec:
+        return self._mesh_for(model).spec
+
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+        mesh = self._mesh_for(model)
+        with self._threadpools.limit(limits=1):  # as the virtual mesh: tiny products
+            return mesh.run_wave(mode, split, indices)
+
+    def report(self) -> dict[str, Any]:
+        """The "comm" record of metrics.json, as the virtual mesh gives it."""
+        return {} if self.mesh is None else self.mesh.ledger.report()
+
+    def close(self) -> None:
+        """Nothing to release: no loop, no sockets."""
+
+
+def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """sim.json: the profiles used, makespans, energy per node, bytes and frames, over
+    the waves of `mode` (training: the training waves; the evaluation waves between
+    epochs are reported apart, under "evaluation")."""
+    waves = [w for w in mesh.waves if w.mode == mode]
+    usage = mesh.usage.get(mode, Usage())
+    spans = [w.end - w.start for w in waves]
+    forwards = [w.forward for w in waves if w.forward is not None]
+    report: dict[str, Any] = {
+        "radio": mesh.radio.model_dump(),
+        "medium": mesh.medium_name,
+        "device": mesh.device.name,
+        "edge_device": mesh.edge_device.name,
+        "mode": mode.name.lower(),
+        "waves": len(waves),
+        "makespan_s": {"per_wave_mean": _mean(spans), "forward_mean": _mean(forwards),
+                       "total": usage.seconds},
+        "energy_j": energy_record(mesh, usage),
+        "bytes": {},
+        "frames": {},
+        "transmissions": mesh.medium.transmissions,
+        "frames_total": mesh.medium.frames,
+        "events": mesh.queue.events,
+    }
+    for name, (size, frames) in sorted(_by_class(mesh).items()):
+        report["bytes"][name], report["frames"][name] = size, frames
+    other = [m for m in mesh.usage if m != mode]
+    for m in other:  # training runs evaluate between epochs
+        usage = mesh.usage[m]
+        report["evaluation" if m == Mode.INFER else m.name.lower()] = {
+            "waves": usage.waves, "makespan_s": usage.seconds,
+            "energy_j": {k: v for k, v in energy_record(mesh, usage).items()
+                         if k != "per_node"}}
+    if baseline is not None:
+        report["baseline"] = baseline
+    return report
+
+
+def energy_record(mesh: TimedMesh, usage: Usage) -> dict[str, Any]:
+    """Joules over the waves of `usage`: total (nodes and edge), nodes, edge, the
+    hottest node, by state, per node."""
+    energy = {name_of(cell): energy_of(mesh, usage, cell) for cell in mesh.hosts}
+    per_node = {name: parts["total"] for name, parts in energy.items()}
+    hottest = max(per_node, key=per_node.__getitem__)
+    edge = energy_of(mesh, usage, EDGE)["total"]
+    nodes = sum(per_node.values())
+    return {"total": nodes + edge, "nodes": nodes, "edge": edge,
+            "max_node": per_node[hottest], "max_node_cell": hottest,
+            "per_wave_mean": (nodes + edge) / max(usage.waves, 1),
+            "by_state": {state: sum(parts[state] for parts in energy.values())
+                         for state in ("tx", "rx", "listen", "cpu", "idle")},
+            "per_node": per_node}
+
+
+def _by_class(mesh: TimedMesh) -> dict[str, tuple[int, int]]:
+    """Bytes (unframed) and frames of every transmission, per message class."""
+    totals: dict[str, tuple[int, int]] = {}
+    for (kind, layer), (size, frames) in mesh.medium.by_kind.items():
+        name = class_name(Kind(kind), layer)
+        before = totals.get(name, (0, 0))
+        totals[name] = (before[0] + size, before[1] + frames)
+    return totals
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else 0.0
+
+
+def write_trace(trace: list[Sent], path: Path) -> None:
+    """trace.jsonl: one line per transmission, in the order they went on air."""
+    with path.open("w") as out:
+        for s in trace:
+            record = {"t0": round(s.t0, 9), "t1": round(s.t1, 9), "src": _name(s.src),
+                      "dst": "*" if s.broadcast else _name(s.receivers[0]),
+                      "kind": Kind(s.kind).name.lower(), "layer": s.layer,
+                      "bytes": s.size, "frames": s.frames, "outcome": s.outcome,
+                      "to": [_name(r) for r in s.receivers]}
+            out.write(json.dumps(record) + "\n")
+
+
+def _name(party: Cell) -> str:
+    return "broker" if party == BROKER else name_of(party)
+
+
+def plot_energy(mesh_report: dict[str, Any], rows: int, cols: int, path: Path) -> None:
+    """energy.png: joules per node over the grid, the hottest node marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.zeros((rows, cols))
+    for name, joules in mesh_report["energy_j"]["per_node"].items():
+        r, c = (int(x) for x in name[1:].split("c"))
+        grid[r, c] = joules
+    fig, ax = plt.subplots(figsize=(max(4, cols * 0.35), max(3, rows * 0.35)))
+    image = ax.imshow(grid, cmap="inferno", origin="upper")
+    hottest = mesh_report["energy_j"]["max_node_cell"]
+    r, c = (int(x) for x in hottest[1:].split("c"))
+    ax.plot(c, r, marker="s", markersize=10, markerfacecolor="none", markeredgecolor="cyan")
+    ax.set_title(f"energy per node (J), {mesh_report['radio']['name']}, "
+                 f"{mesh_report['medium']}; hottest {hottest}")
+    fig.colorbar(image, ax=ax, label="J")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)

@@ -1,0 +1,327 @@
+"""The mesh under simulated time: the virtual mesh's machines on a radio medium's clock.
+
+The same node machines (one `NodeHost` per cell, as in sim/mesh.py) and the same
+`EdgeMachine` take the same messages; only the transport and its clock change. Each
+party has one CPU and one radio:
+
+    message arrives -> waits for the party's CPU -> handled at `now` (the machine's
+    kernels run for real) -> CPU busy for the device profile's time of the operations
+    that message set off -> what it sent is queued on the party's radio -> the medium
+    decides when each transmission holds the channel (sim/media.py) -> delivered to
+    the receivers when its last frame is through.
+
+On the shared radio the messages one handling produces with the same kind, layer and
+phase for several neighbours (a halo strip's copies, the parameters to the tree
+children) go out as one broadcast carrying the union of their items, exactly the
+ledger's broadcast figure. On the MQTT star every message goes up to the broker and
+down to each subscriber; the broker (on the access point's side) spends `broker_s`
+per message it relays.
+
+Since the protocol computes the same values in any delivery order, the clock changes
+when things happen, never what is computed: training under simulated time gives the
+virtual mesh's parameters (a test shows it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from meshdl.accounting import Ledger, message_items
+from meshdl.edge.agent import EdgeMachine, WaveResult
+from meshdl.errors import MeshdlError, UsageError
+from meshdl.messages import ALL, EDGE, ITEM_BYTES, Kind, Message
+from meshdl.model import CNN
+from meshdl.nodes.host import NodeHost
+from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.sim.clock import EventQueue
+from meshdl.sim.device import DeviceProfile
+from meshdl.sim.media import (
+    BROKER,
+    Medium,
+    MqttStar,
+    Party,
+    RadioTimes,
+    Sent,
+    SharedRadio,
+    Transmission,
+)
+from meshdl.sim.mesh import _cell_readings
+from meshdl.sim.radio import RadioProfile
+from meshdl.topics import TopicNames
+from meshdl.work import optimizer_work
+
+MediumName = Literal["shared", "star"]
+# Mosquitto's work per relayed message on the broker's host: `meshdl bench mqtt`'s raw
+# broker reference relays about 20,000 small messages a second on this machine's core;
+# a Raspberry Pi 4 core is about 4 times slower.
+BROKER_S = 200e-6
+
+
+@dataclass(slots=True)
+class _Cpu:
+    """One party's processor: a queue of messages handled one at a time."""
+
+    inbox: deque[Message] = field(default_factory=deque)
+    busy: bool = False
+    seconds: float = 0.0  # computing, in total
+
+
+@dataclass
+class Usage:
+    """What the waves of one mode took: simulated seconds, and each party's seconds of
+    transmitting, receiving and computing within them."""
+
+    waves: int = 0
+    seconds: float = 0.0
+    tx: dict[Party, float] = field(default_factory=dict)
+    rx: dict[Party, float] = field(default_factory=dict)
+    cpu: dict[Party, float] = field(default_factory=dict)
+
+    def add(self, seconds: float, tx: dict[Party, float], rx: dict[Party, float],
+            cpu: dict[Party, float]) -> None:
+        self.waves += 1
+        self.seconds += seconds
+        for mine, theirs in ((self.tx, tx), (self.rx, rx), (self.cpu, cpu)):
+            for party, value in theirs.items():
+                mine[party] = mine.get(party, 0.0) + value
+
+
+@dataclass
+class WaveTiming:
+    """When a wave's milestones happened, in simulated seconds."""
+
+    mode: Mode
+    start: float
+    forward: float | None = None  # the edge has every pooled feature (head starts)
+    end: float = 0.0
+
+
+class TimedMesh:
+    """Nodes, edge, medium, event queue and ledger of one mesh under simulated time."""
+
+    def __init__(self, spec: MeshSpec, readings: dict[int, np.ndarray], model: CNN,
+                 labels: dict[int, np.ndarray], radio: RadioProfile, medium: MediumName,
+                 device: DeviceProfile, edge_device: DeviceProfile, seed: int = 0,
+                 trace: bool = False, broker_s: float = BROKER_S) -> None:
+        if medium == "shared" and spec.params_via != "tree":
+            raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
+                             "'broadcast' needs the MQTT star (--medium star)")
+        self.spec = spec
+        self.medium_name = medium
+        self.radio = radio
+        self.device = device
+        self.edge_device = edge_device
+        self.broker_s = broker_s
+        self.queue = EventQueue()
+        self.ledger = Ledger(spec)
+        self.trace: list[Sent] | None = [] if trace else None
+        # With the trace: every message as its receiver took it (time, receiver, header).
+        self.receipts: list[tuple[float, Party, Any]] | None = [] if trace else None
+        topo = spec.topology
+        self.hosts = {cell: NodeHost(spec, [cell], _cell_readings(readings),
+                                     local_delivery=False) for cell in topo.cells()}
+        self.edge = EdgeMachine(spec, model, labels)
+        self._topics = TopicNames(spec.mesh_id)
+        self.cpus: dict[Party, _Cpu] = {party: _Cpu() for party in [*self.hosts, EDGE]}
+        self.medium: Medium
+        if medium == "shared":
+            neighbours: dict[Party, list[Party]] = {
+                cell: list(topo.neighbours(cell)) for cell in topo.cells()}
+            neighbours[spec.edge_at].append(EDGE)
+            neighbours[EDGE] = [spec.edge_at]
+            self.medium = SharedRadio(neighbours, radio, self.queue, seed, self._arrive,
+                                      self.trace)
+        elif medium == "star":
+            self.cpus[BROKER] = _Cpu()
+            self.medium = MqttStar(radio, self.queue, seed, self._arrive, self.trace)
+        else:
+            raise UsageError(f"unknown medium {medium!r} (shared or star)")
+        self.waves: list[WaveTiming] = []
+        self.usage: dict[Mode, Usage] = {}
+        self._wave: WaveTiming | None = None
+        # Far beyond what any wave needs (a handful of events a message, and a few
+        # deferrals each): more means the wave hangs.
+        messages = sum(len(sends) for sends in spec.sends.values()) + 2 * len(self.hosts)
+        self.max_events = 100 * messages + 100_000
+
+    # ---------------------------------------------------------------- waves
+    def run_wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+        """One wave from the edge and back, in simulated time."""
+        queue, edge = self.queue, self.edge
+        self._wave = WaveTiming(mode, queue.now)
+        before = self._state_times()
+        self._handled(EDGE, edge.start(mode, split, indices, queue.now))
+        if not queue.run(lambda: edge.result is not None, self.max_events) \
+                or edge.result is None:
+            self._stalled()
+        queue.run(lambda: False, self.max_events)  # the wave's tail: last relays, CPU
+        end = queue.now
+        if mode == Mode.TRAIN:  # the training loop applies the update before the next
+            seconds = self.edge_device.cpu_s(optimizer_work(self.edge.model.flat.size)
+                                             .at(0), messages=0)
+            self.cpus[EDGE].seconds += seconds
+            end += seconds
+            queue.now = end
+        self._wave.end = end
+        self.waves.append(self._wave)
+        after = self._state_times()
+        self.usage.setdefault(mode, Usage()).add(
+            end - self._wave.start, *(_minus(now, then) for now, then in zip(after, before,
+                                                                             strict=True)))
+        self.ledger.tally()
+        return edge.result
+
+    def _state_times(self) -> tuple[dict[Party, float], ...]:
+        times = self.medium.times
+        return (dict(times.tx), dict(times.rx),
+                {party: cpu.seconds for party, cpu in self.cpus.items()})
+
+    def _stalled(self) -> None:
+        failed = [f"{cell}: {error}" for host in self.hosts.values()
+                  for cell, error in host.failed.items()]
+        raise MeshdlError(f"wave {self.edge.step} stalled at simulated "
+                          f"{self.queue.now:.3f} s"
+                          f"{'; failed cells ' + ', '.join(failed[:3]) if failed else ''}")
+
+    # ------------------------------------------------------------- parties
+    def _arrive(self, party: Party, message: Message) -> None:
+        cpu = self.cpus[party]
+        cpu.inbox.append(message)
+        if not cpu.busy:
+            self._handle_next(party)
+
+    def _handle_next(self, party: Party) -> None:
+        cpu, now = self.cpus[party], self.queue.now
+        message = cpu.inbox.popleft()
+        cpu.busy = True
+        if self.receipts is not None:
+            self.receipts.append((now, party, message.header))
+        if party == EDGE:
+            edge = self.edge
+            before = edge.flops
+            out: list[Any] = edge.handle(message, now)
+            flops, device = edge.flops - before, self.edge_device
+            if message.header.kind == Kind.GATHER and edge.trace is not None \
+                    and self._wave is not None and self._wave.forward is None:
+                self._wave.forward = now - self._wave.start
+        elif party == BROKER:
+            out, flops, device = self._fan_out(message), 0, None
+        else:
+            host = self.hosts[party]
+            node = host.nodes[party]
+            before = node.flops
+            out = host.handle(self._topics.of(message.header), message, now)
+            flops, device = node.flops - before, self.device
+        seconds = self.broker_s if device is None else device.cpu_s(flops)
+        cpu.seconds += seconds
+        self.queue.at(now + seconds, self._done, (party, out))
+
+    def _done(self, done: tuple[Party, list[Any]]) -> None:
+        party, out = done
+        self._handled(party, out)
+        cpu = self.cpus[party]
+        cpu.busy = False
+        if cpu.inbox:
+            self._handle_next(party)
+
+    def _handled(self, party: Party, out: list[Any]) -> None:
+        """Queue on `party`'s radio what it sent."""
+        if not out:
+            return
+        if party == BROKER:
+            for dst, message in out:
+                self._transmit(Transmission(BROKER, (dst,), message.header.kind,
+                                            message.header.layer, self._mqtt_bytes(message),
+                                            [(dst, message)]))
+            return
+        for message in out:
+            self.ledger.record(message)
+        if self.medium_name == "star":
+            for message in out:
+                self._transmit(Transmission(party, (BROKER,), message.header.kind,
+                                            message.header.layer, self._mqtt_bytes(message),
+                                            [(BROKER, message)]))
+            return
+        groups: dict[tuple[int, int, int], list[Message]] = {}
+        for message in out:
+            h = message.header
+            groups.setdefault((h.kind, h.layer, h.phase), []).append(message)
+        for (kind, layer, phase), messages in groups.items():
+            if len(messages) == 1:
+                m = messages[0]
+                self._transmit(Transmission(party, (m.header.dst,), kind, layer,
+                                            self._bytes(m), [(m.header.dst, m)]))
+            else:
+                self._transmit(self._broadcast(party, kind, layer, phase, messages))
+
+    def _transmit(self, tx: Transmission) -> None:
+        self.medium.send(tx)
+
+    def _broadcast(self, src: Party, kind: int, layer: int, phase: int,
+                   messages: list[Message]) -> Transmission:
+        """Messages of one kind, layer and phase for several neighbours: one radio
+        transmission carrying the union of their items."""
+        items: set = set()
+        per_item = 0
+        for m in messages:
+            carried = message_items(self.spec, src, m.header.dst, kind, layer, phase)
+            items.update(carried)
+            per_item = math.prod(m.header.shape) // len(carried)
+        size = self.spec.overhead(Kind(kind)) + ITEM_BYTES * per_item * len(items)
+        return Transmission(src, tuple(m.header.dst for m in messages), kind, layer, size,
+                            [(m.header.dst, m) for m in messages], broadcast=True)
+
+    def _bytes(self, message: Message) -> int:
+        h = message.header
+        return self.spec.overhead(h.kind) + ITEM_BYTES * math.prod(h.shape)
+
+    def _mqtt_bytes(self, message: Message) -> int:
+        return publish_bytes(len(self._topics.of(message.header)), self._bytes(message))
+
+    def _fan_out(self, message: Message) -> list[tuple[Party, Message]]:
+        """The broker: a copy to every subscriber of the message's topic."""
+        dst = message.header.dst
+        if dst == ALL:
+            return [(cell, message) for cell in self.hosts]
+        return [(dst, message)]
+
+
+
+def publish_bytes(topic_length: int, message_bytes: int) -> int:
+    """An MQTT 5 PUBLISH at QoS 0 carrying a message: fixed header (1 byte and the
+    remaining length's 1 to 4), topic (2 + its length), properties' length (1)."""
+    rest = 2 + topic_length + 1 + message_bytes
+    length_bytes = 1 if rest < 128 else 2 if rest < 16384 else 3 if rest < 2097152 else 4
+    return 1 + length_bytes + rest
+
+
+def _minus(now: dict[Party, float], then: dict[Party, float]) -> dict[Party, float]:
+    return {party: value - then.get(party, 0.0) for party, value in now.items()
+            if value != then.get(party, 0.0)}
+
+
+def energy_of(mesh: TimedMesh, usage: Usage, party: Party) -> dict[str, float]:
+    """Joules of one party of the mesh over the waves of `usage`."""
+    device = mesh.edge_device if party == EDGE else mesh.device
+    return state_energy(mesh.radio, device, RadioTimes(usage.tx, usage.rx), party,
+                        usage.cpu.get(party, 0.0), usage.seconds)
+
+
+def state_energy(radio: RadioProfile, device: DeviceProfile, times: RadioTimes,
+                 party: Party, cpu: float, duration: float) -> dict[str, float]:
+    """Energest-style joules of one party over `duration` seconds: each state's time
+    times its power. Radio: transmitting, receiving, listening the rest of the time (an
+    always-on radio: a duty-cycled MAC would sleep part of it); device: computing, idle
+    the rest."""
+    tx, rx = times.tx.get(party, 0.0), times.rx.get(party, 0.0)
+    listen = max(duration - tx - rx, 0.0)
+    parts = {"tx": tx * radio.tx_w, "rx": rx * radio.rx_w, "listen": listen * radio.idle_w,
+             "cpu": cpu * device.cpu_w, "idle": max(duration - cpu, 0.0) * device.idle_w}
+    parts["total"] = sum(parts.values())
+    return parts
+
