@@ -27,9 +27,10 @@ from meshdl.messages import EDGE, HEADER_BYTES, ITEM_BYTES, Kind
 from meshdl.protocol import MeshSpec
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import DeviceProfile
+from meshdl.sim.energy import energy_record
 from meshdl.sim.media import BROKER, Medium, MqttStar, Party, SharedRadio, Transmission
 from meshdl.sim.radio import RadioProfile
-from meshdl.sim.timed import BROKER_S, MediumName, publish_bytes, state_energy
+from meshdl.sim.timed import BROKER_S, MediumName, publish_bytes
 from meshdl.topics import topic
 from meshdl.topology import Cell
 from meshdl.work import central_work, optimizer_work
@@ -102,21 +103,14 @@ class _Shipping:
                 self._after_cpu(cell, 1, self._send_own if self.variant == "unaggregated"
                                 or self.medium_name == "star" else self._send_subtree)
         self.queue.run(lambda: False, 1 << 62)
+        assert self.arrived_cells == len(self.cells), "every reading reaches the edge"
         total = self.queue.now
-        per_node = {}
-        for cell in self.cells:
-            parts = state_energy(self.radio, self.device, self.medium.times, cell,
-                                 self.cpu_s.get(cell, 0.0), total)
-            per_node[f"r{cell[0]}c{cell[1]}"] = parts["total"]
-        edge = state_energy(self.radio, self.edge_device, self.medium.times, EDGE,
-                            self.cpu_s.get(EDGE, 0.0), total)["total"]
-        hottest = max(per_node, key=per_node.__getitem__)
+        times = self.medium.times
+        record = energy_record(self.radio, self.device, self.edge_device, self.cells, EDGE,
+                               times.tx, times.rx, self.cpu_s, total)
         sizes = sum(size for size, _ in self.medium.by_kind.values())
         return Shipped(self.variant, total, sizes, self.medium.frames,
-                       self.medium.transmissions,
-                       {"total": sum(per_node.values()) + edge, "nodes": sum(per_node.values()),
-                        "edge": edge, "max_node": per_node[hottest],
-                        "max_node_cell": hottest, "per_node": per_node})
+                       self.medium.transmissions, record)
 
     # ------------------------------------------------------------ parties
     def _after_cpu(self, party: Party, messages: int, then: Any, argument: Any = None) -> None:
@@ -213,3 +207,15 @@ def _figures(shipped: Shipped, compute_s: float, edge_device: DeviceProfile
             "energy_j": energy, "edge_compute_j": edge_compute,
             "bytes": shipped.bytes, "frames": shipped.frames,
             "transmissions": shipped.transmissions}
+
+
+def times(record: dict[str, Any], slots: int) -> dict[str, Any]:
+    """`slots` time slots of one slot's `record` (each slot ships and computes alike)."""
+    scaled = dict(record)
+    for key in ("makespan_s", "ship_s", "compute_s", "edge_compute_j", "bytes", "frames",
+                "transmissions"):
+        scaled[key] = record[key] * slots
+    scaled["energy_j"] = {k: v * slots if isinstance(v, float | int) else v
+                          for k, v in record["energy_j"].items() if k != "per_node"}
+    scaled["slots"] = slots
+    return scaled

@@ -32,10 +32,10 @@ over the same intervals (`RadioTimes`), so the trace is the one source of truth.
 from __future__ import annotations
 
 import random
-from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections import defaultdict, deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from meshdl.messages import Message
 from meshdl.sim.clock import EventQueue
@@ -90,24 +90,28 @@ class Sent(NamedTuple):
 class RadioTimes:
     """Seconds each party's radio spent transmitting and receiving (ACKs included)."""
 
-    tx: dict[Party, float] = field(default_factory=dict)
-    rx: dict[Party, float] = field(default_factory=dict)
-
-    def add(self, times: dict[Party, float], party: Party, seconds: float) -> None:
-        times[party] = times.get(party, 0.0) + seconds
+    tx: dict[Party, float] = field(default_factory=lambda: defaultdict(float))
+    rx: dict[Party, float] = field(default_factory=lambda: defaultdict(float))
 
 
 @dataclass(slots=True)
 class _Radio:
     queue: deque[Transmission] = field(default_factory=deque)
-    active: bool = False  # a transmission queued, in backoff or on air
+    active: bool = False  # the head of its queue is in backoff or deferred
     backoff_exponent: int = 0
-    free_at: float = 0.0  # duty cycle: not on air before
+    free_at: float = 0.0  # not on air again before: its last hold's end, or duty cycle
+    woken_by: Hashable | None = None  # the channel member whose release woke it
 
 
 class Medium:
     """Radios of every party over channels; `send` queues, `deliver` is called at the
-    receiver when the last frame (and its ACK) is through."""
+    receivers when the last frame (and its ACK) is through, plus the hop latency.
+
+    A sender that finds its channel busy waits on the member held longest, in that
+    member's queue; when the member is released, the first in its queue draws a new
+    backoff and tries again (and, failing on another member, passes the turn to the
+    next). So a busy channel costs an event per release, not one per waiting sender:
+    the star's hundreds of nodes do not poll its one channel."""
 
     def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int,
                  deliver: Callable[[Party, Message], None],
@@ -118,61 +122,106 @@ class Medium:
         self.deliver = deliver
         self.trace = trace
         self.times = RadioTimes()
+        # Until when each channel member is held; every member is listed (at 0 first),
+        # so that checking a channel is one C-level max over its members.
         self.busy_until: dict[Hashable, float] = {}
         self.transmissions = 0
         self.frames = 0
         self.by_kind: dict[tuple[int, int], list[int]] = {}  # (kind, layer): bytes, frames
         self._radios: dict[Party, _Radio] = {}
         self._airtime: dict[tuple[int, bool], Airtime] = {}
+        self._waiting: dict[Hashable, deque[Party]] = {}  # senders deferred on a member
+        self._trying: set[Hashable] = set()  # members whose first waiter is trying
 
-    def channel_of(self, party: Party) -> Iterable[Hashable]:
+    def channel_of(self, party: Party) -> tuple[Hashable, ...]:
         """Who must be free for `party` to transmit (and is held while it does)."""
         raise NotImplementedError
 
     # -------------------------------------------------------------- sending
-    def send(self, tx: Transmission) -> None:
+    def send(self, tx: Transmission, ready: float | None = None) -> None:
+        """Queue `tx` on its sender's radio; it contends for the air from `ready` (when
+        the sender's CPU has made it; default now)."""
         radio = self._radios.get(tx.src)
         if radio is None:
             radio = self._radios[tx.src] = _Radio()
         radio.queue.append(tx)
         if not radio.active:
             radio.active = True
-            self._contend(tx.src, radio, self.queue.now)
+            self._contend(tx.src, radio, self.queue.now if ready is None else ready)
 
     def _contend(self, src: Party, radio: _Radio, after: float) -> None:
         radio.backoff_exponent = self.radio.min_be
         self.queue.at(max(after, radio.free_at) + self._backoff(radio), self._attempt, src)
 
     def _backoff(self, radio: _Radio) -> float:
+        """A whole number of unit periods, 0 .. 2^BE - 1, drawn uniformly."""
         unit = self.radio.backoff_unit_s
         if unit <= 0:
             return 0.0
-        return self.rng.randrange(1 << radio.backoff_exponent) * unit
+        return int(self.rng.random() * (1 << radio.backoff_exponent)) * unit
 
     def _attempt(self, src: Party) -> None:
         now, radio = self.queue.now, self._radios[src]
+        woken, radio.woken_by = radio.woken_by, None
+        if woken is not None:
+            self._trying.discard(woken)
         if now < radio.free_at:  # duty cycle
             self.queue.at(radio.free_at, self._attempt, src)
+        else:
+            busy, channel = self.busy_until, self.channel_of(src)
+            blocker = max(channel, key=busy.__getitem__)
+            if busy[blocker] > now:  # defer, with a wider window next time
+                radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
+                self._wait(src, blocker, first=blocker == woken)
+            else:
+                self._transmit(src, radio, channel, now)
+        if woken is not None:
+            self._release(woken)  # its next waiter's turn (now, or when it is free)
+
+    def _wait(self, src: Party, member: Hashable, first: bool) -> None:
+        waiting = self._waiting.get(member)
+        if waiting is None:
+            waiting = self._waiting[member] = deque()
+        if first:
+            waiting.appendleft(src)
+        else:
+            waiting.append(src)
+        self._release(member)
+
+    def _release(self, member: Hashable) -> None:
+        """The first sender waiting on `member` tries again a fresh backoff after the
+        member is free (unless one is trying already)."""
+        if member in self._trying:
             return
-        busy, channel = self.busy_until, self.channel_of(src)
-        latest = max(busy.get(party, 0.0) for party in channel)
-        if latest > now:  # defer, with a wider window
-            radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
-            self.queue.at(latest + self._backoff(radio), self._attempt, src)
+        waiting = self._waiting.get(member)
+        if not waiting:
             return
+        src = waiting.popleft()
+        if not waiting:  # only members with waiters are listed
+            del self._waiting[member]
+        radio = self._radios[src]
+        radio.woken_by = member
+        self._trying.add(member)
+        free = max(self.busy_until[member], self.queue.now)
+        self.queue.at(free + self._backoff(radio), self._attempt, src)
+
+    def _transmit(self, src: Party, radio: _Radio, channel: tuple[Hashable, ...],
+                  now: float) -> None:
+        """The channel is free: the head of `src`'s queue goes on air."""
+        busy = self.busy_until
         tx = radio.queue.popleft()
         air = self.airtime(tx.size, acked=not tx.broadcast)
         t0 = now + self.radio.cca_s
         end = t0 + air.channel
         for party in channel:
             busy[party] = end
-        times = self.times
-        times.add(times.tx, src, air.on_air)
+        sending, receiving = self.times.tx, self.times.rx
+        sending[src] += air.on_air
         for receiver in tx.receivers:
-            times.add(times.rx, receiver, air.on_air)
+            receiving[receiver] += air.on_air
         if air.acks:
-            times.add(times.tx, tx.receivers[0], air.acks)
-            times.add(times.rx, src, air.acks)
+            sending[tx.receivers[0]] += air.acks
+            receiving[src] += air.acks
         self.transmissions += 1
         self.frames += air.frames
         counts = self.by_kind.get((tx.kind, tx.layer))
@@ -183,22 +232,17 @@ class Medium:
         if self.trace is not None:
             self.trace.append(Sent(t0, t0 + air.last_bit, src, tx.receivers, tx.broadcast,
                                    tx.kind, tx.layer, tx.size, air.frames, "ok"))
-        radio.free_at = t0 + self.radio.off_time_s(air.on_air) + air.on_air
-        self.queue.at(end, self._finished, tx)
-
-    def _finished(self, tx: Transmission) -> None:
-        now = self.queue.now
-        at = now + self.radio.hop_latency_s
-        for party, message in tx.deliveries:
-            self.queue.at(at, self._arrive, (party, message))
-        radio = self._radios[tx.src]
-        if radio.queue:
-            self._contend(tx.src, radio, now)
+        radio.free_at = max(end, t0 + air.on_air + self.radio.off_time_s(air.on_air))
+        self.queue.at(end + self.radio.hop_latency_s, self._arrive, tx)
+        if radio.queue:  # the next one contends once this one is through
+            self._contend(src, radio, radio.free_at)
         else:
             radio.active = False
 
-    def _arrive(self, delivery: tuple[Party, Message]) -> None:
-        self.deliver(*delivery)
+    def _arrive(self, tx: Transmission) -> None:
+        deliver = self.deliver
+        for party, message in tx.deliveries:
+            deliver(party, message)
 
     # -------------------------------------------------------------- physics
     def airtime(self, size: int, acked: bool) -> Airtime:
@@ -226,9 +270,11 @@ def airtime(radio: RadioProfile, size: int, acked: bool) -> Airtime:
 class SharedRadio(Medium):
     """One radio per node; a transmission holds the sender's one-hop neighbourhood."""
 
-    def __init__(self, neighbours: dict[Party, list[Party]], *args, **kwargs) -> None:
+    def __init__(self, neighbours: dict[Party, list[Party]], *args: Any,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._channels = {party: (party, *around) for party, around in neighbours.items()}
+        self.busy_until.update(dict.fromkeys(self._channels, 0.0))
 
     def channel_of(self, party: Party) -> tuple[Party, ...]:
         return self._channels[party]
@@ -238,6 +284,10 @@ class MqttStar(Medium):
     """Every party on one Wi-Fi channel with the broker's access point."""
 
     _ONE = (CHANNEL,)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.busy_until[CHANNEL] = 0.0
 
     def channel_of(self, party: Party) -> tuple[Hashable, ...]:
         return self._ONE

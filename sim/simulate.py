@@ -21,10 +21,11 @@ from meshdl.edge.agent import WaveEngine, WaveResult
 from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Kind
 from meshdl.model import CNN
 from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.sim import energy
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.media import BROKER, Sent
 from meshdl.sim.radio import RadioProfile
-from meshdl.sim.timed import MediumName, TimedMesh, Usage, energy_of
+from meshdl.sim.timed import MediumName, TimedMesh, Usage
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
@@ -114,19 +115,11 @@ def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = No
 
 
 def energy_record(mesh: TimedMesh, usage: Usage) -> dict[str, Any]:
-    """Joules over the waves of `usage`: total (nodes and edge), nodes, edge, the
-    hottest node, by state, per node."""
-    energy = {name_of(cell): energy_of(mesh, usage, cell) for cell in mesh.hosts}
-    per_node = {name: parts["total"] for name, parts in energy.items()}
-    hottest = max(per_node, key=per_node.__getitem__)
-    edge = energy_of(mesh, usage, EDGE)["total"]
-    nodes = sum(per_node.values())
-    return {"total": nodes + edge, "nodes": nodes, "edge": edge,
-            "max_node": per_node[hottest], "max_node_cell": hottest,
-            "per_wave_mean": (nodes + edge) / max(usage.waves, 1),
-            "by_state": {state: sum(parts[state] for parts in energy.values())
-                         for state in ("tx", "rx", "listen", "cpu", "idle")},
-            "per_node": per_node}
+    """Joules over the waves of `usage` (sim/energy.py)."""
+    record = energy.energy_record(mesh.radio, mesh.device, mesh.edge_device, mesh.hosts,
+                                  EDGE, usage.tx, usage.rx, usage.cpu, usage.seconds)
+    record["per_wave_mean"] = record["total"] / max(usage.waves, 1)
+    return record
 
 
 def _by_class(mesh: TimedMesh) -> dict[str, tuple[int, int]]:

@@ -45,7 +45,6 @@ from meshdl.sim.media import (
     Medium,
     MqttStar,
     Party,
-    RadioTimes,
     Sent,
     SharedRadio,
     Transmission,
@@ -64,10 +63,12 @@ BROKER_S = 200e-6
 
 @dataclass(slots=True)
 class _Cpu:
-    """One party's processor: a queue of messages handled one at a time."""
+    """One party's processor: messages are handled one at a time; one that comes while
+    it is busy waits in `inbox` until `free_at`."""
 
     inbox: deque[Message] = field(default_factory=deque)
-    busy: bool = False
+    free_at: float = 0.0
+    waking: bool = False  # an event at `free_at` will take the inbox's next
     seconds: float = 0.0  # computing, in total
 
 
@@ -125,8 +126,10 @@ class TimedMesh:
         topo = spec.topology
         self.hosts = {cell: NodeHost(spec, [cell], _cell_readings(readings),
                                      local_delivery=False) for cell in topo.cells()}
+        self.nodes = {cell: host.nodes[cell] for cell, host in self.hosts.items()}
         self.edge = EdgeMachine(spec, model, labels)
         self._topics = TopicNames(spec.mesh_id)
+        self._broadcast_sizes: dict[tuple, int] = {}
         self.cpus: dict[Party, _Cpu] = {party: _Cpu() for party in [*self.hosts, EDGE]}
         self.medium: Medium
         if medium == "shared":
@@ -155,7 +158,7 @@ class TimedMesh:
         queue, edge = self.queue, self.edge
         self._wave = WaveTiming(mode, queue.now)
         before = self._state_times()
-        self._handled(EDGE, edge.start(mode, split, indices, queue.now))
+        self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
         if not queue.run(lambda: edge.result is not None, self.max_events) \
                 or edge.result is None:
             self._stalled()
@@ -190,62 +193,67 @@ class TimedMesh:
 
     # ------------------------------------------------------------- parties
     def _arrive(self, party: Party, message: Message) -> None:
-        cpu = self.cpus[party]
-        cpu.inbox.append(message)
-        if not cpu.busy:
-            self._handle_next(party)
-
-    def _handle_next(self, party: Party) -> None:
+        """A message reaches `party`: handled now, or queued while its CPU is busy."""
         cpu, now = self.cpus[party], self.queue.now
-        message = cpu.inbox.popleft()
-        cpu.busy = True
+        if cpu.free_at > now or cpu.inbox:
+            cpu.inbox.append(message)
+            if not cpu.waking:
+                cpu.waking = True
+                self.queue.at(cpu.free_at, self._wake, party)
+            return
+        self._handle(party, message, now)
+
+    def _wake(self, party: Party) -> None:
+        """The CPU is free again: take the next message waiting for it."""
+        cpu, now = self.cpus[party], self.queue.now
+        cpu.waking = False
+        self._handle(party, cpu.inbox.popleft(), now)
+        if cpu.inbox:
+            cpu.waking = True
+            self.queue.at(cpu.free_at, self._wake, party)
+
+    def _handle(self, party: Party, message: Message, now: float) -> None:
+        """The party's machine takes the message at `now` (its kernels run for real);
+        its CPU is then busy for the device's time of what that set off, and what it
+        sent goes on the radio when that time is over."""
         if self.receipts is not None:
             self.receipts.append((now, party, message.header))
         if party == EDGE:
             edge = self.edge
             before = edge.flops
             out: list[Any] = edge.handle(message, now)
-            flops, device = edge.flops - before, self.edge_device
+            seconds = self.edge_device.cpu_s(edge.flops - before)
             if message.header.kind == Kind.GATHER and edge.trace is not None \
                     and self._wave is not None and self._wave.forward is None:
                 self._wave.forward = now - self._wave.start
         elif party == BROKER:
-            out, flops, device = self._fan_out(message), 0, None
+            out, seconds = self._fan_out(message), self.broker_s
         else:
-            host = self.hosts[party]
-            node = host.nodes[party]
+            node = self.nodes[party]
             before = node.flops
-            out = host.handle(self._topics.of(message.header), message, now)
-            flops, device = node.flops - before, self.device
-        seconds = self.broker_s if device is None else device.cpu_s(flops)
-        cpu.seconds += seconds
-        self.queue.at(now + seconds, self._done, (party, out))
-
-    def _done(self, done: tuple[Party, list[Any]]) -> None:
-        party, out = done
-        self._handled(party, out)
+            out = self.hosts[party].handle(self._topics.of(message.header), message, now)
+            seconds = self.device.cpu_s(node.flops - before)
         cpu = self.cpus[party]
-        cpu.busy = False
-        if cpu.inbox:
-            self._handle_next(party)
+        cpu.seconds += seconds
+        cpu.free_at = now + seconds
+        self._handled(party, out, now + seconds)
 
-    def _handled(self, party: Party, out: list[Any]) -> None:
-        """Queue on `party`'s radio what it sent."""
+    def _handled(self, party: Party, out: list[Any], ready: float) -> None:
+        """Queue on `party`'s radio what it sent, to go on air from `ready`."""
         if not out:
             return
+        send = self.medium.send
         if party == BROKER:
             for dst, message in out:
-                self._transmit(Transmission(BROKER, (dst,), message.header.kind,
-                                            message.header.layer, self._mqtt_bytes(message),
-                                            [(dst, message)]))
+                send(Transmission(BROKER, (dst,), message.header.kind, message.header.layer,
+                                  self._mqtt_bytes(message), [(dst, message)]), ready)
             return
         for message in out:
             self.ledger.record(message)
         if self.medium_name == "star":
             for message in out:
-                self._transmit(Transmission(party, (BROKER,), message.header.kind,
-                                            message.header.layer, self._mqtt_bytes(message),
-                                            [(BROKER, message)]))
+                send(Transmission(party, (BROKER,), message.header.kind, message.header.layer,
+                                  self._mqtt_bytes(message), [(BROKER, message)]), ready)
             return
         groups: dict[tuple[int, int, int], list[Message]] = {}
         for message in out:
@@ -254,26 +262,29 @@ class TimedMesh:
         for (kind, layer, phase), messages in groups.items():
             if len(messages) == 1:
                 m = messages[0]
-                self._transmit(Transmission(party, (m.header.dst,), kind, layer,
-                                            self._bytes(m), [(m.header.dst, m)]))
+                send(Transmission(party, (m.header.dst,), kind, layer, self._bytes(m),
+                                  [(m.header.dst, m)]), ready)
             else:
-                self._transmit(self._broadcast(party, kind, layer, phase, messages))
-
-    def _transmit(self, tx: Transmission) -> None:
-        self.medium.send(tx)
+                send(self._broadcast(party, kind, layer, phase, messages), ready)
 
     def _broadcast(self, src: Party, kind: int, layer: int, phase: int,
                    messages: list[Message]) -> Transmission:
         """Messages of one kind, layer and phase for several neighbours: one radio
-        transmission carrying the union of their items."""
-        items: set = set()
-        per_item = 0
-        for m in messages:
-            carried = message_items(self.spec, src, m.header.dst, kind, layer, phase)
-            items.update(carried)
-            per_item = math.prod(m.header.shape) // len(carried)
-        size = self.spec.overhead(Kind(kind)) + ITEM_BYTES * per_item * len(items)
-        return Transmission(src, tuple(m.header.dst for m in messages), kind, layer, size,
+        transmission carrying the union of their items (its size is worked out once per
+        sender, receivers and batch: waves repeat them)."""
+        receivers = tuple(m.header.dst for m in messages)
+        key = (src, kind, layer, phase, receivers, messages[0].header.shape)
+        size = self._broadcast_sizes.get(key)
+        if size is None:
+            items: set = set()
+            per_item = 0
+            for m in messages:
+                carried = message_items(self.spec, src, m.header.dst, kind, layer, phase)
+                items.update(carried)
+                per_item = math.prod(m.header.shape) // len(carried)
+            size = self._broadcast_sizes[key] = \
+                self.spec.overhead(Kind(kind)) + ITEM_BYTES * per_item * len(items)
+        return Transmission(src, receivers, kind, layer, size,
                             [(m.header.dst, m) for m in messages], broadcast=True)
 
     def _bytes(self, message: Message) -> int:
@@ -303,25 +314,3 @@ def publish_bytes(topic_length: int, message_bytes: int) -> int:
 def _minus(now: dict[Party, float], then: dict[Party, float]) -> dict[Party, float]:
     return {party: value - then.get(party, 0.0) for party, value in now.items()
             if value != then.get(party, 0.0)}
-
-
-def energy_of(mesh: TimedMesh, usage: Usage, party: Party) -> dict[str, float]:
-    """Joules of one party of the mesh over the waves of `usage`."""
-    device = mesh.edge_device if party == EDGE else mesh.device
-    return state_energy(mesh.radio, device, RadioTimes(usage.tx, usage.rx), party,
-                        usage.cpu.get(party, 0.0), usage.seconds)
-
-
-def state_energy(radio: RadioProfile, device: DeviceProfile, times: RadioTimes,
-                 party: Party, cpu: float, duration: float) -> dict[str, float]:
-    """Energest-style joules of one party over `duration` seconds: each state's time
-    times its power. Radio: transmitting, receiving, listening the rest of the time (an
-    always-on radio: a duty-cycled MAC would sleep part of it); device: computing, idle
-    the rest."""
-    tx, rx = times.tx.get(party, 0.0), times.rx.get(party, 0.0)
-    listen = max(duration - tx - rx, 0.0)
-    parts = {"tx": tx * radio.tx_w, "rx": rx * radio.rx_w, "listen": listen * radio.idle_w,
-             "cpu": cpu * device.cpu_w, "idle": max(duration - cpu, 0.0) * device.idle_w}
-    parts["total"] = sum(parts.values())
-    return parts
-

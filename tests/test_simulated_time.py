@@ -17,12 +17,13 @@ from meshdl.messages import EDGE
 from meshdl.model import CNN
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.device import DeviceProfile, device
+from meshdl.sim.energy import state_energy
 from meshdl.sim.lounge import generate_lounge
 from meshdl.sim.media import BROKER, Sent
 from meshdl.sim.mesh import MeshEngine
 from meshdl.sim.radio import RadioProfile, profile
 from meshdl.sim.simulate import SimEngine
-from meshdl.sim.timed import TimedMesh, energy_of
+from meshdl.sim.timed import TimedMesh
 from meshdl.training import train
 
 FREE_CPU = DeviceProfile(name="free", flops_per_s=1e30, per_message_s=0.0, cpu_w=0.0,
@@ -139,18 +140,22 @@ def test_each_nodes_energy_is_its_state_times_from_the_trace_times_power(
     usage = mesh.usage[Mode.TRAIN]
     assert usage.seconds == pytest.approx(mesh.waves[-1].end)
     for party in [*mesh.hosts, EDGE]:
-        parts = energy_of(mesh, usage, party)
+        computer = mesh.edge_device if party == EDGE else mesh.device
+        parts = state_energy(r, computer, usage.tx.get(party, 0.0), usage.rx.get(party, 0.0),
+                             usage.cpu.get(party, 0.0), usage.seconds)
         assert parts["tx"] == pytest.approx(tx[party] * r.tx_w, rel=1e-9, abs=1e-15)
         assert parts["rx"] == pytest.approx(rx[party] * r.rx_w, rel=1e-9, abs=1e-15)
         listen = usage.seconds - tx[party] - rx[party]
         assert parts["listen"] == pytest.approx(listen * r.idle_w, rel=1e-9)
-        computer = mesh.edge_device if party == EDGE else mesh.device
         cpu = mesh.cpus[party].seconds
         assert parts["cpu"] == pytest.approx(cpu * computer.cpu_w, rel=1e-9, abs=1e-15)
         assert parts["total"] == pytest.approx(
             parts["tx"] + parts["rx"] + parts["listen"] + parts["cpu"]
             + (usage.seconds - cpu) * computer.idle_w, rel=1e-12)
         assert cpu > 0
+        quiet = usage.seconds - tx[party] - rx[party]
+        assert parts["ideal_mac"] == pytest.approx(
+            parts["total"] - parts["listen"] + quiet * r.sleep_w, rel=1e-12)
 
 
 def test_a_nodes_cpu_time_is_its_kernels_operations_at_the_device_rate() -> None:

@@ -14,7 +14,19 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 
-from meshdl.cli import bench, broker, cost, data, deploy, model, mqtt_run, plan, radio, train
+from meshdl.cli import (
+    bench,
+    broker,
+    cost,
+    data,
+    deploy,
+    model,
+    mqtt_run,
+    plan,
+    radio,
+    simulate,
+    train,
+)
 from meshdl.cli.common import err_console, format_validation_error
 from meshdl.errors import MeshdlError
 from meshdl.mqtt import quiet_abandoned_clients
@@ -40,6 +52,7 @@ app.add_typer(data.app, name="data")
 app.add_typer(bench.app, name="bench")
 app.add_typer(deploy.app, name="deploy")
 app.add_typer(radio.app, name="radio")
+app.add_typer(simulate.app, name="simulate")
 train.register(app)
 model.register(app)
 cost.register(app)

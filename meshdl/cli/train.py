@@ -133,7 +133,7 @@ def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
     fit = Fit(checkpoints=run_dir, resume=checkpoint)
     try:
         if transport == "virtual":
-            model, history = _fit_with_progress(config, dataset, fit)
+            model, history = fit_with_progress(config, dataset, fit)
         else:
             model, history = _fit_over_mqtt(config, dataset, BrokerAddress.parse(broker), fit)
     except MeshdlError as exc:  # a broker away too long, a diverged run: say how to go on
@@ -168,12 +168,12 @@ def _fit_over_mqtt(config: RunConfig, dataset: Dataset, address: BrokerAddress,
     with BackgroundNodeHost(config, cells, address, dataset):
         engine = MqttEngine.for_run(config, dataset, address)
         try:
-            return _fit_with_progress(config, dataset, fit, engine)
+            return fit_with_progress(config, dataset, fit, engine)
         finally:
             engine.close()
 
 
-def _fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
+def fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
                        engine: Engine | None = None) -> tuple[CNN, History]:
     """Train with a progress bar on stderr, then list the epochs there."""
     epochs = config.train.epochs

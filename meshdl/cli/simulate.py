@@ -1,0 +1,233 @@
+"""`meshdl simulate train|infer|compare`: the mesh under simulated time, on a radio.
+
+`train` and `infer` take `meshdl train`'s flags and run the same loop with the virtual
+mesh's machines on a discrete-event clock (sim/timed.py), over a shared radio or an
+MQTT star; the run directory holds what `meshdl train` writes plus sim.json (makespans,
+energy per node, bytes and frames, and the cloud-heavy baseline on the same radio),
+trace.jsonl (one line per transmission) and energy.png (joules per node over the grid).
+`compare` puts in-mesh computing next to shipping every reading to the edge, per radio
+and per network shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+
+from meshdl.augment import training_data
+from meshdl.cli.common import emit_json, err_console, parse_cell
+from meshdl.cli.train import Fit, fit_with_progress
+from meshdl.config import RunConfig, load_run_config
+from meshdl.data import Dataset, load_dataset
+from meshdl.errors import UsageError
+from meshdl.model import CNN
+from meshdl.protocol import Mode
+from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
+from meshdl.sim import cloud
+from meshdl.sim.device import DeviceProfile, device
+from meshdl.sim.lounge import generate_lounge
+from meshdl.sim.radio import RadioProfile, profile
+from meshdl.sim.simulate import SimEngine, plot_energy, sim_report, write_trace
+from meshdl.sim.timed import TimedMesh
+from meshdl.training import normalization
+
+app = typer.Typer(help="Run the mesh under simulated time: radios, devices, energy, and "
+                  "the cloud-heavy baseline.", no_args_is_help=True)
+
+RADIO = typer.Option("802.15.4", "--radio", help="Radio profile (see meshdl radio list).")
+MEDIUM = typer.Option("shared", "--medium", help="shared (a radio mesh: one-hop "
+                      "neighbours share the air) or star (every node through an MQTT "
+                      "broker's access point).")
+DEVICE = typer.Option(None, "--device", help="Nodes' computer: cortex-m4, pi-zero-2w or "
+                      "pi4 (default: a Pi Zero 2 W on Wi-Fi, a Cortex-M4 on the low-power "
+                      "radios, as their motes carry).")
+EDGE_DEVICE = typer.Option("pi4", "--edge-device", help="The edge's computer.")
+RADIOS = typer.Option(None, "--radios", help="A TOML file of [[radio]] profiles.")
+
+
+@app.callback()
+def _simulate() -> None:
+    """Simulated time, radios and energy."""
+
+
+def _profiles(radio: str, medium: str, node: str | None, edge: str, radios: Path | None
+              ) -> tuple[RadioProfile, DeviceProfile, DeviceProfile]:
+    if medium not in ("shared", "star"):
+        raise UsageError(f"--medium must be shared or star, not {medium!r}")
+    chosen = profile(radio, radios)
+    node = node or ("pi-zero-2w" if chosen.name == "wifi" else "cortex-m4")
+    return chosen, device(node), device(edge)
+
+
+def _data_and_config(data: Path | None, config_file: Path | None, model: dict[str, Any],
+                     train: dict[str, Any], edge_at: str | None
+                     ) -> tuple[Dataset, RunConfig, str]:
+    dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
+    if dataset is not None:  # a data file fixes the grid unless the flags say otherwise
+        model["rows"] = model["rows"] if model["rows"] is not None else dataset.rows
+        model["cols"] = model["cols"] if model["cols"] is not None else dataset.cols
+    config = load_run_config(config_file, mode="mesh", model=model, train=train,
+                             mesh={"edge_at": parse_cell(edge_at) if edge_at else None})
+    if dataset is None:
+        with err_console.status("generating the synthetic lounge data set"):
+            dataset = generate_lounge(config.data)
+    return dataset, config, source
+
+
+@app.command("train")
+def simulate_train(
+    data: Path | None = typer.Option(None, "--data", help="Data set .npz (default: the "
+                                     "synthetic lounge)."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
+                                    "runs/<timestamp>-simulate/)."),
+    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration."),
+    edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C of the edge."),
+    rows: int | None = typer.Option(None, "--rows", help="Grid rows."),
+    cols: int | None = typer.Option(None, "--cols", help="Grid columns."),
+    kernel: int | None = typer.Option(None, "--kernel", help="Filter size k."),
+    filters: int | None = typer.Option(None, "--filters", help="Filters per conv layer."),
+    pool: int | None = typer.Option(None, "--pool", help="Max-pool size."),
+    hidden: int | None = typer.Option(None, "--hidden", help="Hidden FC units."),
+    epochs: int | None = typer.Option(None, "--epochs", help="Training epochs."),
+    batch: int | None = typer.Option(None, "--batch", help="Batch size."),
+    lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of init, batch order and "
+                                    "the radios' backoffs."),
+    radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
+    edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
+    trace: bool = typer.Option(False, "--trace/--no-trace", help="Write trace.jsonl (one "
+                               "line per transmission: long for long runs)."),
+    json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
+) -> None:
+    """Train in the mesh under simulated time; sim.json says what it took on the radio."""
+    radio_profile, node, edge = _profiles(radio, medium, node_device, edge_device, radios)
+    dataset, config, source = _data_and_config(
+        data, config_file,
+        {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters, "pool": pool,
+         "hidden": hidden},
+        {"epochs": epochs, "batch": batch, "lr": lr, "seed": seed}, edge_at)
+    run_dir = out or new_run_dir(name="simulate")
+    view = training_data(config.train, dataset)
+    engine = SimEngine(view, radio_profile, medium, node, edge, seed=config.train.seed,
+                       trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
+                       max_message_bytes=config.mesh.max_message_bytes)
+    start_run(run_dir, config, source)
+    model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
+    mesh = engine.mesh
+    assert mesh is not None
+    steps = sum(1 for w in mesh.waves if w.mode == Mode.TRAIN)
+    baseline = {variant: cloud.training_run(
+        mesh.spec, radio_profile, medium, node, edge, len(view.y_train), steps,
+        config.train.batch, variant, config.train.seed)
+        for variant in _variants(medium)}
+    report = _finish(run_dir, mesh, Mode.TRAIN, baseline, trace)
+    write_run(run_dir, config, model, metrics_record(config, history, {"sim": report}),
+              source)
+    _say(report, run_dir)
+    if json_out:
+        emit_json(report)
+
+
+@app.command("infer")
+def simulate_infer(
+    model_path: Path | None = typer.Option(None, "--model", help="A trained model.npz "
+                                           "(default: a fresh one; the cost of a wave "
+                                           "does not depend on the weights)."),
+    data: Path | None = typer.Option(None, "--data", help="Data set .npz (default: the "
+                                     "synthetic lounge)."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
+                                    "runs/<timestamp>-simulate-infer/)."),
+    edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C of the edge."),
+    rows: int | None = typer.Option(None, "--rows", help="Grid rows."),
+    cols: int | None = typer.Option(None, "--cols", help="Grid columns."),
+    kernel: int | None = typer.Option(None, "--kernel", help="Filter size k."),
+    filters: int | None = typer.Option(None, "--filters", help="Filters per conv layer."),
+    pool: int | None = typer.Option(None, "--pool", help="Max-pool size."),
+    hidden: int | None = typer.Option(None, "--hidden", help="Hidden FC units."),
+    batch: int = typer.Option(1, "--batch", help="Samples per wave (1: one time slot)."),
+    waves: int = typer.Option(1, "--waves", help="Inference waves (time slots)."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of a fresh model and of the "
+                                    "radios' backoffs."),
+    radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
+    edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
+    trace: bool = typer.Option(True, "--trace/--no-trace", help="Write trace.jsonl."),
+    json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
+) -> None:
+    """Inference waves under simulated time (one time slot each, by default)."""
+    if batch < 1 or waves < 1:
+        raise UsageError("--batch and --waves must be at least 1")
+    radio_profile, node, edge = _profiles(radio, medium, node_device, edge_device, radios)
+    trained = CNN.load(model_path) if model_path else None
+    shape = trained.config.model_dump() if trained else {
+        "rows": rows, "cols": cols, "kernel": kernel, "filters": filters, "pool": pool,
+        "hidden": hidden}
+    dataset, config, source = _data_and_config(data, None, shape, {"seed": seed}, edge_at)
+    model = trained or CNN(config.model, seed=config.train.seed)
+    if trained is None:
+        model.set_normalization(*normalization(dataset.X_train))
+    run_dir = out or new_run_dir(name="simulate-infer")
+    engine = SimEngine(dataset, radio_profile, medium, node, edge, seed=config.train.seed,
+                       trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
+                       max_message_bytes=config.mesh.max_message_bytes)
+    if batch > engine.spec_for(model).max_batch:
+        raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
+                         "samples fit the mesh's max_message_bytes")
+    tests = len(dataset.y_test)
+    predicted = [engine.logits(model, "test", np.arange(w * batch, (w + 1) * batch) % tests)
+                 .argmax(axis=1) for w in range(waves)]
+    mesh = engine.mesh
+    assert mesh is not None
+    baseline = {}
+    for variant in _variants(medium):
+        slot = cloud.inference_slot(mesh.spec, radio_profile, medium, node, edge, batch,
+                                    variant, config.train.seed)
+        baseline[variant] = cloud.times(slot, waves)
+    start_run(run_dir, config, source)
+    report = _finish(run_dir, mesh, Mode.INFER, baseline, trace)
+    labels = np.concatenate([np.arange(w * batch, (w + 1) * batch) % tests
+                             for w in range(waves)])
+    report["accuracy"] = float(np.mean(np.concatenate(predicted) == dataset.y_test[labels]))
+    _say(report, run_dir)
+    if json_out:
+        emit_json(report)
+
+
+def _variants(medium: str) -> list[cloud.Variant]:
+    """Through a broker there is no tree to aggregate along: one variant."""
+    return ["aggregated", "unaggregated"] if medium == "shared" else ["unaggregated"]
+
+
+def _finish(run_dir: Path, mesh: TimedMesh, mode: Mode, baseline: dict[str, Any],
+            trace: bool) -> dict[str, Any]:
+    """Write sim.json, trace.jsonl and energy.png; return sim.json's content."""
+    import json
+
+    main = baseline["aggregated" if "aggregated" in baseline else "unaggregated"]
+    record = {"cloud_heavy": main, **{f"cloud_heavy_{v}": b for v, b in baseline.items()}}
+    report = sim_report(mesh, mode, record)
+    (run_dir / "sim.json").write_text(json.dumps(report, indent=2) + "\n")
+    if trace and mesh.trace is not None:
+        write_trace(mesh.trace, run_dir / "trace.jsonl")
+    plot_energy(report, mesh.spec.model.rows, mesh.spec.model.cols, run_dir / "energy.png")
+    return report
+
+
+def _say(report: dict[str, Any], run_dir: Path) -> None:
+    """The comparison in a few lines on stderr."""
+    span, energy = report["makespan_s"], report["energy_j"]
+    cloud_heavy = report["baseline"]["cloud_heavy"]
+    err_console.print(
+        f"{report['waves']} {report['mode']} waves on {report['radio']['name']} "
+        f"({report['medium']}): {span['per_wave_mean']:.4g} s a wave, "
+        f"{span['total']:.4g} s in all; energy {energy['total']:.4g} J, hottest node "
+        f"{energy['max_node_cell']} {energy['max_node']:.4g} J -> {run_dir}",
+        highlight=False)
+    err_console.print(
+        f"cloud-heavy ({cloud_heavy['variant']}): {cloud_heavy['makespan_s']:.4g} s, "
+        f"{cloud_heavy['energy_j']['total']:.4g} J, hottest node "
+        f"{cloud_heavy['energy_j']['max_node']:.4g} J, {cloud_heavy['bytes']:,} bytes "
+        f"(in-mesh: {sum(report['bytes'].values()):,} bytes)", highlight=False)
+
