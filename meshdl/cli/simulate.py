@@ -11,6 +11,7 @@ and per network shape.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,129 @@ def _say(report: dict[str, Any], run_dir: Path) -> None:
         f"{cloud_heavy['energy_j']['max_node']:.4g} J, {cloud_heavy['bytes']:,} bytes "
         f"(in-mesh: {sum(report['bytes'].values()):,} bytes)", highlight=False)
 
+
+
+@app.command("compare")
+def simulate_compare(
+    radio: list[str] = typer.Option(None, "--radio", help="Radio profiles to compare "
+                                    "(repeat; default: every one, Wi-Fi on the star, the "
+                                    "others as a radio mesh)."),
+    rows: int = typer.Option(17, "--rows", help="Grid rows."),
+    cols: int = typer.Option(25, "--cols", help="Grid columns."),
+    kernel: int = typer.Option(3, "--kernel", help="Filter size k."),
+    filters: int = typer.Option(5, "--filters", help="Filters per conv layer."),
+    pool: int = typer.Option(2, "--pool", help="Max-pool size."),
+    conv_layers: int = typer.Option(2, "--conv-layers", help="Conv layers."),
+    hidden: int = typer.Option(200, "--hidden", help="Hidden FC units."),
+    batch: int = typer.Option(1, "--batch", help="Samples of an inference slot."),
+    train_samples: int = typer.Option(2400, "--train-samples", help="Training maps of "
+                                      "an epoch (0: no epoch comparison)."),
+    train_batch: int = typer.Option(100, "--train-batch", help="Training batch."),
+    epochs: int = typer.Option(20, "--epochs", help="Epochs of the whole training run "
+                               "compared (the raw data is shipped once for all)."),
+    sweep: bool = typer.Option(False, "--sweep", help="Also the inference slot over "
+                               "network shapes (k 1/3, filters 1/2/5, pool 2/3/4, 1 or 2 "
+                               "conv layers) on the first radio: where does the mesh win?"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the backoffs."),
+    radios: Path | None = RADIOS,
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """In-mesh computing against shipping every reading to the edge, measured."""
+    from meshdl.config import ModelConfig
+    from meshdl.sim import compare
+    from meshdl.sim.radio import profiles
+
+    known = profiles(radios)
+    names = radio or list(known)
+    model = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, pool=pool,
+                        conv_layers=conv_layers, hidden=hidden)
+    results: dict[str, Any] = {"model": model.model_dump(), "batch": batch, "radios": []}
+    for name in names:
+        chosen, node, edge = _profiles(name, "star" if name == "wifi" else "shared", None,
+                                       "pi4", radios)
+        medium = "star" if name == "wifi" else "shared"
+        err_console.print(f"{name} ({medium}): inference slot", highlight=False)
+        entry: dict[str, Any] = {"radio": name, "medium": medium, "device": node.name,
+                                 "inference": compare.inference_slot(
+                                     model, chosen, medium, node, edge, batch, seed)}
+        if train_samples:
+            err_console.print(f"{name} ({medium}): one training epoch", highlight=False)
+            entry["epoch"] = compare.training_epoch(model, chosen, medium, node, edge,
+                                                    train_samples, train_batch, seed, epochs)
+            if "run" in entry["epoch"]:
+                entry["run"] = entry["epoch"].pop("run")
+        results["radios"].append(entry)
+    if sweep:
+        results["sweep"] = _sweep(names[0], rows, cols, hidden, batch, seed, radios)
+    if json_out:
+        emit_json(results)
+        return
+    sys.stdout.write(comparison_markdown(results) + "\n")  # markdown: never wrapped
+
+
+def _sweep(name: str, rows: int, cols: int, hidden: int, batch: int, seed: int,
+           radios: Path | None) -> list[dict[str, Any]]:
+    from meshdl.config import ModelConfig
+    from meshdl.sim import compare
+
+    medium = "star" if name == "wifi" else "shared"
+    chosen, node, edge = _profiles(name, medium, None, "pi4", radios)
+    out = []
+    for kernel in (1, 3):
+        for conv_layers in (1, 2):
+            for filters in (1, 2, 5):
+                for pool in (2, 3, 4):
+                    model = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters,
+                                        pool=pool, conv_layers=conv_layers, hidden=hidden)
+                    record = compare.inference_slot(model, chosen, medium, node, edge, batch,
+                                                    seed)
+                    out.append({"kernel": kernel, "conv_layers": conv_layers,
+                                "filters": filters, "pool": pool, "radio": name,
+                                "inference": record, "mesh_wins": compare.wins(record)})
+    return out
+
+
+def comparison_markdown(results: dict[str, Any]) -> str:
+    """The comparison as the markdown tables of SIMULATION.md."""
+    lines = []
+    head = ("| radio | what | bytes (of them PARAMS) | makespan (s) | busiest node airtime "
+            "(s) | energy, always-on (J) | hottest node (J) | energy, ideal MAC (J) | "
+            "hottest node, ideal MAC (J) |")
+    rule = "|" + " --- |" * 9
+
+    def row(radio: str, what: str, f: dict[str, Any]) -> str:
+        params = f" ({f['params_bytes']:,})" if "params_bytes" in f else ""
+        return (f"| {radio} | {what} | {f['bytes']:,}{params} | {f['makespan_s']:.4g} | "
+                f"{f['max_node_airtime_s']:.4g} ({f['max_node_airtime_cell']}) | "
+                f"{f['energy_j']:.4g} | {f['max_node_j']:.4g} | {f['ideal_mac_j']:.4g} | "
+                f"{f['ideal_mac_max_node_j']:.4g} |")
+
+    for section, title in (("inference", "Inference slot"), ("epoch", "One training epoch"),
+                           ("run", "The whole training run")):
+        entries = [e for e in results["radios"] if section in e]
+        if not entries:
+            continue
+        lines += [f"### {title}", "", head, rule]
+        for e in entries:
+            label = f"{e['radio']} ({e['medium']}, {e['device']})"
+            for key, record in e[section].items():
+                if isinstance(record, dict) and "bytes" in record:
+                    lines.append(row(label, key.replace("_", " "), record))
+        lines.append("")
+    if results.get("sweep"):
+        lines += ["### Where the mesh wins (inference slot)", "",
+                  "| k | conv layers | filters | pool | " + " | ".join(
+                      compare_metrics()) + " |", "|" + " --- |" * (4 + len(compare_metrics()))]
+        for s in results["sweep"]:
+            wins = s["mesh_wins"]
+            lines.append(f"| {s['kernel']} | {s['conv_layers']} | {s['filters']} | "
+                         f"{s['pool']} | " + " | ".join(
+                             "mesh" if wins[m] else "cloud" for m in compare_metrics()) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def compare_metrics() -> tuple[str, ...]:
+    from meshdl.sim.compare import METRICS
+
+    return METRICS
