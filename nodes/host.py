@@ -92,6 +92,23 @@ class NodeHost:
             out = self._handle_in(node, message, now)
         return self._deliver_locally(out, now) if self.local_delivery else out
 
+    def take(self, message: Message, now: float) -> list[Message]:
+        """A message whose receiver the transport already knows, as a radio delivers to
+        the node a frame addressed (simulated time): no topic to check; the header's
+        destination picks the cell (every hosted one for a broadcast). A cell's failure
+        is isolated as in `handle`."""
+        dst = message.header.dst
+        if dst == ALL:
+            out: list[Message] = []
+            for node in self.nodes.values():
+                out.extend(self._handle_in(node, message, now))
+            return out
+        node = self.nodes.get(dst)
+        if node is None:
+            self.stats["rejected:not_hosted"] += 1
+            return []
+        return self._handle_in(node, message, now)
+
     def _handle_in(self, node: NodeMachine, message: Message, now: float) -> list[Message]:
         """One cell takes a message. Whatever a message does to a cell stays in that cell:
         a cell whose machine raises is isolated (it takes nothing more) and reported,

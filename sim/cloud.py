@@ -201,6 +201,8 @@ def _figures(shipped: Shipped, compute_s: float, edge_device: DeviceProfile
     edge_compute = compute_s * (edge_device.cpu_w - edge_device.idle_w)
     energy["edge"] += compute_s * edge_device.cpu_w
     energy["total"] += compute_s * edge_device.cpu_w
+    energy["ideal_mac"] = dict(energy["ideal_mac"])
+    energy["ideal_mac"]["total"] += compute_s * edge_device.cpu_w
     return {"variant": shipped.variant,
             "makespan_s": shipped.makespan_s + compute_s,
             "ship_s": shipped.makespan_s, "compute_s": compute_s,
@@ -210,12 +212,16 @@ def _figures(shipped: Shipped, compute_s: float, edge_device: DeviceProfile
 
 
 def times(record: dict[str, Any], slots: int) -> dict[str, Any]:
-    """`slots` time slots of one slot's `record` (each slot ships and computes alike)."""
-    scaled = dict(record)
-    for key in ("makespan_s", "ship_s", "compute_s", "edge_compute_j", "bytes", "frames",
-                "transmissions"):
-        scaled[key] = record[key] * slots
-    scaled["energy_j"] = {k: v * slots if isinstance(v, float | int) else v
-                          for k, v in record["energy_j"].items() if k != "per_node"}
+    """`slots` time slots of one slot's `record` (each slot ships and computes alike):
+    every figure multiplied, names of cells and the variant kept."""
+    scaled = _scaled(record, slots)
     scaled["slots"] = slots
     return scaled
+
+
+def _scaled(value: Any, factor: int) -> Any:
+    if isinstance(value, dict):
+        return {k: _scaled(v, factor) for k, v in value.items()}
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    return value * factor

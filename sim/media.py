@@ -130,6 +130,9 @@ class Medium:
         self.by_kind: dict[tuple[int, int], list[int]] = {}  # (kind, layer): bytes, frames
         self._radios: dict[Party, _Radio] = {}
         self._airtime: dict[tuple[int, bool], Airtime] = {}
+        # The profile's figures read on every transmission, looked up once.
+        self._cca, self._latency = radio.cca_s, radio.hop_latency_s
+        self._off_per_on = 1 / radio.duty_cycle - 1  # duty-cycle wait per second on air
         self._waiting: dict[Hashable, deque[Party]] = {}  # senders deferred on a member
         self._trying: set[Hashable] = set()  # members whose first waiter is trying
 
@@ -194,16 +197,26 @@ class Medium:
         if member in self._trying:
             return
         waiting = self._waiting.get(member)
-        if not waiting:
+        busy = self.busy_until
+        free = max(busy[member], self.queue.now)
+        while waiting:
+            src = waiting.popleft()
+            if not waiting:  # only members with waiters are listed
+                del self._waiting[member]
+            # A sender whose channel holds another member past `free` would surely find
+            # it busy then (holds only ever end later): it waits on that one instead.
+            blocker = max(self.channel_of(src), key=busy.__getitem__)
+            if busy[blocker] > free:
+                self._radios[src].backoff_exponent = min(
+                    self._radios[src].backoff_exponent + 1, self.radio.max_be)
+                self._wait(src, blocker, first=False)
+                waiting = self._waiting.get(member)
+                continue
+            radio = self._radios[src]
+            radio.woken_by = member
+            self._trying.add(member)
+            self.queue.at(free + self._backoff(radio), self._attempt, src)
             return
-        src = waiting.popleft()
-        if not waiting:  # only members with waiters are listed
-            del self._waiting[member]
-        radio = self._radios[src]
-        radio.woken_by = member
-        self._trying.add(member)
-        free = max(self.busy_until[member], self.queue.now)
-        self.queue.at(free + self._backoff(radio), self._attempt, src)
 
     def _transmit(self, src: Party, radio: _Radio, channel: tuple[Hashable, ...],
                   now: float) -> None:
@@ -211,7 +224,7 @@ class Medium:
         busy = self.busy_until
         tx = radio.queue.popleft()
         air = self.airtime(tx.size, acked=not tx.broadcast)
-        t0 = now + self.radio.cca_s
+        t0 = now + self._cca
         end = t0 + air.channel
         for party in channel:
             busy[party] = end
@@ -232,8 +245,8 @@ class Medium:
         if self.trace is not None:
             self.trace.append(Sent(t0, t0 + air.last_bit, src, tx.receivers, tx.broadcast,
                                    tx.kind, tx.layer, tx.size, air.frames, "ok"))
-        radio.free_at = max(end, t0 + air.on_air + self.radio.off_time_s(air.on_air))
-        self.queue.at(end + self.radio.hop_latency_s, self._arrive, tx)
+        radio.free_at = max(end, t0 + air.on_air * (1 + self._off_per_on))
+        self.queue.at(end + self._latency, self._arrive, tx)
         if radio.queue:  # the next one contends once this one is through
             self._contend(src, radio, radio.free_at)
         else:

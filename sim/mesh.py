@@ -271,7 +271,7 @@ class MeshEngine(WaveEngine):
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         mesh = self._mesh_for(model)
         # The nodes' products are tiny: BLAS threads would only add wake-up latency.
-        with self._threadpools.limit(limits=1), _cyclic_gc_paused():
+        with self._threadpools.limit(limits=1), cyclic_gc_paused():
             return self._loop.run_until_complete(mesh.run_wave(mode, split, indices))
 
     def report(self) -> dict[str, Any]:
@@ -295,7 +295,7 @@ def _cell_readings(readings: dict[int, np.ndarray]) -> Callable[[Cell], dict[int
 
 
 @contextlib.contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
+def cyclic_gc_paused() -> Iterator[None]:
     """A wave makes a great many short-lived objects (messages, headers, keys) and no
     reference cycles, so reference counting frees them all; Python's cyclic collector
     would only rescan the mesh's long-lived plans again and again (about 7 % of a wave's

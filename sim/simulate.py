@@ -24,6 +24,7 @@ from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim import energy
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.media import BROKER, Sent
+from meshdl.sim.mesh import cyclic_gc_paused
 from meshdl.sim.radio import RadioProfile
 from meshdl.sim.timed import MediumName, TimedMesh, Usage
 from meshdl.topics import name_of
@@ -64,12 +65,26 @@ class SimEngine(WaveEngine):
 
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         mesh = self._mesh_for(model)
-        with self._threadpools.limit(limits=1):  # as the virtual mesh: tiny products
+        # As the virtual mesh: tiny products need no BLAS threads, and a wave's many
+        # short-lived objects form no cycles for the collector to find.
+        with self._threadpools.limit(limits=1), cyclic_gc_paused():
             return mesh.run_wave(mode, split, indices)
 
     def report(self) -> dict[str, Any]:
-        """The "comm" record of metrics.json, as the virtual mesh gives it."""
-        return {} if self.mesh is None else self.mesh.ledger.report()
+        """The "comm" record of metrics.json, as the virtual mesh gives it; the wave's
+        depth in simulated seconds (there are no rounds here)."""
+        if self.mesh is None:
+            return {}
+        comm = self.mesh.ledger.report()
+        topo = self.mesh.spec.topology
+        last = self.mesh.waves[-1] if self.mesh.waves else None
+        comm["wave_depth"] = {
+            "diameter": topo.diameter,
+            "edge_hops_to_far_corner": max(topo.depth.values()),
+            "wave": None if last is None else last.mode.name.lower(),
+            "forward_s": None if last is None else last.forward,
+            "wave_s": None if last is None else last.end - last.start}
+        return comm
 
     def close(self) -> None:
         """Nothing to release: no loop, no sockets."""

@@ -231,7 +231,7 @@ class TimedMesh:
         else:
             node = self.nodes[party]
             before = node.flops
-            out = self.hosts[party].handle(self._topics.of(message.header), message, now)
+            out = self.hosts[party].take(message, now)
             seconds = self.device.cpu_s(node.flops - before)
         cpu = self.cpus[party]
         cpu.seconds += seconds
@@ -254,6 +254,11 @@ class TimedMesh:
             for message in out:
                 send(Transmission(party, (BROKER,), message.header.kind, message.header.layer,
                                   self._mqtt_bytes(message), [(BROKER, message)]), ready)
+            return
+        if len(out) == 1:  # most handlings send one message, or none
+            m = out[0]
+            send(Transmission(party, (m.header.dst,), m.header.kind, m.header.layer,
+                              self._bytes(m), [(m.header.dst, m)]), ready)
             return
         groups: dict[tuple[int, int, int], list[Message]] = {}
         for message in out:

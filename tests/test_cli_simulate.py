@@ -128,8 +128,7 @@ def test_infer_baseline_is_the_hand_count_of_one_reading_a_cell(inferred) -> Non
 def test_infer_writes_sim_json_trace_and_energy_png(inferred) -> None:
     run, report, _ = inferred
     sim = json.loads((run / "sim.json").read_text())
-    # stdout is sim.json plus the slots' accuracy (see the xfail below).
-    assert {k: v for k, v in report.items() if k != "accuracy"} == sim
+    assert report == sim
     assert (run / "energy.png").read_bytes().startswith(PNG)
     trace = _trace(run)
     assert len(trace) == sim["transmissions"]
@@ -151,9 +150,6 @@ def test_infer_writes_sim_json_trace_and_energy_png(inferred) -> None:
     assert trace[-1]["dst"] == "edge" and trace[-1]["kind"] == "gather"
 
 
-@pytest.mark.xfail(strict=True, reason="meshdl/cli/simulate.py simulate_infer: _finish() "
-                   "writes sim.json, then report['accuracy'] is added and printed, so "
-                   "--json prints a record that sim.json lacks ('accuracy')")
 def test_infer_json_on_stdout_is_sim_json(inferred) -> None:
     run, report, _ = inferred
     assert report == json.loads((run / "sim.json").read_text())
@@ -231,28 +227,15 @@ def test_train_baseline_ships_the_training_set_once(tmp_path) -> None:
     assert baseline["compute_s"] > 0
 
 
-@pytest.mark.xfail(strict=True, reason="meshdl/cli/simulate.py simulate_train passes "
-                   "len(view.y_train) to cloud.training_run: with augment = 'mirror' (the "
-                   "default) that counts the 4 mirror images of each map, so the baseline "
-                   "ships 192 readings a cell instead of the 48 the sensors took "
-                   "(meshdl.augment.originals(view) is the raw count)")
 def test_train_baseline_ships_the_raw_maps_not_their_mirror_images(trained) -> None:
     baseline = trained[1]["baseline"]["cloud_heavy"]
     assert baseline["bytes"] == 20 * HEADER_BYTES + ITEM_BYTES * 48 * HOPS == 18240
 
 
-@pytest.mark.xfail(strict=True, reason="sim/simulate.py SimEngine.report() gives no "
-                   "'wave_depth' record, so the training summary that meshdl/cli/cost.py "
-                   "print_comm_summary prints says 'mesh diameter None, edge to far "
-                   "corner None hops; whole wave None rounds'")
 def test_train_summary_names_no_missing_figure(trained) -> None:
     assert "None" not in trained[2]
 
 
-@pytest.mark.xfail(strict=True, reason="meshdl/cli/simulate.py never passes the "
-                   "configuration's mesh.params_via to SimEngine: params_via = 'broadcast' "
-                   "with --medium shared is silently run as 'tree' (config.json still says "
-                   "broadcast) instead of TimedMesh's usage error")
 def test_train_refuses_a_broadcast_params_via_on_the_shared_radio(tmp_path) -> None:
     config = _config(tmp_path, TINY_DATA + '\n[mesh]\nparams_via = "broadcast"\n')
     code, _, err = _train(tmp_path / "run", config, "--medium", "shared")
@@ -336,10 +319,6 @@ def test_an_unknown_radio_error_lists_the_users_profiles_too(tmp_path) -> None:
     assert_one_line_error(code, err, 2, "'nope'", "lab-wifi", "802.15.4")
 
 
-@pytest.mark.xfail(strict=True, reason="the --radios help in meshdl/cli/simulate.py (and "
-                   "--file in meshdl/cli/radio.py) says 'A TOML file of [[radio]] ...', "
-                   "which typer renders as rich markup: the help shows 'A TOML file of [] "
-                   "profiles.'")
 @pytest.mark.parametrize("command", [("simulate", "infer"), ("simulate", "train"),
                                      ("radio", "list")])
 def test_help_names_the_radio_tables(command) -> None:

@@ -310,10 +310,6 @@ def test_times_scales_a_slots_figures_by_the_number_of_slots() -> None:
     assert three["energy_j"]["max_node_cell"] == slot["energy_j"]["max_node_cell"]
 
 
-@pytest.mark.xfail(strict=True, reason="sim/cloud.py times(): only the top-level numbers "
-                   "of energy_j are multiplied by `slots`; the nested records ideal_mac, "
-                   "by_state and airtime_s are copied unscaled, so a multi-slot baseline "
-                   "(meshdl simulate infer --waves N) reports one slot's ideal-MAC energy")
 def test_times_scales_the_ideal_mac_energy_and_the_airtime_too() -> None:
     slot = cloud.inference_slot(_spec(3, 3), profile("802.15.4"), "shared", NODE,
                                 EDGE_DEVICE, BATCH)
@@ -325,10 +321,6 @@ def test_times_scales_the_ideal_mac_energy_and_the_airtime_too() -> None:
     assert energy["airtime_s"]["max_node"] == pytest.approx(3 * one["airtime_s"]["max_node"])
 
 
-@pytest.mark.xfail(strict=True, reason="sim/cloud.py _figures(): the edge's compute energy "
-                   "(compute_s * cpu_w) is added to energy_j total and edge but not to "
-                   "energy_j.ideal_mac.total, so the baseline's ideal-MAC total leaves out "
-                   "the whole network's computation at the edge")
 def test_the_edges_compute_energy_counts_under_the_ideal_mac_too() -> None:
     spec = _spec(3, 3)
     run = cloud.training_run(spec, profile("802.15.4"), "shared", NODE, EDGE_DEVICE, 64, 5,

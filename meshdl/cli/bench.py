@@ -180,3 +180,40 @@ def recipe(
         f"{result['mean_test_acc']:.4f}, worst {result['min_test_acc']:.4f}, "
         f"{result['under_floor']} under {result['floor']:.0%}, "
         f"{result['single_class']} predicting one class", highlight=False)
+
+
+@app.command("sim")
+def sim(
+    rows: int = typer.Option(100, "--rows", help="Rows of the large mesh's wave."),
+    cols: int = typer.Option(100, "--cols", help="Columns of the large mesh's wave."),
+    radio: str = typer.Option("802.15.4", "--radio", help="Radio profile."),
+    epochs: int | None = typer.Option(None, "--epochs", min=0, help="Epochs of the training "
+                                      "run compared (default: the seed experiment's 20; "
+                                      "0: no training run)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+) -> None:
+    """Simulated time: one inference wave on a large mesh, and a training run against the
+    plain virtual mesh's wall time."""
+    from meshdl.bench_sim import bench_large_wave, bench_training
+
+    err_console.print(f"one inference wave on a {rows} x {cols} mesh", highlight=False)
+    result = {"large_wave": bench_large_wave(rows, cols, radio)}
+    if epochs != 0:
+        config = load_run_config(train={"epochs": epochs})
+        with err_console.status("generating the synthetic lounge data set"):
+            data = generate_lounge(config.data)
+        result["training"] = bench_training(config, data, radio,
+                                            log=lambda text: err_console.print(text))
+    if json_out:
+        emit_json(result)
+        return
+    wave = result["large_wave"]
+    out_console.print(f"{rows} x {cols} inference wave: {wave['wave_wall_s']:.1f} s wall "
+                      f"({wave['events']:,} events, {wave['events_per_s']:,.0f}/s), "
+                      f"{wave['simulated_s']:.1f} s simulated")
+    if "training" in result:
+        t = result["training"]
+        out_console.print(f"training, {t['epochs']} epochs: virtual mesh "
+                          f"{t['virtual_wall_s']:.1f} s, simulated time {t['timed_wall_s']:.1f}"
+                          f" s: {t['ratio_to_virtual']:.2f}x (same parameters: "
+                          f"{t['same_parameters']})")

@@ -85,10 +85,18 @@ def print_comm_summary(comm: dict[str, Any], console: Any = None) -> None:
     console.print(halo)
     depth = comm.get("wave_depth", {})
     busiest = comm.get("busiest_link") or {}
+    if "wave_s" in depth:  # simulated time: seconds, not rounds
+        extent = (f"forward wave {depth.get('forward_s') or 0:.4g} s (mesh diameter "
+                  f"{depth.get('diameter')}, edge to far corner "
+                  f"{depth.get('edge_hops_to_far_corner')} hops); whole wave "
+                  f"{depth.get('wave_s') or 0:.4g} s")
+    else:
+        extent = (f"forward wave depth {depth.get('forward_rounds', 0):.0f} rounds (mesh "
+                  f"diameter {depth.get('diameter')}, edge to far corner "
+                  f"{depth.get('edge_hops_to_far_corner')} hops); whole wave "
+                  f"{depth.get('wave_rounds')} rounds")
     console.print(
-        f"forward wave depth {depth.get('forward_rounds', 0):.0f} rounds (mesh diameter "
-        f"{depth.get('diameter')}, edge to far corner {depth.get('edge_hops_to_far_corner')} "
-        f"hops); whole wave {depth.get('wave_rounds')} rounds; busiest link "
+        f"{extent}; busiest link "
         f"{busiest.get('link')} ({busiest.get('bytes', 0) / waves:,.0f} bytes per wave). "
         "Needed < formula because windows reaching past the border read zeros that "
         "nobody sends.", highlight=False)

@@ -30,7 +30,7 @@ def _radio() -> None:
 
 @app.command("list")
 def list_profiles(
-    file: Path | None = typer.Option(None, "--file", help="A TOML file of [[radio]] tables; "
+    file: Path | None = typer.Option(None, "--file", help="A TOML file of \\[\\[radio]] tables; "
                                      "a profile named like a built-in replaces it."),
     json_out: bool = typer.Option(False, "--json", help="Print the profiles as a JSON list "
                                   "on stdout."),

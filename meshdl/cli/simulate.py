@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import typer
 
-from meshdl.augment import training_data
+from meshdl.augment import originals, training_data
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.train import Fit, fit_with_progress
 from meshdl.config import RunConfig, load_run_config
@@ -46,7 +46,7 @@ DEVICE = typer.Option(None, "--device", help="Nodes' computer: cortex-m4, pi-zer
                       "pi4 (default: a Pi Zero 2 W on Wi-Fi, a Cortex-M4 on the low-power "
                       "radios, as their motes carry).")
 EDGE_DEVICE = typer.Option("pi4", "--edge-device", help="The edge's computer.")
-RADIOS = typer.Option(None, "--radios", help="A TOML file of [[radio]] profiles.")
+RADIOS = typer.Option(None, "--radios", help="A TOML file of \\[\\[radio]] profiles.")
 
 
 @app.callback()
@@ -114,14 +114,17 @@ def simulate_train(
     view = training_data(config.train, dataset)
     engine = SimEngine(view, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
+                       params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes)
+    engine.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
     start_run(run_dir, config, source)
     model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
     mesh = engine.mesh
     assert mesh is not None
     steps = sum(1 for w in mesh.waves if w.mode == Mode.TRAIN)
+    # The edge mirrors maps itself: only the sensors' own readings are shipped.
     baseline = {variant: cloud.training_run(
-        mesh.spec, radio_profile, medium, node, edge, len(view.y_train), steps,
+        mesh.spec, radio_profile, medium, node, edge, originals(view), steps,
         config.train.batch, variant, config.train.seed)
         for variant in _variants(medium)}
     report = _finish(run_dir, mesh, Mode.TRAIN, baseline, trace)
@@ -172,6 +175,7 @@ def simulate_infer(
     run_dir = out or new_run_dir(name="simulate-infer")
     engine = SimEngine(dataset, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
+                       params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes)
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
@@ -187,13 +191,19 @@ def simulate_infer(
                                     variant, config.train.seed)
         baseline[variant] = cloud.times(slot, waves)
     start_run(run_dir, config, source)
-    report = _finish(run_dir, mesh, Mode.INFER, baseline, trace)
     labels = np.concatenate([np.arange(w * batch, (w + 1) * batch) % tests
                              for w in range(waves)])
-    report["accuracy"] = float(np.mean(np.concatenate(predicted) == dataset.y_test[labels]))
+    accuracy = float(np.mean(np.concatenate(predicted) == dataset.y_test[labels]))
+    report = _finish(run_dir, mesh, Mode.INFER, baseline, trace, {"accuracy": accuracy})
     _say(report, run_dir)
     if json_out:
         emit_json(report)
+
+
+def _params_via(config: RunConfig, medium: str) -> str:
+    """The configuration's on the radio mesh; through a broker the edge always publishes
+    the parameters once (as over MQTT)."""
+    return config.mesh.params_via if medium == "shared" else "broadcast"
 
 
 def _variants(medium: str) -> list[cloud.Variant]:
@@ -202,13 +212,13 @@ def _variants(medium: str) -> list[cloud.Variant]:
 
 
 def _finish(run_dir: Path, mesh: TimedMesh, mode: Mode, baseline: dict[str, Any],
-            trace: bool) -> dict[str, Any]:
+            trace: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write sim.json, trace.jsonl and energy.png; return sim.json's content."""
     import json
 
     main = baseline["aggregated" if "aggregated" in baseline else "unaggregated"]
     record = {"cloud_heavy": main, **{f"cloud_heavy_{v}": b for v, b in baseline.items()}}
-    report = sim_report(mesh, mode, record)
+    report = {**sim_report(mesh, mode, record), **(extra or {})}
     (run_dir / "sim.json").write_text(json.dumps(report, indent=2) + "\n")
     if trace and mesh.trace is not None:
         write_trace(mesh.trace, run_dir / "trace.jsonl")

@@ -1,0 +1,66 @@
+"""Benchmarks of simulated time (wall clock, never in tests):
+
+- one inference wave on a large mesh (100 x 100 by default) under simulated time: wall
+  seconds, simulated events and events per wall second;
+- a training run under simulated time against the plain virtual mesh, both measured in
+  this run on the same data and configuration (the ratio is the price of the clock:
+  events, media and energy bookkeeping over the same machines).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from meshdl.augment import training_data
+from meshdl.config import ModelConfig, RunConfig
+from meshdl.data import Dataset
+from meshdl.protocol import Mode, Split
+from meshdl.sim.compare import _mesh as zero_mesh
+from meshdl.sim.device import device
+from meshdl.sim.mesh import MeshEngine
+from meshdl.sim.radio import profile
+from meshdl.sim.simulate import SimEngine
+from meshdl.training import train
+
+
+def bench_large_wave(rows: int, cols: int, radio: str = "802.15.4") -> dict[str, Any]:
+    """One inference wave of one sample on a rows x cols mesh (readings of zeros: what
+    is sent does not depend on them)."""
+    medium = "star" if radio == "wifi" else "shared"
+    node = device("pi-zero-2w" if radio == "wifi" else "cortex-m4")
+    built = time.perf_counter()
+    mesh = zero_mesh(ModelConfig(rows=rows, cols=cols), profile(radio), medium, node,
+                     device("pi4"), samples=1, seed=0)
+    start = time.perf_counter()
+    mesh.run_wave(Mode.INFER, Split.TEST, np.arange(1))
+    wall = time.perf_counter() - start
+    return {"grid": [rows, cols], "radio": radio, "medium": medium,
+            "build_s": start - built, "wave_wall_s": wall, "events": mesh.queue.events,
+            "events_per_s": mesh.queue.events / wall, "transmissions": mesh.medium.transmissions,
+            "simulated_s": mesh.waves[-1].end - mesh.waves[-1].start}
+
+
+def bench_training(config: RunConfig, data: Dataset, radio: str = "802.15.4",
+                   log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """The same training run in the plain virtual mesh and under simulated time."""
+    view = training_data(config.train, data)
+    medium = "star" if radio == "wifi" else "shared"
+    node = device("pi-zero-2w" if radio == "wifi" else "cortex-m4")
+    log("training in the virtual mesh")
+    virtual_model, virtual = train(config, data, engine=MeshEngine(view))
+    log(f"training under simulated time ({radio}, {medium})")
+    engine = SimEngine(view, profile(radio), medium, node, device("pi4"),
+                       seed=config.train.seed, params_via="tree")
+    timed_model, timed = train(config, data, engine=engine)
+    assert engine.mesh is not None
+    return {"grid": [config.model.rows, config.model.cols], "epochs": config.train.epochs,
+            "virtual_wall_s": virtual.wall_s, "timed_wall_s": timed.wall_s,
+            "ratio_to_virtual": timed.wall_s / virtual.wall_s,
+            "same_parameters": bool(np.array_equal(timed_model.flat, virtual_model.flat)),
+            "waves": len(engine.mesh.waves), "events": engine.mesh.queue.events,
+            "events_per_s": engine.mesh.queue.events / timed.wall_s,
+            "simulated_s": engine.mesh.queue.now}
