@@ -32,7 +32,7 @@ over the same intervals (`RadioTimes`), so the trace is the one source of truth.
 from __future__ import annotations
 
 import random
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -121,13 +121,16 @@ class Medium:
         self.rng = random.Random(seed)
         self.deliver = deliver
         self.trace = trace
-        self.times = RadioTimes()
+        self._times = RadioTimes()
         # Until when each channel member is held; every member is listed (at 0 first),
         # so that checking a channel is one C-level max over its members.
         self.busy_until: dict[Hashable, float] = {}
-        self.transmissions = 0
-        self.frames = 0
-        self.by_kind: dict[tuple[int, int], list[int]] = {}  # (kind, layer): bytes, frames
+        self._transmissions = 0
+        self._frames = 0
+        self._by_kind: dict[tuple[int, int], list[int]] = {}  # (kind, layer): bytes, frames
+        # Transmissions not yet added to the figures above, counted by what they were
+        # (a wave repeats the same few thousand): one counter step each on the hot path.
+        self._unsettled: Counter[tuple] = Counter()
         self._radios: dict[Party, _Radio] = {}
         self._airtime: dict[tuple[int, bool], Airtime] = {}
         # The profile's figures read on every transmission, looked up once.
@@ -154,7 +157,14 @@ class Medium:
 
     def _contend(self, src: Party, radio: _Radio, after: float) -> None:
         radio.backoff_exponent = self.radio.min_be
-        self.queue.at(max(after, radio.free_at) + self._backoff(radio), self._attempt, src)
+        at = max(after, radio.free_at) + self._backoff(radio)
+        busy = self.busy_until
+        blocker = max(self.channel_of(src), key=busy.__getitem__)
+        if busy[blocker] > at:  # it would surely find the channel busy: wait for it now
+            radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
+            self._wait(src, blocker, first=False)
+        else:
+            self.queue.at(at, self._attempt, src)
 
     def _backoff(self, radio: _Radio) -> float:
         """A whole number of unit periods, 0 .. 2^BE - 1, drawn uniformly."""
@@ -228,20 +238,7 @@ class Medium:
         end = t0 + air.channel
         for party in channel:
             busy[party] = end
-        sending, receiving = self.times.tx, self.times.rx
-        sending[src] += air.on_air
-        for receiver in tx.receivers:
-            receiving[receiver] += air.on_air
-        if air.acks:
-            sending[tx.receivers[0]] += air.acks
-            receiving[src] += air.acks
-        self.transmissions += 1
-        self.frames += air.frames
-        counts = self.by_kind.get((tx.kind, tx.layer))
-        if counts is None:
-            counts = self.by_kind[tx.kind, tx.layer] = [0, 0]
-        counts[0] += tx.size
-        counts[1] += air.frames
+        self._unsettled[src, tx.receivers, tx.kind, tx.layer, tx.size, tx.broadcast] += 1
         if self.trace is not None:
             self.trace.append(Sent(t0, t0 + air.last_bit, src, tx.receivers, tx.broadcast,
                                    tx.kind, tx.layer, tx.size, air.frames, "ok"))
@@ -251,6 +248,47 @@ class Medium:
             self._contend(src, radio, radio.free_at)
         else:
             radio.active = False
+
+    # -------------------------------------------------------------- figures
+    def _settle(self) -> None:
+        """Add the transmissions counted since the last call to the figures."""
+        sending, receiving = self._times.tx, self._times.rx
+        for (src, receivers, kind, layer, size, broadcast), n in self._unsettled.items():
+            air = self.airtime(size, acked=not broadcast)
+            sending[src] += n * air.on_air
+            for receiver in receivers:
+                receiving[receiver] += n * air.on_air
+            if air.acks:
+                sending[receivers[0]] += n * air.acks
+                receiving[src] += n * air.acks
+            self._transmissions += n
+            self._frames += n * air.frames
+            counts = self._by_kind.setdefault((kind, layer), [0, 0])
+            counts[0] += n * size
+            counts[1] += n * air.frames
+        self._unsettled.clear()
+
+    @property
+    def times(self) -> RadioTimes:
+        """Seconds each party transmitted and received, so far."""
+        self._settle()
+        return self._times
+
+    @property
+    def transmissions(self) -> int:
+        self._settle()
+        return self._transmissions
+
+    @property
+    def frames(self) -> int:
+        self._settle()
+        return self._frames
+
+    @property
+    def by_kind(self) -> dict[tuple[int, int], list[int]]:
+        """(kind, layer): [bytes before framing, frames] of every transmission."""
+        self._settle()
+        return self._by_kind
 
     def _arrive(self, tx: Transmission) -> None:
         deliver = self.deliver

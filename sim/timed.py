@@ -218,21 +218,21 @@ class TimedMesh:
         sent goes on the radio when that time is over."""
         if self.receipts is not None:
             self.receipts.append((now, party, message.header))
-        if party == EDGE:
+        node = self.nodes.get(party)
+        if node is not None:  # a cell: by far the most messages
+            before = node.flops
+            out: list[Any] = self.hosts[party].take(message, now)
+            seconds = self.device.cpu_s(node.flops - before)
+        elif party == EDGE:
             edge = self.edge
             before = edge.flops
-            out: list[Any] = edge.handle(message, now)
+            out = edge.handle(message, now)
             seconds = self.edge_device.cpu_s(edge.flops - before)
             if message.header.kind == Kind.GATHER and edge.trace is not None \
                     and self._wave is not None and self._wave.forward is None:
                 self._wave.forward = now - self._wave.start
-        elif party == BROKER:
+        else:  # the broker
             out, seconds = self._fan_out(message), self.broker_s
-        else:
-            node = self.nodes[party]
-            before = node.flops
-            out = self.hosts[party].take(message, now)
-            seconds = self.device.cpu_s(node.flops - before)
         cpu = self.cpus[party]
         cpu.seconds += seconds
         cpu.free_at = now + seconds
