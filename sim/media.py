@@ -132,6 +132,7 @@ class Medium:
         # (a wave repeats the same few thousand): one counter step each on the hot path.
         self._unsettled: Counter[tuple] = Counter()
         self._radios: dict[Party, _Radio] = {}
+        self._channels: dict[Party, tuple[Hashable, ...]] = {}  # each medium fills it
         self._airtime: dict[tuple[int, bool], Airtime] = {}
         # The profile's figures read on every transmission, looked up once.
         self._cca, self._latency = radio.cca_s, radio.hop_latency_s
@@ -141,7 +142,7 @@ class Medium:
 
     def channel_of(self, party: Party) -> tuple[Hashable, ...]:
         """Who must be free for `party` to transmit (and is held while it does)."""
-        raise NotImplementedError
+        return self._channels[party]
 
     # -------------------------------------------------------------- sending
     def send(self, tx: Transmission, ready: float | None = None) -> None:
@@ -159,7 +160,7 @@ class Medium:
         radio.backoff_exponent = self.radio.min_be
         at = max(after, radio.free_at) + self._backoff(radio)
         busy = self.busy_until
-        blocker = max(self.channel_of(src), key=busy.__getitem__)
+        blocker = max(self._channels[src], key=busy.__getitem__)
         if busy[blocker] > at:  # it would surely find the channel busy: wait for it now
             radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
             self._wait(src, blocker, first=False)
@@ -181,7 +182,7 @@ class Medium:
         if now < radio.free_at:  # duty cycle
             self.queue.at(radio.free_at, self._attempt, src)
         else:
-            busy, channel = self.busy_until, self.channel_of(src)
+            busy, channel = self.busy_until, self._channels[src]
             blocker = max(channel, key=busy.__getitem__)
             if busy[blocker] > now:  # defer, with a wider window next time
                 radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
@@ -215,7 +216,7 @@ class Medium:
                 del self._waiting[member]
             # A sender whose channel holds another member past `free` would surely find
             # it busy then (holds only ever end later): it waits on that one instead.
-            blocker = max(self.channel_of(src), key=busy.__getitem__)
+            blocker = max(self._channels[src], key=busy.__getitem__)
             if busy[blocker] > free:
                 self._radios[src].backoff_exponent = min(
                     self._radios[src].backoff_exponent + 1, self.radio.max_be)
@@ -324,21 +325,22 @@ class SharedRadio(Medium):
     def __init__(self, neighbours: dict[Party, list[Party]], *args: Any,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._channels = {party: (party, *around) for party, around in neighbours.items()}
+        self._channels.update(
+            {party: (party, *around) for party, around in neighbours.items()})
         self.busy_until.update(dict.fromkeys(self._channels, 0.0))
 
-    def channel_of(self, party: Party) -> tuple[Party, ...]:
-        return self._channels[party]
+
+class _OneChannel(dict):
+    """Every party's channel is the same one."""
+
+    def __missing__(self, party: Party) -> tuple[Hashable, ...]:
+        return (CHANNEL,)
 
 
 class MqttStar(Medium):
     """Every party on one Wi-Fi channel with the broker's access point."""
 
-    _ONE = (CHANNEL,)
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._channels = _OneChannel()
         self.busy_until[CHANNEL] = 0.0
-
-    def channel_of(self, party: Party) -> tuple[Hashable, ...]:
-        return self._ONE

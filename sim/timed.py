@@ -118,6 +118,7 @@ class TimedMesh:
         self.device = device
         self.edge_device = edge_device
         self.broker_s = broker_s
+        self._per_message_s, self._flops_per_s = device.per_message_s, device.flops_per_s
         self.queue = EventQueue()
         self.ledger = Ledger(spec)
         self.trace: list[Sent] | None = [] if trace else None
@@ -130,6 +131,7 @@ class TimedMesh:
         self.edge = EdgeMachine(spec, model, labels)
         self._topics = TopicNames(spec.mesh_id)
         self._broadcast_sizes: dict[tuple, int] = {}
+        self._sizes: dict[tuple, int] = {}  # (kind, shape): a message's bytes
         self.cpus: dict[Party, _Cpu] = {party: _Cpu() for party in [*self.hosts, EDGE]}
         self.medium: Medium
         if medium == "shared":
@@ -219,10 +221,10 @@ class TimedMesh:
         if self.receipts is not None:
             self.receipts.append((now, party, message.header))
         node = self.nodes.get(party)
-        if node is not None:  # a cell: by far the most messages
+        if node is not None:  # a cell: by far the most messages (DeviceProfile.cpu_s)
             before = node.flops
             out: list[Any] = self.hosts[party].take(message, now)
-            seconds = self.device.cpu_s(node.flops - before)
+            seconds = self._per_message_s + (node.flops - before) / self._flops_per_s
         elif party == EDGE:
             edge = self.edge
             before = edge.flops
@@ -294,7 +296,12 @@ class TimedMesh:
 
     def _bytes(self, message: Message) -> int:
         h = message.header
-        return self.spec.overhead(h.kind) + ITEM_BYTES * math.prod(h.shape)
+        key = (h.kind, h.shape)
+        size = self._sizes.get(key)
+        if size is None:
+            size = self._sizes[key] = self.spec.overhead(h.kind) + ITEM_BYTES * math.prod(
+                h.shape)
+        return size
 
     def _mqtt_bytes(self, message: Message) -> int:
         return publish_bytes(len(self._topics.of(message.header)), self._bytes(message))
