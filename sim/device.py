@@ -18,10 +18,13 @@ single-core one, since a node's kernels are small and run one at a time:
   32 MFLOPS. CPU 3.7 mA at 3 V running from flash with the DC/DC regulator, 1.9 uA in
   System ON idle with the RTC (Nordic nRF52832 product specification v1.4).
 
-`per_message_s` is the protocol's bookkeeping for one message (decode, dispatch, copy):
-measured here, in process, about 6 us a message on this machine's x86 core, and scaled
-by the single-core ratio (x86 core about 4x a Pi 4; a Pi 4 about 3x a Zero 2 W; a
-Cortex-M4 running C about as fast per message as a Pi running Python).
+`per_message_s` is the protocol's bookkeeping for one message (checks, dispatch, copies
+into the wave's buffers): measured here, a node machine takes about 10 us a message on
+this machine's x86 core in the virtual mesh of the seed network (kernels included, 69 ms
+for the 7,200 messages of a training wave), scaled by single-core ratios (this core
+about 4 times a Pi 4, a Pi 4 about 3 times a Zero 2 W): 40 us on a Pi 4, 120 us on a
+Zero 2 W. A Cortex-M4 running the protocol in C (header checks and a CRC over about 100
+bytes, some 3,000 cycles at 64 MHz) is put at 50 us. These are estimates, and say so.
 
 Power: `cpu_w` is drawn while computing, `idle_w` otherwise (the board's floor, radio
 off; the radio's own draw is in its profile). Raspberry Pi figures are published
@@ -55,11 +58,11 @@ class DeviceProfile(BaseModel):
 
 
 _DEVICES = [
-    DeviceProfile(name="pi4", flops_per_s=406e6, per_message_s=25e-6, cpu_w=6.4,
+    DeviceProfile(name="pi4", flops_per_s=406e6, per_message_s=40e-6, cpu_w=6.4,
                   idle_w=2.7, source="Linpack 812 MFLOPS (sci-pi.org.uk), halved for "
                   "small kernels; power: Raspberry Pi 4 published measurements "
                   "(indicative)"),
-    DeviceProfile(name="pi-zero-2w", flops_per_s=135e6, per_message_s=75e-6, cpu_w=1.5,
+    DeviceProfile(name="pi-zero-2w", flops_per_s=135e6, per_message_s=120e-6, cpu_w=1.5,
                   idle_w=0.6, source="sysbench single-core ratio to the Pi 4 (leoncode."
                   "co.uk) at 1 GHz; power: Hackaday Pi Zero 2 W measurements (indicative)"),
     DeviceProfile(name="cortex-m4", flops_per_s=32e6, per_message_s=50e-6,
