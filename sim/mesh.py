@@ -77,7 +77,7 @@ class VirtualMesh:
         # very path of a deployment (nodes/host.py).
         self.hosts: dict[Cell, NodeHost] = {}
         for cell in topo.cells():
-            self.hosts[cell] = NodeHost(spec, [cell], _cell_readings(readings),
+            self.hosts[cell] = NodeHost(spec, [cell], cell_readings(readings),
                                         local_delivery=False)
         self.nodes: dict[Cell, NodeMachine] = {
             cell: host.nodes[cell] for cell, host in self.hosts.items()}
@@ -289,7 +289,7 @@ class MeshEngine(WaveEngine):
         self._loop.close()
 
 
-def _cell_readings(readings: dict[int, np.ndarray]) -> Callable[[Cell], dict[int, np.ndarray]]:
+def cell_readings(readings: dict[int, np.ndarray]) -> Callable[[Cell], dict[int, np.ndarray]]:
     """A node host's readings: its cell's series of every split."""
     return lambda cell: {split: cell_series(x, cell) for split, x in readings.items()}
 
