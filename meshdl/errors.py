@@ -6,6 +6,11 @@ The CLI turns `MeshdlError` into a one-line message and an exit code; `UsageErro
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class MeshdlError(Exception):
     """A failure with a message fit to show a user as it is."""
@@ -29,3 +34,13 @@ class ModelFileError(MeshdlError):
 
 class NonFiniteError(MeshdlError):
     """A computation produced NaN or inf (in training: the run diverged)."""
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """Pydantic's report folded into one line: `model.kernel: ...; train.lr: ...`."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)

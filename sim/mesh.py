@@ -259,8 +259,7 @@ class MeshEngine(WaveEngine):
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
                             self.max_message_bytes, self.auth)
-            readings = {Split.TRAIN: self.data.X_train, Split.TEST: self.data.X_test}
-            labels = {Split.TRAIN: self.data.y_train, Split.TEST: self.data.y_test}
+            readings, labels = by_split(self.data)
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
                                     wire=self.wire, keys=self.keys)
         return self.mesh
@@ -287,6 +286,12 @@ class MeshEngine(WaveEngine):
     def close(self) -> None:
         """Release the event loop the waves run on."""
         self._loop.close()
+
+
+def by_split(data: Dataset) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """A data set's maps and labels, keyed by the split a BATCH names."""
+    return ({Split.TRAIN: data.X_train, Split.TEST: data.X_test},
+            {Split.TRAIN: data.y_train, Split.TEST: data.y_test})
 
 
 def cell_readings(readings: dict[int, np.ndarray]) -> Callable[[Cell], dict[int, np.ndarray]]:

@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from meshdl.errors import UsageError
+from meshdl.errors import UsageError, format_validation_error
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -285,21 +285,11 @@ def load_profiles(path: Path | str) -> dict[str, RadioProfile]:
         try:
             radio = RadioProfile.model_validate(table)
         except ValidationError as exc:
-            raise UsageError(f"{path}: {label}: {_one_line(exc)}") from None
+            raise UsageError(f"{path}: {label}: {format_validation_error(exc)}") from None
         if radio.name in found:
             raise UsageError(f"{path}: {label}: a second profile named {radio.name!r}")
         found[radio.name] = radio
     return found
-
-
-def _one_line(exc: ValidationError) -> str:
-    """Pydantic's report as `field: message; field: message`."""
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
 
 
 @cache

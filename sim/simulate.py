@@ -24,7 +24,7 @@ from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim import energy
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.media import BROKER, Sent
-from meshdl.sim.mesh import cyclic_gc_paused
+from meshdl.sim.mesh import by_split, cyclic_gc_paused
 from meshdl.sim.radio import RadioProfile
 from meshdl.sim.timed import MediumName, TimedMesh, Usage
 from meshdl.topics import name_of
@@ -54,8 +54,7 @@ class SimEngine(WaveEngine):
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
                             self.max_message_bytes)
-            readings = {Split.TRAIN: self.data.X_train, Split.TEST: self.data.X_test}
-            labels = {Split.TRAIN: self.data.y_train, Split.TEST: self.data.y_test}
+            readings, labels = by_split(self.data)
             self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                                   self.device, self.edge_device, self.seed, self.trace)
         return self.mesh

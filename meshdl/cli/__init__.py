@@ -27,8 +27,8 @@ from meshdl.cli import (
     simulate,
     train,
 )
-from meshdl.cli.common import err_console, format_validation_error
-from meshdl.errors import MeshdlError
+from meshdl.cli.common import err_console
+from meshdl.errors import MeshdlError, format_validation_error
 from meshdl.mqtt import quiet_abandoned_clients
 
 try:  # typer 0.29 carries its own copy of click

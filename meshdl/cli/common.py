@@ -6,13 +6,26 @@ import json
 import sys
 from typing import Any
 
-from pydantic import ValidationError
+import typer
 from rich.console import Console
 
 # Progress, tables and errors go to stderr so that stdout carries only `--json` output.
 err_console = Console(stderr=True)
 # A command's own human-readable result (a table, a report) goes to stdout.
 out_console = Console()
+
+# Options several commands share (the network's shape, the run's length): declared once,
+# so that they read the same in every command's help.
+ROWS = typer.Option(None, "--rows", help="Grid rows.")
+COLS = typer.Option(None, "--cols", help="Grid columns.")
+KERNEL = typer.Option(None, "--kernel", help="Filter size k.")
+FILTERS = typer.Option(None, "--filters", help="Filters per conv layer.")
+CONV_LAYERS = typer.Option(None, "--conv-layers", help="Conv layers.")
+POOL = typer.Option(None, "--pool", help="Max-pool size.")
+HIDDEN = typer.Option(None, "--hidden", help="Hidden FC units.")
+EPOCHS = typer.Option(None, "--epochs", help="Training epochs.")
+BATCH = typer.Option(None, "--batch", help="Batch size.")
+LR = typer.Option(None, "--lr", help="Learning rate.")
 
 
 def emit_json(payload: Any, indent: int | None = 2) -> None:
@@ -28,16 +41,6 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump()
     return str(value)
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    """Pydantic's report folded into one line: `model.kernel: ...; train.lr: ...`."""
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
 
 
 def parse_cell(text: str) -> tuple[int, int]:

@@ -17,7 +17,17 @@ from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 
-from meshdl.cli.common import emit_json, out_console, parse_cell
+from meshdl.cli.common import (
+    COLS,
+    CONV_LAYERS,
+    FILTERS,
+    KERNEL,
+    POOL,
+    ROWS,
+    emit_json,
+    out_console,
+    parse_cell,
+)
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
 from meshdl.messages import ITEM_BYTES, Kind
@@ -39,12 +49,12 @@ def plan(
     transport: str = typer.Option("mqtt", "--transport", help="mqtt (the edge publishes "
                                   "parameters to every node) or radio (they flood down "
                                   "the tree)."),
-    rows: int | None = typer.Option(None, "--rows", help="Grid rows."),
-    cols: int | None = typer.Option(None, "--cols", help="Grid columns."),
-    kernel: int | None = typer.Option(None, "--kernel", help="Filter size k."),
-    filters: int | None = typer.Option(None, "--filters", help="Filters per conv layer."),
-    conv_layers: int | None = typer.Option(None, "--conv-layers", help="Conv layers."),
-    pool: int | None = typer.Option(None, "--pool", help="Max-pool size."),
+    rows: int | None = ROWS,
+    cols: int | None = COLS,
+    kernel: int | None = KERNEL,
+    filters: int | None = FILTERS,
+    conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL,
     edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C the edge "
                                        "is linked to."),
     auth: bool | None = typer.Option(None, "--auth/--no-auth", help="Every message with "

@@ -19,7 +19,21 @@ import numpy as np
 import typer
 
 from meshdl.augment import originals, training_data
-from meshdl.cli.common import emit_json, err_console, parse_cell
+from meshdl.cli.common import (
+    BATCH,
+    COLS,
+    CONV_LAYERS,
+    EPOCHS,
+    FILTERS,
+    HIDDEN,
+    KERNEL,
+    LR,
+    POOL,
+    ROWS,
+    emit_json,
+    err_console,
+    parse_cell,
+)
 from meshdl.cli.train import Fit, fit_with_progress
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
@@ -86,15 +100,16 @@ def simulate_train(
                                     "runs/<timestamp>-simulate/)."),
     config_file: Path | None = typer.Option(None, "--config", help="TOML configuration."),
     edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C of the edge."),
-    rows: int | None = typer.Option(None, "--rows", help="Grid rows."),
-    cols: int | None = typer.Option(None, "--cols", help="Grid columns."),
-    kernel: int | None = typer.Option(None, "--kernel", help="Filter size k."),
-    filters: int | None = typer.Option(None, "--filters", help="Filters per conv layer."),
-    pool: int | None = typer.Option(None, "--pool", help="Max-pool size."),
-    hidden: int | None = typer.Option(None, "--hidden", help="Hidden FC units."),
-    epochs: int | None = typer.Option(None, "--epochs", help="Training epochs."),
-    batch: int | None = typer.Option(None, "--batch", help="Batch size."),
-    lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
+    rows: int | None = ROWS,
+    cols: int | None = COLS,
+    kernel: int | None = KERNEL,
+    filters: int | None = FILTERS,
+    conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL,
+    hidden: int | None = HIDDEN,
+    epochs: int | None = EPOCHS,
+    batch: int | None = BATCH,
+    lr: float | None = LR,
     seed: int | None = typer.Option(None, "--seed", help="Seed of init, batch order and "
                                     "the radios' backoffs."),
     radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
@@ -107,8 +122,8 @@ def simulate_train(
     radio_profile, node, edge = _profiles(radio, medium, node_device, edge_device, radios)
     dataset, config, source = _data_and_config(
         data, config_file,
-        {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters, "pool": pool,
-         "hidden": hidden},
+        {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+         "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
         {"epochs": epochs, "batch": batch, "lr": lr, "seed": seed}, edge_at)
     run_dir = out or new_run_dir(name="simulate")
     view = training_data(config.train, dataset)
@@ -145,12 +160,13 @@ def simulate_infer(
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-simulate-infer/)."),
     edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C of the edge."),
-    rows: int | None = typer.Option(None, "--rows", help="Grid rows."),
-    cols: int | None = typer.Option(None, "--cols", help="Grid columns."),
-    kernel: int | None = typer.Option(None, "--kernel", help="Filter size k."),
-    filters: int | None = typer.Option(None, "--filters", help="Filters per conv layer."),
-    pool: int | None = typer.Option(None, "--pool", help="Max-pool size."),
-    hidden: int | None = typer.Option(None, "--hidden", help="Hidden FC units."),
+    rows: int | None = ROWS,
+    cols: int | None = COLS,
+    kernel: int | None = KERNEL,
+    filters: int | None = FILTERS,
+    conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL,
+    hidden: int | None = HIDDEN,
     batch: int = typer.Option(1, "--batch", help="Samples per wave (1: one time slot)."),
     waves: int = typer.Option(1, "--waves", help="Inference waves (time slots)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of a fresh model and of the "
@@ -166,8 +182,8 @@ def simulate_infer(
     radio_profile, node, edge = _profiles(radio, medium, node_device, edge_device, radios)
     trained = CNN.load(model_path) if model_path else None
     shape = trained.config.model_dump() if trained else {
-        "rows": rows, "cols": cols, "kernel": kernel, "filters": filters, "pool": pool,
-        "hidden": hidden}
+        "rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+        "conv_layers": conv_layers, "pool": pool, "hidden": hidden}
     dataset, config, source = _data_and_config(data, None, shape, {"seed": seed}, edge_at)
     model = trained or CNN(config.model, seed=config.train.seed)
     if trained is None:

@@ -9,7 +9,21 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshdl.checkpoint import Checkpoint
-from meshdl.cli.common import emit_json, err_console, parse_cell
+from meshdl.cli.common import (
+    BATCH,
+    COLS,
+    CONV_LAYERS,
+    EPOCHS,
+    FILTERS,
+    HIDDEN,
+    KERNEL,
+    LR,
+    POOL,
+    ROWS,
+    emit_json,
+    err_console,
+    parse_cell,
+)
 from meshdl.cli.cost import print_comm_summary
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
@@ -56,16 +70,16 @@ def train(
     wire: bool | None = typer.Option(None, "--wire/--no-wire", help="Virtual mesh: pass "
                                      "every message through the binary codec, as over "
                                      "MQTT (slower, same results)."),
-    rows: int | None = typer.Option(None, "--rows", help="Grid rows."),
-    cols: int | None = typer.Option(None, "--cols", help="Grid columns."),
-    kernel: int | None = typer.Option(None, "--kernel", help="Filter size k."),
-    filters: int | None = typer.Option(None, "--filters", help="Filters per conv layer."),
-    conv_layers: int | None = typer.Option(None, "--conv-layers", help="Conv layers."),
-    pool: int | None = typer.Option(None, "--pool", help="Max-pool size."),
-    hidden: int | None = typer.Option(None, "--hidden", help="Hidden FC units."),
-    epochs: int | None = typer.Option(None, "--epochs", help="Training epochs."),
-    batch: int | None = typer.Option(None, "--batch", help="Batch size."),
-    lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
+    rows: int | None = ROWS,
+    cols: int | None = COLS,
+    kernel: int | None = KERNEL,
+    filters: int | None = FILTERS,
+    conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL,
+    hidden: int | None = HIDDEN,
+    epochs: int | None = EPOCHS,
+    batch: int | None = BATCH,
+    lr: float | None = LR,
     optimizer: str | None = typer.Option(None, "--optimizer", help="sgd or adam."),
     warmup: float | None = typer.Option(None, "--warmup", help="Share of the updates over "
                                         "which the learning rate ramps up to --lr."),
