@@ -74,12 +74,17 @@ def optimizer_work(parameters: int) -> Work:
 
 def central_work(model: ModelConfig, training: bool) -> Work:
     """The whole network on one machine, per sample (the cloud-heavy baseline): every
-    cell's convolutions (full windows, the zeros of "same" padding included, as a dense
-    kernel computes them), pooling and the head."""
-    cells = model.rows * model.cols
-    conv = sum(2 * model.kernel**2 * (model.in_channels if layer == 1 else model.filters)
-               * model.filters + 2 * model.filters for layer in range(1, model.conv_layers + 1))
-    pool = cells * model.filters
-    forward = cells * conv + pool
+    cell's convolutions over full windows (the zeros of "same" padding included, as a
+    dense kernel computes them), pooling and the head; in training also what the mesh's
+    nodes compute backward: routing the pooled gradient, ReLU masks, each layer's
+    weight gradients, and the input gradient of every layer but the first."""
+    cells, h, k2 = model.rows * model.cols, model.filters, model.kernel**2
+    c_in = [model.in_channels if layer == 1 else h for layer in range(1, model.conv_layers + 1)]
+    forward = sum(cells * (2 * k2 * c * h + 2 * h) for c in c_in) + cells * h  # + pooling
     head = head_work(model, training).per_sample
-    return Work((3 * forward if training else forward) + head)
+    if not training:
+        return Work(forward + head)
+    weights = sum(cells * (2 * k2 * c * h + h) for c in c_in)
+    inputs = sum(cells * (2 * k2 * h * c + c) for c in c_in[1:])
+    routing = 2 * cells * h  # the max's position, then ReLU's mask of the top layer
+    return Work(forward + weights + inputs + routing + head)

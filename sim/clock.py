@@ -33,6 +33,13 @@ class EventQueue:
         heappush(self._heap, (time, self._sequence, action, argument))
         self._sequence += 1
 
+    def advance_to(self, time: float) -> None:
+        """Move the clock on to `time` with nothing left to happen before it (work done
+        outside the machines, such as the optimizer's update between waves)."""
+        if self._heap or time < self.now:
+            raise ValueError(f"cannot advance to {time}: events pending or time past")
+        self.now = time
+
     def __bool__(self) -> bool:
         return bool(self._heap)
 
@@ -42,6 +49,7 @@ class EventQueue:
         heap, ran = self._heap, 0
         while heap and not done():
             if ran == limit:
+                self.events += ran
                 return False
             time, _, action, argument = heappop(heap)
             self.now = time

@@ -20,17 +20,27 @@ every step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from meshdl.messages import EDGE, HEADER_BYTES, ITEM_BYTES, Kind
+from meshdl.model import param_shapes
 from meshdl.protocol import MeshSpec
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.energy import energy_record
-from meshdl.sim.media import BROKER, Medium, MqttStar, Party, SharedRadio, Transmission
+from meshdl.sim.media import (
+    BROKER,
+    Medium,
+    MediumName,
+    Party,
+    RadioTimes,
+    Transmission,
+    medium_for,
+)
 from meshdl.sim.radio import RadioProfile
-from meshdl.sim.timed import BROKER_S, MediumName, publish_bytes
+from meshdl.sim.timed import BROKER_S, publish_bytes
 from meshdl.topics import topic
 from meshdl.topology import Cell
 from meshdl.work import central_work, optimizer_work
@@ -54,7 +64,32 @@ class Shipped:
     bytes: int  # unframed, every transmission (each hop, broker relays included)
     frames: int
     transmissions: int
-    energy_j: dict[str, Any]  # total, max_node, max_node_cell, per_node
+    times: RadioTimes  # each party's seconds transmitting and receiving
+    cpu_s: dict[Party, float]  # each party's seconds computing
+    parties: _Parties
+
+    @property
+    def energy_j(self) -> dict[str, Any]:
+        """sim/energy.py's record over the shipping alone."""
+        return self.energy_over(self.makespan_s, 0.0)
+
+    def energy_over(self, seconds: float, edge_computing: float) -> dict[str, Any]:
+        """The record over a window of `seconds` from the first reading sent, in which
+        the edge also computes for `edge_computing` seconds after the last came: the
+        nodes listen (always-on) or sleep (ideal MAC) meanwhile, as in the mesh."""
+        p, cpu = self.parties, dict(self.cpu_s)
+        cpu[EDGE] = cpu.get(EDGE, 0.0) + edge_computing
+        return energy_record(p.radio, p.device, p.edge_device, p.cells, EDGE, self.times.tx,
+                             self.times.rx, cpu, seconds)
+
+
+class _Parties(NamedTuple):
+    """Who ships: the cells on their devices and radio, and the edge's device."""
+
+    radio: RadioProfile
+    device: DeviceProfile
+    edge_device: DeviceProfile
+    cells: list[Cell]
 
 
 def ship_readings(spec: MeshSpec, radio: RadioProfile, medium: MediumName,
@@ -79,15 +114,7 @@ class _Shipping:
         self.values_per_cell = samples * spec.model.in_channels
         self.queue = EventQueue()
         self.cells = list(topo.cells())
-        self.medium: Medium
-        if medium == "shared":
-            neighbours: dict[Party, list[Party]] = {
-                cell: list(topo.neighbours(cell)) for cell in self.cells}
-            neighbours[spec.edge_at].append(EDGE)
-            neighbours[EDGE] = [spec.edge_at]
-            self.medium = SharedRadio(neighbours, radio, self.queue, seed, self._arrive)
-        else:
-            self.medium = MqttStar(radio, self.queue, seed, self._arrive)
+        self.medium: Medium = medium_for(medium, topo, radio, self.queue, seed, self._arrive)
         self.waiting = {cell: len(topo.children[cell]) for cell in self.cells}
         self.carried = {cell: 1 for cell in self.cells}  # cells' readings held, own first
         self.cpu_free: dict[Party, float] = {}
@@ -104,16 +131,15 @@ class _Shipping:
                                 or self.medium_name == "star" else self._send_subtree)
         self.queue.run(lambda: False, 1 << 62)
         assert self.arrived_cells == len(self.cells), "every reading reaches the edge"
-        total = self.queue.now
-        times = self.medium.times
-        record = energy_record(self.radio, self.device, self.edge_device, self.cells, EDGE,
-                               times.tx, times.rx, self.cpu_s, total)
-        sizes = sum(size for size, _ in self.medium.by_kind.values())
+        total = max(self.queue.now, *self.cpu_free.values())
+        sizes = sum(f.bytes for f in self.medium.by_kind.values())
         return Shipped(self.variant, total, sizes, self.medium.frames,
-                       self.medium.transmissions, record)
+                       self.medium.transmissions, self.medium.times, self.cpu_s,
+                       _Parties(self.radio, self.device, self.edge_device, self.cells))
 
     # ------------------------------------------------------------ parties
-    def _after_cpu(self, party: Party, messages: int, then: Any, argument: Any = None) -> None:
+    def _after_cpu(self, party: Party, messages: int, then: Callable[[Party, Any], None],
+                   argument: Any = None) -> None:
         """Run `then(party, argument)` once the party's CPU has handled `messages`."""
         device = self.edge_device if party == EDGE else self.device
         seconds = BROKER_S * messages if party == BROKER else device.cpu_s(0, messages)
@@ -157,11 +183,17 @@ class _Shipping:
             self.arrived_cells += piece.cells
         elif party == BROKER or self.variant == "unaggregated":
             self._after_cpu(party, 1, self._forward, piece)  # relayed as it came
-        elif piece.cells:  # the last piece of a child's subtree
-            self.carried[party] += piece.cells
-            self.waiting[party] -= 1
-            if self.waiting[party] == 0:
-                self._after_cpu(party, 1, self._send_subtree)
+        else:
+            self._after_cpu(party, 1, self._took, piece)
+
+    def _took(self, cell: Cell, piece: Piece) -> None:
+        """A piece of a child's subtree is in; after the last, the subtree goes up (one
+        more message to compose)."""
+        if piece.cells:
+            self.carried[cell] += piece.cells
+            self.waiting[cell] -= 1
+            if self.waiting[cell] == 0:
+                self._after_cpu(cell, 1, self._send_subtree)
 
 
 def inference_slot(spec: MeshSpec, radio: RadioProfile, medium: MediumName,
@@ -188,25 +220,18 @@ def training_run(spec: MeshSpec, radio: RadioProfile, medium: MediumName,
 
 
 def _parameters(spec: MeshSpec) -> int:
-    m = spec.model
-    return spec.conv_size + m.features * m.hidden + m.hidden + m.hidden * m.classes + \
-        m.classes
+    return sum(math.prod(shape) for shape in param_shapes(spec.model).values())
 
 
 def _figures(shipped: Shipped, compute_s: float, edge_device: DeviceProfile
              ) -> dict[str, Any]:
-    """sim.json's baseline record: the nodes sleep once their readings are sent; the
-    edge computes for `compute_s` after the last reading came."""
-    energy = dict(shipped.energy_j)
-    edge_compute = compute_s * (edge_device.cpu_w - edge_device.idle_w)
-    energy["edge"] += compute_s * edge_device.cpu_w
-    energy["total"] += compute_s * edge_device.cpu_w
-    energy["ideal_mac"] = dict(energy["ideal_mac"])
-    energy["ideal_mac"]["total"] += compute_s * edge_device.cpu_w
+    """sim.json's baseline record: the readings shipped, then the edge computes for
+    `compute_s`; energy over the whole window (the nodes listen or sleep meanwhile)."""
     return {"variant": shipped.variant,
             "makespan_s": shipped.makespan_s + compute_s,
             "ship_s": shipped.makespan_s, "compute_s": compute_s,
-            "energy_j": energy, "edge_compute_j": edge_compute,
+            "energy_j": shipped.energy_over(shipped.makespan_s + compute_s, compute_s),
+            "edge_compute_j": compute_s * (edge_device.cpu_w - edge_device.idle_w),
             "bytes": shipped.bytes, "frames": shipped.frames,
             "transmissions": shipped.transmissions}
 

@@ -66,6 +66,7 @@ def energy_record(radio: RadioProfile, node: DeviceProfile, edge: DeviceProfile,
         "by_state": {state: sum(parts[state] for parts in per_node.values())
                      for state in STATES},
         "ideal_mac": {"total": sum(ideal.values()) + at_edge["ideal_mac"],
+                      "nodes": sum(ideal.values()), "edge": at_edge["ideal_mac"],
                       "max_node": ideal[hottest_ideal], "max_node_cell": hottest_ideal},
         "airtime_s": {"max_node": airtime[busiest], "max_node_cell": busiest,
                       "per_node": airtime},

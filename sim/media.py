@@ -4,47 +4,52 @@ spends transmitting and receiving.
 One small model serves both media of the simulator. A transmission must hold a
 *channel* for its whole duration: every frame of the message, each frame's
 acknowledgement (turnaround and ACK frame) when it has one receiver, and the
-inter-frame space after each. A sender may start only when every party of its channel
-is free; starting occupies them all until it ends. Then:
+inter-frame space after each. A sender may start only when every member of its
+channel is free; starting holds them all until it ends. Then:
 
-- **shared radio** (`SharedRadio`): a party's channel is its one-hop neighbourhood, itself
-  included. Two transmissions at once therefore have disjoint neighbourhoods: no node
-  ever hears two at once (no collision) or receives while it transmits (half-duplex).
-  A frame is heard by every neighbour, so a message for several neighbours goes out
-  once. This is CSMA with perfect carrier sense over two hops, an idealization (no
-  hidden terminals) that fits a loss-free run; losses come with fault injection.
-- **MQTT star** (`MqttStar`): every node talks to the broker's access point over one
-  Wi-Fi channel, which all parties share: node -> broker, then broker -> each receiver,
-  one transmission at a time, as in one Wi-Fi cell.
+- **shared radio** (`SharedRadio`): the channel of a broadcast is the sender's one-hop
+  neighbourhood, itself included; an acknowledged unicast also holds the receiver's
+  neighbourhood, which hears the ACKs. Two transmissions at once therefore never share
+  a listener: no node hears two at once (no collision) or receives while it transmits
+  (half-duplex). A frame is heard by every neighbour, so a message for several
+  neighbours goes out once. This is CSMA with perfect carrier sense over two hops, an
+  idealization (no hidden terminals) that fits a loss-free run; losses come with fault
+  injection.
+- **MQTT star** (`MqttStar`): every party talks to the broker's access point over one
+  Wi-Fi channel, which all share: node -> broker, then broker -> each receiver, one
+  transmission at a time, as in one Wi-Fi cell.
 
-Access is CSMA-style deferral: before each message a random backoff of
-0 .. 2^BE - 1 unit periods, then a clear-channel assessment (CCA); a busy channel
-doubles the window (up to 2^max_be) and the sender tries again after the channel frees.
-A duty-cycle limit (LoRa in EU868) keeps a sender off the air for T * (1/d - 1) after
-T on air. The backoffs are drawn from one seeded generator, in event order: the same
-seed gives the same trace.
+Access is CSMA-style: before each message a random backoff of 0 .. 2^BE - 1 unit
+periods, then a clear-channel assessment (CCA) and the radio's turn from receiving to
+transmitting; a busy channel widens the window (up to 2^max_be) and the sender tries
+again once the channel frees. A duty-cycle limit (LoRa in EU868) keeps a sender off the
+air for T (1/d - 1) after T on air. The backoffs are drawn from one seeded generator,
+in event order: the same seed gives the same trace.
 
 Every transmission is one trace record (`Sent`): first bit on air to the last bit of the
-last frame, the message's bytes before framing and its frames. Energy is bookkeeping
-over the same intervals (`RadioTimes`), so the trace is the one source of truth.
+last frame, the message's bytes before framing and its frames. The radios' time in
+each state is bookkeeping over the same transmissions (`RadioTimes`).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-from meshdl.messages import Message
+from meshdl.errors import UsageError
+from meshdl.messages import EDGE, Kind
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.radio import RadioProfile
-from meshdl.topology import Cell
+from meshdl.topology import Cell, Topology
 
 Party = Cell  # a cell, the edge (-1, -1) or the broker (`BROKER`)
 BROKER: Party = (-3, -3)
 CHANNEL: Hashable = "channel"  # the star's one channel
+Deliver = Callable[[Party, Any], None]  # (receiver, what the transmission carried to it)
+MediumName = Literal["shared", "star"]
 
 
 @dataclass(slots=True)
@@ -54,19 +59,21 @@ class Transmission:
 
     src: Party
     receivers: tuple[Party, ...]
-    kind: int
+    kind: Kind
     layer: int
     size: int  # bytes of the message (or the union the broadcast carries), unframed
-    deliveries: list[tuple[Party, Message]]
+    deliveries: list[tuple[Party, Any]]  # what each receiver gets: a Message, or a test's
     broadcast: bool = False
+    ready: float = 0.0  # when its sender's CPU has made it: not on air before
 
 
 class Airtime(NamedTuple):
-    """How one transmission of a given size occupies the channel."""
+    """How one transmission of a given size occupies the channel, from its first bit."""
 
     frames: int
     on_air: float  # the frames' airtime (TX at the sender, RX at each receiver)
-    last_bit: float  # first bit of the first frame to last bit of the last
+    last_bit: float  # to the last bit of the last frame
+    received: float  # to the end of the last frame's ACK (or its last bit): delivered
     channel: float  # the whole hold: frames, ACKs with turnarounds, inter-frame spaces
     acks: float  # the ACK frames' airtime (TX at the receiver, RX at the sender)
 
@@ -84,6 +91,24 @@ class Sent(NamedTuple):
     size: int
     frames: int
     outcome: str
+
+
+class KindFigures(NamedTuple):
+    """What the transmissions of one message kind and layer carried."""
+
+    bytes: int  # before framing
+    frames: int
+
+
+class _Sending(NamedTuple):
+    """What a transmission was, for the figures (`Medium._settle`)."""
+
+    src: Party
+    receivers: tuple[Party, ...]
+    kind: Kind
+    layer: int
+    size: int
+    broadcast: bool
 
 
 @dataclass
@@ -113,8 +138,7 @@ class Medium:
     next). So a busy channel costs an event per release, not one per waiting sender:
     the star's hundreds of nodes do not poll its one channel."""
 
-    def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int,
-                 deliver: Callable[[Party, Message], None],
+    def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int, deliver: Deliver,
                  trace: list[Sent] | None = None) -> None:
         self.radio = radio
         self.queue = queue
@@ -127,42 +151,61 @@ class Medium:
         self.busy_until: dict[Hashable, float] = {}
         self._transmissions = 0
         self._frames = 0
-        self._by_kind: dict[tuple[int, int], list[int]] = {}  # (kind, layer): bytes, frames
+        self._by_kind: Counter[tuple[Kind, int, str]] = Counter()
         # Transmissions not yet added to the figures above, counted by what they were
         # (a wave repeats the same few thousand): one counter step each on the hot path.
-        self._unsettled: Counter[tuple] = Counter()
+        self._unsettled: Counter[_Sending] = Counter()
         self._radios: dict[Party, _Radio] = {}
         self._channels: dict[Party, tuple[Hashable, ...]] = {}  # each medium fills it
+        self._holds: dict[tuple[Party, Party], tuple[Hashable, ...]] = {}  # acked unicasts
         self._airtime: dict[tuple[int, bool], Airtime] = {}
-        # The profile's figures read on every transmission, looked up once.
-        self._cca, self._latency = radio.cca_s, radio.hop_latency_s
-        self._off_per_on = 1 / radio.duty_cycle - 1  # duty-cycle wait per second on air
+        # The profile's figures read on every transmission, looked up once. After its
+        # CCA the radio turns from receiving to transmitting before the first bit.
+        self._access = radio.cca_s + (radio.turnaround_s if radio.cca_s else 0.0)
+        self._latency = radio.hop_latency_s
         self._waiting: dict[Hashable, deque[Party]] = {}  # senders deferred on a member
         self._trying: set[Hashable] = set()  # members whose first waiter is trying
 
     def channel_of(self, party: Party) -> tuple[Hashable, ...]:
-        """Who must be free for `party` to transmit (and is held while it does)."""
+        """Who must be free for `party` to broadcast (and is held while it does)."""
         return self._channels[party]
+
+    def hold_of(self, tx: Transmission) -> tuple[Hashable, ...]:
+        """Who `tx` holds: the sender's channel, and for an acknowledged unicast also the
+        receiver's, where its ACKs are heard."""
+        if tx.broadcast or not self.radio.ack_frame_bytes:
+            return self._channels[tx.src]
+        key = (tx.src, tx.receivers[0])
+        hold = self._holds.get(key)
+        if hold is None:
+            members = dict.fromkeys(self._channels[tx.src])
+            members.update(dict.fromkeys(self._channels[tx.receivers[0]]))
+            hold = self._holds[key] = tuple(members)
+        return hold
 
     # -------------------------------------------------------------- sending
     def send(self, tx: Transmission, ready: float | None = None) -> None:
         """Queue `tx` on its sender's radio; it contends for the air from `ready` (when
         the sender's CPU has made it; default now)."""
+        tx.ready = self.queue.now if ready is None else ready
         radio = self._radios.get(tx.src)
         if radio is None:
             radio = self._radios[tx.src] = _Radio()
         radio.queue.append(tx)
         if not radio.active:
             radio.active = True
-            self._contend(tx.src, radio, self.queue.now if ready is None else ready)
+            self._contend(tx.src, radio)
 
-    def _contend(self, src: Party, radio: _Radio, after: float) -> None:
+    def _contend(self, src: Party, radio: _Radio) -> None:
+        """The head of `src`'s queue draws its backoff and tries once it is made and the
+        radio may send again; if its hold is surely busy then, it waits at once."""
+        head = radio.queue[0]
         radio.backoff_exponent = self.radio.min_be
-        at = max(after, radio.free_at) + self._backoff(radio)
+        at = max(head.ready, radio.free_at) + self._backoff(radio)
         busy = self.busy_until
-        blocker = max(self._channels[src], key=busy.__getitem__)
-        if busy[blocker] > at:  # it would surely find the channel busy: wait for it now
-            radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
+        blocker = max(self.hold_of(head), key=busy.__getitem__)
+        if busy[blocker] > at:  # holds only ever end later: it would find it busy
+            self._widen(radio)
             self._wait(src, blocker, first=False)
         else:
             self.queue.at(at, self._attempt, src)
@@ -174,6 +217,9 @@ class Medium:
             return 0.0
         return int(self.rng.random() * (1 << radio.backoff_exponent)) * unit
 
+    def _widen(self, radio: _Radio) -> None:
+        radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
+
     def _attempt(self, src: Party) -> None:
         now, radio = self.queue.now, self._radios[src]
         woken, radio.woken_by = radio.woken_by, None
@@ -182,13 +228,13 @@ class Medium:
         if now < radio.free_at:  # duty cycle
             self.queue.at(radio.free_at, self._attempt, src)
         else:
-            busy, channel = self.busy_until, self._channels[src]
-            blocker = max(channel, key=busy.__getitem__)
+            busy, hold = self.busy_until, self.hold_of(radio.queue[0])
+            blocker = max(hold, key=busy.__getitem__)
             if busy[blocker] > now:  # defer, with a wider window next time
-                radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
+                self._widen(radio)
                 self._wait(src, blocker, first=blocker == woken)
             else:
-                self._transmit(src, radio, channel, now)
+                self._transmit(src, radio, hold, now)
         if woken is not None:
             self._release(woken)  # its next waiter's turn (now, or when it is free)
 
@@ -214,59 +260,63 @@ class Medium:
             src = waiting.popleft()
             if not waiting:  # only members with waiters are listed
                 del self._waiting[member]
-            # A sender whose channel holds another member past `free` would surely find
+            radio = self._radios[src]
+            # A sender whose hold has another member busy past `free` would surely find
             # it busy then (holds only ever end later): it waits on that one instead.
-            blocker = max(self._channels[src], key=busy.__getitem__)
+            blocker = max(self.hold_of(radio.queue[0]), key=busy.__getitem__)
             if busy[blocker] > free:
-                self._radios[src].backoff_exponent = min(
-                    self._radios[src].backoff_exponent + 1, self.radio.max_be)
+                self._widen(radio)
                 self._wait(src, blocker, first=False)
                 waiting = self._waiting.get(member)
                 continue
-            radio = self._radios[src]
             radio.woken_by = member
             self._trying.add(member)
             self.queue.at(free + self._backoff(radio), self._attempt, src)
             return
 
-    def _transmit(self, src: Party, radio: _Radio, channel: tuple[Hashable, ...],
+    def _transmit(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
                   now: float) -> None:
-        """The channel is free: the head of `src`'s queue goes on air."""
+        """The hold is free: the head of `src`'s queue goes on air."""
         busy = self.busy_until
         tx = radio.queue.popleft()
         air = self.airtime(tx.size, acked=not tx.broadcast)
-        t0 = now + self._cca
+        t0 = now + self._access
         end = t0 + air.channel
-        for party in channel:
-            busy[party] = end
-        self._unsettled[src, tx.receivers, tx.kind, tx.layer, tx.size, tx.broadcast] += 1
+        for member in hold:
+            busy[member] = end
+        self._unsettled[_Sending(src, tx.receivers, tx.kind, tx.layer, tx.size,
+                                 tx.broadcast)] += 1
         if self.trace is not None:
             self.trace.append(Sent(t0, t0 + air.last_bit, src, tx.receivers, tx.broadcast,
                                    tx.kind, tx.layer, tx.size, air.frames, "ok"))
-        radio.free_at = max(end, t0 + air.on_air * (1 + self._off_per_on))
-        self.queue.at(end + self._latency, self._arrive, tx)
+        radio.free_at = max(end, t0 + air.on_air + self.radio.off_time_s(air.on_air))
+        self.queue.at(t0 + air.received + self._latency, self._arrive, tx)
         if radio.queue:  # the next one contends once this one is through
-            self._contend(src, radio, radio.free_at)
+            self._contend(src, radio)
         else:
             radio.active = False
+
+    def _arrive(self, tx: Transmission) -> None:
+        deliver = self.deliver
+        for party, carried in tx.deliveries:
+            deliver(party, carried)
 
     # -------------------------------------------------------------- figures
     def _settle(self) -> None:
         """Add the transmissions counted since the last call to the figures."""
         sending, receiving = self._times.tx, self._times.rx
-        for (src, receivers, kind, layer, size, broadcast), n in self._unsettled.items():
-            air = self.airtime(size, acked=not broadcast)
-            sending[src] += n * air.on_air
-            for receiver in receivers:
+        for s, n in self._unsettled.items():
+            air = self.airtime(s.size, acked=not s.broadcast)
+            sending[s.src] += n * air.on_air
+            for receiver in s.receivers:
                 receiving[receiver] += n * air.on_air
             if air.acks:
-                sending[receivers[0]] += n * air.acks
-                receiving[src] += n * air.acks
+                sending[s.receivers[0]] += n * air.acks
+                receiving[s.src] += n * air.acks
             self._transmissions += n
             self._frames += n * air.frames
-            counts = self._by_kind.setdefault((kind, layer), [0, 0])
-            counts[0] += n * size
-            counts[1] += n * air.frames
+            self._by_kind[s.kind, s.layer, "bytes"] += n * s.size
+            self._by_kind[s.kind, s.layer, "frames"] += n * air.frames
         self._unsettled.clear()
 
     @property
@@ -286,15 +336,13 @@ class Medium:
         return self._frames
 
     @property
-    def by_kind(self) -> dict[tuple[int, int], list[int]]:
-        """(kind, layer): [bytes before framing, frames] of every transmission."""
+    def by_kind(self) -> dict[tuple[Kind, int], KindFigures]:
+        """What the transmissions of each (kind, layer) carried, so far (a copy)."""
         self._settle()
-        return self._by_kind
-
-    def _arrive(self, tx: Transmission) -> None:
-        deliver = self.deliver
-        for party, message in tx.deliveries:
-            deliver(party, message)
+        keys = dict.fromkeys((kind, layer) for kind, layer, _ in self._by_kind)
+        return {(kind, layer): KindFigures(self._by_kind[kind, layer, "bytes"],
+                                           self._by_kind[kind, layer, "frames"])
+                for kind, layer in keys}
 
     # -------------------------------------------------------------- physics
     def airtime(self, size: int, acked: bool) -> Airtime:
@@ -307,40 +355,49 @@ class Medium:
 
 
 def airtime(radio: RadioProfile, size: int, acked: bool) -> Airtime:
-    """Fragment a message to the radio's frames and time them: each frame's airtime,
-    then, when acknowledged, the turnaround and the ACK frame, then the inter-frame
-    space (`RadioProfile.frame_time_s`)."""
+    """Fragment a message to the radio's frames and time them with the profile's own
+    formulas (`RadioProfile.frame_time_s`): each frame's airtime, then, when
+    acknowledged, the turnaround and the ACK frame, then the inter-frame space."""
     frames = radio.frame_sizes(size)
     on_air = [radio.frame_airtime(f) for f in frames]
     slots = [radio.frame_time_s(f, acked) for f in frames]
     ack = radio.ack_airtime if acked and radio.ack_frame_bytes else 0.0
     channel = sum(slots)
-    last_bit = channel - (slots[-1] - on_air[-1])  # the last frame's ACK and space follow
-    return Airtime(len(frames), sum(on_air), last_bit, channel, ack * len(frames))
+    space = radio.ifs_after(frames[-1])
+    received = channel - space  # the last frame and its ACK are through
+    last_bit = received - (radio.turnaround_s + ack if ack else 0.0)
+    return Airtime(len(frames), sum(on_air), last_bit, received, channel, ack * len(frames))
 
 
 class SharedRadio(Medium):
-    """One radio per node; a transmission holds the sender's one-hop neighbourhood."""
+    """One radio per node; a transmission holds the sender's one-hop neighbourhood
+    (and, acknowledged, the receiver's)."""
 
     def __init__(self, neighbours: dict[Party, list[Party]], *args: Any,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._channels.update(
-            {party: (party, *around) for party, around in neighbours.items()})
+        self._channels = {party: (party, *around) for party, around in neighbours.items()}
         self.busy_until.update(dict.fromkeys(self._channels, 0.0))
-
-
-class _OneChannel(dict):
-    """Every party's channel is the same one."""
-
-    def __missing__(self, party: Party) -> tuple[Hashable, ...]:
-        return (CHANNEL,)
 
 
 class MqttStar(Medium):
     """Every party on one Wi-Fi channel with the broker's access point."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, parties: Iterable[Party], *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._channels = _OneChannel()
+        self._channels = dict.fromkeys([*parties, BROKER], (CHANNEL,))
         self.busy_until[CHANNEL] = 0.0
+
+
+def medium_for(name: MediumName, topology: Topology, radio: RadioProfile, queue: EventQueue,
+               seed: int, deliver: Deliver, trace: list[Sent] | None = None) -> Medium:
+    """The medium of a mesh: its cells and the edge (linked to `edge_at`) as a radio
+    mesh, or all of them around the broker."""
+    if name == "shared":
+        neighbours: dict[Party, list[Party]] = {
+            cell: topology.neighbours(cell) for cell in topology.cells()}  # edge_at's: edge
+        neighbours[EDGE] = [topology.edge_at]
+        return SharedRadio(neighbours, radio, queue, seed, deliver, trace)
+    if name == "star":
+        return MqttStar([*topology.cells(), EDGE], radio, queue, seed, deliver, trace)
+    raise UsageError(f"unknown medium {name!r} (shared or star)")

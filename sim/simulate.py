@@ -23,10 +23,10 @@ from meshdl.model import CNN
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim import energy
 from meshdl.sim.device import DeviceProfile
-from meshdl.sim.media import BROKER, Sent
+from meshdl.sim.media import BROKER, MediumName, Sent
 from meshdl.sim.mesh import by_split, cyclic_gc_paused
 from meshdl.sim.radio import RadioProfile
-from meshdl.sim.timed import MediumName, TimedMesh, Usage
+from meshdl.sim.timed import TimedMesh, Usage
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
@@ -107,28 +107,22 @@ def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = No
         "waves": len(waves),
         "makespan_s": {"per_wave_mean": _mean(spans), "forward_mean": _mean(forwards),
                        "total": usage.seconds},
-        "energy_j": energy_record(mesh, usage),
-        "bytes": {},
-        "frames": {},
-        "transmissions": mesh.medium.transmissions,
-        "frames_total": mesh.medium.frames,
-        "events": mesh.queue.events,
+        "energy_j": mode_energy(mesh, usage),
+        **_traffic(usage),
+        "events": mesh.queue.events,  # of the whole run, evaluation included
     }
-    for name, (size, frames) in sorted(_by_class(mesh).items()):
-        report["bytes"][name], report["frames"][name] = size, frames
-    other = [m for m in mesh.usage if m != mode]
-    for m in other:  # training runs evaluate between epochs
-        usage = mesh.usage[m]
+    for m in [m for m in mesh.usage if m != mode]:  # training runs evaluate, apart
+        other = mesh.usage[m]
         report["evaluation" if m == Mode.INFER else m.name.lower()] = {
-            "waves": usage.waves, "makespan_s": usage.seconds,
-            "energy_j": {k: v for k, v in energy_record(mesh, usage).items()
-                         if k != "per_node"}}
+            "waves": other.waves, "makespan_s": other.seconds,
+            "energy_j": {k: v for k, v in mode_energy(mesh, other).items()
+                         if k != "per_node"}, **_traffic(other)}
     if baseline is not None:
         report["baseline"] = baseline
     return report
 
 
-def energy_record(mesh: TimedMesh, usage: Usage) -> dict[str, Any]:
+def mode_energy(mesh: TimedMesh, usage: Usage) -> dict[str, Any]:
     """Joules over the waves of `usage` (sim/energy.py)."""
     record = energy.energy_record(mesh.radio, mesh.device, mesh.edge_device, mesh.hosts,
                                   EDGE, usage.tx, usage.rx, usage.cpu, usage.seconds)
@@ -136,14 +130,17 @@ def energy_record(mesh: TimedMesh, usage: Usage) -> dict[str, Any]:
     return record
 
 
-def _by_class(mesh: TimedMesh) -> dict[str, tuple[int, int]]:
-    """Bytes (unframed) and frames of every transmission, per message class."""
-    totals: dict[str, tuple[int, int]] = {}
-    for (kind, layer), (size, frames) in mesh.medium.by_kind.items():
+def _traffic(usage: Usage) -> dict[str, Any]:
+    """Bytes (unframed) and frames per message class, transmissions and frames, of the
+    waves of `usage`."""
+    sizes: dict[str, int] = {}
+    frames: dict[str, int] = {}
+    for (kind, layer), figures in usage.by_kind.items():
         name = class_name(Kind(kind), layer)
-        before = totals.get(name, (0, 0))
-        totals[name] = (before[0] + size, before[1] + frames)
-    return totals
+        sizes[name] = sizes.get(name, 0) + figures.bytes
+        frames[name] = frames.get(name, 0) + figures.frames
+    return {"bytes": dict(sorted(sizes.items())), "frames": dict(sorted(frames.items())),
+            "transmissions": usage.transmissions, "frames_total": sum(frames.values())}
 
 
 def _mean(values: list[float]) -> float:

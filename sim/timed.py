@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,19 +42,19 @@ from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.media import (
     BROKER,
+    KindFigures,
     Medium,
-    MqttStar,
+    MediumName,
     Party,
     Sent,
-    SharedRadio,
     Transmission,
+    medium_for,
 )
 from meshdl.sim.mesh import cell_readings
 from meshdl.sim.radio import RadioProfile
 from meshdl.topics import TopicNames
 from meshdl.work import optimizer_work
 
-MediumName = Literal["shared", "star"]
 # Mosquitto's work per relayed message on the broker's host: `meshdl bench mqtt`'s raw
 # broker reference (mosquitto_pub -l to a subscriber) measured 29,244 messages a second
 # here, 34 us a message with both clients' share; a Raspberry Pi 4 core is about 4 times
@@ -83,14 +83,37 @@ class Usage:
     tx: dict[Party, float] = field(default_factory=dict)
     rx: dict[Party, float] = field(default_factory=dict)
     cpu: dict[Party, float] = field(default_factory=dict)
+    by_kind: dict[tuple[Kind, int], KindFigures] = field(default_factory=dict)
+    transmissions: int = 0
 
-    def add(self, seconds: float, tx: dict[Party, float], rx: dict[Party, float],
-            cpu: dict[Party, float]) -> None:
+    def add(self, seconds: float, before: _Totals, after: _Totals) -> None:
+        """One more wave: what the totals grew by between `before` and `after`."""
         self.waves += 1
         self.seconds += seconds
-        for mine, theirs in ((self.tx, tx), (self.rx, rx), (self.cpu, cpu)):
-            for party, value in theirs.items():
-                mine[party] = mine.get(party, 0.0) + value
+        for mine, now, then in ((self.tx, after.tx, before.tx),
+                                (self.rx, after.rx, before.rx),
+                                (self.cpu, after.cpu, before.cpu)):
+            for party, value in now.items():
+                grown = value - then.get(party, 0.0)
+                if grown:
+                    mine[party] = mine.get(party, 0.0) + grown
+        for key, (size, frames) in after.by_kind.items():
+            old = before.by_kind.get(key, KindFigures(0, 0))
+            mine_size, mine_frames = self.by_kind.get(key, KindFigures(0, 0))
+            if size - old.bytes:
+                self.by_kind[key] = KindFigures(mine_size + size - old.bytes,
+                                                mine_frames + frames - old.frames)
+        self.transmissions += after.transmissions - before.transmissions
+
+
+class _Totals(NamedTuple):
+    """The run's running totals at one moment (a wave's figures are differences)."""
+
+    tx: dict[Party, float]
+    rx: dict[Party, float]
+    cpu: dict[Party, float]
+    by_kind: dict[tuple[Kind, int], KindFigures]
+    transmissions: int
 
 
 @dataclass
@@ -134,19 +157,10 @@ class TimedMesh:
         self._broadcast_sizes: dict[tuple, int] = {}
         self._sizes: dict[tuple, int] = {}  # (kind, shape): a message's bytes
         self.cpus: dict[Party, _Cpu] = {party: _Cpu() for party in [*self.hosts, EDGE]}
-        self.medium: Medium
-        if medium == "shared":
-            neighbours: dict[Party, list[Party]] = {
-                cell: list(topo.neighbours(cell)) for cell in topo.cells()}
-            neighbours[spec.edge_at].append(EDGE)
-            neighbours[EDGE] = [spec.edge_at]
-            self.medium = SharedRadio(neighbours, radio, self.queue, seed, self._arrive,
-                                      self.trace)
-        elif medium == "star":
+        self.medium: Medium = medium_for(medium, topo, radio, self.queue, seed, self._arrive,
+                                         self.trace)
+        if medium == "star":
             self.cpus[BROKER] = _Cpu()
-            self.medium = MqttStar(radio, self.queue, seed, self._arrive, self.trace)
-        else:
-            raise UsageError(f"unknown medium {medium!r} (shared or star)")
         self.waves: list[WaveTiming] = []
         self.usage: dict[Mode, Usage] = {}
         self._wave: WaveTiming | None = None
@@ -160,32 +174,34 @@ class TimedMesh:
         """One wave from the edge and back, in simulated time."""
         queue, edge = self.queue, self.edge
         self._wave = WaveTiming(mode, queue.now)
-        before = self._state_times()
+        before = self._totals()
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
         if not queue.run(lambda: edge.result is not None, self.max_events) \
                 or edge.result is None:
             self._stalled()
-        queue.run(lambda: False, self.max_events)  # the wave's tail: last relays, CPU
-        end = queue.now
+        if not queue.run(lambda: False, self.max_events):  # the tail: last relays
+            self._stalled()
+        # The wave is over when every CPU is too (the edge's head, say, after the last
+        # GATHER): the next starts then.
+        end = max(queue.now, *(cpu.free_at for cpu in self.cpus.values()))
         if mode == Mode.TRAIN:  # the training loop applies the update before the next
             seconds = self.edge_device.cpu_s(optimizer_work(self.edge.model.flat.size)
                                              .at(0), messages=0)
             self.cpus[EDGE].seconds += seconds
             end += seconds
-            queue.now = end
+        queue.advance_to(end)
         self._wave.end = end
         self.waves.append(self._wave)
-        after = self._state_times()
-        self.usage.setdefault(mode, Usage()).add(
-            end - self._wave.start, *(_minus(now, then) for now, then in zip(after, before,
-                                                                             strict=True)))
+        self.usage.setdefault(mode, Usage()).add(end - self._wave.start, before,
+                                                 self._totals())
         self.ledger.tally()
         return edge.result
 
-    def _state_times(self) -> tuple[dict[Party, float], ...]:
+    def _totals(self) -> _Totals:
         times = self.medium.times
-        return (dict(times.tx), dict(times.rx),
-                {party: cpu.seconds for party, cpu in self.cpus.items()})
+        return _Totals(dict(times.tx), dict(times.rx),
+                       {party: cpu.seconds for party, cpu in self.cpus.items()},
+                       self.medium.by_kind, self.medium.transmissions)
 
     def _stalled(self) -> None:
         failed = [f"{cell}: {error}" for host in self.hosts.values()
@@ -324,6 +340,3 @@ def publish_bytes(topic_length: int, message_bytes: int) -> int:
     return 1 + length_bytes + rest
 
 
-def _minus(now: dict[Party, float], then: dict[Party, float]) -> dict[Party, float]:
-    return {party: value - then.get(party, 0.0) for party, value in now.items()
-            if value != then.get(party, 0.0)}

@@ -261,14 +261,18 @@ def test_training_run_computes_every_step_at_the_edge() -> None:
     # blocks of 5 filters); fc2 200 x 2 + 2.
     parameters = CNN(model).flat.size
     assert parameters == (45 + 5) + (225 + 5) + (20 * 200 + 200) + (200 * 2 + 2) == 4882
-    # One training sample by hand: forward convs 9 cells x (2*9*1*5 + 10 + 2*9*5*5 + 10),
-    # pooling 9 x 5, three times over (forward and backward); the head forward
-    # 2 (20*200 + 200*2) + 200 + 2 + 200, its loss 4*2 and backward 2 * forward + 200.
+    # One training sample by hand, what the mesh's nodes and edge compute: forward convs
+    # 9 cells x (2*9*1*5 + 10 + 2*9*5*5 + 10) and pooling 9 x 5; the weight gradients
+    # 9 x (2*9*1*5 + 5 + 2*9*5*5 + 5); the input gradient of layer 2 only 9 x (2*9*5*5 + 5);
+    # routing and ReLU's mask 2 x 9 x 5; the head forward 2 (20*200 + 200*2) + 200 + 2 +
+    # 200, its loss 4*2 and backward 2 * forward + 200.
     forward = 9 * (100 + 460) + 45
+    weights, inputs, routing = 9 * (95 + 455), 9 * 455, 90
     head = 2 * (20 * 200 + 200 * 2) + 402
-    assert central_work(model, training=True).at(1) == 3 * forward + head + 8 + 2 * head + 200
+    assert central_work(model, training=True).at(1) == \
+        forward + weights + inputs + routing + head + 8 + 2 * head + 200 == 42034
     per_step = central_work(model, training=True).at(batch) + optimizer_work(parameters).at(0)
-    assert per_step == 43069 * batch + 12 * parameters
+    assert per_step == 42034 * batch + 12 * parameters
 
     run = cloud.training_run(spec, radio, "shared", NODE, EDGE_DEVICE, samples, steps, batch)
     assert run["compute_s"] == pytest.approx(EDGE_DEVICE.cpu_s(per_step * steps, 0),
@@ -280,10 +284,14 @@ def test_training_run_computes_every_step_at_the_edge() -> None:
     assert run["makespan_s"] == pytest.approx(shipped.makespan_s + run["compute_s"])
     assert (run["bytes"], run["frames"], run["transmissions"]) == \
         (shipped.bytes, shipped.frames, shipped.transmissions)
-    assert run["energy_j"]["total"] == pytest.approx(
-        shipped.energy_j["total"] + run["compute_s"] * EDGE_DEVICE.cpu_w)
+    # While the edge computes, it draws its CPU power and its radio listens; the 9
+    # nodes idle and listen (always-on), as the mesh's nodes do between their messages.
+    compute = run["compute_s"]
     assert run["energy_j"]["edge"] == pytest.approx(
-        shipped.energy_j["edge"] + run["compute_s"] * EDGE_DEVICE.cpu_w)
+        shipped.energy_j["edge"] + compute * (EDGE_DEVICE.cpu_w + radio.idle_w))
+    assert run["energy_j"]["total"] == pytest.approx(
+        shipped.energy_j["total"] + compute * (EDGE_DEVICE.cpu_w + radio.idle_w)
+        + compute * 9 * (NODE.idle_w + radio.idle_w))
 
 
 def test_an_inference_slot_computes_the_whole_network_once_at_the_edge() -> None:
@@ -326,8 +334,11 @@ def test_the_edges_compute_energy_counts_under_the_ideal_mac_too() -> None:
     run = cloud.training_run(spec, profile("802.15.4"), "shared", NODE, EDGE_DEVICE, 64, 5,
                              16)
     shipped = _ship(spec, "aggregated", samples=64)
+    radio, compute = profile("802.15.4"), run["compute_s"]
+    # Under the ideal MAC every radio sleeps while the edge computes.
     assert run["energy_j"]["ideal_mac"]["total"] == pytest.approx(
-        shipped.energy_j["ideal_mac"]["total"] + run["compute_s"] * EDGE_DEVICE.cpu_w)
+        shipped.energy_j["ideal_mac"]["total"] + compute * (EDGE_DEVICE.cpu_w + radio.sleep_w)
+        + compute * 9 * (NODE.idle_w + radio.sleep_w))
 
 
 # ------------------------------------------------------------------ physics

@@ -13,7 +13,7 @@ import pytest
 from meshdl import load_run_config
 from meshdl.augment import training_data
 from meshdl.config import DataConfig, ModelConfig
-from meshdl.messages import EDGE
+from meshdl.messages import EDGE, Kind
 from meshdl.model import CNN
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.device import DeviceProfile, device
@@ -80,7 +80,8 @@ def _receivers_busy(trace: list[Sent]) -> dict:
 
 
 MEDIA = [(3, 3, "802.15.4", "shared", 3), (4, 5, "ble", "shared", 2),
-         (4, 4, "lora-sf7", "shared", 3), (3, 4, "wifi", "star", 3)]
+         (4, 4, "lora-sf7", "shared", 3), (3, 4, "wifi", "star", 3),
+         (1, 6, "802.15.4", "shared", 1)]  # a line: two unicasts at its ends may overlap
 
 
 @pytest.mark.parametrize(("rows", "cols", "radio", "medium", "kernel"), MEDIA)
@@ -96,13 +97,25 @@ def test_the_trace_obeys_the_physics_of_its_medium(rows, cols, radio, medium, ke
         for (_, end, _), (start, _, _) in itertools.pairwise(intervals):
             assert start >= end - 1e-12
     # The medium: on the star nothing overlaps; on the radio, overlapping transmissions
-    # have disjoint neighbourhoods (nobody hears two at once).
+    # are heard by different nodes: the sender's neighbourhood, and for an acknowledged
+    # unicast the receiver's too (its ACKs), worked out here from the grid alone.
+    topo = mesh.spec.topology
+
+    def heard_by(s: Sent) -> set:
+        around = {s.src, *topo.neighbours(s.src)} if s.src != EDGE else {EDGE, (0, 0)}
+        if not s.broadcast and r.ack_frame_bytes:
+            dst = s.receivers[0]
+            around |= {dst, *topo.neighbours(dst)} if dst != EDGE else {EDGE, (0, 0)}
+        return around
+
+    def until(s: Sent) -> float:  # the last bit, or the end of the last frame's ACK
+        acked = not s.broadcast and r.ack_frame_bytes
+        return s.t1 + (r.turnaround_s + r.ack_airtime if acked else 0.0)
+
     for a, b in itertools.combinations(trace, 2):
-        if a.t0 < b.t1 and b.t0 < a.t1:
+        if a.t0 < until(b) and b.t0 < until(a):
             assert medium == "shared"
-            hood_a = {a.src, *mesh.medium.channel_of(a.src)}
-            hood_b = {b.src, *mesh.medium.channel_of(b.src)}
-            assert not hood_a & hood_b
+            assert not heard_by(a) & heard_by(b)
     # Each transmission lasts what its frames do: every frame's slot but the last
     # one's ACK and space, from the profile's own formulas.
     for s in trace:
@@ -202,3 +215,37 @@ def test_a_3x3_inference_wave_takes_what_a_hand_calculation_says() -> None:
     hand = 14 * 1.0 + 5 * (params + batch_last_bit) + 4 * small + 5 * small
     assert mesh.waves[-1].end == pytest.approx(hand, rel=0.01)
     assert mesh.waves[-1].end > hand  # the rest is waiting for the channel
+
+
+def test_one_hop_and_back_takes_exactly_its_frames_acks_spaces_and_latencies() -> None:
+    """A 1 x 1 mesh (k 1, one filter, batch 1) on 802.15.4, computing free, no random
+    backoff, a 2 ms hop latency: nothing contends, so the inference wave is, exactly,
+    PARAMS and then BATCH from the edge to r0c0 (each: CCA 128 us, turnaround 192 us, its
+    frames with their ACKs and spaces, delivered after the last ACK), 2 ms, then r0c0's
+    GATHER back (the same), 2 ms."""
+    radio = profile("802.15.4").model_copy(update={"backoff_unit_s": 0.0,
+                                                   "hop_latency_s": 2e-3})
+    mesh = _mesh(1, 1, radio, "shared", kernel=1, filters=1, node=FREE_CPU)
+    mesh.edge_device = FREE_CPU
+    mesh.run_wave(Mode.INFER, Split.TEST, np.arange(1))
+    sizes = {s.kind: s.size for s in mesh.trace}
+    assert [s.kind for s in mesh.trace] == [Kind.PARAMS, Kind.BATCH, Kind.GATHER]
+    bit, access, ack = 1 / 250_000, 128e-6 + 192e-6, 192e-6 + 11 * 8 / 250_000
+
+    def frames(size: int) -> list[int]:  # bytes on air of each frame: 17 + up to 116
+        return [17 + min(116, size - i) for i in range(0, max(size, 1), 116)]
+
+    def space(frame: int) -> float:  # SIFS after a frame of at most 24 B, else LIFS
+        return 192e-6 if frame <= 24 else 640e-6
+
+    def received(size: int) -> float:  # from the CCA to the end of the last ACK
+        f = frames(size)
+        return access + sum(8 * n * bit + ack + space(n) for n in f[:-1]) + \
+            8 * f[-1] * bit + ack
+
+    def held(size: int) -> float:  # the radio is free again after the last space
+        return received(size) + space(frames(size)[-1])
+
+    params, batch, gather = sizes[Kind.PARAMS], sizes[Kind.BATCH], sizes[Kind.GATHER]
+    hand = held(params) + received(batch) + 2e-3 + received(gather) + 2e-3
+    assert mesh.waves[-1].end == pytest.approx(hand, rel=1e-12)
