@@ -144,7 +144,6 @@ class Ledger:
             figures[name, "bytes"] += self.spec.overhead(kind) + ITEM_BYTES * values
         return figures
 
-
     def report(self) -> dict[str, Any]:
         """The "comm" record of metrics.json (wave timing is added by the transport)."""
         self.tally()

@@ -19,8 +19,9 @@ from meshdl.augment import training_data
 from meshdl.config import ModelConfig, RunConfig
 from meshdl.data import Dataset
 from meshdl.protocol import Mode, Split
-from meshdl.sim.compare import _mesh as zero_mesh
-from meshdl.sim.device import device
+from meshdl.sim.compare import zero_mesh
+from meshdl.sim.device import device, natural_device
+from meshdl.sim.media import natural_medium
 from meshdl.sim.mesh import MeshEngine
 from meshdl.sim.radio import profile
 from meshdl.sim.simulate import SimEngine
@@ -30,8 +31,7 @@ from meshdl.training import train
 def bench_large_wave(rows: int, cols: int, radio: str = "802.15.4") -> dict[str, Any]:
     """One inference wave of one sample on a rows x cols mesh (readings of zeros: what
     is sent does not depend on them)."""
-    medium = "star" if radio == "wifi" else "shared"
-    node = device("pi-zero-2w" if radio == "wifi" else "cortex-m4")
+    medium, node = natural_medium(radio), device(natural_device(radio))
     built = time.perf_counter()
     mesh = zero_mesh(ModelConfig(rows=rows, cols=cols), profile(radio), medium, node,
                      device("pi4"), samples=1, seed=0)
@@ -48,13 +48,12 @@ def bench_training(config: RunConfig, data: Dataset, radio: str = "802.15.4",
                    log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """The same training run in the plain virtual mesh and under simulated time."""
     view = training_data(config.train, data)
-    medium = "star" if radio == "wifi" else "shared"
-    node = device("pi-zero-2w" if radio == "wifi" else "cortex-m4")
+    medium, node = natural_medium(radio), device(natural_device(radio))
     log("training in the virtual mesh")
     virtual_model, virtual = train(config, data, engine=MeshEngine(view))
     log(f"training under simulated time ({radio}, {medium})")
     engine = SimEngine(view, profile(radio), medium, node, device("pi4"),
-                       seed=config.train.seed, params_via="tree")
+                       seed=config.train.seed)
     timed_model, timed = train(config, data, engine=engine)
     assert engine.mesh is not None
     return {"grid": [config.model.rows, config.model.cols], "epochs": config.train.epochs,

@@ -389,6 +389,12 @@ class MqttStar(Medium):
         self.busy_until[CHANNEL] = 0.0
 
 
+def natural_medium(radio_name: str) -> MediumName:
+    """How a radio's nodes are usually connected: Wi-Fi through a broker's access point,
+    the low-power radios as a mesh."""
+    return "star" if radio_name == "wifi" else "shared"
+
+
 def medium_for(name: MediumName, topology: Topology, radio: RadioProfile, queue: EventQueue,
                seed: int, deliver: Deliver, trace: list[Sent] | None = None) -> Medium:
     """The medium of a mesh: its cells and the edge (linked to `edge_at`) as a radio

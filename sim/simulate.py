@@ -89,8 +89,8 @@ class SimEngine(WaveEngine):
         """Nothing to release: no loop, no sockets."""
 
 
-def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
+def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = None,
+               epochs: int | None = None) -> dict[str, Any]:
     """sim.json: the profiles used, makespans, energy per node, bytes and frames, over
     the waves of `mode` (training: the training waves; the evaluation waves between
     epochs are reported apart, under "evaluation")."""
@@ -117,6 +117,9 @@ def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = No
             "waves": other.waves, "makespan_s": other.seconds,
             "energy_j": {k: v for k, v in mode_energy(mesh, other).items()
                          if k != "per_node"}, **_traffic(other)}
+    if epochs:  # a training run: its figures per epoch too
+        report["makespan_s"]["per_epoch_mean"] = usage.seconds / epochs
+        report["energy_j"]["per_epoch_mean"] = report["energy_j"]["total"] / epochs
     if baseline is not None:
         report["baseline"] = baseline
     return report

@@ -331,7 +331,6 @@ class TimedMesh:
         return [(dst, message)]
 
 
-
 def publish_bytes(topic_length: int, message_bytes: int) -> int:
     """An MQTT 5 PUBLISH at QoS 0 carrying a message: fixed header (1 byte and the
     remaining length's 1 to 4), topic (2 + its length), properties' length (1)."""

@@ -11,6 +11,7 @@ and per network shape.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,16 +36,17 @@ from meshdl.cli.common import (
     parse_cell,
 )
 from meshdl.cli.train import Fit, fit_with_progress
-from meshdl.config import RunConfig, load_run_config
+from meshdl.config import ModelConfig, RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
 from meshdl.errors import UsageError
 from meshdl.model import CNN
 from meshdl.protocol import Mode
 from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
-from meshdl.sim import cloud
-from meshdl.sim.device import DeviceProfile, device
+from meshdl.sim import cloud, compare
+from meshdl.sim.device import DeviceProfile, device, natural_device
 from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.radio import RadioProfile, profile
+from meshdl.sim.media import natural_medium
+from meshdl.sim.radio import RadioProfile, profile, profiles
 from meshdl.sim.simulate import SimEngine, plot_energy, sim_report, write_trace
 from meshdl.sim.timed import TimedMesh
 from meshdl.training import normalization
@@ -73,7 +75,7 @@ def _profiles(radio: str, medium: str, node: str | None, edge: str, radios: Path
     if medium not in ("shared", "star"):
         raise UsageError(f"--medium must be shared or star, not {medium!r}")
     chosen = profile(radio, radios)
-    node = node or ("pi-zero-2w" if chosen.name == "wifi" else "cortex-m4")
+    node = node or natural_device(chosen.name)
     return chosen, device(node), device(edge)
 
 
@@ -141,8 +143,8 @@ def simulate_train(
     baseline = {variant: cloud.training_run(
         mesh.spec, radio_profile, medium, node, edge, originals(view), steps,
         config.train.batch, variant, config.train.seed)
-        for variant in _variants(medium)}
-    report = _finish(run_dir, mesh, Mode.TRAIN, baseline, trace)
+        for variant in compare.variants(medium)}
+    report = _finish(run_dir, mesh, Mode.TRAIN, baseline, trace, epochs=config.train.epochs)
     write_run(run_dir, config, model, metrics_record(config, history, {"sim": report}),
               source)
     _say(report, run_dir)
@@ -202,7 +204,7 @@ def simulate_infer(
     mesh = engine.mesh
     assert mesh is not None
     baseline = {}
-    for variant in _variants(medium):
+    for variant in compare.variants(medium):
         slot = cloud.inference_slot(mesh.spec, radio_profile, medium, node, edge, batch,
                                     variant, config.train.seed)
         baseline[variant] = cloud.times(slot, waves)
@@ -222,19 +224,13 @@ def _params_via(config: RunConfig, medium: str) -> str:
     return config.mesh.params_via if medium == "shared" else "broadcast"
 
 
-def _variants(medium: str) -> list[cloud.Variant]:
-    """Through a broker there is no tree to aggregate along: one variant."""
-    return ["aggregated", "unaggregated"] if medium == "shared" else ["unaggregated"]
-
-
 def _finish(run_dir: Path, mesh: TimedMesh, mode: Mode, baseline: dict[str, Any],
-            trace: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            trace: bool, extra: dict[str, Any] | None = None, epochs: int | None = None
+            ) -> dict[str, Any]:
     """Write sim.json, trace.jsonl and energy.png; return sim.json's content."""
-    import json
-
     main = baseline["aggregated" if "aggregated" in baseline else "unaggregated"]
     record = {"cloud_heavy": main, **{f"cloud_heavy_{v}": b for v, b in baseline.items()}}
-    report = {**sim_report(mesh, mode, record), **(extra or {})}
+    report = {**sim_report(mesh, mode, record, epochs), **(extra or {})}
     (run_dir / "sim.json").write_text(json.dumps(report, indent=2) + "\n")
     if trace and mesh.trace is not None:
         write_trace(mesh.trace, run_dir / "trace.jsonl")
@@ -257,7 +253,6 @@ def _say(report: dict[str, Any], run_dir: Path) -> None:
         f"{cloud_heavy['energy_j']['total']:.4g} J, hottest node "
         f"{cloud_heavy['energy_j']['max_node']:.4g} J, {cloud_heavy['bytes']:,} bytes "
         f"(in-mesh: {sum(report['bytes'].values()):,} bytes)", highlight=False)
-
 
 
 @app.command("compare")
@@ -286,19 +281,14 @@ def simulate_compare(
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """In-mesh computing against shipping every reading to the edge, measured."""
-    from meshdl.config import ModelConfig
-    from meshdl.sim import compare
-    from meshdl.sim.radio import profiles
-
     known = profiles(radios)
     names = radio or list(known)
     model = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, pool=pool,
                         conv_layers=conv_layers, hidden=hidden)
     results: dict[str, Any] = {"model": model.model_dump(), "batch": batch, "radios": []}
     for name in names:
-        chosen, node, edge = _profiles(name, "star" if name == "wifi" else "shared", None,
-                                       "pi4", radios)
-        medium = "star" if name == "wifi" else "shared"
+        medium = natural_medium(name)
+        chosen, node, edge = _profiles(name, medium, None, "pi4", radios)
         err_console.print(f"{name} ({medium}): inference slot", highlight=False)
         entry: dict[str, Any] = {"radio": name, "medium": medium, "device": node.name,
                                  "inference": compare.inference_slot(
@@ -311,76 +301,12 @@ def simulate_compare(
                 entry["run"] = entry["epoch"].pop("run")
         results["radios"].append(entry)
     if sweep:
-        results["sweep"] = _sweep(names[0], rows, cols, hidden, batch, seed, radios)
+        medium = natural_medium(names[0])
+        chosen, node, edge = _profiles(names[0], medium, None, "pi4", radios)
+        err_console.print(f"{names[0]} ({medium}): 36 network shapes", highlight=False)
+        results["sweep"] = compare.sweep(rows, cols, hidden, chosen, medium, node, edge,
+                                         batch, seed)
     if json_out:
         emit_json(results)
         return
-    sys.stdout.write(comparison_markdown(results) + "\n")  # markdown: never wrapped
-
-
-def _sweep(name: str, rows: int, cols: int, hidden: int, batch: int, seed: int,
-           radios: Path | None) -> list[dict[str, Any]]:
-    from meshdl.config import ModelConfig
-    from meshdl.sim import compare
-
-    medium = "star" if name == "wifi" else "shared"
-    chosen, node, edge = _profiles(name, medium, None, "pi4", radios)
-    out = []
-    for kernel in (1, 3):
-        for conv_layers in (1, 2):
-            for filters in (1, 2, 5):
-                for pool in (2, 3, 4):
-                    model = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters,
-                                        pool=pool, conv_layers=conv_layers, hidden=hidden)
-                    record = compare.inference_slot(model, chosen, medium, node, edge, batch,
-                                                    seed)
-                    out.append({"kernel": kernel, "conv_layers": conv_layers,
-                                "filters": filters, "pool": pool, "radio": name,
-                                "inference": record, "mesh_wins": compare.wins(record)})
-    return out
-
-
-def comparison_markdown(results: dict[str, Any]) -> str:
-    """The comparison as the markdown tables of SIMULATION.md."""
-    lines = []
-    head = ("| radio | what | bytes (of them PARAMS) | makespan (s) | busiest node airtime "
-            "(s) | energy, always-on (J) | hottest node (J) | energy, ideal MAC (J) | "
-            "hottest node, ideal MAC (J) |")
-    rule = "|" + " --- |" * 9
-
-    def row(radio: str, what: str, f: dict[str, Any]) -> str:
-        params = f" ({f['params_bytes']:,})" if "params_bytes" in f else ""
-        return (f"| {radio} | {what} | {f['bytes']:,}{params} | {f['makespan_s']:.4g} | "
-                f"{f['max_node_airtime_s']:.4g} ({f['max_node_airtime_cell']}) | "
-                f"{f['energy_j']:.4g} | {f['max_node_j']:.4g} | {f['ideal_mac_j']:.4g} | "
-                f"{f['ideal_mac_max_node_j']:.4g} |")
-
-    for section, title in (("inference", "Inference slot"), ("epoch", "One training epoch"),
-                           ("run", "The whole training run")):
-        entries = [e for e in results["radios"] if section in e]
-        if not entries:
-            continue
-        lines += [f"### {title}", "", head, rule]
-        for e in entries:
-            label = f"{e['radio']} ({e['medium']}, {e['device']})"
-            for key, record in e[section].items():
-                if isinstance(record, dict) and "bytes" in record:
-                    lines.append(row(label, key.replace("_", " "), record))
-        lines.append("")
-    if results.get("sweep"):
-        lines += ["### Where the mesh wins (inference slot)", "",
-                  "| k | conv layers | filters | pool | " + " | ".join(
-                      compare_metrics()) + " |", "|" + " --- |" * (4 + len(compare_metrics()))]
-        for s in results["sweep"]:
-            wins = s["mesh_wins"]
-            lines.append(f"| {s['kernel']} | {s['conv_layers']} | {s['filters']} | "
-                         f"{s['pool']} | " + " | ".join(
-                             "mesh" if wins[m] else "cloud" for m in compare_metrics()) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def compare_metrics() -> tuple[str, ...]:
-    from meshdl.sim.compare import METRICS
-
-    return METRICS
+    sys.stdout.write(compare.markdown(results) + "\n")  # markdown: never wrapped
