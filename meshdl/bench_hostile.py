@@ -112,6 +112,7 @@ class _ProductionSetup:
                                               "--data", str(self.data_file))
             if hostile:
                 attacker = self._attack(url, stop_attack)
+                _flooding(attacker[0])  # training starts under the flood, not before it
             processes["edge"] = self._start(
                 "edge", logs, "edge", "run", "--broker", url, "--mesh", str(self.mesh_file),
                 "--data", str(self.data_file), "--out", str(logs / "run"), "--json",
@@ -180,6 +181,17 @@ class _ProductionSetup:
                                   name="attacker", daemon=True)
         thread.start()
         return attacker, thread
+
+
+def _flooding(attacker: Attacker, timeout: float = 60.0) -> None:
+    """Wait until the attacker has published a few rounds (its TLS login and first flood
+    take a while; a short training run could otherwise be over before it begins)."""
+    deadline = time.monotonic() + timeout
+    while attacker.rounds < 3:
+        if time.monotonic() > deadline:
+            raise MeshdlError(f"the attacker published nothing in {timeout:.0f} s "
+                              f"(disconnects: {dict(attacker.errors)})")
+        time.sleep(0.05)
 
 
 def _meshdl(*args: str) -> None:

@@ -44,6 +44,7 @@ _QUIET.setLevel(logging.CRITICAL)  # the broker throwing it out is the point, no
 REPLAYS_KEPT = 256  # captured messages kept to replay later
 ROUND_TIMEOUT_S = 2.0  # a round not out by then: the connection is gone
 OVERSIZED_BYTES = 2 * 1024 * 1024  # beyond the production broker's 1 MiB limit
+WARM_ROUNDS = 25  # rounds before the first oversized payload
 
 
 class Attacker:
@@ -61,6 +62,7 @@ class Attacker:
         self.sent: Counter[str] = Counter()
         self.captured: list[bytes] = []
         self.errors: Counter[str] = Counter()
+        self.rounds = 0  # published so far
         self.step_seen = 0  # the newest wave number it has read
         self.session_seen = 0
 
@@ -126,7 +128,10 @@ class Attacker:
                 kind = rng.choice(list(Kind))
                 out.append((topic(mesh, me, dst, kind), replay, "replayed", False))
         out.append((f"meshdl/{mesh}/{name_of(me)}/x/y/z", b"\x00", "garbage", False))
-        if rng.random() < 0.02:
+        self.rounds += 1
+        # Oversized payloads get it thrown out: only once the flood is under way, so
+        # that a short run is flooded at all before the first reconnection.
+        if self.rounds > WARM_ROUNDS and rng.random() < 0.02:
             out.append((topic(mesh, me, self.neighbours[0], Kind.GATHER),
                         rng.randbytes(OVERSIZED_BYTES), "oversized", False))
         if rng.random() < 0.05:

@@ -12,10 +12,11 @@ party has one CPU and one radio:
 
 On the shared radio the messages one handling produces with the same kind, layer and
 phase for several neighbours (a halo strip's copies, the parameters to the tree
-children) go out as one broadcast carrying the union of their items, exactly the
-ledger's broadcast figure. On the MQTT star every message goes up to the broker and
-down to each subscriber; the broker (on the access point's side) spends `broker_s`
-per message it relays.
+children) go out as one broadcast carrying the union of their items. Only what one
+handling makes is merged (a radio sends what it has), so the ledger's broadcast figure,
+which merges over a whole wave, is a lower bound of these transmissions. On the MQTT
+star every message goes up to the broker and down to each subscriber; the broker (on
+the access point's side) spends `broker_s` per message it relays.
 
 Since the protocol computes the same values in any delivery order, the clock changes
 when things happen, never what is computed: training under simulated time gives the
@@ -34,7 +35,7 @@ import numpy as np
 from meshdl.accounting import Ledger, message_items
 from meshdl.edge.agent import EdgeMachine, WaveResult
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.messages import ALL, EDGE, ITEM_BYTES, Kind, Message
+from meshdl.messages import ALL, EDGE, ITEM_BYTES, Header, Kind, Message
 from meshdl.model import CNN
 from meshdl.nodes.host import NodeHost
 from meshdl.protocol import MeshSpec, Mode, Split
@@ -106,6 +107,14 @@ class Usage:
         self.transmissions += after.transmissions - before.transmissions
 
 
+class Receipt(NamedTuple):
+    """A message as its receiver took it (kept with the trace)."""
+
+    at: float
+    party: Party
+    header: Header
+
+
 class _Totals(NamedTuple):
     """The run's running totals at one moment (a wave's figures are differences)."""
 
@@ -147,7 +156,7 @@ class TimedMesh:
         self.ledger = Ledger(spec)
         self.trace: list[Sent] | None = [] if trace else None
         # With the trace: every message as its receiver took it (time, receiver, header).
-        self.receipts: list[tuple[float, Party, Any]] | None = [] if trace else None
+        self.receipts: list[Receipt] | None = [] if trace else None
         topo = spec.topology
         self.hosts = {cell: NodeHost(spec, [cell], cell_readings(readings),
                                      local_delivery=False) for cell in topo.cells()}
@@ -236,7 +245,7 @@ class TimedMesh:
         its CPU is then busy for the device's time of what that set off, and what it
         sent goes on the radio when that time is over."""
         if self.receipts is not None:
-            self.receipts.append((now, party, message.header))
+            self.receipts.append(Receipt(now, party, message.header))
         node = self.nodes.get(party)
         if node is not None:  # a cell: by far the most messages (DeviceProfile.cpu_s)
             before = node.flops
