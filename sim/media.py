@@ -42,6 +42,8 @@ from typing import Any, Literal, NamedTuple
 from meshdl.errors import UsageError
 from meshdl.messages import EDGE, Kind
 from meshdl.sim.clock import EventQueue
+from meshdl.sim.linklayer import send_frames
+from meshdl.sim.loss import FrameLoss
 from meshdl.sim.radio import RadioProfile
 from meshdl.topology import Cell, Topology
 
@@ -139,8 +141,12 @@ class Medium:
     the star's hundreds of nodes do not poll its one channel."""
 
     def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int, deliver: Deliver,
-                 trace: list[Sent] | None = None) -> None:
+                 trace: list[Sent] | None = None, loss: FrameLoss | None = None) -> None:
         self.radio = radio
+        # Lossy links (sim/loss.py): frames lost, retried by the link layer, messages
+        # recovered end to end, so that every message still arrives (reliable mode).
+        self.loss = loss if loss is not None and loss.rate > 0 else None
+        self.faults: Counter[str] = Counter()
         self.queue = queue
         self.rng = random.Random(seed)
         self.deliver = deliver
@@ -277,6 +283,9 @@ class Medium:
     def _transmit(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
                   now: float) -> None:
         """The hold is free: the head of `src`'s queue goes on air."""
+        if self.loss is not None:
+            self._transmit_lossy(src, radio, hold, now)
+            return
         busy = self.busy_until
         tx = radio.queue.popleft()
         air = self.airtime(tx.size, acked=not tx.broadcast)
@@ -292,6 +301,53 @@ class Medium:
         radio.free_at = max(end, t0 + air.on_air + self.radio.off_time_s(air.on_air))
         self.queue.at(t0 + air.received + self._latency, self._arrive, tx)
         if radio.queue:  # the next one contends once this one is through
+            self._contend(src, radio)
+        else:
+            radio.active = False
+
+    def _transmit_lossy(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
+                        now: float) -> None:
+        """The head of `src`'s queue over lossy links (sim/linklayer.py): the channel is
+        held through every retry; who got the message gets it; for whoever did not, the
+        sender sends it again end to end, after an ACK timeout (a lost broadcast goes
+        again to the receivers that missed it)."""
+        tx = radio.queue.popleft()
+        acked = not tx.broadcast and self.radio.ack_frame_bytes > 0
+        out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size, acked)
+        t0 = now + self._access
+        end = t0 + out.hold
+        for member in hold:
+            self.busy_until[member] = end
+        for party, seconds in out.tx.items():
+            self._times.tx[party] += seconds
+        for party, seconds in out.rx.items():
+            self._times.rx[party] += seconds
+        self._transmissions += 1
+        self._frames += out.frames
+        self._by_kind[tx.kind, tx.layer, "bytes"] += tx.size
+        self._by_kind[tx.kind, tx.layer, "frames"] += out.frames
+        self.faults["frames_lost"] += out.lost
+        self.faults["retransmitted"] += out.retries
+        if self.trace is not None:
+            outcome = "ok" if not out.missing else \
+                f"lost by {len(out.missing)} of {len(tx.receivers)}"
+            self.trace.append(Sent(t0, t0 + out.last_bit, src, tx.receivers, tx.broadcast,
+                                   tx.kind, tx.layer, tx.size, out.frames, outcome))
+        on_air = out.tx.get(src, 0.0)
+        radio.free_at = max(end, t0 + on_air + self.radio.off_time_s(on_air))
+        got = [d for d in tx.deliveries if d[0] not in out.missing]
+        if got:
+            self.queue.at(t0 + out.received + self._latency, self._arrive,
+                          Transmission(src, tx.receivers, tx.kind, tx.layer, tx.size, got,
+                                       tx.broadcast))
+        if out.missing:  # recovered end to end: sent again to who missed it
+            self.faults["recovered"] += 1
+            again = Transmission(src, out.missing, tx.kind, tx.layer, tx.size,
+                                 [d for d in tx.deliveries if d[0] in out.missing],
+                                 broadcast=len(out.missing) > 1,
+                                 ready=end + self.radio.ack_timeout_s)
+            radio.queue.appendleft(again)
+        if radio.queue:
             self._contend(src, radio)
         else:
             radio.active = False
@@ -396,14 +452,15 @@ def natural_medium(radio_name: str) -> MediumName:
 
 
 def medium_for(name: MediumName, topology: Topology, radio: RadioProfile, queue: EventQueue,
-               seed: int, deliver: Deliver, trace: list[Sent] | None = None) -> Medium:
+               seed: int, deliver: Deliver, trace: list[Sent] | None = None,
+               loss: FrameLoss | None = None) -> Medium:
     """The medium of a mesh: its cells and the edge (linked to `edge_at`) as a radio
     mesh, or all of them around the broker."""
     if name == "shared":
         neighbours: dict[Party, list[Party]] = {
             cell: topology.neighbours(cell) for cell in topology.cells()}  # edge_at's: edge
         neighbours[EDGE] = [topology.edge_at]
-        return SharedRadio(neighbours, radio, queue, seed, deliver, trace)
+        return SharedRadio(neighbours, radio, queue, seed, deliver, trace, loss)
     if name == "star":
-        return MqttStar([*topology.cells(), EDGE], radio, queue, seed, deliver, trace)
+        return MqttStar([*topology.cells(), EDGE], radio, queue, seed, deliver, trace, loss)
     raise UsageError(f"unknown medium {name!r} (shared or star)")

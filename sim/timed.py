@@ -41,6 +41,7 @@ from meshdl.nodes.host import NodeHost
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import DeviceProfile
+from meshdl.sim.loss import FrameLoss
 from meshdl.sim.media import (
     BROKER,
     KindFigures,
@@ -141,7 +142,11 @@ class TimedMesh:
     def __init__(self, spec: MeshSpec, readings: dict[int, np.ndarray], model: CNN,
                  labels: dict[int, np.ndarray], radio: RadioProfile, medium: MediumName,
                  device: DeviceProfile, edge_device: DeviceProfile, seed: int = 0,
-                 trace: bool = False, broker_s: float = BROKER_S) -> None:
+                 trace: bool = False, broker_s: float = BROKER_S,
+                 loss: FrameLoss | None = None) -> None:
+        """`loss`: frames the links lose (sim/loss.py); the link layer retries and the
+        sender recovers what is still lost, so every message arrives and the results
+        are the lossless run's (reliable mode), at the cost the trace shows."""
         if medium == "shared" and spec.params_via != "tree":
             raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
                              "'broadcast' needs the MQTT star (--medium star)")
@@ -167,7 +172,7 @@ class TimedMesh:
         self._sizes: dict[tuple, int] = {}  # (kind, shape): a message's bytes
         self.cpus: dict[Party, _Cpu] = {party: _Cpu() for party in [*self.hosts, EDGE]}
         self.medium: Medium = medium_for(medium, topo, radio, self.queue, seed, self._arrive,
-                                         self.trace)
+                                         self.trace, loss)
         if medium == "star":
             self.cpus[BROKER] = _Cpu()
         self.waves: list[WaveTiming] = []

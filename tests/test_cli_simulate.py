@@ -325,3 +325,29 @@ def test_help_names_the_radio_tables(command) -> None:
     code, out, _ = _meshdl(*command, "--help")
     assert code == 0
     assert "[[radio]]" in out
+
+
+def test_lossy_links_cost_frames_and_time_and_say_so_in_sim_json(tmp_path) -> None:
+    code, out, err = _infer(tmp_path / "clean")
+    assert code == 0, err
+    clean = json.loads(out)
+    assert clean["faults"]["lost"] == clean["faults"]["recovered"] == 0
+    code, out, err = _infer(tmp_path / "lossy", "--loss", "0.3", "--burst", "3",
+                            "--fault-seed", "4")
+    assert code == 0, err
+    lossy = json.loads(out)
+    faults = lossy["faults"]
+    assert faults["lost"] > 0 and faults["retransmitted"] > 0
+    assert faults["loss"] == {"rate": 0.3, "burst": 3.0, "seed": 4}
+    assert faults["substituted"] == 0 and faults["dead_cells"] == []
+    assert lossy["frames_total"] > clean["frames_total"]
+    assert lossy["makespan_s"]["total"] > clean["makespan_s"]["total"]
+    assert lossy["accuracy"] == clean["accuracy"]  # reliable: the same predictions
+    outcomes = {json.loads(line)["outcome"] for line in
+                (tmp_path / "lossy" / "trace.jsonl").read_text().splitlines()}
+    assert "ok" in outcomes and any(o.startswith("lost by") for o in outcomes)
+
+
+def test_a_loss_of_one_or_more_is_a_usage_error(tmp_path) -> None:
+    code, _, err = _infer(tmp_path / "run", "--loss", "1.0")
+    assert_one_line_error(code, err, 2, "--loss")

@@ -44,6 +44,7 @@ from meshdl.protocol import Mode
 from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
 from meshdl.sim import cloud, compare
 from meshdl.sim.device import DeviceProfile, device, natural_device
+from meshdl.sim.loss import FrameLoss
 from meshdl.sim.lounge import generate_lounge
 from meshdl.sim.media import natural_medium
 from meshdl.sim.radio import RadioProfile, profile, profiles
@@ -63,6 +64,12 @@ DEVICE = typer.Option(None, "--device", help="Nodes' computer: cortex-m4, pi-zer
                       "radios, as their motes carry).")
 EDGE_DEVICE = typer.Option("pi4", "--edge-device", help="The edge's computer.")
 RADIOS = typer.Option(None, "--radios", help="A TOML file of \\[\\[radio]] profiles.")
+LOSS = typer.Option(0.0, "--loss", help="Share of frames the links lose (0 <= P < 1); the "
+                    "link layer retries and senders recover what is still lost, so the "
+                    "results are the lossless run's, at the cost sim.json shows.")
+BURST = typer.Option(None, "--burst", help="Mean burst of lost frames (Gilbert-Elliott "
+                     "links; default: each frame lost on its own, Bernoulli).")
+FAULT_SEED = typer.Option(0, "--fault-seed", help="Seed of the frames lost.")
 
 
 @app.callback()
@@ -116,6 +123,7 @@ def simulate_train(
                                     "the radios' backoffs."),
     radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
+    loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
     trace: bool = typer.Option(False, "--trace/--no-trace", help="Write trace.jsonl (one "
                                "line per transmission: long for long runs)."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
@@ -132,7 +140,8 @@ def simulate_train(
     engine = SimEngine(view, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
-                       max_message_bytes=config.mesh.max_message_bytes)
+                       max_message_bytes=config.mesh.max_message_bytes,
+                       loss=FrameLoss(loss, burst, fault_seed))
     engine.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
     start_run(run_dir, config, source)
     model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
@@ -175,6 +184,7 @@ def simulate_infer(
                                     "radios' backoffs."),
     radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
+    loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
     trace: bool = typer.Option(True, "--trace/--no-trace", help="Write trace.jsonl."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
 ) -> None:
@@ -194,7 +204,8 @@ def simulate_infer(
     engine = SimEngine(dataset, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
-                       max_message_bytes=config.mesh.max_message_bytes)
+                       max_message_bytes=config.mesh.max_message_bytes,
+                       loss=FrameLoss(loss, burst, fault_seed))
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")

@@ -1,0 +1,85 @@
+"""The link layer over lossy links: one message's frames, their losses and retries.
+
+An acknowledged unicast sends each frame until its ACK comes back: a lost frame, or a
+lost ACK, costs the frame's airtime and the wait for the ACK (`ack_timeout_s`), then the
+frame goes again, up to the radio's retry limit (802.15.4: macMaxFrameRetries = 3); a
+frame that exhausts it fails the message, which the sender then recovers end to end
+(sim/media.py). A broadcast has no ACKs: each receiver loses frames on its own, and
+whoever missed one has not got the message.
+
+Pure arithmetic over the loss model's draws: the medium applies the outcome (holds the
+channel for `hold`, counts the state times, delivers to who got it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+from meshdl.sim.loss import FrameLoss
+from meshdl.sim.radio import RadioProfile
+from meshdl.topology import Cell
+
+
+class LinkOutcome(NamedTuple):
+    """What sending one message over lossy links came to, in seconds from its first bit."""
+
+    hold: float  # the channel, until the last space
+    last_bit: float  # the last bit of the last frame sent
+    received: float  # the last frame and its ACK through: when receivers have it
+    frames: int  # frames put on air, retries included
+    retries: int  # frames sent again at the link layer
+    lost: int  # frames (or ACKs) lost on the way
+    missing: tuple[Cell, ...]  # receivers without the whole message
+    tx: dict[Cell, float]  # seconds each party transmitted (frames, ACKs)
+    rx: dict[Cell, float]  # seconds each party received
+
+
+def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
+                receivers: tuple[Cell, ...], size: int, acked: bool) -> LinkOutcome:
+    """Send a message of `size` bytes from `src` to `receivers` over `loss`'s links."""
+    tx: dict[Cell, float] = defaultdict(float)
+    rx: dict[Cell, float] = defaultdict(float)
+    t = last_bit = received = 0.0
+    frames = retries = lost = 0
+    missing: set[Cell] = set()
+    ack_air = radio.ack_airtime
+    for frame in radio.frame_sizes(size):
+        air, space = radio.frame_airtime(frame), radio.ifs_after(frame)
+        if not acked:
+            frames += 1
+            tx[src] += air
+            for receiver in receivers:
+                if loss.lost(src, receiver):
+                    lost += 1
+                    missing.add(receiver)
+                else:
+                    rx[receiver] += air
+            last_bit = received = t + air
+            t += air + space
+            continue
+        dst = receivers[0]
+        for attempt in range(int(min(radio.retry_limit, 1_000)) + 1):
+            frames += 1
+            retries += attempt > 0
+            tx[src] += air
+            last_bit = t + air
+            if loss.lost(src, dst):
+                lost += 1
+                t += air + radio.ack_timeout_s + space  # waited for an ACK in vain
+                continue
+            rx[dst] += air
+            tx[dst] += ack_air
+            if loss.lost(dst, src):  # the frame came, its ACK did not: sent again
+                lost += 1
+                t += air + radio.ack_timeout_s + space
+                continue
+            rx[src] += ack_air
+            received = t + air + radio.turnaround_s + ack_air
+            t = received + space
+            break
+        else:  # the retry limit: the message failed on this link
+            missing.add(dst)
+            break
+    return LinkOutcome(t, last_bit, received or t, frames, retries, lost,
+                       tuple(r for r in receivers if r in missing), dict(tx), dict(rx))

@@ -1,0 +1,61 @@
+"""Frame loss on the links of a simulated radio, reproducible by seed.
+
+- Bernoulli: every frame on every link is lost with probability `rate`.
+- Gilbert-Elliott (bursty): each directed link is in a good state (nothing lost) or a
+  bad one (everything lost); after each frame it goes good -> bad with probability p and
+  bad -> good with r. Given as a mean loss rate L and a mean burst length B (frames):
+  r = 1 / B and p = L r / (1 - L), so that the stationary share of bad frames,
+  p / (p + r), is L (../shared/RADIOS.md). Measured 802.15.4 links are mostly bursty
+  (Srinivasan et al., "The beta-factor", SenSys 2008); there is no canonical parameter
+  set, hence both.
+
+Draws come from a generator of their own (`seed`), in the order frames go on air, so a
+run with the same seeds loses the same frames whatever else is random.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from meshdl.errors import UsageError
+from meshdl.topology import Cell
+
+
+@dataclass
+class FrameLoss:
+    """Which frames the links lose: `lost(src, dst)` draws one frame's fate."""
+
+    rate: float
+    burst: float | None = None  # mean burst length in frames: Gilbert-Elliott; None: Bernoulli
+    seed: int = 0
+    _rng: random.Random = field(init=False, repr=False)
+    _bad: dict[tuple[Cell, Cell], bool] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate < 1.0:
+            raise UsageError(f"--loss {self.rate}: a loss rate is at least 0 and below 1")
+        if self.burst is not None and self.burst < 1.0:
+            raise UsageError(f"--burst {self.burst}: a mean burst is at least one frame")
+        self._rng = random.Random(self.seed)
+        if self.burst is not None:
+            self._r = 1.0 / self.burst
+            self._p = self.rate * self._r / (1.0 - self.rate)
+            if self._p > 1.0:
+                raise UsageError(f"--loss {self.rate} with --burst {self.burst}: bursts "
+                                 "that short cannot lose that much (p would exceed 1)")
+
+    def lost(self, src: Cell, dst: Cell) -> bool:
+        """Is the next frame from `src` to `dst` lost?"""
+        if self.rate == 0.0:
+            return False
+        if self.burst is None:
+            return self._rng.random() < self.rate
+        link = (src, dst)
+        bad = self._bad.get(link)
+        if bad is None:  # a link starts in its stationary distribution
+            bad = self._rng.random() < self.rate
+        lost = bad
+        self._bad[link] = (self._rng.random() >= self._r) if bad else \
+            (self._rng.random() < self._p)
+        return lost

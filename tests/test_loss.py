@@ -1,0 +1,142 @@
+"""Lossy links under simulated time, reliable mode: the link layer retries, senders
+recover what is still lost, and training gives exactly the lossless run's parameters,
+at a cost in frames, time and energy that the figures show."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from meshdl import load_run_config
+from meshdl.augment import training_data
+from meshdl.config import DataConfig
+from meshdl.sim.device import device
+from meshdl.sim.linklayer import send_frames
+from meshdl.sim.loss import FrameLoss
+from meshdl.sim.lounge import generate_lounge
+from meshdl.sim.radio import profile
+from meshdl.sim.simulate import SimEngine
+from meshdl.training import train
+
+A, B, C = (0, 0), (0, 1), (1, 0)
+
+
+class Scripted(FrameLoss):
+    """Loses exactly the frames a test lists, in the order they are drawn."""
+
+    def __init__(self, fates: list[bool]) -> None:
+        super().__init__(0.5)
+        self.fates = iter(fates)
+
+    def lost(self, src, dst) -> bool:
+        return next(self.fates)
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(0.1, None), (0.3, None), (0.3, 4.0),
+                                             (0.05, 10.0)])
+def test_links_lose_the_share_of_frames_asked_in_bursts_of_the_length_asked(rate, burst):
+    loss = FrameLoss(rate, burst, seed=7)
+    fates = [loss.lost(A, B) for _ in range(200_000)]
+    assert np.mean(fates) == pytest.approx(rate, rel=0.05)
+    bursts = [len(list(run)) for lost, run in itertools.groupby(fates) if lost]
+    assert np.mean(bursts) == pytest.approx(burst or 1 / (1 - rate), rel=0.05)
+
+
+def test_a_lost_frame_costs_its_airtime_and_the_ack_wait_then_goes_again() -> None:
+    """802.15.4, a 50-byte message (one frame of 67 bytes on air): lost once, its ACK lost
+    once, then through: three tries, by hand."""
+    radio = profile("802.15.4")
+    out = send_frames(radio, Scripted([True, False, True, False, False]), A, (B,), 50,
+                      acked=True)
+    air, wait, lifs = 67 * 8 / 250_000, 864e-6, 640e-6
+    ack = 192e-6 + 11 * 8 / 250_000
+    assert out.frames == 3 and out.retries == 2 and out.lost == 2 and not out.missing
+    assert out.received == pytest.approx(2 * (air + wait + lifs) + air + ack, rel=1e-12)
+    assert out.hold == pytest.approx(out.received + lifs, rel=1e-12)
+    assert out.tx[A] == pytest.approx(3 * air) and out.rx[B] == pytest.approx(2 * air)
+    assert out.tx[B] == pytest.approx(2 * ack - 2 * 192e-6)  # two ACKs sent, one heard
+
+
+def test_a_frame_that_exhausts_the_retry_limit_fails_the_message() -> None:
+    radio = profile("802.15.4")  # macMaxFrameRetries 3: four tries
+    out = send_frames(radio, Scripted([True] * 4), A, (B,), 50, acked=True)
+    assert out.frames == 4 and out.missing == (B,)
+
+
+def test_a_broadcast_is_missed_by_whoever_lost_one_of_its_frames() -> None:
+    radio = profile("802.15.4")  # 200 bytes: two frames, heard by B and C
+    out = send_frames(radio, Scripted([False, True, False, False]), A, (B, C), 200,
+                      acked=False)
+    assert out.frames == 2 and out.missing == (C,) and out.retries == 0
+
+
+def _train(loss: FrameLoss | None, radio: str = "802.15.4"):
+    config = load_run_config(model={"rows": 4, "cols": 5, "hidden": 8, "filters": 2},
+                             train={"epochs": 2, "batch": 8, "seed": 1})
+    data = generate_lounge(DataConfig(rows=4, cols=5, train=24, test=8, seed=3))
+    engine = SimEngine(training_data(config.train, data), profile(radio), "shared",
+                       device("cortex-m4"), device("pi4"), loss=loss)
+    model, _ = train(config, data, engine=engine)
+    return model, engine.mesh
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(0.3, None), (0.3, 5.0)])
+def test_training_over_lossy_links_gives_the_lossless_parameters_at_a_cost(rate, burst):
+    clean, lossless = _train(None)
+    model, lossy = _train(FrameLoss(rate, burst, seed=2))
+    assert np.array_equal(model.flat, clean.flat)
+    faults = lossy.medium.faults
+    assert faults["frames_lost"] > 0 and faults["retransmitted"] > 0
+    assert faults["recovered"] > 0  # broadcasts missed, retry limits reached
+    assert lossy.medium.frames > lossless.medium.frames
+    assert lossy.queue.now > lossless.queue.now  # the retries take time
+    assert sum(lossy.medium.times.tx.values()) > sum(lossless.medium.times.tx.values())
+
+
+def test_the_same_fault_seed_loses_the_same_frames() -> None:
+    def trace(seed: int) -> list:
+        _, mesh = _train(FrameLoss(0.2, None, seed=seed))
+        return [(s.src, s.t0, s.outcome) for s in mesh.trace or []] or \
+            [dict(mesh.medium.faults), mesh.queue.now]
+
+    assert trace(5) == trace(5)
+    assert trace(5) != trace(6)
+
+
+def test_an_impossible_loss_is_a_usage_error() -> None:
+    from meshdl.errors import UsageError
+
+    for rate, burst in ((1.0, None), (-0.1, None), (0.3, 0.5), (0.9, 1.0)):
+        with pytest.raises(UsageError):
+            FrameLoss(rate, burst)
+
+
+def test_retries_and_recoveries_keep_the_air_physical() -> None:
+    """Under 30 % loss, as without: overlapping transmissions share no listener and no
+    radio does two things at once (retries are held on the channel like first tries)."""
+    from meshdl.messages import EDGE
+    from meshdl.protocol import Mode, Split
+    from tests.test_simulated_time import _mesh
+
+    radio = profile("802.15.4")
+    mesh = _mesh(4, 4, radio, "shared")
+    mesh.medium.loss = FrameLoss(0.3, None, seed=1)
+    for mode in (Mode.INFER, Mode.TRAIN):
+        mesh.run_wave(mode, Split.TRAIN, np.arange(2))
+    assert mesh.medium.faults["retransmitted"] > 0
+    topo = mesh.spec.topology
+
+    def around(cell) -> set:
+        return {EDGE, (0, 0)} if cell == EDGE else {cell, *topo.neighbours(cell)}
+
+    def heard_by(s) -> set:
+        return around(s.src) | (set() if s.broadcast else around(s.receivers[0]))
+
+    def until(s) -> float:
+        return s.t1 + (0.0 if s.broadcast else radio.turnaround_s + radio.ack_airtime)
+
+    for a, b in itertools.combinations(mesh.trace, 2):
+        if a.t0 < until(b) and b.t0 < until(a):
+            assert not heard_by(a) & heard_by(b)
