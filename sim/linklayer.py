@@ -2,10 +2,12 @@
 
 An acknowledged unicast sends each frame until its ACK comes back: a lost frame, or a
 lost ACK, costs the frame's airtime and the wait for the ACK (`ack_timeout_s`), then the
-frame goes again, up to the radio's retry limit (802.15.4: macMaxFrameRetries = 3); a
-frame that exhausts it fails the message, which the sender then recovers end to end
-(sim/media.py). A broadcast has no ACKs: each receiver loses frames on its own, and
-whoever missed one has not got the message.
+frame goes again, up to the radio's retry limit (802.15.4: macMaxFrameRetries = 3). A
+frame that exhausts it is recovered end to end, fragment by fragment (as 6LoWPAN's
+selective fragment recovery, RFC 8931, does): after one more ACK timeout the sender
+takes it up again, so a long message is never sent over from its first frame, and every
+message arrives. A broadcast has no ACKs: each receiver loses frames on its own, and
+whoever missed one has not got the message (the medium sends it again to them).
 
 Pure arithmetic over the loss model's draws: the medium applies the outcome (holds the
 channel for `hold`, counts the state times, delivers to who got it).
@@ -13,6 +15,7 @@ channel for `hold`, counts the state times, delivers to who got it).
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -29,6 +32,7 @@ class LinkOutcome(NamedTuple):
     received: float  # the last frame and its ACK through: when receivers have it
     frames: int  # frames put on air, retries included
     retries: int  # frames sent again at the link layer
+    recoveries: int  # frames taken up again end to end after the retry limit
     lost: int  # frames (or ACKs) lost on the way
     missing: tuple[Cell, ...]  # receivers without the whole message
     tx: dict[Cell, float]  # seconds each party transmitted (frames, ACKs)
@@ -41,7 +45,8 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
     tx: dict[Cell, float] = defaultdict(float)
     rx: dict[Cell, float] = defaultdict(float)
     t = last_bit = received = 0.0
-    frames = retries = lost = 0
+    frames = retries = recoveries = lost = 0
+    tries_per_round = int(min(radio.retry_limit, 1_000)) + 1
     missing: set[Cell] = set()
     ack_air = radio.ack_airtime
     for frame in radio.frame_sizes(size):
@@ -59,7 +64,10 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
             t += air + space
             continue
         dst = receivers[0]
-        for attempt in range(int(min(radio.retry_limit, 1_000)) + 1):
+        for attempt in itertools.count():
+            if attempt and attempt % tries_per_round == 0:  # the retry limit: recovery
+                recoveries += 1
+                t += radio.ack_timeout_s
             frames += 1
             retries += attempt > 0
             tx[src] += air
@@ -78,8 +86,5 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
             received = t + air + radio.turnaround_s + ack_air
             t = received + space
             break
-        else:  # the retry limit: the message failed on this link
-            missing.add(dst)
-            break
-    return LinkOutcome(t, last_bit, received or t, frames, retries, lost,
+    return LinkOutcome(t, last_bit, received or t, frames, retries, recoveries, lost,
                        tuple(r for r in receivers if r in missing), dict(tx), dict(rx))

@@ -67,6 +67,9 @@ class Transmission:
     deliveries: list[tuple[Party, Any]]  # what each receiver gets: a Message, or a test's
     broadcast: bool = False
     ready: float = 0.0  # when its sender's CPU has made it: not on air before
+    # A broadcast's: each delivery's own bytes, what a receiver that missed it is sent
+    # again (None: `size` each).
+    sizes: tuple[int, ...] | None = None
 
 
 class Airtime(NamedTuple):
@@ -308,9 +311,9 @@ class Medium:
     def _transmit_lossy(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
                         now: float) -> None:
         """The head of `src`'s queue over lossy links (sim/linklayer.py): the channel is
-        held through every retry; who got the message gets it; for whoever did not, the
-        sender sends it again end to end, after an ACK timeout (a lost broadcast goes
-        again to the receivers that missed it)."""
+        held through every retry; who got the message gets it; whoever did not is sent
+        it again end to end, after an ACK timeout, as an acknowledged unicast of its own
+        (a missed broadcast becomes one per receiver that missed it)."""
         tx = radio.queue.popleft()
         acked = not tx.broadcast and self.radio.ack_frame_bytes > 0
         out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size, acked)
@@ -328,6 +331,7 @@ class Medium:
         self._by_kind[tx.kind, tx.layer, "frames"] += out.frames
         self.faults["frames_lost"] += out.lost
         self.faults["retransmitted"] += out.retries
+        self.faults["recovered"] += out.recoveries
         if self.trace is not None:
             outcome = "ok" if not out.missing else \
                 f"lost by {len(out.missing)} of {len(tx.receivers)}"
@@ -340,13 +344,16 @@ class Medium:
             self.queue.at(t0 + out.received + self._latency, self._arrive,
                           Transmission(src, tx.receivers, tx.kind, tx.layer, tx.size, got,
                                        tx.broadcast))
-        if out.missing:  # recovered end to end: sent again to who missed it
-            self.faults["recovered"] += 1
-            again = Transmission(src, out.missing, tx.kind, tx.layer, tx.size,
-                                 [d for d in tx.deliveries if d[0] in out.missing],
-                                 broadcast=len(out.missing) > 1,
-                                 ready=end + self.radio.ack_timeout_s)
-            radio.queue.appendleft(again)
+        if out.missing:  # recovered end to end: its own message to each who missed it
+            ready = end + self.radio.ack_timeout_s
+            sizes = tx.sizes or (tx.size,) * len(tx.deliveries)
+            for (party, carried), size in reversed(list(zip(tx.deliveries, sizes,
+                                                            strict=True))):
+                if party in out.missing:
+                    self.faults["recovered"] += 1
+                    radio.queue.appendleft(Transmission(src, (party,), tx.kind, tx.layer,
+                                                        size, [(party, carried)],
+                                                        ready=ready))
         if radio.queue:
             self._contend(src, radio)
         else:

@@ -323,7 +323,8 @@ class TimedMesh:
             size = self._broadcast_sizes[key] = \
                 self.spec.overhead(Kind(kind)) + ITEM_BYTES * per_item * len(items)
         return Transmission(src, receivers, kind, layer, size,
-                            [(m.header.dst, m) for m in messages], broadcast=True)
+                            [(m.header.dst, m) for m in messages], broadcast=True,
+                            sizes=tuple(self._bytes(m) for m in messages))
 
     def _bytes(self, message: Message) -> int:
         h = message.header
