@@ -9,17 +9,22 @@
   (Srinivasan et al., "The beta-factor", SenSys 2008); there is no canonical parameter
   set, hence both.
 
-Draws come from a generator of their own (`seed`), in the order frames go on air, so a
-run with the same seeds loses the same frames whatever else is random.
+Draws come from a generator of their own (`seed`), frame by frame as each transmission
+starts, so a run with the same seeds loses the same frames whatever else is random. A
+link's bursts are counted in frames, not in time: a pause between frames does not end
+one.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
 from meshdl.errors import UsageError
 from meshdl.topology import Cell
+
+MAX_RATE = 0.9  # beyond, a frame takes over a hundred tries on average (data and ACK)
 
 
 @dataclass
@@ -33,10 +38,12 @@ class FrameLoss:
     _bad: dict[tuple[Cell, Cell], bool] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.rate < 1.0:
-            raise UsageError(f"--loss {self.rate}: a loss rate is at least 0 and below 1")
-        if self.burst is not None and self.burst < 1.0:
-            raise UsageError(f"--burst {self.burst}: a mean burst is at least one frame")
+        if not (math.isfinite(self.rate) and 0.0 <= self.rate <= MAX_RATE):
+            raise UsageError(f"--loss {self.rate}: a loss rate is from 0 to {MAX_RATE} (a "
+                             "link losing more is not one the link layer can use)")
+        if self.burst is not None and not (math.isfinite(self.burst) and self.burst >= 1.0):
+            raise UsageError(f"--burst {self.burst}: a mean burst is a finite number of "
+                             "frames, at least one")
         self._rng = random.Random(self.seed)
         if self.burst is not None:
             self._r = 1.0 / self.burst

@@ -315,8 +315,8 @@ class Medium:
         it again end to end, after an ACK timeout, as an acknowledged unicast of its own
         (a missed broadcast becomes one per receiver that missed it)."""
         tx = radio.queue.popleft()
-        acked = not tx.broadcast and self.radio.ack_frame_bytes > 0
-        out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size, acked)
+        out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size,
+                          acked=not tx.broadcast)
         t0 = now + self._access
         end = t0 + out.hold
         for member in hold:
@@ -331,10 +331,11 @@ class Medium:
         self._by_kind[tx.kind, tx.layer, "frames"] += out.frames
         self.faults["frames_lost"] += out.lost
         self.faults["retransmitted"] += out.retries
-        self.faults["recovered"] += out.recoveries
+        self.faults["frames_recovered"] += out.recoveries
         if self.trace is not None:
-            outcome = "ok" if not out.missing else \
-                f"lost by {len(out.missing)} of {len(tx.receivers)}"
+            outcome = (f"missed by {len(out.missing)} of {len(tx.receivers)}" if out.missing
+                       else f"ok after {out.retries + out.recoveries} retries" if out.retries
+                       else "ok")
             self.trace.append(Sent(t0, t0 + out.last_bit, src, tx.receivers, tx.broadcast,
                                    tx.kind, tx.layer, tx.size, out.frames, outcome))
         on_air = out.tx.get(src, 0.0)
@@ -350,7 +351,7 @@ class Medium:
             for (party, carried), size in reversed(list(zip(tx.deliveries, sizes,
                                                             strict=True))):
                 if party in out.missing:
-                    self.faults["recovered"] += 1
+                    self.faults["messages_resent"] += 1
                     radio.queue.appendleft(Transmission(src, (party,), tx.kind, tx.layer,
                                                         size, [(party, carried)],
                                                         ready=ready))

@@ -118,7 +118,10 @@ def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = No
         # arrives). Of the whole run, evaluation included.
         "faults": {"lost": mesh.medium.faults["frames_lost"],
                    "retransmitted": mesh.medium.faults["retransmitted"],
-                   "recovered": mesh.medium.faults["recovered"],
+                   "recovered": mesh.medium.faults["frames_recovered"]
+                   + mesh.medium.faults["messages_resent"],
+                   "frames_recovered": mesh.medium.faults["frames_recovered"],
+                   "messages_resent": mesh.medium.faults["messages_resent"],
                    "substituted": 0, "dead_cells": [],
                    "loss": None if mesh.medium.loss is None else {
                        "rate": mesh.medium.loss.rate, "burst": mesh.medium.loss.burst,

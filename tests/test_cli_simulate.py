@@ -343,9 +343,11 @@ def test_lossy_links_cost_frames_and_time_and_say_so_in_sim_json(tmp_path) -> No
     assert lossy["frames_total"] > clean["frames_total"]
     assert lossy["makespan_s"]["total"] > clean["makespan_s"]["total"]
     assert lossy["accuracy"] == clean["accuracy"]  # reliable: the same predictions
+    assert faults["recovered"] == faults["frames_recovered"] + faults["messages_resent"]
     outcomes = {json.loads(line)["outcome"] for line in
                 (tmp_path / "lossy" / "trace.jsonl").read_text().splitlines()}
-    assert "ok" in outcomes and any(o.startswith("lost by") for o in outcomes)
+    assert "ok" in outcomes and any(o.startswith("missed by") for o in outcomes)
+    assert any(o.startswith("ok after") for o in outcomes)
 
 
 def test_a_loss_of_one_or_more_is_a_usage_error(tmp_path) -> None:

@@ -38,10 +38,10 @@ class Scripted(FrameLoss):
                                              (0.05, 10.0)])
 def test_links_lose_the_share_of_frames_asked_in_bursts_of_the_length_asked(rate, burst):
     loss = FrameLoss(rate, burst, seed=7)
-    fates = [loss.lost(A, B) for _ in range(200_000)]
-    assert np.mean(fates) == pytest.approx(rate, rel=0.05)
+    fates = [loss.lost(A, B) for _ in range(1_000_000)]
+    assert np.mean(fates) == pytest.approx(rate, rel=0.03)
     bursts = [len(list(run)) for lost, run in itertools.groupby(fates) if lost]
-    assert np.mean(bursts) == pytest.approx(burst or 1 / (1 - rate), rel=0.05)
+    assert np.mean(bursts) == pytest.approx(burst or 1 / (1 - rate), rel=0.03)
 
 
 def test_a_lost_frame_costs_its_airtime_and_the_ack_wait_then_goes_again() -> None:
@@ -67,7 +67,7 @@ def test_a_frame_past_the_retry_limit_is_taken_up_again_after_an_ack_timeout() -
                       acked=True)
     air, wait, lifs = 67 * 8 / 250_000, 864e-6, 640e-6
     ack = 192e-6 + 11 * 8 / 250_000
-    assert out.frames == 5 and out.recoveries == 1 and not out.missing
+    assert out.frames == 5 and out.retries == 3 and out.recoveries == 1 and not out.missing
     assert out.received == pytest.approx(4 * (air + wait + lifs) + wait + air + ack,
                                          rel=1e-12)
 
@@ -79,24 +79,39 @@ def test_a_broadcast_is_missed_by_whoever_lost_one_of_its_frames() -> None:
     assert out.frames == 2 and out.missing == (C,) and out.retries == 0
 
 
-def _train(loss: FrameLoss | None, radio: str = "802.15.4"):
+def _train(loss: FrameLoss | None, radio: str = "802.15.4", medium: str = "shared",
+           trace: bool = False):
     config = load_run_config(model={"rows": 4, "cols": 5, "hidden": 8, "filters": 2},
                              train={"epochs": 2, "batch": 8, "seed": 1})
     data = generate_lounge(DataConfig(rows=4, cols=5, train=24, test=8, seed=3))
-    engine = SimEngine(training_data(config.train, data), profile(radio), "shared",
-                       device("cortex-m4"), device("pi4"), loss=loss)
+    engine = SimEngine(training_data(config.train, data), profile(radio), medium,
+                       device("cortex-m4"), device("pi4"), loss=loss, trace=trace)
     model, _ = train(config, data, engine=engine)
     return model, engine.mesh
 
 
-@pytest.mark.parametrize(("rate", "burst"), [(0.3, None), (0.3, 5.0)])
-def test_training_over_lossy_links_gives_the_lossless_parameters_at_a_cost(rate, burst):
-    clean, lossless = _train(None)
-    model, lossy = _train(FrameLoss(rate, burst, seed=2))
+def _duplicates(mesh) -> int:
+    return sum(host.node_stats()["duplicates"] for host in mesh.hosts.values()) + \
+        mesh.edge.stats["duplicates"]
+
+
+@pytest.mark.parametrize(("rate", "burst", "radio", "medium"), [
+    (0.3, None, "802.15.4", "shared"), (0.3, 5.0, "802.15.4", "shared"),
+    (0.3, None, "lora-sf7", "shared"),  # no ACK frames: acknowledged at no airtime
+    (0.2, 3.0, "wifi", "star")])
+def test_training_over_lossy_links_gives_the_lossless_parameters_at_a_cost(
+        rate, burst, radio, medium):
+    clean, lossless = _train(None, radio, medium)
+    model, lossy = _train(FrameLoss(rate, burst, seed=2), radio, medium)
     assert np.array_equal(model.flat, clean.flat)
+    assert _duplicates(lossy) == _duplicates(lossless) == 0  # every message once
     faults = lossy.medium.faults
-    assert faults["frames_lost"] > 0 and faults["retransmitted"] > 0
-    assert faults["recovered"] > 0  # broadcasts missed, retry limits reached
+    # Sent again by the link layer (802.15.4: 3 retries) or, where the profile has no
+    # retries (LoRa, Wi-Fi here), recovered frame by frame.
+    assert faults["frames_lost"] > 0
+    assert faults["retransmitted" if radio == "802.15.4" else "frames_recovered"] > 0
+    if medium == "shared":  # missed broadcasts resent to who missed them
+        assert faults["messages_resent"] > 0
     assert lossy.medium.frames > lossless.medium.frames
     assert lossy.queue.now > lossless.queue.now  # the retries take time
     assert sum(lossy.medium.times.tx.values()) > sum(lossless.medium.times.tx.values())
@@ -104,9 +119,8 @@ def test_training_over_lossy_links_gives_the_lossless_parameters_at_a_cost(rate,
 
 def test_the_same_fault_seed_loses_the_same_frames() -> None:
     def trace(seed: int) -> list:
-        _, mesh = _train(FrameLoss(0.2, None, seed=seed))
-        return [(s.src, s.t0, s.outcome) for s in mesh.trace or []] or \
-            [dict(mesh.medium.faults), mesh.queue.now]
+        _, mesh = _train(FrameLoss(0.2, None, seed=seed), trace=True)
+        return [(s.src, s.t0, s.outcome) for s in mesh.trace]
 
     assert trace(5) == trace(5)
     assert trace(5) != trace(6)
@@ -115,7 +129,8 @@ def test_the_same_fault_seed_loses_the_same_frames() -> None:
 def test_an_impossible_loss_is_a_usage_error() -> None:
     from meshdl.errors import UsageError
 
-    for rate, burst in ((1.0, None), (-0.1, None), (0.3, 0.5), (0.9, 1.0)):
+    for rate, burst in ((1.0, None), (0.95, None), (-0.1, None), (float("nan"), None),
+                        (0.3, 0.5), (0.3, float("inf")), (0.3, float("nan")), (0.9, 1.0)):
         with pytest.raises(UsageError):
             FrameLoss(rate, burst)
 

@@ -240,7 +240,8 @@ def _finish(run_dir: Path, mesh: TimedMesh, mode: Mode, baseline: dict[str, Any]
             ) -> dict[str, Any]:
     """Write sim.json, trace.jsonl and energy.png; return sim.json's content."""
     main = baseline["aggregated" if "aggregated" in baseline else "unaggregated"]
-    record = {"cloud_heavy": main, **{f"cloud_heavy_{v}": b for v, b in baseline.items()}}
+    record = {"cloud_heavy": main, **{f"cloud_heavy_{v}": b for v, b in baseline.items()},
+              "lossless_links": True}  # whatever --loss says of the mesh's
     report = {**sim_report(mesh, mode, record, epochs), **(extra or {})}
     (run_dir / "sim.json").write_text(json.dumps(report, indent=2) + "\n")
     if trace and mesh.trace is not None:
