@@ -172,7 +172,7 @@ def test_infer_over_the_star_goes_through_the_broker(tmp_path) -> None:
     assert report["device"] == "pi-zero-2w"
     # No tree to aggregate along: every cell's message up to the broker and down.
     baseline = report["baseline"]
-    assert set(baseline) == {"cloud_heavy", "cloud_heavy_unaggregated"}
+    assert set(baseline) == {"cloud_heavy", "cloud_heavy_unaggregated", "lossless_links"}
     assert baseline["cloud_heavy"]["variant"] == "unaggregated"
     publish = publish_bytes(len(topic(1, (0, 0), EDGE, Kind.GATHER)),
                             HEADER_BYTES + ITEM_BYTES)
