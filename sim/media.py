@@ -303,10 +303,7 @@ class Medium:
                                    tx.kind, tx.layer, tx.size, air.frames, "ok"))
         radio.free_at = max(end, t0 + air.on_air + self.radio.off_time_s(air.on_air))
         self.queue.at(t0 + air.received + self._latency, self._arrive, tx)
-        if radio.queue:  # the next one contends once this one is through
-            self._contend(src, radio)
-        else:
-            radio.active = False
+        self._next(src, radio)
 
     def _transmit_lossy(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
                         now: float) -> None:
@@ -355,6 +352,10 @@ class Medium:
                     radio.queue.appendleft(Transmission(src, (party,), tx.kind, tx.layer,
                                                         size, [(party, carried)],
                                                         ready=ready))
+        self._next(src, radio)
+
+    def _next(self, src: Party, radio: _Radio) -> None:
+        """The next in `src`'s queue contends once this one is through; else it idles."""
         if radio.queue:
             self._contend(src, radio)
         else:

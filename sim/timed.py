@@ -289,21 +289,20 @@ class TimedMesh:
                                   self._mqtt_bytes(message), [(BROKER, message)]), ready)
             return
         if len(out) == 1:  # most handlings send one message, or none
-            m = out[0]
-            send(Transmission(party, (m.header.dst,), m.header.kind, m.header.layer,
-                              self._bytes(m), [(m.header.dst, m)]), ready)
+            send(self._unicast(party, out[0]), ready)
             return
         groups: dict[tuple[int, int, int], list[Message]] = {}
         for message in out:
             h = message.header
             groups.setdefault((h.kind, h.layer, h.phase), []).append(message)
         for (kind, layer, phase), messages in groups.items():
-            if len(messages) == 1:
-                m = messages[0]
-                send(Transmission(party, (m.header.dst,), kind, layer, self._bytes(m),
-                                  [(m.header.dst, m)]), ready)
-            else:
-                send(self._broadcast(party, kind, layer, phase, messages), ready)
+            send(self._unicast(party, messages[0]) if len(messages) == 1 else
+                 self._broadcast(party, kind, layer, phase, messages), ready)
+
+    def _unicast(self, src: Party, message: Message) -> Transmission:
+        h = message.header
+        return Transmission(src, (h.dst,), h.kind, h.layer, self._bytes(message),
+                            [(h.dst, message)])
 
     def _broadcast(self, src: Party, kind: int, layer: int, phase: int,
                    messages: list[Message]) -> Transmission:

@@ -55,6 +55,8 @@ from meshdl.training import normalization
 app = typer.Typer(help="Run the mesh under simulated time: radios, devices, energy, and "
                   "the cloud-heavy baseline.", no_args_is_help=True)
 
+DATA = typer.Option(None, "--data", help="Data set .npz (default: the synthetic lounge).")
+EDGE_AT = typer.Option(None, "--edge-at", help="Border cell R,C of the edge.")
 RADIO = typer.Option("802.15.4", "--radio", help="Radio profile (see meshdl radio list).")
 MEDIUM = typer.Option("shared", "--medium", help="shared (a radio mesh: one-hop "
                       "neighbours share the air) or star (every node through an MQTT "
@@ -103,12 +105,11 @@ def _data_and_config(data: Path | None, config_file: Path | None, model: dict[st
 
 @app.command("train")
 def simulate_train(
-    data: Path | None = typer.Option(None, "--data", help="Data set .npz (default: the "
-                                     "synthetic lounge)."),
+    data: Path | None = DATA,
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-simulate/)."),
     config_file: Path | None = typer.Option(None, "--config", help="TOML configuration."),
-    edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C of the edge."),
+    edge_at: str | None = EDGE_AT,
     rows: int | None = ROWS,
     cols: int | None = COLS,
     kernel: int | None = KERNEL,
@@ -166,11 +167,10 @@ def simulate_infer(
     model_path: Path | None = typer.Option(None, "--model", help="A trained model.npz "
                                            "(default: a fresh one; the cost of a wave "
                                            "does not depend on the weights)."),
-    data: Path | None = typer.Option(None, "--data", help="Data set .npz (default: the "
-                                     "synthetic lounge)."),
+    data: Path | None = DATA,
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-simulate-infer/)."),
-    edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C of the edge."),
+    edge_at: str | None = EDGE_AT,
     rows: int | None = ROWS,
     cols: int | None = COLS,
     kernel: int | None = KERNEL,
