@@ -21,10 +21,12 @@ channel is free; starting holds them all until it ends. Then:
 
 Access is CSMA-style: before each message a random backoff of 0 .. 2^BE - 1 unit
 periods, then a clear-channel assessment (CCA) and the radio's turn from receiving to
-transmitting; a busy channel widens the window (up to 2^max_be) and the sender tries
-again once the channel frees. A duty-cycle limit (LoRa in EU868) keeps a sender off the
-air for T (1/d - 1) after T on air. The backoffs are drawn from one seeded generator,
-in event order: the same seed gives the same trace.
+transmitting. A sender that finds the channel busy defers: it widens its window (up to
+2^max_be) and books the channel from the moment it frees plus a new backoff, so that
+whoever assessed first is served first (an idealization of CSMA's repeated random
+deferrals: no sender is starved and none is counted twice). A duty-cycle limit (LoRa
+in EU868) keeps a sender off the air for T (1/d - 1) after T on air. The backoffs are
+drawn from one seeded generator, in event order: the same seed gives the same trace.
 
 Every transmission is one trace record (`Sent`): first bit on air to the last bit of the
 last frame, the message's bytes before framing and its frames. The radios' time in
@@ -105,15 +107,19 @@ class KindFigures(NamedTuple):
     frames: int
 
 
-class _Sending(NamedTuple):
-    """What a transmission was, for the figures (`Medium._settle`)."""
+# What a loss-free transmission was, for the figures (`Tally`): (src, receivers, kind,
+# layer, size, broadcast). A plain tuple: one is made on every transmission.
+_Sending = tuple[Party, tuple[Party, ...], Kind, int, int, bool]
 
-    src: Party
-    receivers: tuple[Party, ...]
-    kind: Kind
-    layer: int
-    size: int
-    broadcast: bool
+
+class _Slot(NamedTuple):
+    """A loss-free transmission of one size, from its first bit (`Medium._slot`)."""
+
+    channel: float  # held
+    last_bit: float
+    delivered: float  # received, plus the hop latency
+    radio_free: float  # the sender may go on air again (channel, or duty cycle)
+    frames: int
 
 
 @dataclass
@@ -124,24 +130,96 @@ class RadioTimes:
     rx: dict[Party, float] = field(default_factory=lambda: defaultdict(float))
 
 
+class Tally:
+    """What the transmissions of one account took: each party's radio time, the
+    transmissions, their frames and bytes by message kind. The timed mesh keeps one
+    account per kind of wave (training, evaluation), so that a wave's figures need no
+    before-and-after copies of the totals.
+
+    A loss-free transmission is only counted on the hot path, by what it was (a wave
+    repeats the same few thousand); the figures are worked out when asked for."""
+
+    def __init__(self, airtime: Callable[[int, bool], Airtime] | None = None) -> None:
+        self._airtime = airtime  # the medium's (None: an account with nothing in it)
+        self._times = RadioTimes()
+        self._transmissions = 0
+        self._frames = 0
+        self._by_kind: Counter[tuple[Kind, int, str]] = Counter()
+        self.unsettled: Counter[_Sending] = Counter()
+
+    def add(self, src: Party, kind: Kind, layer: int, size: int, frames: int,
+            tx: dict[Party, float], rx: dict[Party, float]) -> None:
+        """One transmission whose figures are known already (a lossy one)."""
+        for party, seconds in tx.items():
+            self._times.tx[party] += seconds
+        for party, seconds in rx.items():
+            self._times.rx[party] += seconds
+        self._transmissions += 1
+        self._frames += frames
+        self._by_kind[kind, layer, "bytes"] += size
+        self._by_kind[kind, layer, "frames"] += frames
+
+    def _settle(self) -> None:
+        """Add the transmissions counted since the last call to the figures."""
+        sending, receiving = self._times.tx, self._times.rx
+        for (src, receivers, kind, layer, size, broadcast), n in self.unsettled.items():
+            assert self._airtime is not None
+            air = self._airtime(size, not broadcast)
+            sending[src] += n * air.on_air
+            for receiver in receivers:
+                receiving[receiver] += n * air.on_air
+            if air.acks:
+                sending[receivers[0]] += n * air.acks
+                receiving[src] += n * air.acks
+            self._transmissions += n
+            self._frames += n * air.frames
+            self._by_kind[kind, layer, "bytes"] += n * size
+            self._by_kind[kind, layer, "frames"] += n * air.frames
+        self.unsettled.clear()
+
+    @property
+    def times(self) -> RadioTimes:
+        """Seconds each party transmitted and received, so far."""
+        self._settle()
+        return self._times
+
+    @property
+    def transmissions(self) -> int:
+        self._settle()
+        return self._transmissions
+
+    @property
+    def frames(self) -> int:
+        self._settle()
+        return self._frames
+
+    @property
+    def by_kind(self) -> dict[tuple[Kind, int], KindFigures]:
+        """What the transmissions of each (kind, layer) carried, so far (a copy)."""
+        self._settle()
+        keys = dict.fromkeys((kind, layer) for kind, layer, _ in self._by_kind)
+        return {(kind, layer): KindFigures(self._by_kind[kind, layer, "bytes"],
+                                           self._by_kind[kind, layer, "frames"])
+                for kind, layer in keys}
+
+
 @dataclass(slots=True)
 class _Radio:
     queue: deque[Transmission] = field(default_factory=deque)
-    active: bool = False  # the head of its queue is in backoff or deferred
+    active: bool = False  # the head of its queue is in backoff or booked
     backoff_exponent: int = 0
     free_at: float = 0.0  # not on air again before: its last hold's end, or duty cycle
-    woken_by: Hashable | None = None  # the channel member whose release woke it
 
 
 class Medium:
     """Radios of every party over channels; `send` queues, `deliver` is called at the
     receivers when the last frame (and its ACK) is through, plus the hop latency.
 
-    A sender that finds its channel busy waits on the member held longest, in that
-    member's queue; when the member is released, the first in its queue draws a new
-    backoff and tries again (and, failing on another member, passes the turn to the
-    next). So a busy channel costs an event per release, not one per waiting sender:
-    the star's hundreds of nodes do not poll its one channel."""
+    A sender that finds its channel busy books it at once, from when its last member
+    frees plus a fresh backoff, and holds it from then on: the waiting costs no event,
+    and senders are served in the order they assessed the channel. So every
+    transmission is two events, its CCA and its arrival, however many contend (the
+    star's hundreds of nodes on its one channel included)."""
 
     def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int, deliver: Deliver,
                  trace: list[Sent] | None = None, loss: FrameLoss | None = None) -> None:
@@ -154,26 +232,22 @@ class Medium:
         self.rng = random.Random(seed)
         self.deliver = deliver
         self.trace = trace
-        self._times = RadioTimes()
         # Until when each channel member is held; every member is listed (at 0 first),
         # so that checking a channel is one C-level max over its members.
         self.busy_until: dict[Hashable, float] = {}
-        self._transmissions = 0
-        self._frames = 0
-        self._by_kind: Counter[tuple[Kind, int, str]] = Counter()
-        # Transmissions not yet added to the figures above, counted by what they were
-        # (a wave repeats the same few thousand): one counter step each on the hot path.
-        self._unsettled: Counter[_Sending] = Counter()
+        # The figures, per account (`account`); transmissions count into the current one.
+        self.tallies: dict[Hashable, Tally] = {}
+        self._tally = self._unsettled = None  # type: ignore[assignment]
+        self.account(None)
         self._radios: dict[Party, _Radio] = {}
         self._channels: dict[Party, tuple[Hashable, ...]] = {}  # each medium fills it
         self._holds: dict[tuple[Party, Party], tuple[Hashable, ...]] = {}  # acked unicasts
         self._airtime: dict[tuple[int, bool], Airtime] = {}
+        self._slots: dict[tuple[int, bool], _Slot] = {}  # by (size, broadcast)
         # The profile's figures read on every transmission, looked up once. After its
         # CCA the radio turns from receiving to transmitting before the first bit.
         self._access = radio.cca_s + (radio.turnaround_s if radio.cca_s else 0.0)
         self._latency = radio.hop_latency_s
-        self._waiting: dict[Hashable, deque[Party]] = {}  # senders deferred on a member
-        self._trying: set[Hashable] = set()  # members whose first waiter is trying
 
     def channel_of(self, party: Party) -> tuple[Hashable, ...]:
         """Who must be free for `party` to broadcast (and is held while it does)."""
@@ -206,18 +280,12 @@ class Medium:
             self._contend(tx.src, radio)
 
     def _contend(self, src: Party, radio: _Radio) -> None:
-        """The head of `src`'s queue draws its backoff and tries once it is made and the
-        radio may send again; if its hold is surely busy then, it waits at once."""
+        """The head of `src`'s queue draws its backoff and assesses the channel once it
+        is made and the radio may send again."""
         head = radio.queue[0]
         radio.backoff_exponent = self.radio.min_be
-        at = max(head.ready, radio.free_at) + self._backoff(radio)
-        busy = self.busy_until
-        blocker = max(self.hold_of(head), key=busy.__getitem__)
-        if busy[blocker] > at:  # holds only ever end later: it would find it busy
-            self._widen(radio)
-            self._wait(src, blocker, first=False)
-        else:
-            self.queue.at(at, self._attempt, src)
+        self.queue.at(max(head.ready, radio.free_at) + self._backoff(radio),
+                      self._attempt, src)
 
     def _backoff(self, radio: _Radio) -> float:
         """A whole number of unit periods, 0 .. 2^BE - 1, drawn uniformly."""
@@ -226,62 +294,16 @@ class Medium:
             return 0.0
         return int(self.rng.random() * (1 << radio.backoff_exponent)) * unit
 
-    def _widen(self, radio: _Radio) -> None:
-        radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
-
     def _attempt(self, src: Party) -> None:
+        """The CCA: a free hold goes on air now; a busy one is booked from when it frees,
+        after a fresh backoff from a wider window (first come, first served)."""
         now, radio = self.queue.now, self._radios[src]
-        woken, radio.woken_by = radio.woken_by, None
-        if woken is not None:
-            self._trying.discard(woken)
-        if now < radio.free_at:  # duty cycle
-            self.queue.at(radio.free_at, self._attempt, src)
-        else:
-            busy, hold = self.busy_until, self.hold_of(radio.queue[0])
-            blocker = max(hold, key=busy.__getitem__)
-            if busy[blocker] > now:  # defer, with a wider window next time
-                self._widen(radio)
-                self._wait(src, blocker, first=blocker == woken)
-            else:
-                self._transmit(src, radio, hold, now)
-        if woken is not None:
-            self._release(woken)  # its next waiter's turn (now, or when it is free)
-
-    def _wait(self, src: Party, member: Hashable, first: bool) -> None:
-        waiting = self._waiting.get(member)
-        if waiting is None:
-            waiting = self._waiting[member] = deque()
-        if first:
-            waiting.appendleft(src)
-        else:
-            waiting.append(src)
-        self._release(member)
-
-    def _release(self, member: Hashable) -> None:
-        """The first sender waiting on `member` tries again a fresh backoff after the
-        member is free (unless one is trying already)."""
-        if member in self._trying:
-            return
-        waiting = self._waiting.get(member)
-        busy = self.busy_until
-        free = max(busy[member], self.queue.now)
-        while waiting:
-            src = waiting.popleft()
-            if not waiting:  # only members with waiters are listed
-                del self._waiting[member]
-            radio = self._radios[src]
-            # A sender whose hold has another member busy past `free` would surely find
-            # it busy then (holds only ever end later): it waits on that one instead.
-            blocker = max(self.hold_of(radio.queue[0]), key=busy.__getitem__)
-            if busy[blocker] > free:
-                self._widen(radio)
-                self._wait(src, blocker, first=False)
-                waiting = self._waiting.get(member)
-                continue
-            radio.woken_by = member
-            self._trying.add(member)
-            self.queue.at(free + self._backoff(radio), self._attempt, src)
-            return
+        hold = self.hold_of(radio.queue[0])
+        free = max(map(self.busy_until.__getitem__, hold))
+        if free > now:
+            radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
+            now = free + self._backoff(radio)
+        self._transmit(src, radio, hold, now)
 
     def _transmit(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
                   now: float) -> None:
@@ -291,18 +313,20 @@ class Medium:
             return
         busy = self.busy_until
         tx = radio.queue.popleft()
-        air = self.airtime(tx.size, acked=not tx.broadcast)
+        key = (tx.size, tx.broadcast)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = self._slot(tx.size, acked=not tx.broadcast)
         t0 = now + self._access
-        end = t0 + air.channel
+        end = t0 + slot.channel
         for member in hold:
             busy[member] = end
-        self._unsettled[_Sending(src, tx.receivers, tx.kind, tx.layer, tx.size,
-                                 tx.broadcast)] += 1
+        self._unsettled[src, tx.receivers, tx.kind, tx.layer, tx.size, tx.broadcast] += 1
         if self.trace is not None:
-            self.trace.append(Sent(t0, t0 + air.last_bit, src, tx.receivers, tx.broadcast,
-                                   tx.kind, tx.layer, tx.size, air.frames, "ok"))
-        radio.free_at = max(end, t0 + air.on_air + self.radio.off_time_s(air.on_air))
-        self.queue.at(t0 + air.received + self._latency, self._arrive, tx)
+            self.trace.append(Sent(t0, t0 + slot.last_bit, src, tx.receivers, tx.broadcast,
+                                   tx.kind, tx.layer, tx.size, slot.frames, "ok"))
+        radio.free_at = t0 + slot.radio_free
+        self.queue.at(t0 + slot.delivered, self._arrive, tx)
         self._next(src, radio)
 
     def _transmit_lossy(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
@@ -318,14 +342,7 @@ class Medium:
         end = t0 + out.hold
         for member in hold:
             self.busy_until[member] = end
-        for party, seconds in out.tx.items():
-            self._times.tx[party] += seconds
-        for party, seconds in out.rx.items():
-            self._times.rx[party] += seconds
-        self._transmissions += 1
-        self._frames += out.frames
-        self._by_kind[tx.kind, tx.layer, "bytes"] += tx.size
-        self._by_kind[tx.kind, tx.layer, "frames"] += out.frames
+        self._tally.add(src, tx.kind, tx.layer, tx.size, out.frames, out.tx, out.rx)
         self.faults["frames_lost"] += out.lost
         self.faults["retransmitted"] += out.retries
         self.faults["frames_recovered"] += out.recoveries
@@ -367,47 +384,42 @@ class Medium:
             deliver(party, carried)
 
     # -------------------------------------------------------------- figures
-    def _settle(self) -> None:
-        """Add the transmissions counted since the last call to the figures."""
-        sending, receiving = self._times.tx, self._times.rx
-        for s, n in self._unsettled.items():
-            air = self.airtime(s.size, acked=not s.broadcast)
-            sending[s.src] += n * air.on_air
-            for receiver in s.receivers:
-                receiving[receiver] += n * air.on_air
-            if air.acks:
-                sending[s.receivers[0]] += n * air.acks
-                receiving[s.src] += n * air.acks
-            self._transmissions += n
-            self._frames += n * air.frames
-            self._by_kind[s.kind, s.layer, "bytes"] += n * s.size
-            self._by_kind[s.kind, s.layer, "frames"] += n * air.frames
-        self._unsettled.clear()
+    def account(self, key: Hashable) -> Tally:
+        """Count what follows into the account `key` (made when first named)."""
+        tally = self.tallies.get(key)
+        if tally is None:
+            tally = self.tallies[key] = Tally(self.airtime)
+        self._tally, self._unsettled = tally, tally.unsettled
+        return tally
 
     @property
     def times(self) -> RadioTimes:
-        """Seconds each party transmitted and received, so far."""
-        self._settle()
-        return self._times
+        """Seconds each party transmitted and received, so far, over every account."""
+        total = RadioTimes()
+        for tally in self.tallies.values():
+            for mine, theirs in ((total.tx, tally.times.tx), (total.rx, tally.times.rx)):
+                for party, seconds in theirs.items():
+                    mine[party] += seconds
+        return total
 
     @property
     def transmissions(self) -> int:
-        self._settle()
-        return self._transmissions
+        return sum(tally.transmissions for tally in self.tallies.values())
 
     @property
     def frames(self) -> int:
-        self._settle()
-        return self._frames
+        return sum(tally.frames for tally in self.tallies.values())
 
     @property
     def by_kind(self) -> dict[tuple[Kind, int], KindFigures]:
-        """What the transmissions of each (kind, layer) carried, so far (a copy)."""
-        self._settle()
-        keys = dict.fromkeys((kind, layer) for kind, layer, _ in self._by_kind)
-        return {(kind, layer): KindFigures(self._by_kind[kind, layer, "bytes"],
-                                           self._by_kind[kind, layer, "frames"])
-                for kind, layer in keys}
+        """What the transmissions of each (kind, layer) carried, so far, over every
+        account."""
+        total: dict[tuple[Kind, int], KindFigures] = {}
+        for tally in self.tallies.values():
+            for key, (size, frames) in tally.by_kind.items():
+                old = total.get(key, KindFigures(0, 0))
+                total[key] = KindFigures(old.bytes + size, old.frames + frames)
+        return total
 
     # -------------------------------------------------------------- physics
     def airtime(self, size: int, acked: bool) -> Airtime:
@@ -417,6 +429,13 @@ class Medium:
         if air is None:
             air = self._airtime[key] = airtime(self.radio, size, acked)
         return air
+
+
+    def _slot(self, size: int, acked: bool) -> _Slot:
+        air = self.airtime(size, acked)
+        radio_free = max(air.channel, air.on_air + self.radio.off_time_s(air.on_air))
+        return _Slot(air.channel, air.last_bit, air.received + self._latency, radio_free,
+                     air.frames)
 
 
 def airtime(radio: RadioProfile, size: int, acked: bool) -> Airtime:

@@ -49,6 +49,7 @@ from meshdl.sim.media import (
     MediumName,
     Party,
     Sent,
+    Tally,
     Transmission,
     medium_for,
 )
@@ -77,35 +78,41 @@ class _Cpu:
 
 @dataclass
 class Usage:
-    """What the waves of one mode took: simulated seconds, and each party's seconds of
-    transmitting, receiving and computing within them."""
+    """What the waves of one mode took: simulated seconds, each party's seconds of
+    computing within them, and the medium's account of their transmissions (each
+    party's seconds of transmitting and receiving, bytes and frames by kind)."""
 
     waves: int = 0
     seconds: float = 0.0
-    tx: dict[Party, float] = field(default_factory=dict)
-    rx: dict[Party, float] = field(default_factory=dict)
     cpu: dict[Party, float] = field(default_factory=dict)
-    by_kind: dict[tuple[Kind, int], KindFigures] = field(default_factory=dict)
-    transmissions: int = 0
+    radio: Tally = field(default_factory=Tally)
 
-    def add(self, seconds: float, before: _Totals, after: _Totals) -> None:
-        """One more wave: what the totals grew by between `before` and `after`."""
+    @property
+    def tx(self) -> dict[Party, float]:
+        return self.radio.times.tx
+
+    @property
+    def rx(self) -> dict[Party, float]:
+        return self.radio.times.rx
+
+    @property
+    def by_kind(self) -> dict[tuple[Kind, int], KindFigures]:
+        return self.radio.by_kind
+
+    @property
+    def transmissions(self) -> int:
+        return self.radio.transmissions
+
+    def add(self, seconds: float, cpu_before: dict[Party, float],
+            cpu_after: dict[Party, float]) -> None:
+        """One more wave: its seconds, and what each CPU computed in it."""
         self.waves += 1
         self.seconds += seconds
-        for mine, now, then in ((self.tx, after.tx, before.tx),
-                                (self.rx, after.rx, before.rx),
-                                (self.cpu, after.cpu, before.cpu)):
-            for party, value in now.items():
-                grown = value - then.get(party, 0.0)
-                if grown:
-                    mine[party] = mine.get(party, 0.0) + grown
-        for key, (size, frames) in after.by_kind.items():
-            old = before.by_kind.get(key, KindFigures(0, 0))
-            mine_size, mine_frames = self.by_kind.get(key, KindFigures(0, 0))
-            if size - old.bytes:
-                self.by_kind[key] = KindFigures(mine_size + size - old.bytes,
-                                                mine_frames + frames - old.frames)
-        self.transmissions += after.transmissions - before.transmissions
+        cpu = self.cpu
+        for party, value in cpu_after.items():
+            grown = value - cpu_before[party]
+            if grown:
+                cpu[party] = cpu.get(party, 0.0) + grown
 
 
 class Receipt(NamedTuple):
@@ -114,16 +121,6 @@ class Receipt(NamedTuple):
     at: float
     party: Party
     header: Header
-
-
-class _Totals(NamedTuple):
-    """The run's running totals at one moment (a wave's figures are differences)."""
-
-    tx: dict[Party, float]
-    rx: dict[Party, float]
-    cpu: dict[Party, float]
-    by_kind: dict[tuple[Kind, int], KindFigures]
-    transmissions: int
 
 
 @dataclass
@@ -188,7 +185,11 @@ class TimedMesh:
         """One wave from the edge and back, in simulated time."""
         queue, edge = self.queue, self.edge
         self._wave = WaveTiming(mode, queue.now)
-        before = self._totals()
+        usage = self.usage.get(mode)
+        if usage is None:
+            usage = self.usage[mode] = Usage(radio=self.medium.account(mode))
+        self.medium.account(mode)
+        before = self._cpu_seconds()
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
         if not queue.run(lambda: edge.result is not None, self.max_events) \
                 or edge.result is None:
@@ -206,16 +207,12 @@ class TimedMesh:
         queue.advance_to(end)
         self._wave.end = end
         self.waves.append(self._wave)
-        self.usage.setdefault(mode, Usage()).add(end - self._wave.start, before,
-                                                 self._totals())
+        usage.add(end - self._wave.start, before, self._cpu_seconds())
         self.ledger.tally()
         return edge.result
 
-    def _totals(self) -> _Totals:
-        times = self.medium.times
-        return _Totals(dict(times.tx), dict(times.rx),
-                       {party: cpu.seconds for party, cpu in self.cpus.items()},
-                       self.medium.by_kind, self.medium.transmissions)
+    def _cpu_seconds(self) -> dict[Party, float]:
+        return {party: cpu.seconds for party, cpu in self.cpus.items()}
 
     def _stalled(self) -> None:
         failed = [f"{cell}: {error}" for host in self.hosts.values()
