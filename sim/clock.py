@@ -43,11 +43,11 @@ class EventQueue:
     def __bool__(self) -> bool:
         return bool(self._heap)
 
-    def run(self, done: Callable[[], bool], limit: int) -> bool:
-        """Run events until `done()` or none is left; False if `limit` events ran out
-        first (a hang)."""
+    def run(self, limit: int) -> bool:
+        """Run events until none is left; False if `limit` events ran out first (a
+        hang)."""
         heap, ran = self._heap, 0
-        while heap and not done():
+        while heap:
             if ran == limit:
                 self.events += ran
                 return False

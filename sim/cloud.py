@@ -129,7 +129,7 @@ class _Shipping:
                     self.waiting[cell] == 0:
                 self._after_cpu(cell, 1, self._send_own if self.variant == "unaggregated"
                                 or self.medium_name == "star" else self._send_subtree)
-        self.queue.run(lambda: False, 1 << 62)
+        self.queue.run(1 << 62)
         assert self.arrived_cells == len(self.cells), "every reading reaches the edge"
         total = max(self.queue.now, *self.cpu_free.values())
         sizes = sum(f.bytes for f in self.medium.by_kind.values())

@@ -21,12 +21,15 @@ channel is free; starting holds them all until it ends. Then:
 
 Access is CSMA-style: before each message a random backoff of 0 .. 2^BE - 1 unit
 periods, then a clear-channel assessment (CCA) and the radio's turn from receiving to
-transmitting. A sender that finds the channel busy defers: it widens its window (up to
-2^max_be) and books the channel from the moment it frees plus a new backoff, so that
-whoever assessed first is served first (an idealization of CSMA's repeated random
-deferrals: no sender is starved and none is counted twice). A duty-cycle limit (LoRa
-in EU868) keeps a sender off the air for T (1/d - 1) after T on air. The backoffs are
-drawn from one seeded generator, in event order: the same seed gives the same trace.
+transmitting. A sender that finds a member of its hold on air widens its window (up to
+2^max_be) and senses again a fresh backoff after the transmissions in its way end:
+whoever then finds the channel free takes it, so no turn is reserved and a neighbour
+that comes during the backoff goes first, as in CSMA. On the star's one channel a busy
+sender takes its turn instead, a backoff after the holder's end (first come, first
+served: exact for one channel, and hundreds of waiting nodes do not sense it again and
+again). A duty-cycle limit (LoRa in EU868) keeps a sender off the air for T (1/d - 1)
+after T on air. The backoffs are drawn from one seeded generator, in event order: the
+same seed gives the same trace.
 
 Every transmission is one trace record (`Sent`): first bit on air to the last bit of the
 last frame, the message's bytes before framing and its frames. The radios' time in
@@ -72,6 +75,7 @@ class Transmission:
     # A broadcast's: each delivery's own bytes, what a receiver that missed it is sent
     # again (None: `size` each).
     sizes: tuple[int, ...] | None = None
+    hold: tuple[int, ...] = ()  # the numbers of the members it holds (`Medium._hold`)
 
 
 class Airtime(NamedTuple):
@@ -205,8 +209,9 @@ class Tally:
 
 @dataclass(slots=True)
 class _Radio:
+    party: Party
     queue: deque[Transmission] = field(default_factory=deque)
-    active: bool = False  # the head of its queue is in backoff or booked
+    active: bool = False  # the head of its queue is in backoff or deferred
     backoff_exponent: int = 0
     free_at: float = 0.0  # not on air again before: its last hold's end, or duty cycle
 
@@ -215,11 +220,9 @@ class Medium:
     """Radios of every party over channels; `send` queues, `deliver` is called at the
     receivers when the last frame (and its ACK) is through, plus the hop latency.
 
-    A sender that finds its channel busy books it at once, from when its last member
-    frees plus a fresh backoff, and holds it from then on: the waiting costs no event,
-    and senders are served in the order they assessed the channel. So every
-    transmission is two events, its CCA and its arrival, however many contend (the
-    star's hundreds of nodes on its one channel included)."""
+    A transmission is at least two events, its CCA and its arrival, plus one for each
+    time its sender finds its hold busy (on the radio mesh; on the star it takes its
+    turn at once)."""
 
     def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int, deliver: Deliver,
                  trace: list[Sent] | None = None, loss: FrameLoss | None = None) -> None:
@@ -232,9 +235,13 @@ class Medium:
         self.rng = random.Random(seed)
         self.deliver = deliver
         self.trace = trace
-        # Until when each channel member is held; every member is listed (at 0 first),
-        # so that checking a channel is one C-level max over its members.
-        self.busy_until: dict[Hashable, float] = {}
+        # Until when each channel member is held, by the member's number: checking a
+        # hold is one C-level max over a tuple of small ints (cells' tuples would be
+        # hashed again on every look-up).
+        self._busy: list[float] = []
+        self._number: dict[Hashable, int] = {}
+        self._hold_numbers: dict[Hashable, tuple[int, ...]] = {}  # by `_hold`'s key
+        self.takes_turns = False  # a busy channel: sense again later, or queue for it
         # The figures, per account (`account`); transmissions count into the current one.
         self.tallies: dict[Hashable, Tally] = {}
         self._tally = self._unsettled = None  # type: ignore[assignment]
@@ -247,6 +254,8 @@ class Medium:
         # The profile's figures read on every transmission, looked up once. After its
         # CCA the radio turns from receiving to transmitting before the first bit.
         self._access = radio.cca_s + (radio.turnaround_s if radio.cca_s else 0.0)
+        self._unit = max(radio.backoff_unit_s, 0.0)
+        self._acks = bool(radio.ack_frame_bytes)
         self._latency = radio.hop_latency_s
 
     def channel_of(self, party: Party) -> tuple[Hashable, ...]:
@@ -266,6 +275,21 @@ class Medium:
             hold = self._holds[key] = tuple(members)
         return hold
 
+    def _members(self, members: Iterable[Hashable]) -> None:
+        """Number the channel members, each free from the start."""
+        self._number = {member: number for number, member in enumerate(members)}
+        self._busy = [0.0] * len(self._number)
+
+    def _hold(self, tx: Transmission) -> tuple[int, ...]:
+        """The numbers of `tx`'s hold's members, kept with it for its further attempts."""
+        key = tx.src if tx.broadcast or not self._acks else (tx.src, tx.receivers[0])
+        hold = self._hold_numbers.get(key)
+        if hold is None:
+            hold = self._hold_numbers[key] = tuple(self._number[member]
+                                                   for member in self.hold_of(tx))
+        tx.hold = hold
+        return hold
+
     # -------------------------------------------------------------- sending
     def send(self, tx: Transmission, ready: float | None = None) -> None:
         """Queue `tx` on its sender's radio; it contends for the air from `ready` (when
@@ -273,75 +297,75 @@ class Medium:
         tx.ready = self.queue.now if ready is None else ready
         radio = self._radios.get(tx.src)
         if radio is None:
-            radio = self._radios[tx.src] = _Radio()
+            radio = self._radios[tx.src] = _Radio(tx.src)
         radio.queue.append(tx)
         if not radio.active:
             radio.active = True
-            self._contend(tx.src, radio)
+            self._contend(radio)
 
-    def _contend(self, src: Party, radio: _Radio) -> None:
-        """The head of `src`'s queue draws its backoff and assesses the channel once it
-        is made and the radio may send again."""
-        head = radio.queue[0]
-        radio.backoff_exponent = self.radio.min_be
-        self.queue.at(max(head.ready, radio.free_at) + self._backoff(radio),
-                      self._attempt, src)
+    def _contend(self, radio: _Radio) -> None:
+        """The head of `src`'s queue draws its backoff, a whole number of unit periods
+        0 .. 2^BE - 1, and assesses the channel after it, once it is made and the radio
+        may send again."""
+        radio.backoff_exponent = exponent = self.radio.min_be
+        backoff = int(self.rng.random() * (1 << exponent)) * self._unit if self._unit else 0.0
+        self.queue.at(max(radio.queue[0].ready, radio.free_at) + backoff, self._attempt,
+                      radio)
 
-    def _backoff(self, radio: _Radio) -> float:
-        """A whole number of unit periods, 0 .. 2^BE - 1, drawn uniformly."""
-        unit = self.radio.backoff_unit_s
-        if unit <= 0:
-            return 0.0
-        return int(self.rng.random() * (1 << radio.backoff_exponent)) * unit
-
-    def _attempt(self, src: Party) -> None:
-        """The CCA: a free hold goes on air now; a busy one is booked from when it frees,
-        after a fresh backoff from a wider window (first come, first served)."""
-        now, radio = self.queue.now, self._radios[src]
-        hold = self.hold_of(radio.queue[0])
-        free = max(map(self.busy_until.__getitem__, hold))
+    def _attempt(self, radio: _Radio) -> None:
+        """The CCA: the head of `src`'s queue goes on air now if no member of its hold
+        is on air. Else, with a fresh backoff from a wider window after the
+        transmissions in its way, it senses again (a radio mesh) or takes its turn (the
+        star's one channel: first come, first served). Then the next in the queue
+        contends, or the radio idles."""
+        now, busy, tx = self.queue.now, self._busy, radio.queue[0]
+        src, hold = tx.src, tx.hold or self._hold(tx)
+        free = max(map(busy.__getitem__, hold))
         if free > now:
-            radio.backoff_exponent = min(radio.backoff_exponent + 1, self.radio.max_be)
-            now = free + self._backoff(radio)
-        self._transmit(src, radio, hold, now)
-
-    def _transmit(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
-                  now: float) -> None:
-        """The hold is free: the head of `src`'s queue goes on air."""
+            radio.backoff_exponent = exponent = min(radio.backoff_exponent + 1,
+                                                    self.radio.max_be)
+            backoff = int(self.rng.random() * (1 << exponent)) * self._unit
+            if not self.takes_turns:
+                self.queue.at(free + backoff, self._attempt, radio)
+                return
+            now = free + backoff
+        radio.queue.popleft()
         if self.loss is not None:
-            self._transmit_lossy(src, radio, hold, now)
-            return
-        busy = self.busy_until
-        tx = radio.queue.popleft()
-        key = (tx.size, tx.broadcast)
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._slots[key] = self._slot(tx.size, acked=not tx.broadcast)
-        t0 = now + self._access
-        end = t0 + slot.channel
-        for member in hold:
-            busy[member] = end
-        self._unsettled[src, tx.receivers, tx.kind, tx.layer, tx.size, tx.broadcast] += 1
-        if self.trace is not None:
-            self.trace.append(Sent(t0, t0 + slot.last_bit, src, tx.receivers, tx.broadcast,
-                                   tx.kind, tx.layer, tx.size, slot.frames, "ok"))
-        radio.free_at = t0 + slot.radio_free
-        self.queue.at(t0 + slot.delivered, self._arrive, tx)
-        self._next(src, radio)
+            self._transmit_lossy(src, radio, tx, hold, now)
+        else:  # loss-free: the hot path, its figures worked out later (`Tally`)
+            key = (tx.size, tx.broadcast)
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slots[key] = self._slot(tx.size, acked=not tx.broadcast)
+            t0 = now + self._access
+            end = t0 + slot.channel
+            for member in hold:
+                busy[member] = end
+            self._unsettled[src, tx.receivers, tx.kind, tx.layer, tx.size,
+                            tx.broadcast] += 1
+            if self.trace is not None:
+                self.trace.append(Sent(t0, t0 + slot.last_bit, src, tx.receivers,
+                                       tx.broadcast, tx.kind, tx.layer, tx.size,
+                                       slot.frames, "ok"))
+            radio.free_at = t0 + slot.radio_free
+            self.queue.at(t0 + slot.delivered, self._arrive, tx)
+        if radio.queue:
+            self._contend(radio)
+        else:
+            radio.active = False
 
-    def _transmit_lossy(self, src: Party, radio: _Radio, hold: tuple[Hashable, ...],
-                        now: float) -> None:
-        """The head of `src`'s queue over lossy links (sim/linklayer.py): the channel is
-        held through every retry; who got the message gets it; whoever did not is sent
-        it again end to end, after an ACK timeout, as an acknowledged unicast of its own
-        (a missed broadcast becomes one per receiver that missed it)."""
-        tx = radio.queue.popleft()
+    def _transmit_lossy(self, src: Party, radio: _Radio, tx: Transmission,
+                        hold: tuple[int, ...], now: float) -> None:
+        """`tx` over lossy links (sim/linklayer.py): the channel is held through every
+        retry; who got the message gets it; whoever did not is sent it again end to
+        end, after an ACK timeout, as an acknowledged unicast of its own (a missed
+        broadcast becomes one per receiver that missed it)."""
         out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size,
                           acked=not tx.broadcast)
         t0 = now + self._access
         end = t0 + out.hold
         for member in hold:
-            self.busy_until[member] = end
+            self._busy[member] = end
         self._tally.add(src, tx.kind, tx.layer, tx.size, out.frames, out.tx, out.rx)
         self.faults["frames_lost"] += out.lost
         self.faults["retransmitted"] += out.retries
@@ -369,14 +393,6 @@ class Medium:
                     radio.queue.appendleft(Transmission(src, (party,), tx.kind, tx.layer,
                                                         size, [(party, carried)],
                                                         ready=ready))
-        self._next(src, radio)
-
-    def _next(self, src: Party, radio: _Radio) -> None:
-        """The next in `src`'s queue contends once this one is through; else it idles."""
-        if radio.queue:
-            self._contend(src, radio)
-        else:
-            radio.active = False
 
     def _arrive(self, tx: Transmission) -> None:
         deliver = self.deliver
@@ -461,7 +477,7 @@ class SharedRadio(Medium):
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._channels = {party: (party, *around) for party, around in neighbours.items()}
-        self.busy_until.update(dict.fromkeys(self._channels, 0.0))
+        self._members(self._channels)
 
 
 class MqttStar(Medium):
@@ -470,7 +486,11 @@ class MqttStar(Medium):
     def __init__(self, parties: Iterable[Party], *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._channels = dict.fromkeys([*parties, BROKER], (CHANNEL,))
-        self.busy_until[CHANNEL] = 0.0
+        self._members([CHANNEL])
+        # One channel: a sender that finds it busy queues for it (its turn comes a
+        # backoff after the holder's end), which is exact first-come-first-served for
+        # one channel and keeps hundreds of waiting nodes from sensing it over and over.
+        self.takes_turns = True
 
 
 def natural_medium(radio_name: str) -> MediumName:

@@ -165,7 +165,8 @@ class TimedMesh:
         self.nodes = {cell: host.nodes[cell] for cell, host in self.hosts.items()}
         self.edge = EdgeMachine(spec, model, labels)
         self._topics = TopicNames(spec.mesh_id)
-        self._broadcast_sizes: dict[tuple, int] = {}
+        # A broadcast's bytes, and each of its messages' own (see `_broadcast`).
+        self._broadcast_sizes: dict[tuple, tuple[int, tuple[int, ...]]] = {}
         self._sizes: dict[tuple, int] = {}  # (kind, shape): a message's bytes
         self.cpus: dict[Party, _Cpu] = {party: _Cpu() for party in [*self.hosts, EDGE]}
         self.medium: Medium = medium_for(medium, topo, radio, self.queue, seed, self._arrive,
@@ -191,10 +192,8 @@ class TimedMesh:
         self.medium.account(mode)
         before = self._cpu_seconds()
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
-        if not queue.run(lambda: edge.result is not None, self.max_events) \
-                or edge.result is None:
-            self._stalled()
-        if not queue.run(lambda: False, self.max_events):  # the tail: last relays
+        # The wave, and its tail (the last relays after the edge has its result).
+        if not queue.run(self.max_events) or edge.result is None:
             self._stalled()
         # The wave is over when every CPU is too (the edge's head, say, after the last
         # GATHER): the next starts then.
@@ -306,21 +305,20 @@ class TimedMesh:
         """Messages of one kind, layer and phase for several neighbours: one radio
         transmission carrying the union of their items (its size is worked out once per
         sender, receivers and batch: waves repeat them)."""
-        receivers = tuple(m.header.dst for m in messages)
+        receivers = tuple([m.header.dst for m in messages])
         key = (src, kind, layer, phase, receivers, messages[0].header.shape)
-        size = self._broadcast_sizes.get(key)
-        if size is None:
+        sizes = self._broadcast_sizes.get(key)
+        if sizes is None:
             items: set = set()
             per_item = 0
             for m in messages:
                 carried = message_items(self.spec, src, m.header.dst, kind, layer, phase)
                 items.update(carried)
                 per_item = math.prod(m.header.shape) // len(carried)
-            size = self._broadcast_sizes[key] = \
-                self.spec.overhead(Kind(kind)) + ITEM_BYTES * per_item * len(items)
-        return Transmission(src, receivers, kind, layer, size,
-                            [(m.header.dst, m) for m in messages], broadcast=True,
-                            sizes=tuple(self._bytes(m) for m in messages))
+            union = self.spec.overhead(Kind(kind)) + ITEM_BYTES * per_item * len(items)
+            sizes = self._broadcast_sizes[key] = (union, tuple(map(self._bytes, messages)))
+        return Transmission(src, receivers, kind, layer, sizes[0],
+                            list(zip(receivers, messages, strict=True)), True, 0.0, sizes[1])
 
     def _bytes(self, message: Message) -> int:
         h = message.header

@@ -3,6 +3,7 @@ fragmentation, duty cycle, TOML profiles and `meshdl radio list`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from meshdl.errors import UsageError
+from meshdl.messages import Kind
+from meshdl.sim.clock import EventQueue
+from meshdl.sim.media import BROKER, MqttStar, SharedRadio, Transmission
 from meshdl.sim.radio import RadioProfile, builtin_profiles, load_profiles, profile, profiles
 from tests.helpers import assert_one_line_error
 
@@ -263,3 +267,60 @@ def test_radio_list_with_a_bad_file_is_a_one_line_error(cli, tmp_path: Path) -> 
     path = _write(tmp_path, USER_TOML.replace("sleep_w = 1e-6", "sleep_w = -1e-6"))
     code, _, err = cli("radio", "list", "--file", path)
     assert_one_line_error(code, err, 2, "sleep_w")
+
+
+# ------------------------------------------------------------ channel access
+def _line_medium(radio, seed: int = 0):
+    """Three radios in a line, a - b - c: a and c each hear only b."""
+    queue, got = EventQueue(), []
+    neighbours = {"a": ["b"], "b": ["a", "c"], "c": ["b"]}
+    medium = SharedRadio(neighbours, radio, queue, seed, lambda party, what: got.append(
+        (queue.now, party, what)), trace=[])
+    return medium, queue, got
+
+
+def _tx(src, dst, size, what):
+    return Transmission(src, (dst,), Kind.HALO, 1, size, [(dst, what)], broadcast=True)
+
+
+class _Fixed:
+    """A generator of backoffs that always draws the middle of the window."""
+
+    def random(self) -> float:
+        return 0.5
+
+
+def test_a_deferred_sender_reserves_nothing_a_newcomer_that_finds_the_channel_free_goes():
+    """CSMA: b senses a on air (b is in a's neighbourhood) and backs off past its end;
+    c, which comes during that backoff and finds b's neighbourhood free, takes the
+    channel first, and b, sensing again, defers to c."""
+    radio = profile("802.15.4").model_copy(update={"backoff_unit_s": 1e-3, "cca_s": 0.0,
+                                                   "hop_latency_s": 0.0, "min_be": 2,
+                                                   "max_be": 2})  # every backoff 2 ms
+    medium, queue, _ = _line_medium(radio)
+    medium.rng = _Fixed()
+    medium.send(_tx("a", "b", 2000, "a's"), ready=0.0)
+    queue.run(1)  # a's CCA at 2 ms: on air
+    medium.send(_tx("b", "a", 100, "b's"), ready=0.01)
+    queue.run(1)  # b's CCA at 12 ms: a is on air, b waits for its end plus 2 ms
+    assert [s.src for s in medium.trace] == ["a"]
+    a_end = medium.trace[0].t0 + medium.airtime(2000, acked=False).channel
+    medium.send(_tx("c", "b", 100, "c's"), ready=a_end - 1e-3)  # c's CCA at a's end + 1 ms
+    queue.run(1000)
+    a, c, b = medium.trace
+    assert (a.src, c.src, b.src) == ("a", "c", "b")
+    assert c.t0 == pytest.approx(a_end + 1e-3)
+    assert b.t0 == pytest.approx(c.t0 + medium.airtime(100, acked=False).channel + 2e-3)
+
+
+def test_on_the_star_a_busy_sender_takes_its_turn_first_come_first_served() -> None:
+    queue = EventQueue()
+    medium = MqttStar(["n1", "n2", "n3"], profile("wifi"), queue, 0, lambda *_: None,
+                      trace=[])
+    for node in ("n1", "n2", "n3"):
+        medium.send(_tx(node, BROKER, 500, node), ready=0.0)
+    assert queue.run(1000) and len(medium.trace) == 3
+    spans = sorted((s.t0, s.t1) for s in medium.trace)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end  # one at a time on the one channel
+    assert queue.events == 6  # each: one CCA and one arrival, however busy the channel
