@@ -27,6 +27,7 @@ from meshdl.sim.loss import FrameLoss
 from meshdl.sim.media import BROKER, MediumName, Sent
 from meshdl.sim.mesh import by_split, cyclic_gc_paused
 from meshdl.sim.radio import RadioProfile
+from meshdl.sim.stragglers import Stragglers
 from meshdl.sim.timed import TimedMesh, Usage
 from meshdl.topics import name_of
 from meshdl.topology import Cell
@@ -40,9 +41,10 @@ class SimEngine(WaveEngine):
                  trace: bool = False, edge_at: Cell = (0, 0), mesh_id: int = 1,
                  params_via: str | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 loss: FrameLoss | None = None) -> None:
+                 loss: FrameLoss | None = None,
+                 stragglers: Stragglers | None = None) -> None:
         self.data = data
-        self.loss = loss
+        self.loss, self.stragglers = loss, stragglers
         self.train_samples = len(data.y_train)
         self.radio, self.medium, self.device = radio, medium, device
         self.edge_device, self.seed, self.trace = edge_device, seed, trace
@@ -60,7 +62,7 @@ class SimEngine(WaveEngine):
             readings, labels = by_split(self.data)
             self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                                   self.device, self.edge_device, self.seed, self.trace,
-                                  loss=self.loss)
+                                  loss=self.loss, stragglers=self.stragglers)
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:
@@ -123,6 +125,8 @@ def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = No
                    "frames_recovered": mesh.medium.faults["frames_recovered"],
                    "messages_resent": mesh.medium.faults["messages_resent"],
                    "substituted": 0, "dead_cells": [],
+                   "stragglers": [name_of(cell) for cell in mesh.slowdown],
+                   "straggler_slowdown": mesh.stragglers.slowdown if mesh.slowdown else None,
                    "loss": None if mesh.medium.loss is None else {
                        "rate": mesh.medium.loss.rate, "burst": mesh.medium.loss.burst,
                        "seed": mesh.medium.loss.seed}},

@@ -55,6 +55,7 @@ from meshdl.sim.media import (
 )
 from meshdl.sim.mesh import cell_readings
 from meshdl.sim.radio import RadioProfile
+from meshdl.sim.stragglers import Stragglers
 from meshdl.topics import TopicNames
 from meshdl.work import optimizer_work
 
@@ -140,10 +141,12 @@ class TimedMesh:
                  labels: dict[int, np.ndarray], radio: RadioProfile, medium: MediumName,
                  device: DeviceProfile, edge_device: DeviceProfile, seed: int = 0,
                  trace: bool = False, broker_s: float = BROKER_S,
-                 loss: FrameLoss | None = None) -> None:
+                 loss: FrameLoss | None = None,
+                 stragglers: Stragglers | None = None) -> None:
         """`loss`: frames the links lose (sim/loss.py); the link layer retries and the
         sender recovers what is still lost, so every message arrives and the results
-        are the lossless run's (reliable mode), at the cost the trace shows."""
+        are the lossless run's (reliable mode), at the cost the trace shows.
+        `stragglers`: cells whose CPU is slower than `device` (sim/stragglers.py)."""
         if medium == "shared" and spec.params_via != "tree":
             raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
                              "'broadcast' needs the MQTT star (--medium star)")
@@ -154,6 +157,8 @@ class TimedMesh:
         self.edge_device = edge_device
         self.broker_s = broker_s
         self._per_message_s, self._flops_per_s = device.per_message_s, device.flops_per_s
+        self.stragglers = stragglers or Stragglers()
+        self.slowdown = self.stragglers.pick(list(spec.topology.cells()))  # cell -> factor
         self.queue = EventQueue()
         self.ledger = Ledger(spec)
         self.trace: list[Sent] | None = [] if trace else None
@@ -252,6 +257,8 @@ class TimedMesh:
             before = node.flops
             out: list[Any] = self.hosts[party].take(message, now)
             seconds = self._per_message_s + (node.flops - before) / self._flops_per_s
+            if self.slowdown:
+                seconds *= self.slowdown.get(party, 1.0)
         elif party == EDGE:
             edge = self.edge
             before = edge.flops

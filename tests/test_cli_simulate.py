@@ -353,3 +353,27 @@ def test_lossy_links_cost_frames_and_time_and_say_so_in_sim_json(tmp_path) -> No
 def test_a_loss_of_one_or_more_is_a_usage_error(tmp_path) -> None:
     code, _, err = _infer(tmp_path / "run", "--loss", "1.0")
     assert_one_line_error(code, err, 2, "--loss")
+
+
+def test_stragglers_are_named_in_sim_json_and_cost_cpu_not_accuracy(tmp_path) -> None:
+    code, out, err = _infer(tmp_path / "clean")
+    assert code == 0, err
+    clean = json.loads(out)
+    assert clean["faults"]["stragglers"] == [] and clean["faults"]["straggler_slowdown"] is None
+    code, out, err = _infer(tmp_path / "slow", "--stragglers", "0.5",
+                            "--straggler-slowdown", "1000", "--fault-seed", "2")
+    assert code == 0, err
+    slow = json.loads(out)
+    assert len(slow["faults"]["stragglers"]) == round(0.5 * len(slow["energy_j"]["per_node"]))
+    assert slow["faults"]["straggler_slowdown"] == 1000
+    assert slow["makespan_s"]["total"] > clean["makespan_s"]["total"]
+    assert slow["accuracy"] == clean["accuracy"]
+    straggler = slow["faults"]["stragglers"][0]
+    assert slow["energy_j"]["per_node"][straggler] > clean["energy_j"]["per_node"][straggler]
+
+
+@pytest.mark.parametrize("flags", [("--stragglers", "1.5"), ("--stragglers", "-0.1"),
+                                   ("--straggler-slowdown", "0.5")])
+def test_an_impossible_straggler_flag_is_a_usage_error(tmp_path, flags) -> None:
+    code, _, err = _infer(tmp_path / "run", *flags)
+    assert_one_line_error(code, err, 2, "--stragglers")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import typer
+from pydantic import ValidationError
 
 from meshdl.augment import originals, training_data
 from meshdl.cli.common import (
@@ -38,7 +39,7 @@ from meshdl.cli.common import (
 from meshdl.cli.train import Fit, fit_with_progress
 from meshdl.config import ModelConfig, RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
-from meshdl.errors import UsageError
+from meshdl.errors import UsageError, format_validation_error
 from meshdl.model import CNN
 from meshdl.protocol import Mode
 from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
@@ -49,6 +50,7 @@ from meshdl.sim.lounge import generate_lounge
 from meshdl.sim.media import natural_medium
 from meshdl.sim.radio import RadioProfile, profile, profiles
 from meshdl.sim.simulate import SimEngine, plot_energy, sim_report, write_trace
+from meshdl.sim.stragglers import Stragglers
 from meshdl.sim.timed import TimedMesh
 from meshdl.training import normalization
 
@@ -71,7 +73,20 @@ LOSS = typer.Option(0.0, "--loss", help="Share of frames the links lose (0 <= P 
                     "results are the lossless run's, at the cost sim.json shows.")
 BURST = typer.Option(None, "--burst", help="Mean burst of lost frames (Gilbert-Elliott "
                      "links; default: each frame lost on its own, Bernoulli).")
-FAULT_SEED = typer.Option(0, "--fault-seed", help="Seed of the frames lost.")
+FAULT_SEED = typer.Option(0, "--fault-seed", help="Seed of the frames lost and of the "
+                          "stragglers picked.")
+STRAGGLERS = typer.Option(0.0, "--stragglers", help="Share of the cells whose CPU is "
+                          "slower than their device (0 to 1, picked by --fault-seed).")
+SLOWDOWN = typer.Option(10.0, "--straggler-slowdown", help="How many times slower a "
+                        "straggler computes.")
+
+
+def _stragglers(fraction: float, slowdown: float, seed: int) -> Stragglers:
+    try:
+        return Stragglers(fraction=fraction, slowdown=slowdown, seed=seed)
+    except ValidationError as exc:
+        raise UsageError(f"--stragglers {fraction} --straggler-slowdown {slowdown}: "
+                         f"{format_validation_error(exc)}") from None
 
 
 @app.callback()
@@ -125,6 +140,7 @@ def simulate_train(
     radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
     loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
+    stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
     trace: bool = typer.Option(False, "--trace/--no-trace", help="Write trace.jsonl (one "
                                "line per transmission: long for long runs)."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
@@ -142,7 +158,8 @@ def simulate_train(
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes,
-                       loss=FrameLoss(loss, burst, fault_seed))
+                       loss=FrameLoss(loss, burst, fault_seed),
+                       stragglers=_stragglers(stragglers, slowdown, fault_seed))
     engine.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
     start_run(run_dir, config, source)
     model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
@@ -185,6 +202,7 @@ def simulate_infer(
     radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
     loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
+    stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
     trace: bool = typer.Option(True, "--trace/--no-trace", help="Write trace.jsonl."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
 ) -> None:
@@ -205,7 +223,8 @@ def simulate_infer(
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes,
-                       loss=FrameLoss(loss, burst, fault_seed))
+                       loss=FrameLoss(loss, burst, fault_seed),
+                       stragglers=_stragglers(stragglers, slowdown, fault_seed))
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")
