@@ -255,6 +255,8 @@ class Medium:
         # CCA the radio turns from receiving to transmitting before the first bit.
         self._access = radio.cca_s + (radio.turnaround_s if radio.cca_s else 0.0)
         self._unit = max(radio.backoff_unit_s, 0.0)
+        self._min_be, self._max_be = radio.min_be, radio.max_be
+        self._at = queue.at  # bound once: the hot path
         self._acks = bool(radio.ack_frame_bytes)
         self._latency = radio.hop_latency_s
 
@@ -307,10 +309,9 @@ class Medium:
         """The head of `src`'s queue draws its backoff, a whole number of unit periods
         0 .. 2^BE - 1, and assesses the channel after it, once it is made and the radio
         may send again."""
-        radio.backoff_exponent = exponent = self.radio.min_be
+        radio.backoff_exponent = exponent = self._min_be
         backoff = int(self.rng.random() * (1 << exponent)) * self._unit if self._unit else 0.0
-        self.queue.at(max(radio.queue[0].ready, radio.free_at) + backoff, self._attempt,
-                      radio)
+        self._at(max(radio.queue[0].ready, radio.free_at) + backoff, self._attempt, radio)
 
     def _attempt(self, radio: _Radio) -> None:
         """The CCA: the head of `src`'s queue goes on air now if no member of its hold
@@ -322,11 +323,10 @@ class Medium:
         src, hold = tx.src, tx.hold or self._hold(tx)
         free = max(map(busy.__getitem__, hold))
         if free > now:
-            radio.backoff_exponent = exponent = min(radio.backoff_exponent + 1,
-                                                    self.radio.max_be)
+            radio.backoff_exponent = exponent = min(radio.backoff_exponent + 1, self._max_be)
             backoff = int(self.rng.random() * (1 << exponent)) * self._unit
             if not self.takes_turns:
-                self.queue.at(free + backoff, self._attempt, radio)
+                self._at(free + backoff, self._attempt, radio)
                 return
             now = free + backoff
         radio.queue.popleft()
@@ -348,7 +348,7 @@ class Medium:
                                        tx.broadcast, tx.kind, tx.layer, tx.size,
                                        slot.frames, "ok"))
             radio.free_at = t0 + slot.radio_free
-            self.queue.at(t0 + slot.delivered, self._arrive, tx)
+            self._at(t0 + slot.delivered, self._arrive, tx)
         if radio.queue:
             self._contend(radio)
         else:
