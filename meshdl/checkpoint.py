@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from meshdl.errors import MeshdlError
+from meshdl.npzfile import read_npz
 
 CHECKPOINT = "checkpoint.npz"
 
@@ -71,9 +72,8 @@ def load_checkpoint(folder: Path) -> Checkpoint:
     if not path.is_file():
         raise MeshdlError(f"no checkpoint in {folder} (a run writes {CHECKPOINT} after "
                           "its first epoch)")
+    stored = read_npz(path, "checkpoint", MeshdlError)
     try:
-        with np.load(path, allow_pickle=False) as arrays:
-            stored = {name: arrays[name] for name in arrays.files}
         meta = json.loads(stored.pop("meta").tobytes())
         optimizer = {k.removeprefix("optimizer."): stored.pop(k)
                      for k in list(stored) if k.startswith("optimizer.")}

@@ -10,10 +10,11 @@ Every check names the offending field, so a bad value fails before any work star
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,7 +22,13 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from meshdl.errors import UsageError, format_validation_error
 from meshdl.messages import MAX_MESSAGE_BYTES, MAX_PAYLOAD_BYTES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 class _Strict(BaseModel):
@@ -181,8 +188,8 @@ def load_run_config(toml_file: Path | None = None, **flags: Any) -> RunConfig:
     `flags` are nested dicts as the CLI collects them, e.g. `model={"kernel": 5}`;
     `None` values are dropped so that an unset flag does not hide a lower layer.
     """
-    if toml_file is not None and not Path(toml_file).is_file():
-        raise FileNotFoundError(f"config file not found: {toml_file}")
+    if toml_file is not None:
+        _check_toml(Path(toml_file))
     given: dict[str, Any] = {}
     for key, value in flags.items():
         if isinstance(value, dict):
@@ -194,4 +201,21 @@ def load_run_config(toml_file: Path | None = None, **flags: Any) -> RunConfig:
         (RunConfig,),
         {"model_config": {**RunConfig.model_config, "toml_file": toml_file}},
     )
-    return RunConfig.model_validate(with_file(**given).model_dump())
+    try:
+        return RunConfig.model_validate(with_file(**given).model_dump())
+    except ValidationError as exc:
+        if toml_file is None:
+            raise
+        raise UsageError(f"invalid configuration (from {toml_file} and the flags): "
+                         f"{format_validation_error(exc)}") from None
+
+
+def _check_toml(path: Path) -> None:
+    """A config file that exists and parses, or one clear error naming it (the settings
+    loader's own errors name neither the file nor the line)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from None

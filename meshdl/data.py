@@ -17,8 +17,6 @@ import hashlib
 import json
 import os
 import re
-import zipfile
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from meshdl.errors import DataError, UsageError
+from meshdl.npzfile import read_npz
 
 __all__ = [
     "DATASET_KEYS",
@@ -261,7 +260,7 @@ def load_dataset(path: str | os.PathLike[str]) -> Dataset:
     A file without `meta` loads with an empty meta record.
     """
     source = Path(path)
-    arrays = _read_npz(source, what="data set")
+    arrays = read_npz(source, "data set", DataError)
     missing = [key for key in DATASET_KEYS if key not in arrays]
     if missing:
         hint = ""
@@ -274,40 +273,6 @@ def load_dataset(path: str | os.PathLike[str]) -> Dataset:
     checked = _checked_arrays(arrays, where=str(source))
     meta = _parse_meta(arrays.get("meta"), source)
     return Dataset(**checked, meta=meta)
-
-
-def _read_npz(source: Path, what: str) -> dict[str, np.ndarray]:
-    """All arrays of an .npz file, refusing pickles; `DataError` for anything unreadable."""
-    if not source.exists():
-        raise DataError(f"{what} not found: {source}")
-    if source.is_dir():
-        raise DataError(f"{source}: is a directory, not a {what} file")
-    with open(source, "rb") as fh:
-        magic = fh.read(6)
-    if magic.startswith(b"\x93NUMPY"):
-        raise DataError(f"{source}: holds a single .npy array, not an .npz archive")
-    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):
-        raise DataError(f"{source}: not an .npz file (no zip signature: a text file or "
-                        "a truncated download?)")
-    try:
-        with np.load(source, allow_pickle=False) as archive:
-            arrays = {}
-            for key in archive.files:
-                try:
-                    arrays[key] = archive[key]
-                except ValueError as exc:
-                    if "allow_pickle" in str(exc):
-                        raise DataError(
-                            f"{source}: key {key} holds pickled Python objects; refusing to "
-                            "load them (store plain numeric arrays)"
-                        ) from None
-                    raise
-            return arrays
-    except DataError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{source}: not a valid .npz file or corrupt ({reason})") from None
 
 
 def _parse_meta(value: np.ndarray | None, source: Path) -> dict[str, Any]:
@@ -460,7 +425,7 @@ def _check_log_grid(log: LogData, rows: int | None, cols: int | None) -> None:
 
 
 def _load_log_npz(source: Path) -> LogData:
-    arrays = _read_npz(source, what="sensor log")
+    arrays = read_npz(source, "sensor log", DataError)
     key = "X" if "X" in arrays else "maps" if "maps" in arrays else None
     if key is None:
         hint = " (it is a data set: use load_dataset)" if "X_train" in arrays else ""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import numpy as np
 from meshdl import kernels
 from meshdl.config import ModelConfig
 from meshdl.errors import ModelFileError, UsageError
+from meshdl.npzfile import read_npz
 
 
 def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -253,13 +253,7 @@ class CNN:
     def load(cls, path: str | Path) -> CNN:
         """Read a model.npz written by `save`, checking every name, shape and value."""
         path = Path(path)
-        if not path.is_file():
-            raise ModelFileError(f"model file not found: {path}")
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {name: npz[name] for name in npz.files}
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-            raise ModelFileError(f"{path} is not a readable model.npz ({exc})") from None
+        arrays = read_npz(path, "model file", ModelFileError)
         if "config" not in arrays:
             raise ModelFileError(f"{path} has no 'config' entry: not a meshdl model")
         try:

@@ -21,7 +21,7 @@ from meshdl.augment import orientations, originals, training_data
 from meshdl.checkpoint import Checkpoint, save_checkpoint
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
-from meshdl.errors import MeshdlError, NonFiniteError
+from meshdl.errors import MeshdlError, NonFiniteError, UsageError
 from meshdl.model import CNN
 from meshdl.optim import Optimizer, learning_rate
 
@@ -165,7 +165,7 @@ def train(
     `checkpoints`: a folder to write a checkpoint into after every epoch; `resume`: one
     to go on from (same configuration), ending where the uninterrupted run would."""
     if (data.rows, data.cols) != (config.model.rows, config.model.cols):
-        raise MeshdlError(
+        raise UsageError(
             f"data grid {data.rows} x {data.cols} does not match model grid "
             f"{config.model.rows} x {config.model.cols} (pass --rows/--cols or other data)"
         )
@@ -201,7 +201,10 @@ def train(
 
             for step, idx in enumerate(epoch_batches[applied:], applied + 1):
                 try:
-                    loss, logits, grads = engine.loss_and_grads(model, idx)
+                    # Overflow in a diverging run is no warning to print: the check
+                    # below turns it into one clean error.
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        loss, logits, grads = engine.loss_and_grads(model, idx)
                 except NonFiniteError:
                     loss = float("nan")
                 except MeshdlError:  # the engine gave up: keep what is done, exactly

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import meshdl
 from meshdl import CNN
 from meshdl.data import load_dataset, save_dataset
 from tests.helpers import assert_one_line_error
@@ -283,3 +286,48 @@ def test_a_failed_run_with_a_checkpoint_says_how_to_go_on(cli, small_data_file,
     assert str(hinted) == (f"wave 7 got no result; the run can go on from its checkpoint "
                            f"(every update it finished): meshdl train --resume "
                            f"{tmp_path / 'run'}")
+
+
+# ------------------------------------------------------- the CLI as a person meets it
+def test_version_prints_the_package_version(cli) -> None:
+    code, out, _ = cli("--version")
+    assert code == 0
+    assert out.strip() == f"meshdl {meshdl.__version__}" == f"meshdl {version('meshdl')}"
+
+
+def test_a_garbage_model_file_is_refused_without_suggesting_to_unpickle_it(
+        cli, small_data_file, tmp_path) -> None:
+    garbage = tmp_path / "model.npz"
+    garbage.write_bytes(b"this is not a model\n")
+    for command in ("evaluate", "infer"):
+        code, _, err = cli(command, garbage, small_data_file)
+        assert_one_line_error(code, err, 1, str(garbage), "not an .npz file")
+        assert "pickle" not in err.lower()
+
+
+def test_a_broken_toml_file_is_a_usage_error_naming_the_file(cli, tmp_path) -> None:
+    broken = tmp_path / "run.toml"
+    broken.write_text("[train\nlr = 0.1\n")
+    code, _, err = cli("train", "--config", broken, "--epochs", "1")
+    assert_one_line_error(code, err, 2, str(broken), "not valid TOML")
+    broken.write_text("[train]\nlr = -1\n")
+    code, _, err = cli("train", "--config", broken, "--epochs", "1")
+    assert_one_line_error(code, err, 2, str(broken), "train.lr")
+
+
+@pytest.mark.parametrize("mode", ["central", "mesh"])
+def test_a_diverging_run_is_one_clean_error_with_no_numpy_warning_before_it(
+        cli, small_data_file, tmp_path, mode) -> None:
+    with warnings.catch_warnings(record=True) as caught:  # what a terminal would show
+        warnings.simplefilter("always")
+        code, _, err = _train(cli, small_data_file, tmp_path / "run", "--lr", "1e6",
+                              "--clip-norm", "0", "--mode", mode)
+    assert [str(w.message) for w in caught if w.category is RuntimeWarning] == []
+    assert_one_line_error(code, err, 1, "diverged", "lower the learning rate")
+
+
+def test_training_on_data_of_another_grid_is_a_usage_error(cli, small_data_file,
+                                                           tmp_path) -> None:
+    code, _, err = _train(cli, small_data_file, tmp_path / "run", "--rows", "5",
+                          "--cols", "5")
+    assert_one_line_error(code, err, 2, "grid 6 x 8", "5 x 5")

@@ -14,6 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 
+from meshdl import __version__
 from meshdl.cli import (
     bench,
     broker,
@@ -61,9 +62,17 @@ broker.register(app)
 mqtt_run.register(app)
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"meshdl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _global(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    _version: bool = typer.Option(False, "--version", callback=_print_version,
+                                  is_eager=True, help="Print meshdl's version and exit."),
 ) -> None:
     """meshdl: distributed deep learning inside a sensor mesh."""
 
