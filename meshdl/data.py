@@ -148,8 +148,34 @@ def data_digest(ds: Dataset) -> str:
     return h.hexdigest()[:16]
 
 
-def _checked_arrays(arrays: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
-    """The four data set arrays, converted and checked; one-line `DataError` on a problem."""
+def load_split(path: str | os.PathLike[str], split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The maps and labels of one split ("train" or "test") of a data set file, checked as
+    `load_dataset` checks them, except that the other split's readings may have gaps: a
+    caller that reads only this split (`meshdl evaluate`) need not refuse a NaN there."""
+    source = Path(path)
+    checked = _checked_arrays(_dataset_arrays(source), where=str(source), finite=(split,))
+    return checked[f"X_{split}"], checked[f"y_{split}"]
+
+
+def _dataset_arrays(source: Path) -> dict[str, np.ndarray]:
+    """The arrays of a data set file, all four keys present."""
+    arrays = read_npz(source, "data set", DataError)
+    missing = [key for key in DATASET_KEYS if key not in arrays]
+    if missing:
+        hint = ""
+        if "X" in arrays or "maps" in arrays:
+            hint = " (it looks like a sensor log: use load_log / `meshdl data inspect`)"
+        raise DataError(
+            f"{source}: missing key(s) {', '.join(missing)}; a data set needs "
+            f"{', '.join(DATASET_KEYS)} (found: {', '.join(sorted(arrays)) or 'nothing'}){hint}"
+        )
+    return arrays
+
+
+def _checked_arrays(arrays: Mapping[str, Any], where: str,
+                    finite: Sequence[str] = ("train", "test")) -> dict[str, np.ndarray]:
+    """The four data set arrays, converted and checked (the readings of the `finite`
+    splits for NaN and inf too); one-line `DataError` on a problem."""
     out: dict[str, np.ndarray] = {}
     for split, x_key, y_key in _SPLITS:
         X = _as_maps(arrays[x_key], x_key, where)
@@ -166,7 +192,8 @@ def _checked_arrays(arrays: Mapping[str, Any], where: str) -> dict[str, np.ndarr
             f"{test_grid[0]} x {test_grid[1]}"
         )
     for split, x_key, y_key in _SPLITS:
-        _check_finite(out[x_key], split, x_key, where)
+        if split in finite:
+            _check_finite(out[x_key], split, x_key, where)
         _check_labels(out[y_key], y_key, where)
     return out
 
@@ -260,16 +287,7 @@ def load_dataset(path: str | os.PathLike[str]) -> Dataset:
     A file without `meta` loads with an empty meta record.
     """
     source = Path(path)
-    arrays = read_npz(source, "data set", DataError)
-    missing = [key for key in DATASET_KEYS if key not in arrays]
-    if missing:
-        hint = ""
-        if "X" in arrays or "maps" in arrays:
-            hint = " (it looks like a sensor log: use load_log / `meshdl data inspect`)"
-        raise DataError(
-            f"{source}: missing key(s) {', '.join(missing)}; a data set needs "
-            f"{', '.join(DATASET_KEYS)} (found: {', '.join(sorted(arrays)) or 'nothing'}){hint}"
-        )
+    arrays = _dataset_arrays(source)
     checked = _checked_arrays(arrays, where=str(source))
     meta = _parse_meta(arrays.get("meta"), source)
     return Dataset(**checked, meta=meta)

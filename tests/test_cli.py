@@ -331,3 +331,24 @@ def test_training_on_data_of_another_grid_is_a_usage_error(cli, small_data_file,
     code, _, err = _train(cli, small_data_file, tmp_path / "run", "--rows", "5",
                           "--cols", "5")
     assert_one_line_error(code, err, 2, "grid 6 x 8", "5 x 5")
+
+
+def test_evaluate_reads_only_the_split_it_is_asked_for(cli, small_data_file, tmp_path) -> None:
+    """A gap in the training log does not stop evaluating on the test split."""
+    code, _, err = _train(cli, small_data_file, tmp_path / "run", "--epochs", "1",
+                          "--mode", "central")
+    assert code == 0, err
+    data = load_dataset(small_data_file)
+    X_train = data.X_train.copy()
+    X_train[3, 2, 2] = np.nan
+    gappy = tmp_path / "gappy.npz"
+    np.savez(gappy, X_train=X_train, y_train=data.y_train, X_test=data.X_test,
+             y_test=data.y_test)
+    model = tmp_path / "run" / "model.npz"
+    code, out, err = cli("evaluate", model, gappy, "--json")
+    assert code == 0, err
+    code, clean, _ = cli("evaluate", model, small_data_file, "--json")
+    assert json.loads(out)["accuracy"] == json.loads(clean)["accuracy"]
+    for split in ("train", "all"):
+        code, _, err = cli("evaluate", model, gappy, "--split", split)
+        assert_one_line_error(code, err, 1, "X_train", "NaN")

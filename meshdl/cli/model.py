@@ -10,7 +10,7 @@ from rich.table import Table
 
 from meshdl.cli.common import emit_json, out_console
 from meshdl.config import load_run_config
-from meshdl.data import load_dataset
+from meshdl.data import load_dataset, load_split
 from meshdl.errors import UsageError
 from meshdl.model import CNN
 
@@ -30,16 +30,17 @@ def evaluate(
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Accuracy and confusion matrix of a saved model on a data set."""
-    model = CNN.load(model_path)
-    data = load_dataset(data_path)
-    parts = {"test": [(data.X_test, data.y_test)], "train": [(data.X_train, data.y_train)]}
-    parts["all"] = parts["train"] + parts["test"]
-    if split not in parts:
+    if split not in ("test", "train", "all"):
         raise UsageError(f"--split must be test, train or all, not {split!r}")
-    X = np.concatenate([x for x, _ in parts[split]])
-    y = np.concatenate([t for _, t in parts[split]])
-    if (data.rows, data.cols) != (model.config.rows, model.config.cols):
-        raise UsageError(f"the data grid {data.rows} x {data.cols} does not match the model's "
+    model = CNN.load(model_path)
+    # Only the splits asked for are read: a gap in the other one is no reason to refuse.
+    parts = [load_split(data_path, part) for part in
+             (("train", "test") if split == "all" else (split,))]
+    X = np.concatenate([x for x, _ in parts])
+    y = np.concatenate([t for _, t in parts])
+    rows, cols = X.shape[1:]
+    if (rows, cols) != (model.config.rows, model.config.cols):
+        raise UsageError(f"the data grid {rows} x {cols} does not match the model's "
                          f"{model.config.rows} x {model.config.cols}")
     predicted = np.concatenate([model.predict(X[i : i + 500]) for i in range(0, len(X), 500)])
     report = classification_report(y, predicted, model.config.classes)
