@@ -384,3 +384,19 @@ def test_systemd_units_pass_systemd_analyze_verify(tmp_path) -> None:
     problems = [line for line in (result.stdout + result.stderr).splitlines()
                 if line.strip() and "/opt/meshdl/.venv/bin/meshdl" not in line]
     assert not problems, "\n".join(problems)
+
+
+def test_credentials_written_inside_a_checkout_are_ignored_by_git(cli, mesh_file,
+                                                                  tmp_path) -> None:
+    mosquitto_binary("mosquitto_passwd")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out",
+                       checkout / "secrets")
+    assert code == 0, err
+    assert len(list((checkout / "secrets" / "secrets").glob("*.env"))) > 1
+    status = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain",
+                             "--untracked-files=all"], capture_output=True, text=True,
+                            check=True).stdout
+    assert status == ""  # nothing a `git add -A` would pick up

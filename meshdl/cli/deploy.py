@@ -91,6 +91,7 @@ def credentials(
 
     passwords = {u.name: secrets.token_urlsafe(PASSWORD_BYTES) for u in users}
     out.mkdir(parents=True, exist_ok=True)
+    _ignore_in_git(out)
     secrets_dir.mkdir(mode=0o700, exist_ok=True)
     secrets_dir.chmod(0o700)
     header = (f"meshdl mesh {cfg.mesh.mesh_id}: {rows} x {cols} cells, edge at "
@@ -115,6 +116,15 @@ def credentials(
         f"{len(hosts)} node host(s), monitor", highlight=False)
     if as_json:
         emit_json(report)
+
+
+def _ignore_in_git(out: Path) -> None:
+    """Credentials written inside a checkout must not be committed by a `git add -A`:
+    the directory ignores itself, wherever it is (an existing .gitignore is kept)."""
+    ignore = out / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# written by `meshdl deploy credentials`: passwords, ACL and "
+                          "message keys; never commit them\n*\n")
 
 
 def _parse_hosts(specs: list[str], rows: int, cols: int) -> dict[str, list[Cell]]:
