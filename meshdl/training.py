@@ -94,6 +94,7 @@ class History:
 
 
 ProgressFn = Callable[[int, int, int, float], None]  # (epoch, step, steps_per_epoch, loss)
+EpochFn = Callable[["EpochMetrics"], None]  # an epoch is over (its test accuracy known)
 
 
 def normalization(X: np.ndarray) -> tuple[float, float]:
@@ -159,6 +160,7 @@ def train(
     progress: ProgressFn | None = None,
     checkpoints: Path | None = None,
     resume: Checkpoint | None = None,
+    on_epoch: EpochFn | None = None,
 ) -> tuple[CNN, History]:
     """Fit a fresh model to `data` as `config` says; returns the model and its history.
 
@@ -242,6 +244,8 @@ def train(
             if checkpoints is not None:
                 save_checkpoint(checkpoints, _checkpoint(config, model, optimizer, history,
                                                          rng.bit_generator.state))
+            if on_epoch is not None:
+                on_epoch(history.epochs[-1])
         if len(test_pred) != n_test:  # resumed after the last epoch: nothing ran
             test_pred = predictions(engine, model, "test", n_test)
         history.final = final_metrics(config.model.classes,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from dataclasses import replace
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import meshdl
-from meshdl import CNN
+from meshdl import CNN, load_run_config
 from meshdl.data import load_dataset, save_dataset
 from tests.helpers import assert_one_line_error
 
@@ -352,3 +353,34 @@ def test_evaluate_reads_only_the_split_it_is_asked_for(cli, small_data_file, tmp
     for split in ("train", "all"):
         code, _, err = cli("evaluate", model, gappy, "--split", split)
         assert_one_line_error(code, err, 1, "X_train", "NaN")
+
+
+def test_each_epoch_line_is_printed_when_its_epoch_ends_before_the_summary(
+        small_data_file, capsys, tmp_path) -> None:
+    """Not collected for the end: a CI log or `| tee` sees the run go."""
+    from meshdl.augment import training_data
+    from meshdl.cli.train import Fit, fit_with_progress
+    from meshdl.training import engine_for
+
+    config = load_run_config(mode="central", model={"rows": 6, "cols": 8, "hidden": 16},
+                             train={"epochs": 3, "batch": 40})
+    data = load_dataset(small_data_file)
+    printed_by_step: list[str] = []
+
+    class Watching:  # the engine, noting what stderr showed before each step
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+        def loss_and_grads(self, model, idx):
+            printed_by_step.append(capsys.readouterr().err)
+            return self.inner.loss_and_grads(model, idx)
+
+    engine = Watching(engine_for(config, training_data(config.train, data)))
+    fit_with_progress(config, data, Fit(checkpoints=tmp_path), engine)
+    so_far = list(itertools.accumulate(printed_by_step))
+    steps = len(printed_by_step) // 3
+    assert "epoch   1" not in so_far[steps - 1] and "epoch   1" in so_far[steps]
+    assert "epoch   2" in so_far[2 * steps] and "epoch   3" not in so_far[-1]

@@ -43,7 +43,7 @@ from meshdl.runs import (
     write_run,
 )
 from meshdl.sim.lounge import generate_lounge
-from meshdl.training import Engine, History
+from meshdl.training import Engine, EpochMetrics, History
 from meshdl.training import train as train_model
 
 
@@ -189,7 +189,9 @@ def _fit_over_mqtt(config: RunConfig, dataset: Dataset, address: BrokerAddress,
 
 def fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
                        engine: Engine | None = None) -> tuple[CNN, History]:
-    """Train with a progress bar on stderr, then list the epochs there."""
+    """Train with a progress bar on stderr and each epoch's line as it ends (plain lines
+    when stderr is not a terminal: a CI log or `| tee` sees the run go); the
+    communication summary comes after the epochs."""
     epochs = config.train.epochs
     columns = (TextColumn("epoch {task.fields[epoch]}/" + str(epochs)), BarColumn(),
                MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.4f}"),
@@ -201,13 +203,13 @@ def fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
             bar.update(task, total=steps * epochs, completed=(epoch - 1) * steps + step,
                        epoch=epoch, loss=loss)
 
+        def on_epoch(e: EpochMetrics) -> None:
+            bar.console.print(f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train "
+                              f"{e.train_acc:.4f}  test {e.test_acc:.4f}", highlight=False)
+
         model, history = train_model(config, dataset, engine=engine, progress=on_step,
-                                     checkpoints=fit.checkpoints, resume=fit.resume)
+                                     checkpoints=fit.checkpoints, resume=fit.resume,
+                                     on_epoch=on_epoch)
     if history.comm.get("classes"):
         print_comm_summary(history.comm)
-    for e in history.epochs:
-        err_console.print(
-            f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train {e.train_acc:.4f}  "
-            f"test {e.test_acc:.4f}", highlight=False,
-        )
     return model, history
