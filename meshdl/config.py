@@ -219,3 +219,31 @@ def _check_toml(path: Path) -> None:
         tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: not valid TOML ({exc})") from None
+
+
+def commented_config() -> str:
+    """A TOML file holding every setting at its default, each under its description: what
+    `meshdl config init` writes (made from the models, so it cannot drift from them)."""
+    lines = ["# meshdl configuration: defaults < this file < MESHDL_* environment < flags.",
+             "# Every setting is at its default; delete what you do not change.", "",
+             "# mesh: train in the virtual mesh; central: on one machine (the reference)",
+             f"mode = {_toml_value(RunConfig.model_fields['mode'].default)}"]
+    for section, model in (("model", ModelConfig), ("data", DataConfig),
+                           ("train", TrainConfig), ("mesh", MeshConfig)):
+        lines += ["", f"[{section}]"]
+        for name, field in model.model_fields.items():
+            if field.description:
+                lines.append(f"# {field.description}")
+            value = field.get_default(call_default_factory=True)
+            lines.append(f"# {name} =" if value is None else f"{name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -384,3 +384,24 @@ def test_each_epoch_line_is_printed_when_its_epoch_ends_before_the_summary(
     steps = len(printed_by_step) // 3
     assert "epoch   1" not in so_far[steps - 1] and "epoch   1" in so_far[steps]
     assert "epoch   2" in so_far[2 * steps] and "epoch   3" not in so_far[-1]
+
+
+def test_config_init_writes_a_commented_file_that_reads_back_as_the_defaults(cli,
+                                                                              tmp_path):
+    path = tmp_path / "mesh.toml"
+    code, _, err = cli("config", "init", path)
+    assert code == 0, err
+    text = path.read_text()
+    assert text.count("\n# ") > 20  # each setting under its description
+    for section in ("[model]", "[data]", "[train]", "[mesh]"):
+        assert section in text
+    code, written, _ = cli("config", "show", "--config", path, "--json")
+    code, defaults, _ = cli("config", "show", "--json")
+    assert json.loads(written) == json.loads(defaults)
+    path.write_text(text.replace("edge_at = [0, 0]", "edge_at = [0, 3]"))
+    code, edited, _ = cli("config", "show", "--config", path, "--json")
+    assert json.loads(edited)["mesh"]["edge_at"] == [0, 3]
+    code, _, err = cli("config", "init", path)
+    assert_one_line_error(code, err, 1, "exists", "--force")
+    assert cli("config", "init", path, "--force")[0] == 0
+    assert "edge_at = [0, 0]" in path.read_text()

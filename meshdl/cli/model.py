@@ -1,4 +1,5 @@
-"""`meshdl evaluate` and `meshdl config show`: look at a trained model or a configuration."""
+"""`meshdl evaluate`, `meshdl infer` and `meshdl config show|init`: look at a trained model,
+or at a configuration, or write one to start from."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from meshdl.cli.common import emit_json, out_console
-from meshdl.config import load_run_config
+from meshdl.cli.common import emit_json, err_console, out_console
+from meshdl.config import commented_config, load_run_config
 from meshdl.data import load_dataset, load_split
-from meshdl.errors import UsageError
+from meshdl.errors import MeshdlError, UsageError
 from meshdl.model import CNN
 
 
@@ -20,6 +21,7 @@ def register(app: typer.Typer) -> None:
     app.command("infer")(infer)
     config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
     config_app.command("show")(config_show)
+    config_app.command("init")(config_init)
     app.add_typer(config_app, name="config")
 
 
@@ -139,3 +141,18 @@ def config_show(
         else:
             table.add_row(section, str(values))
     out_console.print(table)
+
+
+def config_init(
+    path: Path = typer.Argument(..., metavar="FILE", help="The TOML file to write, e.g. "
+                                "mesh.toml."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+) -> None:
+    """Write a commented configuration file with every setting at its default: the mesh
+    file `--mesh` and `--config` read (edit, then check with `meshdl config show`)."""
+    if path.exists() and not force:
+        raise MeshdlError(f"{path} exists; pass --force to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(commented_config())
+    err_console.print(f"wrote {path}: every setting at its default; `meshdl config show "
+                      f"--config {path}` shows what a run will use", highlight=False)
