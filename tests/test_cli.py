@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import warnings
@@ -405,3 +406,28 @@ def test_config_init_writes_a_commented_file_that_reads_back_as_the_defaults(cli
     assert_one_line_error(code, err, 1, "exists", "--force")
     assert cli("config", "init", path, "--force")[0] == 0
     assert "edge_at = [0, 0]" in path.read_text()
+
+
+def test_infer_writes_each_samples_prediction_the_same_in_the_mesh_and_centrally(
+        cli, small_data_file, tmp_path) -> None:
+    code, _, err = _train(cli, small_data_file, tmp_path / "run", "--epochs", "1",
+                          "--mode", "central")
+    assert code == 0, err
+    model = tmp_path / "run" / "model.npz"
+    files = {}
+    for mode in ("mesh", "central"):
+        files[mode] = tmp_path / mode / "predictions.csv"
+        code, out, err = cli("infer", model, small_data_file, "--mode", mode,
+                             "--predictions", files[mode], "--json")
+        assert code == 0, err
+        report = json.loads(out)
+    rows, central = (list(csv.DictReader(files[m].open())) for m in ("mesh", "central"))
+    assert [r["label"] for r in rows] == [r["label"] for r in central]
+    assert [float(r["probability"]) for r in rows] == pytest.approx(
+        [float(r["probability"]) for r in central], abs=2e-6)  # the head's BLAS batches
+    assert [int(r["sample"]) for r in rows] == list(range(report["samples"]))
+    assert all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
+    assert all(int(r["label"]) == int(float(r["probability"]) > 0.5) for r in rows)
+    hits = sum(r["label"] == r["true_label"] for r in rows)
+    assert hits / len(rows) == report["accuracy"]
+    assert [int(r["true_label"]) for r in rows] == load_dataset(small_data_file).y_test.tolist()

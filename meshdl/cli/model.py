@@ -3,6 +3,7 @@ or at a configuration, or write one to start from."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,10 @@ def infer(
                              "mesh) or central."),
     split: str = typer.Option("test", "--split", help="test or train."),
     edge_at: str = typer.Option("0,0", "--edge-at", help="Border cell R,C of the edge."),
+    predictions: Path | None = typer.Option(
+        None, "--predictions", help="Write each sample's prediction to this CSV file: "
+        "sample, label (predicted), probability (of an anomaly, class 1, as the edge's "
+        "alerts say; with more classes, of the label), true_label."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Predict a data set with inference waves (the sensors' readings stay in the mesh)."""
@@ -95,6 +100,9 @@ def infer(
     report = classification_report(y, logits.argmax(axis=1), model.config.classes)
     report.update({"model": str(model_path), "data": str(data_path), "split": split,
                    "mode": mode, "comm": comm})
+    if predictions is not None:
+        write_predictions(predictions, logits, y)
+        report["predictions"] = str(predictions)
     if json_out:
         emit_json(report)
         return
@@ -104,6 +112,22 @@ def infer(
         from meshdl.cli.cost import print_comm_summary
 
         print_comm_summary(report["comm"], console=out_console)
+
+
+def write_predictions(path: Path, logits: np.ndarray, y: np.ndarray) -> None:
+    """One CSV line per sample: its index, predicted label, that prediction's probability
+    (an anomaly's for two classes) and the true label."""
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    labels = p.argmax(axis=1)
+    probability = p[:, 1] if p.shape[1] == 2 else p[np.arange(len(p)), labels]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["sample", "label", "probability", "true_label"])
+        for i, (label, prob, true) in enumerate(zip(labels, probability, y, strict=True)):
+            writer.writerow([i, int(label), f"{prob:.6f}", int(true)])
 
 
 def classification_report(y: np.ndarray, predicted: np.ndarray, classes: int) -> dict:
