@@ -21,6 +21,7 @@ from meshdl.cli import (
     cost,
     data,
     deploy,
+    experiment,
     model,
     mqtt_run,
     plan,
@@ -54,6 +55,7 @@ app.add_typer(bench.app, name="bench")
 app.add_typer(deploy.app, name="deploy")
 app.add_typer(radio.app, name="radio")
 app.add_typer(simulate.app, name="simulate")
+app.add_typer(experiment.app, name="experiment")
 train.register(app)
 model.register(app)
 cost.register(app)

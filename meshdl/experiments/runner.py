@@ -1,0 +1,120 @@
+"""Running an experiment's trials and writing its run directory.
+
+An experiment is a list of trials (one swept value and one seed each) and a function
+that runs one trial to a JSON-able record. The runner runs them here or in worker
+processes (`jobs`), always collecting the records in trial order, so that the same seeds
+give the same `summary.json` whatever the number of jobs. The run directory holds:
+
+    config.json     the experiment, its swept values, seeds and the resolved run config
+    trials.jsonl    one line per trial, in trial order
+    summary.json    per swept value: each figure's mean and standard deviation
+    table.csv       the summary as a table
+    *.png           the experiment's plots
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, NamedTuple
+
+Record = dict[str, Any]
+
+
+class Trial(NamedTuple):
+    """One run of an experiment: the swept value, the seed, and the experiment's settings
+    (JSON-able: a worker process gets them with the trial)."""
+
+    index: int
+    value: Any
+    seed: int
+    settings: Record
+
+
+def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: int = 1,
+               on_done: Callable[[Trial, Record], None] | None = None) -> list[Record]:
+    """Every trial's record, in trial order. `jobs` > 1 runs them in that many worker
+    processes (`run` must be a module-level function: it is sent by name); `on_done`
+    hears of each as it finishes, in whatever order they do."""
+    records: list[Record | None] = [None] * len(trials)
+    if jobs <= 1:
+        for trial in trials:
+            records[trial.index] = run(trial)
+            if on_done:
+                on_done(trial, records[trial.index])
+    else:
+        # spawn, not fork: a worker starts clean (no copy of this process's threads or
+        # locks) and loads the compiled kernels from Numba's cache.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {pool.submit(run, trial): trial for trial in trials}
+            for future in as_completed(futures):
+                trial = futures[future]
+                records[trial.index] = future.result()
+                if on_done:
+                    on_done(trial, records[trial.index])
+    return [record for record in records if record is not None]
+
+
+def summarize(trials: Sequence[Trial], records: Sequence[Record],
+              figures: Sequence[str]) -> list[Record]:
+    """Per swept value (in the order first swept): the number of seeds and each
+    figure's mean and sample standard deviation (0 for one seed; None where a figure is
+    missing)."""
+    by_value: dict[Any, list[Record]] = {}
+    for trial, record in zip(trials, records, strict=True):
+        by_value.setdefault(_key(trial.value), []).append(record)
+    rows = []
+    for value, group in by_value.items():
+        row: Record = {"value": value, "seeds": len(group)}
+        for name in figures:
+            values = [r[name] for r in group if r.get(name) is not None]
+            row[name] = _mean_std(values)
+        rows.append(row)
+    return rows
+
+
+def _key(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _mean_std(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    mean = math.fsum(values) / len(values)
+    if len(values) == 1:
+        return {"mean": mean, "std": 0.0}
+    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return {"mean": mean, "std": math.sqrt(variance)}
+
+
+def write_run(out: Path, config: Record, records: Sequence[Record], summary: Record,
+              columns: Sequence[str]) -> None:
+    """config.json, trials.jsonl, summary.json and table.csv (means and deviations of
+    `columns`) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    with (out / "trials.jsonl").open("w") as lines:
+        for record in records:
+            lines.write(json.dumps(record, sort_keys=True) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    with (out / "table.csv").open("w", newline="") as table:
+        writer = csv.writer(table)
+        writer.writerow(["value", "seeds", *(f"{c}_{s}" for c in columns
+                                             for s in ("mean", "std"))])
+        for row in summary["rows"]:
+            cells = []
+            for column in columns:
+                figure = row.get(column)
+                cells += ["", ""] if figure is None else [_number(figure["mean"]),
+                                                          _number(figure["std"])]
+            writer.writerow([row["value"], row["seeds"], *cells])
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
