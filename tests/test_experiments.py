@@ -1,0 +1,97 @@
+"""`meshdl experiment`: trials over a swept value and seeds, their summary, the run
+directory, and the same summary whatever the number of worker processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from meshdl.experiments.runner import Trial, run_trials, summarize
+from tests.helpers import assert_one_line_error
+
+
+def _square(trial: Trial) -> dict:  # module level: a worker process gets it by name
+    return {"value": trial.value, "seed": trial.seed, "y": trial.value ** 2 + trial.seed}
+
+
+def test_summarize_gives_each_values_mean_and_sample_deviation_in_sweep_order() -> None:
+    trials = [Trial(i, v, s, {}) for i, (v, s) in enumerate(
+        [(5, 0), (5, 1), (5, 2), (2, 0), (2, 1), (2, 2)])]
+    records = [_square(t) for t in trials]
+    rows = summarize(trials, records, ["y", "absent"])
+    assert [row["value"] for row in rows] == [5, 2]
+    assert rows[0]["y"] == {"mean": 26.0, "std": 1.0} and rows[0]["seeds"] == 3
+    assert rows[1]["y"]["std"] == pytest.approx(math.sqrt(1.0))
+    assert rows[0]["absent"] is None
+    one = summarize(trials[:1], records[:1], ["y"])
+    assert one[0]["y"] == {"mean": 25.0, "std": 0.0}
+
+
+def test_worker_processes_give_the_records_in_trial_order() -> None:
+    trials = [Trial(i, v, 0, {}) for i, v in enumerate([3, 1, 2, 5])]
+    heard = []
+    records = run_trials(_square, trials, jobs=2, on_done=lambda t, _: heard.append(t.index))
+    assert [r["value"] for r in records] == [3, 1, 2, 5]
+    assert sorted(heard) == [0, 1, 2, 3]
+    assert records == run_trials(_square, trials, jobs=1)
+
+
+@pytest.fixture(scope="module")
+def small_runs(small_data_file, tmp_path_factory):
+    """The filter-size experiment on the small data set, with one job and with two."""
+    from tests.test_cli_simulate import _meshdl
+
+    runs = {}
+    for jobs in (1, 2):
+        out = tmp_path_factory.mktemp(f"jobs{jobs}")
+        code, stdout, err = _meshdl("experiment", "filter-size", "--sizes", "1",
+                                    "--sizes", "3", "--seeds", "2", "--epochs", "2",
+                                    "--batch", "40", "--hidden", "8", "--data",
+                                    small_data_file, "--jobs", str(jobs), "--out", out,
+                                    "--json")
+        assert code == 0, err
+        runs[jobs] = (out, json.loads(stdout), err)
+    return runs
+
+
+def test_filter_size_writes_its_run_directory_and_prints_its_summary(small_runs) -> None:
+    out, summary, err = small_runs[1]
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert [row["value"] for row in summary["rows"]] == [1, 3]
+    assert all(row["seeds"] == 2 for row in summary["rows"])
+    k1, k3 = summary["rows"]
+    assert k1["halo_transmitted"]["mean"] == 0 < k3["halo_transmitted"]["mean"]  # 1x1: none
+    assert k3["halo_formula"]["mean"] == 8 * 6 * 8 * (1 + 5)  # (k²-1) m n c_in, 2 layers
+    assert k3["wave_bytes"]["mean"] > k1["wave_bytes"]["mean"]
+    assert summary["paper"] == [{"value": 3, "train_acc": 0.944, "test_acc": 0.928}]
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert [(t["value"], t["seed"]) for t in trials] == [(1, 0), (1, 1), (3, 0), (3, 1)]
+    table = list(csv.DictReader((out / "table.csv").open()))
+    assert [row["value"] for row in table] == ["1", "3"]
+    assert float(table[1]["test_acc_mean"]) == pytest.approx(k3["test_acc"]["mean"],
+                                                             rel=1e-5)
+    config = json.loads((out / "config.json").read_text())
+    assert config["sizes"] == [1, 3] and config["seeds"] == [0, 1]
+    for plot in ("accuracy.png", "cost.png"):
+        assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "trial 4/4" in err  # progress as the trials finish
+
+
+def test_the_same_seeds_give_the_same_summary_with_one_job_or_two(small_runs) -> None:
+    one, two = small_runs[1][0], small_runs[2][0]
+    assert (one / "summary.json").read_bytes() == (two / "summary.json").read_bytes()
+    assert (one / "trials.jsonl").read_bytes() == (two / "trials.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (("--sizes", "0"), "--sizes"), (("--sizes", "3", "--sizes", "3"), "--sizes"),
+    (("--sizes", "40"), "kernel")])
+def test_an_impossible_sweep_is_refused_before_any_trial(tmp_path, flags, needle) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, _, err = _meshdl("experiment", "filter-size", *flags, "--out", tmp_path / "run")
+    assert_one_line_error(code, err, 2, needle)
+    assert not (tmp_path / "run").exists()
