@@ -26,6 +26,7 @@ from meshdl.cli import (
     mqtt_run,
     plan,
     radio,
+    report,
     simulate,
     train,
 )
@@ -60,6 +61,7 @@ train.register(app)
 model.register(app)
 cost.register(app)
 plan.register(app)
+report.register(app)
 broker.register(app)
 mqtt_run.register(app)
 

@@ -1,0 +1,95 @@
+"""`meshdl report RUN_DIR`: a self-contained HTML page (every plot embedded, nothing
+fetched) for an experiment's and a training run's directory, and it renders in a real
+headless Chromium with every image loaded."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_one_line_error
+from tests.test_cli_simulate import _meshdl
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def runs(small_data_file, tmp_path_factory) -> dict[str, Path]:
+    """A filter-size experiment and a training run, each with its report.html."""
+    root = tmp_path_factory.mktemp("runs")
+    code, _, err = _meshdl("experiment", "filter-size", "--sizes", "1", "--sizes", "3",
+                           "--seeds", "1", "--epochs", "1", "--batch", "40", "--hidden",
+                           "8", "--data", small_data_file, "--out", root / "experiment")
+    assert code == 0, err
+    code, _, err = _meshdl("train", "--data", small_data_file, "--epochs", "2", "--batch",
+                           "40", "--hidden", "8", "--out", root / "train")
+    assert code == 0, err
+    for run in ("experiment", "train"):
+        code, _, err = _meshdl("report", root / run)
+        assert code == 0, err
+    return {"experiment": root / "experiment", "train": root / "train"}
+
+
+def _images(page: str) -> list[str]:
+    return re.findall(r'<img [^>]*src="([^"]*)"', page)
+
+
+@pytest.mark.parametrize(("run", "plots", "needles"), [
+    ("experiment", 2, ["meshdl experiment filter-size", "halo_transmitted", "0.944"]),
+    ("train", 1, ["meshdl train run", "Training curves", "halo/conv1", "test_acc"])])
+def test_the_report_is_one_self_contained_page_with_its_tables_and_plots(
+        runs, run, plots, needles) -> None:
+    page = (runs[run] / "report.html").read_text()
+    images = _images(page)
+    assert len(images) == plots
+    assert all(src.startswith("data:image/png;base64,") for src in images)
+    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing to fetch
+    assert "<script" not in page
+    for needle in [*needles, "Configuration", "numpy"]:
+        assert needle in page
+
+
+def test_report_out_writes_where_it_is_told(runs, tmp_path) -> None:
+    target = tmp_path / "deep" / "page.html"
+    code, _, err = _meshdl("report", runs["train"], "--out", target)
+    assert code == 0, err
+    assert target.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_directory_that_is_no_run_is_a_usage_error(tmp_path) -> None:
+    code, _, err = _meshdl("report", tmp_path)
+    assert_one_line_error(code, err, 2, "not a run directory")
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                    reason="chromium and chromedriver are not installed (./bootstrap --dev "
+                           "installs them with apt where it can)")
+@pytest.mark.parametrize("run", ["experiment", "train"])
+def test_the_report_renders_in_headless_chromium_with_every_image_loaded(
+        runs, run, tmp_path) -> None:
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1400"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        browser.set_page_load_timeout(60)
+        browser.get((runs[run] / "report.html").resolve().as_uri())
+        widths = browser.execute_script(
+            "return Array.from(document.images, i => i.complete ? i.naturalWidth : 0);")
+        screenshot = browser.get_screenshot_as_png()
+    finally:
+        browser.quit()
+    assert len(widths) == len(_images((runs[run] / "report.html").read_text())) > 0
+    assert all(width > 0 for width in widths)
+    assert screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "screenshot.png").write_bytes(screenshot)
