@@ -74,7 +74,7 @@ def test_filter_size_writes_its_run_directory_and_prints_its_summary(small_runs)
     assert float(table[1]["test_acc_mean"]) == pytest.approx(k3["test_acc"]["mean"],
                                                              rel=1e-5)
     config = json.loads((out / "config.json").read_text())
-    assert config["sizes"] == [1, 3] and config["seeds"] == [0, 1]
+    assert config["values"] == [1, 3] and config["seeds"] == [0, 1]
     for plot in ("accuracy.png", "cost.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "trial 4/4" in err  # progress as the trials finish
@@ -95,3 +95,48 @@ def test_an_impossible_sweep_is_refused_before_any_trial(tmp_path, flags, needle
     code, _, err = _meshdl("experiment", "filter-size", *flags, "--out", tmp_path / "run")
     assert_one_line_error(code, err, 2, needle)
     assert not (tmp_path / "run").exists()
+
+
+def test_edge_position_measures_the_cost_only_and_a_middle_edge_waves_shallower(
+        tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, out, err = _meshdl("experiment", "edge-position", "--rows", "6", "--cols", "9",
+                             "--cells", "0,0", "--cells", "0,4", "--out", tmp_path / "run",
+                             "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    corner, middle = summary["rows"]
+    assert corner["value"] == [0, 0] and middle["value"] == [0, 4]
+    assert "test_acc" not in corner and summary["seeds"] == 1
+    assert middle["wave_rounds"]["mean"] < corner["wave_rounds"]["mean"]
+    assert middle["halo_transmitted"] == corner["halo_transmitted"]  # the same convs
+    assert not (tmp_path / "run" / "accuracy.png").exists()
+    assert (tmp_path / "run" / "cost.png").is_file()
+
+
+@pytest.mark.parametrize(("command", "flag"), [("filters", "--values"),
+                                               ("hidden", "--values")])
+def test_filters_and_hidden_sweep_their_setting_with_accuracy(
+        small_data_file, tmp_path, command, flag) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, out, err = _meshdl("experiment", command, flag, "2", flag, "4", "--seeds", "1",
+                             "--epochs", "1", "--batch", "40", "--data", small_data_file,
+                             "--out", tmp_path / "run", "--json")
+    assert code == 0, err
+    small, large = json.loads(out)["rows"]
+    assert (small["value"], large["value"]) == (2, 4)
+    assert "test_acc" in small
+    if command == "filters":  # halos and gathered features grow with h
+        assert large["wave_bytes"]["mean"] > small["wave_bytes"]["mean"]
+    else:  # the head is the edge's: the mesh's traffic does not change
+        assert large["wave_bytes"] == small["wave_bytes"]
+
+
+def test_an_edge_away_from_the_border_is_refused(tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, _, err = _meshdl("experiment", "edge-position", "--cells", "5,5", "--out",
+                           tmp_path / "run")
+    assert_one_line_error(code, err, 2, "border cell")

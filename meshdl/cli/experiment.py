@@ -16,17 +16,19 @@ from meshdl.cli.common import (
     EPOCHS,
     FILTERS,
     HIDDEN,
+    KERNEL,
     LR,
     POOL,
     ROWS,
     emit_json,
     err_console,
     out_console,
+    parse_cell,
 )
 from meshdl.config import load_run_config
 from meshdl.data import load_dataset
 from meshdl.errors import UsageError
-from meshdl.experiments import filter_size
+from meshdl.experiments import sweep
 from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
 from meshdl.runs import new_run_dir
 
@@ -34,78 +36,162 @@ app = typer.Typer(help="Experiments over a swept value and several seeds: tables
                   "plots and a summary in a run directory.", no_args_is_help=True)
 
 
+SEEDS = typer.Option(3, "--seeds", min=1, help="Seeds per value (0, 1, ...).")
+DATA = typer.Option(None, "--data", help="Data set .npz (default: the synthetic lounge).")
+JOBS = typer.Option(1, "--jobs", min=1, help="Trials at once, in worker processes (the "
+                    "same summary whatever the number).")
+OUT = typer.Option(None, "--out", help="Run directory (default: "
+                   "runs/<timestamp>-<experiment>/).")
+JSON = typer.Option(False, "--json", help="Print summary.json on stdout.")
+
+
 @app.command("filter-size")
 def filter_size_command(
-    sizes: list[int] = typer.Option([3, 4, 5, 6], "--sizes", help="Filter sizes k "
-                                    "(repeat: --sizes 3 --sizes 5)."),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds per size (0, 1, ...)."),
-    rows: int | None = ROWS,
-    cols: int | None = COLS,
-    epochs: int | None = EPOCHS,
-    batch: int | None = BATCH,
-    lr: float | None = LR,
-    filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL,
-    hidden: int | None = HIDDEN,
-    data: Path | None = typer.Option(None, "--data", help="Data set .npz (default: the "
-                                     "synthetic lounge)."),
-    jobs: int = typer.Option(1, "--jobs", min=1, help="Trials at once, in worker "
-                             "processes (the same summary whatever the number)."),
-    out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
-                                    "runs/<timestamp>-filter-size/)."),
-    json_out: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+    sizes: list[int] = typer.Option(list(sweep.SWEEPS["filter-size"].default), "--sizes",
+                                    help="Filter sizes k (repeat: --sizes 3 --sizes 5)."),
+    seeds: int = SEEDS, rows: int | None = ROWS, cols: int | None = COLS,
+    epochs: int | None = EPOCHS, batch: int | None = BATCH, lr: float | None = LR,
+    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
+    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
 ) -> None:
     """Accuracy and communication cost by filter size k, next to the source paper's."""
-    if not sizes or any(k < 1 for k in sizes) or len(set(sizes)) != len(sizes):
-        raise UsageError(f"--sizes {' '.join(map(str, sizes))}: distinct sizes of at "
-                         "least 1")
+    _check_values("--sizes", sizes, minimum=1)
+    _experiment("filter-size", sizes, seeds, data, jobs, out, json_out,
+                {"rows": rows, "cols": cols, "filters": filters, "conv_layers": conv_layers,
+                 "pool": pool, "hidden": hidden},
+                {"epochs": epochs, "batch": batch, "lr": lr})
+
+
+@app.command("filters")
+def filters_command(
+    values: list[int] = typer.Option(list(sweep.SWEEPS["filters"].default), "--values",
+                                     help="Filters per conv layer h (repeat)."),
+    seeds: int = SEEDS, rows: int | None = ROWS, cols: int | None = COLS,
+    epochs: int | None = EPOCHS, batch: int | None = BATCH, lr: float | None = LR,
+    kernel: int | None = KERNEL, conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
+    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+) -> None:
+    """Accuracy and communication cost by the number of filters h (halos and gathered
+    features grow with h)."""
+    _check_values("--values", values, minimum=1)
+    _experiment("filters", values, seeds, data, jobs, out, json_out,
+                {"rows": rows, "cols": cols, "kernel": kernel, "conv_layers": conv_layers,
+                 "pool": pool, "hidden": hidden},
+                {"epochs": epochs, "batch": batch, "lr": lr})
+
+
+@app.command("hidden")
+def hidden_command(
+    values: list[int] = typer.Option(list(sweep.SWEEPS["hidden"].default), "--values",
+                                     help="Hidden units of the head (repeat)."),
+    seeds: int = SEEDS, rows: int | None = ROWS, cols: int | None = COLS,
+    epochs: int | None = EPOCHS, batch: int | None = BATCH, lr: float | None = LR,
+    kernel: int | None = KERNEL, filters: int | None = FILTERS,
+    conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
+    data: Path | None = DATA, jobs: int = JOBS, out: Path | None = OUT,
+    json_out: bool = JSON,
+) -> None:
+    """Accuracy by the head's hidden units: the edge's work, not the mesh's (the
+    network's traffic does not change)."""
+    _check_values("--values", values, minimum=1)
+    _experiment("hidden", values, seeds, data, jobs, out, json_out,
+                {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+                 "conv_layers": conv_layers, "pool": pool},
+                {"epochs": epochs, "batch": batch, "lr": lr})
+
+
+@app.command("edge-position")
+def edge_position_command(
+    cells: list[str] = typer.Option([",".join(map(str, c)) for c in
+                                     sweep.SWEEPS["edge-position"].default], "--cells",
+                                    help="Border cells R,C the edge is linked to (repeat)."),
+    rows: int | None = ROWS, cols: int | None = COLS, batch: int | None = BATCH,
+    kernel: int | None = KERNEL, filters: int | None = FILTERS,
+    conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
+    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+) -> None:
+    """Where to attach the edge: one training wave's depth, busiest link and bytes by
+    the edge's cell (what is learned does not depend on it: cost only, one seed)."""
+    values = [list(parse_cell(cell)) for cell in cells]
+    if len({tuple(v) for v in values}) != len(values):
+        raise UsageError(f"--cells {' '.join(cells)}: distinct cells")
+    _experiment("edge-position", values, 1, None, jobs, out, json_out,
+                {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+                 "conv_layers": conv_layers, "pool": pool}, {"batch": batch})
+
+
+def _check_values(flag: str, values: list[int], minimum: int) -> None:
+    if not values or any(v < minimum for v in values) or len(set(values)) != len(values):
+        raise UsageError(f"{flag} {' '.join(map(str, values))}: distinct values of at "
+                         f"least {minimum}")
+
+
+def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: int,
+                out: Path | None, json_out: bool, model: Record, train: Record) -> None:
+    """Run one sweep's trials, write its run directory, print its table."""
     if data is not None:  # its grid is the network's
         grid = load_dataset(data)
-        rows, cols = rows or grid.rows, cols or grid.cols
-    model = {"rows": rows, "cols": cols, "filters": filters, "conv_layers": conv_layers,
-             "pool": pool, "hidden": hidden}
-    train = {"epochs": epochs, "batch": batch, "lr": lr}
+        model = {**model, "rows": model.get("rows") or grid.rows,
+                 "cols": model.get("cols") or grid.cols}
     base = load_run_config(mode="central", model=model, train=train)
     settings: Record = {
-        "model": {k: v for k, v in base.model.model_dump().items() if k != "kernel"},
-        "train": base.train.model_dump(exclude={"seed"}), "data": base.data.model_dump(),
+        "experiment": name, "model": base.model.model_dump(),
+        "train": base.train.model_dump(exclude={"seed"}),
+        "mesh": base.mesh.model_dump(mode="json"), "data": base.data.model_dump(),
         "data_file": str(data) if data is not None else None}
-    for k in sizes:  # an impossible k fails here, before any trial
-        filter_size.trial_config(settings, k, 0)
-    trials = [Trial(i, k, seed, settings) for i, (k, seed) in
-              enumerate((k, s) for k in sizes for s in range(seeds))]
-    run_dir = out or new_run_dir(name="filter-size")
-    err_console.print(f"filter-size: {len(trials)} trials ({len(sizes)} sizes x {seeds} "
-                      f"seeds, {base.train.epochs} epochs each) on {jobs} job(s) -> "
-                      f"{run_dir}", highlight=False)
+    for value in values:  # an impossible value fails here, before any trial
+        config = sweep.trial_config(settings, value, 0)
+        if name == "edge-position":
+            _check_border(config.mesh.edge_at, config.model.rows, config.model.cols)
+    trials = [Trial(i, value, seed, settings) for i, (value, seed) in
+              enumerate((v, s) for v in values for s in range(seeds))]
+    run_dir = out or new_run_dir(name=name)
+    what = "training and one mesh wave" if sweep.SWEEPS[name].trains else "one mesh wave"
+    err_console.print(f"{name}: {len(trials)} trials ({len(values)} values x {seeds} "
+                      f"seed(s), {what} each) on {jobs} job(s) -> {run_dir}",
+                      highlight=False)
     done = [0]
 
     def on_done(trial: Trial, record: Record) -> None:
         done[0] += 1
-        err_console.print(f"trial {done[0]}/{len(trials)}: k {trial.value} seed "
-                          f"{trial.seed}: test {record['test_acc']:.4f}", highlight=False)
+        result = f"test {record['test_acc']:.4f}" if "test_acc" in record else \
+            f"{record['wave_bytes']:,} bytes a wave"
+        err_console.print(f"trial {done[0]}/{len(trials)}: {trial.value} seed "
+                          f"{trial.seed}: {result}", highlight=False)
 
-    records = run_trials(filter_size.run, trials, jobs, on_done)
-    rows = summarize(trials, records, filter_size.FIGURES)
-    summary = {"experiment": "filter-size", "mode": "central (accuracy); one mesh "
-               "training wave per size (cost)", "sizes": sizes, "seeds": seeds,
-               "rows": rows, "paper": filter_size.paper_rows(sizes),
-               "seeds_differ": filter_size.seeds_differ(records)}
-    config = {"experiment": "filter-size", "sizes": sizes, "seeds": list(range(seeds)),
-              "settings": settings}
-    write_run(run_dir, config, records, summary, filter_size.FIGURES)
-    filter_size.plot(run_dir, rows, summary["paper"])
+    records = run_trials(sweep.run, trials, jobs, on_done)
+    rows = summarize(trials, records, sweep.figures(name))
+    summary = {"experiment": name, "setting": sweep.SWEEPS[name].setting,
+               "mode": ("central (accuracy); " if sweep.SWEEPS[name].trains else "")
+               + "one mesh training wave per value (cost)",
+               "values": values, "seeds": seeds, "rows": rows,
+               "paper": sweep.paper_rows(name, values),
+               "seeds_differ": sweep.seeds_differ(records)}
+    config_record = {"experiment": name, "values": values, "seeds": list(range(seeds)),
+                     "settings": settings}
+    write_run(run_dir, config_record, records, summary, sweep.figures(name))
+    plots = sweep.plot(run_dir, name, rows, summary["paper"])
     if json_out:
         emit_json(json.loads((run_dir / "summary.json").read_text()))
         return
-    table = Table(title=f"filter size: mean ± std over {seeds} seed(s); paper: seed 001's "
-                        "own data")
-    for column in ("k", "train %", "test %", "paper %", "halo sent", "(k²-1)mnc",
-                   "MB/wave"):
+    header, body = sweep.table(name, rows)
+    title = f"{name}: mean ± std over {seeds} seed(s)" + (
+        "; paper: seed 001's own data" if summary["paper"] else "")
+    table = Table(title=title)
+    for column in header:
         table.add_column(column, justify="right")
-    for row in filter_size.table_rows(rows):
-        table.add_row(*map(str, row))
+    for row in body:
+        table.add_row(*row)
     out_console.print(table)
     err_console.print(f"wrote {run_dir}: summary.json, table.csv, trials.jsonl, "
-                      "accuracy.png, cost.png", highlight=False)
+                      f"{', '.join(p.name for p in plots)}", highlight=False)
+
+
+def _check_border(cell: tuple[int, int], rows: int, cols: int) -> None:
+    r, c = cell
+    if not (0 <= r < rows and 0 <= c < cols) or (r not in (0, rows - 1) and \
+            c not in (0, cols - 1)):
+        raise UsageError(f"--cells {r},{c}: the edge links to a border cell of the "
+                         f"{rows} x {cols} grid")

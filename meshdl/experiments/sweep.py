@@ -1,0 +1,212 @@
+"""The experiments that sweep one setting of the network (`meshdl experiment NAME`):
+each trial runs one value with one seed.
+
+Trials that measure accuracy train in central mode: the mesh is proven to train exactly
+the same model (tests/test_mesh.py), so its accuracy is the mesh's, at a fraction of the
+time. Every trial measures the communication on a real mesh wave of its network
+(`meshdl cost`'s dry training wave, batch as configured): the halo values each layer
+sends per sample next to the formula (k^2 - 1) m n c_in, the bytes, messages and radio
+bytes of one training wave, its depth in rounds and its busiest link. Settings that do
+not change what is learned (the edge's position, the grid's size on the cost question)
+measure the cost only.
+
+filter-size is the source paper's question (seed 001): its own accuracies are shown
+beside ours; its data (a real lounge's log) differ from our synthetic lounge, so only
+the trends compare.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from meshdl.config import DataConfig, RunConfig, load_run_config
+from meshdl.data import Dataset
+from meshdl.experiments.runner import Record, Trial
+
+# Seed 001's single-machine runs (17 x 25, 2,400 / 561 maps, batch 100, 200 hidden
+# units, 5 filters, 20 epochs): train and test accuracy by filter size.
+PAPER = {3: (0.944, 0.928), 4: (0.950, 0.937), 5: (0.945, 0.934), 6: (0.930, 0.900)}
+
+ACCURACY = ("train_acc", "test_acc")
+COST = ("halo_needed", "halo_transmitted", "halo_formula", "wave_bytes", "wave_messages",
+        "wave_radio_bytes", "wave_rounds", "busiest_link_bytes")
+
+
+class Sweep(NamedTuple):
+    """One experiment: the setting it sweeps and what it asks."""
+
+    setting: str  # "model.kernel", "mesh.edge_at", ...
+    axis: str  # the plots' x label
+    trains: bool  # accuracy too (else the cost only)
+    default: tuple[Any, ...]
+
+
+SWEEPS = {
+    "filter-size": Sweep("model.kernel", "filter size k", True, (3, 4, 5, 6)),
+    "filters": Sweep("model.filters", "filters per conv layer h", True, (1, 2, 5, 8)),
+    "hidden": Sweep("model.hidden", "hidden units", True, (50, 100, 200, 400)),
+    "edge-position": Sweep("mesh.edge_at", "the edge's cell", False,
+                           ((0, 0), (0, 12), (8, 0), (16, 24))),
+}
+
+
+def figures(name: str) -> tuple[str, ...]:
+    return (ACCURACY if SWEEPS[name].trains else ()) + COST
+
+
+def trial_config(settings: Record, value: Any, seed: int) -> RunConfig:
+    """The run of one trial: the experiment's configuration with this value and seed."""
+    section, field = SWEEPS[settings["experiment"]].setting.split(".")
+    chosen = {key: dict(settings[key]) for key in ("model", "train", "mesh")}
+    chosen[section][field] = tuple(value) if isinstance(value, list) else value
+    chosen["train"]["seed"] = seed
+    return load_run_config(mode="central", data=settings["data"], **chosen)
+
+
+def run(trial: Trial) -> Record:
+    """Train with one value and seed (where the sweep asks for accuracy); measure one
+    mesh training wave of that network."""
+    from meshdl.cli.cost import dry_wave  # the virtual mesh: loaded where it runs
+    from meshdl.training import train
+
+    settings, seed = trial.settings, trial.seed
+    config = trial_config(settings, trial.value, seed)
+    record: Record = {"value": trial.value, "seed": seed}
+    if SWEEPS[settings["experiment"]].trains:
+        _, history = train(config, _data(config.data, settings.get("data_file")))
+        record.update(train_acc=history.final["train_acc"],
+                      test_acc=history.final["test_acc"],
+                      single_class=history.final["single_class"])
+    comm = dry_wave(config.model, config.train.batch, config.mesh.edge_at)
+    halo = comm["halo"].values()
+    record.update(
+        halo_needed=sum(h["needed"] for h in halo),
+        halo_transmitted=sum(h["transmitted"] for h in halo),
+        halo_formula=sum(h["formula"] for h in halo),
+        wave_bytes=comm["total_bytes"], wave_messages=comm["total_messages"],
+        wave_radio_bytes=comm["broadcast_bytes"],
+        wave_rounds=comm["wave_depth"]["wave_rounds"],
+        busiest_link_bytes=(comm.get("busiest_link") or {}).get("bytes"))
+    return record
+
+
+@cache
+def _data(config: DataConfig, data_file: str | None) -> Dataset:
+    """The data set, made once per process (every trial of a worker shares it)."""
+    if data_file is not None:
+        from meshdl.data import load_dataset
+
+        return load_dataset(Path(data_file))
+    from meshdl.sim.lounge import generate_lounge
+
+    return generate_lounge(config)
+
+
+def paper_rows(name: str, values: list[Any]) -> list[Record]:
+    """The source paper's figures for the swept values it reports (filter-size only)."""
+    if name != "filter-size":
+        return []
+    return [{"value": k, "train_acc": PAPER[k][0], "test_acc": PAPER[k][1]}
+            for k in values if k in PAPER]
+
+
+def plot(out: Path, name: str, rows: list[Record], paper: list[Record]) -> list[Path]:
+    """accuracy.png (where the sweep trains) and cost.png: means with one standard
+    deviation as error bars, against the swept value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axis = SWEEPS[name].axis
+    labels = [_label(row["value"]) for row in rows]
+    xs = list(range(len(rows)))  # categories: cells, or sizes not evenly spaced
+
+    def series(figure: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+        return ([row[figure]["mean"] * scale for row in rows],
+                [row[figure]["std"] * scale for row in rows])
+
+    written = []
+    if SWEEPS[name].trains:
+        figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+        for key, label in (("train_acc", "train"), ("test_acc", "test")):
+            mean, std = series(key, 100)
+            axes.errorbar(xs, mean, yerr=std, marker="o", capsize=4, label=f"{label} (ours)")
+        where = {row["value"]: x for x, row in zip(xs, rows, strict=True)}
+        for key, label, marker in (("train_acc", "train", "s"), ("test_acc", "test", "^")):
+            axes.plot([where[p["value"]] for p in paper], [p[key] * 100 for p in paper],
+                      linestyle="none", marker=marker, color="grey",
+                      label=f"{label} (paper, its own data)")
+        axes.set(xlabel=axis, ylabel="accuracy (%)", title=f"accuracy by {axis} "
+                 "(mean ± std over seeds)")
+        axes.set_xticks(xs, labels)
+        axes.legend(fontsize=8)
+        written.append(_save(plt, figure, out / "accuracy.png"))
+
+    figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+    for key, label, style in (("halo_needed", "needed", "-o"),
+                              ("halo_transmitted", "transmitted", ":s"),
+                              ("halo_formula", "(k²-1)·m·n·c_in", "-^")):
+        mean, std = series(key)
+        axes.errorbar(xs, mean, yerr=std, fmt=style, capsize=4, label=label)
+    axes.set(xlabel=axis, ylabel="halo values per sample (all conv layers)",
+             title=f"cost by {axis}")
+    axes.set_xticks(xs, labels)
+    twin = axes.twinx()
+    mean, _ = series("wave_bytes", 1e-6)
+    twin.plot(xs, mean, color="black", linestyle="--", marker="x")
+    twin.set_ylabel("MB per training wave (dashed)")
+    axes.legend(fontsize=8, loc="upper left")
+    written.append(_save(plt, figure, out / "cost.png"))
+    return written
+
+
+def _save(plt: Any, figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, metadata={"Software": None})
+    plt.close(figure)
+    return path
+
+
+def _label(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def seeds_differ(records: list[Record]) -> bool:
+    """Whether the seeds gave different accuracies (else a std of 0 means nothing)."""
+    if "test_acc" not in records[0]:
+        return False
+    return len({(_label(r["value"]), r["test_acc"]) for r in records}) > len(
+        {_label(r["value"]) for r in records})
+
+
+def table(name: str, rows: list[Record]) -> tuple[list[str], list[list[str]]]:
+    """The printed table: the value, accuracies (mean ± std; the paper's train/test)
+    where the sweep trains, halo values sent per sample against the formula, MB per
+    training wave, its rounds and busiest link (summary.json and table.csv have every
+    figure)."""
+    trains = SWEEPS[name].trains
+    header = ["value", *(["train %", "test %"] if trains else []),
+              *(["paper %"] if name == "filter-size" else []),
+              "halo sent", "(k²-1)mnc", "MB/wave", "rounds", "busiest kB"]
+    out = []
+    for row in rows:
+        paper = PAPER.get(row["value"]) if name == "filter-size" else None
+        cells = [_label(row["value"])]
+        if trains:
+            cells += [_pm(row["train_acc"], 100), _pm(row["test_acc"], 100)]
+        if name == "filter-size":
+            cells.append(f"{paper[0] * 100:.1f}/{paper[1] * 100:.1f}" if paper else "-")
+        cells += [f"{row['halo_transmitted']['mean']:,.0f}",
+                  f"{row['halo_formula']['mean']:,.0f}",
+                  f"{row['wave_bytes']['mean'] / 1e6:.1f}",
+                  f"{row['wave_rounds']['mean']:.0f}",
+                  f"{row['busiest_link_bytes']['mean'] / 1e3:,.0f}"]
+        out.append(cells)
+    return header, out
+
+
+def _pm(figure: dict[str, float], scale: float) -> str:
+    return f"{figure['mean'] * scale:.1f}±{figure['std'] * scale:.1f}"
