@@ -134,9 +134,36 @@ def test_filters_and_hidden_sweep_their_setting_with_accuracy(
         assert large["wave_bytes"] == small["wave_bytes"]
 
 
+def test_a_grid_whose_messages_cannot_carry_the_batch_is_refused_before_any_trial(
+        tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, _, err = _meshdl("experiment", "grid", "--values", "5", "--values", "100",
+                           "--out", tmp_path / "run")
+    assert_one_line_error(code, err, 2, "= 100", "at most 20 fit")
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_edge_away_from_the_border_is_refused(tmp_path) -> None:
     from tests.test_cli_simulate import _meshdl
 
     code, _, err = _meshdl("experiment", "edge-position", "--cells", "5,5", "--out",
                            tmp_path / "run")
     assert_one_line_error(code, err, 2, "border cell")
+
+
+def test_grid_fits_a_waves_bytes_against_the_meshs_cells(tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, out, err = _meshdl("experiment", "grid", "--values", "3", "--values", "5",
+                             "--values", "7", "--out", tmp_path / "run", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    sizes = [row["wave_bytes"]["mean"] for row in summary["rows"]]
+    assert sizes == sorted(sizes) and sizes[0] > 0
+    fit = summary["fit"]
+    assert fit["bytes_per_cell"] > 0 and 0.9 < fit["r2"] <= 1.0
+    cells = [9, 25, 49]
+    predicted = [fit["bytes_per_cell"] * c + fit["intercept"] for c in cells]
+    residuals = [abs(p - s) for p, s in zip(predicted, sizes, strict=True)]
+    assert max(residuals) < 0.2 * max(sizes)

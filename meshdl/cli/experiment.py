@@ -30,6 +30,7 @@ from meshdl.data import load_dataset
 from meshdl.errors import UsageError
 from meshdl.experiments import sweep
 from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
+from meshdl.protocol import MeshSpec
 from meshdl.runs import new_run_dir
 
 app = typer.Typer(help="Experiments over a swept value and several seeds: tables, "
@@ -102,6 +103,23 @@ def hidden_command(
                 {"epochs": epochs, "batch": batch, "lr": lr})
 
 
+@app.command("grid")
+def grid_command(
+    values: list[int] = typer.Option(list(sweep.SWEEPS["grid"].default), "--values",
+                                     help="Grid sides n of n x n meshes (repeat; 100 "
+                                     "takes a minute or two)."),
+    batch: int | None = BATCH, kernel: int | None = KERNEL, filters: int | None = FILTERS,
+    conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
+    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+) -> None:
+    """How one training wave's cost grows with the mesh (n x n cells), with a line
+    fitted to its bytes against the number of cells (cost only, one seed)."""
+    _check_values("--values", values, minimum=1)
+    _experiment("grid", values, 1, None, jobs, out, json_out,
+                {"kernel": kernel, "filters": filters, "conv_layers": conv_layers,
+                 "pool": pool}, {"batch": batch})
+
+
 @app.command("edge-position")
 def edge_position_command(
     cells: list[str] = typer.Option([",".join(map(str, c)) for c in
@@ -145,6 +163,13 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
         config = sweep.trial_config(settings, value, 0)
         if name == "edge-position":
             _check_border(config.mesh.edge_at, config.model.rows, config.model.cols)
+        spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at,
+                        config.mesh.params_via, config.mesh.max_message_bytes)
+        if config.train.batch > spec.max_batch:
+            raise UsageError(f"{sweep.SWEEPS[name].axis} = {value}: a wave of "
+                             f"{config.train.batch} samples needs messages above "
+                             f"{config.mesh.max_message_bytes} bytes; at most "
+                             f"{spec.max_batch} fit (lower --batch)")
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in values for s in range(seeds))]
     run_dir = out or new_run_dir(name=name)
@@ -169,6 +194,8 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
                "values": values, "seeds": seeds, "rows": rows,
                "paper": sweep.paper_rows(name, values),
                "seeds_differ": sweep.seeds_differ(records)}
+    if name == "grid":
+        summary["fit"] = sweep.fit_bytes(rows)
     config_record = {"experiment": name, "values": values, "seeds": list(range(seeds)),
                      "settings": settings}
     write_run(run_dir, config_record, records, summary, sweep.figures(name))
@@ -179,6 +206,10 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
     header, body = sweep.table(name, rows)
     title = f"{name}: mean ± std over {seeds} seed(s)" + (
         "; paper: seed 001's own data" if summary["paper"] else "")
+    fit = summary.get("fit")
+    if fit and fit["r2"] is not None:
+        title += (f"; bytes = {fit['bytes_per_cell']:,.0f} x cells + "
+                  f"{fit['intercept']:,.0f} (R² {fit['r2']:.4f})")
     table = Table(title=title)
     for column in header:
         table.add_column(column, justify="right")

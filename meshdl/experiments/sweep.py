@@ -49,6 +49,7 @@ SWEEPS = {
     "hidden": Sweep("model.hidden", "hidden units", True, (50, 100, 200, 400)),
     "edge-position": Sweep("mesh.edge_at", "the edge's cell", False,
                            ((0, 0), (0, 12), (8, 0), (16, 24))),
+    "grid": Sweep("model.grid", "grid n x n", False, (5, 10, 20, 40)),
 }
 
 
@@ -59,10 +60,32 @@ def figures(name: str) -> tuple[str, ...]:
 def trial_config(settings: Record, value: Any, seed: int) -> RunConfig:
     """The run of one trial: the experiment's configuration with this value and seed."""
     section, field = SWEEPS[settings["experiment"]].setting.split(".")
-    chosen = {key: dict(settings[key]) for key in ("model", "train", "mesh")}
-    chosen[section][field] = tuple(value) if isinstance(value, list) else value
+    chosen = {key: dict(settings[key]) for key in ("model", "train", "mesh", "data")}
+    if field == "grid":  # an n x n mesh, its data of the same grid
+        for part in ("model", "data"):
+            chosen[part].update(rows=value, cols=value)
+    else:
+        chosen[section][field] = tuple(value) if isinstance(value, list) else value
     chosen["train"]["seed"] = seed
-    return load_run_config(mode="central", data=settings["data"], **chosen)
+    return load_run_config(mode="central", **chosen)
+
+
+def fit_bytes(rows: list[Record]) -> Record:
+    """Least squares of a training wave's bytes against the mesh's cells (m n): bytes
+    per cell, the intercept, and R² (how well a line explains the growth)."""
+    cells = [float(row["value"]) ** 2 for row in rows]
+    sizes = [row["wave_bytes"]["mean"] for row in rows]
+    n = len(cells)
+    mean_x, mean_y = sum(cells) / n, sum(sizes) / n
+    sxx = sum((x - mean_x) ** 2 for x in cells)
+    if n < 2 or sxx == 0:
+        return {"bytes_per_cell": None, "intercept": None, "r2": None}
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(cells, sizes, strict=True)) / sxx
+    intercept = mean_y - slope * mean_x
+    total = sum((y - mean_y) ** 2 for y in sizes)
+    residual = sum((y - slope * x - intercept) ** 2 for x, y in zip(cells, sizes, strict=True))
+    return {"bytes_per_cell": slope, "intercept": intercept,
+            "r2": 1.0 - residual / total if total else 1.0}
 
 
 def run(trial: Trial) -> Record:
