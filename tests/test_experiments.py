@@ -4,6 +4,7 @@ directory, and the same summary whatever the number of worker processes."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 
@@ -45,15 +46,17 @@ def small_runs(small_data_file, tmp_path_factory):
     from tests.test_cli_simulate import _meshdl
 
     runs = {}
-    for jobs in (1, 2):
-        out = tmp_path_factory.mktemp(f"jobs{jobs}")
+    backends = {1: (), 2: ("--jobs", "2")}
+    if importlib.util.find_spec("ray") is not None:
+        backends["ray"] = ("--jobs", "2", "--ray")  # a local cluster of 2 CPUs
+    for backend, flags in backends.items():
+        out = tmp_path_factory.mktemp(f"backend{backend}")
         code, stdout, err = _meshdl("experiment", "filter-size", "--sizes", "1",
                                     "--sizes", "3", "--seeds", "2", "--epochs", "2",
                                     "--batch", "40", "--hidden", "8", "--data",
-                                    small_data_file, "--jobs", str(jobs), "--out", out,
-                                    "--json")
+                                    small_data_file, "--out", out, "--json", *flags)
         assert code == 0, err
-        runs[jobs] = (out, json.loads(stdout), err)
+        runs[backend] = (out, json.loads(stdout), err)
     return runs
 
 
@@ -80,10 +83,15 @@ def test_filter_size_writes_its_run_directory_and_prints_its_summary(small_runs)
     assert "trial 4/4" in err  # progress as the trials finish
 
 
-def test_the_same_seeds_give_the_same_summary_with_one_job_or_two(small_runs) -> None:
-    one, two = small_runs[1][0], small_runs[2][0]
-    assert (one / "summary.json").read_bytes() == (two / "summary.json").read_bytes()
-    assert (one / "trials.jsonl").read_bytes() == (two / "trials.jsonl").read_bytes()
+@pytest.mark.parametrize("backend", [2, "ray"])
+def test_the_same_seeds_give_the_same_summary_on_one_job_two_or_ray(small_runs,
+                                                                    backend) -> None:
+    if backend not in small_runs:
+        pytest.skip("Ray is not installed (the extra meshdl[ray]; ./bootstrap --dev "
+                    "installs it)")
+    one, other = small_runs[1][0], small_runs[backend][0]
+    assert (one / "summary.json").read_bytes() == (other / "summary.json").read_bytes()
+    assert (one / "trials.jsonl").read_bytes() == (other / "trials.jsonl").read_bytes()
 
 
 @pytest.mark.parametrize(("flags", "needle"), [
@@ -167,3 +175,11 @@ def test_grid_fits_a_waves_bytes_against_the_meshs_cells(tmp_path) -> None:
     predicted = [fit["bytes_per_cell"] * c + fit["intercept"] for c in cells]
     residuals = [abs(p - s) for p, s in zip(predicted, sizes, strict=True)]
     assert max(residuals) < 0.2 * max(sizes)
+
+
+def test_ray_without_an_address_means_a_local_cluster() -> None:
+    from meshdl.cli import _optional_values
+
+    assert _optional_values(["experiment", "grid", "--ray"])[-1] == "local"
+    assert _optional_values(["--ray", "--jobs", "2"]) == ["--ray", "local", "--jobs", "2"]
+    assert _optional_values(["--ray", "ray://head:10001"]) == ["--ray", "ray://head:10001"]

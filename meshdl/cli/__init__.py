@@ -81,9 +81,23 @@ def _global(
     """meshdl: distributed deep learning inside a sensor mesh."""
 
 
+# Options whose value may be left out, and what they then mean (`--ray` alone: a local
+# Ray cluster). Typer's parser has no optional values, so the default is written in.
+_OPTIONAL_VALUES = {"--ray": "local"}
+
+
+def _optional_values(args: list[str]) -> list[str]:
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg in _OPTIONAL_VALUES and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(_OPTIONAL_VALUES[arg])
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and turn every expected failure into one line."""
-    args = sys.argv[1:] if argv is None else argv
+    args = _optional_values(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     if not debug:
         quiet_abandoned_clients()

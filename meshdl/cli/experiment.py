@@ -44,6 +44,9 @@ JOBS = typer.Option(1, "--jobs", min=1, help="Trials at once, in worker processe
 OUT = typer.Option(None, "--out", help="Run directory (default: "
                    "runs/<timestamp>-<experiment>/).")
 JSON = typer.Option(False, "--json", help="Print summary.json on stdout.")
+RAY = typer.Option(None, "--ray", metavar="[ADDRESS]", help="Run the trials as Ray "
+                   "tasks: on the cluster at ADDRESS, or with no address on a local one "
+                   "of --jobs CPUs (the extra meshdl[ray]).")
 
 
 @app.command("filter-size")
@@ -55,13 +58,14 @@ def filter_size_command(
     filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
     pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
     jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+    ray: str | None = RAY,
 ) -> None:
     """Accuracy and communication cost by filter size k, next to the source paper's."""
     _check_values("--sizes", sizes, minimum=1)
     _experiment("filter-size", sizes, seeds, data, jobs, out, json_out,
                 {"rows": rows, "cols": cols, "filters": filters, "conv_layers": conv_layers,
                  "pool": pool, "hidden": hidden},
-                {"epochs": epochs, "batch": batch, "lr": lr})
+                {"epochs": epochs, "batch": batch, "lr": lr}, ray=ray)
 
 
 @app.command("filters")
@@ -73,6 +77,7 @@ def filters_command(
     kernel: int | None = KERNEL, conv_layers: int | None = CONV_LAYERS,
     pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
     jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+    ray: str | None = RAY,
 ) -> None:
     """Accuracy and communication cost by the number of filters h (halos and gathered
     features grow with h)."""
@@ -80,7 +85,7 @@ def filters_command(
     _experiment("filters", values, seeds, data, jobs, out, json_out,
                 {"rows": rows, "cols": cols, "kernel": kernel, "conv_layers": conv_layers,
                  "pool": pool, "hidden": hidden},
-                {"epochs": epochs, "batch": batch, "lr": lr})
+                {"epochs": epochs, "batch": batch, "lr": lr}, ray=ray)
 
 
 @app.command("hidden")
@@ -92,7 +97,7 @@ def hidden_command(
     kernel: int | None = KERNEL, filters: int | None = FILTERS,
     conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
     data: Path | None = DATA, jobs: int = JOBS, out: Path | None = OUT,
-    json_out: bool = JSON,
+    json_out: bool = JSON, ray: str | None = RAY,
 ) -> None:
     """Accuracy by the head's hidden units: the edge's work, not the mesh's (the
     network's traffic does not change)."""
@@ -100,7 +105,7 @@ def hidden_command(
     _experiment("hidden", values, seeds, data, jobs, out, json_out,
                 {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
                  "conv_layers": conv_layers, "pool": pool},
-                {"epochs": epochs, "batch": batch, "lr": lr})
+                {"epochs": epochs, "batch": batch, "lr": lr}, ray=ray)
 
 
 @app.command("grid")
@@ -111,13 +116,14 @@ def grid_command(
     batch: int | None = BATCH, kernel: int | None = KERNEL, filters: int | None = FILTERS,
     conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
     jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+    ray: str | None = RAY,
 ) -> None:
     """How one training wave's cost grows with the mesh (n x n cells), with a line
     fitted to its bytes against the number of cells (cost only, one seed)."""
     _check_values("--values", values, minimum=1)
     _experiment("grid", values, 1, None, jobs, out, json_out,
                 {"kernel": kernel, "filters": filters, "conv_layers": conv_layers,
-                 "pool": pool}, {"batch": batch})
+                 "pool": pool}, {"batch": batch}, ray=ray)
 
 
 @app.command("edge-position")
@@ -129,6 +135,7 @@ def edge_position_command(
     kernel: int | None = KERNEL, filters: int | None = FILTERS,
     conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
     jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+    ray: str | None = RAY,
 ) -> None:
     """Where to attach the edge: one training wave's depth, busiest link and bytes by
     the edge's cell (what is learned does not depend on it: cost only, one seed)."""
@@ -137,7 +144,7 @@ def edge_position_command(
         raise UsageError(f"--cells {' '.join(cells)}: distinct cells")
     _experiment("edge-position", values, 1, None, jobs, out, json_out,
                 {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-                 "conv_layers": conv_layers, "pool": pool}, {"batch": batch})
+                 "conv_layers": conv_layers, "pool": pool}, {"batch": batch}, ray=ray)
 
 
 def _check_values(flag: str, values: list[int], minimum: int) -> None:
@@ -147,7 +154,8 @@ def _check_values(flag: str, values: list[int], minimum: int) -> None:
 
 
 def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: int,
-                out: Path | None, json_out: bool, model: Record, train: Record) -> None:
+                out: Path | None, json_out: bool, model: Record, train: Record,
+                ray: str | None = None) -> None:
     """Run one sweep's trials, write its run directory, print its table."""
     if data is not None:  # its grid is the network's
         grid = load_dataset(data)
@@ -174,9 +182,9 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
               enumerate((v, s) for v in values for s in range(seeds))]
     run_dir = out or new_run_dir(name=name)
     what = "training and one mesh wave" if sweep.SWEEPS[name].trains else "one mesh wave"
+    where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
     err_console.print(f"{name}: {len(trials)} trials ({len(values)} values x {seeds} "
-                      f"seed(s), {what} each) on {jobs} job(s) -> {run_dir}",
-                      highlight=False)
+                      f"seed(s), {what} each) on {where} -> {run_dir}", highlight=False)
     done = [0]
 
     def on_done(trial: Trial, record: Record) -> None:
@@ -186,7 +194,7 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
         err_console.print(f"trial {done[0]}/{len(trials)}: {trial.value} seed "
                           f"{trial.seed}: {result}", highlight=False)
 
-    records = run_trials(sweep.run, trials, jobs, on_done)
+    records = run_trials(sweep.run, trials, jobs, on_done, ray=ray)
     rows = summarize(trials, records, sweep.figures(name))
     summary = {"experiment": name, "setting": sweep.SWEEPS[name].setting,
                "mode": ("central (accuracy); " if sweep.SWEEPS[name].trains else "")

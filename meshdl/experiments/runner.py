@@ -37,12 +37,19 @@ class Trial(NamedTuple):
 
 
 def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: int = 1,
-               on_done: Callable[[Trial, Record], None] | None = None) -> list[Record]:
+               on_done: Callable[[Trial, Record], None] | None = None,
+               ray: str | None = None) -> list[Record]:
     """Every trial's record, in trial order. `jobs` > 1 runs them in that many worker
-    processes (`run` must be a module-level function: it is sent by name); `on_done`
-    hears of each as it finishes, in whatever order they do."""
+    processes (`run` must be a module-level function: it is sent by name); `ray` runs
+    them as Ray tasks instead (an address, or "local" for a cluster on this machine);
+    `on_done` hears of each as it finishes, in whatever order they do."""
     records: list[Record | None] = [None] * len(trials)
-    if jobs <= 1:
+    if ray is not None:
+        for trial, record in _on_ray(run, trials, ray, jobs):
+            records[trial.index] = record
+            if on_done:
+                on_done(trial, record)
+    elif jobs <= 1:
         for trial in trials:
             records[trial.index] = run(trial)
             if on_done:
@@ -59,6 +66,34 @@ def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: in
                 if on_done:
                     on_done(trial, records[trial.index])
     return [record for record in records if record is not None]
+
+
+def _on_ray(run: Callable[[Trial], Record], trials: Sequence[Trial], address: str,
+            jobs: int) -> Any:
+    """The trials as Ray tasks (the optional extra `meshdl[ray]`), yielded as they
+    finish. "local" starts a cluster on this machine for the sweep (`jobs` CPUs) and
+    stops it after; an address joins that cluster."""
+    try:
+        import ray
+    except ImportError:
+        from meshdl.errors import UsageError
+
+        raise UsageError("--ray needs Ray: pip install 'meshdl[ray]'") from None
+    local = address == "local"
+    if local:
+        ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    try:
+        task = ray.remote(num_cpus=1)(run)
+        pending = {task.remote(trial): trial for trial in trials}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                yield pending.pop(ref), ray.get(ref)
+    finally:
+        ray.shutdown()
 
 
 def summarize(trials: Sequence[Trial], records: Sequence[Record],
