@@ -1,6 +1,6 @@
 """`meshdl report RUN_DIR`: a self-contained HTML page (every plot embedded, nothing
-fetched) for an experiment's and a training run's directory, and it renders in a real
-headless Chromium with every image loaded."""
+fetched) for an experiment's, a training run's and a simulated run's directory, and it
+renders in a real headless Chromium with every image loaded."""
 
 from __future__ import annotations
 
@@ -27,10 +27,13 @@ def runs(small_data_file, tmp_path_factory) -> dict[str, Path]:
     code, _, err = _meshdl("train", "--data", small_data_file, "--epochs", "2", "--batch",
                            "40", "--hidden", "8", "--out", root / "train")
     assert code == 0, err
-    for run in ("experiment", "train"):
+    code, _, err = _meshdl("simulate", "train", "--data", small_data_file, "--epochs", "1",
+                           "--batch", "40", "--hidden", "8", "--out", root / "simulate")
+    assert code == 0, err
+    for run in ("experiment", "train", "simulate"):
         code, _, err = _meshdl("report", root / run)
         assert code == 0, err
-    return {"experiment": root / "experiment", "train": root / "train"}
+    return {run: root / run for run in ("experiment", "train", "simulate")}
 
 
 def _images(page: str) -> list[str]:
@@ -39,7 +42,9 @@ def _images(page: str) -> list[str]:
 
 @pytest.mark.parametrize(("run", "plots", "needles"), [
     ("experiment", 2, ["meshdl experiment filter-size", "halo_transmitted", "0.944"]),
-    ("train", 1, ["meshdl train run", "Training curves", "halo/conv1", "test_acc"])])
+    ("train", 1, ["meshdl train run", "Training curves", "halo/conv1", "test_acc"]),
+    ("simulate", 2, ["meshdl simulate run", "Under simulated time", "802.15.4",
+                     "Energy per node"])])
 def test_the_report_is_one_self_contained_page_with_its_tables_and_plots(
         runs, run, plots, needles) -> None:
     page = (runs[run] / "report.html").read_text()
@@ -67,7 +72,7 @@ def test_a_directory_that_is_no_run_is_a_usage_error(tmp_path) -> None:
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
                     reason="chromium and chromedriver are not installed (./bootstrap --dev "
                            "installs them with apt where it can)")
-@pytest.mark.parametrize("run", ["experiment", "train"])
+@pytest.mark.parametrize("run", ["experiment", "train", "simulate"])
 def test_the_report_renders_in_headless_chromium_with_every_image_loaded(
         runs, run, tmp_path) -> None:
     webdriver = pytest.importorskip("selenium.webdriver")
