@@ -209,7 +209,6 @@ class Tally:
 
 @dataclass(slots=True)
 class _Radio:
-    party: Party
     queue: deque[Transmission] = field(default_factory=deque)
     active: bool = False  # the head of its queue is in backoff or deferred
     backoff_exponent: int = 0
@@ -220,9 +219,9 @@ class Medium:
     """Radios of every party over channels; `send` queues, `deliver` is called at the
     receivers when the last frame (and its ACK) is through, plus the hop latency.
 
-    A transmission is at least two events, its CCA and its arrival, plus one for each
-    time its sender finds its hold busy (on the radio mesh; on the star it takes its
-    turn at once)."""
+    A transmission is two events, its CCA and its arrival (none if every receiver
+    missed it), plus one for each time its sender finds its hold busy on the radio mesh
+    (on the star it takes its turn at once)."""
 
     def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int, deliver: Deliver,
                  trace: list[Sent] | None = None, loss: FrameLoss | None = None) -> None:
@@ -248,7 +247,6 @@ class Medium:
         self.account(None)
         self._radios: dict[Party, _Radio] = {}
         self._channels: dict[Party, tuple[Hashable, ...]] = {}  # each medium fills it
-        self._holds: dict[tuple[Party, Party], tuple[Hashable, ...]] = {}  # acked unicasts
         self._airtime: dict[tuple[int, bool], Airtime] = {}
         self._slots: dict[tuple[int, bool], _Slot] = {}  # by (size, broadcast)
         # The profile's figures read on every transmission, looked up once. After its
@@ -260,35 +258,23 @@ class Medium:
         self._acks = bool(radio.ack_frame_bytes)
         self._latency = radio.hop_latency_s
 
-    def channel_of(self, party: Party) -> tuple[Hashable, ...]:
-        """Who must be free for `party` to broadcast (and is held while it does)."""
-        return self._channels[party]
-
-    def hold_of(self, tx: Transmission) -> tuple[Hashable, ...]:
-        """Who `tx` holds: the sender's channel, and for an acknowledged unicast also the
-        receiver's, where its ACKs are heard."""
-        if tx.broadcast or not self.radio.ack_frame_bytes:
-            return self._channels[tx.src]
-        key = (tx.src, tx.receivers[0])
-        hold = self._holds.get(key)
-        if hold is None:
-            members = dict.fromkeys(self._channels[tx.src])
-            members.update(dict.fromkeys(self._channels[tx.receivers[0]]))
-            hold = self._holds[key] = tuple(members)
-        return hold
-
     def _members(self, members: Iterable[Hashable]) -> None:
         """Number the channel members, each free from the start."""
         self._number = {member: number for number, member in enumerate(members)}
         self._busy = [0.0] * len(self._number)
 
     def _hold(self, tx: Transmission) -> tuple[int, ...]:
-        """The numbers of `tx`'s hold's members, kept with it for its further attempts."""
-        key = tx.src if tx.broadcast or not self._acks else (tx.src, tx.receivers[0])
+        """The numbers of the members `tx` holds: the sender's channel, and for an
+        acknowledged unicast also the receiver's, where its ACKs are heard (worked out
+        once per sender and receiver, and kept with `tx` for its further attempts)."""
+        acked = not tx.broadcast and self._acks
+        key = (tx.src, tx.receivers[0]) if acked else tx.src
         hold = self._hold_numbers.get(key)
         if hold is None:
-            hold = self._hold_numbers[key] = tuple(self._number[member]
-                                                   for member in self.hold_of(tx))
+            members = dict.fromkeys(self._channels[tx.src])
+            if acked:
+                members.update(dict.fromkeys(self._channels[tx.receivers[0]]))
+            hold = self._hold_numbers[key] = tuple(self._number[m] for m in members)
         tx.hold = hold
         return hold
 
@@ -299,14 +285,14 @@ class Medium:
         tx.ready = self.queue.now if ready is None else ready
         radio = self._radios.get(tx.src)
         if radio is None:
-            radio = self._radios[tx.src] = _Radio(tx.src)
+            radio = self._radios[tx.src] = _Radio()
         radio.queue.append(tx)
         if not radio.active:
             radio.active = True
             self._contend(radio)
 
     def _contend(self, radio: _Radio) -> None:
-        """The head of `src`'s queue draws its backoff, a whole number of unit periods
+        """The head of the radio's queue draws its backoff, a whole number of unit periods
         0 .. 2^BE - 1, and assesses the channel after it, once it is made and the radio
         may send again."""
         radio.backoff_exponent = exponent = self._min_be
@@ -314,8 +300,8 @@ class Medium:
         self._at(max(radio.queue[0].ready, radio.free_at) + backoff, self._attempt, radio)
 
     def _attempt(self, radio: _Radio) -> None:
-        """The CCA: the head of `src`'s queue goes on air now if no member of its hold
-        is on air. Else, with a fresh backoff from a wider window after the
+        """The CCA: the head of the radio's queue goes on air now if no member of its
+        hold is on air. Else, with a fresh backoff from a wider window after the
         transmissions in its way, it senses again (a radio mesh) or takes its turn (the
         star's one channel: first come, first served). Then the next in the queue
         contends, or the radio idles."""
@@ -324,7 +310,8 @@ class Medium:
         free = max(map(busy.__getitem__, hold))
         if free > now:
             radio.backoff_exponent = exponent = min(radio.backoff_exponent + 1, self._max_be)
-            backoff = int(self.rng.random() * (1 << exponent)) * self._unit
+            backoff = int(self.rng.random() * (1 << exponent)) * self._unit \
+                if self._unit else 0.0
             if not self.takes_turns:
                 self._at(free + backoff, self._attempt, radio)
                 return
@@ -445,7 +432,6 @@ class Medium:
         if air is None:
             air = self._airtime[key] = airtime(self.radio, size, acked)
         return air
-
 
     def _slot(self, size: int, acked: bool) -> _Slot:
         air = self.airtime(size, acked)

@@ -24,7 +24,7 @@ class Stragglers(BaseModel):
 
     fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of the cells")
     slowdown: float = Field(10.0, ge=1.0, le=1e6, description="times the device's time")
-    seed: int = Field(0, ge=0)
+    seed: int = 0  # any integer, as --fault-seed is for the frames lost
 
     def pick(self, cells: list[Cell]) -> dict[Cell, float]:
         """The stragglers among `cells` (round(fraction x cells) of them, drawn by seed)

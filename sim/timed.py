@@ -191,10 +191,9 @@ class TimedMesh:
         """One wave from the edge and back, in simulated time."""
         queue, edge = self.queue, self.edge
         self._wave = WaveTiming(mode, queue.now)
-        usage = self.usage.get(mode)
-        if usage is None:
-            usage = self.usage[mode] = Usage(radio=self.medium.account(mode))
-        self.medium.account(mode)
+        # The medium counts this wave's transmissions into the mode's own account.
+        tally = self.medium.account(mode)
+        usage = self.usage.setdefault(mode, Usage(radio=tally))
         before = self._cpu_seconds()
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
         # The wave, and its tail (the last relays after the edge has its result).

@@ -53,6 +53,7 @@ def test_any_mix_of_loss_and_stragglers_finishes_the_wave_with_the_fault_free_re
     _, clean = _wave(rows, cols, radio, kind, None, None, seed)
     mesh, faulty = _wave(rows, cols, radio, kind, loss,
                          Stragglers(fraction=straggling, slowdown=slowdown, seed=seed), seed)
-    assert np.array_equal(faulty, clean)
-    assert np.isfinite(mesh.queue.now) and mesh.queue.events < mesh.max_events
-    assert not mesh.queue  # nothing left pending after the wave
+    assert np.array_equal(faulty, clean)  # run_wave raised if the wave had hung
+    assert np.isfinite(mesh.queue.now)
+    if rate >= 0.2:  # hundreds of frames: some were lost, and the link layer saw to it
+        assert mesh.medium.faults["frames_lost"] > 0

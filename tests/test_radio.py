@@ -320,7 +320,8 @@ def test_on_the_star_a_busy_sender_takes_its_turn_first_come_first_served() -> N
     for node in ("n1", "n2", "n3"):
         medium.send(_tx(node, BROKER, 500, node), ready=0.0)
     assert queue.run(1000) and len(medium.trace) == 3
-    spans = sorted((s.t0, s.t1) for s in medium.trace)
-    for (_, end), (start, _) in itertools.pairwise(spans):
-        assert start >= end  # one at a time on the one channel
+    assert [s.src for s in medium.trace] == ["n1", "n2", "n3"]  # in the order they came
+    hold = medium.airtime(500, acked=False).channel  # its frames and spaces
+    for first, second in itertools.pairwise(medium.trace):
+        assert second.t0 >= first.t0 + hold  # one at a time on the one channel
     assert queue.events == 6  # each: one CCA and one arrival, however busy the channel

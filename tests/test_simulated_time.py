@@ -249,3 +249,26 @@ def test_one_hop_and_back_takes_exactly_its_frames_acks_spaces_and_latencies() -
     params, batch, gather = sizes[Kind.PARAMS], sizes[Kind.BATCH], sizes[Kind.GATHER]
     hand = held(params) + received(batch) + 2e-3 + received(gather) + 2e-3
     assert mesh.waves[-1].end == pytest.approx(hand, rel=1e-12)
+
+
+def test_each_modes_usage_holds_its_own_waves_transmissions_and_they_add_up() -> None:
+    """Training and evaluation waves interleaved: each mode's account holds exactly the
+    transmissions of its own waves (found from the trace by time), and the accounts add
+    up to the medium's totals."""
+    mesh = _mesh(3, 4, profile("802.15.4"), "shared")
+    for mode in (Mode.INFER, Mode.TRAIN, Mode.INFER, Mode.TRAIN):
+        mesh.run_wave(mode, Split.TRAIN, np.arange(2))
+    for mode in (Mode.INFER, Mode.TRAIN):
+        windows = [(w.start, w.end) for w in mesh.waves if w.mode == mode]
+        mine = [s for s in mesh.trace if any(a <= s.t0 < b for a, b in windows)]
+        usage = mesh.usage[mode]
+        assert usage.waves == 2 and usage.transmissions == len(mine)
+        assert sum(f.bytes for f in usage.by_kind.values()) == sum(s.size for s in mine)
+        assert usage.seconds == pytest.approx(sum(b - a for a, b in windows))
+    accounts = [mesh.usage[m] for m in (Mode.INFER, Mode.TRAIN)]
+    assert sum(u.transmissions for u in accounts) == mesh.medium.transmissions
+    for party, seconds in mesh.medium.times.tx.items():
+        assert sum(u.tx.get(party, 0.0) for u in accounts) == pytest.approx(seconds)
+    by_kind = mesh.medium.by_kind
+    for key, figures in by_kind.items():
+        assert sum(u.by_kind.get(key, (0, 0))[0] for u in accounts) == figures.bytes
