@@ -166,7 +166,7 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
         "experiment": name, "model": base.model.model_dump(),
         "train": base.train.model_dump(exclude={"seed"}),
         "mesh": base.mesh.model_dump(mode="json"), "data": base.data.model_dump(),
-        "data_file": str(data) if data is not None else None}
+        "data_file": str(data.resolve()) if data is not None else None}  # workers: any cwd
     for value in values:  # an impossible value fails here, before any trial
         config = sweep.trial_config(settings, value, 0)
         if name == "edge-position":
