@@ -183,3 +183,37 @@ def test_ray_without_an_address_means_a_local_cluster() -> None:
     assert _optional_values(["experiment", "grid", "--ray"])[-1] == "local"
     assert _optional_values(["--ray", "--jobs", "2"]) == ["--ray", "local", "--jobs", "2"]
     assert _optional_values(["--ray", "ray://head:10001"]) == ["--ray", "ray://head:10001"]
+
+
+def test_edge_vs_cloud_puts_each_radios_slot_beside_shipping_its_readings(tmp_path):
+    from meshdl.config import ModelConfig
+    from meshdl.sim.compare import inference_slot
+    from meshdl.sim.device import device
+    from meshdl.sim.radio import profile
+    from tests.test_cli_simulate import _meshdl
+
+    code, out, err = _meshdl("experiment", "edge-vs-cloud", "--radio", "802.15.4",
+                             "--radio", "wifi", "--seeds", "2", "--rows", "4", "--cols",
+                             "5", "--out", tmp_path / "run", "--json")
+    assert code == 0, err
+    mesh_radio, star = json.loads(out)["rows"]
+    assert (mesh_radio["value"], star["value"]) == ("802.15.4", "wifi")
+    assert mesh_radio["mesh_bytes"]["std"] == 0  # the seeds move times, not bytes
+    assert star["cloud_aggregated_bytes"] is None  # no tree to aggregate along
+    assert mesh_radio["cloud_aggregated_bytes"]["mean"] < \
+        mesh_radio["cloud_unaggregated_bytes"]["mean"]
+    one = inference_slot(ModelConfig(rows=4, cols=5), profile("802.15.4"), "shared",
+                         device("cortex-m4"), device("pi4"), batch=1, seed=0)
+    trial = json.loads((tmp_path / "run" / "trials.jsonl").read_text().splitlines()[0])
+    assert trial["mesh_makespan_s"] == one["in_mesh"]["makespan_s"]
+    assert trial["mesh_bytes"] == one["in_mesh"]["bytes"]
+    assert (tmp_path / "run" / "edge-vs-cloud.png").is_file()
+
+
+def test_edge_vs_cloud_refuses_an_unknown_radio(tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, _, err = _meshdl("experiment", "edge-vs-cloud", "--radio", "zigbee-9000",
+                           "--out", tmp_path / "run")
+    assert_one_line_error(code, err, 2, "zigbee-9000", "802.15.4")
+    assert not (tmp_path / "run").exists()

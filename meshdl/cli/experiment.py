@@ -28,7 +28,7 @@ from meshdl.cli.common import (
 from meshdl.config import load_run_config
 from meshdl.data import load_dataset
 from meshdl.errors import UsageError
-from meshdl.experiments import sweep
+from meshdl.experiments import edge_vs_cloud, sweep
 from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
 from meshdl.protocol import MeshSpec
 from meshdl.runs import new_run_dir
@@ -145,6 +145,66 @@ def edge_position_command(
     _experiment("edge-position", values, 1, None, jobs, out, json_out,
                 {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
                  "conv_layers": conv_layers, "pool": pool}, {"batch": batch}, ray=ray)
+
+
+@app.command("edge-vs-cloud")
+def edge_vs_cloud_command(
+    radios: list[str] = typer.Option(list(edge_vs_cloud.RADIOS), "--radio",
+                                     help="Radio profiles (repeat; see meshdl radio list)."),
+    seeds: int = SEEDS, rows: int | None = ROWS, cols: int | None = COLS,
+    kernel: int | None = KERNEL, filters: int | None = FILTERS,
+    conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
+    hidden: int | None = HIDDEN, jobs: int = JOBS, out: Path | None = OUT,
+    json_out: bool = JSON, ray: str | None = RAY,
+) -> None:
+    """One inference slot in the mesh against shipping the readings to the edge, per
+    radio, under simulated time (the seeds draw the backoffs)."""
+    from meshdl.sim.radio import profile
+
+    if not radios or len(set(radios)) != len(radios):
+        raise UsageError(f"--radio {' '.join(radios)}: distinct radio profiles")
+    for radio in radios:
+        profile(radio)  # an unknown name fails here, naming the known ones
+    base = load_run_config(model={"rows": rows, "cols": cols, "kernel": kernel,
+                                  "filters": filters, "conv_layers": conv_layers,
+                                  "pool": pool, "hidden": hidden})
+    settings: Record = {"experiment": "edge-vs-cloud", "model": base.model.model_dump()}
+    trials = [Trial(i, radio, seed, settings) for i, (radio, seed) in
+              enumerate((r, s) for r in radios for s in range(seeds))]
+    run_dir = out or new_run_dir(name="edge-vs-cloud")
+    where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
+    err_console.print(f"edge-vs-cloud: {len(trials)} inference slots ({len(radios)} radios"
+                      f" x {seeds} seed(s)) on {where} -> {run_dir}", highlight=False)
+    done = [0]
+
+    def on_done(trial: Trial, record: Record) -> None:
+        done[0] += 1
+        err_console.print(f"trial {done[0]}/{len(trials)}: {trial.value} seed "
+                          f"{trial.seed}: {record['mesh_makespan_s']:.4g} s in the mesh",
+                          highlight=False)
+
+    records = run_trials(edge_vs_cloud.run, trials, jobs, on_done, ray=ray)
+    rows_ = summarize(trials, records, edge_vs_cloud.FIGURES)
+    summary = {"experiment": "edge-vs-cloud", "mode": "simulated time, one inference "
+               "slot (batch 1) per trial", "values": radios, "seeds": seeds,
+               "rows": rows_, "paper": []}
+    write_run(run_dir, {"experiment": "edge-vs-cloud", "values": radios,
+                        "seeds": list(range(seeds)), "settings": settings},
+              records, summary, edge_vs_cloud.FIGURES)
+    plots = edge_vs_cloud.plot(run_dir, rows_)
+    if json_out:
+        emit_json(json.loads((run_dir / "summary.json").read_text()))
+        return
+    header, body = edge_vs_cloud.table(rows_)
+    table = Table(title=f"one inference slot, mean over {seeds} seed(s); cloud: the "
+                        "better variant")
+    for column in header:
+        table.add_column(column, justify="right")
+    for row in body:
+        table.add_row(*row)
+    out_console.print(table)
+    err_console.print(f"wrote {run_dir}: summary.json, table.csv, trials.jsonl, "
+                      f"{', '.join(p.name for p in plots)}", highlight=False)
 
 
 def _check_values(flag: str, values: list[int], minimum: int) -> None:

@@ -1,0 +1,100 @@
+"""`meshdl experiment edge-vs-cloud`: the source paper's claim (seed 001) that computing
+in the sensor network costs less than shipping every reading to the cloud, one radio at
+a time, under simulated time (SIMULATION.md has the model).
+
+Each trial is one inference slot (one sample) of the configured network on one radio,
+with its natural medium and devices (802.15.4, BLE and LoRa as a radio mesh of
+Cortex-M4 nodes; Wi-Fi as an MQTT star of Pi Zero 2 W boards; the edge a Pi 4), against
+the cloud-heavy baseline on the same medium: the readings shipped up the tree, one
+message per tree link (aggregated; a radio mesh only) and one per reading
+(unaggregated). The seed draws the radios' backoffs, so times and energies vary by seed
+and bytes do not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from meshdl.config import ModelConfig
+from meshdl.experiments.runner import Record, Trial
+
+RADIOS = ("802.15.4", "ble", "wifi", "lora-sf7")
+SIDES = ("mesh", "cloud_aggregated", "cloud_unaggregated")
+MEASURES = ("bytes", "makespan_s", "energy_j", "ideal_mac_j", "max_node_airtime_s")
+FIGURES = tuple(f"{side}_{measure}" for side in SIDES for measure in MEASURES)
+
+
+def run(trial: Trial) -> Record:
+    """One inference slot in the mesh and shipped, on the trial's radio."""
+    from meshdl.sim.compare import inference_slot
+    from meshdl.sim.device import device, natural_device
+    from meshdl.sim.media import natural_medium
+    from meshdl.sim.radio import profile
+
+    radio = trial.value
+    medium = natural_medium(radio)
+    model = ModelConfig(**trial.settings["model"])
+    slot = inference_slot(model, profile(radio), medium, device(natural_device(radio)),
+                          device("pi4"), batch=1, seed=trial.seed)
+    record: Record = {"value": radio, "seed": trial.seed, "medium": medium}
+    for side, key in (("mesh", "in_mesh"), ("cloud_aggregated", "cloud_aggregated"),
+                      ("cloud_unaggregated", "cloud_unaggregated")):
+        figures = slot.get(key)
+        for measure in MEASURES:
+            record[f"{side}_{measure}"] = None if figures is None else figures[measure]
+    return record
+
+
+def plot(out: Path, rows: list[Record]) -> list[Path]:
+    """edge-vs-cloud.png: bytes, makespan and the nodes' energy per radio, in the mesh
+    and shipped (log scales: LoRa's duty cycle stretches its times a thousandfold)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    radios = [row["value"] for row in rows]
+    figure, axes = plt.subplots(1, 3, figsize=(12, 4), dpi=100)
+    width = 0.27
+    for panel, (measure, label) in zip(axes, (("bytes", "bytes a slot"),
+                                              ("makespan_s", "makespan (s)"),
+                                              ("energy_j", "nodes' energy, always-on (J)")),
+                                       strict=True):
+        for i, side in enumerate(SIDES):
+            values = [_mean(row.get(f"{side}_{measure}")) for row in rows]
+            xs = [r + (i - 1) * width for r in range(len(rows))]
+            kept = [(x, v) for x, v in zip(xs, values, strict=True) if v is not None]
+            panel.bar([x for x, _ in kept], [v for _, v in kept], width,
+                      label=side.replace("_", " "))
+        panel.set_yscale("log")
+        panel.set_xticks(range(len(rows)), radios)
+        panel.set_title(label)
+    axes[0].legend(fontsize=8)
+    figure.suptitle("one inference slot: in the mesh or shipped to the edge")
+    figure.tight_layout()
+    path = out / "edge-vs-cloud.png"
+    figure.savefig(path, metadata={"Software": None})
+    plt.close(figure)
+    return [path]
+
+
+def table(rows: list[Record]) -> tuple[list[str], list[list[str]]]:
+    """Per radio: bytes, makespan and energy in the mesh against the better cloud
+    variant for each."""
+    header = ["radio", "mesh kB", "cloud kB", "mesh s", "cloud s", "mesh J", "cloud J"]
+    out = []
+    for row in rows:
+        cells = [str(row["value"])]
+        for measure, scale, fmt in (("bytes", 1e-3, "{:,.1f}"), ("makespan_s", 1, "{:.3g}"),
+                                    ("energy_j", 1, "{:.4g}")):
+            mesh = _mean(row.get(f"mesh_{measure}"))
+            cloud = min(v for v in (_mean(row.get(f"cloud_aggregated_{measure}")),
+                                    _mean(row.get(f"cloud_unaggregated_{measure}")))
+                        if v is not None)
+            cells += [fmt.format(mesh * scale), fmt.format(cloud * scale)]
+        out.append(cells)
+    return header, out
+
+
+def _mean(figure: dict[str, float] | None) -> float | None:
+    return None if figure is None else figure["mean"]
