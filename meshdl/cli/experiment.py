@@ -4,9 +4,11 @@ to a run directory (meshdl/experiments/runner.py says what it holds)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from meshdl.cli.common import (
@@ -175,15 +177,9 @@ def edge_vs_cloud_command(
     where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
     err_console.print(f"edge-vs-cloud: {len(trials)} inference slots ({len(radios)} radios"
                       f" x {seeds} seed(s)) on {where} -> {run_dir}", highlight=False)
-    done = [0]
-
-    def on_done(trial: Trial, record: Record) -> None:
-        done[0] += 1
-        err_console.print(f"trial {done[0]}/{len(trials)}: {trial.value} seed "
-                          f"{trial.seed}: {record['mesh_makespan_s']:.4g} s in the mesh",
-                          highlight=False)
-
-    records = run_trials(edge_vs_cloud.run, trials, jobs, on_done, ray=ray)
+    records = _run_with_progress(
+        edge_vs_cloud.run, trials, jobs, ray,
+        lambda record: f"{record['mesh_makespan_s']:.4g} s in the mesh")
     rows_ = summarize(trials, records, edge_vs_cloud.FIGURES)
     summary = {"experiment": "edge-vs-cloud", "mode": "simulated time, one inference "
                "slot (batch 1) per trial", "values": radios, "seeds": seeds,
@@ -205,6 +201,24 @@ def edge_vs_cloud_command(
     out_console.print(table)
     err_console.print(f"wrote {run_dir}: summary.json, table.csv, trials.jsonl, "
                       f"{', '.join(p.name for p in plots)}", highlight=False)
+
+
+def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs: int,
+                       ray: str | None, describe: Callable[[Record], str]) -> list[Record]:
+    """The trials' records, with one progress bar for the whole sweep on stderr and a
+    line for each trial as it finishes (the lines alone where stderr is no terminal)."""
+    columns = (TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("sweep", total=len(trials))
+        done = [0]
+
+        def on_done(trial: Trial, record: Record) -> None:
+            done[0] += 1
+            bar.advance(task)
+            bar.console.print(f"trial {done[0]}/{len(trials)}: {trial.value} seed "
+                              f"{trial.seed}: {describe(record)}", highlight=False)
+
+        return run_trials(run, trials, jobs, on_done, ray=ray)
 
 
 def _check_values(flag: str, values: list[int], minimum: int) -> None:
@@ -245,16 +259,10 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
     where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
     err_console.print(f"{name}: {len(trials)} trials ({len(values)} values x {seeds} "
                       f"seed(s), {what} each) on {where} -> {run_dir}", highlight=False)
-    done = [0]
-
-    def on_done(trial: Trial, record: Record) -> None:
-        done[0] += 1
-        result = f"test {record['test_acc']:.4f}" if "test_acc" in record else \
-            f"{record['wave_bytes']:,} bytes a wave"
-        err_console.print(f"trial {done[0]}/{len(trials)}: {trial.value} seed "
-                          f"{trial.seed}: {result}", highlight=False)
-
-    records = run_trials(sweep.run, trials, jobs, on_done, ray=ray)
+    records = _run_with_progress(
+        sweep.run, trials, jobs, ray,
+        lambda record: f"test {record['test_acc']:.4f}" if "test_acc" in record else
+        f"{record['wave_bytes']:,} bytes a wave")
     rows = summarize(trials, records, sweep.figures(name))
     summary = {"experiment": name, "setting": sweep.SWEEPS[name].setting,
                "mode": ("central (accuracy); " if sweep.SWEEPS[name].trains else "")
