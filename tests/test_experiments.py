@@ -217,3 +217,14 @@ def test_edge_vs_cloud_refuses_an_unknown_radio(tmp_path) -> None:
                            "--out", tmp_path / "run")
     assert_one_line_error(code, err, 2, "zigbee-9000", "802.15.4")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_printed_table_fits_a_log_of_eighty_columns(small_data_file, tmp_path) -> None:
+    """What a CI log or `| tee` shows (80 columns): every figure whole, none cut short."""
+    from tests.test_cli_simulate import _meshdl
+
+    code, out, err = _meshdl("experiment", "filter-size", "--sizes", "3", "--seeds", "2",
+                             "--epochs", "1", "--batch", "40", "--hidden", "8", "--data",
+                             small_data_file, "--out", tmp_path / "run")
+    assert code == 0, err
+    assert "…" not in out and "±" in out and "94.4/92.8" in out

@@ -208,12 +208,13 @@ def seeds_differ(records: list[Record]) -> bool:
 def table(name: str, rows: list[Record]) -> tuple[list[str], list[list[str]]]:
     """The printed table: the value, accuracies (mean ± std; the paper's train/test)
     where the sweep trains, halo values sent per sample against the formula, MB per
-    training wave, its rounds and busiest link (summary.json and table.csv have every
-    figure)."""
-    trains = SWEEPS[name].trains
+    training wave, and for the cost-only sweeps its rounds and busiest link
+    (summary.json and table.csv have every figure)."""
+    trains = SWEEPS[name].trains  # then no room for the wave's depth on 80 columns
     header = ["value", *(["train %", "test %"] if trains else []),
               *(["paper %"] if name == "filter-size" else []),
-              "halo sent", "(k²-1)mnc", "MB/wave", "rounds", "busiest kB"]
+              "halo sent", "(k²-1)mnc", "MB/wave", *([] if trains else ["rounds",
+                                                                      "busiest kB"])]
     out = []
     for row in rows:
         paper = PAPER.get(row["value"]) if name == "filter-size" else None
@@ -224,9 +225,10 @@ def table(name: str, rows: list[Record]) -> tuple[list[str], list[list[str]]]:
             cells.append(f"{paper[0] * 100:.1f}/{paper[1] * 100:.1f}" if paper else "-")
         cells += [f"{row['halo_transmitted']['mean']:,.0f}",
                   f"{row['halo_formula']['mean']:,.0f}",
-                  f"{row['wave_bytes']['mean'] / 1e6:.1f}",
-                  f"{row['wave_rounds']['mean']:.0f}",
-                  f"{row['busiest_link_bytes']['mean'] / 1e3:,.0f}"]
+                  f"{row['wave_bytes']['mean'] / 1e6:.1f}"]
+        if not trains:
+            cells += [f"{row['wave_rounds']['mean']:.0f}",
+                      f"{row['busiest_link_bytes']['mean'] / 1e3:,.0f}"]
         out.append(cells)
     return header, out
 
