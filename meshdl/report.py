@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from meshdl.errors import UsageError
+from meshdl.plots import pyplot, save_png
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
@@ -112,11 +113,7 @@ def _training(run_dir: Path, metrics: dict[str, Any]) -> tuple[str, list[str]]:
 
 def _curves(epochs: list[dict[str, Any]]) -> bytes:
     """Loss and accuracies by epoch, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     xs = [e["epoch"] for e in epochs]
     figure, (loss, accuracy) = plt.subplots(1, 2, figsize=(9, 3.5), dpi=100)
     loss.plot(xs, [e["train_loss"] for e in epochs], marker="o")
@@ -125,10 +122,8 @@ def _curves(epochs: list[dict[str, Any]]) -> bytes:
         accuracy.plot(xs, [e[key] * 100 for e in epochs], marker="o", label=label)
     accuracy.set(xlabel="epoch", ylabel="accuracy (%)")
     accuracy.legend()
-    figure.tight_layout()
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(figure)
+    save_png(figure, buffer)
     return buffer.getvalue()
 
 

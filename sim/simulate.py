@@ -20,6 +20,7 @@ from meshdl.data import Dataset
 from meshdl.edge.agent import WaveEngine, WaveResult
 from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Kind
 from meshdl.model import CNN
+from meshdl.plots import pyplot, save_png
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim import energy
 from meshdl.sim.device import DeviceProfile
@@ -189,11 +190,7 @@ def _name(party: Cell) -> str:
 
 def plot_energy(mesh_report: dict[str, Any], rows: int, cols: int, path: Path) -> None:
     """energy.png: joules per node over the grid, the hottest node marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     grid = np.zeros((rows, cols))
     for name, joules in mesh_report["energy_j"]["per_node"].items():
         r, c = (int(x) for x in name[1:].split("c"))
@@ -206,6 +203,4 @@ def plot_energy(mesh_report: dict[str, Any], rows: int, cols: int, path: Path) -
     ax.set_title(f"energy per node (J), {mesh_report['radio']['name']}, "
                  f"{mesh_report['medium']}; hottest {hottest}")
     fig.colorbar(image, ax=ax, label="J")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)
+    save_png(fig, path)

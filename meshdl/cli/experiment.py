@@ -173,10 +173,8 @@ def edge_vs_cloud_command(
     settings: Record = {"experiment": "edge-vs-cloud", "model": base.model.model_dump()}
     trials = [Trial(i, radio, seed, settings) for i, (radio, seed) in
               enumerate((r, s) for r in radios for s in range(seeds))]
-    run_dir = out or new_run_dir(name="edge-vs-cloud")
-    where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
-    err_console.print(f"edge-vs-cloud: {len(trials)} inference slots ({len(radios)} radios"
-                      f" x {seeds} seed(s)) on {where} -> {run_dir}", highlight=False)
+    run_dir = _announce("edge-vs-cloud", trials, f"{len(radios)} radios x {seeds} seed(s), "
+                        "one inference slot each", jobs, ray, out)
     records = _run_with_progress(
         edge_vs_cloud.run, trials, jobs, ray,
         lambda record: f"{record['mesh_makespan_s']:.4g} s in the mesh")
@@ -184,23 +182,12 @@ def edge_vs_cloud_command(
     summary = {"experiment": "edge-vs-cloud", "mode": "simulated time, one inference "
                "slot (batch 1) per trial", "values": radios, "seeds": seeds,
                "rows": rows_, "paper": []}
-    write_run(run_dir, {"experiment": "edge-vs-cloud", "values": radios,
-                        "seeds": list(range(seeds)), "settings": settings},
-              records, summary, edge_vs_cloud.FIGURES)
-    plots = edge_vs_cloud.plot(run_dir, rows_)
-    if json_out:
-        emit_json(json.loads((run_dir / "summary.json").read_text()))
-        return
-    header, body = edge_vs_cloud.table(rows_)
-    table = Table(title=f"one inference slot, mean over {seeds} seed(s); cloud: the "
-                        "better variant")
-    for column in header:
-        table.add_column(column, justify="right")
-    for row in body:
-        table.add_row(*row)
-    out_console.print(table)
-    err_console.print(f"wrote {run_dir}: summary.json, table.csv, trials.jsonl, "
-                      f"{', '.join(p.name for p in plots)}", highlight=False)
+    _publish(run_dir, {"experiment": "edge-vs-cloud", "values": radios,
+                       "seeds": list(range(seeds)), "settings": settings},
+             records, summary, edge_vs_cloud.FIGURES,
+             lambda: edge_vs_cloud.plot(run_dir, rows_), edge_vs_cloud.table(rows_),
+             f"one inference slot, mean over {seeds} seed(s); cloud: the better variant",
+             json_out)
 
 
 def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs: int,
@@ -254,11 +241,9 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
                              f"{spec.max_batch} fit (lower --batch)")
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in values for s in range(seeds))]
-    run_dir = out or new_run_dir(name=name)
     what = "training and one mesh wave" if sweep.SWEEPS[name].trains else "one mesh wave"
-    where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
-    err_console.print(f"{name}: {len(trials)} trials ({len(values)} values x {seeds} "
-                      f"seed(s), {what} each) on {where} -> {run_dir}", highlight=False)
+    run_dir = _announce(name, trials, f"{len(values)} values x {seeds} seed(s), {what} "
+                        "each", jobs, ray, out)
     records = _run_with_progress(
         sweep.run, trials, jobs, ray,
         lambda record: f"test {record['test_acc']:.4f}" if "test_acc" in record else
@@ -270,28 +255,47 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
                "values": values, "seeds": seeds, "rows": rows,
                "paper": sweep.paper_rows(name, values),
                "seeds_differ": sweep.seeds_differ(records)}
+    title = f"{name}: mean ± std over {seeds} seed(s)" + (
+        "; paper: seed 001's own data" if summary["paper"] else "")
     if name == "grid":
-        summary["fit"] = sweep.fit_bytes(rows)
-    config_record = {"experiment": name, "values": values, "seeds": list(range(seeds)),
-                     "settings": settings}
-    write_run(run_dir, config_record, records, summary, sweep.figures(name))
-    plots = sweep.plot(run_dir, name, rows, summary["paper"])
+        fit = summary["fit"] = sweep.fit_bytes(rows)
+        if fit["r2"] is not None:
+            title += (f"; bytes = {fit['bytes_per_cell']:,.0f} x cells + "
+                      f"{fit['intercept']:,.0f} (R² {fit['r2']:.4f})")
+    _publish(run_dir, {"experiment": name, "values": values, "seeds": list(range(seeds)),
+                       "settings": settings},
+             records, summary, sweep.figures(name),
+             lambda: sweep.plot(run_dir, name, rows, summary["paper"]),
+             sweep.table(name, rows), title, json_out)
+
+
+def _announce(name: str, trials: list[Trial], what: str, jobs: int, ray: str | None,
+              out: Path | None) -> Path:
+    """The run directory of a sweep about to start, said on stderr with what it runs."""
+    run_dir = out or new_run_dir(name=name)
+    where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
+    err_console.print(f"{name}: {len(trials)} trials ({what}) on {where} -> {run_dir}",
+                      highlight=False)
+    return run_dir
+
+
+def _publish(run_dir: Path, config: Record, records: list[Record], summary: Record,
+             figures: tuple[str, ...], plot: Callable[[], list[Path]],
+             table: tuple[list[str], list[list[str]]], title: str, json_out: bool) -> None:
+    """Write the run directory and its plots; then print summary.json (`--json`) or the
+    table."""
+    write_run(run_dir, config, records, summary, figures)
+    plots = plot()
     if json_out:
         emit_json(json.loads((run_dir / "summary.json").read_text()))
         return
-    header, body = sweep.table(name, rows)
-    title = f"{name}: mean ± std over {seeds} seed(s)" + (
-        "; paper: seed 001's own data" if summary["paper"] else "")
-    fit = summary.get("fit")
-    if fit and fit["r2"] is not None:
-        title += (f"; bytes = {fit['bytes_per_cell']:,.0f} x cells + "
-                  f"{fit['intercept']:,.0f} (R² {fit['r2']:.4f})")
-    table = Table(title=title)
+    header, body = table
+    printed = Table(title=title)
     for column in header:
-        table.add_column(column, justify="right")
+        printed.add_column(column, justify="right")
     for row in body:
-        table.add_row(*row)
-    out_console.print(table)
+        printed.add_row(*row)
+    out_console.print(printed)
     err_console.print(f"wrote {run_dir}: summary.json, table.csv, trials.jsonl, "
                       f"{', '.join(p.name for p in plots)}", highlight=False)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from meshdl.config import ModelConfig
 from meshdl.experiments.runner import Record, Trial
+from meshdl.plots import pyplot, save_png
 
 RADIOS = ("802.15.4", "ble", "wifi", "lora-sf7")
 SIDES = ("mesh", "cloud_aggregated", "cloud_unaggregated")
@@ -48,11 +49,7 @@ def run(trial: Trial) -> Record:
 def plot(out: Path, rows: list[Record]) -> list[Path]:
     """edge-vs-cloud.png: bytes, makespan and the nodes' energy per radio, in the mesh
     and shipped (log scales: LoRa's duty cycle stretches its times a thousandfold)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     radios = [row["value"] for row in rows]
     figure, axes = plt.subplots(1, 3, figsize=(12, 4), dpi=100)
     width = 0.27
@@ -71,10 +68,8 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
         panel.set_title(label)
     axes[0].legend(fontsize=8)
     figure.suptitle("one inference slot: in the mesh or shipped to the edge")
-    figure.tight_layout()
     path = out / "edge-vs-cloud.png"
-    figure.savefig(path, metadata={"Software": None})
-    plt.close(figure)
+    save_png(figure, path)
     return [path]
 
 

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from meshdl.config import DataConfig, RunConfig, load_run_config
 from meshdl.data import Dataset
 from meshdl.experiments.runner import Record, Trial
+from meshdl.plots import pyplot, save_png
 
 # Seed 001's single-machine runs (17 x 25, 2,400 / 561 maps, batch 100, 200 hidden
 # units, 5 filters, 20 epochs): train and test accuracy by filter size.
@@ -138,11 +139,7 @@ def paper_rows(name: str, values: list[Any]) -> list[Record]:
 def plot(out: Path, name: str, rows: list[Record], paper: list[Record]) -> list[Path]:
     """accuracy.png (where the sweep trains) and cost.png: means with one standard
     deviation as error bars, against the swept value."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     axis = SWEEPS[name].axis
     labels = [_label(row["value"]) for row in rows]
     xs = list(range(len(rows)))  # categories: cells, or sizes not evenly spaced
@@ -166,7 +163,8 @@ def plot(out: Path, name: str, rows: list[Record], paper: list[Record]) -> list[
                  "(mean ± std over seeds)")
         axes.set_xticks(xs, labels)
         axes.legend(fontsize=8)
-        written.append(_save(plt, figure, out / "accuracy.png"))
+        save_png(figure, out / "accuracy.png")
+        written.append(out / "accuracy.png")
 
     figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
     for key, label, style in (("halo_needed", "needed", "-o"),
@@ -182,15 +180,9 @@ def plot(out: Path, name: str, rows: list[Record], paper: list[Record]) -> list[
     twin.plot(xs, mean, color="black", linestyle="--", marker="x")
     twin.set_ylabel("MB per training wave (dashed)")
     axes.legend(fontsize=8, loc="upper left")
-    written.append(_save(plt, figure, out / "cost.png"))
+    save_png(figure, out / "cost.png")
+    written.append(out / "cost.png")
     return written
-
-
-def _save(plt: Any, figure: Any, path: Path) -> Path:
-    figure.tight_layout()
-    figure.savefig(path, metadata={"Software": None})
-    plt.close(figure)
-    return path
 
 
 def _label(value: Any) -> str:
