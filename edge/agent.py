@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshdl import kernels
-from meshdl.errors import UsageError
+from meshdl.errors import StepSkipped, UsageError
 from meshdl.messages import EDGE, FLOAT32, Kind, Message, make
 from meshdl.model import CNN, Trace
+from meshdl.nodes.deadlines import EdgeSchedule, Policy
 from meshdl.payloads import BatchOrder
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
@@ -34,6 +35,9 @@ class WaveResult:
     logits: np.ndarray  # (B, classes)
     loss: float | None = None  # training waves
     grads: np.ndarray | None = None  # flat gradient of all parameters, training waves
+    # Best effort: no pooled features came in time, so there is nothing to learn from
+    # (training waves; the loop applies no update).
+    skipped: bool = False
 
 
 class WaveEngine:
@@ -56,6 +60,8 @@ class WaveEngine:
                 f"mesh's max_message_bytes ({spec.max_message_bytes}): at most "
                 f"{spec.max_batch} samples fit (lower --batch or raise the limit)")
         result = self._run(model, Mode.TRAIN, Split.TRAIN, indices)
+        if result.skipped:
+            raise StepSkipped(f"wave {result.step}: no pooled features by the deadline")
         return result.loss, result.logits, result.grads
 
     def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
@@ -99,6 +105,13 @@ class EdgeMachine:
         self.seq = 0
         # Floating-point operations of the head so far (simulated time's CPU time).
         self.flops = 0
+        # Best effort (nodes/deadlines.py): None waits for the mesh (exact); else
+        # deadlines per (mode, batch) for the GATHER and the REDUCE.
+        self.policy: Policy | None = None
+        self.schedules: dict[tuple[Mode, int], EdgeSchedule] = {}
+        self.schedule: EdgeSchedule | None = None
+        self.backward_at = 0.0  # when this wave's SCATTER went
+        self.last_gathered: np.ndarray | None = None  # policy "last": (blocks, filters)
 
     def start(self, mode: Mode, split: Split, indices: np.ndarray,
               now: float = 0.0) -> list[Message]:
@@ -107,15 +120,60 @@ class EdgeMachine:
         return self._begin(now)
 
     def tick(self, now: float) -> list[Message]:
-        """Restart the current wave if it has outlived `wave_timeout` (messages were lost,
-        say while the broker restarted): the same batch under a new step number, so the
-        nodes drop what is left of the old wave. Nothing was applied for it: a step's
-        gradients only leave the edge in a result."""
-        if self._request is None or self.result is not None or self.wave_timeout is None \
-                or now - self.started_at < self.wave_timeout:
+        """Best effort: give up on what missed its deadline. Else restart the current
+        wave if it has outlived `wave_timeout` (messages were lost, say while the broker
+        restarted): the same batch under a new step number, so the nodes drop what is
+        left of the old wave. Nothing was applied for it: a step's gradients only leave
+        the edge in a result."""
+        if self._request is None or self.result is not None:
+            return []
+        if self.schedule is not None:
+            return self._overdue(now)
+        if self.wave_timeout is None or now - self.started_at < self.wave_timeout:
             return []
         self.stats["restarted_waves"] += 1
         return self._begin(now)
+
+    def set_deadlines(self, policy: Policy, mode: Mode, batch: int,
+                      schedule: EdgeSchedule) -> None:
+        """Best effort: in waves of `mode` and `batch`, give up on the GATHER and the
+        REDUCE at `schedule`'s deadlines."""
+        self.policy = policy
+        self.schedules[(mode, batch)] = schedule
+
+    def next_deadline(self) -> float | None:
+        """When the current wave next gives up on something, if it will."""
+        if self.schedule is None or self.result is not None or self._request is None:
+            return None
+        if self.trace is None:
+            return self.started_at + self.schedule.gather
+        return self.backward_at + self.schedule.reduce
+
+    def _overdue(self, now: float) -> list[Message]:
+        """No GATHER by its deadline: a training step is skipped (its loss would be of
+        made-up features); an inference wave's head runs on the policy's features
+        (the last gathered level of each block, or zeros). No REDUCE by its deadline:
+        the conv layers get no gradient this step, the head its own."""
+        due = self.next_deadline()
+        if due is None or now < due:
+            return []
+        if self.trace is None:
+            if self.mode == Mode.TRAIN:
+                self.stats["skipped_steps"] += 1
+                self.result = WaveResult(self.step, Mode.TRAIN, np.empty((self.batch, 0)),
+                                         skipped=True)
+                return []
+            self.stats["filled_in:gather"] += 1
+            shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
+            gathered = np.zeros(shape, np.float32)
+            if self.policy == Policy.LAST and self.last_gathered is not None:
+                gathered[...] = self.last_gathered[:, :, None]
+            return self._head(gathered, now)
+        self.stats["filled_in:reduce"] += 1
+        grads = self.model.grad_flat
+        grads[: self.spec.conv_size] = 0.0
+        self.result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
+        return []
 
     def _begin(self, now: float) -> list[Message]:
         mode, split, indices = self._request
@@ -126,6 +184,7 @@ class EdgeMachine:
         indices = np.asarray(indices, np.int32)
         self.batch = len(indices)
         self.batch_labels = self.labels[split][indices] if mode == Mode.TRAIN else None
+        self.schedule = self.schedules.get((mode, self.batch)) if self.policy else None
         params = self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
                                               self.model.norm_std)
         batch = BatchOrder(mode, split, indices).pack()
@@ -150,7 +209,9 @@ class EdgeMachine:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1
-            return self._head(payload)
+            if self.policy == Policy.LAST:
+                self.last_gathered = payload.mean(axis=2)
+            return self._head(payload, now)
         if h.kind == Kind.REDUCE and self.trace is not None and self.mode == Mode.TRAIN:
             if payload.shape != (self.spec.conv_size,):
                 self.stats["rejected:bad_shape"] += 1
@@ -164,7 +225,7 @@ class EdgeMachine:
                    "rejected:unexpected"] += 1
         return []
 
-    def _head(self, gathered: np.ndarray) -> list[Message]:
+    def _head(self, gathered: np.ndarray, now: float) -> list[Message]:
         """Pooled features -> logits; in training also loss and d(loss)/d(pooled)."""
         filters, batch = self.spec.model.filters, gathered.shape[2]
         prow, pcol = self.spec.topology.pooled_shape
@@ -182,6 +243,7 @@ class EdgeMachine:
                                                         self.batch_labels, dlogits))
         dpooled = self.model.head_backward(self.trace, dlogits)
         values = np.stack([dpooled[:, i, j] for i, j in self.gather_blocks])
+        self.backward_at = now
         return [self._message(Kind.SCATTER, values)]
 
     def _message(self, kind: Kind, payload: np.ndarray, dst: Cell | None = None) -> Message:

@@ -36,6 +36,11 @@ class NonFiniteError(MeshdlError):
     """A computation produced NaN or inf (in training: the run diverged)."""
 
 
+class StepSkipped(Exception):
+    """Not a failure: a best-effort training wave whose pooled features missed their
+    deadline. The training loop applies no update for that batch and goes on."""
+
+
 def format_validation_error(exc: ValidationError) -> str:
     """Pydantic's report folded into one line: `model.kernel: ...; train.lr: ...`."""
     parts = []

@@ -21,7 +21,7 @@ from meshdl.augment import orientations, originals, training_data
 from meshdl.checkpoint import Checkpoint, save_checkpoint
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
-from meshdl.errors import MeshdlError, NonFiniteError, UsageError
+from meshdl.errors import MeshdlError, NonFiniteError, StepSkipped, UsageError
 from meshdl.model import CNN
 from meshdl.optim import Optimizer, learning_rate
 
@@ -83,6 +83,9 @@ class EpochMetrics:
     train_loss: float  # mean over the epoch's batches, before each update
     train_acc: float  # running accuracy of those same forward passes
     test_acc: float  # the model after the epoch, on the whole test split
+    # Best effort: batches whose wave missed its deadline, so no update (their samples
+    # are left out of train_loss and train_acc).
+    skipped_steps: int = 0
 
 
 @dataclass
@@ -200,6 +203,7 @@ def train(
             epoch_batches = batches(n_train, tc.batch, rng, orientations(tc))
             applied, loss_sum, correct = within
             within = (0, 0.0, 0)
+            skipped = skipped_samples = 0
 
             for step, idx in enumerate(epoch_batches[applied:], applied + 1):
                 try:
@@ -207,6 +211,12 @@ def train(
                     # below turns it into one clean error.
                     with np.errstate(over="ignore", invalid="ignore"):
                         loss, logits, grads = engine.loss_and_grads(model, idx)
+                except StepSkipped:  # best effort: nothing came to learn from
+                    applied, skipped, skipped_samples = step, skipped + 1, \
+                        skipped_samples + len(idx)
+                    if progress:
+                        progress(epoch, step, len(epoch_batches), float("nan"))
+                    continue
                 except NonFiniteError:
                     loss = float("nan")
                 except MeshdlError:  # the engine gave up: keep what is done, exactly
@@ -235,11 +245,13 @@ def train(
                         config, model, optimizer, history, epoch_start,
                         steps_done=applied, loss_sum=loss_sum, correct=correct))
                 raise
+            learned = max(n_train - skipped_samples, 1)
             history.epochs.append(EpochMetrics(
                 epoch=epoch,
-                train_loss=loss_sum / n_train,
-                train_acc=correct / n_train,
+                train_loss=loss_sum / learned,
+                train_acc=correct / learned,
                 test_acc=float(np.mean(test_pred == data.y_test)) if n_test else float("nan"),
+                skipped_steps=skipped,
             ))
             if checkpoints is not None:
                 save_checkpoint(checkpoints, _checkpoint(config, model, optimizer, history,

@@ -32,6 +32,7 @@ import numpy as np
 
 from meshdl.messages import FLOAT32, INT32, ITEM_BYTES, Kind, Message, make, newer, seal
 from meshdl.nodes import compute
+from meshdl.nodes.deadlines import Deadline, Policy, Schedule
 from meshdl.payloads import BATCH_HEAD, BatchOrder
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
@@ -99,6 +100,8 @@ class Expect(NamedTuple):
     index: int = 0  # its flag in a wave's `seen`
     waiters: tuple[int, ...] = ()  # the tasks waiting for it
 
+
+RECEIVED, FILLED_IN = 1, 2  # `Wave.seen`: a message came, or its deadline passed
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 
@@ -203,6 +206,20 @@ class NodePlan:
                 self.waiters.setdefault(source, []).append(index)
         self.inbox = {key: expect._replace(index=index, waiters=self.waiting_for(key))
                       for index, (key, expect) in enumerate(self.inbox.items())}
+        self.keys = list(self.inbox)  # by `Expect.index`
+        self.expected = list(self.inbox.values())
+        # What each message carries (field, items): a best-effort node fills them in
+        # when one misses its deadline (nodes/deadlines.py).
+        self.carries: list[tuple[Field, tuple[Hashable, ...]]] = [
+            (received[key].field, tuple(received[key].items)) if key in received else
+            (("reduce",), ()) for key in self.keys]
+        # Which task makes each of this node's own items (its own readings are there
+        # from the wave's start): a neighbour's value is usable once it is made.
+        self.maker: dict[Item, int] = {}
+        for index, (task, _, _) in enumerate(tasks):
+            if isinstance(task, Computation):
+                for item in _made_by(task, cell, block, topo.block_cells(block)):
+                    self.maker[item] = index
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
         self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
@@ -217,6 +234,15 @@ class NodePlan:
             self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * ITEM_BYTES * values
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
+
+    def usable(self, wave: Wave, f: Field, item: Hashable) -> bool:
+        """Has this wave got the values of item `item` of field `f` (received, not
+        filled in; or computed here)?"""
+        writer = self.writer[(f, item)]
+        if writer == (f, item):  # this node's own
+            maker = self.maker.get(writer)
+            return maker is None or bool(wave.done[maker])
+        return wave.seen[self.inbox[writer].index] == RECEIVED
 
     def _write(self, f: Field, items: Iterable[Hashable], writer: Source | None = None
                ) -> None:
@@ -263,8 +289,16 @@ class Wave:
         self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
         self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)
         self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
-        self.seen = bytearray(len(plan.inbox))  # per inbox key: taken in this wave
+        self.seen = bytearray(len(plan.inbox))  # per inbox key: RECEIVED or FILLED_IN
+        self.done = bytearray(len(plan.tasks))  # per task: has run
         self.finished_at: dict[str, float] = {}
+        # Best effort (nodes/deadlines.py): this wave's deadlines, from when each phase
+        # began; how far each list has been gone through; messages filled in.
+        self.schedule: Schedule | None = None
+        self.started_at = 0.0
+        self.backward_at: float | None = None
+        self.next_forward = self.next_backward = 0
+        self.filled_in = 0
 
 
 class NodeMachine:
@@ -334,6 +368,11 @@ class NodeMachine:
         self.early: dict[Cell, deque[Message]] = {}
         self.stats: Counter[str] = Counter()
         self.seq = 0
+        # Best effort (nodes/deadlines.py): None waits for every message (exact);
+        # else deadlines per (mode, batch) and what fills in a missed message.
+        self.policy: Policy | None = None
+        self.schedules: dict[tuple[Mode, int], Schedule] = {}
+        self.last_level: dict[int, np.ndarray] = {}  # policy "last": (items, channels)
         # Floating-point operations of every computation run so far: simulated time
         # turns them into CPU time on a device profile (sim/device.py).
         self.flops = 0
@@ -373,7 +412,7 @@ class NodeMachine:
         if wave.mode is None:  # before this wave's BATCH: wait for it
             return self._buffer(message, expect, "buffered_early")
         if wave.seen[expect.index]:
-            self.stats["duplicates"] += 1
+            self.stats["duplicates" if wave.seen[expect.index] == RECEIVED else "late"] += 1
             return []
         if expect.train_only and not wave.training:
             self.stats["rejected:unexpected"] += 1
@@ -384,8 +423,10 @@ class NodeMachine:
             self.stats["rejected:bad_shape"] += 1
             return []
         wave.buffers[expect.buffer][expect.slots] = payload
-        wave.seen[expect.index] = 1
+        wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
+        if wave.schedule is not None:
+            self._took(wave, expect, now)
         self._arrived(wave, expect.waiters)
         out: list[Message] = []
         if wave.ready:
@@ -413,14 +454,16 @@ class NodeMachine:
             self.stats["stale"] += 1
             return []
         if wave.seen[expect.index]:
-            self.stats["duplicates"] += 1
+            self.stats["duplicates" if wave.seen[expect.index] == RECEIVED else "late"] += 1
             return []
         started_before = wave.mode is not None
         out: list[Message] = []
-        if not self._accept(wave, message, expect, out):
+        if not self._accept(wave, message, expect, out, now):
             return []
-        wave.seen[expect.index] = 1
+        wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
+        if wave.schedule is not None:
+            self._took(wave, expect, now)
         if wave.ready:
             self._run_ready(wave, now, out)
         if self.early and (new_wave or (not started_before and wave.mode is not None)):
@@ -499,11 +542,11 @@ class NodeMachine:
         return due
 
     def _accept(self, wave: Wave, message: Message, expect: Expect,
-                out: list[Message]) -> bool:
+                out: list[Message], now: float) -> bool:
         """Take a control or REDUCE message into the wave, or count why it does not fit."""
         h, payload = message.header, message.payload
         if expect.role.starts_wave:
-            return self._accept_control(wave, message, expect, out)
+            return self._accept_control(wave, message, expect, out, now)
         if wave.mode is None:  # before this wave's BATCH: wait for it
             self._buffer(message, expect, "buffered_early")
             return False
@@ -521,7 +564,7 @@ class NodeMachine:
         return True
 
     def _accept_control(self, wave: Wave, message: Message, expect: Expect,
-                        out: list[Message]) -> bool:
+                        out: list[Message], now: float) -> bool:
         """PARAMS and BATCH (from the tree parent or the edge): both in hand, the wave
         starts."""
         h, payload = message.header, message.payload
@@ -543,7 +586,7 @@ class NodeMachine:
                 return False
             wave.batch_payload = payload
         if wave.params_vector is not None and wave.batch_payload is not None:
-            self._start(wave, out)
+            self._start(wave, out, now)
         return True
 
     def _valid_batch(self, payload: np.ndarray) -> bool:
@@ -557,12 +600,15 @@ class NodeMachine:
             return False
         return compute.indices_within(indices, self.readings[split].shape[1])
 
-    def _start(self, wave: Wave, out: list[Message]) -> None:
+    def _start(self, wave: Wave, out: list[Message], now: float) -> None:
         payload = wave.batch_payload
         mode, split, indices = BatchOrder.read(payload)
         wave.mode = _MODES[mode]
         wave.training = wave.mode == Mode.TRAIN
         wave.batch = len(indices)
+        wave.started_at = now
+        if self.policy is not None:
+            wave.schedule = self.schedules.get((wave.mode, wave.batch))
         params = wave.params_vector
         for layer, where in self.layout.layers.items():
             wave.weights[layer] = params[where.weight].reshape(where.kernel_shape)
@@ -595,6 +641,120 @@ class NodeMachine:
         column = self.readings[split][:, index]
         column[...] = np.nan if values is None else values
 
+    # --------------------------------------------------------------- deadlines
+    def set_deadlines(self, policy: Policy, mode: Mode, batch: int,
+                      offsets: dict[tuple, float]) -> None:
+        """Best effort: in waves of `mode` and `batch`, wait for each message of the
+        plan (by inbox key) until `offsets[key]` seconds after its phase began, then
+        fill it in by `policy`. A message without an offset is waited for forever."""
+        self.policy = policy
+        forward, backward = [], []
+        for key, after in offsets.items():
+            expect = self.inbox[key]
+            if expect.role.starts_wave:
+                continue  # without them there is no wave to fill in
+            (backward if expect.train_only else forward).append(Deadline(after,
+                                                                         expect.index))
+        self.schedules[(mode, batch)] = Schedule.of(forward, backward)
+
+    def next_deadline(self) -> float | None:
+        """When this node's current wave next gives up on a message, if it will."""
+        wave = self.wave
+        if wave is None or wave.schedule is None or self._finished(wave):
+            return None
+        seen, forward, backward = wave.seen, wave.schedule.forward, wave.schedule.backward
+        while wave.next_forward < len(forward) and seen[forward[wave.next_forward].index]:
+            wave.next_forward += 1
+        due = wave.started_at + forward[wave.next_forward].after \
+            if wave.next_forward < len(forward) else None
+        if wave.backward_at is not None:
+            while wave.next_backward < len(backward) and \
+                    seen[backward[wave.next_backward].index]:
+                wave.next_backward += 1
+            if wave.next_backward < len(backward):
+                at = wave.backward_at + backward[wave.next_backward].after
+                due = at if due is None else min(due, at)
+        return due
+
+    def tick(self, now: float) -> list[Message]:
+        """Fill in every message whose deadline has passed, and run what that
+        completes; returns what this node sends in consequence."""
+        wave = self.wave
+        out: list[Message] = []
+        if wave is None or wave.schedule is None or self._finished(wave):
+            return out
+        for index in self._overdue(wave, now):
+            self._fill_in(wave, index)
+        if wave.ready:
+            self._run_ready(wave, now, out)
+        return out
+
+    def _overdue(self, wave: Wave, now: float) -> list[int]:
+        """The messages not yet here whose deadlines are at or before `now`."""
+        overdue: list[int] = []
+        seen, schedule = wave.seen, wave.schedule
+        while wave.next_forward < len(schedule.forward):
+            after, index = schedule.forward[wave.next_forward]
+            if wave.started_at + after > now:
+                break
+            wave.next_forward += 1
+            if not seen[index]:
+                overdue.append(index)
+        while wave.backward_at is not None and wave.next_backward < len(schedule.backward):
+            after, index = schedule.backward[wave.next_backward]
+            if wave.backward_at + after > now:
+                break
+            wave.next_backward += 1
+            if not seen[index]:
+                overdue.append(index)
+        return overdue
+
+    def _took(self, wave: Wave, expect: Expect, now: float) -> None:
+        """Best effort: a message came. The first backward one starts the backward
+        deadlines; under policy "last" a forward one's level is remembered."""
+        if expect.train_only:
+            if wave.backward_at is None:
+                wave.backward_at = now
+        elif self.policy == Policy.LAST and expect.role == ITEMS:
+            self.last_level[expect.index] = \
+                wave.buffers[expect.buffer][expect.slots].mean(axis=2)
+
+    def _fill_in(self, wave: Wave, index: int) -> None:
+        """Put values in place of a message that missed its deadline (the policy's for
+        forward values, zeros for gradients), and go on as if it had come."""
+        expect, (kind, _, _, _) = self.plan.expected[index], self.plan.keys[index]
+        if expect.role == Role.PARTIAL_GRADIENTS:
+            wave.reduce[self.plan.keys[index][3]] = np.zeros(self.spec.conv_size, np.float32)
+        elif expect.role == ITEMS:
+            buffer = wave.buffers[expect.buffer]
+            if expect.train_only or self.policy == Policy.ZERO:
+                buffer[expect.slots] = 0.0
+            elif self.policy == Policy.LAST:
+                level = self.last_level.get(index)
+                buffer[expect.slots] = 0.0 if level is None else level[:, :, None]
+            else:
+                buffer[expect.slots] = self._neighbours_mean(wave, index)
+        else:  # PARAMS or BATCH: never scheduled (no wave without them)
+            return
+        wave.seen[index] = FILLED_IN
+        wave.filled_in += 1
+        self.stats["filled_in"] += 1
+        self.stats[f"filled_in:{Kind(kind).name.lower()}"] += 1
+        self._arrived(wave, expect.waiters)
+
+    def _neighbours_mean(self, wave: Wave, index: int) -> np.ndarray:
+        """Each item of message `index`: the mean of its 4-neighbours (in the item's own
+        grid: cells, or pooling blocks) that this node holds and has; 0 without any."""
+        f, items = self.plan.carries[index]
+        buffer, slots = wave.buffers[self.plan.buffers[f]], self.plan.slots[self.plan.buffers[f]]
+        values = np.zeros((len(items), buffer.shape[1], buffer.shape[2]), np.float32)
+        for row, (r, c) in enumerate(items):
+            near = [slots[n] for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1))
+                    if n in slots and self.plan.usable(wave, f, n)]
+            if near:
+                values[row] = buffer[near].mean(axis=0)
+        return values
+
     # ---------------------------------------------------------------- progress
     def _arrived(self, wave: Wave, waiters: tuple[int, ...]) -> None:
         """A source came: `waiters` are the tasks that waited for it."""
@@ -610,10 +770,13 @@ class NodeMachine:
             return
         jobs, buffers, training, ready = self.jobs, wave.buffers, wave.training, wave.ready
         mesh, step, session, cell = self.mesh_id, wave.step, wave.session, self.cell
+        done = wave.done
         while ready:
-            train_only, send, run, layer, stage, work = jobs[ready.pop()]
+            task = ready.pop()
+            train_only, send, run, layer, stage, work = jobs[task]
             if train_only and not training:
                 continue
+            done[task] = 1
             if send is None:
                 run(wave, layer, out)
                 wave.finished_at[stage] = now
@@ -698,6 +861,23 @@ class NodeMachine:
         """When (in transport time) this node finished each stage of its last wave; the
         wave's own dict, not a copy (the transport keeps it after the wave)."""
         return self.wave.finished_at if self.wave else {}
+
+
+def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
+             ) -> list[Item]:
+    """The items a computation writes (grad and reduce write none: their results are
+    the wave's gradient vector)."""
+    if task.method == "conv":
+        return [(("a", task.layer), cell)]
+    if task.method == "pool":
+        return [(("pooled",), block)]
+    if task.method == "route":
+        return [(("route",), c) for c in members]
+    if task.method == "dz_top":
+        return [(("dz", task.layer), cell)]
+    if task.method == "dinput":
+        return [(("dz", task.layer - 1), cell)]
+    return []
 
 
 def _outside_refs(arrays: list[np.ndarray]) -> int:

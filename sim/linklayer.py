@@ -8,8 +8,11 @@ frame goes again, up to the radio's retry limit (802.15.4: macMaxFrameRetries = 
 frame that exhausts it is recovered end to end, fragment by fragment (as 6LoWPAN's
 selective fragment recovery, RFC 8931, does): after one more ACK timeout the sender
 takes it up again, so a long message is never sent over from its first frame, and every
-message arrives. A broadcast has no ACKs: each receiver loses frames on its own, and
-whoever missed one has not got the message (the medium sends it again to them).
+message arrives. Without recovery (best-effort mode) the sender gives the message up at
+the first frame that exhausts the limit, as a 6LoWPAN sender drops the datagram: the
+receiver has it only if that was the last frame and only its ACKs were lost. A broadcast
+has no ACKs: each receiver loses frames on its own, and whoever missed one has not got
+the message (reliable mode: the medium sends it again to them).
 
 Pure arithmetic over the loss model's draws: the medium applies the outcome (holds the
 channel for `hold`, counts the state times, delivers to who got it).
@@ -50,9 +53,11 @@ MAX_RECOVERIES = 1_000  # of one frame: at the 0.9 loss allowed, some 10^-40 to 
 
 
 def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
-                receivers: tuple[Cell, ...], size: int, acked: bool) -> LinkOutcome:
+                receivers: tuple[Cell, ...], size: int, acked: bool,
+                recover: bool = True) -> LinkOutcome:
     """Send a message of `size` bytes from `src` to `receivers` over `loss`'s links:
-    `acked`, one receiver, frame by frame until each is acknowledged; else a broadcast."""
+    `acked`, one receiver, frame by frame until each is acknowledged (`recover`: until
+    each arrives, end to end if need be); else a broadcast."""
     tx: dict[Cell, float] = defaultdict(float)
     rx: dict[Cell, float] = defaultdict(float)
     t = last_bit = received = 0.0
@@ -61,7 +66,8 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
     tries_per_round = int(min(radio.retry_limit, 999)) + 1
     missing: set[Cell] = set()
     ack_air = radio.ack_airtime
-    for frame in radio.frame_sizes(size):
+    sizes = radio.frame_sizes(size)
+    for number, frame in enumerate(sizes):
         air, space = radio.frame_airtime(frame), radio.ifs_after(frame)
         if not acked:
             frames += 1
@@ -76,8 +82,13 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
             t += air + space
             continue
         dst = receivers[0]
+        arrived = False  # at the receiver, whatever became of its ACKs
         for attempt in itertools.count():
             if attempt and attempt % tries_per_round == 0:  # the retry limit: recovery
+                if not recover:  # given up: the receiver has it if only ACKs were lost
+                    if not (arrived and number == len(sizes) - 1):
+                        missing.add(dst)
+                    break
                 recoveries += 1
                 if recoveries > MAX_RECOVERIES:
                     raise LinkUnusable(f"the link {src} -> {dst} lost a frame "
@@ -92,6 +103,7 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
                 t += air + radio.ack_timeout_s + space  # waited for an ACK in vain
                 continue
             rx[dst] += air
+            arrived = True
             tx[dst] += ack_air
             if ack_air and loss.lost(dst, src):  # the frame came, its ACK did not
                 lost += 1
@@ -100,6 +112,8 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
             rx[src] += ack_air
             received = t + air + radio.turnaround_s + ack_air
             t = received + space
+            break
+        if missing:
             break
     return LinkOutcome(t, last_bit, received or t, frames, retries, recoveries, lost,
                        tuple(r for r in receivers if r in missing), dict(tx), dict(rx))

@@ -227,8 +227,10 @@ class Medium:
                  trace: list[Sent] | None = None, loss: FrameLoss | None = None) -> None:
         self.radio = radio
         # Lossy links (sim/loss.py): frames lost, retried by the link layer, messages
-        # recovered end to end, so that every message still arrives (reliable mode).
+        # recovered end to end, so that every message still arrives (reliable mode);
+        # or, with `recover` off (best-effort mode), given up at the retry limit.
         self.loss = loss if loss is not None and loss.rate > 0 else None
+        self.recover = True
         self.faults: Counter[str] = Counter()
         self.queue = queue
         self.rng = random.Random(seed)
@@ -348,7 +350,7 @@ class Medium:
         end, after an ACK timeout, as an acknowledged unicast of its own (a missed
         broadcast becomes one per receiver that missed it)."""
         out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size,
-                          acked=not tx.broadcast)
+                          acked=not tx.broadcast, recover=self.recover)
         t0 = now + self._access
         end = t0 + out.hold
         for member in hold:
@@ -370,7 +372,9 @@ class Medium:
             self.queue.at(t0 + out.received + self._latency, self._arrive,
                           Transmission(src, tx.receivers, tx.kind, tx.layer, tx.size, got,
                                        tx.broadcast))
-        if out.missing:  # recovered end to end: its own message to each who missed it
+        if out.missing and not self.recover:  # best effort: lost for good
+            self.faults["messages_lost"] += len(out.missing)
+        elif out.missing:  # recovered end to end: its own message to each who missed it
             ready = end + self.radio.ack_timeout_s
             sizes = tx.sizes or (tx.size,) * len(tx.deliveries)
             for (party, carried), size in reversed(list(zip(tx.deliveries, sizes,

@@ -23,6 +23,7 @@ from meshdl.model import CNN
 from meshdl.plots import pyplot, save_png
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim import energy
+from meshdl.sim.besteffort import BestEffort
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.loss import FrameLoss
 from meshdl.sim.media import BROKER, MediumName, Sent
@@ -43,9 +44,12 @@ class SimEngine(WaveEngine):
                  params_via: str | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  loss: FrameLoss | None = None,
-                 stragglers: Stragglers | None = None) -> None:
+                 stragglers: Stragglers | None = None,
+                 best_effort: BestEffort | None = None) -> None:
+        """`best_effort`: lost messages stay lost and parties give up at deadlines
+        (None: reliable mode, every message arrives)."""
         self.data = data
-        self.loss, self.stragglers = loss, stragglers
+        self.loss, self.stragglers, self.best_effort = loss, stragglers, best_effort
         self.train_samples = len(data.y_train)
         self.radio, self.medium, self.device = radio, medium, device
         self.edge_device, self.seed, self.trace = edge_device, seed, trace
@@ -63,7 +67,8 @@ class SimEngine(WaveEngine):
             readings, labels = by_split(self.data)
             self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                                   self.device, self.edge_device, self.seed, self.trace,
-                                  loss=self.loss, stragglers=self.stragglers)
+                                  loss=self.loss, stragglers=self.stragglers,
+                                  best_effort=self.best_effort)
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:

@@ -39,6 +39,14 @@ from meshdl.messages import ALL, EDGE, ITEM_BYTES, Header, Kind, Message
 from meshdl.model import CNN
 from meshdl.nodes.host import NodeHost
 from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.sim.besteffort import (
+    PROBE_WAVES,
+    BestEffort,
+    latest,
+    offsets_from,
+    retry_budget,
+    widen,
+)
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.loss import FrameLoss
@@ -142,11 +150,15 @@ class TimedMesh:
                  device: DeviceProfile, edge_device: DeviceProfile, seed: int = 0,
                  trace: bool = False, broker_s: float = BROKER_S,
                  loss: FrameLoss | None = None,
-                 stragglers: Stragglers | None = None) -> None:
+                 stragglers: Stragglers | None = None,
+                 best_effort: BestEffort | None = None, receipts: bool = False) -> None:
         """`loss`: frames the links lose (sim/loss.py); the link layer retries and the
         sender recovers what is still lost, so every message arrives and the results
         are the lossless run's (reliable mode), at the cost the trace shows.
-        `stragglers`: cells whose CPU is slower than `device` (sim/stragglers.py)."""
+        `best_effort`: instead, what the link layer could not deliver is lost, and
+        every party gives up on a message at its deadline (sim/besteffort.py).
+        `stragglers`: cells whose CPU is slower than `device` (sim/stragglers.py).
+        `receipts`: keep every message as its receiver took it (also with `trace`)."""
         if medium == "shared" and spec.params_via != "tree":
             raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
                              "'broadcast' needs the MQTT star (--medium star)")
@@ -163,7 +175,8 @@ class TimedMesh:
         self.ledger = Ledger(spec)
         self.trace: list[Sent] | None = [] if trace else None
         # With the trace: every message as its receiver took it (time, receiver, header).
-        self.receipts: list[Receipt] | None = [] if trace else None
+        self.receipts: list[Receipt] | None = [] if trace or receipts else None
+        self.seed, self.readings = seed, readings
         topo = spec.topology
         self.hosts = {cell: NodeHost(spec, [cell], cell_readings(readings),
                                      local_delivery=False) for cell in topo.cells()}
@@ -178,6 +191,11 @@ class TimedMesh:
                                          self.trace, loss)
         if medium == "star":
             self.cpus[BROKER] = _Cpu()
+        self.best_effort = best_effort
+        self.medium.recover = best_effort is None
+        self._calibrated: set[tuple[Mode, int]] = set()  # (mode, batch) with deadlines
+        self._probe: TimedMesh | None = None  # the loss-free mesh that measures them
+        self._tick_at: dict[Party, float] = {}  # each party's next deadline event
         self.waves: list[WaveTiming] = []
         self.usage: dict[Mode, Usage] = {}
         self._wave: WaveTiming | None = None
@@ -195,7 +213,11 @@ class TimedMesh:
         tally = self.medium.account(mode)
         usage = self.usage.setdefault(mode, Usage(radio=tally))
         before = self._cpu_seconds()
+        if self.best_effort is not None and (mode, len(indices)) not in self._calibrated:
+            self._calibrate(mode, split, indices)
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
+        if self.best_effort is not None:
+            self._arm(EDGE)
         # The wave, and its tail (the last relays after the edge has its result).
         if not queue.run(self.max_events) or edge.result is None:
             self._stalled()
@@ -213,6 +235,68 @@ class TimedMesh:
         usage.add(end - self._wave.start, before, self._cpu_seconds())
         self.ledger.tally()
         return edge.result
+
+    # ------------------------------------------------------------ best effort
+    def _calibrate(self, mode: Mode, split: Split, indices: np.ndarray) -> None:
+        """Measure this kind of wave loss-free on a probe mesh (sim/besteffort.py) and
+        give every party its deadlines."""
+        if self._probe is None:
+            model = self.edge.model
+            copy = CNN(model.config)
+            self._probe = TimedMesh(
+                self.spec, self.readings, copy, self.edge.labels, self.radio,
+                self.medium_name, self.device, self.edge_device, self.seed,
+                broker_s=self.broker_s, stragglers=self.stragglers, receipts=True)
+        probe, model = self._probe, self.edge.model
+        probe.edge.model.flat[...] = model.flat
+        probe.edge.model.set_normalization(model.norm_mean, model.norm_std)
+        found = []
+        for _ in range(PROBE_WAVES):
+            probe.receipts.clear()
+            start = probe.queue.now
+            probe.run_wave(mode, split, indices)
+            scatter_at = probe.edge.backward_at if mode == Mode.TRAIN else None
+            found.append(offsets_from(probe.receipts, probe.nodes, start, scatter_at))
+        deadlines = widen(latest(found), probe.nodes, self.best_effort.slack,
+                          retry_budget(self.radio))
+        policy = self.best_effort.policy
+        for cell, offsets in deadlines.nodes.items():
+            self.nodes[cell].set_deadlines(policy, mode, len(indices), offsets)
+        self.edge.set_deadlines(policy, mode, len(indices), deadlines.edge)
+        self._calibrated.add((mode, len(indices)))
+
+    def _arm(self, party: Party) -> None:
+        """Make sure an event wakes `party` at its machine's next deadline."""
+        machine = self.edge if party == EDGE else self.nodes[party]
+        due = machine.next_deadline()
+        if due is None or due >= self._tick_at.get(party, math.inf):
+            return
+        due = max(due, self.queue.now)
+        self._tick_at[party] = due
+        self.queue.at(due, self._tick, party)
+
+    def _tick(self, party: Party) -> None:
+        """A party's deadline: it gives up on what is overdue, once its CPU is free."""
+        now = self.queue.now
+        if self._tick_at.get(party) != now:  # an earlier deadline took this one's place
+            return
+        del self._tick_at[party]
+        cpu = self.cpus[party]
+        if cpu.free_at > now or cpu.inbox:  # after what it is computing and has waiting
+            self._tick_at[party] = cpu.free_at + (1e-9 if cpu.inbox else 0.0)
+            self.queue.at(self._tick_at[party], self._tick, party)
+            return
+        machine = self.edge if party == EDGE else self.nodes[party]
+        before = machine.flops
+        out = machine.tick(now)
+        device = self.edge_device if party == EDGE else self.device
+        seconds = device.cpu_s(machine.flops - before, messages=0)
+        if party != EDGE and self.slowdown:
+            seconds *= self.slowdown.get(party, 1.0)
+        cpu.seconds += seconds
+        cpu.free_at = now + seconds
+        self._handled(party, out, now + seconds)
+        self._arm(party)
 
     def _cpu_seconds(self) -> dict[Party, float]:
         return {party: cpu.seconds for party, cpu in self.cpus.items()}
@@ -272,6 +356,8 @@ class TimedMesh:
         cpu.seconds += seconds
         cpu.free_at = now + seconds
         self._handled(party, out, now + seconds)
+        if self.best_effort is not None and party != BROKER:
+            self._arm(party)
 
     def _handled(self, party: Party, out: list[Any], ready: float) -> None:
         """Queue on `party`'s radio what it sent, to go on air from `ready`."""
