@@ -17,9 +17,9 @@ import numpy as np
 
 from meshdl import kernels
 from meshdl.errors import StepSkipped, UsageError
-from meshdl.messages import EDGE, FLOAT32, Kind, Message, make
+from meshdl.messages import EDGE, FLOAT32, Header, Kind, Message, make
 from meshdl.model import CNN, Trace
-from meshdl.nodes.deadlines import EdgeSchedule, Policy
+from meshdl.nodes.deadlines import GATHER, REDUCE, Arrivals, Margins, Policy
 from meshdl.payloads import BatchOrder
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
@@ -105,13 +105,16 @@ class EdgeMachine:
         self.seq = 0
         # Floating-point operations of the head so far (simulated time's CPU time).
         self.flops = 0
-        # Best effort (nodes/deadlines.py): None waits for the mesh (exact); else
-        # deadlines per (mode, batch) for the GATHER and the REDUCE.
+        # Best effort (nodes/deadlines.py): None waits for the mesh (exact); else the
+        # GATHER's and REDUCE's arrival times per (mode, batch), and the current wave's
+        # deadlines (from its start; from its SCATTER).
         self.policy: Policy | None = None
-        self.schedules: dict[tuple[Mode, int], EdgeSchedule] = {}
-        self.schedule: EdgeSchedule | None = None
+        self.arrivals: dict[tuple[Mode, int], Arrivals] = {}
+        self.due_gather = self.due_reduce = 0.0
         self.backward_at = 0.0  # when this wave's SCATTER went
         self.last_gathered: np.ndarray | None = None  # policy "last": (blocks, filters)
+        self._timed: Arrivals | None = None  # the current wave's kind's arrival times
+        self._gave_up: Kind | None = None  # what the current wave filled in
 
     def start(self, mode: Mode, split: Split, indices: np.ndarray,
               now: float = 0.0) -> list[Message]:
@@ -127,27 +130,48 @@ class EdgeMachine:
         the edge in a result."""
         if self._request is None or self.result is not None:
             return []
-        if self.schedule is not None:
+        if self._timed is not None:
             return self._overdue(now)
         if self.wave_timeout is None or now - self.started_at < self.wave_timeout:
             return []
         self.stats["restarted_waves"] += 1
         return self._begin(now)
 
-    def set_deadlines(self, policy: Policy, mode: Mode, batch: int,
-                      schedule: EdgeSchedule) -> None:
+    def set_deadlines(self, policy: Policy, mode: Mode, batch: int, gather: float,
+                      reduce: float | None, margins: Margins, k: float) -> None:
         """Best effort: in waves of `mode` and `batch`, give up on the GATHER and the
-        REDUCE at `schedule`'s deadlines."""
+        REDUCE at their deadlines, starting from when they came in a loss-free wave
+        (`gather` seconds after its start, `reduce` after its SCATTER) and following
+        their arrivals (nodes/deadlines.py)."""
         self.policy = policy
-        self.schedules[(mode, batch)] = schedule
+        first = {GATHER: gather} if reduce is None else {GATHER: gather, REDUCE: reduce}
+        self.arrivals[(mode, batch)] = Arrivals(2, first, {REDUCE}, margins, k)
 
     def next_deadline(self) -> float | None:
         """When the current wave next gives up on something, if it will."""
-        if self.schedule is None or self.result is not None or self._request is None:
+        if self._timed is None or self.result is not None or self._request is None:
             return None
         if self.trace is None:
-            return self.started_at + self.schedule.gather
-        return self.backward_at + self.schedule.reduce
+            return self.started_at + self.due_gather
+        return self.backward_at + self.due_reduce
+
+    def due(self, h: Header) -> float | None:
+        """When the edge stops waiting for the message of header `h`, if it is of the
+        current wave (a sender's radio stops recovering it then)."""
+        if self._timed is None or h.step != self.step or h.session != self.session:
+            return None
+        if h.kind == Kind.GATHER:
+            return self.started_at + self.due_gather
+        if h.kind == Kind.REDUCE and self.trace is not None:
+            return self.backward_at + self.due_reduce
+        return None
+
+    def _arrival(self, kind: Kind, now: float) -> None:
+        """Best effort: one more arrival time of the GATHER or the REDUCE."""
+        if kind == Kind.GATHER:
+            self._timed.sample(GATHER, now - self.started_at)
+        elif kind == Kind.REDUCE and self.trace is not None:
+            self._timed.sample(REDUCE, now - self.backward_at)
 
     def _overdue(self, now: float) -> list[Message]:
         """No GATHER by its deadline: a training step is skipped (its loss would be of
@@ -158,6 +182,7 @@ class EdgeMachine:
         if due is None or now < due:
             return []
         if self.trace is None:
+            self._gave_up = Kind.GATHER
             if self.mode == Mode.TRAIN:
                 self.stats["skipped_steps"] += 1
                 self.result = WaveResult(self.step, Mode.TRAIN, np.empty((self.batch, 0)),
@@ -170,6 +195,7 @@ class EdgeMachine:
                 gathered[...] = self.last_gathered[:, :, None]
             return self._head(gathered, now)
         self.stats["filled_in:reduce"] += 1
+        self._gave_up = Kind.REDUCE
         grads = self.model.grad_flat
         grads[: self.spec.conv_size] = 0.0
         self.result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
@@ -184,7 +210,12 @@ class EdgeMachine:
         indices = np.asarray(indices, np.int32)
         self.batch = len(indices)
         self.batch_labels = self.labels[split][indices] if mode == Mode.TRAIN else None
-        self.schedule = self.schedules.get((mode, self.batch)) if self.policy else None
+        # Best effort: this kind of wave's arrival times, and the deadlines they give.
+        self._gave_up = None
+        self._timed = self.arrivals.get((mode, self.batch)) if self.policy else None
+        if self._timed is not None:
+            self.due_gather = self._timed.deadline(GATHER)
+            self.due_reduce = self._timed.deadline(REDUCE) if mode == Mode.TRAIN else 0.0
         params = self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
                                               self.model.norm_std)
         batch = BatchOrder(mode, split, indices).pack()
@@ -198,6 +229,11 @@ class EdgeMachine:
             self.stats["rejected:not_for_me"] += 1
             return []
         if h.step != self.step or h.session != self.session or self.result is not None:
+            if h.kind == self._gave_up and h.step == self.step and \
+                    h.session == self.session:
+                self.stats["late"] += 1  # given up on already: it says how late
+                self._arrival(Kind(h.kind), now)
+                return []
             self.stats["stale"] += 1
             return []
         if h.kind in (Kind.GATHER, Kind.REDUCE) and h.dtype != FLOAT32:
@@ -209,6 +245,8 @@ class EdgeMachine:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1
+            if self._timed is not None:
+                self._arrival(Kind.GATHER, now)
             if self.policy == Policy.LAST:
                 self.last_gathered = payload.mean(axis=2)
             return self._head(payload, now)
@@ -217,6 +255,8 @@ class EdgeMachine:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1
+            if self._timed is not None:
+                self._arrival(Kind.REDUCE, now)
             grads = self.model.grad_flat
             grads[: self.spec.conv_size] = payload
             self.result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)

@@ -30,9 +30,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from meshdl.messages import FLOAT32, INT32, ITEM_BYTES, Kind, Message, make, newer, seal
+from meshdl.messages import (
+    FLOAT32,
+    INT32,
+    ITEM_BYTES,
+    Header,
+    Kind,
+    Message,
+    make,
+    newer,
+    seal,
+)
 from meshdl.nodes import compute
-from meshdl.nodes.deadlines import Deadline, Policy, Schedule
+from meshdl.nodes.deadlines import Arrivals, Margins, Policy, Schedule
 from meshdl.payloads import BATCH_HEAD, BatchOrder
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
@@ -293,8 +303,11 @@ class Wave:
         self.done = bytearray(len(plan.tasks))  # per task: has run
         self.finished_at: dict[str, float] = {}
         # Best effort (nodes/deadlines.py): this wave's deadlines, from when each phase
-        # began; how far each list has been gone through; messages filled in.
+        # began (as a list by time, and per inbox entry); how far each list has been
+        # gone through; messages filled in.
+        self.arrivals: Arrivals | None = None
         self.schedule: Schedule | None = None
+        self.after: dict[int, float] = {}
         self.started_at = 0.0
         self.backward_at: float | None = None
         self.next_forward = self.next_backward = 0
@@ -369,9 +382,9 @@ class NodeMachine:
         self.stats: Counter[str] = Counter()
         self.seq = 0
         # Best effort (nodes/deadlines.py): None waits for every message (exact);
-        # else deadlines per (mode, batch) and what fills in a missed message.
+        # else arrival times per (mode, batch), and what fills in a missed message.
         self.policy: Policy | None = None
-        self.schedules: dict[tuple[Mode, int], Schedule] = {}
+        self.arrivals: dict[tuple[Mode, int], Arrivals] = {}
         self.last_level: dict[int, np.ndarray] = {}  # policy "last": (items, channels)
         # Floating-point operations of every computation run so far: simulated time
         # turns them into CPU time on a device profile (sim/device.py).
@@ -412,7 +425,9 @@ class NodeMachine:
         if wave.mode is None:  # before this wave's BATCH: wait for it
             return self._buffer(message, expect, "buffered_early")
         if wave.seen[expect.index]:
-            self.stats["duplicates" if wave.seen[expect.index] == RECEIVED else "late"] += 1
+            if wave.seen[expect.index] == FILLED_IN:
+                return self._late(wave, expect, now)
+            self.stats["duplicates"] += 1
             return []
         if expect.train_only and not wave.training:
             self.stats["rejected:unexpected"] += 1
@@ -454,7 +469,9 @@ class NodeMachine:
             self.stats["stale"] += 1
             return []
         if wave.seen[expect.index]:
-            self.stats["duplicates" if wave.seen[expect.index] == RECEIVED else "late"] += 1
+            if wave.seen[expect.index] == FILLED_IN:
+                return self._late(wave, expect, now)
+            self.stats["duplicates"] += 1
             return []
         started_before = wave.mode is not None
         out: list[Message] = []
@@ -608,7 +625,11 @@ class NodeMachine:
         wave.batch = len(indices)
         wave.started_at = now
         if self.policy is not None:
-            wave.schedule = self.schedules.get((wave.mode, wave.batch))
+            arrivals = wave.arrivals = self.arrivals.get((wave.mode, wave.batch))
+            if arrivals is not None:
+                wave.schedule = arrivals.schedule()
+                wave.after = {d.index: d.after for d in wave.schedule.forward}
+                wave.after.update((d.index, d.after) for d in wave.schedule.backward)
         params = wave.params_vector
         for layer, where in self.layout.layers.items():
             wave.weights[layer] = params[where.weight].reshape(where.kernel_shape)
@@ -643,19 +664,33 @@ class NodeMachine:
 
     # --------------------------------------------------------------- deadlines
     def set_deadlines(self, policy: Policy, mode: Mode, batch: int,
-                      offsets: dict[tuple, float]) -> None:
-        """Best effort: in waves of `mode` and `batch`, wait for each message of the
-        plan (by inbox key) until `offsets[key]` seconds after its phase began, then
-        fill it in by `policy`. A message without an offset is waited for forever."""
+                      first: dict[tuple, float], margins: Margins, k: float) -> None:
+        """Best effort: in waves of `mode` and `batch`, give up on a message of the
+        plan (by inbox key) at its deadline and fill it in by `policy`. Deadlines start
+        from `first` (seconds into its phase each came in a loss-free wave) and follow
+        the arrivals (nodes/deadlines.py); a message without one is waited for."""
         self.policy = policy
-        forward, backward = [], []
-        for key, after in offsets.items():
-            expect = self.inbox[key]
-            if expect.role.starts_wave:
-                continue  # without them there is no wave to fill in
-            (backward if expect.train_only else forward).append(Deadline(after,
-                                                                         expect.index))
-        self.schedules[(mode, batch)] = Schedule.of(forward, backward)
+        inbox = self.inbox
+        measured = {inbox[key].index: seconds for key, seconds in first.items()
+                    if not inbox[key].role.starts_wave}  # without them, no wave
+        backward = {e.index for e in self.plan.expected if e.train_only}
+        self.arrivals[(mode, batch)] = Arrivals(len(inbox), measured, backward, margins, k)
+
+    def due(self, h: Header) -> float | None:
+        """When this node stops waiting for the message of header `h`, if it is of its
+        current wave and its phase has begun (a sender's radio stops recovering it
+        then)."""
+        wave = self.wave
+        if wave is None or wave.schedule is None or h.step != wave.step or \
+                h.session != wave.session:
+            return None
+        expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
+        after = None if expect is None else wave.after.get(expect.index)
+        if after is None:
+            return None
+        if expect.train_only:
+            return None if wave.backward_at is None else wave.backward_at + after
+        return wave.started_at + after
 
     def next_deadline(self) -> float | None:
         """When this node's current wave next gives up on a message, if it will."""
@@ -710,14 +745,28 @@ class NodeMachine:
         return overdue
 
     def _took(self, wave: Wave, expect: Expect, now: float) -> None:
-        """Best effort: a message came. The first backward one starts the backward
-        deadlines; under policy "last" a forward one's level is remembered."""
-        if expect.train_only:
-            if wave.backward_at is None:
-                wave.backward_at = now
-        elif self.policy == Policy.LAST and expect.role == ITEMS:
+        """Best effort: a message came. It tells when such messages come; the first
+        backward one starts the backward deadlines; under policy "last" a forward
+        one's level is remembered."""
+        if expect.train_only and wave.backward_at is None:
+            wave.backward_at = now
+        self._timed(wave, expect, now)
+        if not expect.train_only and self.policy == Policy.LAST and expect.role == ITEMS:
             self.last_level[expect.index] = \
                 wave.buffers[expect.buffer][expect.slots].mean(axis=2)
+
+    def _timed(self, wave: Wave, expect: Expect, now: float) -> None:
+        """One more arrival time for the deadlines of this kind of wave."""
+        began = wave.backward_at if expect.train_only else wave.started_at
+        if began is not None:
+            wave.arrivals.sample(expect.index, max(now - began, 0.0))
+
+    def _late(self, wave: Wave, expect: Expect, now: float) -> list[Message]:
+        """A message that came after its deadline: filled in already, so only its
+        arrival time counts (the deadline was short)."""
+        self.stats["late"] += 1
+        self._timed(wave, expect, now)
+        return []
 
     def _fill_in(self, wave: Wave, index: int) -> None:
         """Put values in place of a message that missed its deadline (the policy's for

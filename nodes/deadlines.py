@@ -1,14 +1,19 @@
 """Best-effort waves: when a node stops waiting for a message, and what it puts in its
 place.
 
-In best-effort mode a lost message stays lost, so every message a node's plan receives
-has a deadline. A forward message's deadline counts from the node's wave start (PARAMS
-and BATCH in hand); a backward one's from the first backward message the node takes,
-because the backward pass starts only once the edge has gathered the whole mesh, and a
-node that never hears of it (the edge skipped the step) should not compute a backward
-pass of zeros for nobody. The offsets come from a loss-free wave of the same mode and
-batch (the transport measures them, as a deployment would at commissioning), times a
-slack, plus a margin.
+In best-effort mode a lost message may stay lost, so every message a node's plan
+receives has a deadline. A forward message's deadline counts from the node's wave start
+(PARAMS and BATCH in hand); a backward one's from the first backward message the node
+takes, because the backward pass starts only once the edge has gathered the whole mesh,
+and a node that never hears of it (the edge skipped the step) should not compute a
+backward pass of zeros for nobody.
+
+Deadlines adapt as TCP's retransmission timeout does (RFC 6298): per message and kind of
+wave (mode, batch), a smoothed arrival time S and mean deviation V, updated by every
+arrival (a late one too: it says the deadline was short), and the deadline S + max(G,
+K V). They start from a loss-free wave's arrival times R (S = R, V = R / 2, as RFC 6298
+starts from its first sample), measured by the transport as a deployment would at
+commissioning; then they follow the links as they are.
 
 What a missing message's values become (`Policy`):
   - zero: 0, the readings' mean after normalization, and no activation further up;
@@ -35,11 +40,61 @@ class Policy(StrEnum):
     NEIGHBOURS = "neighbours"
 
 
+ALPHA, BETA = 1 / 8, 1 / 4  # RFC 6298's gains for the smoothed time and deviation
+DEFAULT_K = 4.0  # deviations of patience past the smoothed arrival time (RFC 6298's K)
+
+
 class Deadline(NamedTuple):
     """One message of a node's plan: how long after its phase began the node waits."""
 
     after: float  # seconds after the wave start (forward) or first backward message
     index: int  # the message's inbox entry (`Expect.index`)
+
+
+class Margins(NamedTuple):
+    """The least a deadline is past the smoothed arrival time (RFC 6298's G), by phase."""
+
+    forward: float
+    backward: float
+
+
+class Arrivals:
+    """When a party's messages come in one kind of wave, smoothed (RFC 6298), and the
+    deadlines that follow. Indexed by inbox entry; entries never measured have none."""
+
+    def __init__(self, size: int, first: dict[int, float], backward: set[int],
+                 margins: Margins, k: float) -> None:
+        self.smoothed = [0.0] * size
+        self.deviation = [0.0] * size
+        self.measured = [False] * size
+        for index, seconds in first.items():
+            self.smoothed[index], self.deviation[index] = seconds, seconds / 2
+            self.measured[index] = True
+        self.backward = backward
+        self.margins, self.k = margins, k
+
+    def deadline(self, index: int) -> float:
+        least = self.margins.backward if index in self.backward else self.margins.forward
+        return self.smoothed[index] + max(least, self.k * self.deviation[index])
+
+    def sample(self, index: int, seconds: float) -> None:
+        """A message came `seconds` into its phase."""
+        if not self.measured[index]:
+            self.smoothed[index], self.deviation[index] = seconds, seconds / 2
+            self.measured[index] = True
+            return
+        error = seconds - self.smoothed[index]
+        self.deviation[index] += BETA * (abs(error) - self.deviation[index])
+        self.smoothed[index] += ALPHA * error
+
+    def schedule(self) -> Schedule:
+        """The deadlines as they stand, for a wave about to start."""
+        forward, backward = [], []
+        for index, measured in enumerate(self.measured):
+            if measured:
+                (backward if index in self.backward else forward).append(
+                    Deadline(self.deadline(index), index))
+        return Schedule.of(forward, backward)
 
 
 class Schedule(NamedTuple):
@@ -53,15 +108,4 @@ class Schedule(NamedTuple):
         return cls(tuple(sorted(forward)), tuple(sorted(backward)))
 
 
-class EdgeSchedule(NamedTuple):
-    """The edge's deadlines in one kind of wave: the GATHER, from the wave's start; the
-    REDUCE, from the SCATTER."""
-
-    gather: float
-    reduce: float
-
-
-def deadline(offset: float, slack: float, margin: float) -> float:
-    """A message seen `offset` seconds into its phase in a loss-free wave is waited for
-    `slack` times as long, plus `margin`."""
-    return slack * offset + margin
+GATHER, REDUCE = 0, 1  # the edge's `Arrivals` entries

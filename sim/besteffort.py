@@ -1,16 +1,17 @@
-"""Best-effort mode's deadlines, measured as a deployment would at commissioning: one
-loss-free wave of each kind (mode and batch) on the same radio, devices and stragglers,
-and every party's receipts in it.
+"""Best-effort mode's first deadlines, measured as a deployment would at commissioning:
+a few loss-free waves of each kind (mode and batch) on the same radio, devices and
+stragglers, and every party's receipts in them.
 
 A node's forward messages are timed from its wave start (PARAMS and BATCH both handled),
 its backward ones from the first backward message it handled; the edge's GATHER from the
-wave's start and its REDUCE from its SCATTER, each the latest of `PROBE_WAVES` waves.
-Each offset becomes a deadline: `slack` times as long, plus a margin for the jitter of
-a shared channel (a neighbour's wave may start later than this node's, behind other
-transmissions): a share of its phase's span (the edge's GATHER, or REDUCE, offset), at
-least one frame's whole retry budget. The probe's waves are not the run's: they
-cost the run no simulated time, traffic or energy (commissioning is left out of every
-figure), and the probe's model is a copy, so the run's parameters never see them.
+wave's start and its REDUCE from its SCATTER. The latest of `PROBE_WAVES` waves starts
+each message's arrival estimate; the parties then follow their links as they are
+(nodes/deadlines.py). Deadlines are never shorter than a margin: one frame's whole retry
+budget, and a share of the phase's span for the jitter of a shared channel (a
+neighbour's wave may start later than this node's, behind other transmissions). The
+probe's waves are not the run's: they cost the run no simulated time, traffic or energy
+(commissioning is left out of every figure), and the probe's model is a copy, so the
+run's parameters never see them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from meshdl.errors import UsageError
 from meshdl.messages import EDGE, Kind
-from meshdl.nodes.deadlines import EdgeSchedule, Policy, deadline
+from meshdl.nodes.deadlines import DEFAULT_K, Margins, Policy
 from meshdl.sim.radio import RadioProfile
 from meshdl.topology import Cell
 
@@ -29,31 +30,39 @@ if TYPE_CHECKING:
     from meshdl.nodes.agent import NodeMachine
     from meshdl.sim.timed import Receipt
 
-DEFAULT_SLACK = 2.0
 # Loss-free waves measured per kind of wave: their order on the air changes with each
 # wave's random backoffs, and so does when a message comes (by 2x on small meshes).
 PROBE_WAVES = 3
-JITTER_SHARE = 0.2  # of a phase's span: each deadline's margin
+JITTER_SHARE = 0.1  # of a phase's span: the least margin of its deadlines
 
 
 @dataclass(frozen=True)
 class BestEffort:
-    """Best-effort mode: what fills in a missed message, and how long parties wait."""
+    """Best-effort mode: what fills in a missed message, and how patient parties are
+    (deviations past the smoothed arrival time, RFC 6298's K)."""
 
     policy: Policy = Policy.ZERO
-    slack: float = DEFAULT_SLACK
+    patience: float = DEFAULT_K
 
     def __post_init__(self) -> None:
-        if not 1.0 <= self.slack <= 100.0:
-            raise UsageError(f"--deadline-slack {self.slack}: parties wait from 1 to 100 "
-                             "times as long as a loss-free wave took")
+        if not 1.0 <= self.patience <= 100.0:
+            raise UsageError(f"--patience {self.patience}: parties wait from 1 to 100 mean "
+                             "deviations past a message's smoothed arrival time")
 
 
-class Deadlines(NamedTuple):
-    """One kind of wave's deadlines: per cell, per inbox key; and the edge's."""
+class Offsets(NamedTuple):
+    """When each message came in loss-free waves, from when its phase began: per cell
+    and inbox key; the edge's GATHER and REDUCE (None: an inference wave)."""
 
     nodes: dict[Cell, dict[tuple, float]]
-    edge: EdgeSchedule
+    gather: float
+    reduce: float | None
+
+    def margins(self, radio: RadioProfile) -> Margins:
+        """The least margin of forward and of backward deadlines."""
+        least = retry_budget(radio)
+        return Margins(max(least, JITTER_SHARE * self.gather),
+                       max(least, JITTER_SHARE * (self.reduce or 0.0)))
 
 
 def retry_budget(radio: RadioProfile) -> float:
@@ -65,7 +74,7 @@ def retry_budget(radio: RadioProfile) -> float:
 
 
 def offsets_from(receipts: Iterable[Receipt], nodes: dict[Cell, NodeMachine],
-                 start: float, scatter_at: float | None) -> Deadlines:
+                 start: float, scatter_at: float | None) -> Offsets:
     """When each message came in one loss-free wave (which began at `start`; the edge
     sent its SCATTER at `scatter_at`, training waves), from when its phase began."""
     taken: dict[Cell, list[tuple[float, tuple]]] = {}
@@ -96,24 +105,10 @@ def offsets_from(receipts: Iterable[Receipt], nodes: dict[Cell, NodeMachine],
         per_node[cell] = {
             key: max(at - (backward_began if inbox[key].train_only else began), 0.0)
             for at, key in receipts_here if key in inbox and not inbox[key].role.starts_wave}
-    return Deadlines(per_node, EdgeSchedule(gather, reduce or 0.0))
+    return Offsets(per_node, gather, reduce)
 
 
-def widen(offsets: Deadlines, nodes: dict[Cell, NodeMachine], slack: float,
-          least_margin: float) -> Deadlines:
-    """Deadlines from measured offsets: `slack` times as long, plus a margin of
-    `JITTER_SHARE` of the phase's span, at least `least_margin`."""
-    forward = max(JITTER_SHARE * offsets.edge.gather, least_margin)
-    backward = max(JITTER_SHARE * offsets.edge.reduce, least_margin)
-    per_node = {cell: {key: deadline(after, slack, backward if nodes[cell].inbox[key]
-                                     .train_only else forward)
-                       for key, after in mine.items()}
-                for cell, mine in offsets.nodes.items()}
-    return Deadlines(per_node, EdgeSchedule(deadline(offsets.edge.gather, slack, forward),
-                                            deadline(offsets.edge.reduce, slack, backward)))
-
-
-def latest(measured: list[Deadlines]) -> Deadlines:
+def latest(measured: list[Offsets]) -> Offsets:
     """The latest of several waves' offsets, message by message."""
     nodes: dict[Cell, dict[tuple, float]] = {}
     for found in measured:
@@ -121,5 +116,5 @@ def latest(measured: list[Deadlines]) -> Deadlines:
             mine = nodes.setdefault(cell, {})
             for key, after in offsets.items():
                 mine[key] = max(mine.get(key, 0.0), after)
-    return Deadlines(nodes, EdgeSchedule(max(m.edge.gather for m in measured),
-                                         max(m.edge.reduce for m in measured)))
+    reduces = [m.reduce for m in measured if m.reduce is not None]
+    return Offsets(nodes, max(m.gather for m in measured), max(reduces, default=None))

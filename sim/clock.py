@@ -43,6 +43,32 @@ class EventQueue:
     def __bool__(self) -> bool:
         return bool(self._heap)
 
+    def run_through(self, time: float) -> None:
+        """Run the events up to `time`, then move the clock to it (what happens later
+        stays pending)."""
+        heap = self._heap
+        while heap and heap[0][0] <= time:
+            event_time, _, action, argument = heappop(heap)
+            self.now = event_time
+            action(argument)
+            self.events += 1
+        self.now = max(self.now, time)
+
+    def run_until(self, done: Callable[[], bool], limit: int) -> bool:
+        """Run events until `done()` holds after one, or none is left; False if `limit`
+        events ran out first (a hang)."""
+        heap, ran = self._heap, 0
+        while heap and not done():
+            if ran == limit:
+                self.events += ran
+                return False
+            time, _, action, argument = heappop(heap)
+            self.now = time
+            action(argument)
+            ran += 1
+        self.events += ran
+        return True
+
     def run(self, limit: int) -> bool:
         """Run events until none is left; False if `limit` events ran out first (a
         hang)."""

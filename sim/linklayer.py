@@ -8,9 +8,11 @@ frame goes again, up to the radio's retry limit (802.15.4: macMaxFrameRetries = 
 frame that exhausts it is recovered end to end, fragment by fragment (as 6LoWPAN's
 selective fragment recovery, RFC 8931, does): after one more ACK timeout the sender
 takes it up again, so a long message is never sent over from its first frame, and every
-message arrives. Without recovery (best-effort mode) the sender gives the message up at
-the first frame that exhausts the limit, as a 6LoWPAN sender drops the datagram: the
-receiver has it only if that was the last frame and only its ACKs were lost. A broadcast
+message arrives. In best-effort mode a data message is recovered only while its receiver
+still waits for it (`budget` seconds from its first bit): after that, the sender gives
+it up at the first frame that exhausts the limit, as a 6LoWPAN sender drops the
+datagram (the receiver has it only if that was the last frame and only its ACKs were
+lost). A broadcast
 has no ACKs: each receiver loses frames on its own, and whoever missed one has not got
 the message (reliable mode: the medium sends it again to them).
 
@@ -21,6 +23,7 @@ channel for `hold`, counts the state times, delivers to who got it).
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -54,10 +57,10 @@ MAX_RECOVERIES = 1_000  # of one frame: at the 0.9 loss allowed, some 10^-40 to 
 
 def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
                 receivers: tuple[Cell, ...], size: int, acked: bool,
-                recover: bool = True) -> LinkOutcome:
+                budget: float = math.inf) -> LinkOutcome:
     """Send a message of `size` bytes from `src` to `receivers` over `loss`'s links:
-    `acked`, one receiver, frame by frame until each is acknowledged (`recover`: until
-    each arrives, end to end if need be); else a broadcast."""
+    `acked`, one receiver, frame by frame until each is acknowledged, recovering a
+    frame end to end while within `budget` seconds; else a broadcast."""
     tx: dict[Cell, float] = defaultdict(float)
     rx: dict[Cell, float] = defaultdict(float)
     t = last_bit = received = 0.0
@@ -85,7 +88,7 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
         arrived = False  # at the receiver, whatever became of its ACKs
         for attempt in itertools.count():
             if attempt and attempt % tries_per_round == 0:  # the retry limit: recovery
-                if not recover:  # given up: the receiver has it if only ACKs were lost
+                if t > budget:  # given up: the receiver has it if only ACKs were lost
                     if not (arrived and number == len(sizes) - 1):
                         missing.add(dst)
                     break

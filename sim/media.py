@@ -38,6 +38,7 @@ each state is bookkeeping over the same transmissions (`RadioTimes`).
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Hashable, Iterable
@@ -76,6 +77,9 @@ class Transmission:
     # again (None: `size` each).
     sizes: tuple[int, ...] | None = None
     hold: tuple[int, ...] = ()  # the numbers of the members it holds (`Medium._hold`)
+    # Best effort: when its receivers stop waiting for it (None: they wait until it
+    # comes); its lost frames are not taken up again after.
+    expires: float | None = None
 
 
 class Airtime(NamedTuple):
@@ -227,10 +231,9 @@ class Medium:
                  trace: list[Sent] | None = None, loss: FrameLoss | None = None) -> None:
         self.radio = radio
         # Lossy links (sim/loss.py): frames lost, retried by the link layer, messages
-        # recovered end to end, so that every message still arrives (reliable mode);
-        # or, with `recover` off (best-effort mode), given up at the retry limit.
+        # recovered end to end, so that every message still arrives (reliable mode), or
+        # until it expires (`Transmission.expires`, best-effort mode).
         self.loss = loss if loss is not None and loss.rate > 0 else None
-        self.recover = True
         self.faults: Counter[str] = Counter()
         self.queue = queue
         self.rng = random.Random(seed)
@@ -349,9 +352,14 @@ class Medium:
         retry; who got the message gets it; whoever did not is sent it again end to
         end, after an ACK timeout, as an acknowledged unicast of its own (a missed
         broadcast becomes one per receiver that missed it)."""
-        out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size,
-                          acked=not tx.broadcast, recover=self.recover)
         t0 = now + self._access
+        budget = math.inf if tx.expires is None else tx.expires - t0
+        if budget <= 0.0:  # best effort: nobody waits for it any more
+            self.faults["messages_expired"] += len(tx.receivers)
+            radio.free_at = max(radio.free_at, now)  # the next contends from now
+            return
+        out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size,
+                          acked=not tx.broadcast, budget=budget)
         end = t0 + out.hold
         for member in hold:
             self._busy[member] = end
@@ -372,10 +380,11 @@ class Medium:
             self.queue.at(t0 + out.received + self._latency, self._arrive,
                           Transmission(src, tx.receivers, tx.kind, tx.layer, tx.size, got,
                                        tx.broadcast))
-        if out.missing and not self.recover:  # best effort: lost for good
-            self.faults["messages_lost"] += len(out.missing)
-        elif out.missing:  # recovered end to end: its own message to each who missed it
-            ready = end + self.radio.ack_timeout_s
+        ready = end + self.radio.ack_timeout_s
+        if out.missing and (not tx.broadcast or
+                            (tx.expires is not None and ready > tx.expires)):
+            self.faults["messages_lost"] += len(out.missing)  # expired: lost for good
+        elif out.missing:  # again to each who missed it, as a unicast of its own
             sizes = tx.sizes or (tx.size,) * len(tx.deliveries)
             for (party, carried), size in reversed(list(zip(tx.deliveries, sizes,
                                                             strict=True))):
@@ -383,7 +392,7 @@ class Medium:
                     self.faults["messages_resent"] += 1
                     radio.queue.appendleft(Transmission(src, (party,), tx.kind, tx.layer,
                                                         size, [(party, carried)],
-                                                        ready=ready))
+                                                        ready=ready, expires=tx.expires))
 
     def _arrive(self, tx: Transmission) -> None:
         deliver = self.deliver

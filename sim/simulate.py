@@ -9,6 +9,7 @@ so `meshdl simulate train` runs exactly `meshdl train`'s loop with one more cloc
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -121,23 +122,10 @@ def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = No
                        "total": usage.seconds},
         "energy_j": mode_energy(mesh, usage),
         **_traffic(usage),
-        # Reliable mode: what the links lost, the link layer sent again, and the senders
-        # recovered end to end (nothing is substituted, no cell is dead: every message
-        # arrives). Of the whole run, evaluation included.
-        "faults": {"lost": mesh.medium.faults["frames_lost"],
-                   "retransmitted": mesh.medium.faults["retransmitted"],
-                   "recovered": mesh.medium.faults["frames_recovered"]
-                   + mesh.medium.faults["messages_resent"],
-                   "frames_recovered": mesh.medium.faults["frames_recovered"],
-                   "messages_resent": mesh.medium.faults["messages_resent"],
-                   "substituted": 0, "dead_cells": [],
-                   "stragglers": [name_of(cell) for cell in mesh.slowdown],
-                   "straggler_slowdown": mesh.stragglers.slowdown if mesh.slowdown else None,
-                   "loss": None if mesh.medium.loss is None else {
-                       "rate": mesh.medium.loss.rate, "burst": mesh.medium.loss.burst,
-                       "seed": mesh.medium.loss.seed}},
+        "faults": _faults(mesh),
         "events": mesh.queue.events,  # of the whole run, evaluation included
     }
+
     for m in [m for m in mesh.usage if m != mode]:  # training runs evaluate, apart
         other = mesh.usage[m]
         report["evaluation" if m == Mode.INFER else m.name.lower()] = {
@@ -150,6 +138,50 @@ def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = No
     if baseline is not None:
         report["baseline"] = baseline
     return report
+
+
+def _faults(mesh: TimedMesh) -> dict[str, Any]:
+    """What the links lost, the link layer sent again and the senders recovered end to
+    end (reliable mode); what stayed lost, and what the parties filled in at their
+    deadlines (best effort). Of the whole run, evaluation included."""
+    faults = mesh.medium.faults
+    best_effort = mesh.best_effort
+    by_kind: Counter[str] = Counter()
+    per_node: dict[str, int] = {}
+    late = 0
+    for cell, node in mesh.nodes.items():
+        late += node.stats["late"]
+        if node.stats["filled_in"]:
+            per_node[name_of(cell)] = node.stats["filled_in"]
+        by_kind.update({k.split(":")[1]: v for k, v in node.stats.items()
+                        if k.startswith("filled_in:")})
+    edge = mesh.edge.stats
+    by_kind.update({f"{k.split(':')[1]} at the edge": v for k, v in edge.items()
+                    if k.startswith("filled_in:")})
+    waves = [w.filled_in for w in mesh.waves]
+    return {
+        "recovery": "reliable" if best_effort is None else "best-effort",
+        "policy": None if best_effort is None else str(best_effort.policy),
+        "patience": None if best_effort is None else best_effort.patience,
+        "lost": faults["frames_lost"],
+        "retransmitted": faults["retransmitted"],
+        "recovered": faults["frames_recovered"] + faults["messages_resent"],
+        "frames_recovered": faults["frames_recovered"],
+        "messages_resent": faults["messages_resent"],
+        "messages_lost": faults["messages_lost"],
+        "substituted": sum(by_kind.values()),
+        "substituted_by_kind": dict(sorted(by_kind.items())),
+        "substituted_per_node": per_node,
+        "substituted_per_wave_mean": _mean(waves) if waves else 0.0,
+        "substituted_per_wave_max": max(waves, default=0),
+        "late": late,
+        "skipped_steps": edge["skipped_steps"],
+        "dead_cells": [],
+        "stragglers": [name_of(cell) for cell in mesh.slowdown],
+        "straggler_slowdown": mesh.stragglers.slowdown if mesh.slowdown else None,
+        "loss": None if mesh.medium.loss is None else {
+            "rate": mesh.medium.loss.rate, "burst": mesh.medium.loss.burst,
+            "seed": mesh.medium.loss.seed}}
 
 
 def mode_energy(mesh: TimedMesh, usage: Usage) -> dict[str, Any]:

@@ -39,14 +39,7 @@ from meshdl.messages import ALL, EDGE, ITEM_BYTES, Header, Kind, Message
 from meshdl.model import CNN
 from meshdl.nodes.host import NodeHost
 from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.sim.besteffort import (
-    PROBE_WAVES,
-    BestEffort,
-    latest,
-    offsets_from,
-    retry_budget,
-    widen,
-)
+from meshdl.sim.besteffort import PROBE_WAVES, BestEffort, latest, offsets_from
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.loss import FrameLoss
@@ -140,6 +133,7 @@ class WaveTiming:
     start: float
     forward: float | None = None  # the edge has every pooled feature (head starts)
     end: float = 0.0
+    filled_in: int = 0  # best effort: messages filled in at deadlines, edge's included
 
 
 class TimedMesh:
@@ -192,10 +186,12 @@ class TimedMesh:
         if medium == "star":
             self.cpus[BROKER] = _Cpu()
         self.best_effort = best_effort
-        self.medium.recover = best_effort is None
+        if best_effort is not None:  # only the wave's control is recovered end to end
+            self.medium.recovered = frozenset({Kind.PARAMS, Kind.BATCH})
         self._calibrated: set[tuple[Mode, int]] = set()  # (mode, batch) with deadlines
         self._probe: TimedMesh | None = None  # the loss-free mesh that measures them
         self._tick_at: dict[Party, float] = {}  # each party's next deadline event
+        self._filled_before = 0
         self.waves: list[WaveTiming] = []
         self.usage: dict[Mode, Usage] = {}
         self._wave: WaveTiming | None = None
@@ -218,19 +214,34 @@ class TimedMesh:
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
         if self.best_effort is not None:
             self._arm(EDGE)
-        # The wave, and its tail (the last relays after the edge has its result).
-        if not queue.run(self.max_events) or edge.result is None:
-            self._stalled()
-        # The wave is over when every CPU is too (the edge's head, say, after the last
-        # GATHER): the next starts then.
-        end = max(queue.now, *(cpu.free_at for cpu in self.cpus.values()))
+        if self.best_effort is None:
+            # The wave, and its tail (the last relays after the edge has its result).
+            if not queue.run(self.max_events) or edge.result is None:
+                self._stalled()
+            # The wave is over when every CPU is too (the edge's head, say, after the
+            # last GATHER): the next starts then.
+            end = max(queue.now, *(cpu.free_at for cpu in self.cpus.values()))
+        else:
+            # Best effort: the edge goes on as soon as it has its result; what is still
+            # on its way of this wave is left to be dropped as stale in the next.
+            if not queue.run_until(lambda: edge.result is not None, self.max_events) \
+                    or edge.result is None:
+                self._stalled()
+            end = max(queue.now, self.cpus[EDGE].free_at)
         if mode == Mode.TRAIN:  # the training loop applies the update before the next
             seconds = self.edge_device.cpu_s(optimizer_work(self.edge.model.flat.size)
                                              .at(0), messages=0)
             self.cpus[EDGE].seconds += seconds
             end += seconds
-        queue.advance_to(end)
+        if self.best_effort is None:
+            queue.advance_to(end)
+        else:
+            queue.run_through(end)
         self._wave.end = end
+        if self.best_effort is not None:
+            total = self.filled_in()
+            self._wave.filled_in = total - self._filled_before
+            self._filled_before = total
         self.waves.append(self._wave)
         usage.add(end - self._wave.start, before, self._cpu_seconds())
         self.ledger.tally()
@@ -238,11 +249,10 @@ class TimedMesh:
 
     # ------------------------------------------------------------ best effort
     def _calibrate(self, mode: Mode, split: Split, indices: np.ndarray) -> None:
-        """Measure this kind of wave loss-free on a probe mesh (sim/besteffort.py) and
-        give every party its deadlines."""
+        """Measure this kind of wave loss-free on a probe mesh (sim/besteffort.py): the
+        first deadlines of every party."""
         if self._probe is None:
-            model = self.edge.model
-            copy = CNN(model.config)
+            copy = CNN(self.edge.model.config)
             self._probe = TimedMesh(
                 self.spec, self.readings, copy, self.edge.labels, self.radio,
                 self.medium_name, self.device, self.edge_device, self.seed,
@@ -257,13 +267,19 @@ class TimedMesh:
             probe.run_wave(mode, split, indices)
             scatter_at = probe.edge.backward_at if mode == Mode.TRAIN else None
             found.append(offsets_from(probe.receipts, probe.nodes, start, scatter_at))
-        deadlines = widen(latest(found), probe.nodes, self.best_effort.slack,
-                          retry_budget(self.radio))
-        policy = self.best_effort.policy
-        for cell, offsets in deadlines.nodes.items():
-            self.nodes[cell].set_deadlines(policy, mode, len(indices), offsets)
-        self.edge.set_deadlines(policy, mode, len(indices), deadlines.edge)
-        self._calibrated.add((mode, len(indices)))
+        offsets = latest(found)
+        margins = offsets.margins(self.radio)
+        policy, k, batch = self.best_effort.policy, self.best_effort.patience, len(indices)
+        for cell, first in offsets.nodes.items():
+            self.nodes[cell].set_deadlines(policy, mode, batch, first, margins, k)
+        self.edge.set_deadlines(policy, mode, batch, offsets.gather, offsets.reduce,
+                                margins, k)
+        self._calibrated.add((mode, batch))
+
+    def filled_in(self) -> int:
+        """Messages filled in at deadlines so far, by the nodes and the edge."""
+        return sum(node.stats["filled_in"] for node in self.nodes.values()) + \
+            self.edge.stats["filled_in:gather"] + self.edge.stats["filled_in:reduce"]
 
     def _arm(self, party: Party) -> None:
         """Make sure an event wakes `party` at its machine's next deadline."""
@@ -363,7 +379,7 @@ class TimedMesh:
         """Queue on `party`'s radio what it sent, to go on air from `ready`."""
         if not out:
             return
-        send = self.medium.send
+        send = self.medium.send if self.best_effort is None else self._send_expiring
         if party == BROKER:
             for dst, message in out:
                 send(Transmission(BROKER, (dst,), message.header.kind, message.header.layer,
@@ -386,6 +402,22 @@ class TimedMesh:
         for (kind, layer, phase), messages in groups.items():
             send(self._unicast(party, messages[0]) if len(messages) == 1 else
                  self._broadcast(party, kind, layer, phase, messages), ready)
+
+    def _send_expiring(self, tx: Transmission, ready: float | None = None) -> None:
+        """Best effort: `tx` expires when the last of its receivers stops waiting for
+        what it carries; never while one of them has no deadline for it yet (PARAMS
+        and BATCH, say: without them there is no wave)."""
+        latest = 0.0
+        for _, message in tx.deliveries:
+            h = message.header
+            machine = self.edge if h.dst == EDGE else self.nodes.get(h.dst)
+            due = None if machine is None else machine.due(h)
+            if due is None:
+                break
+            latest = max(latest, due)
+        else:
+            tx.expires = latest
+        self.medium.send(tx, ready)
 
     def _unicast(self, src: Party, message: Message) -> Transmission:
         h = message.header

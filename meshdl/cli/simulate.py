@@ -41,9 +41,11 @@ from meshdl.config import ModelConfig, RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
 from meshdl.errors import UsageError, format_validation_error
 from meshdl.model import CNN
+from meshdl.nodes.deadlines import DEFAULT_K, Policy
 from meshdl.protocol import Mode
 from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
 from meshdl.sim import cloud, compare
+from meshdl.sim.besteffort import BestEffort
 from meshdl.sim.device import DeviceProfile, device, natural_device
 from meshdl.sim.loss import FrameLoss
 from meshdl.sim.lounge import generate_lounge
@@ -68,9 +70,19 @@ DEVICE = typer.Option(None, "--device", help="Nodes' computer: cortex-m4, pi-zer
                       "radios, as their motes carry).")
 EDGE_DEVICE = typer.Option("pi4", "--edge-device", help="The edge's computer.")
 RADIOS = typer.Option(None, "--radios", help="A TOML file of \\[\\[radio]] profiles.")
-LOSS = typer.Option(0.0, "--loss", help="Share of frames the links lose (0 <= P < 1); the "
-                    "link layer retries and senders recover what is still lost, so the "
-                    "results are the lossless run's, at the cost sim.json shows.")
+LOSS = typer.Option(0.0, "--loss", help="Share of frames the links lose (0 <= P < 1). "
+                    "Reliable recovery: the link layer retries and senders recover what is "
+                    "still lost, so the results are the lossless run's, at the cost "
+                    "sim.json shows; best effort: what is still lost stays lost.")
+RECOVERY = typer.Option("reliable", "--recovery", help="reliable (every message arrives: "
+                        "exact) or best-effort (parties give up at deadlines and fill in "
+                        "what is missing by --policy).")
+POLICY = typer.Option("zero", "--policy", help="Best effort: what fills in a missing "
+                      "message: zero, last (its cells' last level) or neighbours (the "
+                      "mean of the neighbouring cells at hand).")
+PATIENCE = typer.Option(DEFAULT_K, "--patience", help="Best effort: how many mean "
+                        "deviations past a message's smoothed arrival time a party waits "
+                        "for it (RFC 6298's K).")
 BURST = typer.Option(None, "--burst", help="Mean burst of lost frames (Gilbert-Elliott "
                      "links; default: each frame lost on its own, Bernoulli).")
 FAULT_SEED = typer.Option(0, "--fault-seed", help="Seed of the frames lost and of the "
@@ -79,6 +91,19 @@ STRAGGLERS = typer.Option(0.0, "--stragglers", help="Share of the cells whose CP
                           "slower than their device (0 to 1, picked by --fault-seed).")
 SLOWDOWN = typer.Option(10.0, "--straggler-slowdown", help="How many times slower a "
                         "straggler computes.")
+
+
+def _best_effort(recovery: str, policy: str, patience: float) -> BestEffort | None:
+    if recovery not in ("reliable", "best-effort"):
+        raise UsageError(f"--recovery must be reliable or best-effort, not {recovery!r}")
+    if policy not in tuple(Policy):
+        raise UsageError(f"--policy must be one of {', '.join(Policy)}, not {policy!r}")
+    if recovery == "reliable":
+        if policy != Policy.ZERO or patience != DEFAULT_K:
+            raise UsageError("--policy and --patience are for --recovery best-effort "
+                             "(reliable recovery never fills anything in)")
+        return None
+    return BestEffort(Policy(policy), patience)
 
 
 def _stragglers(fraction: float, slowdown: float, seed: int) -> Stragglers:
@@ -141,6 +166,7 @@ def simulate_train(
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
     loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
     stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
+    recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
     trace: bool = typer.Option(False, "--trace/--no-trace", help="Write trace.jsonl (one "
                                "line per transmission: long for long runs)."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
@@ -159,7 +185,8 @@ def simulate_train(
                        params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes,
                        loss=FrameLoss(loss, burst, fault_seed),
-                       stragglers=_stragglers(stragglers, slowdown, fault_seed))
+                       stragglers=_stragglers(stragglers, slowdown, fault_seed),
+                       best_effort=_best_effort(recovery, policy, patience))
     engine.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
     start_run(run_dir, config, source)
     model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
@@ -203,6 +230,7 @@ def simulate_infer(
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
     loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
     stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
+    recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
     trace: bool = typer.Option(True, "--trace/--no-trace", help="Write trace.jsonl."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
 ) -> None:
@@ -224,7 +252,8 @@ def simulate_infer(
                        params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes,
                        loss=FrameLoss(loss, burst, fault_seed),
-                       stragglers=_stragglers(stragglers, slowdown, fault_seed))
+                       stragglers=_stragglers(stragglers, slowdown, fault_seed),
+                       best_effort=_best_effort(recovery, policy, patience))
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")
