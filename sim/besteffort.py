@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # Loss-free waves measured per kind of wave: their order on the air changes with each
 # wave's random backoffs, and so does when a message comes (by 2x on small meshes).
 PROBE_WAVES = 3
-JITTER_SHARE = 0.1  # of a phase's span: the least margin of its deadlines
+JITTER_SHARE = 0.25  # of a phase's span: the least margin of its deadlines
 
 
 @dataclass(frozen=True)
