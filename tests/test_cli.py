@@ -37,7 +37,8 @@ def test_train_writes_model_config_and_metrics(cli, small_data_file, tmp_path) -
             "wave_depth"} <= set(comm)
     assert set(comm["halo"]["conv1"]) == {"needed", "transmitted", "formula"}
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
-    assert set(metrics["epochs"][0]) == {"epoch", "train_loss", "train_acc", "test_acc"}
+    assert set(metrics["epochs"][0]) == {"epoch", "train_loss", "train_acc", "test_acc",
+                                         "skipped_steps"}
     assert set(metrics["final"]) == {"train_acc", "test_acc", "predicted_per_class",
                                      "single_class"}
     assert sum(metrics["final"]["predicted_per_class"]["test"]) == 40

@@ -387,3 +387,25 @@ def test_any_fault_seed_is_taken_negative_ones_too(tmp_path) -> None:
     code, out, err = _infer(tmp_path / "run", "--fault-seed", "-1", "--stragglers", "0.5")
     assert code == 0, err
     assert len(json.loads(out)["faults"]["stragglers"]) == 10
+
+
+def test_best_effort_inference_fills_in_what_it_lost_and_says_so(tmp_path) -> None:
+    code, out, err = _infer(tmp_path / "run", "--loss", "0.3", "--waves", "3",
+                            "--recovery", "best-effort", "--policy", "neighbours",
+                            "--fault-seed", "2")
+    assert code == 0, err
+    faults = json.loads(out)["faults"]
+    assert faults["recovery"] == "best-effort" and faults["policy"] == "neighbours"
+    assert faults["patience"] == 4.0
+    assert faults["substituted"] == sum(faults["substituted_by_kind"].values())
+    assert set(faults) >= {"lost", "retransmitted", "recovered", "substituted",
+                           "dead_cells", "messages_lost", "late", "skipped_steps"}
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (("--recovery", "maybe"), "--recovery"), (("--policy", "mean"), "--policy"),
+    (("--policy", "last"), "--policy"),  # reliable recovery never fills in
+    (("--recovery", "best-effort", "--patience", "0.5"), "--patience")])
+def test_an_impossible_recovery_flag_is_a_usage_error(tmp_path, flags, needle) -> None:
+    code, _, err = _infer(tmp_path / "run", *flags)
+    assert_one_line_error(code, err, 2, needle)

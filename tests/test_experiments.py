@@ -228,3 +228,36 @@ def test_the_printed_table_fits_a_log_of_eighty_columns(small_data_file, tmp_pat
                              small_data_file, "--out", tmp_path / "run")
     assert code == 0, err
     assert "…" not in out and "±" in out and "94.4/92.8" in out
+
+
+def test_loss_trains_each_rate_and_policy_from_the_exact_run(tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    run = tmp_path / "run"
+    code, out, err = _meshdl("experiment", "loss", "--rows", "4", "--cols", "5",
+                             "--epochs", "1", "--hidden", "8", "--rates", "0",
+                             "--rates", "0.3", "--policies", "zero", "--policies",
+                             "reliable", "--seeds", "1", "--out", run, "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    rows = {tuple(row["value"]): row for row in summary["rows"]}
+    assert set(rows) == {(0.0, "exact"), (0.3, "zero"), (0.3, "reliable")}
+    exact, reliable = rows[(0.0, "exact")], rows[(0.3, "reliable")]
+    # Reliable recovery trains the exact model, at a price in time and frames.
+    assert reliable["clean_test_acc"]["mean"] == exact["clean_test_acc"]["mean"]
+    assert reliable["seconds_per_epoch"]["mean"] > exact["seconds_per_epoch"]["mean"]
+    assert reliable["substituted"]["mean"] == 0 < rows[(0.3, "zero")]["substituted"]["mean"]
+    assert exact["frames_lost"]["mean"] == 0
+    assert (run / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (("--rates", "0.95"), "--rates"), (("--policies", "mean"), "--policies"),
+    (("--rates", "0.3", "--burst", "0.5"), "--burst")])
+def test_an_impossible_loss_experiment_is_refused_before_any_trial(tmp_path, flags,
+                                                                    needle) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, _, err = _meshdl("experiment", "loss", *flags, "--out", tmp_path / "run")
+    assert_one_line_error(code, err, 2, needle)
+    assert not (tmp_path / "run").exists()

@@ -30,7 +30,7 @@ from meshdl.cli.common import (
 from meshdl.config import load_run_config
 from meshdl.data import load_dataset
 from meshdl.errors import UsageError
-from meshdl.experiments import edge_vs_cloud, sweep
+from meshdl.experiments import edge_vs_cloud, loss, sweep
 from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
 from meshdl.protocol import MeshSpec
 from meshdl.runs import new_run_dir
@@ -188,6 +188,77 @@ def edge_vs_cloud_command(
              lambda: edge_vs_cloud.plot(run_dir, rows_), edge_vs_cloud.table(rows_),
              f"one inference slot, mean over {seeds} seed(s); cloud: the better variant",
              json_out)
+
+
+@app.command("loss")
+def loss_command(
+    rates: list[float] = typer.Option(list(loss.RATES), "--rates", help="Shares of frames "
+                                      "lost (repeat; 0 trains exactly, once)."),
+    policies: list[str] = typer.Option(list(loss.POLICIES), "--policies", help="Best "
+                                       "effort's fill-ins (zero, last, neighbours), or "
+                                       "reliable (repeat)."),
+    burst: float | None = typer.Option(None, "--burst", help="Mean burst of lost frames "
+                                       "(Gilbert-Elliott; default Bernoulli)."),
+    radio: str = typer.Option("802.15.4", "--radio", help="Radio profile (its natural "
+                              "medium and devices)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Fault seeds per value (0, 1, "
+                              "...): which frames are lost."),
+    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
+    batch: int | None = BATCH, lr: float | None = LR, kernel: int | None = KERNEL,
+    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
+    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+    ray: str | None = RAY,
+) -> None:
+    """Test accuracy, time and energy of best-effort training by loss rate and fill-in
+    policy, under simulated time (long: each trial trains in the simulated mesh)."""
+    from meshdl.nodes.deadlines import Policy
+    from meshdl.sim.loss import MAX_RATE, FrameLoss
+    from meshdl.sim.radio import profile
+
+    if not rates or len(set(rates)) != len(rates) or \
+            any(not 0.0 <= r <= MAX_RATE for r in rates):
+        raise UsageError(f"--rates {' '.join(map(str, rates))}: distinct shares from 0 to "
+                         f"{MAX_RATE}")
+    known = (*Policy, "reliable")
+    if not policies or len(set(policies)) != len(policies) or \
+            any(p not in known for p in policies):
+        raise UsageError(f"--policies {' '.join(policies)}: distinct ones of "
+                         f"{', '.join(known)}")
+    profile(radio)  # an unknown name fails here, naming the known ones
+    for rate in rates:
+        if rate:
+            FrameLoss(rate, burst)  # an impossible burst fails here
+    if data is not None:
+        grid = load_dataset(data)
+        rows, cols = rows or grid.rows, cols or grid.cols
+    base = load_run_config(mode="mesh", model={
+        "rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+        "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
+        train={"epochs": epochs, "batch": batch, "lr": lr})
+    settings: Record = {
+        "experiment": "loss", "model": base.model.model_dump(),
+        "train": base.train.model_dump(), "mesh": base.mesh.model_dump(mode="json"),
+        "data": base.data.model_dump(), "radio": radio, "burst": burst,
+        "data_file": str(data.resolve()) if data is not None else None}
+    swept = loss.values(rates, policies)
+    trials = [Trial(i, value, seed, settings) for i, (value, seed) in
+              enumerate((v, s) for v in swept for s in range(seeds))]
+    run_dir = _announce("loss", trials, f"{len(swept)} (rate, policy) pairs x {seeds} "
+                        f"fault seed(s), {base.train.epochs} epochs each", jobs, ray, out)
+    records = _run_with_progress(
+        loss.run, trials, jobs, ray,
+        lambda record: f"test {record['test_acc']:.4f}, model {record['clean_test_acc']:.4f}"
+        f", {record['seconds_per_epoch']:,.0f} s an epoch")
+    rows_ = summarize(trials, records, loss.FIGURES)
+    summary = {"experiment": "loss", "mode": f"simulated time, {radio}, training "
+               f"{base.train.epochs} epochs per trial", "values": swept, "seeds": seeds,
+               "rows": rows_, "paper": []}
+    _publish(run_dir, {"experiment": "loss", "values": swept, "seeds": list(range(seeds)),
+                       "settings": settings},
+             records, summary, loss.FIGURES, lambda: loss.plot(run_dir, rows_),
+             loss.table(rows_), f"training over lossy links, mean over {seeds} fault "
+             "seed(s)", json_out)
 
 
 def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs: int,

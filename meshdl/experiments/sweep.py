@@ -99,7 +99,7 @@ def run(trial: Trial) -> Record:
     config = trial_config(settings, trial.value, seed)
     record: Record = {"value": trial.value, "seed": seed}
     if SWEEPS[settings["experiment"]].trains:
-        _, history = train(config, _data(config.data, settings.get("data_file")))
+        _, history = train(config, dataset(config.data, settings.get("data_file")))
         record.update(train_acc=history.final["train_acc"],
                       test_acc=history.final["test_acc"],
                       single_class=history.final["single_class"])
@@ -117,7 +117,7 @@ def run(trial: Trial) -> Record:
 
 
 @cache
-def _data(config: DataConfig, data_file: str | None) -> Dataset:
+def dataset(config: DataConfig, data_file: str | None) -> Dataset:
     """The data set, made once per process (every trial of a worker shares it)."""
     if data_file is not None:
         from meshdl.data import load_dataset

@@ -1,0 +1,140 @@
+"""`meshdl experiment loss`: what best-effort training loses to lossy links, by loss rate
+and fill-in policy, under simulated time (SIMULATION.md has the model).
+
+Each trial trains the configured network in the mesh on the configured radio, with the
+links losing the trial's share of frames (drawn by the trial's fault seed; the training
+seed stays the configuration's, so seeds differ only in which frames are lost). At 0 %
+it trains exactly (reliable mode, nothing lost), the reference every policy starts from.
+A trial's policy is one of best effort's fill-ins, or "reliable" (every message
+recovered: the exact run's accuracy, at the time and energy it costs).
+
+Two accuracies: `test_acc` through the mesh under the same faults (inference waves fill
+in too: what a deployment would see), and `clean_test_acc`, the trained parameters on
+the whole test split in this process (what training under loss cost the model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshdl.experiments.runner import Record, Trial
+from meshdl.plots import pyplot, save_png
+
+RATES = (0.0, 0.05, 0.1, 0.2, 0.3)
+POLICIES = ("zero", "last", "neighbours")
+EXACT = "exact"  # the 0 % trials: no loss, nothing to fill in
+FIGURES = ("test_acc", "clean_test_acc", "train_loss", "seconds_per_epoch",
+           "energy_j_per_epoch", "substituted", "substituted_per_wave", "skipped_steps",
+           "messages_lost", "frames_lost", "frames")
+
+
+def values(rates: list[float], policies: list[str]) -> list[list[Any]]:
+    """The swept (rate, policy) pairs: 0 % once, exactly; every other rate per policy."""
+    out: list[list[Any]] = []
+    for rate in rates:
+        out.extend([[rate, EXACT]] if rate == 0 else [[rate, p] for p in policies])
+    return out
+
+
+def run(trial: Trial) -> Record:
+    """Train under the trial's loss rate and policy; accuracies, time, energy, faults."""
+    from meshdl.augment import training_data
+    from meshdl.config import RunConfig
+    from meshdl.experiments.sweep import dataset
+    from meshdl.nodes.deadlines import Policy
+    from meshdl.protocol import Mode
+    from meshdl.sim.besteffort import BestEffort
+    from meshdl.sim.device import device, natural_device
+    from meshdl.sim.loss import FrameLoss
+    from meshdl.sim.media import natural_medium
+    from meshdl.sim.radio import profile
+    from meshdl.sim.simulate import SimEngine, sim_report
+    from meshdl.training import train
+
+    rate, policy = trial.value
+    settings = trial.settings
+    config = RunConfig.model_validate({"mode": "mesh", "model": settings["model"],
+                                       "train": settings["train"], "mesh": settings["mesh"],
+                                       "data": settings["data"]})
+    data = dataset(config.data, settings.get("data_file"))
+    radio = settings["radio"]
+    medium = natural_medium(radio)
+    loss = FrameLoss(rate, settings["burst"] if rate else None, trial.seed)
+    best_effort = None if policy in (EXACT, "reliable") else BestEffort(Policy(policy))
+    engine = SimEngine(training_data(config.train, data), profile(radio), medium,
+                       device(natural_device(radio)), device("pi4"), seed=config.train.seed,
+                       edge_at=config.mesh.edge_at, params_via="tree" if medium == "shared"
+                       else "broadcast", loss=loss, best_effort=best_effort)
+    model, history = train(config, data, engine=engine)
+    report = sim_report(engine.mesh, Mode.TRAIN, epochs=config.train.epochs)
+    faults = report["faults"]
+    clean = model.forward(data.X_test).argmax(axis=1) if len(data.y_test) else np.empty(0)
+    return {
+        "value": [rate, policy], "seed": trial.seed,
+        "test_acc": history.final["test_acc"],
+        "clean_test_acc": float(np.mean(clean == data.y_test)) if len(clean) else None,
+        "train_loss": history.epochs[-1].train_loss,
+        "seconds_per_epoch": report["makespan_s"]["per_epoch_mean"],
+        "energy_j_per_epoch": report["energy_j"]["per_epoch_mean"],
+        "substituted": faults["substituted"],
+        "substituted_per_wave": faults["substituted_per_wave_mean"],
+        "skipped_steps": faults["skipped_steps"],
+        "messages_lost": faults["messages_lost"] + faults.get("messages_expired", 0),
+        "frames_lost": faults["lost"],
+        "frames": report["frames_total"],
+        "test_acc_per_epoch": [e.test_acc for e in history.epochs],
+    }
+
+
+def plot(out: Path, rows: list[Record]) -> list[Path]:
+    """loss.png: accuracy (through the mesh, and of the trained model) and the time and
+    energy of an epoch against the loss rate, one line per policy from the exact run."""
+    plt = pyplot()
+    exact = [row for row in rows if row["value"][1] == EXACT]
+    policies = list(dict.fromkeys(row["value"][1] for row in rows
+                                  if row["value"][1] != EXACT))
+    figure, axes = plt.subplots(1, 3, figsize=(14, 4), dpi=100)
+    for policy in policies:
+        series = sorted(exact + [row for row in rows if row["value"][1] == policy],
+                        key=lambda row: row["value"][0])
+        rates = [100 * row["value"][0] for row in series]
+        for panel, figure_name, style in ((0, "test_acc", "-o"), (0, "clean_test_acc", ":x"),
+                                          (1, "seconds_per_epoch", "-o"),
+                                          (2, "energy_j_per_epoch", "-o")):
+            means = [_mean(row.get(figure_name)) for row in series]
+            kept = [(r, m) for r, m in zip(rates, means, strict=True) if m is not None]
+            label = policy if figure_name != "clean_test_acc" else f"{policy}, trained model"
+            axes[panel].plot([r for r, _ in kept], [m for _, m in kept], style, label=label)
+    for panel, title in zip(axes, ("test accuracy (dotted: the trained model, clean)",
+                                   "simulated seconds per epoch", "nodes' joules per epoch"),
+                            strict=True):
+        panel.set_xlabel("frames lost (%)")
+        panel.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=7)
+    figure.suptitle("training over lossy links")
+    path = out / "loss.png"
+    save_png(figure, path)
+    return [path]
+
+
+def table(rows: list[Record]) -> tuple[list[str], list[list[str]]]:
+    header = ["loss %", "policy", "test acc", "model acc", "s/epoch", "J/epoch",
+              "filled/wave", "skipped"]
+    body = []
+    for row in rows:
+        rate, policy = row["value"]
+        cells = [f"{100 * rate:g}", policy]
+        for name, fmt in (("test_acc", "{:.4f}"), ("clean_test_acc", "{:.4f}"),
+                          ("seconds_per_epoch", "{:,.0f}"), ("energy_j_per_epoch", "{:,.0f}"),
+                          ("substituted_per_wave", "{:.1f}"), ("skipped_steps", "{:.1f}")):
+            mean = _mean(row.get(name))
+            cells.append("" if mean is None else fmt.format(mean))
+        body.append(cells)
+    return header, body
+
+
+def _mean(figure: dict[str, float] | None) -> float | None:
+    return None if figure is None else figure["mean"]
