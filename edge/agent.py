@@ -101,6 +101,12 @@ class EdgeMachine:
         self.loss: float | None = None
         self.result: WaveResult | None = None
         self.gather_blocks = spec.topology.tree_blocks(spec.edge_at)
+        # Blocks without a live member (meshdl/topology.py): no features come for them;
+        # the head reads the policy's (zeros without one).
+        prow, pcol = spec.topology.pooled_shape
+        gathered = set(self.gather_blocks)
+        self.absent_blocks = [(i, j) for i in range(prow) for j in range(pcol)
+                              if (i, j) not in gathered]
         self.stats: Counter[str] = Counter()
         self.seq = 0
         # Floating-point operations of the head so far (simulated time's CPU time).
@@ -112,7 +118,7 @@ class EdgeMachine:
         self.arrivals: dict[tuple[Mode, int], Arrivals] = {}
         self.due_gather = self.due_reduce = 0.0
         self.backward_at = 0.0  # when this wave's SCATTER went
-        self.last_gathered: np.ndarray | None = None  # policy "last": (blocks, filters)
+        self.last_level: dict[tuple[int, int], np.ndarray] = {}  # "last": block -> (h,)
         self._timed: Arrivals | None = None  # the current wave's kind's arrival times
         self._gave_up: Kind | None = None  # what the current wave filled in
 
@@ -191,8 +197,10 @@ class EdgeMachine:
             self.stats["filled_in:gather"] += 1
             shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
             gathered = np.zeros(shape, np.float32)
-            if self.policy == Policy.LAST and self.last_gathered is not None:
-                gathered[...] = self.last_gathered[:, :, None]
+            if self.policy == Policy.LAST:
+                for row, block in enumerate(self.gather_blocks):
+                    if block in self.last_level:
+                        gathered[row] = self.last_level[block][:, None]
             return self._head(gathered, now)
         self.stats["filled_in:reduce"] += 1
         self._gave_up = Kind.REDUCE
@@ -248,7 +256,8 @@ class EdgeMachine:
             if self._timed is not None:
                 self._arrival(Kind.GATHER, now)
             if self.policy == Policy.LAST:
-                self.last_gathered = payload.mean(axis=2)
+                self.last_level.update(zip(self.gather_blocks, payload.mean(axis=2),
+                                           strict=True))
             return self._head(payload, now)
         if h.kind == Kind.REDUCE and self.trace is not None and self.mode == Mode.TRAIN:
             if payload.shape != (self.spec.conv_size,):
@@ -272,6 +281,8 @@ class EdgeMachine:
         pooled = np.empty((filters, prow, pcol, batch), np.float32)
         for (i, j), values in zip(self.gather_blocks, gathered, strict=True):
             pooled[:, i, j] = values
+        if self.absent_blocks:
+            self._fill_absent(pooled)
         self.flops += head_work(self.spec.model, self.mode == Mode.TRAIN).at(batch)
         self.trace = self.model.head_forward(pooled)
         self.logits = np.ascontiguousarray(self.trace.logits.T)
@@ -285,6 +296,21 @@ class EdgeMachine:
         values = np.stack([dpooled[:, i, j] for i, j in self.gather_blocks])
         self.backward_at = now
         return [self._message(Kind.SCATTER, values)]
+
+    def _fill_absent(self, pooled: np.ndarray) -> None:
+        """Features of the blocks no live cell pools, by the policy: each block's last
+        level, the mean of its neighbouring blocks that were gathered, or zeros."""
+        gathered = set(self.gather_blocks)
+        for i, j in self.absent_blocks:
+            pooled[:, i, j] = 0.0
+            if self.policy == Policy.LAST and (i, j) in self.last_level:
+                pooled[:, i, j] = self.last_level[(i, j)][:, None]
+            elif self.policy == Policy.NEIGHBOURS:
+                near = [n for n in ((i - 1, j), (i + 1, j), (i, j - 1), (i, j + 1))
+                        if n in gathered]
+                if near:
+                    pooled[:, i, j] = np.mean([pooled[:, a, b] for a, b in near], axis=0)
+        self.stats["absent_blocks_filled"] += len(self.absent_blocks)
 
     def _message(self, kind: Kind, payload: np.ndarray, dst: Cell | None = None) -> Message:
         self.seq += 1

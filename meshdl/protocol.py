@@ -71,10 +71,14 @@ class MeshSpec:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     # Every message carries a link tag or the edge's signature (meshdl/auth.py).
     auth: bool = False
+    # Cells the plan goes around (meshdl/topology.py): the edge announces them with the
+    # parameters of every wave, so every party plans the same mesh.
+    dead: frozenset[Cell] = frozenset()
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.pool)
+        topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.pool,
+                        frozenset(self.dead))
         object.__setattr__(self, "topology", topo)
         params = self.overhead(Kind.PARAMS) + ITEM_BYTES * self.params_size
         if params > self.max_message_bytes or self.max_batch < 1:
@@ -120,7 +124,7 @@ class MeshSpec:
         tree parent)."""
         topo = self.topology
         pairs = {link(src, s.dst) for src, sends in self.sends.items() for s in sends}
-        tree = {link(cell, topo.parent[cell]) for cell in topo.cells()}  # REDUCE
+        tree = {link(cell, topo.parent[cell]) for cell in topo.members}  # REDUCE
         return frozenset(pairs | tree)
 
     @cached_property
@@ -169,9 +173,10 @@ class MeshSpec:
         """Every message of a training wave, by sender (cells and the edge)."""
         topo, layers = self.topology, self.model.conv_layers
         before, after = self.offsets
-        plan: dict[Cell, list[Send]] = {cell: [] for cell in topo.cells()}
+        members = [cell for cell in topo.cells() if cell in topo.members]
+        plan: dict[Cell, list[Send]] = {cell: [] for cell in members}
         plan[EDGE] = []
-        for cell in topo.cells():
+        for cell in members:
             out = plan[cell]
             for layer in range(1, layers + 1):
                 for s in topo.strips_from(cell, before, after):

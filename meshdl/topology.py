@@ -7,6 +7,13 @@ blocks their payload holds: sender and receiver agree on the order by constructi
 Cells are (row, col). The edge is `EDGE`; it is linked to the single border cell
 `edge_at`, which is the root of the BFS tree that parameters flood down and features
 and gradients converge up.
+
+Dead cells (`dead`) take no part: the tree, the pooling leaders, the routes to them and
+the halo strips are planned around them. A live cell that only dead ones link to the
+edge is cut off and takes no part either; together they are `absent`. A value that
+could only be relayed through an absent cell is missing where it is needed (the node
+fills it in, nodes/deadlines.py); so is a pooling block without a live member, at the
+edge. Without dead cells the plan is the full grid's.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class Topology:
     cols: int
     edge_at: Cell = (0, 0)
     pool: int = 2
+    dead: frozenset[Cell] = frozenset()
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +61,9 @@ class Topology:
                 f"edge_at {self.edge_at} is outside the {self.rows} x {self.cols} grid")
         if r not in (0, self.rows - 1) and c not in (0, self.cols - 1):
             raise ValueError(f"edge_at {self.edge_at} is not a border cell")
+        if self.edge_at in self.dead:
+            raise ValueError(f"edge_at {self.edge_at} is dead: the edge must attach to "
+                             "another cell")
 
     # ------------------------------------------------------------------ grid
     def cells(self) -> Iterator[Cell]:
@@ -65,10 +76,29 @@ class Topology:
         return 0 <= cell[0] < self.rows and 0 <= cell[1] < self.cols
 
     def neighbours(self, cell: Cell) -> list[Cell]:
-        """One-hop links of a cell: grid neighbours up, down, left, right, and the edge."""
+        """One-hop links of a cell: grid neighbours up, down, left, right that take part,
+        and the edge."""
         r, c = cell
         out = [n for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)) if self.inside(n)]
+        if self.dead:
+            absent = self.absent
+            out = [n for n in out if n not in absent]
         return [*out, EDGE] if cell == self.edge_at else out
+
+    @cached_property
+    def members(self) -> frozenset[Cell]:
+        """The cells that take part: alive and linked to the edge through live ones."""
+        return frozenset(self.parent)
+
+    @cached_property
+    def absent(self) -> frozenset[Cell]:
+        """Dead cells, and live ones cut off from the edge by them."""
+        return frozenset(self.cells()) - self.members
+
+    @cached_property
+    def cut_off(self) -> frozenset[Cell]:
+        """Live cells that only dead ones link to the edge."""
+        return self.absent - self.dead
 
     @property
     def diameter(self) -> int:
@@ -83,8 +113,9 @@ class Topology:
         queue = deque([self.edge_at])
         while queue:
             cell = queue.popleft()
-            for n in self.neighbours(cell):
-                if n != EDGE and n not in parent:
+            r, c = cell
+            for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+                if self.inside(n) and n not in self.dead and n not in parent:
                     parent[n] = cell
                     queue.append(n)
         return parent
@@ -92,10 +123,12 @@ class Topology:
     @cached_property
     def children(self) -> dict[Cell, list[Cell]]:
         """Tree children of every cell and of the edge, in a fixed order."""
-        kids: dict[Cell, list[Cell]] = {cell: [] for cell in self.cells()}
+        kids: dict[Cell, list[Cell]] = {cell: [] for cell in self.cells()
+                                        if cell in self.parent}
         kids[EDGE] = []
         for cell in self.cells():
-            kids[self.parent[cell]].append(cell)
+            if cell in self.parent:
+                kids[self.parent[cell]].append(cell)
         return kids
 
     @cached_property
@@ -131,14 +164,24 @@ class Topology:
 
     @cached_property
     def leader(self) -> dict[Block, Cell]:
-        """Each block's leader: its cell nearest the edge (row-major on ties)."""
+        """Each block's leader: its cell nearest the edge (row-major on ties); a block
+        without a member has none."""
         pr, pc = self.pooled_shape
-        return {(i, j): min(self.block_cells((i, j)), key=lambda c: (self.depth[c], c))
-                for i in range(pr) for j in range(pc)}
+        leaders = {}
+        for block in ((i, j) for i in range(pr) for j in range(pc)):
+            cells = [c for c in self.block_cells(block) if c in self.parent]
+            if cells:
+                leaders[block] = min(cells, key=lambda c: (self.depth[c], c))
+        return leaders
 
     def block_parent(self, cell: Cell) -> Cell | None:
-        """Next hop from a cell towards its block's leader (column first, then row)."""
-        lead = self.leader[self.block_of(cell)]
+        """Next hop from a cell towards its block's leader (column first, then row;
+        around absent cells, within the block); None for the leader and for a cell that
+        cannot reach it within the block."""
+        block = self.block_of(cell)
+        if self.absent & set(self.block_cells(block)):
+            return self._block_routes(block).get(cell)
+        lead = self.leader[block]
         if cell == lead:
             return None
         r, c = cell
@@ -146,11 +189,41 @@ class Topology:
             return (r, c + (1 if lead[1] > c else -1))
         return (r + (1 if lead[0] > r else -1), c)
 
+    def _block_routes(self, block: Block) -> dict[Cell, Cell | None]:
+        """Within a block with absent cells: each member's next hop towards the leader
+        (BFS from the leader over the block's members)."""
+        key = ("block_routes", block)
+        if key not in self._cache:
+            lead = self.leader.get(block)
+            members = {c for c in self.block_cells(block) if c in self.parent}
+            routes: dict[Cell, Cell | None] = {}
+            if lead is not None:
+                routes[lead] = None
+                queue = deque([lead])
+                while queue:
+                    here = queue.popleft()
+                    r, c = here
+                    for n in ((r, c - 1), (r, c + 1), (r - 1, c), (r + 1, c)):
+                        if n in members and n not in routes:
+                            routes[n] = here
+                            queue.append(n)
+            self._cache[key] = routes
+        return self._cache[key]
+
+    def pool_members(self, block: Block) -> list[Cell]:
+        """The cells a block's leader pools (row-major): its members that reach it."""
+        if not self.absent:
+            return self.block_cells(block)
+        if not self.absent & set(self.block_cells(block)):
+            return self.block_cells(block)
+        routes = self._block_routes(block)
+        return [c for c in self.block_cells(block) if c in routes]
+
     @cached_property
     def block_children(self) -> dict[Cell, list[Cell]]:
-        kids: dict[Cell, list[Cell]] = {cell: [] for cell in self.cells()}
+        kids: dict[Cell, list[Cell]] = {cell: [] for cell in self.members}
         for cell in self.cells():
-            up = self.block_parent(cell)
+            up = self.block_parent(cell) if cell in self.parent else None
             if up is not None:
                 kids[up].append(cell)
         return kids
@@ -204,4 +277,22 @@ class Topology:
             cells = tuple((i, j) for i in rows for j in cols_of)
             if self.inside(dst) and cells:
                 out.append(Strip(cell, dst, 1, cells))
-        return out
+        if not self.dead:
+            return out
+        # Around absent cells: only to members, and only what the sender can know.
+        known = [Strip(s.src, s.dst, s.phase, tuple(x for x in s.cells if self.knows(cell, x)))
+                 for s in out if s.dst in self.parent]
+        return [s for s in known if s.cells]
+
+    def knows(self, holder: Cell, item: Cell) -> bool:
+        """Can `holder` have `item`'s values by the halo relays? Along its row when every
+        cell between them takes part (phase 0); from another row when its column
+        neighbour towards that row knows it (phase 1, row strips relayed down or up
+        the column)."""
+        if holder not in self.parent or item not in self.parent:
+            return False
+        (r, c), (i, j) = holder, item
+        if i == r:
+            return all((r, x) in self.parent for x in range(min(c, j), max(c, j) + 1))
+        towards = (r + (1 if i > r else -1), c)
+        return self.knows(towards, item)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -136,7 +136,8 @@ class NodePlan:
         topo, layers = spec.topology, spec.model.conv_layers
         before, after = spec.offsets
         block = topo.block_of(cell)
-        leads = topo.leader[block] == cell
+        leads = topo.leader.get(block) == cell
+        members = topo.pool_members(block)
         self.writer: dict[Item, Source] = {}
         received = spec.expects[cell]
         for key, send in received.items():
@@ -149,7 +150,20 @@ class NodePlan:
             self._write(("dz", layer), [cell])
         if leads:
             self._write(("pooled",), [block])
-            self._write(("route",), topo.block_cells(block))
+            self._write(("route",), members)
+        # Window cells whose values no message brings (absent cells, or relayed only
+        # through them): orphans, filled in before the kernel that reads them.
+        self.orphans: dict[Field, list[Hashable]] = {}
+        windows = [(("a", layer - 1), topo.window(cell, before, after))
+                   for layer in range(1, layers + 1)]
+        windows += [(("dz", layer), topo.window(cell, after, before))
+                    for layer in range(2, layers + 1)]
+        for f, window in windows:
+            for c in window:
+                if (f, c) not in self.writer:
+                    self.orphans.setdefault(f, []).append(c)
+                    self.writer[(f, c)] = (f, c)
+        orphaned = {(f, c) for f, items in self.orphans.items() for c in items}
         fields: dict[Field, list[Hashable]] = {}
         for f, item in self.writer:
             fields.setdefault(f, []).append(item)
@@ -178,10 +192,11 @@ class NodePlan:
         # from: ("a", layer) of this cell for the window conv `layer` read.
         tasks: list[tuple[Computation | Send, list[Item], bool]] = []
         for layer in range(1, layers + 1):
-            needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)]
+            needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)
+                     if (("a", layer - 1), c) not in orphaned]
             tasks.append((Computation("conv", layer, f"conv{layer}"), needs, False))
         if leads:
-            needs = [(("a", layers), c) for c in topo.block_cells(block)]
+            needs = [(("a", layers), c) for c in members]
             tasks.append((Computation("pool", layers, "pool"), needs, False))
             needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
             tasks.append((Computation("route", layers, "route"), needs, True))
@@ -191,7 +206,8 @@ class NodePlan:
             needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
             tasks.append((Computation("grad", layer, f"grad{layer}"), needs, True))
             if layer > 1:
-                needs = [(("dz", layer), c) for c in topo.window(cell, after, before)]
+                needs = [(("dz", layer), c) for c in topo.window(cell, after, before)
+                         if (("dz", layer), c) not in orphaned]
                 needs.append((("a", layer - 1), cell))  # ReLU's mask below
                 tasks.append((Computation("dinput", layer, f"dinput{layer}"), needs, True))
         needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
@@ -228,7 +244,7 @@ class NodePlan:
         self.maker: dict[Item, int] = {}
         for index, (task, _, _) in enumerate(tasks):
             if isinstance(task, Computation):
-                for item in _made_by(task, cell, block, topo.block_cells(block)):
+                for item in _made_by(task, cell, block, members):
                     self.maker[item] = index
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
@@ -249,6 +265,8 @@ class NodePlan:
         """Has this wave got the values of item `item` of field `f` (received, not
         filled in; or computed here)?"""
         writer = self.writer[(f, item)]
+        if item in self.orphans.get(f, ()):
+            return False
         if writer == (f, item):  # this node's own
             maker = self.maker.get(writer)
             return maker is None or bool(wave.done[maker])
@@ -351,8 +369,11 @@ class NodeMachine:
             for layer in range(2, layers + 1)]
         self.grad_taps = np.array([tap for _, tap in backward], np.int64)
         self.block = topo.block_of(cell)
-        self.block_cells = topo.block_cells(self.block)
-        if topo.leader[self.block] == cell:  # pooling, and max routing back
+        self.block_cells = topo.pool_members(self.block)
+        # Per field: the slots of its orphans (`NodePlan.orphans`), filled in per wave.
+        self.orphan_rows = {f: np.array([plan.slot(f, c) for c in items], np.intp)
+                            for f, items in plan.orphans.items()}
+        if topo.leader.get(self.block) == cell:  # pooling, and max routing back
             self.block_slots = np.array([plan.slot(("a", layers), c)
                                          for c in self.block_cells], np.intp)
             self.pooled = plan.buffers[("pooled",)]
@@ -385,7 +406,7 @@ class NodeMachine:
         # else arrival times per (mode, batch), and what fills in a missed message.
         self.policy: Policy | None = None
         self.arrivals: dict[tuple[Mode, int], Arrivals] = {}
-        self.last_level: dict[int, np.ndarray] = {}  # policy "last": (items, channels)
+        self.last_level: dict[Item, np.ndarray] = {}  # policy "last": (channels,) an item
         # Floating-point operations of every computation run so far: simulated time
         # turns them into CPU time on a device profile (sim/device.py).
         self.flops = 0
@@ -752,8 +773,10 @@ class NodeMachine:
             wave.backward_at = now
         self._timed(wave, expect, now)
         if not expect.train_only and self.policy == Policy.LAST and expect.role == ITEMS:
-            self.last_level[expect.index] = \
-                wave.buffers[expect.buffer][expect.slots].mean(axis=2)
+            f, items = self.plan.carries[expect.index]
+            levels = wave.buffers[expect.buffer][expect.slots].mean(axis=2)
+            for item, level in zip(items, levels, strict=True):
+                self.last_level[(f, item)] = level
 
     def _timed(self, wave: Wave, expect: Expect, now: float) -> None:
         """One more arrival time for the deadlines of this kind of wave."""
@@ -775,14 +798,9 @@ class NodeMachine:
         if expect.role == Role.PARTIAL_GRADIENTS:
             wave.reduce[self.plan.keys[index][3]] = np.zeros(self.spec.conv_size, np.float32)
         elif expect.role == ITEMS:
-            buffer = wave.buffers[expect.buffer]
-            if expect.train_only or self.policy == Policy.ZERO:
-                buffer[expect.slots] = 0.0
-            elif self.policy == Policy.LAST:
-                level = self.last_level.get(index)
-                buffer[expect.slots] = 0.0 if level is None else level[:, :, None]
-            else:
-                buffer[expect.slots] = self._neighbours_mean(wave, index)
+            f, items = self.plan.carries[index]
+            wave.buffers[expect.buffer][expect.slots] = \
+                0.0 if expect.train_only else self._filling(wave, f, items)
         else:  # PARAMS or BATCH: never scheduled (no wave without them)
             return
         wave.seen[index] = FILLED_IN
@@ -791,10 +809,36 @@ class NodeMachine:
         self.stats[f"filled_in:{Kind(kind).name.lower()}"] += 1
         self._arrived(wave, expect.waiters)
 
-    def _neighbours_mean(self, wave: Wave, index: int) -> np.ndarray:
-        """Each item of message `index`: the mean of its 4-neighbours (in the item's own
+    def _fill_orphans(self, wave: Wave, f: Field) -> None:
+        """Put the policy's values in the slots of `f`'s orphans (zeros for gradients
+        and without a policy) before a kernel reads them."""
+        rows = self.orphan_rows.get(f)
+        if rows is None:
+            return
+        buffer = wave.buffers[self.plan.buffers[f]]
+        buffer[rows] = 0.0 if f[0] == "dz" or self.policy in (None, Policy.ZERO) else \
+            self._filling(wave, f, self.plan.orphans[f])
+        self.stats["absent_filled"] += len(rows)
+
+    def _filling(self, wave: Wave, f: Field, items: Sequence[Hashable]
+                 ) -> np.ndarray | float:
+        """Forward values for missing items of field `f`, by the policy."""
+        if self.policy == Policy.LAST:
+            buffer = wave.buffers[self.plan.buffers[f]]
+            values = np.zeros((len(items), buffer.shape[1], buffer.shape[2]), np.float32)
+            for row, item in enumerate(items):
+                level = self.last_level.get((f, item))
+                if level is not None:
+                    values[row] = level[:, None]
+            return values
+        if self.policy == Policy.NEIGHBOURS:
+            return self._neighbours_mean(wave, f, items)
+        return 0.0
+
+    def _neighbours_mean(self, wave: Wave, f: Field, items: Sequence[Hashable]
+                         ) -> np.ndarray:
+        """Each of `items` of field `f`: the mean of its 4-neighbours (in the item's own
         grid: cells, or pooling blocks) that this node holds and has; 0 without any."""
-        f, items = self.plan.carries[index]
         buffer, slots = wave.buffers[self.plan.buffers[f]], self.plan.slots[self.plan.buffers[f]]
         values = np.zeros((len(items), buffer.shape[1], buffer.shape[2]), np.float32)
         for row, (r, c) in enumerate(items):
@@ -844,6 +888,8 @@ class NodeMachine:
 
     # ------------------------------------------------------------ computation
     def _conv_forward(self, wave: Wave, layer: int, out: list[Message]) -> None:
+        if self.orphan_rows:
+            self._fill_orphans(wave, ("a", layer - 1))
         z = wave.buffers[self.a[layer]][self.own_a[layer]]
         compute.conv_relu(wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
                           self.conv_taps, wave.weights[layer], wave.biases[layer], z)
@@ -883,6 +929,8 @@ class NodeMachine:
     def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
         below = layer - 1
+        if self.orphan_rows:
+            self._fill_orphans(wave, ("dz", layer))
         compute.input_grad(wave.buffers[self.dz[layer]], self.grad_slots[layer],
                            self.grad_taps, wave.weights[layer],
                            wave.buffers[self.a[below]][self.own_a[below]],

@@ -42,7 +42,7 @@ from meshdl.sim.media import (
 from meshdl.sim.radio import RadioProfile
 from meshdl.sim.timed import BROKER_S, publish_bytes
 from meshdl.topics import topic
-from meshdl.topology import Cell
+from meshdl.topology import Cell, Topology
 from meshdl.work import central_work, optimizer_work
 
 Variant = Literal["aggregated", "unaggregated"]
@@ -113,8 +113,10 @@ class _Shipping:
         self.topo = topo
         self.values_per_cell = samples * spec.model.in_channels
         self.queue = EventQueue()
-        self.cells = list(topo.cells())
-        self.medium: Medium = medium_for(medium, topo, radio, self.queue, seed, self._arrive)
+        # The live cells' readings (dead ones have none), on the grid's air.
+        self.cells = [cell for cell in topo.cells() if cell in topo.members]
+        air = Topology(topo.rows, topo.cols, topo.edge_at, topo.pool)
+        self.medium: Medium = medium_for(medium, air, radio, self.queue, seed, self._arrive)
         self.waiting = {cell: len(topo.children[cell]) for cell in self.cells}
         self.carried = {cell: 1 for cell in self.cells}  # cells' readings held, own first
         self.cpu_free: dict[Party, float] = {}

@@ -46,11 +46,14 @@ class SimEngine(WaveEngine):
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  loss: FrameLoss | None = None,
                  stragglers: Stragglers | None = None,
-                 best_effort: BestEffort | None = None) -> None:
+                 best_effort: BestEffort | None = None,
+                 dead: frozenset[Cell] = frozenset()) -> None:
         """`best_effort`: lost messages stay lost and parties give up at deadlines
-        (None: reliable mode, every message arrives)."""
+        (None: reliable mode, every message arrives). `dead`: cells that never come up
+        (sim/dead.py)."""
         self.data = data
         self.loss, self.stragglers, self.best_effort = loss, stragglers, best_effort
+        self.dead = dead
         self.train_samples = len(data.y_train)
         self.radio, self.medium, self.device = radio, medium, device
         self.edge_device, self.seed, self.trace = edge_device, seed, trace
@@ -64,7 +67,7 @@ class SimEngine(WaveEngine):
     def _mesh_for(self, model: CNN) -> TimedMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
-                            self.max_message_bytes)
+                            self.max_message_bytes, dead=self.dead)
             readings, labels = by_split(self.data)
             self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                                   self.device, self.edge_device, self.seed, self.trace,
@@ -175,8 +178,13 @@ def _faults(mesh: TimedMesh) -> dict[str, Any]:
         "substituted_per_wave_mean": _mean(waves) if waves else 0.0,
         "substituted_per_wave_max": max(waves, default=0),
         "late": late,
+        # Values of absent cells (dead, cut off, or relayed only through them) filled
+        # in each time a kernel read them, and pooled blocks without a live cell.
+        "absent_filled": sum(node.stats["absent_filled"] for node in mesh.nodes.values()),
+        "absent_blocks_filled": edge["absent_blocks_filled"],
         "skipped_steps": edge["skipped_steps"],
-        "dead_cells": [],
+        "dead_cells": [name_of(cell) for cell in sorted(mesh.spec.dead)],
+        "cut_off_cells": [name_of(cell) for cell in sorted(mesh.spec.topology.cut_off)],
         "stragglers": [name_of(cell) for cell in mesh.slowdown],
         "straggler_slowdown": mesh.stragglers.slowdown if mesh.slowdown else None,
         "loss": None if mesh.medium.loss is None else {

@@ -58,6 +58,7 @@ from meshdl.sim.mesh import cell_readings
 from meshdl.sim.radio import RadioProfile
 from meshdl.sim.stragglers import Stragglers
 from meshdl.topics import TopicNames
+from meshdl.topology import Topology
 from meshdl.work import optimizer_work
 
 # Mosquitto's work per relayed message on the broker's host: `meshdl bench mqtt`'s raw
@@ -164,16 +165,17 @@ class TimedMesh:
         self.broker_s = broker_s
         self._per_message_s, self._flops_per_s = device.per_message_s, device.flops_per_s
         self.stragglers = stragglers or Stragglers()
-        self.slowdown = self.stragglers.pick(list(spec.topology.cells()))  # cell -> factor
+        topo = spec.topology
+        members = [cell for cell in topo.cells() if cell in topo.members]  # not the dead
+        self.slowdown = self.stragglers.pick(members)  # cell -> factor
         self.queue = EventQueue()
         self.ledger = Ledger(spec)
         self.trace: list[Sent] | None = [] if trace else None
         # With the trace: every message as its receiver took it (time, receiver, header).
         self.receipts: list[Receipt] | None = [] if trace or receipts else None
         self.seed, self.readings = seed, readings
-        topo = spec.topology
         self.hosts = {cell: NodeHost(spec, [cell], cell_readings(readings),
-                                     local_delivery=False) for cell in topo.cells()}
+                                     local_delivery=False) for cell in members}
         self.nodes = {cell: host.nodes[cell] for cell, host in self.hosts.items()}
         self.edge = EdgeMachine(spec, model, labels)
         self._topics = TopicNames(spec.mesh_id)
@@ -181,7 +183,10 @@ class TimedMesh:
         self._broadcast_sizes: dict[tuple, tuple[int, tuple[int, ...]]] = {}
         self._sizes: dict[tuple, int] = {}  # (kind, shape): a message's bytes
         self.cpus: dict[Party, _Cpu] = {party: _Cpu() for party in [*self.hosts, EDGE]}
-        self.medium: Medium = medium_for(medium, topo, radio, self.queue, seed, self._arrive,
+        # The air is the grid's, whoever is dead: a dead node's neighbours still hear
+        # each other's transmissions around it.
+        air = Topology(topo.rows, topo.cols, topo.edge_at, topo.pool)
+        self.medium: Medium = medium_for(medium, air, radio, self.queue, seed, self._arrive,
                                          self.trace, loss)
         if medium == "star":
             self.cpus[BROKER] = _Cpu()
@@ -278,8 +283,8 @@ class TimedMesh:
 
     def filled_in(self) -> int:
         """Messages filled in at deadlines so far, by the nodes and the edge."""
-        return sum(node.stats["filled_in"] for node in self.nodes.values()) + \
-            self.edge.stats["filled_in:gather"] + self.edge.stats["filled_in:reduce"]
+        return sum(node.stats["filled_in"] for node in self.nodes.values()) + sum(
+            count for key, count in self.edge.stats.items() if key.startswith("filled_in:"))
 
     def _arm(self, party: Party) -> None:
         """Make sure an event wakes `party` at its machine's next deadline."""

@@ -46,6 +46,7 @@ from meshdl.protocol import Mode
 from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
 from meshdl.sim import cloud, compare
 from meshdl.sim.besteffort import BestEffort
+from meshdl.sim.dead import DeadCells
 from meshdl.sim.device import DeviceProfile, device, natural_device
 from meshdl.sim.loss import FrameLoss
 from meshdl.sim.lounge import generate_lounge
@@ -54,6 +55,7 @@ from meshdl.sim.radio import RadioProfile, profile, profiles
 from meshdl.sim.simulate import SimEngine, plot_energy, sim_report, write_trace
 from meshdl.sim.stragglers import Stragglers
 from meshdl.sim.timed import TimedMesh
+from meshdl.topology import Cell
 from meshdl.training import normalization
 
 app = typer.Typer(help="Run the mesh under simulated time: radios, devices, energy, and "
@@ -74,6 +76,9 @@ LOSS = typer.Option(0.0, "--loss", help="Share of frames the links lose (0 <= P 
                     "Reliable recovery: the link layer retries and senders recover what is "
                     "still lost, so the results are the lossless run's, at the cost "
                     "sim.json shows; best effort: what is still lost stays lost.")
+DEAD = typer.Option(0.0, "--dead", help="Share of the cells dead from the start (0 <= F "
+                    "< 1, picked by --fault-seed; never the edge's): the plan goes around "
+                    "them and their readings are filled in by --policy.")
 RECOVERY = typer.Option("reliable", "--recovery", help="reliable (every message arrives: "
                         "exact) or best-effort (parties give up at deadlines and fill in "
                         "what is missing by --policy).")
@@ -104,6 +109,15 @@ def _best_effort(recovery: str, policy: str, patience: float) -> BestEffort | No
                              "(reliable recovery never fills anything in)")
         return None
     return BestEffort(Policy(policy), patience)
+
+
+def _dead(fraction: float, seed: int, config: RunConfig) -> frozenset[Cell]:
+    try:
+        picker = DeadCells(fraction=fraction, seed=seed)
+    except ValidationError as exc:
+        raise UsageError(f"--dead {fraction}: {format_validation_error(exc)}") from None
+    cells = [(r, c) for r in range(config.model.rows) for c in range(config.model.cols)]
+    return picker.pick(cells, config.mesh.edge_at)
 
 
 def _stragglers(fraction: float, slowdown: float, seed: int) -> Stragglers:
@@ -166,6 +180,7 @@ def simulate_train(
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
     loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
     stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
+    dead: float = DEAD,
     recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
     trace: bool = typer.Option(False, "--trace/--no-trace", help="Write trace.jsonl (one "
                                "line per transmission: long for long runs)."),
@@ -186,7 +201,8 @@ def simulate_train(
                        max_message_bytes=config.mesh.max_message_bytes,
                        loss=FrameLoss(loss, burst, fault_seed),
                        stragglers=_stragglers(stragglers, slowdown, fault_seed),
-                       best_effort=_best_effort(recovery, policy, patience))
+                       best_effort=_best_effort(recovery, policy, patience),
+                       dead=_dead(dead, fault_seed, config))
     engine.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
     start_run(run_dir, config, source)
     model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
@@ -230,6 +246,7 @@ def simulate_infer(
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
     loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
     stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
+    dead: float = DEAD,
     recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
     trace: bool = typer.Option(True, "--trace/--no-trace", help="Write trace.jsonl."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
@@ -253,7 +270,8 @@ def simulate_infer(
                        max_message_bytes=config.mesh.max_message_bytes,
                        loss=FrameLoss(loss, burst, fault_seed),
                        stragglers=_stragglers(stragglers, slowdown, fault_seed),
-                       best_effort=_best_effort(recovery, policy, patience))
+                       best_effort=_best_effort(recovery, policy, patience),
+                       dead=_dead(dead, fault_seed, config))
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")

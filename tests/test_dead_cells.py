@@ -1,0 +1,127 @@
+"""Dead cells: the plan goes around them (tree, pooling leaders and routes, halo
+relays), what only they could give is filled in, and training goes on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from meshdl import load_run_config
+from meshdl.augment import training_data
+from meshdl.config import DataConfig, ModelConfig
+from meshdl.model import CNN
+from meshdl.nodes.deadlines import Policy
+from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.sim.besteffort import BestEffort
+from meshdl.sim.dead import DeadCells
+from meshdl.sim.device import device
+from meshdl.sim.lounge import generate_lounge
+from meshdl.sim.radio import profile
+from meshdl.sim.simulate import SimEngine, sim_report
+from meshdl.sim.timed import TimedMesh
+from meshdl.topology import Topology
+from meshdl.training import train
+
+
+def test_the_tree_and_the_halo_relays_go_around_a_dead_cell() -> None:
+    """3 x 3, the centre dead: (1, 2) hangs under (0, 2) now, and no halo strip goes to
+    or through the centre; (1, 0) cannot have (1, 2)'s value (only the centre relayed
+    it along the row) but has (0, 2)'s, relayed down its column from (0, 0)."""
+    topo = Topology(3, 3, (0, 0), 2, frozenset({(1, 1)}))
+    assert (1, 1) not in topo.members and topo.absent == {(1, 1)}
+    assert topo.parent[(1, 2)] == (0, 2) and topo.parent[(2, 1)] == (2, 0)
+    assert (1, 1) not in topo.neighbours((1, 0))
+    assert not topo.knows((1, 0), (1, 2)) and topo.knows((1, 0), (0, 2))
+    assert topo.knows((1, 0), (0, 0)) and not topo.knows((1, 0), (1, 1))
+    for cell in topo.members:
+        for strip in topo.strips_from(cell, 1, 1):
+            assert strip.dst != (1, 1) and (1, 1) not in strip.cells
+            assert all(topo.knows(cell, x) for x in strip.cells)
+
+
+def test_cells_only_dead_ones_link_to_the_edge_are_cut_off() -> None:
+    topo = Topology(3, 3, (0, 0), 2, frozenset({(1, 2), (2, 1)}))
+    assert topo.cut_off == {(2, 2)} and topo.absent == {(1, 2), (2, 1), (2, 2)}
+
+
+def test_a_block_pools_its_members_that_reach_its_leader_around_the_dead() -> None:
+    """4 x 4, pool 2: in block (0, 1) the leader (0, 2) reaches (1, 3) through (0, 3)
+    when (1, 2) is dead; a block all dead has no leader."""
+    dead = frozenset({(1, 2), (2, 0), (2, 1), (3, 0), (3, 1)})
+    topo = Topology(4, 4, (0, 0), 2, dead)
+    assert topo.leader[(0, 1)] == (0, 2)
+    assert topo.pool_members((0, 1)) == [(0, 2), (0, 3), (1, 3)]
+    assert topo.block_parent((1, 3)) == (0, 3)
+    assert (1, 0) not in topo.leader
+    assert (1, 0) not in topo.tree_blocks(topo.edge_at)
+
+
+def test_without_dead_cells_the_plan_is_the_full_grids() -> None:
+    config = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=4)
+    assert MeshSpec(1, config).sends == MeshSpec(1, config, dead=frozenset()).sends
+
+
+def test_dead_cells_are_picked_by_seed_and_never_the_edges() -> None:
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    picked = DeadCells(fraction=0.5, seed=3).pick(cells, (0, 0))
+    assert len(picked) == 10 and (0, 0) not in picked
+    assert picked == DeadCells(fraction=0.5, seed=3).pick(cells, (0, 0))
+    assert picked != DeadCells(fraction=0.5, seed=4).pick(cells, (0, 0))
+
+
+def _mesh(dead: frozenset, data, best_effort=None) -> TimedMesh:
+    config = ModelConfig(rows=4, cols=5, kernel=3, filters=2, hidden=4)
+    spec = MeshSpec(1, config, (0, 0), "tree", dead=dead)
+    return TimedMesh(spec, {Split.TRAIN: data.X_train, Split.TEST: data.X_test},
+                     CNN(config, seed=0), {Split.TRAIN: data.y_train, Split.TEST: data.y_test},
+                     profile("802.15.4"), "shared", device("cortex-m4"), device("pi4"),
+                     best_effort=best_effort)
+
+
+@pytest.mark.parametrize("policy", [None, *Policy])
+def test_a_dead_cells_readings_never_reach_the_result(policy) -> None:
+    """Whatever a dead cell's sensor log holds, the wave's gradients are the same: its
+    reading is a missing input, filled in by the policy (zeros without one)."""
+    dead = frozenset({(1, 2), (3, 0), (2, 4)})
+    data = generate_lounge(DataConfig(rows=4, cols=5, train=8, test=2, seed=1))
+    grads = []
+    for scale in (1.0, 100.0):
+        changed = data.X_train.copy()
+        for r, c in dead:
+            changed[:, r, c] *= scale
+        data_here = dataclasses.replace(data, X_train=changed)
+        mesh = _mesh(dead, data_here, BestEffort(policy) if policy else None)
+        result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+        assert set(mesh.hosts) == set(mesh.spec.topology.members)
+        assert all(n.stats["absent_filled"] > 0 for c, n in mesh.nodes.items()
+                   if any(x in dead for x in mesh.spec.topology.window(c, 1, 1)))
+        grads.append(result.grads.copy())
+    assert np.array_equal(grads[0], grads[1])
+
+
+def test_a_block_without_a_live_cell_is_filled_in_at_the_edge() -> None:
+    dead = frozenset({(2, 0), (2, 1), (3, 0), (3, 1)})  # block (1, 0), all of it
+    data = generate_lounge(DataConfig(rows=4, cols=5, train=8, test=2, seed=1))
+    mesh = _mesh(dead, data, BestEffort(Policy.NEIGHBOURS))
+    mesh.run_wave(Mode.INFER, Split.TRAIN, np.arange(4))
+    assert mesh.edge.absent_blocks == [(1, 0)]
+    assert mesh.edge.stats["absent_blocks_filled"] == 1
+    assert (1, 0) not in mesh.spec.topology.leader  # nothing gathers it
+
+
+def test_training_with_dead_cells_goes_on_and_names_them() -> None:
+    config = load_run_config(model={"rows": 4, "cols": 5, "hidden": 8, "filters": 2},
+                             train={"epochs": 1, "batch": 8, "seed": 1})
+    data = generate_lounge(DataConfig(rows=4, cols=5, train=24, test=8, seed=3))
+    dead = frozenset({(1, 1), (3, 4)})
+    engine = SimEngine(training_data(config.train, data), profile("802.15.4"), "shared",
+                       device("cortex-m4"), device("pi4"), dead=dead,
+                       best_effort=BestEffort(Policy.NEIGHBOURS))
+    model, history = train(config, data, engine=engine)
+    faults = sim_report(engine.mesh, Mode.TRAIN)["faults"]
+    assert faults["dead_cells"] == ["r1c1", "r3c4"] and faults["cut_off_cells"] == []
+    assert faults["absent_filled"] > 0
+    assert np.isfinite(model.flat).all() and history.epochs[0].skipped_steps == 0
+    assert "r1c1" not in sim_report(engine.mesh, Mode.TRAIN)["energy_j"]["per_node"]
