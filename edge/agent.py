@@ -20,7 +20,7 @@ from meshdl.errors import StepSkipped, UsageError
 from meshdl.messages import EDGE, FLOAT32, Header, Kind, Message, make
 from meshdl.model import CNN, Trace
 from meshdl.nodes.deadlines import GATHER, REDUCE, Arrivals, Margins, Policy
-from meshdl.payloads import BatchOrder
+from meshdl.payloads import BatchOrder, PlanTail
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
 from meshdl.work import head_work
@@ -100,13 +100,7 @@ class EdgeMachine:
         self.logits: np.ndarray | None = None
         self.loss: float | None = None
         self.result: WaveResult | None = None
-        self.gather_blocks = spec.topology.tree_blocks(spec.edge_at)
-        # Blocks without a live member (meshdl/topology.py): no features come for them;
-        # the head reads the policy's (zeros without one).
-        prow, pcol = spec.topology.pooled_shape
-        gathered = set(self.gather_blocks)
-        self.absent_blocks = [(i, j) for i in range(prow) for j in range(pcol)
-                              if (i, j) not in gathered]
+        self._adopt(spec)
         self.stats: Counter[str] = Counter()
         self.seq = 0
         # Floating-point operations of the head so far (simulated time's CPU time).
@@ -115,12 +109,31 @@ class EdgeMachine:
         # GATHER's and REDUCE's arrival times per (mode, batch), and the current wave's
         # deadlines (from its start; from its SCATTER).
         self.policy: Policy | None = None
-        self.arrivals: dict[tuple[Mode, int], Arrivals] = {}
+        self.arrivals: dict[tuple, Arrivals] = {}  # by (plan, mode, batch)
         self.due_gather = self.due_reduce = 0.0
         self.backward_at = 0.0  # when this wave's SCATTER went
         self.last_level: dict[tuple[int, int], np.ndarray] = {}  # "last": block -> (h,)
         self._timed: Arrivals | None = None  # the current wave's kind's arrival times
         self._gave_up: Kind | None = None  # what the current wave filled in
+
+    def _adopt(self, spec: MeshSpec) -> None:
+        """Run the waves in `spec`'s mesh (its PARAMS say which, when it is not the
+        configured one): which blocks its GATHER brings, which it never can."""
+        self.spec = spec
+        self.gather_blocks = spec.topology.tree_blocks(spec.edge_at)
+        # Blocks without a live member (meshdl/topology.py): no features come for them;
+        # the head reads the policy's (zeros without one).
+        prow, pcol = spec.topology.pooled_shape
+        gathered = set(self.gather_blocks)
+        self.absent_blocks = [(i, j) for i in range(prow) for j in range(pcol)
+                              if (i, j) not in gathered]
+
+    def replan(self, edge_at: Cell, dead: frozenset[Cell]) -> None:
+        """From the next wave on, the mesh without `dead` cells, the edge attached to
+        `edge_at`: every node takes that plan from the PARAMS that start the wave."""
+        if (edge_at, dead) != self.spec.plan_key:
+            self._adopt(self.spec.replanned(edge_at, frozenset(dead)))
+            self.stats["replanned"] += 1
 
     def start(self, mode: Mode, split: Split, indices: np.ndarray,
               now: float = 0.0) -> list[Message]:
@@ -144,14 +157,16 @@ class EdgeMachine:
         return self._begin(now)
 
     def set_deadlines(self, policy: Policy, mode: Mode, batch: int, gather: float,
-                      reduce: float | None, margins: Margins, k: float) -> None:
+                      reduce: float | None, margins: Margins, k: float,
+                      spec: MeshSpec | None = None) -> None:
         """Best effort: in waves of `mode` and `batch`, give up on the GATHER and the
         REDUCE at their deadlines, starting from when they came in a loss-free wave
         (`gather` seconds after its start, `reduce` after its SCATTER) and following
         their arrivals (nodes/deadlines.py)."""
         self.policy = policy
         first = {GATHER: gather} if reduce is None else {GATHER: gather, REDUCE: reduce}
-        self.arrivals[(mode, batch)] = Arrivals(2, first, {REDUCE}, margins, k)
+        key = (spec or self.spec).plan_key
+        self.arrivals[(key, mode, batch)] = Arrivals(2, first, {REDUCE}, margins, k)
 
     def next_deadline(self) -> float | None:
         """When the current wave next gives up on something, if it will."""
@@ -220,12 +235,16 @@ class EdgeMachine:
         self.batch_labels = self.labels[split][indices] if mode == Mode.TRAIN else None
         # Best effort: this kind of wave's arrival times, and the deadlines they give.
         self._gave_up = None
-        self._timed = self.arrivals.get((mode, self.batch)) if self.policy else None
+        self._timed = self.arrivals.get((self.spec.plan_key, mode, self.batch)) \
+            if self.policy else None
         if self._timed is not None:
             self.due_gather = self._timed.deadline(GATHER)
             self.due_reduce = self._timed.deadline(REDUCE) if mode == Mode.TRAIN else 0.0
         params = self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
                                               self.model.norm_std)
+        if self.spec.planned:  # the mesh the wave runs in, for every node to plan it
+            tail = PlanTail(self.spec.edge_at, self.spec.dead).pack(self.spec.model.cols)
+            params = np.concatenate([params, tail])
         batch = BatchOrder(mode, split, indices).pack()
         to = self.spec.control_destination  # every node at once, or down the tree
         return [self._message(Kind.PARAMS, params, to), self._message(Kind.BATCH, batch, to)]

@@ -2,7 +2,9 @@
 
     PARAMS  float32  conv1.weight, conv1.bias, ..., convL.weight, convL.bias (each
                      flattened, PyTorch's shapes), then the input normalization's mean
-                     and std (in_channels values each)
+                     and std (in_channels values each); then, when the mesh's plan is
+                     not the configured one, its tail (`PlanTail`): the cell the edge
+                     is attached to and the dead cells
     REDUCE  float32  d(loss)/d(conv parameters): PARAMS' first part, same order
     BATCH   int32    mode, split, then one sample index per sample of the wave
 
@@ -21,6 +23,37 @@ import numpy as np
 
 from meshdl.config import ModelConfig
 from meshdl.model import param_shapes
+
+
+class PlanTail(NamedTuple):
+    """What PARAMS says of a plan that is not the configured one: the cell the edge is
+    attached to and the dead cells, as float32 cell numbers (row x cols + col, exact
+    below 2^24): [edge_at, count, *dead in increasing order]."""
+
+    edge_at: tuple[int, int]
+    dead: frozenset[tuple[int, int]]
+
+    def pack(self, cols: int) -> np.ndarray:
+        numbers = sorted(r * cols + c for r, c in self.dead)
+        return np.array([self.edge_at[0] * cols + self.edge_at[1], len(numbers), *numbers],
+                        np.float32)
+
+    @classmethod
+    def read(cls, values: np.ndarray, rows: int, cols: int) -> PlanTail | None:
+        """The tail of a PARAMS payload, or None if it is not a well-formed one: whole
+        numbers of cells inside the grid, the count right, no repeats, increasing."""
+        cells = rows * cols
+        if values.size < 2 or not np.all(np.isfinite(values)):
+            return None
+        numbers = values.astype(np.int64)
+        if not np.array_equal(numbers, values) or numbers.min() < 0 or \
+                numbers[0] >= cells or numbers[1] != values.size - 2:
+            return None
+        dead = numbers[2:]
+        if dead.size and (dead.max() >= cells or np.any(np.diff(dead) <= 0)):
+            return None
+        return cls(divmod(int(numbers[0]), cols),
+                   frozenset(divmod(int(n), cols) for n in dead))
 
 
 class LayerSlices(NamedTuple):

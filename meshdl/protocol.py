@@ -74,6 +74,9 @@ class MeshSpec:
     # Cells the plan goes around (meshdl/topology.py): the edge announces them with the
     # parameters of every wave, so every party plans the same mesh.
     dead: frozenset[Cell] = frozenset()
+    # The configured edge_at, where the edge may have moved (it re-attaches when its
+    # cell dies); None: edge_at. PARAMS carry the plan when it is not (home, no dead).
+    home: Cell | None = None
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +88,35 @@ class MeshSpec:
             need = max(params, self.overhead(Kind.GATHER) + ITEM_BYTES * self.values_per_sample)
             raise UsageError(f"mesh.max_message_bytes: {self.max_message_bytes} is too small "
                              f"for this model's messages (at least {need} bytes)")
+
+    @property
+    def planned(self) -> bool:
+        """Is this not the configured plan (dead cells, or the edge moved)? Its PARAMS
+        then carry it (`PlanTail`)."""
+        return bool(self.dead) or (self.home is not None and self.home != self.edge_at)
+
+    @property
+    def plan_key(self) -> tuple[Cell, frozenset[Cell]]:
+        """What tells this spec's plan from its replans'."""
+        return self.edge_at, self.dead
+
+    def replanned(self, edge_at: Cell, dead: frozenset[Cell]) -> MeshSpec:
+        """This mesh with the edge at `edge_at` and `dead` cells (one object per plan,
+        shared by every party of this process: its plan is worked out once)."""
+        if (edge_at, dead) == self.plan_key:
+            return self
+        replans = self._replans
+        spec = replans.get((edge_at, dead))
+        if spec is None:
+            spec = replans[(edge_at, dead)] = MeshSpec(
+                self.mesh_id, self.model, edge_at, self.params_via, self.max_message_bytes,
+                self.auth, frozenset(dead), self.home or self.edge_at)
+            spec.__dict__["_replans"] = replans  # one family of plans
+        return spec
+
+    @cached_property
+    def _replans(self) -> dict[tuple[Cell, frozenset[Cell]], MeshSpec]:
+        return {self.plan_key: self}
 
     @cached_property
     def params_layout(self) -> ParamsLayout:

@@ -75,6 +75,11 @@ class Topology:
     def inside(self, cell: Cell) -> bool:
         return 0 <= cell[0] < self.rows and 0 <= cell[1] < self.cols
 
+    def on_border(self, cell: Cell) -> bool:
+        """Could the edge be attached here (a cell on the grid's border)?"""
+        r, c = cell
+        return self.inside(cell) and (r in (0, self.rows - 1) or c in (0, self.cols - 1))
+
     def neighbours(self, cell: Cell) -> list[Cell]:
         """One-hop links of a cell: grid neighbours up, down, left, right that take part,
         and the edge."""

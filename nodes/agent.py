@@ -43,7 +43,7 @@ from meshdl.messages import (
 )
 from meshdl.nodes import compute
 from meshdl.nodes.deadlines import Arrivals, Margins, Policy, Schedule
-from meshdl.payloads import BATCH_HEAD, BatchOrder
+from meshdl.payloads import BATCH_HEAD, BatchOrder, PlanTail
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
 from meshdl.work import Work, node_work
@@ -114,6 +114,7 @@ class Expect(NamedTuple):
 RECEIVED, FILLED_IN = 1, 2  # `Wave.seen`: a message came, or its deadline passed
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
+KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
 
 ITEMS = Role.ITEMS  # the hot path's comparison, without an attribute lookup
 _MODES = tuple(Mode)  # by value, without the enum's lookup
@@ -134,6 +135,9 @@ class NodePlan:
 
     def __init__(self, spec: MeshSpec, cell: Cell) -> None:
         topo, layers = spec.topology, spec.model.conv_layers
+        if cell not in topo.members:  # left out of this mesh: nothing to do in it
+            self._empty()
+            return
         before, after = spec.offsets
         block = topo.block_of(cell)
         leads = topo.leader.get(block) == cell
@@ -261,6 +265,15 @@ class NodePlan:
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
 
+    def _empty(self) -> None:
+        """The plan of a cell the mesh leaves out: no messages, no tasks."""
+        self.writer, self.buffers, self.slots, self.buffer_channels = {}, {}, [], []
+        self.inbox, self.keys, self.expected, self.carries = {}, [], [], []
+        self.maker, self.orphans, self.tasks, self.send_rows = {}, {}, [], []
+        self.train_only, self.waiters, self.needs_count = [], {}, []
+        self.active = dict.fromkeys(Mode, 0)
+        self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
+
     def usable(self, wave: Wave, f: Field, item: Hashable) -> bool:
         """Has this wave got the values of item `item` of field `f` (received, not
         filled in; or computed here)?"""
@@ -306,6 +319,7 @@ class Wave:
         self.mode: Mode | None = None
         self.training = False
         self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
+        self.params_payload: np.ndarray | None = None  # all of it (the plan's tail too)
         self.batch_payload: np.ndarray | None = None
         self.batch = 0
         self.buffers: list[np.ndarray] = []  # per field: (slots, channels, batch)
@@ -337,18 +351,56 @@ class NodeMachine:
 
     def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray]) -> None:
         """`readings[split]` is (samples, in_channels) float32: this sensor's own log."""
-        self.spec = spec
-        self.mesh_id = spec.mesh_id
         self.cell = cell
         # Channel-major, as the node's activations are (channels, batch).
         self.readings = {split: np.ascontiguousarray(x.T, np.float32)
                          for split, x in readings.items()}
+        self.wave: Wave | None = None
+        # Messages that came before their wave could use them, per sender (a bounded
+        # queue each: a misbehaving neighbour can only push out its own).
+        self.early: dict[Cell, deque[Message]] = {}
+        self.stats: Counter[str] = Counter()
+        self.seq = 0
+        # Best effort (nodes/deadlines.py): None waits for every message (exact);
+        # else arrival times per (plan, mode, batch), and what fills in a missed message.
+        self.policy: Policy | None = None
+        self.arrivals: dict[tuple, Arrivals] = {}
+        self.last_level: dict[Item, np.ndarray] = {}  # policy "last": (channels,) an item
+        # Floating-point operations of every computation run so far: simulated time
+        # turns them into CPU time on a device profile (sim/device.py).
+        self.flops = 0
+        self._plans: dict[tuple, NodePlan] = {}  # by `MeshSpec.plan_key`, a few
+        self._adopt(spec)
+
+    def _plan_for(self, spec: MeshSpec) -> NodePlan:
+        """This cell's plan in `spec`'s mesh (kept: the mesh may come back to it)."""
+        plan = self._plans.get(spec.plan_key)
+        if plan is None:
+            if len(self._plans) >= KEPT_PLANS:
+                del self._plans[next(iter(self._plans))]
+            plan = self._plans[spec.plan_key] = NodePlan(spec, self.cell)
+        return plan
+
+    def _adopt(self, spec: MeshSpec) -> None:
+        """Take `spec`'s plan: who this node hears from and sends to, its buffers, its
+        tasks. A cell `spec` leaves out (dead, or cut off) has none: it only waits for
+        PARAMS that take it back in."""
+        cell = self.cell
+        self.spec = spec
+        self.mesh_id = spec.mesh_id
+        self.layout = spec.params_layout  # where each layer's parameters sit in PARAMS
+        self.params_size = self.layout.size
+        self.wave = None  # the PARAMS that brought the new plan start a new wave
+        self._storage: list[np.ndarray] = []  # the field buffers of the last wave
         topo = spec.topology
-        self.parent = topo.parent[cell]
-        self.children = topo.children[cell]
-        self.neighbours = set(topo.neighbours(cell))
-        self.plan = plan = NodePlan(spec, cell)
+        self.plan = plan = self._plan_for(spec)
         self.inbox = plan.inbox
+        self.parent = topo.parent.get(cell)
+        self.neighbours = set(topo.neighbours(cell)) if cell in topo.members else set()
+        self.children = topo.children.get(cell, [])
+        self.jobs: list[Job] = []
+        if cell not in topo.members:
+            return
         layers = spec.model.conv_layers
         before, after = spec.offsets
         forward = _slots(cell, topo.window(cell, before, after), before, spec.model.kernel)
@@ -392,29 +444,10 @@ class NodeMachine:
                                  for layer in range(1, layers + 1)]
         self.made_pooled = plan.waiting_for((("pooled",), self.block))
         self.made_route = [plan.waiting_for((("route",), c)) for c in self.block_cells]
-        # Where each layer's weights and biases sit in PARAMS (their gradients in REDUCE).
-        self.layout = spec.params_layout
-        self.params_size = self.layout.size
-        self.wave: Wave | None = None
-        self._storage: list[np.ndarray] = []  # the field buffers of the last wave
-        # Messages that came before their wave could use them, per sender (a bounded
-        # queue each: a misbehaving neighbour can only push out its own).
-        self.early: dict[Cell, deque[Message]] = {}
-        self.stats: Counter[str] = Counter()
-        self.seq = 0
-        # Best effort (nodes/deadlines.py): None waits for every message (exact);
-        # else arrival times per (mode, batch), and what fills in a missed message.
-        self.policy: Policy | None = None
-        self.arrivals: dict[tuple[Mode, int], Arrivals] = {}
-        self.last_level: dict[Item, np.ndarray] = {}  # policy "last": (channels,) an item
-        # Floating-point operations of every computation run so far: simulated time
-        # turns them into CPU time on a device profile (sim/device.py).
-        self.flops = 0
         steps: dict[str, Callable[[Wave, int, list[Message]], None]] = {
             "conv": self._conv_forward, "pool": self._pool, "route": self._route,
             "dz_top": self._dz_top, "grad": self._weight_grad, "dinput": self._input_grad,
             "reduce": self._reduce}
-        self.jobs: list[Job] = []
         for task, train_only, rows in zip(plan.tasks, plan.train_only, plan.send_rows,
                                           strict=True):
             if isinstance(task, Send):
@@ -429,6 +462,8 @@ class NodeMachine:
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one decoded message; return the messages this node sends in response."""
         h = message.header
+        if h.kind == Kind.PARAMS and not self._plan_of(message):
+            return []
         expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
         if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
             self.stats[f"rejected:{self._reject_reason(message)}"] += 1
@@ -509,6 +544,33 @@ class NodeMachine:
                 out.extend(self.handle(early, now))
         return out
 
+    def _plan_of(self, message: Message) -> bool:
+        """PARAMS say which mesh the wave runs in (`PlanTail`; none: the configured
+        one): take that plan if it is not this node's, when the sender is who sends
+        this node its PARAMS there. False if the message is to be dropped."""
+        h, payload = message.header, message.payload
+        if h.dtype != FLOAT32 or payload.ndim != 1 or payload.size < self.params_size:
+            return True  # not plausible PARAMS: the usual checks reject it
+        spec = self.spec
+        if payload.size == self.params_size:
+            plan = (spec.home or spec.edge_at, frozenset())
+        else:
+            tail = PlanTail.read(payload[self.params_size:], spec.model.rows, spec.model.cols)
+            if tail is None or tail.edge_at in tail.dead or not \
+                    spec.topology.on_border(tail.edge_at):
+                self.stats["rejected:bad_params"] += 1
+                return False
+            plan = (tail.edge_at, tail.dead)
+        if plan == spec.plan_key:
+            return True
+        other = spec.replanned(*plan)
+        if (Kind.PARAMS, 0, 0, h.src) not in self._plan_for(other).inbox:
+            self.stats["rejected:not_from_parent"] += 1
+            return False
+        self._adopt(other)
+        self.stats["replanned"] += 1
+        return True
+
     def _reject_reason(self, message: Message) -> str:
         """Why a message is not one this node's plan receives (the slow path)."""
         h = message.header
@@ -557,7 +619,13 @@ class NodeMachine:
         if expect.role == Role.SAMPLES:
             return h.dtype == INT32 and len(shape) == 1 and \
                 BATCH_HEAD < shape[0] <= self.spec.max_batch + BATCH_HEAD
-        return h.dtype == FLOAT32 and shape == (self.params_size,)
+        return h.dtype == FLOAT32 and self._params_shaped(message.payload)
+
+    def _params_shaped(self, payload: np.ndarray) -> bool:
+        """The parameters, and the plan's tail when this mesh's plan has one."""
+        if self.spec.planned:
+            return payload.ndim == 1 and payload.size > self.params_size
+        return payload.shape == (self.params_size,)
 
     def _due(self, wave: Wave) -> list[Message]:
         """Take the buffered messages of `wave`; keep those of later waves of its
@@ -607,11 +675,11 @@ class NodeMachine:
         starts."""
         h, payload = message.header, message.payload
         if expect.role == Role.PARAMETERS:
-            if h.dtype != FLOAT32 or payload.shape != (self.params_size,) or \
+            if h.dtype != FLOAT32 or not self._params_shaped(payload) or \
                     not compute.all_positive(payload[self.layout.std]):
                 self.stats["rejected:bad_params"] += 1
                 return False
-            wave.params_vector = payload
+            wave.params_payload, wave.params_vector = payload, payload[:self.params_size]
         else:
             if h.dtype != INT32 or not self._valid_batch(payload):
                 self.stats["rejected:bad_batch"] += 1
@@ -646,7 +714,8 @@ class NodeMachine:
         wave.batch = len(indices)
         wave.started_at = now
         if self.policy is not None:
-            arrivals = wave.arrivals = self.arrivals.get((wave.mode, wave.batch))
+            arrivals = wave.arrivals = self.arrivals.get((self.spec.plan_key, wave.mode,
+                                                          wave.batch))
             if arrivals is not None:
                 wave.schedule = arrivals.schedule()
                 wave.after = {d.index: d.after for d in wave.schedule.forward}
@@ -659,7 +728,7 @@ class NodeMachine:
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
         for child in self.children if self.spec.params_via == "tree" else ():
-            out.append(self._message(wave, Kind.PARAMS, child, wave.params_vector))
+            out.append(self._message(wave, Kind.PARAMS, child, wave.params_payload))
             out.append(self._message(wave, Kind.BATCH, child, payload))
         compute.normalize(self.readings[split], indices, params[self.layout.mean],
                           params[self.layout.std], wave.buffers[self.a[0]][self.own_a[0]])
@@ -685,17 +754,21 @@ class NodeMachine:
 
     # --------------------------------------------------------------- deadlines
     def set_deadlines(self, policy: Policy, mode: Mode, batch: int,
-                      first: dict[tuple, float], margins: Margins, k: float) -> None:
-        """Best effort: in waves of `mode` and `batch`, give up on a message of the
-        plan (by inbox key) at its deadline and fill it in by `policy`. Deadlines start
-        from `first` (seconds into its phase each came in a loss-free wave) and follow
-        the arrivals (nodes/deadlines.py); a message without one is waited for."""
+                      first: dict[tuple, float], margins: Margins, k: float,
+                      spec: MeshSpec | None = None) -> None:
+        """Best effort: in waves of `mode` and `batch` (of `spec`'s plan, by default
+        this node's), give up on a message of the plan (by inbox key) at its deadline
+        and fill it in by `policy`. Deadlines start from `first` (seconds into its
+        phase each came in a loss-free wave) and follow the arrivals
+        (nodes/deadlines.py); a message without one is waited for."""
         self.policy = policy
-        inbox = self.inbox
+        spec = spec or self.spec
+        inbox = self._plan_for(spec).inbox
         measured = {inbox[key].index: seconds for key, seconds in first.items()
                     if not inbox[key].role.starts_wave}  # without them, no wave
-        backward = {e.index for e in self.plan.expected if e.train_only}
-        self.arrivals[(mode, batch)] = Arrivals(len(inbox), measured, backward, margins, k)
+        backward = {e.index for e in inbox.values() if e.train_only}
+        self.arrivals[(spec.plan_key, mode, batch)] = Arrivals(len(inbox), measured,
+                                                               backward, margins, k)
 
     def due(self, h: Header) -> float | None:
         """When this node stops waiting for the message of header `h`, if it is of its

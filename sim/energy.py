@@ -38,17 +38,22 @@ def state_energy(radio: RadioProfile, device: DeviceProfile, tx: float, rx: floa
 
 def energy_record(radio: RadioProfile, node: DeviceProfile, edge: DeviceProfile,
                   cells: Iterable[Party], edge_party: Party, tx: Mapping[Party, float],
-                  rx: Mapping[Party, float], cpu: Mapping[Party, float], duration: float
-                  ) -> dict[str, Any]:
+                  rx: Mapping[Party, float], cpu: Mapping[Party, float], duration: float,
+                  down: Mapping[Party, float] | None = None) -> dict[str, Any]:
     """sim.json's energy record over `duration`: total (nodes and edge), nodes, edge,
     the hottest node, by state, per node; the same under an ideal MAC; and each node's
-    radio airtime (transmitting plus receiving), which shows who relays."""
+    radio airtime (transmitting plus receiving), which shows who relays. A node `down`
+    for some of the time draws nothing then; one down all along is left out."""
     per_node: dict[str, dict[str, float]] = {}
     airtime: dict[str, float] = {}
+    down = down or {}
     for cell in cells:
+        up = duration - down.get(cell, 0.0)
+        if up <= 0.0 and cell in down:
+            continue
         name = name_of(cell)
         per_node[name] = state_energy(radio, node, tx.get(cell, 0.0), rx.get(cell, 0.0),
-                                      cpu.get(cell, 0.0), duration)
+                                      cpu.get(cell, 0.0), up)
         airtime[name] = tx.get(cell, 0.0) + rx.get(cell, 0.0)
     at_edge = state_energy(radio, edge, tx.get(edge_party, 0.0), rx.get(edge_party, 0.0),
                            cpu.get(edge_party, 0.0), duration)

@@ -183,8 +183,9 @@ def _faults(mesh: TimedMesh) -> dict[str, Any]:
         "absent_filled": sum(node.stats["absent_filled"] for node in mesh.nodes.values()),
         "absent_blocks_filled": edge["absent_blocks_filled"],
         "skipped_steps": edge["skipped_steps"],
-        "dead_cells": [name_of(cell) for cell in sorted(mesh.spec.dead)],
-        "cut_off_cells": [name_of(cell) for cell in sorted(mesh.spec.topology.cut_off)],
+        "dead_cells": [name_of(cell) for cell in sorted(mesh.edge.spec.dead)],
+        "cut_off_cells": [name_of(cell) for cell in
+                          sorted(mesh.edge.spec.topology.cut_off)],
         "stragglers": [name_of(cell) for cell in mesh.slowdown],
         "straggler_slowdown": mesh.stragglers.slowdown if mesh.slowdown else None,
         "loss": None if mesh.medium.loss is None else {
@@ -195,7 +196,8 @@ def _faults(mesh: TimedMesh) -> dict[str, Any]:
 def mode_energy(mesh: TimedMesh, usage: Usage) -> dict[str, Any]:
     """Joules over the waves of `usage` (sim/energy.py)."""
     record = energy.energy_record(mesh.radio, mesh.device, mesh.edge_device, mesh.hosts,
-                                  EDGE, usage.tx, usage.rx, usage.cpu, usage.seconds)
+                                  EDGE, usage.tx, usage.rx, usage.cpu, usage.seconds,
+                                  usage.down)
     record["per_wave_mean"] = record["total"] / max(usage.waves, 1)
     return record
 

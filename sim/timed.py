@@ -58,7 +58,7 @@ from meshdl.sim.mesh import cell_readings
 from meshdl.sim.radio import RadioProfile
 from meshdl.sim.stragglers import Stragglers
 from meshdl.topics import TopicNames
-from meshdl.topology import Topology
+from meshdl.topology import Cell, Topology
 from meshdl.work import optimizer_work
 
 # Mosquitto's work per relayed message on the broker's host: `meshdl bench mqtt`'s raw
@@ -89,6 +89,7 @@ class Usage:
     seconds: float = 0.0
     cpu: dict[Party, float] = field(default_factory=dict)
     radio: Tally = field(default_factory=Tally)
+    down: dict[Party, float] = field(default_factory=dict)  # seconds each node was down
 
     @property
     def tx(self) -> dict[Party, float]:
@@ -157,7 +158,7 @@ class TimedMesh:
         if medium == "shared" and spec.params_via != "tree":
             raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
                              "'broadcast' needs the MQTT star (--medium star)")
-        self.spec = spec
+        self.spec = self.base_spec = spec  # as configured (the edge's may replan)
         self.medium_name = medium
         self.radio = radio
         self.device = device
@@ -174,8 +175,12 @@ class TimedMesh:
         # With the trace: every message as its receiver took it (time, receiver, header).
         self.receipts: list[Receipt] | None = [] if trace or receipts else None
         self.seed, self.readings = seed, readings
+        # Every cell has its host, the dead too: a cell that comes back takes part again
+        # once the edge's PARAMS bring a plan with it (sim/dead.py).
         self.hosts = {cell: NodeHost(spec, [cell], cell_readings(readings),
-                                     local_delivery=False) for cell in members}
+                                     local_delivery=False) for cell in topo.cells()}
+        # Cells whose node is down, and since when: what reaches them is lost.
+        self.down: dict[Cell, float] = dict.fromkeys(spec.dead, 0.0)
         self.nodes = {cell: host.nodes[cell] for cell, host in self.hosts.items()}
         self.edge = EdgeMachine(spec, model, labels)
         self._topics = TopicNames(spec.mesh_id)
@@ -193,7 +198,7 @@ class TimedMesh:
         self.best_effort = best_effort
         if best_effort is not None:  # only the wave's control is recovered end to end
             self.medium.recovered = frozenset({Kind.PARAMS, Kind.BATCH})
-        self._calibrated: set[tuple[Mode, int]] = set()  # (mode, batch) with deadlines
+        self._calibrated: set[tuple] = set()  # (plan, mode, batch) with deadlines
         self._probe: TimedMesh | None = None  # the loss-free mesh that measures them
         self._tick_at: dict[Party, float] = {}  # each party's next deadline event
         self._filled_before = 0
@@ -214,7 +219,8 @@ class TimedMesh:
         tally = self.medium.account(mode)
         usage = self.usage.setdefault(mode, Usage(radio=tally))
         before = self._cpu_seconds()
-        if self.best_effort is not None and (mode, len(indices)) not in self._calibrated:
+        if self.best_effort is not None and \
+                (edge.spec.plan_key, mode, len(indices)) not in self._calibrated:
             self._calibrate(mode, split, indices)
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
         if self.best_effort is not None:
@@ -243,6 +249,9 @@ class TimedMesh:
         else:
             queue.run_through(end)
         self._wave.end = end
+        for cell, since in self.down.items():  # a down node draws no power
+            usage.down[cell] = usage.down.get(cell, 0.0) + end - max(since,
+                                                                     self._wave.start)
         if self.best_effort is not None:
             total = self.filled_in()
             self._wave.filled_in = total - self._filled_before
@@ -262,7 +271,12 @@ class TimedMesh:
                 self.spec, self.readings, copy, self.edge.labels, self.radio,
                 self.medium_name, self.device, self.edge_device, self.seed,
                 broker_s=self.broker_s, stragglers=self.stragglers, receipts=True)
-        probe, model = self._probe, self.edge.model
+        probe, model, spec = self._probe, self.edge.model, self.edge.spec
+        probe.edge.replan(*spec.plan_key)  # the mesh as it is now, its dead down
+        for cell in set(probe.down) - spec.dead:
+            probe.revive(cell)
+        for cell in spec.dead:
+            probe.kill(cell)
         probe.edge.model.flat[...] = model.flat
         probe.edge.model.set_normalization(model.norm_mean, model.norm_std)
         found = []
@@ -276,10 +290,33 @@ class TimedMesh:
         margins = offsets.margins(self.radio)
         policy, k, batch = self.best_effort.policy, self.best_effort.patience, len(indices)
         for cell, first in offsets.nodes.items():
-            self.nodes[cell].set_deadlines(policy, mode, batch, first, margins, k)
+            self.nodes[cell].set_deadlines(policy, mode, batch, first, margins, k, spec)
         self.edge.set_deadlines(policy, mode, batch, offsets.gather, offsets.reduce,
-                                margins, k)
-        self._calibrated.add((mode, batch))
+                                margins, k, spec)
+        self._calibrated.add((spec.plan_key, mode, batch))
+
+    def kill(self, cell: Cell) -> None:
+        """The node of `cell` goes down now: it takes nothing more, sends nothing, draws
+        no power, and forgets everything (a crash)."""
+        if cell not in self.down:
+            self.down[cell] = self.queue.now
+            self._tick_at.pop(cell, None)
+            self.cpus[cell].inbox.clear()
+
+    def revive(self, cell: Cell) -> None:
+        """The node of `cell` comes back now, as it boots: its configured mesh, nothing
+        of the waves before."""
+        since = self.down.pop(cell, None)
+        if since is None:
+            return
+        if self._wave is not None:  # its time down in the current wave's account
+            usage = self.usage.setdefault(self._wave.mode, Usage())
+            usage.down[cell] = usage.down.get(cell, 0.0) + self.queue.now - max(
+                since, self._wave.start)
+        host = NodeHost(self.base_spec, [cell], cell_readings(self.readings),
+                        local_delivery=False)
+        self.hosts[cell], self.nodes[cell] = host, host.nodes[cell]
+        self.cpus[cell] = _Cpu(free_at=self.queue.now, seconds=self.cpus[cell].seconds)
 
     def filled_in(self) -> int:
         """Messages filled in at deadlines so far, by the nodes and the edge."""
@@ -302,6 +339,8 @@ class TimedMesh:
         if self._tick_at.get(party) != now:  # an earlier deadline took this one's place
             return
         del self._tick_at[party]
+        if party in self.down:
+            return
         cpu = self.cpus[party]
         if cpu.free_at > now or cpu.inbox:  # after what it is computing and has waiting
             self._tick_at[party] = cpu.free_at + (1e-9 if cpu.inbox else 0.0)
@@ -331,7 +370,11 @@ class TimedMesh:
 
     # ------------------------------------------------------------- parties
     def _arrive(self, party: Party, message: Message) -> None:
-        """A message reaches `party`: handled now, or queued while its CPU is busy."""
+        """A message reaches `party`: handled now, or queued while its CPU is busy (or
+        lost, if its node is down)."""
+        if party in self.down:
+            self.medium.faults["messages_to_dead"] += 1
+            return
         cpu, now = self.cpus[party], self.queue.now
         if cpu.free_at > now or cpu.inbox:
             cpu.inbox.append(message)
@@ -435,13 +478,16 @@ class TimedMesh:
         transmission carrying the union of their items (its size is worked out once per
         sender, receivers and batch: waves repeat them)."""
         receivers = tuple([m.header.dst for m in messages])
-        key = (src, kind, layer, phase, receivers, messages[0].header.shape)
+        key = (src, kind, layer, phase, receivers, messages[0].header.shape,
+               self.nodes[src].spec.plan_key if src in self.nodes else None)
         sizes = self._broadcast_sizes.get(key)
         if sizes is None:
             items: set = set()
             per_item = 0
             for m in messages:
-                carried = message_items(self.spec, src, m.header.dst, kind, layer, phase)
+                carried = message_items(self.nodes[src].spec if src in self.nodes
+                                        else self.edge.spec, src, m.header.dst, kind,
+                                        layer, phase)
                 items.update(carried)
                 per_item = math.prod(m.header.shape) // len(carried)
             union = self.spec.overhead(Kind(kind)) + ITEM_BYTES * per_item * len(items)

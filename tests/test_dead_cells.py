@@ -11,6 +11,7 @@ import pytest
 from meshdl import load_run_config
 from meshdl.augment import training_data
 from meshdl.config import DataConfig, ModelConfig
+from meshdl.messages import Kind
 from meshdl.model import CNN
 from meshdl.nodes.deadlines import Policy
 from meshdl.protocol import MeshSpec, Mode, Split
@@ -94,9 +95,10 @@ def test_a_dead_cells_readings_never_reach_the_result(policy) -> None:
         data_here = dataclasses.replace(data, X_train=changed)
         mesh = _mesh(dead, data_here, BestEffort(policy) if policy else None)
         result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
-        assert set(mesh.hosts) == set(mesh.spec.topology.members)
+        assert set(mesh.down) == dead  # down from the start
         assert all(n.stats["absent_filled"] > 0 for c, n in mesh.nodes.items()
-                   if any(x in dead for x in mesh.spec.topology.window(c, 1, 1)))
+                   if c not in dead and
+                   any(x in dead for x in mesh.spec.topology.window(c, 1, 1)))
         grads.append(result.grads.copy())
     assert np.array_equal(grads[0], grads[1])
 
@@ -125,3 +127,58 @@ def test_training_with_dead_cells_goes_on_and_names_them() -> None:
     assert faults["absent_filled"] > 0
     assert np.isfinite(model.flat).all() and history.epochs[0].skipped_steps == 0
     assert "r1c1" not in sim_report(engine.mesh, Mode.TRAIN)["energy_j"]["per_node"]
+
+
+# ------------------------------------------------------------ at runtime
+def _live_mesh(policy=Policy.ZERO) -> TimedMesh:
+    data = generate_lounge(DataConfig(rows=4, cols=5, train=8, test=2, seed=1))
+    return _mesh(frozenset(), data, BestEffort(policy))
+
+
+def test_a_node_dying_mid_wave_leaves_a_wave_that_finishes_with_fill_ins() -> None:
+    mesh = _live_mesh()
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+    start = mesh.queue.now
+    mesh.queue.at(start + 0.05, mesh.kill, (2, 2))  # while the forward pass runs
+    result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+    assert (2, 2) in mesh.down and mesh.filled_in() > 0
+    assert result.skipped or np.isfinite(result.grads).all()
+    assert mesh.medium.faults["messages_to_dead"] > 0
+
+
+def test_the_plan_the_edge_announces_with_the_parameters_is_every_nodes() -> None:
+    """The edge replans without a dead cell: the next wave's PARAMS carry the plan, each
+    node takes it on the way and the wave completes without the dead one; once it is
+    back and the edge takes it in again, the nodes go back to the full plan."""
+    mesh = _live_mesh()
+    full = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4)).grads.copy()
+    mesh.kill((2, 2))
+    mesh.edge.replan((0, 0), frozenset({(2, 2)}))
+    result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+    live = [n for c, n in mesh.nodes.items() if c != (2, 2)]
+    assert all(n.spec.dead == {(2, 2)} and n.stats["replanned"] == 1 for n in live)
+    assert all(n.wave is not None and n.wave.finished_at.get("finished") for n in live)
+    assert not result.skipped and mesh.edge.stats["filled_in:reduce"] == 0
+    mesh.revive((2, 2))
+    mesh.edge.replan((0, 0), frozenset())
+    back = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+    assert all(n.spec.dead == frozenset() for n in mesh.nodes.values())
+    assert mesh.nodes[(2, 2)].wave.finished_at.get("finished")
+    assert np.array_equal(back.grads, full)  # the same batch and parameters: the same
+
+
+def test_a_params_tail_that_is_not_a_plan_is_rejected() -> None:
+    from meshdl.messages import make
+    from meshdl.nodes.agent import NodeMachine
+    from meshdl.payloads import PlanTail
+
+    config = ModelConfig(rows=3, cols=3, kernel=3, filters=2, hidden=4)
+    spec = MeshSpec(1, config)
+    node = NodeMachine(spec, (1, 1), {Split.TRAIN: np.zeros((4, 1), np.float32)})
+    params = spec.params_layout.pack(CNN(config).flat, np.zeros(1), np.ones(1))
+    for tail in ([0, 2, 4], [0, 1, 99], [0, 1, 4.5], [4, 0], [0, 2, 5, 4], [0, 1, 0]):
+        payload = np.concatenate([params, np.array(tail, np.float32)])
+        node.handle(make(Kind.PARAMS, 1, 1, (0, 1), (1, 1), payload), 0.0)
+    assert node.stats["rejected:bad_params"] == 6 and node.spec is spec
+    good = PlanTail((0, 0), frozenset({(2, 2)})).pack(3)
+    assert PlanTail.read(good, 3, 3) == PlanTail((0, 0), frozenset({(2, 2)}))
