@@ -17,8 +17,9 @@ import numpy as np
 
 from meshdl import kernels
 from meshdl.errors import StepSkipped, UsageError
-from meshdl.messages import EDGE, FLOAT32, Header, Kind, Message, make
+from meshdl.messages import EDGE, FLOAT32, INT32, Header, Kind, Message, make, newer
 from meshdl.model import CNN, Trace
+from meshdl.nodes.agent import HEALTH_MAX, SILENT_WAVES
 from meshdl.nodes.deadlines import GATHER, REDUCE, Arrivals, Margins, Policy
 from meshdl.payloads import BatchOrder, PlanTail
 from meshdl.protocol import MeshSpec, Mode, Split
@@ -101,6 +102,15 @@ class EdgeMachine:
         self.loss: float | None = None
         self.result: WaveResult | None = None
         self._adopt(spec)
+        # Dead cells (best effort): reported, back, and the cells the edge can attach
+        # to, in order of preference; off unless `watch_health`.
+        self.watch_health = False
+        self.suspects: set[Cell] = set()
+        self.comebacks: set[Cell] = set()
+        self.attach_options: tuple[Cell, ...] = (spec.edge_at,)
+        self.heard_from_mesh, self.silent_waves = True, 0
+        self._weighed = False
+        self.plan_since = first_step & 0xFFFFFFFF  # the first wave of the current plan
         self.stats: Counter[str] = Counter()
         self.seq = 0
         # Floating-point operations of the head so far (simulated time's CPU time).
@@ -128,11 +138,63 @@ class EdgeMachine:
         self.absent_blocks = [(i, j) for i in range(prow) for j in range(pcol)
                               if (i, j) not in gathered]
 
+    def _health(self, message: Message) -> list[Message]:
+        """Reports from the mesh: cells its nodes found silent (dead, or cut off behind
+        a dead one) and cells that said hello (back). Weighed at the next wave."""
+        h, payload = message.header, message.payload
+        rows, cols = self.spec.model.rows, self.spec.model.cols
+        if h.dtype != INT32 or payload.ndim != 1 or not 0 < payload.size <= HEALTH_MAX \
+                or not np.all((payload != 0) & (np.abs(payload) <= rows * cols)):
+            self.stats["rejected:bad_health"] += 1
+            return []
+        self.heard_from_mesh = True
+        # Silence found in a wave of an older plan says nothing of this one (a cell cut
+        # off behind a dead one then has a parent now).
+        current = h.session == self.session and not newer(self.plan_since, h.step)
+        for entry in payload.tolist():
+            cell = divmod(abs(entry) - 1, cols)
+            if entry < 0:
+                self.comebacks.add(cell)
+            elif current:
+                self.suspects.add(cell)
+            else:
+                self.stats["stale_health"] += 1
+        self.stats["health_reports"] += 1
+        return []
+
+    def weigh_health(self) -> None:
+        """Before a wave (once; `_begin` does it if the transport has not): take the
+        reported cells out of the plan, or back in. A cell
+        whose tree parent is suspected too is only cut off, not dead: it is kept (it
+        hears from another parent once the dead one is planned around). The edge moves
+        to its next attachment cell when nothing came from its own for
+        `SILENT_WAVES` waves."""
+        if not self.watch_health or self._weighed:
+            return
+        self._weighed = True
+        spec, dead = self.spec, set(self.spec.dead)
+        parent = spec.topology.parent
+        dead |= {c for c in self.suspects
+                 if c != spec.edge_at and parent.get(c) not in self.suspects}
+        dead -= self.comebacks
+        edge_at = spec.edge_at
+        self.silent_waves = 0 if self.heard_from_mesh else self.silent_waves + 1
+        if self.silent_waves >= SILENT_WAVES:
+            moved = [c for c in self.attach_options if c not in dead and c != edge_at]
+            if moved:
+                dead.add(edge_at)
+                edge_at = moved[0]
+                self.silent_waves = 0
+                self.stats["reattached"] += 1
+        self.suspects, self.comebacks, self.heard_from_mesh = set(), set(), False
+        self.replan(edge_at, frozenset(dead))
+
     def replan(self, edge_at: Cell, dead: frozenset[Cell]) -> None:
         """From the next wave on, the mesh without `dead` cells, the edge attached to
         `edge_at`: every node takes that plan from the PARAMS that start the wave."""
         if (edge_at, dead) != self.spec.plan_key:
             self._adopt(self.spec.replanned(edge_at, frozenset(dead)))
+            self.plan_since = (self.step + 1) & 0xFFFFFFFF  # the next wave's
             self.stats["replanned"] += 1
 
     def start(self, mode: Mode, split: Split, indices: np.ndarray,
@@ -225,6 +287,8 @@ class EdgeMachine:
         return []
 
     def _begin(self, now: float) -> list[Message]:
+        self.weigh_health()
+        self._weighed = False  # the next wave weighs what this one brings
         mode, split, indices = self._request
         self.attempts += 1
         self.started_at = now
@@ -255,6 +319,9 @@ class EdgeMachine:
         if h.mesh != self.spec.mesh_id or h.dst != EDGE or h.src != self.spec.edge_at:
             self.stats["rejected:not_for_me"] += 1
             return []
+        self.heard_from_mesh = True
+        if h.kind == Kind.HEALTH:
+            return self._health(message)
         if h.step != self.step or h.session != self.session or self.result is not None:
             if h.kind == self._gave_up and h.step == self.step and \
                     h.session == self.session:

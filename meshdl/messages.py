@@ -60,12 +60,13 @@ class Kind(IntEnum):
     ROUTE = 7  # a pooling leader's gradient for one member of its block (max routing)
     GRAD_HALO = 8  # d(loss)/d(conv output) for a neighbour's transposed convolution
     REDUCE = 9  # partial conv-parameter gradients of a subtree, summed on the way up
+    HEALTH = 10  # int32 cells suspected dead (+n+1) or back (-(n+1)), up the tree
 
 
 CLASS_OF = {
     Kind.PARAMS: "params", Kind.BATCH: "params", Kind.HALO: "halo", Kind.POOL: "pool",
     Kind.GATHER: "gather", Kind.SCATTER: "scatter", Kind.ROUTE: "scatter",
-    Kind.GRAD_HALO: "grad-halo", Kind.REDUCE: "reduce",
+    Kind.GRAD_HALO: "grad-halo", Kind.REDUCE: "reduce", Kind.HEALTH: "health",
 }
 
 DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4")}

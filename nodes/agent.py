@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from meshdl.messages import (
+    EDGE,
     FLOAT32,
     INT32,
     ITEM_BYTES,
@@ -115,6 +116,8 @@ RECEIVED, FILLED_IN = 1, 2  # `Wave.seen`: a message came, or its deadline passe
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
+SILENT_WAVES = 2  # waves a neighbour gives nothing in before it is reported dead
+HEALTH_MAX = 64  # cells one HEALTH may name
 
 ITEMS = Role.ITEMS  # the hot path's comparison, without an attribute lookup
 _MODES = tuple(Mode)  # by value, without the enum's lookup
@@ -370,6 +373,15 @@ class NodeMachine:
         # turns them into CPU time on a device profile (sim/device.py).
         self.flops = 0
         self._plans: dict[tuple, NodePlan] = {}  # by `MeshSpec.plan_key`, a few
+        # Dead neighbours (best effort): consecutive waves each gave nothing in, and
+        # the report for the edge; saying hello when no PARAMS came for `hello_after`
+        # seconds (None: never), as a node that booted or was left out does.
+        self.silent: Counter[Cell] = Counter()
+        self._suspects: list[Cell] = []
+        self._judged = (0, 0)  # the (step, session) of the wave they were found in
+        self.hello_after: float | None = None
+        self.heard_at = 0.0  # the last PARAMS taken, or the boot
+        self._hello_at: float | None = None
         self._adopt(spec)
 
     def _plan_for(self, spec: MeshSpec) -> NodePlan:
@@ -399,6 +411,8 @@ class NodeMachine:
         self.neighbours = set(topo.neighbours(cell)) if cell in topo.members else set()
         self.children = topo.children.get(cell, [])
         self.jobs: list[Job] = []
+        self.silent.clear()  # a new plan: who is expected from starts afresh
+        self._suspects = []
         if cell not in topo.members:
             return
         layers = spec.model.conv_layers
@@ -464,8 +478,14 @@ class NodeMachine:
         h = message.header
         if h.kind == Kind.PARAMS and not self._plan_of(message):
             return []
+        if h.kind == Kind.HEALTH:
+            return self._health(message)
         expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
         if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
+            if h.kind != Kind.PARAMS and h.mesh == self.mesh_id and h.dst == self.cell \
+                    and self._ahead(h) and self._adjacent(h.src):
+                # Of a wave whose PARAMS, still to come, may bring another plan.
+                return self._keep(message, "buffered_unplanned")
             self.stats[f"rejected:{self._reject_reason(message)}"] += 1
             return []
         wave = self.wave
@@ -517,6 +537,8 @@ class NodeMachine:
                 return self._buffer(message, expect, "buffered_future")
             if wave is not None and not self._finished(wave):
                 self.stats["abandoned_waves"] += 1
+            if wave is not None and wave.schedule is not None:
+                self._judge(wave)
             if wave is not None and h.session != wave.session:
                 self.stats["resynchronised"] += 1
             self.wave = wave = Wave(h.step, h.session, self.plan)
@@ -590,17 +612,35 @@ class NodeMachine:
 
     def _buffer(self, message: Message, expect: Expect, why: str) -> list[Message]:
         """Keep a message that arrived before the wave it belongs to could use it, if it
-        has a shape the plan could use: a sender's queue holds at most
-        `EARLY_PER_SENDER` messages and two waves' worth of its bytes (the oldest go)."""
+        has a shape the plan could use (a later wave's may bring another plan: then
+        any shape)."""
         if not self._plausible(message, expect):
+            if why == "buffered_future":
+                return self._keep(message, "buffered_unplanned")
             self.stats["rejected:bad_shape"] += 1
             return []
+        return self._keep(message, why)
+
+    def _ahead(self, h: Header) -> bool:
+        """Is `h` of a wave after this node's current one (or of another session)?"""
+        wave = self.wave
+        return wave is None or h.session != wave.session or newer(h.step, wave.step)
+
+    def _adjacent(self, src: Cell) -> bool:
+        """A grid neighbour, or the edge: who may send this node anything in some plan."""
+        return src == EDGE or abs(src[0] - self.cell[0]) + abs(src[1] - self.cell[1]) == 1
+
+    def _keep(self, message: Message, why: str) -> list[Message]:
+        """Hold a message until its wave: a sender's queue holds at most
+        `EARLY_PER_SENDER` messages and two waves' worth of its bytes (the oldest go;
+        two of the largest messages for a sender this plan does not hear from)."""
         src = message.header.src
         queue = self.early.setdefault(src, deque(maxlen=EARLY_PER_SENDER))
         if len(queue) == queue.maxlen:
             self.stats["dropped:early_overflow"] += 1  # the oldest goes
         queue.append(message)
-        held, budget = sum(m.payload.nbytes for m in queue), self.plan.early_bytes[src]
+        held = sum(m.payload.nbytes for m in queue)
+        budget = self.plan.early_bytes.get(src, 2 * self.spec.max_message_bytes)
         while held > budget:
             held -= queue.popleft().payload.nbytes
             self.stats["dropped:early_overflow"] += 1
@@ -712,7 +752,13 @@ class NodeMachine:
         wave.mode = _MODES[mode]
         wave.training = wave.mode == Mode.TRAIN
         wave.batch = len(indices)
-        wave.started_at = now
+        wave.started_at = self.heard_at = now
+        if self._suspects and self.parent is not None:  # dated by the wave judged
+            suspects = np.array([c[0] * self.spec.model.cols + c[1] + 1
+                                 for c in self._suspects[:HEALTH_MAX]], np.int32)
+            self.seq = (self.seq + 1) & 0xFFFFFFFF
+            out.append(make(Kind.HEALTH, self.mesh_id, self._judged[0], self.cell,
+                            self.parent, suspects, seq=self.seq, session=self._judged[1]))
         if self.policy is not None:
             arrivals = wave.arrivals = self.arrivals.get((self.spec.plan_key, wave.mode,
                                                           wave.batch))
@@ -787,10 +833,17 @@ class NodeMachine:
         return wave.started_at + after
 
     def next_deadline(self) -> float | None:
-        """When this node's current wave next gives up on a message, if it will."""
+        """When this node next gives up on a message of its current wave, or says
+        hello, if it will."""
         wave = self.wave
+        hello = self._hello_due()
         if wave is None or wave.schedule is None or self._finished(wave):
-            return None
+            return hello
+        due = self._wave_deadline(wave)
+        return hello if due is None else due if hello is None else min(due, hello)
+
+    def _wave_deadline(self, wave: Wave) -> float | None:
+        """The current wave's next deadline of a message not yet here, if any."""
         seen, forward, backward = wave.seen, wave.schedule.forward, wave.schedule.backward
         while wave.next_forward < len(forward) and seen[forward[wave.next_forward].index]:
             wave.next_forward += 1
@@ -807,9 +860,13 @@ class NodeMachine:
 
     def tick(self, now: float) -> list[Message]:
         """Fill in every message whose deadline has passed, and run what that
-        completes; returns what this node sends in consequence."""
+        completes; say hello if no PARAMS came for long; returns what this node sends
+        in consequence."""
         wave = self.wave
         out: list[Message] = []
+        hello = self._hello_due()
+        if hello is not None and now >= hello:
+            out.extend(self._hello(now))
         if wave is None or wave.schedule is None or self._finished(wave):
             return out
         for index in self._overdue(wave, now):
@@ -850,6 +907,67 @@ class NodeMachine:
             levels = wave.buffers[expect.buffer][expect.slots].mean(axis=2)
             for item, level in zip(items, levels, strict=True):
                 self.last_level[(f, item)] = level
+
+    # ---------------------------------------------------------------- health
+    def _judge(self, wave: Wave) -> None:
+        """A best-effort wave is over: a neighbour all of whose messages in it had to be
+        filled in was silent; after `SILENT_WAVES` such waves in a row it is reported
+        (with the next wave's start) until the edge's plan leaves it out."""
+        heard: dict[Cell, bool] = {}
+        for index, seen in enumerate(wave.seen):
+            expect, src = self.plan.expected[index], self.plan.keys[index][3]
+            if seen and src in self.neighbours and src != EDGE and \
+                    not expect.role.starts_wave:
+                heard[src] = heard.get(src, False) or seen == RECEIVED
+        for neighbour, got in heard.items():
+            self.silent[neighbour] = 0 if got else self.silent[neighbour] + 1
+        self._suspects = sorted(n for n, waves in self.silent.items()
+                                if waves >= SILENT_WAVES and n not in self.spec.dead)
+        self._judged = (wave.step, wave.session)
+
+    def _health(self, message: Message) -> list[Message]:
+        """A HEALTH on its way to the edge: from a tree child, passed on to the parent;
+        a hello from a grid neighbour (its own cell, back), passed on too."""
+        h, payload = message.header, message.payload
+        cells = self.spec.model.rows * self.spec.model.cols
+        if h.dtype != INT32 or payload.ndim != 1 or not 0 < payload.size <= HEALTH_MAX or \
+                h.dst != self.cell or not np.all((payload != 0) & (np.abs(payload) <= cells)):
+            self.stats["rejected:bad_health"] += 1
+            return []
+        own = h.src[0] * self.spec.model.cols + h.src[1] + 1
+        hello = payload.size == 1 and payload[0] == -own and \
+            abs(h.src[0] - self.cell[0]) + abs(h.src[1] - self.cell[1]) == 1
+        if self.parent is None or not (hello or h.src in self.children):
+            self.stats["rejected:bad_health"] += 1
+            return []
+        self.stats["health_relayed"] += 1
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        return [make(Kind.HEALTH, self.mesh_id, h.step, self.cell, self.parent, payload,
+                     seq=self.seq, session=h.session)]
+
+    def _hello_due(self) -> float | None:
+        """When this node says hello next: `hello_after` without PARAMS, and again
+        that long after each hello."""
+        if self.hello_after is None:
+            return None
+        since = self.heard_at if self._hello_at is None else max(self.heard_at,
+                                                                  self._hello_at)
+        return since + self.hello_after
+
+    def _hello(self, now: float) -> list[Message]:
+        """"I am here" to every grid neighbour: one in the mesh passes it to the edge,
+        which takes this cell back in with its next PARAMS."""
+        self._hello_at = now
+        self.stats["hellos"] += 1
+        r, c = self.cell
+        hello = np.array([-(r * self.spec.model.cols + c + 1)], np.int32)
+        out = []
+        for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+            if self.spec.topology.inside(n):
+                self.seq = (self.seq + 1) & 0xFFFFFFFF
+                out.append(make(Kind.HEALTH, self.mesh_id, 0, self.cell, n, hello,
+                                seq=self.seq))
+        return out
 
     def _timed(self, wave: Wave, expect: Expect, now: float) -> None:
         """One more arrival time for the deadlines of this kind of wave."""

@@ -500,13 +500,18 @@ def natural_medium(radio_name: str) -> MediumName:
 
 def medium_for(name: MediumName, topology: Topology, radio: RadioProfile, queue: EventQueue,
                seed: int, deliver: Deliver, trace: list[Sent] | None = None,
-               loss: FrameLoss | None = None) -> Medium:
-    """The medium of a mesh: its cells and the edge (linked to `edge_at`) as a radio
-    mesh, or all of them around the broker."""
+               loss: FrameLoss | None = None,
+               edge_links: Iterable[Party] = ()) -> Medium:
+    """The medium of a mesh: its cells and the edge (linked to `edge_at`, and to the
+    `edge_links` it may attach to instead) as a radio mesh, or all of them around the
+    broker."""
     if name == "shared":
         neighbours: dict[Party, list[Party]] = {
             cell: topology.neighbours(cell) for cell in topology.cells()}  # edge_at's: edge
-        neighbours[EDGE] = [topology.edge_at]
+        neighbours[EDGE] = list(dict.fromkeys([topology.edge_at, *edge_links]))
+        for cell in neighbours[EDGE]:
+            if EDGE not in neighbours[cell]:
+                neighbours[cell] = [*neighbours[cell], EDGE]
         return SharedRadio(neighbours, radio, queue, seed, deliver, trace, loss)
     if name == "star":
         return MqttStar([*topology.cells(), EDGE], radio, queue, seed, deliver, trace, loss)

@@ -37,9 +37,10 @@ from meshdl.edge.agent import EdgeMachine, WaveResult
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.messages import ALL, EDGE, ITEM_BYTES, Header, Kind, Message
 from meshdl.model import CNN
+from meshdl.nodes.deadlines import Margins
 from meshdl.nodes.host import NodeHost
 from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.sim.besteffort import PROBE_WAVES, BestEffort, latest, offsets_from
+from meshdl.sim.besteffort import PROBE_WAVES, BestEffort, Offsets, latest, offsets_from
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.loss import FrameLoss
@@ -60,6 +61,8 @@ from meshdl.sim.stragglers import Stragglers
 from meshdl.topics import TopicNames
 from meshdl.topology import Cell, Topology
 from meshdl.work import optimizer_work
+
+HELLO_WAVES = 3  # a node says hello after this many of the longest waves without PARAMS
 
 # Mosquitto's work per relayed message on the broker's host: `meshdl bench mqtt`'s raw
 # broker reference (mosquitto_pub -l to a subscriber) measured 29,244 messages a second
@@ -147,14 +150,17 @@ class TimedMesh:
                  trace: bool = False, broker_s: float = BROKER_S,
                  loss: FrameLoss | None = None,
                  stragglers: Stragglers | None = None,
-                 best_effort: BestEffort | None = None, receipts: bool = False) -> None:
+                 best_effort: BestEffort | None = None, receipts: bool = False,
+                 attach: tuple[Cell, ...] = ()) -> None:
         """`loss`: frames the links lose (sim/loss.py); the link layer retries and the
         sender recovers what is still lost, so every message arrives and the results
         are the lossless run's (reliable mode), at the cost the trace shows.
         `best_effort`: instead, what the link layer could not deliver is lost, and
         every party gives up on a message at its deadline (sim/besteffort.py).
         `stragglers`: cells whose CPU is slower than `device` (sim/stragglers.py).
-        `receipts`: keep every message as its receiver took it (also with `trace`)."""
+        `receipts`: keep every message as its receiver took it (also with `trace`).
+        `attach`: border cells the edge may attach to instead of `spec.edge_at`, in
+        order, when its own dies (the edge has a radio link to each)."""
         if medium == "shared" and spec.params_via != "tree":
             raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
                              "'broadcast' needs the MQTT star (--medium star)")
@@ -192,16 +198,20 @@ class TimedMesh:
         # each other's transmissions around it.
         air = Topology(topo.rows, topo.cols, topo.edge_at, topo.pool)
         self.medium: Medium = medium_for(medium, air, radio, self.queue, seed, self._arrive,
-                                         self.trace, loss)
+                                         self.trace, loss, attach)
         if medium == "star":
             self.cpus[BROKER] = _Cpu()
         self.best_effort = best_effort
-        if best_effort is not None:  # only the wave's control is recovered end to end
-            self.medium.recovered = frozenset({Kind.PARAMS, Kind.BATCH})
-        self._calibrated: set[tuple] = set()  # (plan, mode, batch) with deadlines
+        if best_effort is not None:  # dead cells found, announced, taken back in
+            self.edge.watch_health = True
+            self.edge.attach_options = (spec.edge_at, *attach)
+        # The first deadlines by (plan, mode, batch): for the nodes of now and those
+        # that come back later.
+        self._calibrated: dict[tuple, tuple[Offsets, Margins]] = {}
         self._probe: TimedMesh | None = None  # the loss-free mesh that measures them
         self._tick_at: dict[Party, float] = {}  # each party's next deadline event
         self._filled_before = 0
+        self.hello_after: float | None = None  # set with the first deadlines
         self.waves: list[WaveTiming] = []
         self.usage: dict[Mode, Usage] = {}
         self._wave: WaveTiming | None = None
@@ -219,9 +229,10 @@ class TimedMesh:
         tally = self.medium.account(mode)
         usage = self.usage.setdefault(mode, Usage(radio=tally))
         before = self._cpu_seconds()
-        if self.best_effort is not None and \
-                (edge.spec.plan_key, mode, len(indices)) not in self._calibrated:
-            self._calibrate(mode, split, indices)
+        if self.best_effort is not None:
+            edge.weigh_health()  # the plan of this wave, maybe without cells found dead
+            if (edge.spec.plan_key, mode, len(indices)) not in self._calibrated:
+                self._calibrate(mode, split, indices)
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
         if self.best_effort is not None:
             self._arm(EDGE)
@@ -289,11 +300,16 @@ class TimedMesh:
         offsets = latest(found)
         margins = offsets.margins(self.radio)
         policy, k, batch = self.best_effort.policy, self.best_effort.patience, len(indices)
+        self._calibrated[(spec.plan_key, mode, batch)] = (offsets, margins)
         for cell, first in offsets.nodes.items():
             self.nodes[cell].set_deadlines(policy, mode, batch, first, margins, k, spec)
+        # A node that hears no PARAMS for a few of the longest waves says hello.
+        self.hello_after = max(self.hello_after or 0.0,
+                               HELLO_WAVES * max(w.end - w.start for w in probe.waves))
+        for node in self.nodes.values():
+            node.hello_after = self.hello_after
         self.edge.set_deadlines(policy, mode, batch, offsets.gather, offsets.reduce,
                                 margins, k, spec)
-        self._calibrated.add((spec.plan_key, mode, batch))
 
     def kill(self, cell: Cell) -> None:
         """The node of `cell` goes down now: it takes nothing more, sends nothing, draws
@@ -316,6 +332,17 @@ class TimedMesh:
         host = NodeHost(self.base_spec, [cell], cell_readings(self.readings),
                         local_delivery=False)
         self.hosts[cell], self.nodes[cell] = host, host.nodes[cell]
+        node = host.nodes[cell]
+        node.heard_at, node.hello_after = self.queue.now, self.hello_after
+        if self.best_effort is not None:  # the deadlines it would have been given
+            node.policy = self.best_effort.policy
+            for (plan, mode, batch), (offsets, margins) in self._calibrated.items():
+                if cell in offsets.nodes:
+                    node.set_deadlines(self.best_effort.policy, mode, batch,
+                                       offsets.nodes[cell], margins,
+                                       self.best_effort.patience,
+                                       self.base_spec.replanned(*plan))
+            self._arm(cell)
         self.cpus[cell] = _Cpu(free_at=self.queue.now, seconds=self.cpus[cell].seconds)
 
     def filled_in(self) -> int:

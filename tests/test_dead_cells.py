@@ -11,7 +11,7 @@ import pytest
 from meshdl import load_run_config
 from meshdl.augment import training_data
 from meshdl.config import DataConfig, ModelConfig
-from meshdl.messages import Kind
+from meshdl.messages import EDGE, Kind
 from meshdl.model import CNN
 from meshdl.nodes.deadlines import Policy
 from meshdl.protocol import MeshSpec, Mode, Split
@@ -182,3 +182,53 @@ def test_a_params_tail_that_is_not_a_plan_is_rejected() -> None:
     assert node.stats["rejected:bad_params"] == 6 and node.spec is spec
     good = PlanTail((0, 0), frozenset({(2, 2)})).pack(3)
     assert PlanTail.read(good, 3, 3) == PlanTail((0, 0), frozenset({(2, 2)}))
+
+
+def test_a_dead_node_is_found_by_its_silence_planned_around_and_taken_back() -> None:
+    """(2, 2) crashes: after two silent waves its neighbours report it up the tree, the
+    edge leaves it out of the next wave's plan (its children hang under others now)
+    and says so in the PARAMS; rebooted, it says hello, and the edge takes it back."""
+    mesh = _live_mesh()
+    batch = np.arange(4)
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+    mesh.kill((2, 2))
+    for _ in range(4):
+        result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+        if mesh.edge.spec.dead:
+            break
+    assert mesh.edge.spec.dead == {(2, 2)}
+    assert mesh.edge.stats["health_reports"] > 0
+    result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+    live = [n for c, n in mesh.nodes.items() if c != (2, 2)]
+    assert all(n.spec.dead == {(2, 2)} for n in live)
+    assert not result.skipped
+    mesh.revive((2, 2))
+    for _ in range(8):
+        mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+        if not mesh.edge.spec.dead:
+            break
+    assert mesh.edge.spec.dead == frozenset() and mesh.nodes[(2, 2)].stats["hellos"] > 0
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+    assert mesh.nodes[(2, 2)].wave is not None  # it takes part again
+
+
+def test_when_its_own_cell_dies_the_edge_attaches_to_the_next() -> None:
+    data = generate_lounge(DataConfig(rows=4, cols=5, train=8, test=2, seed=1))
+    config = ModelConfig(rows=4, cols=5, kernel=3, filters=2, hidden=4)
+    spec = MeshSpec(1, config, (0, 0), "tree")
+    mesh = TimedMesh(spec, {Split.TRAIN: data.X_train, Split.TEST: data.X_test},
+                     CNN(config, seed=0), {Split.TRAIN: data.y_train, Split.TEST: data.y_test},
+                     profile("802.15.4"), "shared", device("cortex-m4"), device("pi4"),
+                     best_effort=BestEffort(Policy.ZERO), attach=((0, 4),))
+    batch = np.arange(4)
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+    mesh.kill((0, 0))
+    skipped = 0
+    for _ in range(6):
+        skipped += mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch).skipped
+        if mesh.edge.spec.edge_at == (0, 4):
+            break
+    assert mesh.edge.spec.edge_at == (0, 4) and (0, 0) in mesh.edge.spec.dead
+    assert mesh.edge.stats["reattached"] == 1 and skipped >= 2
+    result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+    assert not result.skipped and mesh.nodes[(0, 4)].parent == EDGE
