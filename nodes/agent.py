@@ -112,6 +112,7 @@ class Expect(NamedTuple):
     waiters: tuple[int, ...] = ()  # the tasks waiting for it
 
 
+GRADIENTS = ("dz", "route", "dpooled")  # fields filled with zeros whatever the policy
 RECEIVED, FILLED_IN = 1, 2  # `Wave.seen`: a message came, or its deadline passed
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
@@ -165,6 +166,10 @@ class NodePlan:
                    for layer in range(1, layers + 1)]
         windows += [(("dz", layer), topo.window(cell, after, before))
                     for layer in range(2, layers + 1)]
+        # A cell that cannot reach its block's leader (dead cells in between) is pooled
+        # by nobody: no gradient is routed back to it.
+        if cell not in members:
+            windows.append((("route",), [cell]))
         for f, window in windows:
             for c in window:
                 if (f, c) not in self.writer:
@@ -207,7 +212,8 @@ class NodePlan:
             tasks.append((Computation("pool", layers, "pool"), needs, False))
             needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
             tasks.append((Computation("route", layers, "route"), needs, True))
-        needs = [(("route",), cell), (("a", layers), cell)]  # ReLU's mask
+        needs = [(("route",), cell)] if cell in members else []
+        needs.append((("a", layers), cell))  # ReLU's mask
         tasks.append((Computation("dz_top", layers, "dz_top"), needs, True))
         for layer in range(layers, 0, -1):
             needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
@@ -1007,8 +1013,8 @@ class NodeMachine:
         if rows is None:
             return
         buffer = wave.buffers[self.plan.buffers[f]]
-        buffer[rows] = 0.0 if f[0] == "dz" or self.policy in (None, Policy.ZERO) else \
-            self._filling(wave, f, self.plan.orphans[f])
+        buffer[rows] = 0.0 if f[0] in GRADIENTS or self.policy in (None, Policy.ZERO) \
+            else self._filling(wave, f, self.plan.orphans[f])
         self.stats["absent_filled"] += len(rows)
 
     def _filling(self, wave: Wave, f: Field, items: Sequence[Hashable]
@@ -1103,6 +1109,8 @@ class NodeMachine:
 
     def _dz_top(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
+        if self.orphan_rows:
+            self._fill_orphans(wave, ("route",))
         compute.relu_backward(wave.buffers[self.a[layers]][self.own_a[layers]],
                               wave.buffers[self.route][self.own_route],
                               wave.buffers[self.dz[layers]][self.own_dz[layers]])

@@ -47,13 +47,16 @@ class SimEngine(WaveEngine):
                  loss: FrameLoss | None = None,
                  stragglers: Stragglers | None = None,
                  best_effort: BestEffort | None = None,
-                 dead: frozenset[Cell] = frozenset()) -> None:
+                 dead: frozenset[Cell] = frozenset(),
+                 down: frozenset[Cell] = frozenset(),
+                 attach: tuple[Cell, ...] = ()) -> None:
         """`best_effort`: lost messages stay lost and parties give up at deadlines
-        (None: reliable mode, every message arrives). `dead`: cells that never come up
-        (sim/dead.py)."""
+        (None: reliable mode, every message arrives). `dead`: cells that never come up,
+        and that the edge knows of; `down`: the same, for the protocol to find out
+        (best effort; sim/dead.py). `attach`: other cells the edge may attach to."""
         self.data = data
         self.loss, self.stragglers, self.best_effort = loss, stragglers, best_effort
-        self.dead = dead
+        self.dead, self.down, self.attach = dead, down, attach
         self.train_samples = len(data.y_train)
         self.radio, self.medium, self.device = radio, medium, device
         self.edge_device, self.seed, self.trace = edge_device, seed, trace
@@ -72,7 +75,9 @@ class SimEngine(WaveEngine):
             self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                                   self.device, self.edge_device, self.seed, self.trace,
                                   loss=self.loss, stragglers=self.stragglers,
-                                  best_effort=self.best_effort)
+                                  best_effort=self.best_effort, attach=self.attach)
+            for cell in sorted(self.down):
+                self.mesh.kill(cell)
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:
@@ -183,7 +188,11 @@ def _faults(mesh: TimedMesh) -> dict[str, Any]:
         "absent_filled": sum(node.stats["absent_filled"] for node in mesh.nodes.values()),
         "absent_blocks_filled": edge["absent_blocks_filled"],
         "skipped_steps": edge["skipped_steps"],
+        # The cells the edge planned around at the end (found dead, or announced), and
+        # the nodes down at the end in fact.
         "dead_cells": [name_of(cell) for cell in sorted(mesh.edge.spec.dead)],
+        "down_cells": [name_of(cell) for cell in sorted(mesh.down)],
+        "edge_at": name_of(mesh.edge.spec.edge_at),
         "cut_off_cells": [name_of(cell) for cell in
                           sorted(mesh.edge.spec.topology.cut_off)],
         "stragglers": [name_of(cell) for cell in mesh.slowdown],

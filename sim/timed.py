@@ -212,6 +212,7 @@ class TimedMesh:
         self._tick_at: dict[Party, float] = {}  # each party's next deadline event
         self._filled_before = 0
         self.hello_after: float | None = None  # set with the first deadlines
+        self.give_up_after = math.inf  # best effort: the longest wave, once measured
         self.waves: list[WaveTiming] = []
         self.usage: dict[Mode, Usage] = {}
         self._wave: WaveTiming | None = None
@@ -303,9 +304,12 @@ class TimedMesh:
         self._calibrated[(spec.plan_key, mode, batch)] = (offsets, margins)
         for cell, first in offsets.nodes.items():
             self.nodes[cell].set_deadlines(policy, mode, batch, first, margins, k, spec)
-        # A node that hears no PARAMS for a few of the longest waves says hello.
-        self.hello_after = max(self.hello_after or 0.0,
-                               HELLO_WAVES * max(w.end - w.start for w in probe.waves))
+        # A node that hears no PARAMS for a few of the longest waves says hello; a
+        # sender gives a message up after one of them.
+        longest = max(w.end - w.start for w in probe.waves)
+        self.give_up_after = max(longest, 0.0 if math.isinf(self.give_up_after) else
+                                 self.give_up_after)
+        self.hello_after = max(self.hello_after or 0.0, HELLO_WAVES * longest)
         for node in self.nodes.values():
             node.hello_after = self.hello_after
         self.edge.set_deadlines(policy, mode, batch, offsets.gather, offsets.reduce,
@@ -480,18 +484,19 @@ class TimedMesh:
 
     def _send_expiring(self, tx: Transmission, ready: float | None = None) -> None:
         """Best effort: `tx` expires when the last of its receivers stops waiting for
-        what it carries; never while one of them has no deadline for it yet (PARAMS
-        and BATCH, say: without them there is no wave)."""
+        what it carries. One with no deadline for it yet (PARAMS and BATCH, say, or a
+        message for the next wave) is sent until it arrives, for at most the longest
+        wave (`give_up_after`): a receiver that never answers is dead."""
         latest = 0.0
+        start = self.queue.now if ready is None else ready
         for _, message in tx.deliveries:
             h = message.header
             machine = self.edge if h.dst == EDGE else self.nodes.get(h.dst)
-            due = None if machine is None else machine.due(h)
+            due = None if machine is None or h.dst in self.down else machine.due(h)
             if due is None:
-                break
+                due = start + self.give_up_after
             latest = max(latest, due)
-        else:
-            tx.expires = latest
+        tx.expires = latest
         self.medium.send(tx, ready)
 
     def _unicast(self, src: Party, message: Message) -> Transmission:

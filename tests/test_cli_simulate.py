@@ -409,3 +409,25 @@ def test_best_effort_inference_fills_in_what_it_lost_and_says_so(tmp_path) -> No
 def test_an_impossible_recovery_flag_is_a_usage_error(tmp_path, flags, needle) -> None:
     code, _, err = _infer(tmp_path / "run", *flags)
     assert_one_line_error(code, err, 2, needle)
+
+
+def test_dead_nodes_are_found_and_named_in_sim_json(tmp_path) -> None:
+    # Three epochs of three steps: time for two silent waves, a report and a replan.
+    code, out, err = _meshdl("simulate", "train", *GRID, "--epochs", "3", "--batch", "16",
+                             "--hidden", "8", "--config", _config(tmp_path), "--dead", "0.2",
+                             "--recovery", "best-effort", "--fault-seed", "3",
+                             "--out", tmp_path / "run", "--json")
+    assert code == 0, err
+    faults = json.loads(out)["faults"]
+    assert len(faults["down_cells"]) == 4 and faults["dead_cells"] == faults["down_cells"]
+    assert faults["absent_filled"] > 0
+    assert not set(faults["down_cells"]) & set(json.loads(out)["energy_j"]["per_node"])
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (("--dead", "0.2"), "best-effort"), (("--dead", "1.0", "--recovery", "best-effort"),
+                                         "--dead"),
+    (("--attach", "1,1"), "border")])
+def test_an_impossible_dead_or_attach_flag_is_a_usage_error(tmp_path, flags, needle) -> None:
+    code, _, err = _infer(tmp_path / "run", *flags)
+    assert_one_line_error(code, err, 2, needle)

@@ -232,3 +232,14 @@ def test_when_its_own_cell_dies_the_edge_attaches_to_the_next() -> None:
     assert mesh.edge.stats["reattached"] == 1 and skipped >= 2
     result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
     assert not result.skipped and mesh.nodes[(0, 4)].parent == EDGE
+
+
+def test_a_cell_cut_from_its_blocks_leader_is_pooled_by_nobody_and_the_wave_runs() -> None:
+    dead = frozenset({(0, 3), (1, 2)})  # block (0, 1): (1, 3) cannot reach (0, 2)
+    topo = Topology(4, 5, (0, 0), 2, dead)
+    assert (1, 3) in topo.members and topo.pool_members((0, 1)) == [(0, 2)]
+    data = generate_lounge(DataConfig(rows=4, cols=5, train=8, test=2, seed=1))
+    mesh = _mesh(dead, data, BestEffort(Policy.NEIGHBOURS))
+    result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+    assert not result.skipped and np.isfinite(result.grads).all()
+    assert mesh.nodes[(1, 3)].wave.finished_at.get("finished")

@@ -261,3 +261,28 @@ def test_an_impossible_loss_experiment_is_refused_before_any_trial(tmp_path, fla
     code, _, err = _meshdl("experiment", "loss", *flags, "--out", tmp_path / "run")
     assert_one_line_error(code, err, 2, needle)
     assert not (tmp_path / "run").exists()
+
+
+def test_failures_trains_with_dead_nodes_the_protocol_finds(tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    run = tmp_path / "run"
+    code, out, err = _meshdl("experiment", "failures", "--rows", "4", "--cols", "5",
+                             "--epochs", "1", "--hidden", "8", "--fractions", "0",
+                             "--fractions", "0.2", "--policies", "neighbours",
+                             "--seeds", "1", "--out", run, "--json")
+    assert code == 0, err
+    rows = {tuple(row["value"]): row for row in json.loads(out)["rows"]}
+    assert set(rows) == {(0.0, "exact"), (0.2, "neighbours")}
+    dead = rows[(0.2, "neighbours")]
+    assert dead["dead_found"]["mean"] == 4  # 20 % of 20 cells, every one found
+    assert dead["absent_filled"]["mean"] > 0 == rows[(0.0, "exact")]["absent_filled"]["mean"]
+    assert (run / "failures.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_failures_refuses_reliable_recovery(tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    code, _, err = _meshdl("experiment", "failures", "--policies", "reliable", "--out",
+                           tmp_path / "run")
+    assert_one_line_error(code, err, 2, "best effort")

@@ -30,7 +30,7 @@ from meshdl.cli.common import (
 from meshdl.config import load_run_config
 from meshdl.data import load_dataset
 from meshdl.errors import UsageError
-from meshdl.experiments import edge_vs_cloud, loss, sweep
+from meshdl.experiments import edge_vs_cloud, faults, sweep
 from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
 from meshdl.protocol import MeshSpec
 from meshdl.runs import new_run_dir
@@ -190,19 +190,23 @@ def edge_vs_cloud_command(
              json_out)
 
 
+FAULT_SEEDS = typer.Option(3, "--seeds", min=1, help="Fault seeds per value (0, 1, ...): "
+                           "which frames are lost, which nodes dead.")
+FAULT_RADIO = typer.Option("802.15.4", "--radio", help="Radio profile (its natural medium "
+                           "and devices).")
+
+
 @app.command("loss")
 def loss_command(
-    rates: list[float] = typer.Option(list(loss.RATES), "--rates", help="Shares of frames "
-                                      "lost (repeat; 0 trains exactly, once)."),
-    policies: list[str] = typer.Option(list(loss.POLICIES), "--policies", help="Best "
+    rates: list[float] = typer.Option(list(faults.SWEEPS["loss"].default), "--rates",
+                                      help="Shares of frames lost (repeat; 0 trains "
+                                      "exactly, once)."),
+    policies: list[str] = typer.Option(list(faults.POLICIES), "--policies", help="Best "
                                        "effort's fill-ins (zero, last, neighbours), or "
                                        "reliable (repeat)."),
     burst: float | None = typer.Option(None, "--burst", help="Mean burst of lost frames "
                                        "(Gilbert-Elliott; default Bernoulli)."),
-    radio: str = typer.Option("802.15.4", "--radio", help="Radio profile (its natural "
-                              "medium and devices)."),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="Fault seeds per value (0, 1, "
-                              "...): which frames are lost."),
+    radio: str = FAULT_RADIO, seeds: int = FAULT_SEEDS,
     rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
     batch: int | None = BATCH, lr: float | None = LR, kernel: int | None = KERNEL,
     filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
@@ -212,52 +216,95 @@ def loss_command(
 ) -> None:
     """Test accuracy, time and energy of best-effort training by loss rate and fill-in
     policy, under simulated time (long: each trial trains in the simulated mesh)."""
+    _fault_experiment("loss", rates, policies, 0.0, burst, radio, seeds, data, jobs, out,
+                      json_out, ray,
+                      {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+                       "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
+                      {"epochs": epochs, "batch": batch, "lr": lr})
+
+
+@app.command("failures")
+def failures_command(
+    fractions: list[float] = typer.Option(list(faults.SWEEPS["failures"].default),
+                                          "--fractions", help="Shares of the nodes dead "
+                                          "from the start (repeat; 0 trains exactly, "
+                                          "once)."),
+    policies: list[str] = typer.Option(list(faults.POLICIES), "--policies", help="Best "
+                                       "effort's fill-ins: zero, last, neighbours "
+                                       "(repeat)."),
+    loss: float = typer.Option(0.0, "--loss", help="Share of frames lost besides."),
+    radio: str = FAULT_RADIO, seeds: int = FAULT_SEEDS,
+    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
+    batch: int | None = BATCH, lr: float | None = LR, kernel: int | None = KERNEL,
+    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
+    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+    ray: str | None = RAY,
+) -> None:
+    """Test accuracy, time and energy of best-effort training by the share of dead
+    nodes (random cells, found and planned around by the protocol) and fill-in policy,
+    under simulated time."""
+    if "reliable" in policies:
+        raise UsageError("--policies reliable: dead nodes are found by missed deadlines, "
+                         "which need best effort")
+    _fault_experiment("failures", fractions, policies, loss, None, radio, seeds, data, jobs,
+                      out, json_out, ray,
+                      {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+                       "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
+                      {"epochs": epochs, "batch": batch, "lr": lr})
+
+
+def _fault_experiment(name: str, shares: list[float], policies: list[str], loss: float,
+                      burst: float | None, radio: str, seeds: int, data: Path | None,
+                      jobs: int, out: Path | None, json_out: bool, ray: str | None,
+                      model: Record, train: Record) -> None:
+    """Check a fault sweep, run its trials, write its run directory, print its table."""
     from meshdl.nodes.deadlines import Policy
     from meshdl.sim.loss import MAX_RATE, FrameLoss
     from meshdl.sim.radio import profile
 
-    if not rates or len(set(rates)) != len(rates) or \
-            any(not 0.0 <= r <= MAX_RATE for r in rates):
-        raise UsageError(f"--rates {' '.join(map(str, rates))}: distinct shares from 0 to "
-                         f"{MAX_RATE}")
+    flag, top = ("--rates", MAX_RATE) if name == "loss" else ("--fractions", 0.9)
+    if not shares or len(set(shares)) != len(shares) or \
+            any(not 0.0 <= share <= top for share in shares):
+        raise UsageError(f"{flag} {' '.join(map(str, shares))}: distinct shares from 0 to "
+                         f"{top}")
     known = (*Policy, "reliable")
     if not policies or len(set(policies)) != len(policies) or \
             any(p not in known for p in policies):
         raise UsageError(f"--policies {' '.join(policies)}: distinct ones of "
                          f"{', '.join(known)}")
     profile(radio)  # an unknown name fails here, naming the known ones
-    for rate in rates:
+    for rate in [*shares, loss] if name == "loss" else [loss]:
         if rate:
-            FrameLoss(rate, burst)  # an impossible burst fails here
+            FrameLoss(rate, burst)  # an impossible rate or burst fails here
     if data is not None:
         grid = load_dataset(data)
-        rows, cols = rows or grid.rows, cols or grid.cols
-    base = load_run_config(mode="mesh", model={
-        "rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-        "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
-        train={"epochs": epochs, "batch": batch, "lr": lr})
+        model = {**model, "rows": model["rows"] or grid.rows,
+                 "cols": model["cols"] or grid.cols}
+    base = load_run_config(mode="mesh", model=model, train=train)
     settings: Record = {
-        "experiment": "loss", "model": base.model.model_dump(),
+        "experiment": name, "model": base.model.model_dump(),
         "train": base.train.model_dump(), "mesh": base.mesh.model_dump(mode="json"),
-        "data": base.data.model_dump(), "radio": radio, "burst": burst,
+        "data": base.data.model_dump(), "radio": radio, "burst": burst, "loss": loss,
         "data_file": str(data.resolve()) if data is not None else None}
-    swept = loss.values(rates, policies)
+    swept = faults.values(shares, policies)
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in swept for s in range(seeds))]
-    run_dir = _announce("loss", trials, f"{len(swept)} (rate, policy) pairs x {seeds} "
+    run_dir = _announce(name, trials, f"{len(swept)} (share, policy) pairs x {seeds} "
                         f"fault seed(s), {base.train.epochs} epochs each", jobs, ray, out)
     records = _run_with_progress(
-        loss.run, trials, jobs, ray,
+        faults.run, trials, jobs, ray,
         lambda record: f"test {record['test_acc']:.4f}, model {record['clean_test_acc']:.4f}"
         f", {record['seconds_per_epoch']:,.0f} s an epoch")
-    rows_ = summarize(trials, records, loss.FIGURES)
-    summary = {"experiment": "loss", "mode": f"simulated time, {radio}, training "
+    rows_ = summarize(trials, records, faults.FIGURES)
+    summary = {"experiment": name, "mode": f"simulated time, {radio}, training "
                f"{base.train.epochs} epochs per trial", "values": swept, "seeds": seeds,
                "rows": rows_, "paper": []}
-    _publish(run_dir, {"experiment": "loss", "values": swept, "seeds": list(range(seeds)),
+    what = "over lossy links" if name == "loss" else "with dead nodes"
+    _publish(run_dir, {"experiment": name, "values": swept, "seeds": list(range(seeds)),
                        "settings": settings},
-             records, summary, loss.FIGURES, lambda: loss.plot(run_dir, rows_),
-             loss.table(rows_), f"training over lossy links, mean over {seeds} fault "
+             records, summary, faults.FIGURES, lambda: faults.plot(run_dir, name, rows_),
+             faults.table(name, rows_), f"training {what}, mean over {seeds} fault "
              "seed(s)", json_out)
 
 

@@ -55,7 +55,7 @@ from meshdl.sim.radio import RadioProfile, profile, profiles
 from meshdl.sim.simulate import SimEngine, plot_energy, sim_report, write_trace
 from meshdl.sim.stragglers import Stragglers
 from meshdl.sim.timed import TimedMesh
-from meshdl.topology import Cell
+from meshdl.topology import Cell, Topology
 from meshdl.training import normalization
 
 app = typer.Typer(help="Run the mesh under simulated time: radios, devices, energy, and "
@@ -76,9 +76,12 @@ LOSS = typer.Option(0.0, "--loss", help="Share of frames the links lose (0 <= P 
                     "Reliable recovery: the link layer retries and senders recover what is "
                     "still lost, so the results are the lossless run's, at the cost "
                     "sim.json shows; best effort: what is still lost stays lost.")
-DEAD = typer.Option(0.0, "--dead", help="Share of the cells dead from the start (0 <= F "
-                    "< 1, picked by --fault-seed; never the edge's): the plan goes around "
-                    "them and their readings are filled in by --policy.")
+DEAD = typer.Option(0.0, "--dead", help="Share of the cells whose node is dead from the "
+                    "start (0 <= F < 1, picked by --fault-seed; never the edge's), for "
+                    "the protocol to find (best effort): the plan then goes around them "
+                    "and their readings are filled in by --policy.")
+ATTACH = typer.Option(None, "--attach", help="Another border cell R,C the edge may attach "
+                      "to when its own dies (repeat, in order of preference).")
 RECOVERY = typer.Option("reliable", "--recovery", help="reliable (every message arrives: "
                         "exact) or best-effort (parties give up at deadlines and fill in "
                         "what is missing by --policy).")
@@ -111,13 +114,27 @@ def _best_effort(recovery: str, policy: str, patience: float) -> BestEffort | No
     return BestEffort(Policy(policy), patience)
 
 
-def _dead(fraction: float, seed: int, config: RunConfig) -> frozenset[Cell]:
+def _dead(fraction: float, seed: int, config: RunConfig, recovery: str) -> frozenset[Cell]:
+    if fraction and recovery != "best-effort":
+        raise UsageError(f"--dead {fraction}: dead nodes are found by missed deadlines, "
+                         "which need --recovery best-effort (reliable recovery would "
+                         "wait for them forever)")
     try:
         picker = DeadCells(fraction=fraction, seed=seed)
     except ValidationError as exc:
         raise UsageError(f"--dead {fraction}: {format_validation_error(exc)}") from None
     cells = [(r, c) for r in range(config.model.rows) for c in range(config.model.cols)]
     return picker.pick(cells, config.mesh.edge_at)
+
+
+def _attach(cells: list[str] | None, config: RunConfig) -> tuple[Cell, ...]:
+    chosen = tuple(parse_cell(cell) for cell in cells or ())
+    for cell in chosen:
+        if not Topology(config.model.rows, config.model.cols).on_border(cell):
+            raise UsageError(f"--attach {cell[0]},{cell[1]}: the edge attaches to a cell "
+                             f"on the border of the {config.model.rows} x "
+                             f"{config.model.cols} grid")
+    return chosen
 
 
 def _stragglers(fraction: float, slowdown: float, seed: int) -> Stragglers:
@@ -180,7 +197,7 @@ def simulate_train(
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
     loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
     stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
-    dead: float = DEAD,
+    dead: float = DEAD, attach: list[str] | None = ATTACH,
     recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
     trace: bool = typer.Option(False, "--trace/--no-trace", help="Write trace.jsonl (one "
                                "line per transmission: long for long runs)."),
@@ -202,7 +219,8 @@ def simulate_train(
                        loss=FrameLoss(loss, burst, fault_seed),
                        stragglers=_stragglers(stragglers, slowdown, fault_seed),
                        best_effort=_best_effort(recovery, policy, patience),
-                       dead=_dead(dead, fault_seed, config))
+                       down=_dead(dead, fault_seed, config, recovery),
+                       attach=_attach(attach, config))
     engine.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
     start_run(run_dir, config, source)
     model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
@@ -246,7 +264,7 @@ def simulate_infer(
     edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
     loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
     stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
-    dead: float = DEAD,
+    dead: float = DEAD, attach: list[str] | None = ATTACH,
     recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
     trace: bool = typer.Option(True, "--trace/--no-trace", help="Write trace.jsonl."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
@@ -271,7 +289,8 @@ def simulate_infer(
                        loss=FrameLoss(loss, burst, fault_seed),
                        stragglers=_stragglers(stragglers, slowdown, fault_seed),
                        best_effort=_best_effort(recovery, policy, patience),
-                       dead=_dead(dead, fault_seed, config))
+                       down=_dead(dead, fault_seed, config, recovery),
+                       attach=_attach(attach, config))
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")

@@ -1,12 +1,15 @@
-"""`meshdl experiment loss`: what best-effort training loses to lossy links, by loss rate
-and fill-in policy, under simulated time (SIMULATION.md has the model).
+"""`meshdl experiment loss|failures`: what best-effort training loses to lossy links or
+to dead nodes, by their share and the fill-in policy, under simulated time
+(SIMULATION.md has the model).
 
 Each trial trains the configured network in the mesh on the configured radio, with the
-links losing the trial's share of frames (drawn by the trial's fault seed; the training
-seed stays the configuration's, so seeds differ only in which frames are lost). At 0 %
-it trains exactly (reliable mode, nothing lost), the reference every policy starts from.
-A trial's policy is one of best effort's fill-ins, or "reliable" (every message
-recovered: the exact run's accuracy, at the time and energy it costs).
+links losing the trial's share of frames (loss), or with the trial's share of the nodes
+dead from the start, for the protocol to find and plan around (failures); the fault
+seed draws which frames or which nodes, while the training seed stays the
+configuration's. At 0 % it trains exactly (nothing lost, nobody dead), the reference
+every policy starts from. A trial's policy is one of best effort's fill-ins, or, for
+loss, "reliable" (every message recovered: the exact run's accuracy, at the time and
+energy it costs).
 
 Two accuracies: `test_acc` through the mesh under the same faults (inference waves fill
 in too: what a deployment would see), and `clean_test_acc`, the trained parameters on
@@ -16,37 +19,48 @@ the whole test split in this process (what training under loss cost the model).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from meshdl.experiments.runner import Record, Trial
 from meshdl.plots import pyplot, save_png
 
-RATES = (0.0, 0.05, 0.1, 0.2, 0.3)
+
+class FaultSweep(NamedTuple):
+    """One fault experiment: what it sweeps, its axis, and its shares by default."""
+
+    axis: str
+    default: tuple[float, ...]
+
+
+SWEEPS = {"loss": FaultSweep("frames lost (%)", (0.0, 0.05, 0.1, 0.2, 0.3)),
+          "failures": FaultSweep("nodes dead (%)", (0.0, 0.05, 0.1, 0.2))}
 POLICIES = ("zero", "last", "neighbours")
 EXACT = "exact"  # the 0 % trials: no loss, nothing to fill in
 FIGURES = ("test_acc", "clean_test_acc", "train_loss", "seconds_per_epoch",
            "energy_j_per_epoch", "substituted", "substituted_per_wave", "skipped_steps",
-           "messages_lost", "frames_lost", "frames")
+           "messages_lost", "frames_lost", "frames", "dead_found", "absent_filled")
 
 
-def values(rates: list[float], policies: list[str]) -> list[list[Any]]:
-    """The swept (rate, policy) pairs: 0 % once, exactly; every other rate per policy."""
+def values(shares: list[float], policies: list[str]) -> list[list[Any]]:
+    """The swept (share, policy) pairs: 0 % once, exactly; every other share per
+    policy."""
     out: list[list[Any]] = []
-    for rate in rates:
-        out.extend([[rate, EXACT]] if rate == 0 else [[rate, p] for p in policies])
+    for share in shares:
+        out.extend([[share, EXACT]] if share == 0 else [[share, p] for p in policies])
     return out
 
 
 def run(trial: Trial) -> Record:
-    """Train under the trial's loss rate and policy; accuracies, time, energy, faults."""
+    """Train under the trial's faults and policy; accuracies, time, energy, faults."""
     from meshdl.augment import training_data
     from meshdl.config import RunConfig
     from meshdl.experiments.sweep import dataset
     from meshdl.nodes.deadlines import Policy
     from meshdl.protocol import Mode
     from meshdl.sim.besteffort import BestEffort
+    from meshdl.sim.dead import DeadCells
     from meshdl.sim.device import device, natural_device
     from meshdl.sim.loss import FrameLoss
     from meshdl.sim.media import natural_medium
@@ -54,8 +68,10 @@ def run(trial: Trial) -> Record:
     from meshdl.sim.simulate import SimEngine, sim_report
     from meshdl.training import train
 
-    rate, policy = trial.value
+    share, policy = trial.value
     settings = trial.settings
+    failures = settings["experiment"] == "failures"
+    rate = settings["loss"] if failures else share
     config = RunConfig.model_validate({"mode": "mesh", "model": settings["model"],
                                        "train": settings["train"], "mesh": settings["mesh"],
                                        "data": settings["data"]})
@@ -64,16 +80,21 @@ def run(trial: Trial) -> Record:
     medium = natural_medium(radio)
     loss = FrameLoss(rate, settings["burst"] if rate else None, trial.seed)
     best_effort = None if policy in (EXACT, "reliable") else BestEffort(Policy(policy))
+    cells = [(r, c) for r in range(config.model.rows) for c in range(config.model.cols)]
+    down = DeadCells(fraction=share, seed=trial.seed).pick(cells, config.mesh.edge_at) \
+        if failures else frozenset()
     engine = SimEngine(training_data(config.train, data), profile(radio), medium,
                        device(natural_device(radio)), device("pi4"), seed=config.train.seed,
                        edge_at=config.mesh.edge_at, params_via="tree" if medium == "shared"
-                       else "broadcast", loss=loss, best_effort=best_effort)
+                       else "broadcast", loss=loss, best_effort=best_effort, down=down)
     model, history = train(config, data, engine=engine)
     report = sim_report(engine.mesh, Mode.TRAIN, epochs=config.train.epochs)
     faults = report["faults"]
     clean = model.forward(data.X_test).argmax(axis=1) if len(data.y_test) else np.empty(0)
     return {
-        "value": [rate, policy], "seed": trial.seed,
+        "value": [share, policy], "seed": trial.seed,
+        "dead_found": len(set(faults["dead_cells"]) & set(faults["down_cells"])),
+        "absent_filled": faults["absent_filled"],
         "test_acc": history.final["test_acc"],
         "clean_test_acc": float(np.mean(clean == data.y_test)) if len(clean) else None,
         "train_loss": history.epochs[-1].train_loss,
@@ -89,9 +110,10 @@ def run(trial: Trial) -> Record:
     }
 
 
-def plot(out: Path, rows: list[Record]) -> list[Path]:
-    """loss.png: accuracy (through the mesh, and of the trained model) and the time and
-    energy of an epoch against the loss rate, one line per policy from the exact run."""
+def plot(out: Path, name: str, rows: list[Record]) -> list[Path]:
+    """NAME.png: accuracy (through the mesh, and of the trained model) and the time and
+    energy of an epoch against the share of faults, one line per policy from the exact
+    run."""
     plt = pyplot()
     exact = [row for row in rows if row["value"][1] == EXACT]
     policies = list(dict.fromkeys(row["value"][1] for row in rows
@@ -111,18 +133,19 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
     for panel, title in zip(axes, ("test accuracy (dotted: the trained model, clean)",
                                    "simulated seconds per epoch", "nodes' joules per epoch"),
                             strict=True):
-        panel.set_xlabel("frames lost (%)")
+        panel.set_xlabel(SWEEPS[name].axis)
         panel.set_title(title, fontsize=9)
     axes[0].legend(fontsize=7)
-    figure.suptitle("training over lossy links")
-    path = out / "loss.png"
+    figure.suptitle("training over lossy links" if name == "loss" else
+                    "training with dead nodes")
+    path = out / f"{name}.png"
     save_png(figure, path)
     return [path]
 
 
-def table(rows: list[Record]) -> tuple[list[str], list[list[str]]]:
-    header = ["loss %", "policy", "test acc", "model acc", "s/epoch", "J/epoch",
-              "filled/wave", "skipped"]
+def table(name: str, rows: list[Record]) -> tuple[list[str], list[list[str]]]:
+    header = ["loss %" if name == "loss" else "dead %", "policy", "test acc", "model acc",
+              "s/epoch", "J/epoch", "filled/wave", "skipped"]
     body = []
     for row in rows:
         rate, policy = row["value"]
