@@ -20,7 +20,7 @@ from meshdl.errors import StepSkipped, UsageError
 from meshdl.messages import EDGE, FLOAT32, INT32, Header, Kind, Message, make, newer
 from meshdl.model import CNN, Trace
 from meshdl.nodes.agent import HEALTH_MAX, SILENT_WAVES
-from meshdl.nodes.deadlines import GATHER, REDUCE, Arrivals, Margins, Policy
+from meshdl.nodes.deadlines import GATHER, REDUCE, Arrivals, Learning, Margins, Policy
 from meshdl.payloads import BatchOrder, PlanTail
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
@@ -125,6 +125,8 @@ class EdgeMachine:
         self.last_level: dict[tuple[int, int], np.ndarray] = {}  # "last": block -> (h,)
         self._timed: Arrivals | None = None  # the current wave's kind's arrival times
         self._gave_up: Kind | None = None  # what the current wave filled in
+        self.learning: Learning | None = None  # deadlines from a first wave, waited out
+        self._learnt: dict[int, float] | None = None
 
     def _adopt(self, spec: MeshSpec) -> None:
         """Run the waves in `spec`'s mesh (its PARAMS say which, when it is not the
@@ -174,8 +176,10 @@ class EdgeMachine:
         self._weighed = True
         spec, dead = self.spec, set(self.spec.dead)
         parent = spec.topology.parent
-        dead |= {c for c in self.suspects
-                 if c != spec.edge_at and parent.get(c) not in self.suspects}
+        # Down the tree, a dead cell's children hear no PARAMS either: they wait for
+        # the next round (found again, or heard from once planned around it).
+        dead |= {c for c in self.suspects if c != spec.edge_at and
+                 (spec.params_via == "broadcast" or parent.get(c) not in self.suspects)}
         dead -= self.comebacks
         edge_at = spec.edge_at
         self.silent_waves = 0 if self.heard_from_mesh else self.silent_waves + 1
@@ -250,11 +254,28 @@ class EdgeMachine:
         return None
 
     def _arrival(self, kind: Kind, now: float) -> None:
-        """Best effort: one more arrival time of the GATHER or the REDUCE."""
-        if kind == Kind.GATHER:
-            self._timed.sample(GATHER, now - self.started_at)
-        elif kind == Kind.REDUCE and self.trace is not None:
-            self._timed.sample(REDUCE, now - self.backward_at)
+        """Best effort: one more arrival time of the GATHER or the REDUCE (learnt, in
+        the first wave of a kind)."""
+        index, seconds = (GATHER, now - self.started_at) if kind == Kind.GATHER else \
+            (REDUCE, now - self.backward_at)
+        if kind == Kind.REDUCE and self.trace is None:
+            return
+        if self._learnt is not None:
+            self._learnt[index] = seconds
+        else:
+            self._timed.sample(index, seconds)
+
+    def learn_deadlines(self, policy: Policy, learning: Learning) -> None:
+        """Best effort, learning each kind of wave's first deadlines from its first
+        wave, waited out whole (over MQTT: no probe to measure them)."""
+        self.policy, self.learning = policy, learning
+
+    def _learnt_wave(self) -> None:
+        """A wave waited out whole: its arrival times start its kind's deadlines."""
+        learnt, self._learnt = self._learnt, None
+        margins = self.learning.margins(learnt.get(GATHER, 0.0), learnt.get(REDUCE, 0.0))
+        self.arrivals[(self.spec.plan_key, self.mode, self.batch)] = Arrivals(
+            2, learnt, {REDUCE}, margins, self.learning.k)
 
     def _overdue(self, now: float) -> list[Message]:
         """No GATHER by its deadline: a training step is skipped (its loss would be of
@@ -301,6 +322,11 @@ class EdgeMachine:
         self._gave_up = None
         self._timed = self.arrivals.get((self.spec.plan_key, mode, self.batch)) \
             if self.policy else None
+        if self._timed is None and self.learning is not None:  # from an earlier plan
+            self._timed = next((old for (_, m, b), old in self.arrivals.items()
+                                if (m, b) == (mode, self.batch)), None)
+        self._learnt = {} if self._timed is None and self.policy is not None and \
+            self.learning is not None else None
         if self._timed is not None:
             self.due_gather = self._timed.deadline(GATHER)
             self.due_reduce = self._timed.deadline(REDUCE) if mode == Mode.TRAIN else 0.0
@@ -339,7 +365,7 @@ class EdgeMachine:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1
-            if self._timed is not None:
+            if self._timed is not None or self._learnt is not None:
                 self._arrival(Kind.GATHER, now)
             if self.policy == Policy.LAST:
                 self.last_level.update(zip(self.gather_blocks, payload.mean(axis=2),
@@ -350,11 +376,13 @@ class EdgeMachine:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1
-            if self._timed is not None:
+            if self._timed is not None or self._learnt is not None:
                 self._arrival(Kind.REDUCE, now)
             grads = self.model.grad_flat
             grads[: self.spec.conv_size] = payload
             self.result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
+            if self._learnt is not None:
+                self._learnt_wave()
             return []
         self.stats["duplicates" if h.kind in (Kind.GATHER, Kind.REDUCE) else
                    "rejected:unexpected"] += 1
@@ -374,6 +402,8 @@ class EdgeMachine:
         self.logits = np.ascontiguousarray(self.trace.logits.T)
         if self.mode == Mode.INFER:
             self.result = WaveResult(self.step, Mode.INFER, self.logits)
+            if self._learnt is not None:
+                self._learnt_wave()
             return []
         dlogits = np.empty_like(self.trace.logits)
         self.loss = float(kernels.softmax_cross_entropy(self.trace.logits,

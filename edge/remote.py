@@ -28,6 +28,7 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,8 @@ from meshdl.errors import MeshdlError
 from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Kind, Message, decode, encode, make
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress, Session, close_loop
+from meshdl.nodes.deadlines import Learning, Policy
+from meshdl.nodes.serve import MQTT_LEAST_MARGIN_S
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.sdnotify import Notifier, stop_task
 from meshdl.status import StatusRecord, parse_status
@@ -110,6 +113,11 @@ class MqttEngine(WaveEngine):
         self._loop = asyncio.new_event_loop()
         self._threadpools = ThreadpoolController()  # found once: a lookup costs ~0.5 ms
         self._routes = TopicNames(mesh_id)
+        # Best effort (`mesh.recovery`): the fill-in policy and how deadlines are learnt;
+        # `say` hears of each change of the cells the edge plans around.
+        self.best_effort: tuple[Policy, Learning] | None = None
+        self.say: Callable[[str], None] = lambda line: None
+        self._dead_said: frozenset[Cell] = frozenset()
 
     @classmethod
     def for_run(cls, config: RunConfig, data: Dataset | None, broker: str | BrokerAddress,
@@ -123,6 +131,9 @@ class MqttEngine(WaveEngine):
         engine = cls(view, broker, config.mesh.mesh_id, config.mesh.edge_at,
                      max_message_bytes=config.mesh.max_message_bytes, auth=auth, **options)
         engine.data_digest = None if data is None else data_digest(data)
+        if config.mesh.recovery == "best-effort":
+            engine.best_effort = (Policy(config.mesh.policy),
+                                  Learning(config.mesh.patience, MQTT_LEAST_MARGIN_S))
         return engine
 
     # ------------------------------------------------------------- the engine
@@ -131,12 +142,15 @@ class MqttEngine(WaveEngine):
         return self._run(model, Mode.INFER, Split.LIVE, np.array([slot % LIVE_SLOTS])).logits
 
     def report(self) -> dict[str, Any]:
-        """Transport counts: the broker carries the bytes, so this side counts messages."""
+        """Transport counts: the broker carries the bytes, so this side counts messages;
+        and the cells the edge found dead (best effort)."""
         session = self.session.stats if self.session else Counter()
         edge = self.edge.stats if self.edge else Counter()
+        dead = sorted(self.edge.spec.dead) if self.edge else []
         return {"transport": "mqtt", "broker": str(self.address),
                 "edge": dict(edge), "session": dict(session), "engine": dict(self.stats),
-                "node_hosts": sorted(self.online)}
+                "node_hosts": sorted(self.online),
+                "dead_cells": [name_of(cell) for cell in dead]}
 
     def idle(self, seconds: float) -> None:
         """Wait between waves with the connection alive: keepalive pings, heartbeats and
@@ -178,6 +192,9 @@ class MqttEngine(WaveEngine):
             first = clock_step() if self.edge is None else self.edge.step + 1
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,
                                     wave_timeout=self.wave_timeout, session=self.edge_session)
+            if self.best_effort is not None:  # deadlines learnt; dead cells planned around
+                self.edge.learn_deadlines(*self.best_effort)
+                self.edge.watch_health = True
         return self.edge
 
     def spec_for(self, model: CNN) -> MeshSpec:
@@ -188,7 +205,13 @@ class MqttEngine(WaveEngine):
         # One BLAS thread, as in the virtual mesh: the head's products then sum in the
         # same order there and here, and a run gives the same bytes on any machine.
         with self._threadpools.limit(limits=1):
-            return self._loop.run_until_complete(self._wave(mode, split, indices))
+            result = self._loop.run_until_complete(self._wave(mode, split, indices))
+        dead = self.edge.spec.dead
+        if dead != self._dead_said:
+            self._dead_said = dead
+            self.say(f"wave {self.edge.step}: planning around dead cells "
+                     f"{', '.join(name_of(c) for c in sorted(dead)) or '(none)'}")
+        return result
 
     async def _wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         session = await self._session()

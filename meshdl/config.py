@@ -124,6 +124,17 @@ class MeshConfig(_Strict):
     keys: Path | None = Field(None, description="this process's key file (over MQTT, with "
                               "auth): secrets/<user>.keys.json from `meshdl deploy "
                               "credentials`; the virtual mesh derives its own")
+    recovery: Literal["reliable", "best-effort"] = Field(
+        "reliable", description="over MQTT: wait for every message (a lost wave is "
+        "restarted), or give up on each at a deadline learned from the first complete "
+        "wave of its kind, fill it in by `policy`, and plan around dead nodes")
+    policy: Literal["zero", "last", "neighbours"] = Field(
+        "zero", description="best effort: what fills in a missing message")
+    patience: float = Field(4.0, ge=1.0, le=100.0, description="best effort: deviations "
+                            "past a message's smoothed arrival time a party waits for it")
+    attach: tuple[tuple[int, int], ...] = Field(
+        (), description="best effort: other border cells the edge may attach to when its "
+        "own dies, in order")
 
 
 class RunConfig(BaseSettings):

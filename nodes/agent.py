@@ -43,7 +43,7 @@ from meshdl.messages import (
     seal,
 )
 from meshdl.nodes import compute
-from meshdl.nodes.deadlines import Arrivals, Margins, Policy, Schedule
+from meshdl.nodes.deadlines import Arrivals, Learning, Margins, Policy, Schedule
 from meshdl.payloads import BATCH_HEAD, BatchOrder, PlanTail
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
@@ -348,6 +348,7 @@ class Wave:
         # gone through; messages filled in.
         self.arrivals: Arrivals | None = None
         self.schedule: Schedule | None = None
+        self.learnt: dict[int, float] | None = None  # learning: when each message came
         self.after: dict[int, float] = {}
         self.started_at = 0.0
         self.backward_at: float | None = None
@@ -374,6 +375,7 @@ class NodeMachine:
         # else arrival times per (plan, mode, batch), and what fills in a missed message.
         self.policy: Policy | None = None
         self.arrivals: dict[tuple, Arrivals] = {}
+        self.learning: Learning | None = None  # deadlines from a first wave, waited out
         self.last_level: dict[Item, np.ndarray] = {}  # policy "last": (channels,) an item
         # Floating-point operations of every computation run so far: simulated time
         # turns them into CPU time on a device profile (sim/device.py).
@@ -522,7 +524,7 @@ class NodeMachine:
         wave.buffers[expect.buffer][expect.slots] = payload
         wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
-        if wave.schedule is not None:
+        if wave.schedule is not None or wave.learnt is not None:
             self._took(wave, expect, now)
         self._arrived(wave, expect.waiters)
         out: list[Message] = []
@@ -563,7 +565,7 @@ class NodeMachine:
             return []
         wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
-        if wave.schedule is not None:
+        if wave.schedule is not None or wave.learnt is not None:
             self._took(wave, expect, now)
         if wave.ready:
             self._run_ready(wave, now, out)
@@ -766,8 +768,15 @@ class NodeMachine:
             out.append(make(Kind.HEALTH, self.mesh_id, self._judged[0], self.cell,
                             self.parent, suspects, seq=self.seq, session=self._judged[1]))
         if self.policy is not None:
-            arrivals = wave.arrivals = self.arrivals.get((self.spec.plan_key, wave.mode,
-                                                          wave.batch))
+            key = (self.spec.plan_key, wave.mode, wave.batch)
+            arrivals = self.arrivals.get(key)
+            if arrivals is None and self.learning is not None:
+                arrivals = self._carried_over(wave.mode, wave.batch)
+                if arrivals is not None:
+                    self.arrivals[key] = arrivals
+            wave.arrivals = arrivals
+            if arrivals is None and self.learning is not None:
+                wave.learnt = {}  # this wave is waited out, and teaches the deadlines
             if arrivals is not None:
                 wave.schedule = arrivals.schedule()
                 wave.after = {d.index: d.after for d in wave.schedule.forward}
@@ -978,8 +987,52 @@ class NodeMachine:
     def _timed(self, wave: Wave, expect: Expect, now: float) -> None:
         """One more arrival time for the deadlines of this kind of wave."""
         began = wave.backward_at if expect.train_only else wave.started_at
-        if began is not None:
+        if began is None:
+            return
+        if wave.learnt is not None:
+            wave.learnt[expect.index] = max(now - began, 0.0)
+        else:
             wave.arrivals.sample(expect.index, max(now - began, 0.0))
+
+    def learn_deadlines(self, policy: Policy, learning: Learning) -> None:
+        """Best effort, learning each kind of wave's first deadlines from its first
+        wave, waited out whole (over MQTT: no probe to measure them)."""
+        self.policy, self.learning = policy, learning
+
+    def _carried_over(self, mode: Mode, batch: int) -> Arrivals | None:
+        """A new plan's deadlines from the same kind of wave in an earlier plan, message
+        by message (a message new to this plan: the latest of its phase). Waiting a wave
+        out to learn them could wait for ever: the plan may still hold dead cells."""
+        for (plan_key, other_mode, other_batch), old in self.arrivals.items():
+            old_plan = self._plans.get(plan_key)
+            if (other_mode, other_batch) != (mode, batch) or old_plan is None or \
+                    old_plan is self.plan:
+                continue
+            latest = {phase: max((old.smoothed[i] + old.deviation[i] for i, m in
+                                  enumerate(old.measured) if m and
+                                  (i in old.backward) == phase), default=0.0)
+                      for phase in (False, True)}
+            first: dict[int, float] = {}
+            for key, expect in self.inbox.items():
+                if expect.role.starts_wave:
+                    continue
+                index = old_plan.inbox[key].index if key in old_plan.inbox else None
+                first[expect.index] = old.smoothed[index] if index is not None and \
+                    old.measured[index] else latest[expect.train_only]
+            backward = {e.index for e in self.inbox.values() if e.train_only}
+            return Arrivals(len(self.inbox), first, backward, old.margins, old.k)
+        return None
+
+    def _learnt(self, wave: Wave) -> None:
+        """A wave waited out whole: its arrival times start its kind's deadlines."""
+        learnt, plan = wave.learnt, self.plan
+        wave.learnt = None
+        backward = {i for i in learnt if plan.expected[i].train_only}
+        spans = (max((t for i, t in learnt.items() if i not in backward), default=0.0),
+                 max((learnt[i] for i in backward), default=0.0))
+        self.arrivals[(self.spec.plan_key, wave.mode, wave.batch)] = Arrivals(
+            len(plan.inbox), learnt, backward, self.learning.margins(*spans),
+            self.learning.k)
 
     def _late(self, wave: Wave, expect: Expect, now: float) -> list[Message]:
         """A message that came after its deadline: filled in already, so only its
@@ -1079,6 +1132,8 @@ class NodeMachine:
             wave.tasks_done += 1
         if wave.tasks_done == self.plan.active[wave.mode]:
             wave.finished_at.setdefault("finished", now)
+            if wave.learnt is not None:
+                self._learnt(wave)
 
     def _finished(self, wave: Wave) -> bool:
         return wave.mode is not None and wave.tasks_done == self.plan.active[wave.mode]

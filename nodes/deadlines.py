@@ -12,8 +12,11 @@ Deadlines adapt as TCP's retransmission timeout does (RFC 6298): per message and
 wave (mode, batch), a smoothed arrival time S and mean deviation V, updated by every
 arrival (a late one too: it says the deadline was short), and the deadline S + max(G,
 K V). They start from a loss-free wave's arrival times R (S = R, V = R / 2, as RFC 6298
-starts from its first sample), measured by the transport as a deployment would at
-commissioning; then they follow the links as they are.
+starts from its first sample): measured by the simulator on a probe mesh, as a
+deployment would at commissioning, or learnt by the party itself from the first wave of
+each kind, waited out whole (over MQTT); then they follow the links as they are. The
+least margin G is a share of the phase's span (`JITTER_SHARE`: a neighbour's wave can
+start well after this party's, behind other messages).
 
 What a missing message's values become (`Policy`):
   - zero: 0, the readings' mean after normalization, and no activation further up;
@@ -42,6 +45,7 @@ class Policy(StrEnum):
 
 ALPHA, BETA = 1 / 8, 1 / 4  # RFC 6298's gains for the smoothed time and deviation
 DEFAULT_K = 4.0  # deviations of patience past the smoothed arrival time (RFC 6298's K)
+JITTER_SHARE = 0.25  # of a phase's span: the least margin of its deadlines
 
 
 class Deadline(NamedTuple):
@@ -56,6 +60,18 @@ class Margins(NamedTuple):
 
     forward: float
     backward: float
+
+
+class Learning(NamedTuple):
+    """Best effort without measured first deadlines: learn them from the first wave of
+    each kind (patience K; a least margin G in seconds)."""
+
+    k: float
+    least_margin: float
+
+    def margins(self, forward_span: float, backward_span: float) -> Margins:
+        return Margins(max(self.least_margin, JITTER_SHARE * forward_span),
+                       max(self.least_margin, JITTER_SHARE * backward_span))
 
 
 class Arrivals:

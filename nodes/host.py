@@ -109,6 +109,22 @@ class NodeHost:
             return []
         return self._handle_in(node, message, now)
 
+    def tick(self, now: float | None = None) -> list[Message]:
+        """Let every cell give up on what is overdue (best effort: deadlines, hellos);
+        returns what they send to the edge and other hosts' cells."""
+        now = self.clock() if now is None else now
+        out: list[Message] = []
+        for node in self.nodes.values():
+            due = node.next_deadline()
+            if due is None or due > now or node.cell in self.failed:
+                continue
+            try:
+                out.extend(node.tick(now))
+            except Exception as exc:  # as in `_handle_in`: never the whole host
+                self.failed[node.cell] = f"{type(exc).__name__}: {exc}"[:200]
+                self.stats["failed_cells"] += 1
+        return self._deliver_locally(out, now) if self.local_delivery else out
+
     def _handle_in(self, node: NodeMachine, message: Message, now: float) -> list[Message]:
         """One cell takes a message. Whatever a message does to a cell stays in that cell:
         a cell whose machine raises is isolated (it takes nothing more) and reported,

@@ -28,6 +28,7 @@ from meshdl.config import RunConfig
 from meshdl.data import Dataset, data_digest, load_dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.mqtt import BrokerAddress, Session
+from meshdl.nodes.deadlines import Learning, Policy
 from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.nodes.live import LiveSampler, live_ring
 from meshdl.nodes.sensors import Sensor, sensor_from_spec
@@ -38,6 +39,11 @@ from meshdl.topology import Cell
 from meshdl.wire import Wire
 
 Say = Callable[[str], None]
+
+
+# Best effort over MQTT: the least a deadline waits past a message's smoothed arrival
+# time (a broker on a busy host delays a message by tens of milliseconds now and then).
+MQTT_LEAST_MARGIN_S = 0.2
 
 
 def _quiet(_line: str) -> None:
@@ -87,6 +93,17 @@ def host_spec(config: RunConfig) -> MeshSpec:
                     config.mesh.max_message_bytes, config.mesh.auth)
 
 
+def best_effort(host: NodeHost, config: RunConfig) -> None:
+    """With `mesh.recovery = "best-effort"`: every cell gives up on a message at a
+    deadline learnt from the first wave of its kind, fills it in by `mesh.policy` and
+    reports silent neighbours (nodes/deadlines.py)."""
+    if config.mesh.recovery != "best-effort":
+        return
+    learning = Learning(config.mesh.patience, MQTT_LEAST_MARGIN_S)
+    for node in host.nodes.values():
+        node.learn_deadlines(Policy(config.mesh.policy), learning)
+
+
 def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
                 readings: Readings, client: str, stop: asyncio.Event | None = None,
                 local_delivery: bool = True, say: Say = _quiet) -> NodeHost:
@@ -95,6 +112,7 @@ def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
     spec = host_spec(config)
     auth = authenticator_for(spec, cells, config.mesh.keys, config.mesh.auth)
     host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
+    best_effort(host, config)
     sampler = None if readings.sensors is None else LiveSampler(
         host.nodes, readings.sensors, readings.slot_s)
     asyncio.run(serve_host(host, address, client, stop, sampler, Notifier(),
@@ -136,7 +154,12 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
                        f"{address} as {client}")
             say(serving)
             systemd.status(serving)
-            await session.run(host.handle, until=stop.is_set)
+            async def tick() -> None:  # best effort: the cells' deadlines
+                out = host.tick(time.monotonic())
+                if out:
+                    await session.send(out)
+
+            await session.run(host.handle, tick=tick, until=stop.is_set)
     finally:
         stop.set()
         systemd.stopping()
@@ -182,6 +205,7 @@ class BackgroundNodeHost:
         self.data_digest = readings.data_digest
         self.auth = authenticator_for(spec, cells, config.mesh.keys, config.mesh.auth)
         self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
+        best_effort(self.host, config)
         self.sampler = None if readings.sensors is None else LiveSampler(
             self.host.nodes, readings.sensors, readings.slot_s)
         self._ready = threading.Event()

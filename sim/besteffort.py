@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from meshdl.errors import UsageError
 from meshdl.messages import EDGE, Kind
-from meshdl.nodes.deadlines import DEFAULT_K, Margins, Policy
+from meshdl.nodes.deadlines import DEFAULT_K, JITTER_SHARE, Margins, Policy
 from meshdl.sim.radio import RadioProfile
 from meshdl.topology import Cell
 
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 # Loss-free waves measured per kind of wave: their order on the air changes with each
 # wave's random backoffs, and so does when a message comes (by 2x on small meshes).
 PROBE_WAVES = 3
-JITTER_SHARE = 0.25  # of a phase's span: the least margin of its deadlines
 
 
 @dataclass(frozen=True)

@@ -583,3 +583,43 @@ def test_the_mqtt_benchmark_trains_the_configured_run_and_reports_its_ratios(
     assert result["messages"] > 0 and result["broker_messages_per_s"] > 0
     assert result["ratio_to_broker"] == pytest.approx(
         result["messages_per_s"] / result["broker_messages_per_s"])
+
+
+def test_a_node_host_killed_for_good_leaves_training_to_finish_around_its_cells(
+        small_mesh, mosquitto, tmp_path) -> None:
+    """Best effort over MQTT: three node hosts; after the first epoch the one serving
+    row 3 is killed (SIGKILL) and never restarted. Row 2 misses its messages at the
+    deadlines it learnt, reports it silent, the edge plans around row 3, and training
+    finishes, the edge naming the dead cells."""
+    _, _, mesh_file, data_file, _ = small_mesh
+    best = tmp_path / "best.toml"
+    best.write_text(mesh_file.read_text().replace("epochs = 2", "epochs = 4") +
+                    '\n[mesh]\nrecovery = "best-effort"\npolicy = "neighbours"\n')
+    hosts = [_node_host_process(mosquitto, best, data_file, cells)
+             for cells in ("0-1,0-4", "2,0-4", "3,0-4")]
+    run = tmp_path / "run"
+    edge = subprocess.Popen(
+        [sys.executable, "-m", "meshdl", "edge", "run", "--broker", mosquitto.url,
+         "--mesh", str(best), "--data", str(data_file), "--out", str(run),
+         "--nodes-timeout", "60", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(2400):  # the first epoch's checkpoint, within 4 minutes
+            if (run / "checkpoint.npz").exists() or edge.poll() is not None:
+                break
+            time.sleep(0.1)
+        hosts[2].kill()
+        out, err = edge.communicate(timeout=240)
+        assert edge.returncode == 0, err
+    finally:
+        edge.kill()
+        for host in hosts:
+            host.terminate()
+        for host in hosts[:2]:
+            assert host.wait(30) == 0, host.stderr.read().decode()
+        hosts[2].wait(30)
+    dead = [f"r3c{c}" for c in range(5)]
+    metrics = json.loads(out)
+    assert metrics["comm"]["dead_cells"] == dead
+    assert "planning around dead cells " + ", ".join(dead) in err
+    assert len(metrics["epochs"]) == 4 and np.isfinite(metrics["final"]["test_acc"])

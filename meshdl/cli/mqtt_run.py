@@ -243,6 +243,7 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
                                 wave_timeout=wave_timeout, nodes_timeout=nodes_timeout,
                                 connect_timeout_s=broker_patience, systemd=Notifier(),
                                 take_over=take_over)
+    engine.say = lambda line: err_console.print(line, highlight=False)
     try:
         model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
                                resume=checkpoint)
@@ -254,8 +255,11 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
         engine.close()
     metrics = metrics_record(config, history)
     write_run(run_dir, config, model, metrics, str(data))
+    dead = history.comm.get("dead_cells")
     err_console.print(f"mqtt training done in {history.wall_s:.1f} s: test acc "
-                      f"{history.final['test_acc']:.4f} -> {run_dir}", highlight=False)
+                      f"{history.final['test_acc']:.4f}"
+                      f"{'; dead cells ' + ', '.join(dead) if dead else ''} -> {run_dir}",
+                      highlight=False)
     if warning := single_class_warning(history.final):
         err_console.print(warning, style="yellow", highlight=False)
     if json_out:
