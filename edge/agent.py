@@ -17,11 +17,18 @@ import numpy as np
 
 from meshdl import kernels
 from meshdl.errors import StepSkipped, UsageError
-from meshdl.messages import EDGE, FLOAT32, INT32, Header, Kind, Message, make, newer
+from meshdl.messages import EDGE, FLOAT32, Header, Kind, Message, make, newer
 from meshdl.model import CNN, Trace
-from meshdl.nodes.agent import HEALTH_MAX, SILENT_WAVES
-from meshdl.nodes.deadlines import GATHER, REDUCE, Arrivals, Learning, Margins, Policy
-from meshdl.payloads import BatchOrder, PlanTail
+from meshdl.nodes.deadlines import (
+    GATHER_ENTRY,
+    REDUCE_ENTRY,
+    SILENT_WAVES,
+    Arrivals,
+    Learning,
+    Margins,
+    Policy,
+)
+from meshdl.payloads import BatchOrder, PlanTail, health_entries
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
 from meshdl.work import head_work
@@ -143,19 +150,18 @@ class EdgeMachine:
     def _health(self, message: Message) -> list[Message]:
         """Reports from the mesh: cells its nodes found silent (dead, or cut off behind
         a dead one) and cells that said hello (back). Weighed at the next wave."""
-        h, payload = message.header, message.payload
-        rows, cols = self.spec.model.rows, self.spec.model.cols
-        if h.dtype != INT32 or payload.ndim != 1 or not 0 < payload.size <= HEALTH_MAX \
-                or not np.all((payload != 0) & (np.abs(payload) <= rows * cols)):
+        h = message.header
+        entries = health_entries(message.payload, self.spec.model.rows,
+                                 self.spec.model.cols)
+        if entries is None:
             self.stats["rejected:bad_health"] += 1
             return []
         self.heard_from_mesh = True
         # Silence found in a wave of an older plan says nothing of this one (a cell cut
         # off behind a dead one then has a parent now).
         current = h.session == self.session and not newer(self.plan_since, h.step)
-        for entry in payload.tolist():
-            cell = divmod(abs(entry) - 1, cols)
-            if entry < 0:
+        for cell, back in entries:
+            if back:
                 self.comebacks.add(cell)
             elif current:
                 self.suspects.add(cell)
@@ -230,9 +236,11 @@ class EdgeMachine:
         (`gather` seconds after its start, `reduce` after its SCATTER) and following
         their arrivals (nodes/deadlines.py)."""
         self.policy = policy
-        first = {GATHER: gather} if reduce is None else {GATHER: gather, REDUCE: reduce}
+        first = {GATHER_ENTRY: gather}
+        if reduce is not None:
+            first[REDUCE_ENTRY] = reduce
         key = (spec or self.spec).plan_key
-        self.arrivals[(key, mode, batch)] = Arrivals(2, first, {REDUCE}, margins, k)
+        self.arrivals[(key, mode, batch)] = Arrivals(2, first, {REDUCE_ENTRY}, margins, k)
 
     def next_deadline(self) -> float | None:
         """When the current wave next gives up on something, if it will."""
@@ -256,8 +264,8 @@ class EdgeMachine:
     def _arrival(self, kind: Kind, now: float) -> None:
         """Best effort: one more arrival time of the GATHER or the REDUCE (learnt, in
         the first wave of a kind)."""
-        index, seconds = (GATHER, now - self.started_at) if kind == Kind.GATHER else \
-            (REDUCE, now - self.backward_at)
+        index, seconds = (GATHER_ENTRY, now - self.started_at) if kind == Kind.GATHER else \
+            (REDUCE_ENTRY, now - self.backward_at)
         if kind == Kind.REDUCE and self.trace is None:
             return
         if self._learnt is not None:
@@ -273,9 +281,10 @@ class EdgeMachine:
     def _learnt_wave(self) -> None:
         """A wave waited out whole: its arrival times start its kind's deadlines."""
         learnt, self._learnt = self._learnt, None
-        margins = self.learning.margins(learnt.get(GATHER, 0.0), learnt.get(REDUCE, 0.0))
+        margins = self.learning.margins(learnt.get(GATHER_ENTRY, 0.0),
+                                        learnt.get(REDUCE_ENTRY, 0.0))
         self.arrivals[(self.spec.plan_key, self.mode, self.batch)] = Arrivals(
-            2, learnt, {REDUCE}, margins, self.learning.k)
+            2, learnt, {REDUCE_ENTRY}, margins, self.learning.k)
 
     def _overdue(self, now: float) -> list[Message]:
         """No GATHER by its deadline: a training step is skipped (its loss would be of
@@ -328,8 +337,8 @@ class EdgeMachine:
         self._learnt = {} if self._timed is None and self.policy is not None and \
             self.learning is not None else None
         if self._timed is not None:
-            self.due_gather = self._timed.deadline(GATHER)
-            self.due_reduce = self._timed.deadline(REDUCE) if mode == Mode.TRAIN else 0.0
+            self.due_gather = self._timed.deadline(GATHER_ENTRY)
+            self.due_reduce = self._timed.deadline(REDUCE_ENTRY) if mode == Mode.TRAIN else 0.0
         params = self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
                                               self.model.norm_std)
         if self.spec.planned:  # the mesh the wave runs in, for every node to plan it

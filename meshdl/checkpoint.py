@@ -45,6 +45,8 @@ class Checkpoint:
     steps_done: int = 0  # updates of epoch epochs_done + 1 already applied ...
     epoch_loss: float = 0.0  # ... their summed loss (times batch size) ...
     epoch_correct: int = 0  # ... and correctly classified samples
+    epoch_skipped: int = 0  # best effort: steps of it skipped (no update) ...
+    epoch_skipped_samples: int = 0  # ... and their samples
 
 
 def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> Path:
@@ -54,7 +56,9 @@ def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> Path:
     meta = {"config": checkpoint.config, "epochs_done": checkpoint.epochs_done,
             "batch_order": checkpoint.batch_order, "epochs": checkpoint.epochs,
             "steps_done": checkpoint.steps_done, "epoch_loss": checkpoint.epoch_loss,
-            "epoch_correct": checkpoint.epoch_correct}
+            "epoch_correct": checkpoint.epoch_correct,
+            "epoch_skipped": checkpoint.epoch_skipped,
+            "epoch_skipped_samples": checkpoint.epoch_skipped_samples}
     partial = path.with_name(f".{CHECKPOINT}.{os.getpid()}.partial")
     with partial.open("wb") as out:
         np.savez(out, params=checkpoint.params,
@@ -82,7 +86,10 @@ def load_checkpoint(folder: Path) -> Checkpoint:
                                 batch_order=meta["batch_order"], epochs=list(meta["epochs"]),
                                 steps_done=int(meta.get("steps_done", 0)),
                                 epoch_loss=float(meta.get("epoch_loss", 0.0)),
-                                epoch_correct=int(meta.get("epoch_correct", 0)))
+                                epoch_correct=int(meta.get("epoch_correct", 0)),
+                                epoch_skipped=int(meta.get("epoch_skipped", 0)),
+                                epoch_skipped_samples=int(
+                                    meta.get("epoch_skipped_samples", 0)))
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
         raise MeshdlError(f"{path} is not a readable checkpoint ({exc})") from None
     if checkpoint.params.dtype != np.float32 or checkpoint.params.ndim != 1 or \

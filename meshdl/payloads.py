@@ -6,6 +6,8 @@
                      not the configured one, its tail (`PlanTail`): the cell the edge
                      is attached to and the dead cells
     REDUCE  float32  d(loss)/d(conv parameters): PARAMS' first part, same order
+    HEALTH  int32    cells a node found silent, +(n + 1), or back, -(n + 1) (a hello),
+                     n = row x cols + col
     BATCH   int32    mode, split, then one sample index per sample of the wave
 
 The edge packs PARAMS and BATCH (edge/agent.py); nodes read them and pack REDUCE
@@ -54,6 +56,23 @@ class PlanTail(NamedTuple):
             return None
         return cls(divmod(int(numbers[0]), cols),
                    frozenset(divmod(int(n), cols) for n in dead))
+
+
+HEALTH_MAX = 64  # cells one HEALTH may name
+
+
+def health_entries(payload: np.ndarray, rows: int, cols: int
+                   ) -> list[tuple[tuple[int, int], bool]] | None:
+    """What a HEALTH payload says: each cell it names, and whether it is back (a hello)
+    rather than silent; None if it is not a well-formed one (int32, 1 to `HEALTH_MAX`
+    entries, each +(n+1) or -(n+1) of a cell n of the grid)."""
+    if payload.dtype != np.int32 or payload.ndim != 1 or \
+            not 0 < payload.size <= HEALTH_MAX:
+        return None
+    cells = rows * cols
+    if not np.all((payload != 0) & (payload >= -cells) & (payload <= cells)):
+        return None
+    return [(divmod(abs(int(entry)) - 1, cols), int(entry) < 0) for entry in payload]
 
 
 class LayerSlices(NamedTuple):

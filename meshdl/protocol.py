@@ -39,6 +39,7 @@ class Split(IntEnum):
     LIVE = 2  # live sensor readings: a ring of the last LIVE_SLOTS time slots
 
 
+KEPT_REPLANS = 16  # plans of one mesh kept for its parties (dead cells come and go)
 LIVE_SLOTS = 64  # time slots a node keeps: a BATCH of LIVE indexes slot % LIVE_SLOTS
 
 
@@ -106,12 +107,15 @@ class MeshSpec:
         if (edge_at, dead) == self.plan_key:
             return self
         replans = self._replans
-        spec = replans.get((edge_at, dead))
+        spec = replans.pop((edge_at, dead), None)
         if spec is None:
-            spec = replans[(edge_at, dead)] = MeshSpec(
-                self.mesh_id, self.model, edge_at, self.params_via, self.max_message_bytes,
-                self.auth, frozenset(dead), self.home or self.edge_at)
+            if len(replans) >= KEPT_REPLANS:  # the least recently used goes
+                del replans[next(iter(replans))]
+            spec = MeshSpec(self.mesh_id, self.model, edge_at, self.params_via,
+                            self.max_message_bytes, self.auth, frozenset(dead),
+                            self.home or self.edge_at)
             spec.__dict__["_replans"] = replans  # one family of plans
+        replans[(edge_at, dead)] = spec
         return spec
 
     @cached_property

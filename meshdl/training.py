@@ -195,15 +195,16 @@ def train(
         n_train, n_test = originals(data), len(data.y_test)
         test_pred = np.empty(0, np.int64)
         total = tc.epochs * -(-n_train // tc.batch)  # updates in the whole run
-        # Where a resumed run picks up inside its next epoch: updates, loss, hits so far.
-        within = (0, 0.0, 0) if resume is None else \
-            (resume.steps_done, resume.epoch_loss, resume.epoch_correct)
+        # Where a resumed run picks up inside its next epoch: steps done, loss, hits and
+        # (best effort) steps skipped and their samples so far.
+        within = (0, 0.0, 0, 0, 0) if resume is None else \
+            (resume.steps_done, resume.epoch_loss, resume.epoch_correct,
+             resume.epoch_skipped, resume.epoch_skipped_samples)
         for epoch in range(len(history.epochs) + 1, tc.epochs + 1):
             epoch_start = rng.bit_generator.state  # draws this epoch's batches again
             epoch_batches = batches(n_train, tc.batch, rng, orientations(tc))
-            applied, loss_sum, correct = within
-            within = (0, 0.0, 0)
-            skipped = skipped_samples = 0
+            applied, loss_sum, correct, skipped, skipped_samples = within
+            within = (0, 0.0, 0, 0, 0)
 
             for step, idx in enumerate(epoch_batches[applied:], applied + 1):
                 try:
@@ -212,8 +213,9 @@ def train(
                     with np.errstate(over="ignore", invalid="ignore"):
                         loss, logits, grads = engine.loss_and_grads(model, idx)
                 except StepSkipped:  # best effort: nothing came to learn from
-                    applied, skipped, skipped_samples = step, skipped + 1, \
-                        skipped_samples + len(idx)
+                    applied = step
+                    skipped += 1
+                    skipped_samples += len(idx)
                     if progress:
                         progress(epoch, step, len(epoch_batches), float("nan"))
                     continue
@@ -223,7 +225,8 @@ def train(
                     if checkpoints is not None and applied + epoch > 1:
                         save_checkpoint(checkpoints, _checkpoint(
                             config, model, optimizer, history, epoch_start,
-                            steps_done=applied, loss_sum=loss_sum, correct=correct))
+                            steps_done=applied, loss_sum=loss_sum, correct=correct,
+                            skipped=(skipped, skipped_samples)))
                     raise
                 else:
                     optimizer.step(model.flat, grads, learning_rate(tc, optimizer.steps, total))
@@ -243,13 +246,14 @@ def train(
                 if checkpoints is not None:
                     save_checkpoint(checkpoints, _checkpoint(
                         config, model, optimizer, history, epoch_start,
-                        steps_done=applied, loss_sum=loss_sum, correct=correct))
+                        steps_done=applied, loss_sum=loss_sum, correct=correct,
+                        skipped=(skipped, skipped_samples)))
                 raise
-            learned = max(n_train - skipped_samples, 1)
+            learned = n_train - skipped_samples  # none, if every step was skipped
             history.epochs.append(EpochMetrics(
                 epoch=epoch,
-                train_loss=loss_sum / learned,
-                train_acc=correct / learned,
+                train_loss=loss_sum / learned if learned else float("nan"),
+                train_acc=correct / learned if learned else float("nan"),
                 test_acc=float(np.mean(test_pred == data.y_test)) if n_test else float("nan"),
                 skipped_steps=skipped,
             ))
@@ -273,13 +277,14 @@ def train(
 
 def _checkpoint(config: RunConfig, model: CNN, optimizer: Optimizer, history: History,
                 batch_order: dict[str, Any], steps_done: int = 0, loss_sum: float = 0.0,
-                correct: int = 0) -> Checkpoint:
+                correct: int = 0, skipped: tuple[int, int] = (0, 0)) -> Checkpoint:
     """The run's state after the epochs in `history` and `steps_done` updates of the
     next, whose batches `batch_order` (a generator state) draws."""
     return Checkpoint(config=config.model_dump(mode="json"), epochs_done=len(history.epochs),
                       params=model.flat.copy(), optimizer=optimizer.state_dict(),
                       batch_order=batch_order, epochs=[asdict(e) for e in history.epochs],
-                      steps_done=steps_done, epoch_loss=loss_sum, epoch_correct=correct)
+                      steps_done=steps_done, epoch_loss=loss_sum, epoch_correct=correct,
+                      epoch_skipped=skipped[0], epoch_skipped_samples=skipped[1])
 
 
 def _restore(checkpoint: Checkpoint, config: RunConfig, model: CNN, optimizer: Optimizer,

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from meshdl.messages import (
+    ALL,
     EDGE,
     FLOAT32,
     INT32,
@@ -43,8 +44,15 @@ from meshdl.messages import (
     seal,
 )
 from meshdl.nodes import compute
-from meshdl.nodes.deadlines import Arrivals, Learning, Margins, Policy, Schedule
-from meshdl.payloads import BATCH_HEAD, BatchOrder, PlanTail
+from meshdl.nodes.deadlines import (
+    SILENT_WAVES,
+    Arrivals,
+    Learning,
+    Margins,
+    Policy,
+    Schedule,
+)
+from meshdl.payloads import BATCH_HEAD, HEALTH_MAX, BatchOrder, PlanTail, health_entries
 from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
 from meshdl.work import Work, node_work
@@ -113,12 +121,12 @@ class Expect(NamedTuple):
 
 
 GRADIENTS = ("dz", "route", "dpooled")  # fields filled with zeros whatever the policy
-RECEIVED, FILLED_IN = 1, 2  # `Wave.seen`: a message came, or its deadline passed
+# `Wave.seen`: a message came; its deadline passed; it came after its deadline.
+RECEIVED, FILLED_IN, LATE = 1, 2, 3
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
-SILENT_WAVES = 2  # waves a neighbour gives nothing in before it is reported dead
-HEALTH_MAX = 64  # cells one HEALTH may name
+
 
 ITEMS = Role.ITEMS  # the hot path's comparison, without an attribute lookup
 _MODES = tuple(Mode)  # by value, without the enum's lookup
@@ -353,7 +361,6 @@ class Wave:
         self.started_at = 0.0
         self.backward_at: float | None = None
         self.next_forward = self.next_backward = 0
-        self.filled_in = 0
 
 
 class NodeMachine:
@@ -376,6 +383,9 @@ class NodeMachine:
         self.policy: Policy | None = None
         self.arrivals: dict[tuple, Arrivals] = {}
         self.learning: Learning | None = None  # deadlines from a first wave, waited out
+        # The mesh may be replanned (dead cells): a later wave's message of a shape this
+        # plan does not expect is kept, for the plan its PARAMS will bring.
+        self.plans_change = False
         self.last_level: dict[Item, np.ndarray] = {}  # policy "last": (channels,) an item
         # Floating-point operations of every computation run so far: simulated time
         # turns them into CPU time on a device profile (sim/device.py).
@@ -484,14 +494,15 @@ class NodeMachine:
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one decoded message; return the messages this node sends in response."""
         h = message.header
-        if h.kind == Kind.PARAMS and not self._plan_of(message):
+        if h.kind == Kind.PARAMS and not self._take_plan_from_params(message):
             return []
         if h.kind == Kind.HEALTH:
             return self._health(message)
         expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
         if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
-            if h.kind != Kind.PARAMS and h.mesh == self.mesh_id and h.dst == self.cell \
-                    and self._ahead(h) and self._adjacent(h.src):
+            if self.plans_change and h.kind != Kind.PARAMS and \
+                    h.mesh == self.mesh_id and h.dst == self.cell and self._ahead(h) and \
+                    self._adjacent(h.src):
                 # Of a wave whose PARAMS, still to come, may bring another plan.
                 return self._keep(message, "buffered_unplanned")
             self.stats[f"rejected:{self._reject_reason(message)}"] += 1
@@ -574,13 +585,16 @@ class NodeMachine:
                 out.extend(self.handle(early, now))
         return out
 
-    def _plan_of(self, message: Message) -> bool:
+    def _take_plan_from_params(self, message: Message) -> bool:
         """PARAMS say which mesh the wave runs in (`PlanTail`; none: the configured
         one): take that plan if it is not this node's, when the sender is who sends
-        this node its PARAMS there. False if the message is to be dropped."""
+        this node its PARAMS there and the wave is not older than this node's. False
+        if the message is to be dropped."""
         h, payload = message.header, message.payload
-        if h.dtype != FLOAT32 or payload.ndim != 1 or payload.size < self.params_size:
-            return True  # not plausible PARAMS: the usual checks reject it
+        if h.dtype != FLOAT32 or payload.ndim != 1 or payload.size < self.params_size or \
+                h.mesh != self.mesh_id or h.dst not in (self.cell, ALL) or \
+                not self._adjacent(h.src) or not self._ahead(h):
+            return True  # not PARAMS of a wave to come: the usual checks see to it
         spec = self.spec
         if payload.size == self.params_size:
             plan = (spec.home or spec.edge_at, frozenset())
@@ -623,7 +637,7 @@ class NodeMachine:
         has a shape the plan could use (a later wave's may bring another plan: then
         any shape)."""
         if not self._plausible(message, expect):
-            if why == "buffered_future":
+            if why == "buffered_future" and self.plans_change:
                 return self._keep(message, "buffered_unplanned")
             self.stats["rejected:bad_shape"] += 1
             return []
@@ -822,7 +836,7 @@ class NodeMachine:
         and fill it in by `policy`. Deadlines start from `first` (seconds into its
         phase each came in a loss-free wave) and follow the arrivals
         (nodes/deadlines.py); a message without one is waited for."""
-        self.policy = policy
+        self.policy, self.plans_change = policy, True
         spec = spec or self.spec
         inbox = self._plan_for(spec).inbox
         measured = {inbox[key].index: seconds for key, seconds in first.items()
@@ -858,7 +872,8 @@ class NodeMachine:
         return hello if due is None else due if hello is None else min(due, hello)
 
     def _wave_deadline(self, wave: Wave) -> float | None:
-        """The current wave's next deadline of a message not yet here, if any."""
+        """The current wave's next deadline of a message not yet here, if any. (Moves
+        the wave's cursors past messages that came: they never need looking at again.)"""
         seen, forward, backward = wave.seen, wave.schedule.forward, wave.schedule.backward
         while wave.next_forward < len(forward) and seen[forward[wave.next_forward].index]:
             wave.next_forward += 1
@@ -914,6 +929,8 @@ class NodeMachine:
         """Best effort: a message came. It tells when such messages come; the first
         backward one starts the backward deadlines; under policy "last" a forward
         one's level is remembered."""
+        if expect.role.starts_wave:
+            return  # never waited for: without them there is no wave
         if expect.train_only and wave.backward_at is None:
             wave.backward_at = now
         self._timed(wave, expect, now)
@@ -933,7 +950,7 @@ class NodeMachine:
             expect, src = self.plan.expected[index], self.plan.keys[index][3]
             if seen and src in self.neighbours and src != EDGE and \
                     not expect.role.starts_wave:
-                heard[src] = heard.get(src, False) or seen == RECEIVED
+                heard[src] = heard.get(src, False) or seen != FILLED_IN
         for neighbour, got in heard.items():
             self.silent[neighbour] = 0 if got else self.silent[neighbour] + 1
         self._suspects = sorted(n for n, waves in self.silent.items()
@@ -944,9 +961,8 @@ class NodeMachine:
         """A HEALTH on its way to the edge: from a tree child, passed on to the parent;
         a hello from a grid neighbour (its own cell, back), passed on too."""
         h, payload = message.header, message.payload
-        cells = self.spec.model.rows * self.spec.model.cols
-        if h.dtype != INT32 or payload.ndim != 1 or not 0 < payload.size <= HEALTH_MAX or \
-                h.dst != self.cell or not np.all((payload != 0) & (np.abs(payload) <= cells)):
+        if h.dst != self.cell or health_entries(payload, self.spec.model.rows,
+                                                self.spec.model.cols) is None:
             self.stats["rejected:bad_health"] += 1
             return []
         own = h.src[0] * self.spec.model.cols + h.src[1] + 1
@@ -962,8 +978,11 @@ class NodeMachine:
 
     def _hello_due(self) -> float | None:
         """When this node says hello next: `hello_after` without PARAMS, and again
-        that long after each hello."""
-        if self.hello_after is None:
+        that long after each hello; only while it has no wave (it booted) or its mesh
+        leaves it out (found dead, though alive). A node of the mesh whose waves merely
+        run long never says it."""
+        if self.hello_after is None or \
+                (self.wave is not None and self.cell in self.spec.topology.members):
             return None
         since = self.heard_at if self._hello_at is None else max(self.heard_at,
                                                                   self._hello_at)
@@ -997,7 +1016,7 @@ class NodeMachine:
     def learn_deadlines(self, policy: Policy, learning: Learning) -> None:
         """Best effort, learning each kind of wave's first deadlines from its first
         wave, waited out whole (over MQTT: no probe to measure them)."""
-        self.policy, self.learning = policy, learning
+        self.policy, self.learning, self.plans_change = policy, learning, True
 
     def _carried_over(self, mode: Mode, batch: int) -> Arrivals | None:
         """A new plan's deadlines from the same kind of wave in an earlier plan, message
@@ -1036,8 +1055,9 @@ class NodeMachine:
 
     def _late(self, wave: Wave, expect: Expect, now: float) -> list[Message]:
         """A message that came after its deadline: filled in already, so only its
-        arrival time counts (the deadline was short)."""
+        arrival time counts (the deadline was short), and that its sender is alive."""
         self.stats["late"] += 1
+        wave.seen[expect.index] = LATE
         self._timed(wave, expect, now)
         return []
 
@@ -1054,7 +1074,6 @@ class NodeMachine:
         else:  # PARAMS or BATCH: never scheduled (no wave without them)
             return
         wave.seen[index] = FILLED_IN
-        wave.filled_in += 1
         self.stats["filled_in"] += 1
         self.stats[f"filled_in:{Kind(kind).name.lower()}"] += 1
         self._arrived(wave, expect.waiters)

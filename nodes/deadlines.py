@@ -11,8 +11,8 @@ backward pass of zeros for nobody.
 Deadlines adapt as TCP's retransmission timeout does (RFC 6298): per message and kind of
 wave (mode, batch), a smoothed arrival time S and mean deviation V, updated by every
 arrival (a late one too: it says the deadline was short), and the deadline S + max(G,
-K V). They start from a loss-free wave's arrival times R (S = R, V = R / 2, as RFC 6298
-starts from its first sample): measured by the simulator on a probe mesh, as a
+K V). They start from loss-free arrival times R (S = R, V = R / 2, as RFC 6298 starts
+from its first sample): the latest of a few waves the simulator runs on a probe mesh, as a
 deployment would at commissioning, or learnt by the party itself from the first wave of
 each kind, waited out whole (over MQTT); then they follow the links as they are. The
 least margin G is a share of the phase's span (`JITTER_SHARE`: a neighbour's wave can
@@ -46,6 +46,7 @@ class Policy(StrEnum):
 ALPHA, BETA = 1 / 8, 1 / 4  # RFC 6298's gains for the smoothed time and deviation
 DEFAULT_K = 4.0  # deviations of patience past the smoothed arrival time (RFC 6298's K)
 JITTER_SHARE = 0.25  # of a phase's span: the least margin of its deadlines
+SILENT_WAVES = 2  # waves a neighbour gives nothing in before it is reported dead
 
 
 class Deadline(NamedTuple):
@@ -124,4 +125,4 @@ class Schedule(NamedTuple):
         return cls(tuple(sorted(forward)), tuple(sorted(backward)))
 
 
-GATHER, REDUCE = 0, 1  # the edge's `Arrivals` entries
+GATHER_ENTRY, REDUCE_ENTRY = 0, 1  # the edge's `Arrivals` entries

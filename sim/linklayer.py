@@ -8,11 +8,12 @@ frame goes again, up to the radio's retry limit (802.15.4: macMaxFrameRetries = 
 frame that exhausts it is recovered end to end, fragment by fragment (as 6LoWPAN's
 selective fragment recovery, RFC 8931, does): after one more ACK timeout the sender
 takes it up again, so a long message is never sent over from its first frame, and every
-message arrives. In best-effort mode a data message is recovered only while its receiver
-still waits for it (`budget` seconds from its first bit): after that, the sender gives
-it up at the first frame that exhausts the limit, as a 6LoWPAN sender drops the
-datagram (the receiver has it only if that was the last frame and only its ACKs were
-lost). A broadcast
+message arrives. In best-effort mode a message is recovered only while its receiver
+still waits for it (`budget` seconds from its first bit), or, when the sender cannot
+know that, a few times (`rounds`: a receiver that answers none is taken for dead);
+after that the sender gives it up at the first frame that exhausts the limit, as a
+6LoWPAN sender drops the datagram (the receiver has it only if that was the last frame
+and only its ACKs were lost). A broadcast
 has no ACKs: each receiver loses frames on its own, and whoever missed one has not got
 the message (reliable mode: the medium sends it again to them).
 
@@ -28,7 +29,7 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from meshdl.errors import MeshdlError
-from meshdl.sim.loss import FrameLoss
+from meshdl.sim.loss import Links
 from meshdl.sim.radio import RadioProfile
 from meshdl.topology import Cell
 
@@ -55,12 +56,13 @@ class LinkUnusable(MeshdlError):
 MAX_RECOVERIES = 1_000  # of one frame: at the 0.9 loss allowed, some 10^-40 to reach
 
 
-def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
+def send_frames(radio: RadioProfile, loss: Links, src: Cell,
                 receivers: tuple[Cell, ...], size: int, acked: bool,
-                budget: float = math.inf) -> LinkOutcome:
+                budget: float = math.inf, rounds: int = MAX_RECOVERIES) -> LinkOutcome:
     """Send a message of `size` bytes from `src` to `receivers` over `loss`'s links:
     `acked`, one receiver, frame by frame until each is acknowledged, recovering a
-    frame end to end while within `budget` seconds; else a broadcast."""
+    frame end to end while within `budget` seconds and at most `rounds` times; else a
+    broadcast."""
     tx: dict[Cell, float] = defaultdict(float)
     rx: dict[Cell, float] = defaultdict(float)
     t = last_bit = received = 0.0
@@ -88,7 +90,8 @@ def send_frames(radio: RadioProfile, loss: FrameLoss, src: Cell,
         arrived = False  # at the receiver, whatever became of its ACKs
         for attempt in itertools.count():
             if attempt and attempt % tries_per_round == 0:  # the retry limit: recovery
-                if t > budget:  # given up: the receiver has it if only ACKs were lost
+                if t > budget or attempt // tries_per_round > rounds:
+                    # Given up: the receiver has it if only its ACKs were lost.
                     if not (arrived and number == len(sizes) - 1):
                         missing.add(dst)
                     break

@@ -20,9 +20,18 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from meshdl.errors import UsageError
 from meshdl.topology import Cell
+
+
+class Links(Protocol):
+    """What the link layer asks of the links: is the next frame from `src` to `dst`
+    lost?"""
+
+    def lost(self, src: Cell, dst: Cell) -> bool: ...
+
 
 MAX_RATE = 0.9  # beyond, a frame takes over a hundred tries on average (data and ACK)
 
@@ -66,3 +75,16 @@ class FrameLoss:
         self._bad[link] = (self._rng.random() >= self._r) if bad else \
             (self._rng.random() < self._p)
         return lost
+
+
+NO_LOSS = FrameLoss(0.0)  # lossless links (where only a node that is down loses frames)
+
+
+class DownLinks:
+    """`loss`'s links, on which every frame to or from a node that is down is lost."""
+
+    def __init__(self, loss: FrameLoss, down: set[Cell]) -> None:
+        self.loss, self.down = loss, down
+
+    def lost(self, src: Cell, dst: Cell) -> bool:
+        return dst in self.down or src in self.down or self.loss.lost(src, dst)

@@ -48,8 +48,8 @@ from typing import Any, Literal, NamedTuple
 from meshdl.errors import UsageError
 from meshdl.messages import EDGE, Kind
 from meshdl.sim.clock import EventQueue
-from meshdl.sim.linklayer import send_frames
-from meshdl.sim.loss import FrameLoss
+from meshdl.sim.linklayer import MAX_RECOVERIES, send_frames
+from meshdl.sim.loss import NO_LOSS, DownLinks, FrameLoss
 from meshdl.sim.radio import RadioProfile
 from meshdl.topology import Cell, Topology
 
@@ -78,8 +78,10 @@ class Transmission:
     sizes: tuple[int, ...] | None = None
     hold: tuple[int, ...] = ()  # the numbers of the members it holds (`Medium._hold`)
     # Best effort: when its receivers stop waiting for it (None: they wait until it
-    # comes); its lost frames are not taken up again after.
+    # comes); its lost frames are not taken up again after; and how often a lost frame
+    # is taken up again at most (None: until it arrives).
     expires: float | None = None
+    rounds: int | None = None
 
 
 class Airtime(NamedTuple):
@@ -234,6 +236,9 @@ class Medium:
         # recovered end to end, so that every message still arrives (reliable mode), or
         # until it expires (`Transmission.expires`, best-effort mode).
         self.loss = loss if loss is not None and loss.rate > 0 else None
+        # Parties whose node is down: every frame to them is lost (no ACK comes back),
+        # so their senders retry, as the link layer would (`silence`).
+        self.down: set[Party] = set()
         self.faults: Counter[str] = Counter()
         self.queue = queue
         self.rng = random.Random(seed)
@@ -296,6 +301,14 @@ class Medium:
             radio.active = True
             self._contend(radio)
 
+    def silence(self, party: Party) -> None:
+        """`party`'s node is down: what it had queued never goes on air (what is on air
+        now ends), and frames to it are lost from now on (`down`)."""
+        self.down.add(party)
+        radio = self._radios.get(party)
+        if radio is not None:
+            radio.queue.clear()
+
     def _contend(self, radio: _Radio) -> None:
         """The head of the radio's queue draws its backoff, a whole number of unit periods
         0 .. 2^BE - 1, and assesses the channel after it, once it is made and the radio
@@ -310,6 +323,9 @@ class Medium:
         transmissions in its way, it senses again (a radio mesh) or takes its turn (the
         star's one channel: first come, first served). Then the next in the queue
         contends, or the radio idles."""
+        if not radio.queue:  # its node went down while it waited
+            radio.active = False
+            return
         now, busy, tx = self.queue.now, self._busy, radio.queue[0]
         src, hold = tx.src, tx.hold or self._hold(tx)
         free = max(map(busy.__getitem__, hold))
@@ -322,7 +338,7 @@ class Medium:
                 return
             now = free + backoff
         radio.queue.popleft()
-        if self.loss is not None:
+        if self.loss is not None or (self.down and not self.down.isdisjoint(tx.receivers)):
             self._transmit_lossy(src, radio, tx, hold, now)
         else:  # loss-free: the hot path, its figures worked out later (`Tally`)
             key = (tx.size, tx.broadcast)
@@ -358,8 +374,12 @@ class Medium:
             self.faults["messages_expired"] += len(tx.receivers)
             radio.free_at = max(radio.free_at, now)  # the next contends from now
             return
-        out = send_frames(self.radio, self.loss, src, tx.receivers, tx.size,
-                          acked=not tx.broadcast, budget=budget)
+        links = self.loss or NO_LOSS
+        if self.down:
+            links = DownLinks(links, self.down)
+        out = send_frames(self.radio, links, src, tx.receivers, tx.size,
+                          acked=not tx.broadcast, budget=budget,
+                          rounds=MAX_RECOVERIES if tx.rounds is None else tx.rounds)
         end = t0 + out.hold
         for member in hold:
             self._busy[member] = end
@@ -392,7 +412,8 @@ class Medium:
                     self.faults["messages_resent"] += 1
                     radio.queue.appendleft(Transmission(src, (party,), tx.kind, tx.layer,
                                                         size, [(party, carried)],
-                                                        ready=ready, expires=tx.expires))
+                                                        ready=ready, expires=tx.expires,
+                                                        rounds=tx.rounds))
 
     def _arrive(self, tx: Transmission) -> None:
         deliver = self.deliver

@@ -47,16 +47,16 @@ class SimEngine(WaveEngine):
                  loss: FrameLoss | None = None,
                  stragglers: Stragglers | None = None,
                  best_effort: BestEffort | None = None,
-                 dead: frozenset[Cell] = frozenset(),
-                 down: frozenset[Cell] = frozenset(),
+                 known_dead: frozenset[Cell] = frozenset(),
+                 failing: frozenset[Cell] = frozenset(),
                  attach: tuple[Cell, ...] = ()) -> None:
         """`best_effort`: lost messages stay lost and parties give up at deadlines
-        (None: reliable mode, every message arrives). `dead`: cells that never come up,
-        and that the edge knows of; `down`: the same, for the protocol to find out
+        (None: reliable mode, every message arrives). `known_dead`: cells that never come
+        up, and that the edge knows of; `failing`: the same, for the protocol to find
         (best effort; sim/dead.py). `attach`: other cells the edge may attach to."""
         self.data = data
         self.loss, self.stragglers, self.best_effort = loss, stragglers, best_effort
-        self.dead, self.down, self.attach = dead, down, attach
+        self.known_dead, self.failing, self.attach = known_dead, failing, attach
         self.train_samples = len(data.y_train)
         self.radio, self.medium, self.device = radio, medium, device
         self.edge_device, self.seed, self.trace = edge_device, seed, trace
@@ -70,13 +70,13 @@ class SimEngine(WaveEngine):
     def _mesh_for(self, model: CNN) -> TimedMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
-                            self.max_message_bytes, dead=self.dead)
+                            self.max_message_bytes, dead=self.known_dead)
             readings, labels = by_split(self.data)
             self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                                   self.device, self.edge_device, self.seed, self.trace,
                                   loss=self.loss, stragglers=self.stragglers,
                                   best_effort=self.best_effort, attach=self.attach)
-            for cell in sorted(self.down):
+            for cell in sorted(self.failing):
                 self.mesh.kill(cell)
         return self.mesh
 
@@ -156,12 +156,14 @@ def _faults(mesh: TimedMesh) -> dict[str, Any]:
     best_effort = mesh.best_effort
     by_kind: Counter[str] = Counter()
     per_node: dict[str, int] = {}
-    late = 0
-    for cell, node in mesh.nodes.items():
-        late += node.stats["late"]
-        if node.stats["filled_in"]:
-            per_node[name_of(cell)] = node.stats["filled_in"]
-        by_kind.update({k.split(":")[1]: v for k, v in node.stats.items()
+    late = absent = 0
+    for cell in mesh.nodes:
+        counts = mesh.counts(cell)
+        late += counts["late"]
+        absent += counts["absent_filled"]
+        if counts["filled_in"]:
+            per_node[name_of(cell)] = counts["filled_in"]
+        by_kind.update({k.split(":")[1]: v for k, v in counts.items()
                         if k.startswith("filled_in:")})
     edge = mesh.edge.stats
     by_kind.update({f"{k.split(':')[1]} at the edge": v for k, v in edge.items()
@@ -176,7 +178,12 @@ def _faults(mesh: TimedMesh) -> dict[str, Any]:
         "recovered": faults["frames_recovered"] + faults["messages_resent"],
         "frames_recovered": faults["frames_recovered"],
         "messages_resent": faults["messages_resent"],
+        # Given up by their senders: past the retry limit when their receivers had
+        # given up on them, or never sent at all for that reason; and lost to a node
+        # that was down.
         "messages_lost": faults["messages_lost"],
+        "messages_expired": faults["messages_expired"],
+        "messages_to_dead": faults["messages_to_dead"],
         "substituted": sum(by_kind.values()),
         "substituted_by_kind": dict(sorted(by_kind.items())),
         "substituted_per_node": per_node,
@@ -185,7 +192,7 @@ def _faults(mesh: TimedMesh) -> dict[str, Any]:
         "late": late,
         # Values of absent cells (dead, cut off, or relayed only through them) filled
         # in each time a kernel read them, and pooled blocks without a live cell.
-        "absent_filled": sum(node.stats["absent_filled"] for node in mesh.nodes.values()),
+        "absent_filled": absent,
         "absent_blocks_filled": edge["absent_blocks_filled"],
         "skipped_steps": edge["skipped_steps"],
         # The cells the edge planned around at the end (found dead, or announced), and

@@ -26,7 +26,7 @@ virtual mesh's parameters (a test shows it).
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -63,6 +63,7 @@ from meshdl.topology import Cell, Topology
 from meshdl.work import optimizer_work
 
 HELLO_WAVES = 3  # a node says hello after this many of the longest waves without PARAMS
+UNKNOWN_ROUNDS = 3  # end-to-end recoveries of a frame whose receiver has no deadline
 
 # Mosquitto's work per relayed message on the broker's host: `meshdl bench mqtt`'s raw
 # broker reference (mosquitto_pub -l to a subscriber) measured 29,244 messages a second
@@ -187,6 +188,7 @@ class TimedMesh:
                                      local_delivery=False) for cell in topo.cells()}
         # Cells whose node is down, and since when: what reaches them is lost.
         self.down: dict[Cell, float] = dict.fromkeys(spec.dead, 0.0)
+        self.retired: dict[Cell, Counter[str]] = {}  # the counts of nodes that crashed
         self.nodes = {cell: host.nodes[cell] for cell, host in self.hosts.items()}
         self.edge = EdgeMachine(spec, model, labels)
         self._topics = TopicNames(spec.mesh_id)
@@ -199,12 +201,15 @@ class TimedMesh:
         air = Topology(topo.rows, topo.cols, topo.edge_at, topo.pool)
         self.medium: Medium = medium_for(medium, air, radio, self.queue, seed, self._arrive,
                                          self.trace, loss, attach)
+        self.medium.down.update(self.down)
         if medium == "star":
             self.cpus[BROKER] = _Cpu()
         self.best_effort = best_effort
         if best_effort is not None:  # dead cells found, announced, taken back in
             self.edge.watch_health = True
             self.edge.attach_options = (spec.edge_at, *attach)
+        self.attach = attach
+        self.plans_change = best_effort is not None
         # The first deadlines by (plan, mode, batch): for the nodes of now and those
         # that come back later.
         self._calibrated: dict[tuple, tuple[Offsets, Margins]] = {}
@@ -212,7 +217,6 @@ class TimedMesh:
         self._tick_at: dict[Party, float] = {}  # each party's next deadline event
         self._filled_before = 0
         self.hello_after: float | None = None  # set with the first deadlines
-        self.give_up_after = math.inf  # best effort: the longest wave, once measured
         self.waves: list[WaveTiming] = []
         self.usage: dict[Mode, Usage] = {}
         self._wave: WaveTiming | None = None
@@ -264,6 +268,7 @@ class TimedMesh:
         for cell, since in self.down.items():  # a down node draws no power
             usage.down[cell] = usage.down.get(cell, 0.0) + end - max(since,
                                                                      self._wave.start)
+            self.down[cell] = end  # counted up to here
         if self.best_effort is not None:
             total = self.filled_in()
             self._wave.filled_in = total - self._filled_before
@@ -282,7 +287,9 @@ class TimedMesh:
             self._probe = TimedMesh(
                 self.spec, self.readings, copy, self.edge.labels, self.radio,
                 self.medium_name, self.device, self.edge_device, self.seed,
-                broker_s=self.broker_s, stragglers=self.stragglers, receipts=True)
+                broker_s=self.broker_s, stragglers=self.stragglers, receipts=True,
+                attach=self.attach)
+            self._probe.plans_change = True
         probe, model, spec = self._probe, self.edge.model, self.edge.spec
         probe.edge.replan(*spec.plan_key)  # the mesh as it is now, its dead down
         for cell in set(probe.down) - spec.dead:
@@ -304,11 +311,8 @@ class TimedMesh:
         self._calibrated[(spec.plan_key, mode, batch)] = (offsets, margins)
         for cell, first in offsets.nodes.items():
             self.nodes[cell].set_deadlines(policy, mode, batch, first, margins, k, spec)
-        # A node that hears no PARAMS for a few of the longest waves says hello; a
-        # sender gives a message up after one of them.
+        # A node that hears no PARAMS for a few of the longest waves says hello.
         longest = max(w.end - w.start for w in probe.waves)
-        self.give_up_after = max(longest, 0.0 if math.isinf(self.give_up_after) else
-                                 self.give_up_after)
         self.hello_after = max(self.hello_after or 0.0, HELLO_WAVES * longest)
         for node in self.nodes.values():
             node.hello_after = self.hello_after
@@ -322,6 +326,8 @@ class TimedMesh:
             self.down[cell] = self.queue.now
             self._tick_at.pop(cell, None)
             self.cpus[cell].inbox.clear()
+            self.cpus[cell].waking = False
+            self.medium.silence(cell)
 
     def revive(self, cell: Cell) -> None:
         """The node of `cell` comes back now, as it boots: its configured mesh, nothing
@@ -329,15 +335,18 @@ class TimedMesh:
         since = self.down.pop(cell, None)
         if since is None:
             return
-        if self._wave is not None:  # its time down in the current wave's account
+        self.medium.down.discard(cell)
+        if self._wave is not None and self.queue.now > since:  # down in this wave
             usage = self.usage.setdefault(self._wave.mode, Usage())
             usage.down[cell] = usage.down.get(cell, 0.0) + self.queue.now - max(
                 since, self._wave.start)
+        self.retired.setdefault(cell, Counter()).update(self.nodes[cell].stats)
         host = NodeHost(self.base_spec, [cell], cell_readings(self.readings),
                         local_delivery=False)
         self.hosts[cell], self.nodes[cell] = host, host.nodes[cell]
         node = host.nodes[cell]
         node.heard_at, node.hello_after = self.queue.now, self.hello_after
+        node.plans_change = self.plans_change
         if self.best_effort is not None:  # the deadlines it would have been given
             node.policy = self.best_effort.policy
             for (plan, mode, batch), (offsets, margins) in self._calibrated.items():
@@ -349,9 +358,27 @@ class TimedMesh:
             self._arm(cell)
         self.cpus[cell] = _Cpu(free_at=self.queue.now, seconds=self.cpus[cell].seconds)
 
+    @property
+    def plans_change(self) -> bool:
+        """May the mesh be replanned (best effort, and its probe)? Then nodes keep a
+        later wave's messages whatever their shape (nodes/agent.py)."""
+        return self._plans_change
+
+    @plans_change.setter
+    def plans_change(self, value: bool) -> None:
+        self._plans_change = value
+        for node in self.nodes.values():
+            node.plans_change = value
+
+    def counts(self, cell: Cell) -> Counter[str]:
+        """What the node of `cell` counted, its lives before a crash included."""
+        retired = self.retired.get(cell)
+        stats = self.nodes[cell].stats
+        return stats if retired is None else stats + retired
+
     def filled_in(self) -> int:
         """Messages filled in at deadlines so far, by the nodes and the edge."""
-        return sum(node.stats["filled_in"] for node in self.nodes.values()) + sum(
+        return sum(self.counts(cell)["filled_in"] for cell in self.nodes) + sum(
             count for key, count in self.edge.stats.items() if key.startswith("filled_in:"))
 
     def _arm(self, party: Party) -> None:
@@ -419,6 +446,8 @@ class TimedMesh:
         """The CPU is free again: take the next message waiting for it."""
         cpu, now = self.cpus[party], self.queue.now
         cpu.waking = False
+        if not cpu.inbox or party in self.down:  # it crashed meanwhile
+            return
         self._handle(party, cpu.inbox.popleft(), now)
         if cpu.inbox:
             cpu.waking = True
@@ -484,19 +513,21 @@ class TimedMesh:
 
     def _send_expiring(self, tx: Transmission, ready: float | None = None) -> None:
         """Best effort: `tx` expires when the last of its receivers stops waiting for
-        what it carries. One with no deadline for it yet (PARAMS and BATCH, say, or a
-        message for the next wave) is sent until it arrives, for at most the longest
-        wave (`give_up_after`): a receiver that never answers is dead."""
+        what it carries. Where one has no deadline for it yet (PARAMS and BATCH, a
+        message ahead of its receiver's wave), a lost frame is taken up again a few
+        times (`UNKNOWN_ROUNDS`): a receiver that answers none of them is dead (the
+        simulator asks the receiving machine what its sender could only estimate)."""
         latest = 0.0
-        start = self.queue.now if ready is None else ready
         for _, message in tx.deliveries:
             h = message.header
             machine = self.edge if h.dst == EDGE else self.nodes.get(h.dst)
             due = None if machine is None or h.dst in self.down else machine.due(h)
             if due is None:
-                due = start + self.give_up_after
+                tx.rounds = UNKNOWN_ROUNDS
+                break
             latest = max(latest, due)
-        tx.expires = latest
+        else:
+            tx.expires = latest
         self.medium.send(tx, ready)
 
     def _unicast(self, src: Party, message: Message) -> Transmission:

@@ -427,7 +427,8 @@ def test_dead_nodes_are_found_and_named_in_sim_json(tmp_path) -> None:
 @pytest.mark.parametrize(("flags", "needle"), [
     (("--dead", "0.2"), "best-effort"), (("--dead", "1.0", "--recovery", "best-effort"),
                                          "--dead"),
-    (("--attach", "1,1"), "border")])
+    (("--attach", "1,1", "--recovery", "best-effort"), "border"),
+    (("--attach", "0,4"), "best-effort")])
 def test_an_impossible_dead_or_attach_flag_is_a_usage_error(tmp_path, flags, needle) -> None:
     code, _, err = _infer(tmp_path / "run", *flags)
     assert_one_line_error(code, err, 2, needle)

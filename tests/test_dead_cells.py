@@ -119,7 +119,7 @@ def test_training_with_dead_cells_goes_on_and_names_them() -> None:
     data = generate_lounge(DataConfig(rows=4, cols=5, train=24, test=8, seed=3))
     dead = frozenset({(1, 1), (3, 4)})
     engine = SimEngine(training_data(config.train, data), profile("802.15.4"), "shared",
-                       device("cortex-m4"), device("pi4"), dead=dead,
+                       device("cortex-m4"), device("pi4"), known_dead=dead,
                        best_effort=BestEffort(Policy.NEIGHBOURS))
     model, history = train(config, data, engine=engine)
     faults = sim_report(engine.mesh, Mode.TRAIN)["faults"]
@@ -143,7 +143,9 @@ def test_a_node_dying_mid_wave_leaves_a_wave_that_finishes_with_fill_ins() -> No
     result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
     assert (2, 2) in mesh.down and mesh.filled_in() > 0
     assert result.skipped or np.isfinite(result.grads).all()
-    assert mesh.medium.faults["messages_to_dead"] > 0
+    # Its frames find no one: never acknowledged, retried, given up.
+    faults = mesh.medium.faults
+    assert faults["frames_lost"] > 0 and faults["messages_lost"] + faults["messages_expired"] > 0
 
 
 def test_the_plan_the_edge_announces_with_the_parameters_is_every_nodes() -> None:
@@ -243,3 +245,63 @@ def test_a_cell_cut_from_its_blocks_leader_is_pooled_by_nobody_and_the_wave_runs
     result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
     assert not result.skipped and np.isfinite(result.grads).all()
     assert mesh.nodes[(1, 3)].wave.finished_at.get("finished")
+
+
+def test_a_node_killed_with_messages_waiting_for_its_cpu_stops_cleanly() -> None:
+    mesh = _live_mesh()
+    mesh.slowdown = {(1, 1): 1000.0}  # its CPU backs up with messages
+    start = mesh.queue.now
+    mesh.queue.at(start + 0.2, mesh.kill, (1, 1))
+    result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+    assert result.skipped or np.isfinite(result.grads).all()
+    mesh.revive((1, 1))
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+
+
+def test_an_old_or_forged_params_with_a_plan_tail_changes_no_nodes_plan() -> None:
+    from meshdl.messages import make
+    from meshdl.nodes.agent import NodeMachine
+    from meshdl.payloads import PlanTail
+
+    config = ModelConfig(rows=3, cols=3, kernel=3, filters=2, hidden=4)
+    spec = MeshSpec(1, config)
+    node = NodeMachine(spec, (1, 1), {Split.TRAIN: np.zeros((4, 1), np.float32)})
+    parent = spec.topology.parent[(1, 1)]
+    params = spec.params_layout.pack(CNN(config).flat, np.zeros(1), np.ones(1))
+    tail = PlanTail((0, 0), frozenset({(2, 2)})).pack(3)
+    node.handle(make(Kind.PARAMS, 1, 6, parent, (1, 1), params), 0.0)
+    for step, mesh_id, src in ((5, 1, parent), (7, 9, parent), (7, 1, (9, 9))):
+        node.handle(make(Kind.PARAMS, mesh_id, step, src, (1, 1),
+                         np.concatenate([params, tail])), 0.0)
+        assert node.spec is spec and node.wave.step == 6
+    assert not node.stats["replanned"]
+
+
+def test_a_health_naming_no_cell_of_the_grid_is_rejected() -> None:
+    from meshdl.edge.agent import EdgeMachine
+    from meshdl.messages import make
+
+    config = ModelConfig(rows=3, cols=3, kernel=3, filters=2, hidden=4)
+    edge = EdgeMachine(MeshSpec(1, config), CNN(config), {Split.TRAIN: np.zeros(4, np.int64)})
+    for entries in ([np.iinfo(np.int32).min], [0], [10], [-10], list(range(1, 70))):
+        edge.handle(make(Kind.HEALTH, 1, 0, (0, 0), EDGE, np.array(entries, np.int32)))
+    assert edge.stats["rejected:bad_health"] == 5
+    assert not edge.suspects and not edge.comebacks
+
+
+def test_a_neighbour_whose_messages_come_late_is_not_reported_silent() -> None:
+    from tests.test_best_effort import MISSING, _halos, _node, _start
+
+    spec, node = _node(Policy.ZERO)
+    for step in (1, 2, 3):
+        _start(spec, node, step, now=10.0 * step)
+        _halos(spec, node, step, 10.0 * step + 0.5, 1.0, but=MISSING)
+        node.tick(10.0 * step + 9.0)  # (1, 0)'s halo filled in ...
+        node.handle(make_halo(step), 10.0 * step + 9.5)  # ... and then it comes
+    assert node.stats["late"] == 3 and node.silent[(1, 0)] == 0
+
+
+def make_halo(step: int):
+    from meshdl.messages import make
+
+    return make(Kind.HALO, 1, step, (1, 0), (1, 1), np.ones((1, 1, 4), np.float32), layer=1)

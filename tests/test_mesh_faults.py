@@ -261,15 +261,17 @@ def test_a_batch_beyond_what_a_wave_can_carry_is_refused_before_any_allocation()
     assert node.stats["rejected:bad_batch"] == 1 and node.wave.mode is None
 
 
-def test_early_messages_are_kept_within_a_byte_budget_whatever_their_shape() -> None:
+def test_early_messages_are_kept_only_in_a_plausible_shape_and_within_a_byte_budget() -> None:
     # Once 64 future-wave messages of 8 MB per sender were kept (a host: 95 -> 721 MB).
-    # A shape this plan does not expect is kept too: the PARAMS of its wave may bring
-    # another plan (dead cells planned around), and are replayed through it.
+    # Where plans change, a shape this plan does not expect is kept too: the PARAMS of
+    # its wave may bring another plan (dead cells planned around); replayed then.
     node, spec = _node()
     src = (1, 0)
     right = next(k for k in node.inbox if k[0] == Kind.HALO and k[3] == src)
     expect = node.inbox[right]
     wrong = make(Kind.HALO, 1, 9, src, (1, 1), np.zeros((expect.rows + 1, 1, 2)), layer=1)
+    assert node.handle(wrong) == [] and node.stats["rejected:bad_shape"] == 1
+    node.plans_change = True
     assert node.handle(wrong) == [] and node.stats["buffered_unplanned"] == 1
     far = make(Kind.HALO, 1, 9, (3, 3), (1, 1), np.zeros((1, 1, 2)), layer=1)
     assert node.handle(far) == [] and node.stats["rejected:not_a_neighbour"] == 1

@@ -127,8 +127,11 @@ def _dead(fraction: float, seed: int, config: RunConfig, recovery: str) -> froze
     return picker.pick(cells, config.mesh.edge_at)
 
 
-def _attach(cells: list[str] | None, config: RunConfig) -> tuple[Cell, ...]:
+def _attach(cells: list[str] | None, config: RunConfig, recovery: str) -> tuple[Cell, ...]:
     chosen = tuple(parse_cell(cell) for cell in cells or ())
+    if chosen and recovery != "best-effort":
+        raise UsageError("--attach: the edge finds its cell dead by missed deadlines, "
+                         "which need --recovery best-effort")
     for cell in chosen:
         if not Topology(config.model.rows, config.model.cols).on_border(cell):
             raise UsageError(f"--attach {cell[0]},{cell[1]}: the edge attaches to a cell "
@@ -219,8 +222,8 @@ def simulate_train(
                        loss=FrameLoss(loss, burst, fault_seed),
                        stragglers=_stragglers(stragglers, slowdown, fault_seed),
                        best_effort=_best_effort(recovery, policy, patience),
-                       down=_dead(dead, fault_seed, config, recovery),
-                       attach=_attach(attach, config))
+                       failing=_dead(dead, fault_seed, config, recovery),
+                       attach=_attach(attach, config, recovery))
     engine.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
     start_run(run_dir, config, source)
     model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
@@ -289,8 +292,8 @@ def simulate_infer(
                        loss=FrameLoss(loss, burst, fault_seed),
                        stragglers=_stragglers(stragglers, slowdown, fault_seed),
                        best_effort=_best_effort(recovery, policy, patience),
-                       down=_dead(dead, fault_seed, config, recovery),
-                       attach=_attach(attach, config))
+                       failing=_dead(dead, fault_seed, config, recovery),
+                       attach=_attach(attach, config, recovery))
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")

@@ -86,7 +86,7 @@ def run(trial: Trial) -> Record:
     engine = SimEngine(training_data(config.train, data), profile(radio), medium,
                        device(natural_device(radio)), device("pi4"), seed=config.train.seed,
                        edge_at=config.mesh.edge_at, params_via="tree" if medium == "shared"
-                       else "broadcast", loss=loss, best_effort=best_effort, down=down)
+                       else "broadcast", loss=loss, best_effort=best_effort, failing=down)
     model, history = train(config, data, engine=engine)
     report = sim_report(engine.mesh, Mode.TRAIN, epochs=config.train.epochs)
     faults = report["faults"]
@@ -103,7 +103,7 @@ def run(trial: Trial) -> Record:
         "substituted": faults["substituted"],
         "substituted_per_wave": faults["substituted_per_wave_mean"],
         "skipped_steps": faults["skipped_steps"],
-        "messages_lost": faults["messages_lost"] + faults.get("messages_expired", 0),
+        "messages_lost": faults["messages_lost"] + faults["messages_expired"],
         "frames_lost": faults["lost"],
         "frames": report["frames_total"],
         "test_acc_per_epoch": [e.test_acc for e in history.epochs],
