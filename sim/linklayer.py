@@ -13,9 +13,10 @@ still waits for it (`budget` seconds from its first bit), or, when the sender ca
 know that, a few times (`rounds`: a receiver that answers none is taken for dead);
 after that the sender gives it up at the first frame that exhausts the limit, as a
 6LoWPAN sender drops the datagram (the receiver has it only if that was the last frame
-and only its ACKs were lost). A broadcast
-has no ACKs: each receiver loses frames on its own, and whoever missed one has not got
-the message (reliable mode: the medium sends it again to them).
+and only its ACKs were lost).
+
+A broadcast has no ACKs: each receiver loses frames on its own, and whoever missed one
+has not got the message (the medium sends it again to them as a unicast).
 
 Pure arithmetic over the loss model's draws: the medium applies the outcome (holds the
 channel for `hold`, counts the state times, delivers to who got it).

@@ -244,9 +244,13 @@ def test_the_same_fault_seed_gives_the_same_best_effort_run() -> None:
 @given(rows=st.integers(1, 4), cols=st.integers(2, 4), medium=st.sampled_from(MEDIA),
        rate=st.floats(0.0, MAX_RATE), burst=st.one_of(st.none(), st.floats(1.0, 20.0)),
        straggling=st.floats(0.0, 1.0), slowdown=st.floats(1.0, 1000.0),
-       policy=st.sampled_from(list(Policy)), seed=st.integers(0, 2**16))
+       policy=st.sampled_from(list(Policy)), seed=st.integers(0, 2**16),
+       crashes=st.lists(st.tuples(st.integers(0, 15), st.floats(0.0, 30.0),
+                                  st.booleans()), max_size=3))
 def test_any_mix_of_faults_finishes_every_best_effort_wave(
-        rows, cols, medium, rate, burst, straggling, slowdown, policy, seed):
+        rows, cols, medium, rate, burst, straggling, slowdown, policy, seed, crashes):
+    """Loss, bursts, stragglers, and nodes crashing at any time (for good, or back a
+    little later), the edge's own included: every wave ends."""
     radio, kind = medium
     assume(burst is None or burst >= rate / (1 - rate))
     data = generate_lounge(DataConfig(rows=rows, cols=cols, train=6, test=2, seed=seed))
@@ -259,7 +263,13 @@ def test_any_mix_of_faults_finishes_every_best_effort_wave(
                      loss=FrameLoss(rate, burst, seed),
                      stragglers=Stragglers(fraction=straggling, slowdown=slowdown, seed=seed),
                      best_effort=BestEffort(policy))
-    for mode in (Mode.TRAIN, Mode.INFER, Mode.TRAIN):
+    cells = sorted(mesh.nodes)
+    for index, at, back in crashes:
+        cell = cells[index % len(cells)]
+        mesh.queue.at(at, mesh.kill, cell)
+        if back:
+            mesh.queue.at(at + 5.0, mesh.revive, cell)
+    for mode in (Mode.TRAIN, Mode.INFER, Mode.TRAIN, Mode.TRAIN):
         result = mesh.run_wave(mode, Split.TRAIN, np.arange(3))  # raises if it hangs
         assert result.skipped or np.isfinite(result.logits).all()
     assert np.isfinite(mesh.queue.now)
