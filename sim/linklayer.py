@@ -24,6 +24,7 @@ channel for `hold`, counts the state times, delivers to who got it).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import defaultdict
@@ -57,6 +58,20 @@ class LinkUnusable(MeshdlError):
 MAX_RECOVERIES = 1_000  # of one frame: at the 0.9 loss allowed, some 10^-40 to reach
 
 
+@functools.lru_cache(maxsize=4096)
+def _frame_plan(radio: RadioProfile, size: int) -> tuple[tuple[float, float], ...]:
+    """Each frame of a message of `size` bytes: its airtime and the space after it
+    (messages repeat their sizes wave after wave)."""
+    return tuple((radio.frame_airtime(frame), radio.ifs_after(frame))
+                 for frame in radio.frame_sizes(size))
+
+
+@functools.lru_cache(maxsize=64)
+def _timing(radio: RadioProfile) -> tuple[float, float, float]:
+    """The ACK's airtime, the wait for one, and the radio's turnaround."""
+    return radio.ack_airtime, radio.ack_timeout_s, radio.turnaround_s
+
+
 def send_frames(radio: RadioProfile, loss: Links, src: Cell,
                 receivers: tuple[Cell, ...], size: int, acked: bool,
                 budget: float = math.inf, rounds: int = MAX_RECOVERIES) -> LinkOutcome:
@@ -71,10 +86,14 @@ def send_frames(radio: RadioProfile, loss: Links, src: Cell,
     # BLE retries without limit (its connection times out instead): rounds of 1,000.
     tries_per_round = int(min(radio.retry_limit, 999)) + 1
     missing: set[Cell] = set()
-    ack_air = radio.ack_airtime
-    sizes = radio.frame_sizes(size)
-    for number, frame in enumerate(sizes):
-        air, space = radio.frame_airtime(frame), radio.ifs_after(frame)
+    ack_air, ack_timeout, turnaround = _timing(radio)
+    lost_on = loss.lost
+    dst = receivers[0]
+    tx_src = rx_dst = tx_dst = rx_src = 0.0  # a unicast's (dicts: a broadcast's)
+    any_arrived = any_acked = False
+    plan = _frame_plan(radio, size)
+    last_frame = len(plan) - 1
+    for number, (air, space) in enumerate(plan):
         if not acked:
             frames += 1
             tx[src] += air
@@ -87,40 +106,46 @@ def send_frames(radio: RadioProfile, loss: Links, src: Cell,
             last_bit = received = t + air
             t += air + space
             continue
-        dst = receivers[0]
         arrived = False  # at the receiver, whatever became of its ACKs
         for attempt in itertools.count():
             if attempt and attempt % tries_per_round == 0:  # the retry limit: recovery
                 if t > budget or attempt // tries_per_round > rounds:
                     # Given up: the receiver has it if only its ACKs were lost.
-                    if not (arrived and number == len(sizes) - 1):
+                    if not (arrived and number == last_frame):
                         missing.add(dst)
                     break
                 recoveries += 1
                 if recoveries > MAX_RECOVERIES:
                     raise LinkUnusable(f"the link {src} -> {dst} lost a frame "
                                        f"{attempt} times in a row")
-                t += radio.ack_timeout_s
+                t += ack_timeout
             frames += 1
             retries += attempt % tries_per_round != 0
-            tx[src] += air
+            tx_src += air
             last_bit = t + air
-            if loss.lost(src, dst):
+            if lost_on(src, dst):
                 lost += 1
-                t += air + radio.ack_timeout_s + space  # waited for an ACK in vain
+                t += air + ack_timeout + space  # waited for an ACK in vain
                 continue
-            rx[dst] += air
-            arrived = True
-            tx[dst] += ack_air
-            if ack_air and loss.lost(dst, src):  # the frame came, its ACK did not
+            rx_dst += air
+            arrived = any_arrived = True
+            tx_dst += ack_air
+            if ack_air and lost_on(dst, src):  # the frame came, its ACK did not
                 lost += 1
-                t += air + radio.ack_timeout_s + space
+                t += air + ack_timeout + space
                 continue
-            rx[src] += ack_air
-            received = t + air + radio.turnaround_s + ack_air
+            rx_src += ack_air
+            any_acked = True
+            received = t + air + turnaround + ack_air
             t = received + space
             break
         if missing:
             break
+    if acked:  # each party's seconds: the parties that took part, summed frame by frame
+        tx, rx = {src: tx_src}, {}
+        if any_arrived:
+            tx[dst], rx[dst] = tx_dst, rx_dst
+        if any_acked:
+            rx[src] = rx_src
     return LinkOutcome(t, last_bit, received or t, frames, retries, recoveries, lost,
                        tuple(r for r in receivers if r in missing), dict(tx), dict(rx))

@@ -60,6 +60,11 @@ class FrameLoss:
             if self._p > 1.0:
                 raise UsageError(f"--loss {self.rate} with --burst {self.burst}: bursts "
                                  "that short cannot lose that much (p would exceed 1)")
+        elif self.rate > 0.0 and type(self) is FrameLoss:
+            # The hot path of lossy runs (a million frames a training wave of the seed
+            # mesh): Bernoulli's draw alone, the same draws as `lost` makes.
+            draw, rate = self._rng.random, self.rate
+            self.lost = lambda src, dst: draw() < rate  # type: ignore[method-assign]
 
     def lost(self, src: Cell, dst: Cell) -> bool:
         """Is the next frame from `src` to `dst` lost?"""
