@@ -288,8 +288,9 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
         "data": base.data.model_dump(), "radio": radio, "burst": burst, "loss": loss,
         "data_file": str(data.resolve()) if data is not None else None}
     swept = faults.values(shares, policies)
+    # Without faults the fault seed draws nothing: the exact run once.
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
-              enumerate((v, s) for v in swept for s in range(seeds))]
+              enumerate((v, s) for v in swept for s in range(1 if v[0] == 0 else seeds))]
     run_dir = _announce(name, trials, f"{len(swept)} (share, policy) pairs x {seeds} "
                         f"fault seed(s), {base.train.epochs} epochs each", jobs, ray, out)
     records = _run_with_progress(
