@@ -47,6 +47,7 @@ from meshdl.nodes import compute
 from meshdl.nodes.deadlines import (
     SILENT_WAVES,
     Arrivals,
+    Deadline,
     Learning,
     Margins,
     Policy,
@@ -908,21 +909,11 @@ class NodeMachine:
     def _overdue(self, wave: Wave, now: float) -> list[int]:
         """The messages not yet here whose deadlines are at or before `now`."""
         overdue: list[int] = []
-        seen, schedule = wave.seen, wave.schedule
-        while wave.next_forward < len(schedule.forward):
-            after, index = schedule.forward[wave.next_forward]
-            if wave.started_at + after > now:
-                break
-            wave.next_forward += 1
-            if not seen[index]:
-                overdue.append(index)
-        while wave.backward_at is not None and wave.next_backward < len(schedule.backward):
-            after, index = schedule.backward[wave.next_backward]
-            if wave.backward_at + after > now:
-                break
-            wave.next_backward += 1
-            if not seen[index]:
-                overdue.append(index)
+        wave.next_forward = _passed(wave.schedule.forward, wave.next_forward,
+                                    wave.started_at, now, wave.seen, overdue)
+        if wave.backward_at is not None:
+            wave.next_backward = _passed(wave.schedule.backward, wave.next_backward,
+                                         wave.backward_at, now, wave.seen, overdue)
         return overdue
 
     def _took(self, wave: Wave, expect: Expect, now: float) -> None:
@@ -1231,6 +1222,17 @@ class NodeMachine:
         """When (in transport time) this node finished each stage of its last wave; the
         wave's own dict, not a copy (the transport keeps it after the wave)."""
         return self.wave.finished_at if self.wave else {}
+
+
+def _passed(deadlines: tuple[Deadline, ...], cursor: int, began: float, now: float,
+            seen: bytearray, overdue: list[int]) -> int:
+    """Move `cursor` past the deadlines (by time) at or before `now` of a phase that
+    began at `began`, adding to `overdue` the messages among them not yet seen."""
+    while cursor < len(deadlines) and began + deadlines[cursor].after <= now:
+        if not seen[deadlines[cursor].index]:
+            overdue.append(deadlines[cursor].index)
+        cursor += 1
+    return cursor
 
 
 def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]

@@ -71,7 +71,8 @@ class EventQueue:
 
     def run(self, limit: int) -> bool:
         """Run events until none is left; False if `limit` events ran out first (a
-        hang)."""
+        hang). (`run_until` without its test after each event: this loop runs the
+        exact path's millions of events a run.)"""
         heap, ran = self._heap, 0
         while heap:
             if ran == limit:
