@@ -132,6 +132,9 @@ class MeshConfig(_Strict):
         "zero", description="best effort: what fills in a missing message")
     patience: float = Field(4.0, ge=1.0, le=100.0, description="best effort: deviations "
                             "past a message's smoothed arrival time a party waits for it")
+    hello_after_s: float = Field(30.0, gt=0.0, le=86400.0, description="best effort: a "
+                                 "node with no wave, or left out of the mesh though alive, "
+                                 "says hello after this long without PARAMS")
     attach: tuple[tuple[int, int], ...] = Field(
         (), description="best effort: other border cells the edge may attach to when its "
         "own dies, in order")

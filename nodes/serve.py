@@ -95,13 +95,15 @@ def host_spec(config: RunConfig) -> MeshSpec:
 
 def best_effort(host: NodeHost, config: RunConfig) -> None:
     """With `mesh.recovery = "best-effort"`: every cell gives up on a message at a
-    deadline learnt from the first wave of its kind, fills it in by `mesh.policy` and
-    reports silent neighbours (nodes/deadlines.py)."""
+    deadline learnt from the first wave of its kind, fills it in by `mesh.policy`,
+    reports silent neighbours, and says hello when it hears no PARAMS for
+    `mesh.hello_after_s` seconds (PROTOCOL.md, "Dead nodes")."""
     if config.mesh.recovery != "best-effort":
         return
     learning = Learning(config.mesh.patience, MQTT_LEAST_MARGIN_S)
     for node in host.nodes.values():
         node.learn_deadlines(Policy(config.mesh.policy), learning)
+        node.heard_at, node.hello_after = host.clock(), config.mesh.hello_after_s
 
 
 def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,

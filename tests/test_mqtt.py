@@ -623,3 +623,50 @@ def test_a_node_host_killed_for_good_leaves_training_to_finish_around_its_cells(
     assert metrics["comm"]["dead_cells"] == dead
     assert "planning around dead cells " + ", ".join(dead) in err
     assert len(metrics["epochs"]) == 4 and np.isfinite(metrics["final"]["test_acc"])
+
+
+def test_a_node_host_that_comes_back_says_hello_and_is_planned_back_in(
+        small_mesh, mosquitto, tmp_path) -> None:
+    """Best effort over MQTT: the host of row 3 is killed after the first epoch; once the
+    edge plans around its cells it starts again, says hello after `hello_after_s`, and
+    the edge takes its cells back in before training ends."""
+    _, _, mesh_file, data_file, _ = small_mesh
+    best = tmp_path / "best.toml"
+    best.write_text(mesh_file.read_text().replace("epochs = 2", "epochs = 12") +
+                    '\n[mesh]\nrecovery = "best-effort"\nhello_after_s = 1.0\n')
+    hosts = [_node_host_process(mosquitto, best, data_file, cells)
+             for cells in ("0-1,0-4", "2,0-4", "3,0-4")]
+    run = tmp_path / "run"
+    edge = subprocess.Popen(
+        [sys.executable, "-m", "meshdl", "edge", "run", "--broker", mosquitto.url,
+         "--mesh", str(best), "--data", str(data_file), "--out", str(run),
+         "--nodes-timeout", "60", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(edge.stderr), daemon=True)
+    reader.start()
+    try:
+        for _ in range(2400):
+            if (run / "checkpoint.npz").exists() or edge.poll() is not None:
+                break
+            time.sleep(0.1)
+        hosts[2].kill()
+        hosts[2].wait(30)
+        for _ in range(2400):  # until the edge plans around row 3
+            if any("planning around dead cells r3c0" in line for line in lines) or \
+                    edge.poll() is not None:
+                break
+            time.sleep(0.1)
+        hosts[2] = _node_host_process(mosquitto, best, data_file, "3,0-4")
+        out = edge.stdout.read()
+        assert edge.wait(240) == 0, "".join(lines)
+    finally:
+        edge.kill()
+        for host in hosts:
+            host.terminate()
+        for host in hosts:
+            host.wait(30)
+    said = "".join(lines)
+    assert "planning around dead cells r3c0, r3c1, r3c2, r3c3, r3c4" in said
+    assert "planning around dead cells (none)" in said  # back in
+    assert json.loads(out)["comm"]["dead_cells"] == []
