@@ -15,18 +15,17 @@ Every send and computation is a *task* that needs a list of items (cells' or blo
 values). Items come from *sources*: a message of the plan (all the items it carries) or
 one of the node's own computations. A task waits for its sources and runs when the last
 one arrives. Values live in one (slots, channels, batch) array per field (`NodePlan`),
-reused from wave to wave. No sockets, clocks or asyncio: transports call `handle`; `now`
-only stamps when each stage finished. Bad messages are counted in `stats` and dropped;
-they never raise.
+reused from wave to wave (the plan: nodes/plan.py). No sockets, clocks or asyncio:
+transports call `handle`, and `tick` for deadlines; `now` only stamps when each stage
+finished (and, in best effort, what is overdue: nodes/besteffort.py). Bad messages are
+counted in `stats` and dropped; they never raise.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from enum import IntEnum
-from typing import NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,7 +34,6 @@ from meshdl.messages import (
     EDGE,
     FLOAT32,
     INT32,
-    ITEM_BYTES,
     Header,
     Kind,
     Message,
@@ -44,327 +42,36 @@ from meshdl.messages import (
     seal,
 )
 from meshdl.nodes import compute
+from meshdl.nodes.besteffort import BestEffortNode
 from meshdl.nodes.deadlines import (
-    SILENT_WAVES,
     Arrivals,
-    Deadline,
     Learning,
-    Margins,
     Policy,
-    Schedule,
 )
-from meshdl.payloads import BATCH_HEAD, HEALTH_MAX, BatchOrder, PlanTail, health_entries
-from meshdl.protocol import Field, MeshSpec, Mode, Send, Split
+from meshdl.nodes.plan import (
+    FILLED_IN,
+    ITEMS,
+    MODES,
+    RECEIVED,
+    Expect,
+    Item,
+    Job,
+    NodePlan,
+    Role,
+    SendJob,
+    Wave,
+)
+from meshdl.payloads import BATCH_HEAD, HEALTH_MAX, BatchOrder, PlanTail
+from meshdl.protocol import MeshSpec, Mode, Send, Split
 from meshdl.topology import Cell
-from meshdl.work import Work, node_work
-
-Item = tuple[Field, Hashable]
-Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
-Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
-
-
-class Role(IntEnum):
-    """How a node takes a message of its plan (`Expect.role`)."""
-
-    PARAMETERS = 0  # PARAMS: the conv parameters and normalization of a wave
-    SAMPLES = 1  # BATCH: mode, split and sample indices of a wave
-    PARTIAL_GRADIENTS = 2  # REDUCE from a tree child: a vector added to this node's own
-    ITEMS = 3  # any other kind: values of items, stored in the slots of a field buffer
-
-    @property
-    def starts_wave(self) -> bool:
-        """PARAMS and BATCH: together they start a wave."""
-        return self in (Role.PARAMETERS, Role.SAMPLES)
-
-
-class Computation(NamedTuple):
-    """A task that runs one of this node's kernels."""
-
-    method: str  # the NodeMachine step: conv, pool, route, dz_top, grad, dinput, reduce
-    layer: int
-    stage: str  # its name in the wave's timing ("conv1", "pool", ...)
-
-
-class SendJob(NamedTuple):
-    """A task that sends the values of some items: a slice of one field buffer."""
-
-    kind: Kind
-    dst: Cell
-    buffer: int
-    rows: Rows
-    layer: int
-    phase: int
-
-
-class Job(NamedTuple):
-    """One task of a node's plan, ready to run: a send, or a computation's method."""
-
-    train_only: bool
-    send: SendJob | None
-    run: Callable[[Wave, int, list[Message]], None] | None
-    layer: int
-    stage: str
-    work: Work = Work(0)  # a computation's floating-point operations (meshdl/work.py)
-
-
-class Expect(NamedTuple):
-    """A message this node's plan receives, keyed by (kind, layer, phase, source)."""
-
-    role: Role  # how `NodeMachine._accept` takes it
-    dst: Cell  # the header's destination: this cell, or ALL for the edge's broadcasts
-    rows: int = 0  # ITEMS: items carried, a payload row each ...
-    channels: int = 0  # ... of (channels, batch) values
-    train_only: bool = False
-    buffer: int = -1  # ITEMS: the field buffer its rows go to ...
-    slots: Rows = slice(0)  # ... and where in it
-    index: int = 0  # its flag in a wave's `seen`
-    waiters: tuple[int, ...] = ()  # the tasks waiting for it
-
-
-GRADIENTS = ("dz", "route", "dpooled")  # fields filled with zeros whatever the policy
-# `Wave.seen`: a message came; its deadline passed; it came after its deadline.
-RECEIVED, FILLED_IN, LATE = 1, 2, 3
+from meshdl.work import node_work
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
 
 
-ITEMS = Role.ITEMS  # the hot path's comparison, without an attribute lookup
-_MODES = tuple(Mode)  # by value, without the enum's lookup
 
-
-class NodePlan:
-    """A node's tasks, the sources each waits for, and where each item's values live;
-    built once, shared by all waves.
-
-    Storage: the items of one field (say the activations ("a", 1) of the cells in this
-    node's window, own cell included) are the slots of one (slots, channels, batch) array
-    per wave. Every item has exactly one writer, a message of the plan or one of this
-    node's computations, so a slot is written once per wave; a message in or out is one
-    indexing of that array (a slice where its items are adjacent: slots follow the
-    items' row-major order, as strips do), a compute kernel reads its window by slot
-    numbers, and a wave's storage is a handful of arrays, not thousands of small ones.
-    """
-
-    def __init__(self, spec: MeshSpec, cell: Cell) -> None:
-        topo, layers = spec.topology, spec.model.conv_layers
-        if cell not in topo.members:  # left out of this mesh: nothing to do in it
-            self._empty()
-            return
-        before, after = spec.offsets
-        block = topo.block_of(cell)
-        leads = topo.leader.get(block) == cell
-        members = topo.pool_members(block)
-        self.writer: dict[Item, Source] = {}
-        received = spec.expects[cell]
-        for key, send in received.items():
-            self._write(send.field, send.items, key)
-        # What this node computes itself: its cell's activations and output gradients; a
-        # block leader also its block's pooled features and each member's routed gradient.
-        for layer in range(layers + 1):
-            self._write(("a", layer), [cell])
-        for layer in range(1, layers + 1):
-            self._write(("dz", layer), [cell])
-        if leads:
-            self._write(("pooled",), [block])
-            self._write(("route",), members)
-        # Window cells whose values no message brings (absent cells, or relayed only
-        # through them): orphans, filled in before the kernel that reads them.
-        self.orphans: dict[Field, list[Hashable]] = {}
-        windows = [(("a", layer - 1), topo.window(cell, before, after))
-                   for layer in range(1, layers + 1)]
-        windows += [(("dz", layer), topo.window(cell, after, before))
-                    for layer in range(2, layers + 1)]
-        # A cell that cannot reach its block's leader (dead cells in between) is pooled
-        # by nobody: no gradient is routed back to it.
-        if cell not in members:
-            windows.append((("route",), [cell]))
-        for f, window in windows:
-            for c in window:
-                if (f, c) not in self.writer:
-                    self.orphans.setdefault(f, []).append(c)
-                    self.writer[(f, c)] = (f, c)
-        orphaned = {(f, c) for f, items in self.orphans.items() for c in items}
-        fields: dict[Field, list[Hashable]] = {}
-        for f, item in self.writer:
-            fields.setdefault(f, []).append(item)
-        self.buffers = {f: index for index, f in enumerate(fields)}  # field -> buffer
-        self.slots = [{item: slot for slot, item in enumerate(sorted(items))}
-                      for items in fields.values()]  # per buffer: item -> slot
-        self.buffer_channels = [spec.item_shape(f, 0)[0] for f in fields]
-
-        self.inbox: dict[tuple, Expect] = {
-            key: Expect(Role.ITEMS, cell, len(send.items), spec.item_shape(send.field, 0)[0],
-                        send.train_only, self.buffers[send.field],
-                        self.rows(send.field, send.items))
-            for key, send in received.items()}
-        control, to = spec.control_source(cell), spec.control_destination or cell
-        self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(Role.PARAMETERS, to)
-        self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(Role.SAMPLES, to)
-        for child in topo.children[cell]:
-            key = (Kind.REDUCE, 0, 0, child)
-            self.inbox[key] = Expect(Role.PARTIAL_GRADIENTS, cell, train_only=True)
-            self.writer[(("reduce",), child)] = key  # no buffer: REDUCE is a vector
-
-        # (task, needs, train only): computations, then sends, in a fixed order. A
-        # computation needs every item its kernel reads, so it runs only once they all
-        # exist, in whatever order messages arrive (a message may come early, forged or
-        # not: it fills its slot and waits). Own results stand for what they were made
-        # from: ("a", layer) of this cell for the window conv `layer` read.
-        tasks: list[tuple[Computation | Send, list[Item], bool]] = []
-        for layer in range(1, layers + 1):
-            needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)
-                     if (("a", layer - 1), c) not in orphaned]
-            tasks.append((Computation("conv", layer, f"conv{layer}"), needs, False))
-        if leads:
-            needs = [(("a", layers), c) for c in members]
-            tasks.append((Computation("pool", layers, "pool"), needs, False))
-            needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
-            tasks.append((Computation("route", layers, "route"), needs, True))
-        needs = [(("route",), cell)] if cell in members else []
-        needs.append((("a", layers), cell))  # ReLU's mask
-        tasks.append((Computation("dz_top", layers, "dz_top"), needs, True))
-        for layer in range(layers, 0, -1):
-            needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
-            tasks.append((Computation("grad", layer, f"grad{layer}"), needs, True))
-            if layer > 1:
-                needs = [(("dz", layer), c) for c in topo.window(cell, after, before)
-                         if (("dz", layer), c) not in orphaned]
-                needs.append((("a", layer - 1), cell))  # ReLU's mask below
-                tasks.append((Computation("dinput", layer, f"dinput{layer}"), needs, True))
-        needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
-        needs += [(("reduce",), child) for child in topo.children[cell]]
-        tasks.append((Computation("reduce", 0, "reduce"), needs, True))
-        for send in spec.sends[cell]:
-            tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
-
-        self.tasks = [task for task, _, _ in tasks]
-        # A send's values: (buffer, slots) of its items.
-        self.send_rows: list[tuple[int, Rows] | None] = [
-            (self.buffers[task.field], self.rows(task.field, task.items))
-            if isinstance(task, Send) else None for task, _, _ in tasks]
-        self.train_only = [train for _, _, train in tasks]
-        self.waiters: dict[Source, list[int]] = {}
-        self.needs_count: list[int] = []
-        for index, (_, needs, _) in enumerate(tasks):
-            # An item nobody writes is a computation's marker (("grad", layer), cell).
-            sources = dict.fromkeys(self.writer.get(item, item) for item in needs)
-            self.needs_count.append(len(sources))
-            for source in sources:
-                self.waiters.setdefault(source, []).append(index)
-        self.inbox = {key: expect._replace(index=index, waiters=self.waiting_for(key))
-                      for index, (key, expect) in enumerate(self.inbox.items())}
-        self.keys = list(self.inbox)  # by `Expect.index`
-        self.expected = list(self.inbox.values())
-        # What each message carries (field, items): a best-effort node fills them in
-        # when one misses its deadline (nodes/deadlines.py).
-        self.carries: list[tuple[Field, tuple[Hashable, ...]]] = [
-            (received[key].field, tuple(received[key].items)) if key in received else
-            (("reduce",), ()) for key in self.keys]
-        # Which task makes each of this node's own items (its own readings are there
-        # from the wave's start): a neighbour's value is usable once it is made.
-        self.maker: dict[Item, int] = {}
-        for index, (task, _, _) in enumerate(tasks):
-            if isinstance(task, Computation):
-                for item in _made_by(task, cell, block, members):
-                    self.maker[item] = index
-        self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
-                       for mode in Mode}
-        self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
-        # What a sender may have waiting here: two waves' worth of its messages, each at
-        # the largest batch (an honest sender is at most one wave ahead).
-        self.early_bytes: dict[Cell, int] = {}
-        for (_, _, _, src), expect in self.inbox.items():
-            values = {Role.ITEMS: expect.rows * expect.channels * spec.max_batch,
-                      Role.PARTIAL_GRADIENTS: spec.conv_size,
-                      Role.PARAMETERS: spec.params_size,
-                      Role.SAMPLES: spec.max_batch + BATCH_HEAD}[expect.role]
-            self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * ITEM_BYTES * values
-        self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
-                                                          strict=True)]
-
-    def _empty(self) -> None:
-        """The plan of a cell the mesh leaves out: no messages, no tasks."""
-        self.writer, self.buffers, self.slots, self.buffer_channels = {}, {}, [], []
-        self.inbox, self.keys, self.expected, self.carries = {}, [], [], []
-        self.maker, self.orphans, self.tasks, self.send_rows = {}, {}, [], []
-        self.train_only, self.waiters, self.needs_count = [], {}, []
-        self.active = dict.fromkeys(Mode, 0)
-        self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
-
-    def usable(self, wave: Wave, f: Field, item: Hashable) -> bool:
-        """Has this wave got the values of item `item` of field `f` (received, not
-        filled in; or computed here)?"""
-        writer = self.writer[(f, item)]
-        if item in self.orphans.get(f, ()):
-            return False
-        if writer == (f, item):  # this node's own
-            maker = self.maker.get(writer)
-            return maker is None or bool(wave.done[maker])
-        return wave.seen[self.inbox[writer].index] == RECEIVED
-
-    def _write(self, f: Field, items: Iterable[Hashable], writer: Source | None = None
-               ) -> None:
-        """Record who writes `items` of field `f`: a message (its inbox key), or (None)
-        this node's own computations, each known by the item it makes."""
-        for item in items:
-            if (f, item) in self.writer:  # the plan would write a slot twice in a wave
-                raise ValueError(f"item {(f, item)} has two writers")
-            self.writer[(f, item)] = (f, item) if writer is None else writer
-
-    def waiting_for(self, source: Source) -> tuple[int, ...]:
-        """The tasks that wait for a message (its inbox key) or a computation (the item
-        it makes)."""
-        return tuple(self.waiters.get(source, ()))
-
-    def slot(self, f: Field, item: Hashable) -> int:
-        return self.slots[self.buffers[f]][item]
-
-    def rows(self, f: Field, items: Iterable[Hashable]) -> Rows:
-        """The slots of `items` in field `f`'s buffer: a slice when they are a run."""
-        slots = [self.slot(f, item) for item in items]
-        if slots == list(range(slots[0], slots[0] + len(slots))):
-            return slice(slots[0], slots[0] + len(slots))
-        return np.array(slots, np.intp)
-
-
-class Wave:
-    """Everything a node knows about one wave (one step number of one edge session)."""
-
-    def __init__(self, step: int, session: int, plan: NodePlan) -> None:
-        self.step = step
-        self.session = session
-        self.mode: Mode | None = None
-        self.training = False
-        self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
-        self.params_payload: np.ndarray | None = None  # all of it (the plan's tail too)
-        self.batch_payload: np.ndarray | None = None
-        self.batch = 0
-        self.buffers: list[np.ndarray] = []  # per field: (slots, channels, batch)
-        self.reduce: dict[Cell, np.ndarray] = {}  # children's REDUCE payloads
-        self.missing = list(plan.needs_count)  # per task: sources still to come
-        self.ready: list[int] = list(plan.ready_at_start)
-        self.tasks_done = 0
-        self.grad: np.ndarray | None = None  # training: this subtree's conv gradients
-        self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
-        self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)
-        self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
-        self.seen = bytearray(len(plan.inbox))  # per inbox key: RECEIVED or FILLED_IN
-        self.done = bytearray(len(plan.tasks))  # per task: has run
-        self.finished_at: dict[str, float] = {}
-        # Best effort (nodes/deadlines.py): this wave's deadlines, from when each phase
-        # began (as a list by time, and per inbox entry); how far each list has been
-        # gone through; messages filled in.
-        self.arrivals: Arrivals | None = None
-        self.schedule: Schedule | None = None
-        self.learnt: dict[int, float] | None = None  # learning: when each message came
-        self.after: dict[int, float] = {}
-        self.started_at = 0.0
-        self.backward_at: float | None = None
-        self.next_forward = self.next_backward = 0
-
-
-class NodeMachine:
+class NodeMachine(BestEffortNode):
     """One cell of the mesh."""
 
     def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray]) -> None:
@@ -772,7 +479,7 @@ class NodeMachine:
     def _start(self, wave: Wave, out: list[Message], now: float) -> None:
         payload = wave.batch_payload
         mode, split, indices = BatchOrder.read(payload)
-        wave.mode = _MODES[mode]
+        wave.mode = MODES[mode]
         wave.training = wave.mode == Mode.TRAIN
         wave.batch = len(indices)
         wave.started_at = self.heard_at = now
@@ -827,286 +534,6 @@ class NodeMachine:
         reading that failed."""
         column = self.readings[split][:, index]
         column[...] = np.nan if values is None else values
-
-    # --------------------------------------------------------------- deadlines
-    def set_deadlines(self, policy: Policy, mode: Mode, batch: int,
-                      first: dict[tuple, float], margins: Margins, k: float,
-                      spec: MeshSpec | None = None) -> None:
-        """Best effort: in waves of `mode` and `batch` (of `spec`'s plan, by default
-        this node's), give up on a message of the plan (by inbox key) at its deadline
-        and fill it in by `policy`. Deadlines start from `first` (seconds into its
-        phase each came in a loss-free wave) and follow the arrivals
-        (nodes/deadlines.py); a message without one is waited for."""
-        self.policy, self.plans_change = policy, True
-        spec = spec or self.spec
-        inbox = self._plan_for(spec).inbox
-        measured = {inbox[key].index: seconds for key, seconds in first.items()
-                    if not inbox[key].role.starts_wave}  # without them, no wave
-        backward = {e.index for e in inbox.values() if e.train_only}
-        self.arrivals[(spec.plan_key, mode, batch)] = Arrivals(len(inbox), measured,
-                                                               backward, margins, k)
-
-    def due(self, h: Header) -> float | None:
-        """When this node stops waiting for the message of header `h`, if it is of its
-        current wave and its phase has begun (a sender's radio stops recovering it
-        then)."""
-        wave = self.wave
-        if wave is None or wave.schedule is None or h.step != wave.step or \
-                h.session != wave.session:
-            return None
-        expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
-        after = None if expect is None else wave.after.get(expect.index)
-        if after is None:
-            return None
-        if expect.train_only:
-            return None if wave.backward_at is None else wave.backward_at + after
-        return wave.started_at + after
-
-    def next_deadline(self) -> float | None:
-        """When this node next gives up on a message of its current wave, or says
-        hello, if it will."""
-        wave = self.wave
-        hello = self._hello_due()
-        if wave is None or wave.schedule is None or self._finished(wave):
-            return hello
-        due = self._wave_deadline(wave)
-        return hello if due is None else due if hello is None else min(due, hello)
-
-    def _wave_deadline(self, wave: Wave) -> float | None:
-        """The current wave's next deadline of a message not yet here, if any. (Moves
-        the wave's cursors past messages that came: they never need looking at again.)"""
-        seen, forward, backward = wave.seen, wave.schedule.forward, wave.schedule.backward
-        while wave.next_forward < len(forward) and seen[forward[wave.next_forward].index]:
-            wave.next_forward += 1
-        due = wave.started_at + forward[wave.next_forward].after \
-            if wave.next_forward < len(forward) else None
-        if wave.backward_at is not None:
-            while wave.next_backward < len(backward) and \
-                    seen[backward[wave.next_backward].index]:
-                wave.next_backward += 1
-            if wave.next_backward < len(backward):
-                at = wave.backward_at + backward[wave.next_backward].after
-                due = at if due is None else min(due, at)
-        return due
-
-    def tick(self, now: float) -> list[Message]:
-        """Fill in every message whose deadline has passed, and run what that
-        completes; say hello if no PARAMS came for long; returns what this node sends
-        in consequence."""
-        wave = self.wave
-        out: list[Message] = []
-        hello = self._hello_due()
-        if hello is not None and now >= hello:
-            out.extend(self._hello(now))
-        if wave is None or wave.schedule is None or self._finished(wave):
-            return out
-        for index in self._overdue(wave, now):
-            self._fill_in(wave, index)
-        if wave.ready:
-            self._run_ready(wave, now, out)
-        return out
-
-    def _overdue(self, wave: Wave, now: float) -> list[int]:
-        """The messages not yet here whose deadlines are at or before `now`."""
-        overdue: list[int] = []
-        wave.next_forward = _passed(wave.schedule.forward, wave.next_forward,
-                                    wave.started_at, now, wave.seen, overdue)
-        if wave.backward_at is not None:
-            wave.next_backward = _passed(wave.schedule.backward, wave.next_backward,
-                                         wave.backward_at, now, wave.seen, overdue)
-        return overdue
-
-    def _took(self, wave: Wave, expect: Expect, now: float) -> None:
-        """Best effort: a message came. It tells when such messages come; the first
-        backward one starts the backward deadlines; under policy "last" a forward
-        one's level is remembered."""
-        if expect.role.starts_wave:
-            return  # never waited for: without them there is no wave
-        if expect.train_only and wave.backward_at is None:
-            wave.backward_at = now
-        self._timed(wave, expect, now)
-        if not expect.train_only and self.policy == Policy.LAST and expect.role == ITEMS:
-            f, items = self.plan.carries[expect.index]
-            levels = wave.buffers[expect.buffer][expect.slots].mean(axis=2)
-            for item, level in zip(items, levels, strict=True):
-                self.last_level[(f, item)] = level
-
-    # ---------------------------------------------------------------- health
-    def _judge(self, wave: Wave) -> None:
-        """A best-effort wave is over: a neighbour all of whose messages in it had to be
-        filled in was silent; after `SILENT_WAVES` such waves in a row it is reported
-        (with the next wave's start) until the edge's plan leaves it out."""
-        heard: dict[Cell, bool] = {}
-        for index, seen in enumerate(wave.seen):
-            expect, src = self.plan.expected[index], self.plan.keys[index][3]
-            if seen and src in self.neighbours and src != EDGE and \
-                    not expect.role.starts_wave:
-                heard[src] = heard.get(src, False) or seen != FILLED_IN
-        for neighbour, got in heard.items():
-            self.silent[neighbour] = 0 if got else self.silent[neighbour] + 1
-        self._suspects = sorted(n for n, waves in self.silent.items()
-                                if waves >= SILENT_WAVES and n not in self.spec.dead)
-        self._judged = (wave.step, wave.session)
-
-    def _health(self, message: Message) -> list[Message]:
-        """A HEALTH on its way to the edge: from a tree child, passed on to the parent;
-        a hello from a grid neighbour (its own cell, back), passed on too."""
-        h, payload = message.header, message.payload
-        if h.dst != self.cell or health_entries(payload, self.spec.model.rows,
-                                                self.spec.model.cols) is None:
-            self.stats["rejected:bad_health"] += 1
-            return []
-        own = h.src[0] * self.spec.model.cols + h.src[1] + 1
-        hello = payload.size == 1 and payload[0] == -own and \
-            abs(h.src[0] - self.cell[0]) + abs(h.src[1] - self.cell[1]) == 1
-        if self.parent is None or not (hello or h.src in self.children):
-            self.stats["rejected:bad_health"] += 1
-            return []
-        self.stats["health_relayed"] += 1
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
-        return [make(Kind.HEALTH, self.mesh_id, h.step, self.cell, self.parent, payload,
-                     seq=self.seq, session=h.session)]
-
-    def _hello_due(self) -> float | None:
-        """When this node says hello next: `hello_after` without PARAMS, and again
-        that long after each hello; only while it has no wave (it booted) or its mesh
-        leaves it out (found dead, though alive). A node of the mesh whose waves merely
-        run long never says it."""
-        if self.hello_after is None or \
-                (self.wave is not None and self.cell in self.spec.topology.members):
-            return None
-        since = self.heard_at if self._hello_at is None else max(self.heard_at,
-                                                                  self._hello_at)
-        return since + self.hello_after
-
-    def _hello(self, now: float) -> list[Message]:
-        """"I am here" to every grid neighbour: one in the mesh passes it to the edge,
-        which takes this cell back in with its next PARAMS."""
-        self._hello_at = now
-        self.stats["hellos"] += 1
-        r, c = self.cell
-        hello = np.array([-(r * self.spec.model.cols + c + 1)], np.int32)
-        out = []
-        for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
-            if self.spec.topology.inside(n):
-                self.seq = (self.seq + 1) & 0xFFFFFFFF
-                out.append(make(Kind.HEALTH, self.mesh_id, 0, self.cell, n, hello,
-                                seq=self.seq))
-        return out
-
-    def _timed(self, wave: Wave, expect: Expect, now: float) -> None:
-        """One more arrival time for the deadlines of this kind of wave."""
-        began = wave.backward_at if expect.train_only else wave.started_at
-        if began is None:
-            return
-        if wave.learnt is not None:
-            wave.learnt[expect.index] = max(now - began, 0.0)
-        else:
-            wave.arrivals.sample(expect.index, max(now - began, 0.0))
-
-    def learn_deadlines(self, policy: Policy, learning: Learning) -> None:
-        """Best effort, learning each kind of wave's first deadlines from its first
-        wave, waited out whole (over MQTT: no probe to measure them)."""
-        self.policy, self.learning, self.plans_change = policy, learning, True
-
-    def _carried_over(self, mode: Mode, batch: int) -> Arrivals | None:
-        """A new plan's deadlines from the same kind of wave in an earlier plan, message
-        by message (a message new to this plan: the latest of its phase). Waiting a wave
-        out to learn them could wait for ever: the plan may still hold dead cells."""
-        for (plan_key, other_mode, other_batch), old in self.arrivals.items():
-            old_plan = self._plans.get(plan_key)
-            if (other_mode, other_batch) != (mode, batch) or old_plan is None or \
-                    old_plan is self.plan:
-                continue
-            latest = {phase: max((old.smoothed[i] + old.deviation[i] for i, m in
-                                  enumerate(old.measured) if m and
-                                  (i in old.backward) == phase), default=0.0)
-                      for phase in (False, True)}
-            first: dict[int, float] = {}
-            for key, expect in self.inbox.items():
-                if expect.role.starts_wave:
-                    continue
-                index = old_plan.inbox[key].index if key in old_plan.inbox else None
-                first[expect.index] = old.smoothed[index] if index is not None and \
-                    old.measured[index] else latest[expect.train_only]
-            backward = {e.index for e in self.inbox.values() if e.train_only}
-            return Arrivals(len(self.inbox), first, backward, old.margins, old.k)
-        return None
-
-    def _learnt(self, wave: Wave) -> None:
-        """A wave waited out whole: its arrival times start its kind's deadlines."""
-        learnt, plan = wave.learnt, self.plan
-        wave.learnt = None
-        backward = {i for i in learnt if plan.expected[i].train_only}
-        spans = (max((t for i, t in learnt.items() if i not in backward), default=0.0),
-                 max((learnt[i] for i in backward), default=0.0))
-        self.arrivals[(self.spec.plan_key, wave.mode, wave.batch)] = Arrivals(
-            len(plan.inbox), learnt, backward, self.learning.margins(*spans),
-            self.learning.k)
-
-    def _late(self, wave: Wave, expect: Expect, now: float) -> list[Message]:
-        """A message that came after its deadline: filled in already, so only its
-        arrival time counts (the deadline was short), and that its sender is alive."""
-        self.stats["late"] += 1
-        wave.seen[expect.index] = LATE
-        self._timed(wave, expect, now)
-        return []
-
-    def _fill_in(self, wave: Wave, index: int) -> None:
-        """Put values in place of a message that missed its deadline (the policy's for
-        forward values, zeros for gradients), and go on as if it had come."""
-        expect, (kind, _, _, _) = self.plan.expected[index], self.plan.keys[index]
-        if expect.role == Role.PARTIAL_GRADIENTS:
-            wave.reduce[self.plan.keys[index][3]] = np.zeros(self.spec.conv_size, np.float32)
-        elif expect.role == ITEMS:
-            f, items = self.plan.carries[index]
-            wave.buffers[expect.buffer][expect.slots] = \
-                0.0 if expect.train_only else self._filling(wave, f, items)
-        else:  # PARAMS or BATCH: never scheduled (no wave without them)
-            return
-        wave.seen[index] = FILLED_IN
-        self.stats["filled_in"] += 1
-        self.stats[f"filled_in:{Kind(kind).name.lower()}"] += 1
-        self._arrived(wave, expect.waiters)
-
-    def _fill_orphans(self, wave: Wave, f: Field) -> None:
-        """Put the policy's values in the slots of `f`'s orphans (zeros for gradients
-        and without a policy) before a kernel reads them."""
-        rows = self.orphan_rows.get(f)
-        if rows is None:
-            return
-        buffer = wave.buffers[self.plan.buffers[f]]
-        buffer[rows] = 0.0 if f[0] in GRADIENTS or self.policy in (None, Policy.ZERO) \
-            else self._filling(wave, f, self.plan.orphans[f])
-        self.stats["absent_filled"] += len(rows)
-
-    def _filling(self, wave: Wave, f: Field, items: Sequence[Hashable]
-                 ) -> np.ndarray | float:
-        """Forward values for missing items of field `f`, by the policy."""
-        if self.policy == Policy.LAST:
-            buffer = wave.buffers[self.plan.buffers[f]]
-            values = np.zeros((len(items), buffer.shape[1], buffer.shape[2]), np.float32)
-            for row, item in enumerate(items):
-                level = self.last_level.get((f, item))
-                if level is not None:
-                    values[row] = level[:, None]
-            return values
-        if self.policy == Policy.NEIGHBOURS:
-            return self._neighbours_mean(wave, f, items)
-        return 0.0
-
-    def _neighbours_mean(self, wave: Wave, f: Field, items: Sequence[Hashable]
-                         ) -> np.ndarray:
-        """Each of `items` of field `f`: the mean of its 4-neighbours (in the item's own
-        grid: cells, or pooling blocks) that this node holds and has; 0 without any."""
-        buffer, slots = wave.buffers[self.plan.buffers[f]], self.plan.slots[self.plan.buffers[f]]
-        values = np.zeros((len(items), buffer.shape[1], buffer.shape[2]), np.float32)
-        for row, (r, c) in enumerate(items):
-            near = [slots[n] for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1))
-                    if n in slots and self.plan.usable(wave, f, n)]
-            if near:
-                values[row] = buffer[near].mean(axis=0)
-        return values
 
     # ---------------------------------------------------------------- progress
     def _arrived(self, wave: Wave, waiters: tuple[int, ...]) -> None:
@@ -1222,34 +649,6 @@ class NodeMachine:
         """When (in transport time) this node finished each stage of its last wave; the
         wave's own dict, not a copy (the transport keeps it after the wave)."""
         return self.wave.finished_at if self.wave else {}
-
-
-def _passed(deadlines: tuple[Deadline, ...], cursor: int, began: float, now: float,
-            seen: bytearray, overdue: list[int]) -> int:
-    """Move `cursor` past the deadlines (by time) at or before `now` of a phase that
-    began at `began`, adding to `overdue` the messages among them not yet seen."""
-    while cursor < len(deadlines) and began + deadlines[cursor].after <= now:
-        if not seen[deadlines[cursor].index]:
-            overdue.append(deadlines[cursor].index)
-        cursor += 1
-    return cursor
-
-
-def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
-             ) -> list[Item]:
-    """The items a computation writes (grad and reduce write none: their results are
-    the wave's gradient vector)."""
-    if task.method == "conv":
-        return [(("a", task.layer), cell)]
-    if task.method == "pool":
-        return [(("pooled",), block)]
-    if task.method == "route":
-        return [(("route",), c) for c in members]
-    if task.method == "dz_top":
-        return [(("dz", task.layer), cell)]
-    if task.method == "dinput":
-        return [(("dz", task.layer - 1), cell)]
-    return []
 
 
 def _outside_refs(arrays: list[np.ndarray]) -> int:

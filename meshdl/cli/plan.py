@@ -31,7 +31,7 @@ from meshdl.cli.common import (
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
 from meshdl.messages import ITEM_BYTES, Kind
-from meshdl.nodes.agent import NodePlan, Role
+from meshdl.nodes.plan import NodePlan, Role
 from meshdl.payloads import BATCH_HEAD
 from meshdl.protocol import MeshSpec, Send
 from meshdl.topics import cell_of, name_of, topic

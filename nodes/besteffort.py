@@ -1,0 +1,330 @@
+"""Best effort in the node machine: deadlines, what fills in a missed message, and the
+health of the neighbours (nodes/deadlines.py has the model, PROTOCOL.md the messages).
+
+`BestEffortNode` is the part of `NodeMachine` (nodes/agent.py) a node runs only in best
+effort: it gives up on a message at its deadline (`tick`), fills in what is missing by
+its policy, learns when messages come, reports neighbours that went silent (HEALTH) and
+says hello when the mesh has left it out. In reliable mode none of it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from meshdl.messages import EDGE, Header, Kind, Message, make
+from meshdl.nodes.deadlines import (
+    SILENT_WAVES,
+    Arrivals,
+    Deadline,
+    Learning,
+    Margins,
+    Policy,
+)
+from meshdl.nodes.plan import (
+    FILLED_IN,
+    GRADIENTS,
+    ITEMS,
+    LATE,
+    Expect,
+    Role,
+    Wave,
+)
+from meshdl.payloads import health_entries
+from meshdl.protocol import Field, MeshSpec, Mode
+from meshdl.topology import Cell
+
+
+class BestEffortNode:
+    """Deadlines, fill-ins and health: mixed into `NodeMachine`, whose state it uses."""
+
+    def set_deadlines(self, policy: Policy, mode: Mode, batch: int,
+                      first: dict[tuple, float], margins: Margins, k: float,
+                      spec: MeshSpec | None = None) -> None:
+        """Best effort: in waves of `mode` and `batch` (of `spec`'s plan, by default
+        this node's), give up on a message of the plan (by inbox key) at its deadline
+        and fill it in by `policy`. Deadlines start from `first` (seconds into its
+        phase each came in a loss-free wave) and follow the arrivals
+        (nodes/deadlines.py); a message without one is waited for."""
+        self.policy, self.plans_change = policy, True
+        spec = spec or self.spec
+        inbox = self._plan_for(spec).inbox
+        measured = {inbox[key].index: seconds for key, seconds in first.items()
+                    if not inbox[key].role.starts_wave}  # without them, no wave
+        backward = {e.index for e in inbox.values() if e.train_only}
+        self.arrivals[(spec.plan_key, mode, batch)] = Arrivals(len(inbox), measured,
+                                                               backward, margins, k)
+
+    def due(self, h: Header) -> float | None:
+        """When this node stops waiting for the message of header `h`, if it is of its
+        current wave and its phase has begun (a sender's radio stops recovering it
+        then)."""
+        wave = self.wave
+        if wave is None or wave.schedule is None or h.step != wave.step or \
+                h.session != wave.session:
+            return None
+        expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
+        after = None if expect is None else wave.after.get(expect.index)
+        if after is None:
+            return None
+        if expect.train_only:
+            return None if wave.backward_at is None else wave.backward_at + after
+        return wave.started_at + after
+
+    def next_deadline(self) -> float | None:
+        """When this node next gives up on a message of its current wave, or says
+        hello, if it will."""
+        wave = self.wave
+        hello = self._hello_due()
+        if wave is None or wave.schedule is None or self._finished(wave):
+            return hello
+        due = self._wave_deadline(wave)
+        return hello if due is None else due if hello is None else min(due, hello)
+
+    def _wave_deadline(self, wave: Wave) -> float | None:
+        """The current wave's next deadline of a message not yet here, if any. (Moves
+        the wave's cursors past messages that came: they never need looking at again.)"""
+        seen, forward, backward = wave.seen, wave.schedule.forward, wave.schedule.backward
+        while wave.next_forward < len(forward) and seen[forward[wave.next_forward].index]:
+            wave.next_forward += 1
+        due = wave.started_at + forward[wave.next_forward].after \
+            if wave.next_forward < len(forward) else None
+        if wave.backward_at is not None:
+            while wave.next_backward < len(backward) and \
+                    seen[backward[wave.next_backward].index]:
+                wave.next_backward += 1
+            if wave.next_backward < len(backward):
+                at = wave.backward_at + backward[wave.next_backward].after
+                due = at if due is None else min(due, at)
+        return due
+
+    def tick(self, now: float) -> list[Message]:
+        """Fill in every message whose deadline has passed, and run what that
+        completes; say hello if no PARAMS came for long; returns what this node sends
+        in consequence."""
+        wave = self.wave
+        out: list[Message] = []
+        hello = self._hello_due()
+        if hello is not None and now >= hello:
+            out.extend(self._hello(now))
+        if wave is None or wave.schedule is None or self._finished(wave):
+            return out
+        for index in self._overdue(wave, now):
+            self._fill_in(wave, index)
+        if wave.ready:
+            self._run_ready(wave, now, out)
+        return out
+
+    def _overdue(self, wave: Wave, now: float) -> list[int]:
+        """The messages not yet here whose deadlines are at or before `now`."""
+        overdue: list[int] = []
+        wave.next_forward = _passed(wave.schedule.forward, wave.next_forward,
+                                    wave.started_at, now, wave.seen, overdue)
+        if wave.backward_at is not None:
+            wave.next_backward = _passed(wave.schedule.backward, wave.next_backward,
+                                         wave.backward_at, now, wave.seen, overdue)
+        return overdue
+
+    def _took(self, wave: Wave, expect: Expect, now: float) -> None:
+        """Best effort: a message came. It tells when such messages come; the first
+        backward one starts the backward deadlines; under policy "last" a forward
+        one's level is remembered."""
+        if expect.role.starts_wave:
+            return  # never waited for: without them there is no wave
+        if expect.train_only and wave.backward_at is None:
+            wave.backward_at = now
+        self._timed(wave, expect, now)
+        if not expect.train_only and self.policy == Policy.LAST and expect.role == ITEMS:
+            f, items = self.plan.carries[expect.index]
+            levels = wave.buffers[expect.buffer][expect.slots].mean(axis=2)
+            for item, level in zip(items, levels, strict=True):
+                self.last_level[(f, item)] = level
+
+    # ---------------------------------------------------------------- health
+    def _judge(self, wave: Wave) -> None:
+        """A best-effort wave is over: a neighbour all of whose messages in it had to be
+        filled in was silent; after `SILENT_WAVES` such waves in a row it is reported
+        (with the next wave's start) until the edge's plan leaves it out."""
+        heard: dict[Cell, bool] = {}
+        for index, seen in enumerate(wave.seen):
+            expect, src = self.plan.expected[index], self.plan.keys[index][3]
+            if seen and src in self.neighbours and src != EDGE and \
+                    not expect.role.starts_wave:
+                heard[src] = heard.get(src, False) or seen != FILLED_IN
+        for neighbour, got in heard.items():
+            self.silent[neighbour] = 0 if got else self.silent[neighbour] + 1
+        self._suspects = sorted(n for n, waves in self.silent.items()
+                                if waves >= SILENT_WAVES and n not in self.spec.dead)
+        self._judged = (wave.step, wave.session)
+
+    def _health(self, message: Message) -> list[Message]:
+        """A HEALTH on its way to the edge: from a tree child, passed on to the parent;
+        a hello from a grid neighbour (its own cell, back), passed on too."""
+        h, payload = message.header, message.payload
+        if h.dst != self.cell or health_entries(payload, self.spec.model.rows,
+                                                self.spec.model.cols) is None:
+            self.stats["rejected:bad_health"] += 1
+            return []
+        own = h.src[0] * self.spec.model.cols + h.src[1] + 1
+        hello = payload.size == 1 and payload[0] == -own and \
+            abs(h.src[0] - self.cell[0]) + abs(h.src[1] - self.cell[1]) == 1
+        if self.parent is None or not (hello or h.src in self.children):
+            self.stats["rejected:bad_health"] += 1
+            return []
+        self.stats["health_relayed"] += 1
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        return [make(Kind.HEALTH, self.mesh_id, h.step, self.cell, self.parent, payload,
+                     seq=self.seq, session=h.session)]
+
+    def _hello_due(self) -> float | None:
+        """When this node says hello next: `hello_after` without PARAMS, and again
+        that long after each hello; only while it has no wave (it booted) or its mesh
+        leaves it out (found dead, though alive). A node of the mesh whose waves merely
+        run long never says it."""
+        if self.hello_after is None or \
+                (self.wave is not None and self.cell in self.spec.topology.members):
+            return None
+        since = self.heard_at if self._hello_at is None else max(self.heard_at,
+                                                                  self._hello_at)
+        return since + self.hello_after
+
+    def _hello(self, now: float) -> list[Message]:
+        """"I am here" to every grid neighbour: one in the mesh passes it to the edge,
+        which takes this cell back in with its next PARAMS."""
+        self._hello_at = now
+        self.stats["hellos"] += 1
+        r, c = self.cell
+        hello = np.array([-(r * self.spec.model.cols + c + 1)], np.int32)
+        out = []
+        for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+            if self.spec.topology.inside(n):
+                self.seq = (self.seq + 1) & 0xFFFFFFFF
+                out.append(make(Kind.HEALTH, self.mesh_id, 0, self.cell, n, hello,
+                                seq=self.seq))
+        return out
+
+    def _timed(self, wave: Wave, expect: Expect, now: float) -> None:
+        """One more arrival time for the deadlines of this kind of wave."""
+        began = wave.backward_at if expect.train_only else wave.started_at
+        if began is None:
+            return
+        if wave.learnt is not None:
+            wave.learnt[expect.index] = max(now - began, 0.0)
+        else:
+            wave.arrivals.sample(expect.index, max(now - began, 0.0))
+
+    def learn_deadlines(self, policy: Policy, learning: Learning) -> None:
+        """Best effort, learning each kind of wave's first deadlines from its first
+        wave, waited out whole (over MQTT: no probe to measure them)."""
+        self.policy, self.learning, self.plans_change = policy, learning, True
+
+    def _carried_over(self, mode: Mode, batch: int) -> Arrivals | None:
+        """A new plan's deadlines from the same kind of wave in an earlier plan, message
+        by message (a message new to this plan: the latest of its phase). Waiting a wave
+        out to learn them could wait for ever: the plan may still hold dead cells."""
+        for (plan_key, other_mode, other_batch), old in self.arrivals.items():
+            old_plan = self._plans.get(plan_key)
+            if (other_mode, other_batch) != (mode, batch) or old_plan is None or \
+                    old_plan is self.plan:
+                continue
+            latest = {phase: max((old.smoothed[i] + old.deviation[i] for i, m in
+                                  enumerate(old.measured) if m and
+                                  (i in old.backward) == phase), default=0.0)
+                      for phase in (False, True)}
+            first: dict[int, float] = {}
+            for key, expect in self.inbox.items():
+                if expect.role.starts_wave:
+                    continue
+                index = old_plan.inbox[key].index if key in old_plan.inbox else None
+                first[expect.index] = old.smoothed[index] if index is not None and \
+                    old.measured[index] else latest[expect.train_only]
+            backward = {e.index for e in self.inbox.values() if e.train_only}
+            return Arrivals(len(self.inbox), first, backward, old.margins, old.k)
+        return None
+
+    def _learnt(self, wave: Wave) -> None:
+        """A wave waited out whole: its arrival times start its kind's deadlines."""
+        learnt, plan = wave.learnt, self.plan
+        wave.learnt = None
+        backward = {i for i in learnt if plan.expected[i].train_only}
+        spans = (max((t for i, t in learnt.items() if i not in backward), default=0.0),
+                 max((learnt[i] for i in backward), default=0.0))
+        self.arrivals[(self.spec.plan_key, wave.mode, wave.batch)] = Arrivals(
+            len(plan.inbox), learnt, backward, self.learning.margins(*spans),
+            self.learning.k)
+
+    def _late(self, wave: Wave, expect: Expect, now: float) -> list[Message]:
+        """A message that came after its deadline: filled in already, so only its
+        arrival time counts (the deadline was short), and that its sender is alive."""
+        self.stats["late"] += 1
+        wave.seen[expect.index] = LATE
+        self._timed(wave, expect, now)
+        return []
+
+    def _fill_in(self, wave: Wave, index: int) -> None:
+        """Put values in place of a message that missed its deadline (the policy's for
+        forward values, zeros for gradients), and go on as if it had come."""
+        expect, (kind, _, _, _) = self.plan.expected[index], self.plan.keys[index]
+        if expect.role == Role.PARTIAL_GRADIENTS:
+            wave.reduce[self.plan.keys[index][3]] = np.zeros(self.spec.conv_size, np.float32)
+        elif expect.role == ITEMS:
+            f, items = self.plan.carries[index]
+            wave.buffers[expect.buffer][expect.slots] = \
+                0.0 if expect.train_only else self._filling(wave, f, items)
+        else:  # PARAMS or BATCH: never scheduled (no wave without them)
+            return
+        wave.seen[index] = FILLED_IN
+        self.stats["filled_in"] += 1
+        self.stats[f"filled_in:{Kind(kind).name.lower()}"] += 1
+        self._arrived(wave, expect.waiters)
+
+    def _fill_orphans(self, wave: Wave, f: Field) -> None:
+        """Put the policy's values in the slots of `f`'s orphans (zeros for gradients
+        and without a policy) before a kernel reads them."""
+        rows = self.orphan_rows.get(f)
+        if rows is None:
+            return
+        buffer = wave.buffers[self.plan.buffers[f]]
+        buffer[rows] = 0.0 if f[0] in GRADIENTS or self.policy in (None, Policy.ZERO) \
+            else self._filling(wave, f, self.plan.orphans[f])
+        self.stats["absent_filled"] += len(rows)
+
+    def _filling(self, wave: Wave, f: Field, items: Sequence[Hashable]
+                 ) -> np.ndarray | float:
+        """Forward values for missing items of field `f`, by the policy."""
+        if self.policy == Policy.LAST:
+            buffer = wave.buffers[self.plan.buffers[f]]
+            values = np.zeros((len(items), buffer.shape[1], buffer.shape[2]), np.float32)
+            for row, item in enumerate(items):
+                level = self.last_level.get((f, item))
+                if level is not None:
+                    values[row] = level[:, None]
+            return values
+        if self.policy == Policy.NEIGHBOURS:
+            return self._neighbours_mean(wave, f, items)
+        return 0.0
+
+    def _neighbours_mean(self, wave: Wave, f: Field, items: Sequence[Hashable]
+                         ) -> np.ndarray:
+        """Each of `items` of field `f`: the mean of its 4-neighbours (in the item's own
+        grid: cells, or pooling blocks) that this node holds and has; 0 without any."""
+        buffer, slots = wave.buffers[self.plan.buffers[f]], self.plan.slots[self.plan.buffers[f]]
+        values = np.zeros((len(items), buffer.shape[1], buffer.shape[2]), np.float32)
+        for row, (r, c) in enumerate(items):
+            near = [slots[n] for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1))
+                    if n in slots and self.plan.usable(wave, f, n)]
+            if near:
+                values[row] = buffer[near].mean(axis=0)
+        return values
+
+
+def _passed(deadlines: tuple[Deadline, ...], cursor: int, began: float, now: float,
+            seen: bytearray, overdue: list[int]) -> int:
+    """Move `cursor` past the deadlines (by time) at or before `now` of a phase that
+    began at `began`, adding to `overdue` the messages among them not yet seen."""
+    while cursor < len(deadlines) and began + deadlines[cursor].after <= now:
+        if not seen[deadlines[cursor].index]:
+            overdue.append(deadlines[cursor].index)
+        cursor += 1
+    return cursor

@@ -1,0 +1,339 @@
+"""A node's plan for one mesh: the tasks it runs (sends and computations), the messages
+it receives, where each item's values live, and one wave's state (`Wave`).
+
+Everything here follows from the mesh spec and the cell alone (meshdl/protocol.py); the
+node machine (nodes/agent.py) runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from enum import IntEnum
+from typing import NamedTuple
+
+import numpy as np
+
+from meshdl.messages import ITEM_BYTES, Kind, Message
+from meshdl.nodes.deadlines import Arrivals, Schedule
+from meshdl.payloads import BATCH_HEAD
+from meshdl.protocol import Field, MeshSpec, Mode, Send
+from meshdl.topology import Cell
+from meshdl.work import Work
+
+Item = tuple[Field, Hashable]
+Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
+Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
+
+
+class Role(IntEnum):
+    """How a node takes a message of its plan (`Expect.role`)."""
+
+    PARAMETERS = 0  # PARAMS: the conv parameters and normalization of a wave
+    SAMPLES = 1  # BATCH: mode, split and sample indices of a wave
+    PARTIAL_GRADIENTS = 2  # REDUCE from a tree child: a vector added to this node's own
+    ITEMS = 3  # any other kind: values of items, stored in the slots of a field buffer
+
+    @property
+    def starts_wave(self) -> bool:
+        """PARAMS and BATCH: together they start a wave."""
+        return self in (Role.PARAMETERS, Role.SAMPLES)
+
+
+class Computation(NamedTuple):
+    """A task that runs one of this node's kernels."""
+
+    method: str  # the NodeMachine step: conv, pool, route, dz_top, grad, dinput, reduce
+    layer: int
+    stage: str  # its name in the wave's timing ("conv1", "pool", ...)
+
+
+class SendJob(NamedTuple):
+    """A task that sends the values of some items: a slice of one field buffer."""
+
+    kind: Kind
+    dst: Cell
+    buffer: int
+    rows: Rows
+    layer: int
+    phase: int
+
+
+class Job(NamedTuple):
+    """One task of a node's plan, ready to run: a send, or a computation's method."""
+
+    train_only: bool
+    send: SendJob | None
+    run: Callable[[Wave, int, list[Message]], None] | None
+    layer: int
+    stage: str
+    work: Work = Work(0)  # a computation's floating-point operations (meshdl/work.py)
+
+
+class Expect(NamedTuple):
+    """A message this node's plan receives, keyed by (kind, layer, phase, source)."""
+
+    role: Role  # how `NodeMachine._accept` takes it
+    dst: Cell  # the header's destination: this cell, or ALL for the edge's broadcasts
+    rows: int = 0  # ITEMS: items carried, a payload row each ...
+    channels: int = 0  # ... of (channels, batch) values
+    train_only: bool = False
+    buffer: int = -1  # ITEMS: the field buffer its rows go to ...
+    slots: Rows = slice(0)  # ... and where in it
+    index: int = 0  # its flag in a wave's `seen`
+    waiters: tuple[int, ...] = ()  # the tasks waiting for it
+
+
+GRADIENTS = ("dz", "route", "dpooled")  # fields filled with zeros whatever the policy
+# `Wave.seen`: a message came; its deadline passed; it came after its deadline.
+RECEIVED, FILLED_IN, LATE = 1, 2, 3
+
+ITEMS = Role.ITEMS  # the hot path's comparison, without an attribute lookup
+MODES = tuple(Mode)  # by value, without the enum's lookup
+
+
+class NodePlan:
+    """A node's tasks, the sources each waits for, and where each item's values live;
+    built once, shared by all waves.
+
+    Storage: the items of one field (say the activations ("a", 1) of the cells in this
+    node's window, own cell included) are the slots of one (slots, channels, batch) array
+    per wave. Every item has exactly one writer, a message of the plan or one of this
+    node's computations, so a slot is written once per wave; a message in or out is one
+    indexing of that array (a slice where its items are adjacent: slots follow the
+    items' row-major order, as strips do), a compute kernel reads its window by slot
+    numbers, and a wave's storage is a handful of arrays, not thousands of small ones.
+    """
+
+    def __init__(self, spec: MeshSpec, cell: Cell) -> None:
+        topo, layers = spec.topology, spec.model.conv_layers
+        if cell not in topo.members:  # left out of this mesh: nothing to do in it
+            self._empty()
+            return
+        before, after = spec.offsets
+        block = topo.block_of(cell)
+        leads = topo.leader.get(block) == cell
+        members = topo.pool_members(block)
+        self.writer: dict[Item, Source] = {}
+        received = spec.expects[cell]
+        for key, send in received.items():
+            self._write(send.field, send.items, key)
+        # What this node computes itself: its cell's activations and output gradients; a
+        # block leader also its block's pooled features and each member's routed gradient.
+        for layer in range(layers + 1):
+            self._write(("a", layer), [cell])
+        for layer in range(1, layers + 1):
+            self._write(("dz", layer), [cell])
+        if leads:
+            self._write(("pooled",), [block])
+            self._write(("route",), members)
+        # Window cells whose values no message brings (absent cells, or relayed only
+        # through them): orphans, filled in before the kernel that reads them.
+        self.orphans: dict[Field, list[Hashable]] = {}
+        windows = [(("a", layer - 1), topo.window(cell, before, after))
+                   for layer in range(1, layers + 1)]
+        windows += [(("dz", layer), topo.window(cell, after, before))
+                    for layer in range(2, layers + 1)]
+        # A cell that cannot reach its block's leader (dead cells in between) is pooled
+        # by nobody: no gradient is routed back to it.
+        if cell not in members:
+            windows.append((("route",), [cell]))
+        for f, window in windows:
+            for c in window:
+                if (f, c) not in self.writer:
+                    self.orphans.setdefault(f, []).append(c)
+                    self.writer[(f, c)] = (f, c)
+        orphaned = {(f, c) for f, items in self.orphans.items() for c in items}
+        fields: dict[Field, list[Hashable]] = {}
+        for f, item in self.writer:
+            fields.setdefault(f, []).append(item)
+        self.buffers = {f: index for index, f in enumerate(fields)}  # field -> buffer
+        self.slots = [{item: slot for slot, item in enumerate(sorted(items))}
+                      for items in fields.values()]  # per buffer: item -> slot
+        self.buffer_channels = [spec.item_shape(f, 0)[0] for f in fields]
+
+        self.inbox: dict[tuple, Expect] = {
+            key: Expect(Role.ITEMS, cell, len(send.items), spec.item_shape(send.field, 0)[0],
+                        send.train_only, self.buffers[send.field],
+                        self.rows(send.field, send.items))
+            for key, send in received.items()}
+        control, to = spec.control_source(cell), spec.control_destination or cell
+        self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(Role.PARAMETERS, to)
+        self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(Role.SAMPLES, to)
+        for child in topo.children[cell]:
+            key = (Kind.REDUCE, 0, 0, child)
+            self.inbox[key] = Expect(Role.PARTIAL_GRADIENTS, cell, train_only=True)
+            self.writer[(("reduce",), child)] = key  # no buffer: REDUCE is a vector
+
+        # (task, needs, train only): computations, then sends, in a fixed order. A
+        # computation needs every item its kernel reads, so it runs only once they all
+        # exist, in whatever order messages arrive (a message may come early, forged or
+        # not: it fills its slot and waits). Own results stand for what they were made
+        # from: ("a", layer) of this cell for the window conv `layer` read.
+        tasks: list[tuple[Computation | Send, list[Item], bool]] = []
+        for layer in range(1, layers + 1):
+            needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)
+                     if (("a", layer - 1), c) not in orphaned]
+            tasks.append((Computation("conv", layer, f"conv{layer}"), needs, False))
+        if leads:
+            needs = [(("a", layers), c) for c in members]
+            tasks.append((Computation("pool", layers, "pool"), needs, False))
+            needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
+            tasks.append((Computation("route", layers, "route"), needs, True))
+        needs = [(("route",), cell)] if cell in members else []
+        needs.append((("a", layers), cell))  # ReLU's mask
+        tasks.append((Computation("dz_top", layers, "dz_top"), needs, True))
+        for layer in range(layers, 0, -1):
+            needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
+            tasks.append((Computation("grad", layer, f"grad{layer}"), needs, True))
+            if layer > 1:
+                needs = [(("dz", layer), c) for c in topo.window(cell, after, before)
+                         if (("dz", layer), c) not in orphaned]
+                needs.append((("a", layer - 1), cell))  # ReLU's mask below
+                tasks.append((Computation("dinput", layer, f"dinput{layer}"), needs, True))
+        needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
+        needs += [(("reduce",), child) for child in topo.children[cell]]
+        tasks.append((Computation("reduce", 0, "reduce"), needs, True))
+        for send in spec.sends[cell]:
+            tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
+
+        self.tasks = [task for task, _, _ in tasks]
+        # A send's values: (buffer, slots) of its items.
+        self.send_rows: list[tuple[int, Rows] | None] = [
+            (self.buffers[task.field], self.rows(task.field, task.items))
+            if isinstance(task, Send) else None for task, _, _ in tasks]
+        self.train_only = [train for _, _, train in tasks]
+        self.waiters: dict[Source, list[int]] = {}
+        self.needs_count: list[int] = []
+        for index, (_, needs, _) in enumerate(tasks):
+            # An item nobody writes is a computation's marker (("grad", layer), cell).
+            sources = dict.fromkeys(self.writer.get(item, item) for item in needs)
+            self.needs_count.append(len(sources))
+            for source in sources:
+                self.waiters.setdefault(source, []).append(index)
+        self.inbox = {key: expect._replace(index=index, waiters=self.waiting_for(key))
+                      for index, (key, expect) in enumerate(self.inbox.items())}
+        self.keys = list(self.inbox)  # by `Expect.index`
+        self.expected = list(self.inbox.values())
+        # What each message carries (field, items): a best-effort node fills them in
+        # when one misses its deadline (nodes/deadlines.py).
+        self.carries: list[tuple[Field, tuple[Hashable, ...]]] = [
+            (received[key].field, tuple(received[key].items)) if key in received else
+            (("reduce",), ()) for key in self.keys]
+        # Which task makes each of this node's own items (its own readings are there
+        # from the wave's start): a neighbour's value is usable once it is made.
+        self.maker: dict[Item, int] = {}
+        for index, (task, _, _) in enumerate(tasks):
+            if isinstance(task, Computation):
+                for item in _made_by(task, cell, block, members):
+                    self.maker[item] = index
+        self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
+                       for mode in Mode}
+        self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
+        # What a sender may have waiting here: two waves' worth of its messages, each at
+        # the largest batch (an honest sender is at most one wave ahead).
+        self.early_bytes: dict[Cell, int] = {}
+        for (_, _, _, src), expect in self.inbox.items():
+            values = {Role.ITEMS: expect.rows * expect.channels * spec.max_batch,
+                      Role.PARTIAL_GRADIENTS: spec.conv_size,
+                      Role.PARAMETERS: spec.params_size,
+                      Role.SAMPLES: spec.max_batch + BATCH_HEAD}[expect.role]
+            self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * ITEM_BYTES * values
+        self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
+                                                          strict=True)]
+
+    def _empty(self) -> None:
+        """The plan of a cell the mesh leaves out: no messages, no tasks."""
+        self.writer, self.buffers, self.slots, self.buffer_channels = {}, {}, [], []
+        self.inbox, self.keys, self.expected, self.carries = {}, [], [], []
+        self.maker, self.orphans, self.tasks, self.send_rows = {}, {}, [], []
+        self.train_only, self.waiters, self.needs_count = [], {}, []
+        self.active = dict.fromkeys(Mode, 0)
+        self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
+
+    def usable(self, wave: Wave, f: Field, item: Hashable) -> bool:
+        """Has this wave got the values of item `item` of field `f` (received, not
+        filled in; or computed here)?"""
+        writer = self.writer[(f, item)]
+        if item in self.orphans.get(f, ()):
+            return False
+        if writer == (f, item):  # this node's own
+            maker = self.maker.get(writer)
+            return maker is None or bool(wave.done[maker])
+        return wave.seen[self.inbox[writer].index] == RECEIVED
+
+    def _write(self, f: Field, items: Iterable[Hashable], writer: Source | None = None
+               ) -> None:
+        """Record who writes `items` of field `f`: a message (its inbox key), or (None)
+        this node's own computations, each known by the item it makes."""
+        for item in items:
+            if (f, item) in self.writer:  # the plan would write a slot twice in a wave
+                raise ValueError(f"item {(f, item)} has two writers")
+            self.writer[(f, item)] = (f, item) if writer is None else writer
+
+    def waiting_for(self, source: Source) -> tuple[int, ...]:
+        """The tasks that wait for a message (its inbox key) or a computation (the item
+        it makes)."""
+        return tuple(self.waiters.get(source, ()))
+
+    def slot(self, f: Field, item: Hashable) -> int:
+        return self.slots[self.buffers[f]][item]
+
+    def rows(self, f: Field, items: Iterable[Hashable]) -> Rows:
+        """The slots of `items` in field `f`'s buffer: a slice when they are a run."""
+        slots = [self.slot(f, item) for item in items]
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            return slice(slots[0], slots[0] + len(slots))
+        return np.array(slots, np.intp)
+
+
+class Wave:
+    """Everything a node knows about one wave (one step number of one edge session)."""
+
+    def __init__(self, step: int, session: int, plan: NodePlan) -> None:
+        self.step = step
+        self.session = session
+        self.mode: Mode | None = None
+        self.training = False
+        self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
+        self.params_payload: np.ndarray | None = None  # all of it (the plan's tail too)
+        self.batch_payload: np.ndarray | None = None
+        self.batch = 0
+        self.buffers: list[np.ndarray] = []  # per field: (slots, channels, batch)
+        self.reduce: dict[Cell, np.ndarray] = {}  # children's REDUCE payloads
+        self.missing = list(plan.needs_count)  # per task: sources still to come
+        self.ready: list[int] = list(plan.ready_at_start)
+        self.tasks_done = 0
+        self.grad: np.ndarray | None = None  # training: this subtree's conv gradients
+        self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
+        self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)
+        self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
+        self.seen = bytearray(len(plan.inbox))  # per inbox key: RECEIVED or FILLED_IN
+        self.done = bytearray(len(plan.tasks))  # per task: has run
+        self.finished_at: dict[str, float] = {}
+        # Best effort (nodes/deadlines.py): this wave's deadlines, from when each phase
+        # began (as a list by time, and per inbox entry); how far each list has been
+        # gone through; messages filled in.
+        self.arrivals: Arrivals | None = None
+        self.schedule: Schedule | None = None
+        self.learnt: dict[int, float] | None = None  # learning: when each message came
+        self.after: dict[int, float] = {}
+        self.started_at = 0.0
+        self.backward_at: float | None = None
+        self.next_forward = self.next_backward = 0
+
+
+def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
+             ) -> list[Item]:
+    """The items a computation writes (grad and reduce write none: their results are
+    the wave's gradient vector)."""
+    if task.method == "conv":
+        return [(("a", task.layer), cell)]
+    if task.method == "pool":
+        return [(("pooled",), block)]
+    if task.method == "route":
+        return [(("route",), c) for c in members]
+    if task.method == "dz_top":
+        return [(("dz", task.layer), cell)]
+    if task.method == "dinput":
+        return [(("dz", task.layer - 1), cell)]
+    return []
