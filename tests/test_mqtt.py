@@ -10,7 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import aiomqtt
 import numpy as np
@@ -585,16 +587,22 @@ def test_the_mqtt_benchmark_trains_the_configured_run_and_reports_its_ratios(
         result["messages_per_s"] / result["broker_messages_per_s"])
 
 
-def test_a_node_host_killed_for_good_leaves_training_to_finish_around_its_cells(
-        small_mesh, mosquitto, tmp_path) -> None:
-    """Best effort over MQTT: three node hosts; after the first epoch the one serving
-    row 3 is killed (SIGKILL) and never restarted. Row 2 misses its messages at the
-    deadlines it learnt, reports it silent, the edge plans around row 3, and training
-    finishes, the edge naming the dead cells."""
+class BestEffortRun(NamedTuple):
+    """A best-effort run over MQTT: its edge process, three node hosts (rows 0-1, row 2,
+    row 3), the mesh file and the run directory."""
+
+    edge: subprocess.Popen[str]
+    hosts: list[subprocess.Popen[bytes]]
+    mesh_file: Path
+    run: Path
+
+
+def _best_effort_run(small_mesh, mosquitto: Mosquitto, tmp_path: Path, epochs: int,
+                     mesh: str) -> BestEffortRun:
     _, _, mesh_file, data_file, _ = small_mesh
     best = tmp_path / "best.toml"
-    best.write_text(mesh_file.read_text().replace("epochs = 2", "epochs = 4") +
-                    '\n[mesh]\nrecovery = "best-effort"\npolicy = "neighbours"\n')
+    best.write_text(mesh_file.read_text().replace("epochs = 2", f"epochs = {epochs}") +
+                    f'\n[mesh]\nrecovery = "best-effort"\n{mesh}\n')
     hosts = [_node_host_process(mosquitto, best, data_file, cells)
              for cells in ("0-1,0-4", "2,0-4", "3,0-4")]
     run = tmp_path / "run"
@@ -603,11 +611,27 @@ def test_a_node_host_killed_for_good_leaves_training_to_finish_around_its_cells(
          "--mesh", str(best), "--data", str(data_file), "--out", str(run),
          "--nodes-timeout", "60", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return BestEffortRun(edge, hosts, best, run)
+
+
+def _wait_for(done: Callable[[], bool], edge: subprocess.Popen[str]) -> None:
+    """Until `done()` holds or the edge has stopped, for at most 4 minutes."""
+    for _ in range(2400):
+        if done() or edge.poll() is not None:
+            return
+        time.sleep(0.1)
+
+
+def test_a_node_host_killed_for_good_leaves_training_to_finish_around_its_cells(
+        small_mesh, mosquitto, tmp_path) -> None:
+    """Best effort over MQTT: three node hosts; after the first epoch the one serving
+    row 3 is killed (SIGKILL) and never restarted. Row 2 misses its messages at the
+    deadlines it learnt, reports it silent, the edge plans around row 3, and training
+    finishes, the edge naming the dead cells."""
+    edge, hosts, _, run = _best_effort_run(small_mesh, mosquitto, tmp_path, 4,
+                                           'policy = "neighbours"')
     try:
-        for _ in range(2400):  # the first epoch's checkpoint, within 4 minutes
-            if (run / "checkpoint.npz").exists() or edge.poll() is not None:
-                break
-            time.sleep(0.1)
+        _wait_for((run / "checkpoint.npz").exists, edge)  # the first epoch is done
         hosts[2].kill()
         out, err = edge.communicate(timeout=240)
         assert edge.returncode == 0, err
@@ -630,34 +654,18 @@ def test_a_node_host_that_comes_back_says_hello_and_is_planned_back_in(
     """Best effort over MQTT: the host of row 3 is killed after the first epoch; once the
     edge plans around its cells it starts again, says hello after `hello_after_s`, and
     the edge takes its cells back in before training ends."""
-    _, _, mesh_file, data_file, _ = small_mesh
-    best = tmp_path / "best.toml"
-    best.write_text(mesh_file.read_text().replace("epochs = 2", "epochs = 12") +
-                    '\n[mesh]\nrecovery = "best-effort"\nhello_after_s = 1.0\n')
-    hosts = [_node_host_process(mosquitto, best, data_file, cells)
-             for cells in ("0-1,0-4", "2,0-4", "3,0-4")]
-    run = tmp_path / "run"
-    edge = subprocess.Popen(
-        [sys.executable, "-m", "meshdl", "edge", "run", "--broker", mosquitto.url,
-         "--mesh", str(best), "--data", str(data_file), "--out", str(run),
-         "--nodes-timeout", "60", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    edge, hosts, best, run = _best_effort_run(small_mesh, mosquitto, tmp_path, 12,
+                                              "hello_after_s = 1.0")
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(edge.stderr), daemon=True)
     reader.start()
     try:
-        for _ in range(2400):
-            if (run / "checkpoint.npz").exists() or edge.poll() is not None:
-                break
-            time.sleep(0.1)
+        _wait_for((run / "checkpoint.npz").exists, edge)
         hosts[2].kill()
         hosts[2].wait(30)
-        for _ in range(2400):  # until the edge plans around row 3
-            if any("planning around dead cells r3c0" in line for line in lines) or \
-                    edge.poll() is not None:
-                break
-            time.sleep(0.1)
-        hosts[2] = _node_host_process(mosquitto, best, data_file, "3,0-4")
+        _wait_for(lambda: any("planning around dead cells r3c0" in line for line in lines),
+                  edge)
+        hosts[2] = _node_host_process(mosquitto, best, small_mesh[3], "3,0-4")
         out = edge.stdout.read()
         assert edge.wait(240) == 0, "".join(lines)
     finally:
