@@ -202,11 +202,26 @@ class NodeMachine(BestEffortNode):
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one decoded message; return the messages this node sends in response."""
         h = message.header
-        if h.kind == Kind.PARAMS and not self._take_plan_from_params(message):
-            return []
-        if h.kind == Kind.HEALTH:
-            return self._health(message)
         expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
+        wave = self.wave
+        if expect is not None and expect.role == ITEMS and wave is not None and \
+                h.step == wave.step and h.session == wave.session and \
+                h.mesh == self.mesh_id and h.dst == expect.dst:
+            return self._take_items(wave, message, expect, now)  # most messages
+        return self._handle_other(message, expect, now)
+
+    def _handle_other(self, message: Message, expect: Expect | None,
+                      now: float) -> list[Message]:
+        """Everything but a neighbour's items for the current wave: PARAMS (which may
+        bring another plan), HEALTH, what this plan does not expect, and the wave
+        events."""
+        h = message.header
+        if h.kind == Kind.PARAMS:
+            if not self._take_plan_from_params(message):
+                return []
+            expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))  # its plan's
+        elif h.kind == Kind.HEALTH:
+            return self._health(message)
         if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
             if self.plans_change and h.kind != Kind.PARAMS and \
                     h.mesh == self.mesh_id and h.dst == self.cell and self._ahead(h) and \
@@ -218,7 +233,7 @@ class NodeMachine(BestEffortNode):
         wave = self.wave
         if expect.role == ITEMS and wave is not None and h.step == wave.step and \
                 h.session == wave.session:
-            return self._take_items(wave, message, expect, now)  # most messages
+            return self._take_items(wave, message, expect, now)
         return self._handle_wave_event(message, expect, now)
 
     def _take_items(self, wave: Wave, message: Message, expect: Expect,
@@ -243,7 +258,7 @@ class NodeMachine(BestEffortNode):
         wave.buffers[expect.buffer][expect.slots] = payload
         wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
-        if wave.schedule is not None or wave.learnt is not None:
+        if wave.timing:
             self._took(wave, expect, now)
         self._arrived(wave, expect.waiters)
         out: list[Message] = []
@@ -284,7 +299,7 @@ class NodeMachine(BestEffortNode):
             return []
         wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
-        if wave.schedule is not None or wave.learnt is not None:
+        if wave.timing:
             self._took(wave, expect, now)
         if wave.ready:
             self._run_ready(wave, now, out)
@@ -499,8 +514,10 @@ class NodeMachine(BestEffortNode):
             wave.arrivals = arrivals
             if arrivals is None and self.learning is not None:
                 wave.learnt = {}  # this wave is waited out, and teaches the deadlines
+                wave.timing = True
             if arrivals is not None:
                 wave.schedule = arrivals.schedule()
+                wave.timing = True
                 wave.after = {d.index: d.after for d in wave.schedule.forward}
                 wave.after.update((d.index, d.after) for d in wave.schedule.backward)
         params = wave.params_vector

@@ -316,6 +316,7 @@ class Wave:
         self.arrivals: Arrivals | None = None
         self.schedule: Schedule | None = None
         self.learnt: dict[int, float] | None = None  # learning: when each message came
+        self.timing = False  # deadlines or learning: each arrival's time counts
         self.after: dict[int, float] = {}
         self.started_at = 0.0
         self.backward_at: float | None = None
