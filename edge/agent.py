@@ -172,11 +172,11 @@ class EdgeMachine:
 
     def weigh_health(self) -> None:
         """Before a wave (once; `_begin` does it if the transport has not): take the
-        reported cells out of the plan, or back in. A cell
-        whose tree parent is suspected too is only cut off, not dead: it is kept (it
-        hears from another parent once the dead one is planned around). The edge moves
-        to its next attachment cell when nothing came from its own for
-        `SILENT_WAVES` waves."""
+        reported cells out of the plan, and those that said hello back in. Where PARAMS
+        flood down the tree, a reported cell whose tree parent is reported too may only
+        be cut off behind it: it is kept for now (it hears from another parent once the
+        dead one is planned around, or is reported again). The edge moves to its next
+        attachment cell when nothing came from its own for `SILENT_WAVES` waves."""
         if not self.watch_health or self._weighed:
             return
         self._weighed = True
