@@ -273,3 +273,15 @@ def test_any_mix_of_faults_finishes_every_best_effort_wave(
         result = mesh.run_wave(mode, Split.TRAIN, np.arange(3))  # raises if it hangs
         assert result.skipped or np.isfinite(result.logits).all()
     assert np.isfinite(mesh.queue.now)
+
+
+def test_a_checkpoint_keeps_the_steps_an_epoch_skipped(tmp_path) -> None:
+    from meshdl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+
+    saved = Checkpoint(config={}, epochs_done=1, params=np.zeros(3, np.float32),
+                       optimizer={"steps": np.zeros(1), "first_moment": np.zeros(3),
+                                  "second_moment": np.zeros(3)},
+                       batch_order={}, epochs=[], steps_done=4, epoch_skipped=2,
+                       epoch_skipped_samples=16)
+    loaded = load_checkpoint(save_checkpoint(tmp_path, saved).parent)
+    assert (loaded.epoch_skipped, loaded.epoch_skipped_samples) == (2, 16)

@@ -305,3 +305,15 @@ def make_halo(step: int):
     from meshdl.messages import make
 
     return make(Kind.HALO, 1, step, (1, 0), (1, 1), np.ones((1, 1, 4), np.float32), layer=1)
+
+
+def test_a_node_taking_part_in_a_wave_never_says_hello_however_long_it_runs() -> None:
+    from tests.test_best_effort import _node, _start
+
+    spec, node = _node(Policy.ZERO)
+    node.hello_after = 1.0
+    assert node.next_deadline() == pytest.approx(1.0)  # booted, no wave: hello is due
+    assert len(node.tick(1.0)) == 4 and node.stats["hellos"] == 1  # to each neighbour
+    _start(spec, node, 1, now=2.0)
+    node.tick(1000.0)  # its wave long overdue: it fills in, it does not say hello
+    assert node.stats["hellos"] == 1 and node.stats["filled_in"] > 0
