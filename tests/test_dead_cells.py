@@ -317,3 +317,17 @@ def test_a_node_taking_part_in_a_wave_never_says_hello_however_long_it_runs() ->
     _start(spec, node, 1, now=2.0)
     node.tick(1000.0)  # its wave long overdue: it fills in, it does not say hello
     assert node.stats["hellos"] == 1 and node.stats["filled_in"] > 0
+
+
+def test_a_node_down_between_two_waves_draws_no_power_for_exactly_that_time() -> None:
+    mesh = _live_mesh()
+    batch = np.arange(4)
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+    mesh.kill((3, 4))
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+    wave = mesh.waves[-1]
+    mesh.revive((3, 4))
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, batch)
+    assert mesh.usage[Mode.TRAIN].down[(3, 4)] == pytest.approx(wave.end - wave.start)
+    faults = sim_report(mesh, Mode.TRAIN)["faults"]
+    assert {"messages_lost", "messages_expired", "messages_to_dead"} <= set(faults)
