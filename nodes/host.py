@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -116,13 +117,8 @@ class NodeHost:
         out: list[Message] = []
         for node in self.nodes.values():
             due = node.next_deadline()
-            if due is None or due > now or node.cell in self.failed:
-                continue
-            try:
-                out.extend(node.tick(now))
-            except Exception as exc:  # as in `_handle_in`: never the whole host
-                self.failed[node.cell] = f"{type(exc).__name__}: {exc}"[:200]
-                self.stats["failed_cells"] += 1
+            if due is not None and due <= now and node.cell not in self.failed:
+                out.extend(self._isolated(node, node.tick, now))
         return self._deliver_locally(out, now) if self.local_delivery else out
 
     def _handle_in(self, node: NodeMachine, message: Message, now: float) -> list[Message]:
@@ -132,9 +128,15 @@ class NodeHost:
         if node.cell in self.failed:
             self.stats["rejected:cell_failed"] += 1
             return []
+        return self._isolated(node, node.handle, message, now)
+
+    def _isolated(self, node: NodeMachine, call: Callable[..., list[Message]],
+                  *args: Any) -> list[Message]:
+        """`call(*args)` of one cell's machine; if it raises (a bug, whatever the input),
+        the cell is isolated and named, never the whole host."""
         try:
-            return node.handle(message, now)
-        except Exception as exc:  # a bug, whatever the message: never the whole host
+            return call(*args)
+        except Exception as exc:
             self.failed[node.cell] = f"{type(exc).__name__}: {exc}"[:200]
             self.stats["failed_cells"] += 1
             return []
