@@ -140,6 +140,26 @@ class MeshConfig(_Strict):
         "own dies, in order")
 
 
+class ParallelConfig(_Strict):
+    """Several meshes training one model through a parameter server (meshdl/server)."""
+
+    meshes: int = Field(1, ge=1, le=64, description="meshes of the same grid, each "
+                        "with its own edge, training one model (1: a single mesh)")
+    sync: str = Field("bsp", pattern=r"^(bsp|async|ssp:\d{1,4})$",
+                      description="how the meshes keep step: bsp, ssp:S (at most S "
+                      "updates behind) or async")
+    overlap: bool = Field(False, description="send each layer's gradient as soon as it "
+                          "exists and start flooding each layer's new parameters as soon "
+                          "as it arrives")
+
+    @model_validator(mode="after")
+    def _sync_parses(self) -> ParallelConfig:
+        from meshdl.server.sync import Sync  # the server's one reading of the name
+
+        Sync.parse(self.sync)
+        return self
+
+
 class RunConfig(BaseSettings):
     """Everything one `meshdl train` run needs, from defaults, TOML, environment and flags."""
 
@@ -152,6 +172,7 @@ class RunConfig(BaseSettings):
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     mesh: MeshConfig = MeshConfig()
+    parallel: ParallelConfig = ParallelConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -181,6 +202,9 @@ class RunConfig(BaseSettings):
                 r not in (0, rows - 1) and c not in (0, cols - 1)):
             raise ValueError(f"mesh.edge_at: {self.mesh.edge_at} is not a border cell of the "
                              f"{rows} x {cols} grid")
+        if self.mesh.mesh_id + self.parallel.meshes - 1 > 0xFFFF:
+            raise ValueError(f"parallel.meshes: {self.parallel.meshes} meshes from id "
+                             f"{self.mesh.mesh_id} run past the header's 65535")
         return self
 
     @classmethod

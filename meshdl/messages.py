@@ -12,10 +12,10 @@ edge picks a new one when it starts, and nodes follow the PARAMS of a new sessio
 whatever its step, so a restarted edge always takes its mesh back. The header is a
 multiple of 16 bytes, so that a payload read in place from the received bytes is aligned.
 
-The edge is cell (-1, -1), "every node" (-2, -2). Decoding rejects, with a `CodecError`,
-anything truncated, oversized, of another version, kind, dtype or mesh, or whose shape
-does not match the payload length. Never pickle: the payload is `ndarray.tobytes()` and
-`np.frombuffer`.
+The edge is cell (-1, -1), "every node" (-2, -2), the parameter server (-2, -1).
+Decoding rejects, with a `CodecError`, anything truncated, oversized, of another
+version, kind, dtype or mesh, or whose shape does not match the payload length. Never
+pickle: the payload is `ndarray.tobytes()` and `np.frombuffer`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ PROTOCOL_VERSION = 2  # 2: the header's u16 at byte 26 carries the edge's sessio
 MAGIC = b"MD"
 EDGE = (-1, -1)  # the edge's "cell" in headers
 ALL = (-2, -2)  # destination of the edge's broadcasts to every node
+SERVER = (-2, -1)  # the parameter server's "cell" (several meshes, one model)
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # what the codec accepts at all
 # What one message may weigh, header included, unless the mesh configuration says
 # otherwise: the production broker's message_size_limit (deploy/mosquitto/production.conf).
@@ -61,12 +62,17 @@ class Kind(IntEnum):
     GRAD_HALO = 8  # d(loss)/d(conv output) for a neighbour's transposed convolution
     REDUCE = 9  # partial conv-parameter gradients of a subtree, summed on the way up
     HEALTH = 10  # int32 cells suspected dead (+n+1) or back (-(n+1)), up the tree
+    # Several meshes, one model (meshdl/server): between each mesh's edge and the
+    # parameter server, over the backhaul.
+    PUSH = 11  # a mesh's gradient of one step, with its loss (meshdl/payloads.py)
+    WEIGHTS = 12  # the server's parameters after an update, to the edges
 
 
 CLASS_OF = {
     Kind.PARAMS: "params", Kind.BATCH: "params", Kind.HALO: "halo", Kind.POOL: "pool",
     Kind.GATHER: "gather", Kind.SCATTER: "scatter", Kind.ROUTE: "scatter",
     Kind.GRAD_HALO: "grad-halo", Kind.REDUCE: "reduce", Kind.HEALTH: "health",
+    Kind.PUSH: "push", Kind.WEIGHTS: "weights",
 }
 
 DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4")}

@@ -9,7 +9,13 @@
     HEALTH  int32    cells a node found silent, +(n + 1), or back, -(n + 1) (a hello),
                      n = row x cols + col
     BATCH   int32    mode, split, then one sample index per sample of the wave
+    PUSH    float32  based_on, samples, correct, loss, then the gradient of every
+                     parameter (the model's flat order), the mean over the samples
+    WEIGHTS float32  every parameter (the model's flat order), of the version the
+                     header's step names
 
+Several meshes training one model (meshdl/server) exchange PUSH and WEIGHTS between
+each mesh's edge and the parameter server (`Push`).
 The edge packs PARAMS and BATCH (edge/agent.py); nodes read them and pack REDUCE
 (nodes/agent.py), through the same `ParamsLayout` and `BatchOrder`, so the two sides
 cannot disagree on an offset.
@@ -131,3 +137,37 @@ class BatchOrder(NamedTuple):
 
 
 BATCH_HEAD = 2  # values of a BATCH before its indices (mode, split)
+
+
+PUSH_HEAD = 4  # values of a PUSH before its gradient
+EXACT_FLOAT32 = 1 << 24  # whole numbers up to here are exact in float32
+
+
+class Push(NamedTuple):
+    """What a PUSH says: one mesh's gradient of one step and what it was computed on."""
+
+    based_on: int  # the version of the weights the mesh computed it with
+    samples: int  # in its shard (0: nothing to learn from, as a skipped wave)
+    correct: int  # of those samples, predicted right in the forward pass
+    loss: float  # mean over the samples
+    gradient: np.ndarray  # float32, the mean over the samples
+
+    def pack(self) -> np.ndarray:
+        if not (0 <= self.based_on < EXACT_FLOAT32 and 0 <= self.samples < EXACT_FLOAT32):
+            raise ValueError(f"version {self.based_on} or {self.samples} samples beyond "
+                             "what a PUSH carries exactly (2^24)")
+        head = np.array([self.based_on, self.samples, self.correct, self.loss], np.float32)
+        return np.concatenate([head, np.asarray(self.gradient, np.float32)])
+
+    @classmethod
+    def read(cls, payload: np.ndarray, size: int) -> Push | None:
+        """The fields of a PUSH of a `size`-value gradient, or None if it is not a
+        well-formed one: float32 of the right length, whole non-negative counts, no more
+        correct than samples (finite values: the codec checks)."""
+        if payload.dtype != np.float32 or payload.shape != (PUSH_HEAD + size,):
+            return None
+        based_on, samples, correct, loss = (float(v) for v in payload[:PUSH_HEAD])
+        counts = (based_on, samples, correct)
+        if any(v < 0 or v != int(v) for v in counts) or correct > samples or loss < 0:
+            return None
+        return cls(int(based_on), int(samples), int(correct), loss, payload[PUSH_HEAD:])

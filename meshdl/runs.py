@@ -50,6 +50,7 @@ def metrics_record(config: RunConfig, history: History, extra: dict[str, Any] | 
         "final": history.final,
         "wall_s": round(history.wall_s, 3),
         **({"comm": history.comm} if history.comm else {}),
+        **({"parallel": history.parallel} if history.parallel else {}),
         **(extra or {}),
     }
 

@@ -94,6 +94,8 @@ class History:
     final: dict[str, Any] = field(default_factory=dict)  # see `final_metrics`
     wall_s: float = 0.0
     comm: dict[str, Any] = field(default_factory=dict)  # the engine's network report
+    # Several meshes (meshdl/parallel.py): the server's and each mesh's figures.
+    parallel: dict[str, Any] = field(default_factory=dict)
 
 
 ProgressFn = Callable[[int, int, int, float], None]  # (epoch, step, steps_per_epoch, loss)
@@ -191,7 +193,7 @@ def train(
         rng = np.random.default_rng(tc.seed)
         history = History()
         if resume is not None:
-            _restore(resume, config, model, optimizer, rng, history)
+            restore(resume, config, model, optimizer, rng, history)
         n_train, n_test = originals(data), len(data.y_test)
         test_pred = np.empty(0, np.int64)
         total = tc.epochs * -(-n_train // tc.batch)  # updates in the whole run
@@ -223,7 +225,7 @@ def train(
                     loss = float("nan")
                 except MeshdlError:  # the engine gave up: keep what is done, exactly
                     if checkpoints is not None and applied + epoch > 1:
-                        save_checkpoint(checkpoints, _checkpoint(
+                        save_checkpoint(checkpoints, checkpoint_of(
                             config, model, optimizer, history, epoch_start,
                             steps_done=applied, loss_sum=loss_sum, correct=correct,
                             skipped=(skipped, skipped_samples)))
@@ -244,7 +246,7 @@ def train(
                 test_pred = predictions(engine, model, "test", n_test)
             except MeshdlError:  # every update of the epoch done, its evaluation not
                 if checkpoints is not None:
-                    save_checkpoint(checkpoints, _checkpoint(
+                    save_checkpoint(checkpoints, checkpoint_of(
                         config, model, optimizer, history, epoch_start,
                         steps_done=applied, loss_sum=loss_sum, correct=correct,
                         skipped=(skipped, skipped_samples)))
@@ -258,7 +260,7 @@ def train(
                 skipped_steps=skipped,
             ))
             if checkpoints is not None:
-                save_checkpoint(checkpoints, _checkpoint(config, model, optimizer, history,
+                save_checkpoint(checkpoints, checkpoint_of(config, model, optimizer, history,
                                                          rng.bit_generator.state))
             if on_epoch is not None:
                 on_epoch(history.epochs[-1])
@@ -275,7 +277,7 @@ def train(
     return model, history
 
 
-def _checkpoint(config: RunConfig, model: CNN, optimizer: Optimizer, history: History,
+def checkpoint_of(config: RunConfig, model: CNN, optimizer: Optimizer, history: History,
                 batch_order: dict[str, Any], steps_done: int = 0, loss_sum: float = 0.0,
                 correct: int = 0, skipped: tuple[int, int] = (0, 0)) -> Checkpoint:
     """The run's state after the epochs in `history` and `steps_done` updates of the
@@ -287,7 +289,7 @@ def _checkpoint(config: RunConfig, model: CNN, optimizer: Optimizer, history: Hi
                       epoch_skipped=skipped[0], epoch_skipped_samples=skipped[1])
 
 
-def _restore(checkpoint: Checkpoint, config: RunConfig, model: CNN, optimizer: Optimizer,
+def restore(checkpoint: Checkpoint, config: RunConfig, model: CNN, optimizer: Optimizer,
              rng: np.random.Generator, history: History) -> None:
     """Put a run's saved state into its freshly made parts."""
     if checkpoint.config != config.model_dump(mode="json"):

@@ -90,6 +90,14 @@ class SimEngine(WaveEngine):
         with self._threadpools.limit(limits=1), cyclic_gc_paused():
             return mesh.run_wave(mode, split, indices)
 
+    @property
+    def last_wave_s(self) -> float:
+        """Simulated seconds of the last wave (its edge's update included)."""
+        if self.mesh is None or not self.mesh.waves:
+            return 0.0
+        last = self.mesh.waves[-1]
+        return last.end - last.start
+
     def report(self) -> dict[str, Any]:
         """The "comm" record of metrics.json, as the virtual mesh gives it; the wave's
         depth in simulated seconds (there are no rounds here)."""
@@ -146,6 +154,20 @@ def sim_report(mesh: TimedMesh, mode: Mode, baseline: dict[str, Any] | None = No
     if baseline is not None:
         report["baseline"] = baseline
     return report
+
+
+def mesh_summary(engine: SimEngine) -> dict[str, Any]:
+    """One mesh of several, in sim.json's "meshes": its radio and what its training
+    waves took."""
+    mesh = engine.mesh
+    if mesh is None:
+        return {"mesh_id": engine.mesh_id, "waves": 0}
+    usage = mesh.usage.get(Mode.TRAIN, Usage())
+    return {"mesh_id": engine.mesh_id, "radio": mesh.radio.name, "waves": usage.waves,
+            "makespan_s": usage.seconds,
+            "energy_j": mode_energy(mesh, usage)["total"],
+            "frames": sum(figures.frames for figures in usage.by_kind.values()),
+            "bytes": sum(figures.bytes for figures in usage.by_kind.values())}
 
 
 def _faults(mesh: TimedMesh) -> dict[str, Any]:

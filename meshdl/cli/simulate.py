@@ -45,6 +45,7 @@ from meshdl.nodes.deadlines import DEFAULT_K, Policy
 from meshdl.protocol import Mode
 from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
 from meshdl.sim import cloud, compare
+from meshdl.sim.backhaul import backhaul_profile
 from meshdl.sim.besteffort import BestEffort
 from meshdl.sim.dead import DeadCells
 from meshdl.sim.device import DeviceProfile, device, natural_device
@@ -52,7 +53,7 @@ from meshdl.sim.loss import FrameLoss
 from meshdl.sim.lounge import generate_lounge
 from meshdl.sim.media import natural_medium
 from meshdl.sim.radio import RadioProfile, profile, profiles
-from meshdl.sim.simulate import SimEngine, plot_energy, sim_report, write_trace
+from meshdl.sim.simulate import SimEngine, mesh_summary, plot_energy, sim_report, write_trace
 from meshdl.sim.stragglers import Stragglers
 from meshdl.sim.timed import TimedMesh
 from meshdl.topology import Cell, Topology
@@ -163,14 +164,16 @@ def _profiles(radio: str, medium: str, node: str | None, edge: str, radios: Path
 
 
 def _data_and_config(data: Path | None, config_file: Path | None, model: dict[str, Any],
-                     train: dict[str, Any], edge_at: str | None
+                     train: dict[str, Any], edge_at: str | None,
+                     parallel: dict[str, Any] | None = None
                      ) -> tuple[Dataset, RunConfig, str]:
     dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
     if dataset is not None:  # a data file fixes the grid unless the flags say otherwise
         model["rows"] = model["rows"] if model["rows"] is not None else dataset.rows
         model["cols"] = model["cols"] if model["cols"] is not None else dataset.cols
     config = load_run_config(config_file, mode="mesh", model=model, train=train,
-                             mesh={"edge_at": parse_cell(edge_at) if edge_at else None})
+                             mesh={"edge_at": parse_cell(edge_at) if edge_at else None},
+                             parallel=parallel)
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
             dataset = generate_lounge(config.data)
@@ -204,6 +207,16 @@ def simulate_train(
     recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
     trace: bool = typer.Option(False, "--trace/--no-trace", help="Write trace.jsonl (one "
                                "line per transmission: long for long runs)."),
+    meshes: int | None = typer.Option(None, "--meshes", help="Meshes of this grid, each "
+                                      "with its edge, training one model through a "
+                                      "parameter server (--batch is each mesh's share)."),
+    sync: str | None = typer.Option(None, "--sync", help="Several meshes: bsp, ssp:S or "
+                                    "async."),
+    backhaul: str = typer.Option("wifi", "--backhaul", help="Several meshes: the edges' "
+                                 "link to the server: wifi, ethernet or lte."),
+    straggler_radio: str | None = typer.Option(None, "--straggler-radio", help="Several "
+                                               "meshes: the last one runs on this radio "
+                                               "(a straggler mesh)."),
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
 ) -> None:
     """Train in the mesh under simulated time; sim.json says what it took on the radio."""
@@ -212,21 +225,42 @@ def simulate_train(
         data, config_file,
         {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
          "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
-        {"epochs": epochs, "batch": batch, "lr": lr, "seed": seed}, edge_at)
+        {"epochs": epochs, "batch": batch, "lr": lr, "seed": seed}, edge_at,
+        {"meshes": meshes, "sync": sync})
+    n_meshes = config.parallel.meshes
+    link = backhaul_profile(backhaul)
+    if straggler_radio is not None and n_meshes < 2:
+        raise UsageError("--straggler-radio needs --meshes 2 or more")
     run_dir = out or new_run_dir(name="simulate")
     view = training_data(config.train, dataset)
-    engine = SimEngine(view, radio_profile, medium, node, edge, seed=config.train.seed,
-                       trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
-                       params_via=_params_via(config, medium),
-                       max_message_bytes=config.mesh.max_message_bytes,
-                       loss=FrameLoss(loss, burst, fault_seed),
-                       stragglers=_stragglers(stragglers, slowdown, fault_seed),
-                       best_effort=_best_effort(recovery, policy, patience),
-                       failing=_dead(dead, fault_seed, config, recovery),
-                       attach=_attach(attach, config, recovery))
-    engine.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
+
+    def engine_of(i: int) -> SimEngine:
+        """Mesh i: its own id, backoffs and faults (seeds offset by i); the last one
+        on the straggler's radio, if any."""
+        chosen, nodes = radio_profile, node
+        if straggler_radio is not None and i == n_meshes - 1:
+            chosen, nodes, _ = _profiles(straggler_radio, medium, node_device,
+                                         edge_device, radios)
+        return SimEngine(view, chosen, medium, nodes, edge, seed=config.train.seed + i,
+                         trace=trace and i == 0, edge_at=config.mesh.edge_at,
+                         mesh_id=config.mesh.mesh_id + i,
+                         params_via=_params_via(config, medium),
+                         max_message_bytes=config.mesh.max_message_bytes,
+                         loss=FrameLoss(loss, burst, fault_seed + i),
+                         stragglers=_stragglers(stragglers, slowdown, fault_seed + i),
+                         best_effort=_best_effort(recovery, policy, patience),
+                         failing=_dead(dead, fault_seed + i, config, recovery),
+                         attach=_attach(attach, config, recovery))
+
+    engines = [engine_of(i) for i in range(n_meshes)]
+    for one in engines:
+        one.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
+    engine = engines[0]
     start_run(run_dir, config, source)
-    model, history = fit_with_progress(config, dataset, Fit(checkpoints=run_dir), engine)
+    model, history = fit_with_progress(
+        config, dataset, Fit(checkpoints=run_dir), engine if n_meshes == 1 else None,
+        engines=engines, wave_time=lambda all_, i: all_[i].last_wave_s, time_unit="s",
+        backhaul=link)
     mesh = engine.mesh
     assert mesh is not None
     steps = sum(1 for w in mesh.waves if w.mode == Mode.TRAIN)
@@ -235,10 +269,15 @@ def simulate_train(
         mesh.spec, radio_profile, medium, node, edge, originals(view), steps,
         config.train.batch, variant, config.train.seed)
         for variant in compare.variants(medium)}
-    report = _finish(run_dir, mesh, Mode.TRAIN, baseline, trace, epochs=config.train.epochs)
+    several = {} if n_meshes == 1 else {"parallel": history.parallel,
+                                        "meshes": [mesh_summary(e) for e in engines]}
+    report = _finish(run_dir, mesh, Mode.TRAIN, baseline, trace, several,
+                     epochs=config.train.epochs)
     write_run(run_dir, config, model, metrics_record(config, history, {"sim": report}),
               source)
     _say(report, run_dir)
+    if several:
+        _say_meshes(history.parallel)
     if json_out:
         emit_json(report)
 
@@ -336,6 +375,16 @@ def _finish(run_dir: Path, mesh: TimedMesh, mode: Mode, baseline: dict[str, Any]
         write_trace(mesh.trace, run_dir / "trace.jsonl")
     plot_energy(report, mesh.spec.model.rows, mesh.spec.model.cols, run_dir / "energy.png")
     return report
+
+
+def _say_meshes(parallel: dict[str, Any]) -> None:
+    """Several meshes: their throughput, staleness and backhaul in one line."""
+    link = parallel["backhaul"]
+    err_console.print(
+        f"{parallel['meshes']} meshes ({parallel['sync']}, {link['name']} backhaul): "
+        f"{parallel['samples_per_time']:.4g} samples per simulated second over "
+        f"{parallel['elapsed']:.4g} s; staleness max {parallel['staleness']['max']}; "
+        f"backhaul {link['bytes_up'] + link['bytes_down']:,} bytes", highlight=False)
 
 
 def _say(report: dict[str, Any], run_dir: Path) -> None:

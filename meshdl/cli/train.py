@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -32,6 +33,7 @@ from meshdl.errors import MeshdlError, UsageError
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
+from meshdl.parallel import train_parallel
 from meshdl.protocol import MeshSpec
 from meshdl.runs import (
     metrics_record,
@@ -88,6 +90,12 @@ def train(
     augment: str | None = typer.Option(None, "--augment", help="mirror (train on flipped "
                                        "maps too) or none."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of init and batch order."),
+    meshes: int | None = typer.Option(None, "--meshes", help="Meshes of this grid, each "
+                                      "with its edge, training one model through a "
+                                      "parameter server (--batch is each mesh's share)."),
+    sync: str | None = typer.Option(None, "--sync", help="Several meshes: bsp (each step "
+                                    "is one model's with batch N x --batch), ssp:S (a "
+                                    "mesh at most S updates behind) or async."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its last checkpoint, with its own "
                                        "configuration and data."),
@@ -102,7 +110,7 @@ def train(
             ("--pool", pool), ("--hidden", hidden), ("--epochs", epochs), ("--batch", batch),
             ("--lr", lr), ("--optimizer", optimizer), ("--warmup", warmup),
             ("--clip-norm", clip_norm), ("--augment", augment), ("--seed", seed),
-            ("--wire/--no-wire", wire))
+            ("--wire/--no-wire", wire), ("--meshes", meshes), ("--sync", sync))
             if value is not None]
         if given:
             raise UsageError(f"--resume continues the run as it was configured: drop "
@@ -127,6 +135,7 @@ def train(
                "warmup_fraction": warmup, "clip_norm": clip_norm, "augment": augment,
                "seed": seed},
         mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "wire": wire},
+        parallel={"meshes": meshes, "sync": sync},
     )
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
@@ -143,6 +152,9 @@ def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
         raise UsageError(f"--transport {transport!r}: expected virtual or mqtt (mesh mode)")
     if transport == "mqtt" and not broker:
         raise UsageError("--transport mqtt needs --broker mqtt://host[:port]")
+    if transport == "mqtt" and config.parallel.meshes > 1:
+        raise UsageError("--meshes runs virtual meshes: several meshes over MQTT are "
+                         "not built yet")
     start_run(run_dir, config, source)
     fit = Fit(checkpoints=run_dir, resume=checkpoint)
     try:
@@ -155,8 +167,11 @@ def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
     metrics = metrics_record(config, history)
     write_run(run_dir, config, model, metrics, source)
     final = history.final
+    meshes = f" on {config.parallel.meshes} meshes ({history.parallel['sync']})" \
+        if history.parallel else ""
     err_console.print(
-        f"[bold]{config.mode}[/] training{' over MQTT' if transport == 'mqtt' else ''} "
+        f"[bold]{config.mode}[/] training{meshes}"
+        f"{' over MQTT' if transport == 'mqtt' else ''} "
         f"done in {history.wall_s:.1f} s: "
         f"train acc {final['train_acc']:.4f}, test acc {final['test_acc']:.4f} -> {run_dir}",
         highlight=False,
@@ -188,10 +203,11 @@ def _fit_over_mqtt(config: RunConfig, dataset: Dataset, address: BrokerAddress,
 
 
 def fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
-                       engine: Engine | None = None) -> tuple[CNN, History]:
+                       engine: Engine | None = None, **parallel: Any) -> tuple[CNN, History]:
     """Train with a progress bar on stderr and each epoch's line as it ends (plain lines
     when stderr is not a terminal: a CI log or `| tee` sees the run go); the
-    communication summary comes after the epochs."""
+    communication summary comes after the epochs. Several meshes train through
+    `train_parallel`, which `parallel` options go to (engines, clock, backhaul)."""
     epochs = config.train.epochs
     columns = (TextColumn("epoch {task.fields[epoch]}/" + str(epochs)), BarColumn(),
                MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.4f}"),
@@ -207,9 +223,14 @@ def fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
             bar.console.print(f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train "
                               f"{e.train_acc:.4f}  test {e.test_acc:.4f}", highlight=False)
 
-        model, history = train_model(config, dataset, engine=engine, progress=on_step,
-                                     checkpoints=fit.checkpoints, resume=fit.resume,
-                                     on_epoch=on_epoch)
+        if config.parallel.meshes > 1:
+            model, history = train_parallel(config, dataset, progress=on_step,
+                                            checkpoints=fit.checkpoints, resume=fit.resume,
+                                            on_epoch=on_epoch, **parallel)
+        else:
+            model, history = train_model(config, dataset, engine=engine, progress=on_step,
+                                         checkpoints=fit.checkpoints, resume=fit.resume,
+                                         on_epoch=on_epoch)
     if history.comm.get("classes"):
         print_comm_summary(history.comm)
     return model, history

@@ -1,0 +1,160 @@
+"""The parameter server as a sans-I/O machine: gradients in, updates, weights out.
+
+It holds the one model the meshes train and its optimizer. Each mesh's edge pushes the
+gradient of its shard of every step (PUSH, meshdl/payloads.py) and reads the weights
+the server sends back (WEIGHTS). How they keep step is the `Sync` (server/sync.py):
+
+- synchronous (`bsp`, `ssp:S`): clock c's update waits for clock c's gradient from
+  every mesh and applies their mean, weighted by samples, as one optimizer step: with
+  the meshes' shards cut from one global batch, that is the step one model takes on
+  the whole batch. The new weights go to every mesh.
+- asynchronous: each gradient is one optimizer step on arrival; its mesh alone gets
+  the new weights.
+
+What arrives is checked before it counts: the sender's mesh, session and clock (a
+clock is taken once, in order: a duplicate or a replay changes nothing), the payload's
+shape and counts, and the staleness its mode allows. Rejections are counted by reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshdl.errors import MeshdlError
+from meshdl.messages import EDGE, SERVER, Kind, Message, make
+from meshdl.model import CNN
+from meshdl.optim import Optimizer
+from meshdl.payloads import Push
+from meshdl.server.sync import Sync
+
+
+@dataclass
+class EpochFigures:
+    """What the pushes of an epoch so far say of training."""
+
+    loss_sum: float = 0.0  # each push's mean loss times its samples
+    correct: int = 0
+    samples: int = 0
+    skipped: int = 0  # pushes with nothing to learn from (a wave that missed its deadline)
+
+
+class ParameterServer:
+    """The model several meshes train, updated from their gradients."""
+
+    def __init__(self, model: CNN, optimizer: Optimizer, meshes: Sequence[int], sync: Sync,
+                 lr: Callable[[int], float], session: int = 0) -> None:
+        """`meshes`: their ids (the headers' mesh field); `lr(n)`: the learning rate of
+        update n (0-based); `session`: names this server run in every message."""
+        if len(set(meshes)) != len(meshes) or not meshes:
+            raise ValueError(f"mesh ids must be distinct, and at least one: {meshes}")
+        self.model, self.optimizer, self.sync, self.lr = model, optimizer, sync, lr
+        self.meshes = tuple(meshes)
+        self.session = session
+        self.version = 0  # updates applied
+        self.clock = dict.fromkeys(self.meshes, 0)  # gradients taken from each mesh
+        self._pending: dict[int, dict[int, Push]] = {}  # synchronous: clock -> mesh -> push
+        self.staleness: Counter[int] = Counter()  # updates a taken gradient's weights missed
+        self.stats: Counter[str] = Counter()
+        self.epoch = EpochFigures()
+        self.seq = 0
+
+    def handle(self, message: Message, now: float = 0.0) -> list[Message]:
+        """Take one message from an edge; return the weights to send."""
+        h = message.header
+        if h.kind != Kind.PUSH or h.dst != SERVER or h.src != EDGE or \
+                h.mesh not in self.clock:
+            self.stats["rejected:not_for_me"] += 1
+            return []
+        if h.session != self.session:
+            self.stats["rejected:other_session"] += 1
+            return []
+        if h.step <= self.clock[h.mesh]:
+            self.stats["duplicates"] += 1
+            return []
+        if h.step != self.clock[h.mesh] + 1:
+            self.stats["rejected:out_of_order"] += 1  # an earlier clock never came
+            return []
+        push = Push.read(message.payload, self.model.flat.size)
+        if push is None or push.based_on > self.version:
+            self.stats["rejected:bad_push"] += 1
+            return []
+        if self.sync.asynchronous:
+            return self._apply_now(h.mesh, push)
+        missed = (h.step - 1) - push.based_on
+        if missed > self.sync.staleness:
+            self.stats["rejected:too_stale"] += 1  # a mesh that broke its bound
+            return []
+        self._take(h.mesh, push, missed)
+        self._pending.setdefault(h.step, {})[h.mesh] = push
+        out: list[Message] = []
+        while len(self._pending.get(self.version + 1, ())) == len(self.meshes):
+            self._apply_clock(self._pending.pop(self.version + 1))
+            out += self.weights_for(self.meshes)
+        return out
+
+    def _take(self, mesh: int, push: Push, missed: int) -> None:
+        """Count a gradient in: its clock, its staleness and its epoch figures."""
+        self.clock[mesh] += 1
+        self.staleness[missed] += 1
+        self.stats["pushes"] += 1
+        figures = self.epoch
+        if push.samples:
+            figures.loss_sum += push.loss * push.samples
+            figures.correct += push.correct
+            figures.samples += push.samples
+        else:
+            figures.skipped += 1
+
+    def _apply_now(self, mesh: int, push: Push) -> list[Message]:
+        """Asynchronous: this gradient is one update, and its mesh gets the result."""
+        self._take(mesh, push, self.version - push.based_on)
+        if push.samples:
+            self._step(push.gradient)
+        return self.weights_for([mesh])
+
+    def _apply_clock(self, pushes: dict[int, Push]) -> None:
+        """Synchronous: one update with the mean of a clock's gradients, weighted by
+        their samples (summed in mesh order, in float64: the same sum every run)."""
+        samples = sum(push.samples for push in pushes.values())
+        if samples:
+            total = np.zeros(self.model.flat.size, np.float64)
+            for mesh in self.meshes:
+                push = pushes[mesh]
+                if push.samples:
+                    total += push.samples * push.gradient.astype(np.float64)
+            self._step((total / samples).astype(np.float32))
+        else:
+            self.version += 1  # every wave of the clock missed its deadline
+            self.stats["empty_updates"] += 1
+
+    def _step(self, gradient: np.ndarray) -> None:
+        params = self.model.flat
+        self.optimizer.step(params, gradient, self.lr(self.optimizer.steps))
+        self.version += 1
+        if not np.isfinite(params.sum(dtype=np.float64)):
+            raise MeshdlError(f"training diverged at update {self.version}; lower the "
+                              f"learning rate (now {self.optimizer.config.lr})")
+
+    def weights_for(self, meshes: Sequence[int]) -> list[Message]:
+        """The current weights, to each of `meshes` (one copy for all of them)."""
+        weights = self.model.flat.copy()
+        out = []
+        for mesh in meshes:
+            self.seq += 1
+            out.append(make(Kind.WEIGHTS, mesh, self.version, SERVER, EDGE, weights,
+                            seq=self.seq & 0xFFFFFFFF, session=self.session))
+        return out
+
+    def take_epoch(self) -> EpochFigures:
+        """The epoch's figures so far, and a fresh count for the next."""
+        figures, self.epoch = self.epoch, EpochFigures()
+        return figures
+
+    @property
+    def settled(self) -> bool:
+        """Every gradient taken has been applied (nothing waits for another mesh)."""
+        return not self._pending

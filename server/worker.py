@@ -1,0 +1,119 @@
+"""A mesh's edge in data-parallel training, as a sans-I/O machine: which shard it
+computes next, on which weights, when it may, and the PUSH that reports it.
+
+The edge computes a step's gradient in its mesh (one training wave, edge/agent.py) on
+the weights its model holds, and pushes it to the parameter server. Weights that arrive
+while a wave runs are held until the wave ends: the mesh computes one step on one set
+of weights. When it may start the next step is the `Sync`'s rule (server/sync.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+from meshdl.messages import EDGE, SERVER, Kind, Message, make, newer
+from meshdl.model import CNN
+from meshdl.payloads import Push
+from meshdl.server.sync import Sync
+
+
+class Step(NamedTuple):
+    """One step a mesh computes: its shard of a global batch and the weights' version."""
+
+    clock: int  # the mesh's count of steps, this one included
+    indices: np.ndarray  # sample indices of its shard (may be empty)
+    based_on: int
+
+
+class Learnt(NamedTuple):
+    """What one step's wave gave: its forward pass's hits and loss, and the gradient."""
+
+    correct: int
+    loss: float  # mean over the shard's samples
+    gradient: np.ndarray  # mean over the shard's samples, every parameter
+
+
+class MeshWorker:
+    """The edge of mesh `mesh_id` training the server's model with the other meshes."""
+
+    def __init__(self, mesh_id: int, sync: Sync, model: CNN, session: int = 0) -> None:
+        """`model`: this edge's copy, holding the server's weights of version 0."""
+        self.mesh_id, self.sync, self.model, self.session = mesh_id, sync, model, session
+        self.clock = 0  # steps pushed
+        self.version = 0  # of the weights `model` holds
+        self.shards: deque[np.ndarray] = deque()  # this epoch's, in order
+        self.step: Step | None = None  # the step being computed
+        self.awaiting = False  # asynchronous: the answer to its last push not in yet
+        self._newer: tuple[int, np.ndarray] | None = None  # weights held until the wave ends
+        self.stats: Counter[str] = Counter()
+        self.seq = 0
+
+    def assign(self, shards: Iterable[np.ndarray]) -> None:
+        """This mesh's shards of an epoch's global batches, in order."""
+        self.shards.extend(shards)
+
+    @property
+    def may_proceed(self) -> bool:
+        """Whether its sync rule lets it start a step now (no step running)."""
+        if self.step is not None:
+            return False
+        if self.sync.asynchronous:
+            return not self.awaiting
+        return self.version >= self.clock - self.sync.staleness
+
+    @property
+    def ready(self) -> bool:
+        """Whether it may start its next step now: it has one, and may."""
+        return bool(self.shards) and self.may_proceed
+
+    def begin(self) -> Step:
+        """Start the next step (when `ready`): what to compute, on the weights held."""
+        if not self.ready:
+            raise RuntimeError(f"mesh {self.mesh_id} may not start a step now")
+        self.step = Step(self.clock + 1, self.shards.popleft(), self.version)
+        return self.step
+
+    def push(self, learnt: Learnt | None) -> Message:
+        """The step's result for the server (None: nothing to learn from, an empty
+        shard or a wave that missed its deadline). Weights that came while the wave
+        ran are taken up now; an asynchronous mesh then waits for the answer."""
+        step, self.step = self.step, None
+        if step is None:
+            raise RuntimeError(f"mesh {self.mesh_id} pushes without a step")
+        if self._newer is not None:
+            self._adopt(*self._newer)
+        payload = Push(step.based_on, 0, 0, 0.0, np.zeros(self.model.flat.size, np.float32)) \
+            if learnt is None else \
+            Push(step.based_on, len(step.indices), learnt.correct, learnt.loss, learnt.gradient)
+        self.clock, self.awaiting = step.clock, True
+        self.seq += 1
+        return make(Kind.PUSH, self.mesh_id, step.clock, EDGE, SERVER, payload.pack(),
+                    seq=self.seq & 0xFFFFFFFF, session=self.session)
+
+    def handle(self, message: Message) -> None:
+        """Take the server's weights (held while a wave runs)."""
+        h = message.header
+        if h.kind != Kind.WEIGHTS or h.src != SERVER or h.dst != EDGE or \
+                h.mesh != self.mesh_id or h.session != self.session:
+            self.stats["rejected:not_for_me"] += 1
+            return
+        if message.payload.shape != self.model.flat.shape:
+            self.stats["rejected:bad_shape"] += 1
+            return
+        held = self._newer[0] if self._newer is not None else self.version
+        if not newer(h.step, held):
+            self.stats["stale"] += 1
+            return
+        self.stats["weights"] += 1
+        if self.step is None:
+            self._adopt(h.step, message.payload)
+        else:
+            self._newer = (h.step, message.payload)
+
+    def _adopt(self, version: int, weights: np.ndarray) -> None:
+        self.model.flat[...] = weights
+        self.version, self.awaiting, self._newer = version, False, None

@@ -1,0 +1,161 @@
+"""Several meshes and their parameter server on one clock, in this process.
+
+Each mesh (its engine: the virtual mesh, or one in simulated time) computes its steps'
+gradients as training waves; its edge (`MeshWorker`) pushes them over the backhaul to
+the server (`ParameterServer`), whose weights come back the same way. The two machines
+decide everything (what to compute, on which weights, when); this module only moves
+their messages and keeps the time:
+
+- a step takes its mesh the wave's duration (`wave_time`: the virtual mesh's rounds,
+  or the seconds of a wave in simulated time); its gradient is computed when the wave
+  starts, on the weights the edge holds then, which is what the wave would compute;
+- a message takes the backhaul's time (sim/backhaul.py: its bytes at the link's rate
+  behind whatever shares its bottleneck, then the latency).
+
+An epoch ends when every mesh has pushed all its shards and the server has applied
+them; meshes whose weights are older than the server's then get the newest (in
+asynchronous modes), so each epoch is evaluated on, and starts from, one model.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshdl.errors import MeshdlError, StepSkipped
+from meshdl.messages import Message, wire_size
+from meshdl.server.machine import ParameterServer
+from meshdl.server.worker import Learnt, MeshWorker
+from meshdl.sim.backhaul import INSTANT, Backhaul
+from meshdl.sim.clock import EventQueue
+from meshdl.training import Engine
+
+
+@dataclass
+class MeshFigures:
+    """What one mesh did over the run, on the cluster's clock."""
+
+    steps: int = 0
+    samples: int = 0
+    busy: float = 0.0  # computing waves
+    waited: float = 0.0  # with shards left, kept from starting by its sync rule
+    pushed_bytes: int = 0
+    weights_bytes: int = 0  # received
+    weights: int = 0
+
+
+UpdateFn = Callable[[int, np.ndarray], None]  # (version, the server's parameters)
+PushFn = Callable[[int, "Learnt | None"], None]  # (mesh index, what its step gave)
+
+
+class Cluster:
+    """N meshes, their edges and the parameter server, driven on one event queue."""
+
+    def __init__(self, server: ParameterServer, workers: Sequence[MeshWorker],
+                 engines: Sequence[Engine], labels: np.ndarray,
+                 wave_time: Callable[[int], float], backhaul: Backhaul | None = None,
+                 on_update: UpdateFn | None = None,
+                 on_push: PushFn | None = None) -> None:
+        """`labels`: of the training split, to count a forward pass's hits;
+        `wave_time(i)`: how long mesh i's last wave took; `on_update`: called after
+        each update of the server; `on_push`: after each push."""
+        self.server, self.workers, self.engines = server, list(workers), list(engines)
+        self.labels, self.wave_time = labels, wave_time
+        self.backhaul = backhaul or Backhaul(INSTANT)
+        self.on_update, self.on_push = on_update, on_push
+        self.queue = EventQueue()
+        self.figures = [MeshFigures() for _ in self.workers]
+        self._index = {w.mesh_id: i for i, w in enumerate(self.workers)}
+        self._idle_since: list[float | None] = [None] * len(self.workers)
+        self._pool: deque[np.ndarray] = deque()  # shards for whichever mesh is free
+
+    def run_epoch(self, shards: Sequence[Sequence[np.ndarray]], pooled: bool = False) -> None:
+        """Every mesh computes its shards (`shards[i]`, in order) until the server has
+        applied them all; then every mesh holds the server's weights. `pooled`: the
+        shards are taken in turn (global batch by global batch) by whichever mesh is
+        free, so a fast mesh computes more of them (asynchronous training: see
+        `Sync`)."""
+        self._pool.clear()
+        if pooled:
+            self._pool.extend(shard for parts in zip(*shards, strict=True) for shard in parts)
+        else:
+            for worker, own in zip(self.workers, shards, strict=True):
+                worker.assign(own)
+        for i in range(len(self.workers)):
+            self._idle_since[i] = self.queue.now
+            self._try_start(i)
+        steps = sum(len(own) for own in shards)
+        if not self.queue.run(limit=16 * steps + 64):
+            raise MeshdlError("the meshes' steps did not settle (an event loop)")
+        behind = [w.mesh_id for w in self.workers if w.version != self.server.version]
+        if behind:
+            for message in self.server.weights_for(behind):
+                self._send_to_worker(message)
+            self.queue.run(limit=4 * len(behind))
+        stuck = [w.mesh_id for w in self.workers if w.shards or w.step is not None]
+        if stuck or self._pool or not self.server.settled:
+            raise MeshdlError(f"meshes {stuck} could not finish the epoch's steps "
+                              f"(server settled: {self.server.settled})")
+
+    def _try_start(self, i: int) -> None:
+        worker = self.workers[i]
+        if self._pool and not worker.shards and worker.may_proceed:
+            worker.assign([self._pool.popleft()])
+        if not worker.ready:
+            return
+        now = self.queue.now
+        if worker.shards and self._idle_since[i] is not None:
+            self.figures[i].waited += now - self._idle_since[i]
+        self._idle_since[i] = None
+        step = worker.begin()
+        learnt, seconds = None, 0.0
+        if len(step.indices):
+            try:
+                loss, logits, grads = self.engines[i].loss_and_grads(worker.model, step.indices)
+            except StepSkipped:
+                pass  # the mesh has nothing to learn from: it pushes no samples
+            else:
+                correct = int(np.sum(logits.argmax(axis=1) == self.labels[step.indices]))
+                learnt = Learnt(correct, float(loss), grads.copy())  # grads: a reused buffer
+            seconds = self.wave_time(i)
+        figures = self.figures[i]
+        figures.busy += seconds
+        figures.steps += 1
+        figures.samples += len(step.indices) if learnt is not None else 0
+        self.queue.at(now + seconds, self._finish, (i, learnt))
+
+    def _finish(self, arg: tuple[int, Learnt | None]) -> None:
+        i, learnt = arg
+        message = self.workers[i].push(learnt)
+        nbytes = wire_size(message)
+        self.figures[i].pushed_bytes += nbytes
+        arrives = self.backhaul.send(self.queue.now, nbytes, i, up=True)
+        self.queue.at(arrives, self._to_server, message)
+        if self.on_push is not None:
+            self.on_push(i, learnt)
+        self._idle_since[i] = self.queue.now
+        self._try_start(i)
+
+    def _to_server(self, message: Message) -> None:
+        version = self.server.version
+        out = self.server.handle(message, self.queue.now)
+        if self.on_update is not None and self.server.version != version:
+            self.on_update(self.server.version, self.server.model.flat)
+        for reply in out:
+            self._send_to_worker(reply)
+
+    def _send_to_worker(self, message: Message) -> None:
+        i = self._index[message.header.mesh]
+        arrives = self.backhaul.send(self.queue.now, wire_size(message), i, up=False)
+        self.queue.at(arrives, self._to_worker, message)
+
+    def _to_worker(self, message: Message) -> None:
+        i = self._index[message.header.mesh]
+        figures = self.figures[i]
+        figures.weights += 1
+        figures.weights_bytes += wire_size(message)
+        self.workers[i].handle(message)
+        self._try_start(i)

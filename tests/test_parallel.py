@@ -1,0 +1,291 @@
+"""Several meshes training one model: bsp takes exactly the steps of one model with the
+summed batch, ssp:0 is bsp, staleness stays within its bound, and the server and the
+edges take only well-formed, in-order messages."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshdl.augment import orientations, originals, training_data
+from meshdl.config import RunConfig
+from meshdl.data import Dataset
+from meshdl.errors import UsageError
+from meshdl.messages import EDGE, SERVER, Kind, make
+from meshdl.model import CNN
+from meshdl.optim import Optimizer, learning_rate
+from meshdl.parallel import shards, train_parallel
+from meshdl.payloads import Push
+from meshdl.server.machine import ParameterServer
+from meshdl.server.sync import Sync
+from meshdl.server.worker import Learnt, MeshWorker
+from meshdl.training import CentralEngine, batches, normalization
+from tests.test_mesh import _assert_same_parameters
+
+
+def _data(rows: int, cols: int, samples: int, seed: int) -> Dataset:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(20.0, 3.0, (samples, rows, cols)).astype(np.float32)
+    y = rng.integers(0, 2, samples)
+    return Dataset(X, y, X[: samples // 2], y[: samples // 2], {})
+
+
+def _config(rows: int, cols: int, meshes: int, sync: str, batch: int, epochs: int = 1,
+            optimizer: str = "sgd", seed: int = 0, **train) -> RunConfig:
+    return RunConfig(model={"rows": rows, "cols": cols, "filters": 2, "hidden": 6},
+                     train={"epochs": epochs, "batch": batch, "optimizer": optimizer,
+                            "lr": 0.05 if optimizer == "sgd" else 0.01, "seed": seed,
+                            **train},
+                     parallel={"meshes": meshes, "sync": sync})
+
+
+def _central_steps(config: RunConfig, data: Dataset, batch: int) -> list[np.ndarray]:
+    """The parameters of one model trained centrally with `batch`, after every step
+    (as `training.train` does it: with the recipe's mirrored maps)."""
+    tc = config.train
+    data = training_data(tc, data)
+    model = CNN(config.model, seed=tc.seed)
+    model.set_normalization(*normalization(data.X_train))
+    optimizer, engine = Optimizer(tc, model.flat.size), CentralEngine(data)
+    rng = np.random.default_rng(tc.seed)
+    n = originals(data)
+    per_epoch = -(-n // batch)
+    after = []
+    for _ in range(tc.epochs):
+        for idx in batches(n, batch, rng, orientations(tc)):
+            _, _, grads = engine.loss_and_grads(model, idx)
+            optimizer.step(model.flat, grads,
+                           learning_rate(tc, optimizer.steps, tc.epochs * per_epoch))
+            after.append(model.flat.copy())
+    return after
+
+
+def _parallel_steps(config: RunConfig, data: Dataset, **kwargs) -> tuple[list[np.ndarray],
+                                                                          dict]:
+    after: list[np.ndarray] = []
+    _, history = train_parallel(config, data,
+                                on_update=lambda _, params: after.append(params.copy()),
+                                **kwargs)
+    return after, history.parallel
+
+
+def _as_model(config: RunConfig, flat: np.ndarray) -> CNN:
+    model = CNN(config.model)
+    model.flat[...] = flat
+    return model
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(meshes=st.integers(2, 4), rows=st.integers(3, 5), cols=st.integers(3, 6),
+       batch=st.integers(1, 4), samples=st.integers(5, 30), seed=st.integers(0, 100),
+       optimizer=st.sampled_from(["sgd", "adam"]), warmup=st.sampled_from([0.0, 0.5]))
+def test_bsp_on_n_meshes_equals_one_model_with_n_times_the_batch_after_every_step(
+        meshes, rows, cols, batch, samples, seed, optimizer, warmup) -> None:
+    data = _data(rows, cols, samples, seed)
+    config = _config(rows, cols, meshes, "bsp", batch, epochs=2, optimizer=optimizer,
+                     seed=seed, warmup_fraction=warmup)
+    expected = _central_steps(config, data, meshes * batch)
+    actual, report = _parallel_steps(config, data)
+    assert len(actual) == len(expected) == report["updates"]
+    assert report["staleness"]["max"] == 0
+    for step, (mine, theirs) in enumerate(zip(actual, expected, strict=True), 1):
+        _assert_same_parameters(_as_model(config, mine), _as_model(config, theirs),
+                                elementwise=optimizer == "sgd", context=f"step {step}",
+                                noise=None if optimizer == "sgd" else
+                                np.abs(mine - theirs) > 1e-4 * (np.abs(theirs) + 1e-6),
+                                bound=2 * config.train.lr * step)
+
+
+def test_ssp_0_is_bsp_bit_for_bit() -> None:
+    data = _data(4, 5, 40, 1)
+    bsp, _ = _parallel_steps(_config(4, 5, 3, "bsp", 4, epochs=2), data)
+    ssp0, _ = _parallel_steps(_config(4, 5, 3, "ssp:0", 4, epochs=2), data)
+    assert len(bsp) == len(ssp0)
+    for a, b in zip(bsp, ssp0, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_async_on_one_mesh_is_sequential_training() -> None:
+    data = _data(4, 5, 24, 2)
+    config = _config(4, 5, 1, "async", 5, epochs=2)
+    expected = _central_steps(config, data, 5)
+    actual, report = _parallel_steps(config, data)
+    assert report["staleness"]["max"] == 0
+    for mine, theirs in zip(actual, expected, strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def _straggler(factor: float):
+    """Mesh 0's waves take `factor` times the others'."""
+    return lambda engines, i: factor if i == 0 else 1.0
+
+
+@pytest.mark.parametrize("bound", [1, 2, 3])
+def test_ssp_staleness_never_exceeds_its_bound_even_with_a_straggler(bound) -> None:
+    data = _data(3, 4, 80, 3)
+    _, report = _parallel_steps(_config(3, 4, 4, f"ssp:{bound}", 2, epochs=2), data,
+                                wave_time=_straggler(5.0))
+    assert report["staleness"]["max"] == bound  # reached: the fast meshes run ahead
+    fast = report["per_mesh"][1]
+    assert fast["waited"] > 0  # ... and then wait for the straggler
+
+
+def test_async_staleness_grows_with_a_straggler_and_nobody_waits() -> None:
+    data = _data(3, 4, 80, 3)
+    _, report = _parallel_steps(_config(3, 4, 4, "async", 2, epochs=1), data,
+                                wave_time=_straggler(5.0))
+    assert report["staleness"]["max"] > 3
+    assert all(mesh["waited"] == 0 for mesh in report["per_mesh"])
+    assert report["updates"] == sum(mesh["steps"] for mesh in report["per_mesh"])
+
+
+def test_a_short_last_batch_leaves_some_meshes_an_empty_shard() -> None:
+    parts = shards(np.arange(2), 4)
+    assert [len(p) for p in parts] == [1, 1, 0, 0]
+    data = _data(3, 4, 10, 4)  # batches of 4 x 2: the last global batch holds 2 samples
+    config = _config(3, 4, 4, "bsp", 2)
+    expected = _central_steps(config, data, 8)
+    actual, report = _parallel_steps(config, data)
+    np.testing.assert_allclose(actual[-1], expected[-1], rtol=1e-5, atol=1e-6)
+    assert sum(mesh["samples"] for mesh in report["per_mesh"]) == 10
+
+
+# -- the machines: what they take, what they refuse ---------------------------------------
+
+def _server(sync: str = "bsp", meshes=(1, 2)) -> ParameterServer:
+    config = _config(3, 4, len(meshes), sync, 2, clip_norm=0.0)
+    model = CNN(config.model)
+    return ParameterServer(model, Optimizer(config.train, model.flat.size), list(meshes),
+                           Sync.parse(sync), lambda _: 0.1)
+
+
+def _push(server: ParameterServer, mesh: int, clock: int, based_on: int = 0,
+          samples: int = 2, value: float = 1.0, session: int = 0, size: int | None = None):
+    gradient = np.full(size or server.model.flat.size, value, np.float32)
+    return make(Kind.PUSH, mesh, clock, EDGE, SERVER,
+                Push(based_on, samples, 1, 0.5, gradient).pack(), session=session)
+
+
+def test_server_updates_once_every_mesh_pushed_a_clock_and_sends_to_all() -> None:
+    server = _server()
+    before = server.model.flat.copy()
+    assert server.handle(_push(server, 1, 1)) == []
+    assert server.version == 0
+    out = server.handle(_push(server, 2, 1, value=3.0, samples=6))
+    assert server.version == 1 and [m.header.mesh for m in out] == [1, 2]
+    # The mean weighted by samples: (2 x 1 + 6 x 3) / 8 = 2.5, times lr 0.1.
+    np.testing.assert_allclose(before - server.model.flat, 0.25, rtol=1e-6)
+    assert out[0].kind == Kind.WEIGHTS and out[0].header.step == 1
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("duplicate", "duplicates"),
+    ("skipped clock", "rejected:out_of_order"),
+    ("other session", "rejected:other_session"),
+    ("unknown mesh", "rejected:not_for_me"),
+    ("wrong size", "rejected:bad_push"),
+    ("from the future", "rejected:bad_push"),
+    ("more correct than samples", "rejected:bad_push"),
+    ("too stale", "rejected:too_stale"),
+])
+def test_server_refuses_what_is_not_the_next_valid_push_and_changes_nothing(case,
+                                                                             reason) -> None:
+    server = _server("ssp:1")
+    server.handle(_push(server, 1, 1))
+    server.handle(_push(server, 2, 1))
+    server.handle(_push(server, 1, 2))
+    server.handle(_push(server, 2, 2))  # version 2, both meshes at clock 2
+    message = {
+        "duplicate": _push(server, 1, 2),
+        "skipped clock": _push(server, 1, 4),
+        "other session": _push(server, 1, 3, based_on=2, session=7),
+        "unknown mesh": _push(server, 9, 1),
+        "wrong size": _push(server, 1, 3, based_on=2, size=5),
+        "from the future": _push(server, 1, 3, based_on=3),
+        "more correct than samples": make(
+            Kind.PUSH, 1, 3, EDGE, SERVER,
+            Push(2, 1, 5, 0.5, np.zeros(server.model.flat.size)).pack()),
+        "too stale": _push(server, 1, 3, based_on=0),
+    }[case]
+    flat, clocks = server.model.flat.copy(), dict(server.clock)
+    assert server.handle(message) == []
+    assert server.stats[reason] == 1
+    assert server.clock == clocks and server.version == 2
+    assert np.array_equal(server.model.flat, flat)
+
+
+def test_async_server_answers_only_the_mesh_that_pushed() -> None:
+    server = _server("async")
+    out = server.handle(_push(server, 2, 1))
+    assert server.version == 1 and [m.header.mesh for m in out] == [2]
+    server.handle(_push(server, 1, 1, based_on=0))
+    assert server.staleness == {0: 1, 1: 1}
+
+
+def test_worker_keeps_its_wave_on_one_set_of_weights() -> None:
+    config = _config(3, 4, 2, "ssp:1", 2)
+    model = CNN(config.model)
+    worker = MeshWorker(1, Sync.parse("ssp:1"), model)
+    worker.assign([np.arange(2), np.arange(2, 4), np.arange(4, 6)])
+    step = worker.begin()
+    assert step.based_on == 0
+    fresh = np.full(model.flat.size, 7.0, np.float32)
+    worker.handle(make(Kind.WEIGHTS, 1, 1, SERVER, EDGE, fresh))
+    assert worker.version == 0 and not np.all(model.flat == 7.0)  # held: a wave runs
+    worker.push(Learnt(1, 0.3, np.zeros(model.flat.size, np.float32)))
+    assert worker.version == 1 and np.all(model.flat == 7.0)  # taken when it ended
+    worker.handle(make(Kind.WEIGHTS, 1, 1, SERVER, EDGE, fresh * 0))  # not newer
+    assert worker.stats["stale"] == 1 and np.all(model.flat == 7.0)
+    worker.handle(make(Kind.WEIGHTS, 2, 5, SERVER, EDGE, fresh))  # another mesh's
+    worker.handle(make(Kind.WEIGHTS, 1, 5, SERVER, EDGE, fresh[:3]))
+    assert worker.stats["rejected:not_for_me"] == 1
+    assert worker.stats["rejected:bad_shape"] == 1
+
+
+def test_worker_runs_at_most_its_bound_ahead_of_the_weights_it_holds() -> None:
+    config = _config(3, 4, 2, "ssp:2", 2)
+    model = CNN(config.model)
+    worker = MeshWorker(1, Sync.parse("ssp:2"), model)
+    worker.assign([np.arange(2)] * 5)
+    for _ in range(3):  # clocks 1, 2, 3 on version 0: 0 >= 2 - 2
+        assert worker.ready
+        worker.begin()
+        worker.push(None)
+    assert not worker.ready  # clock 4 needs version >= 1
+    worker.handle(make(Kind.WEIGHTS, 1, 1, SERVER, EDGE, model.flat))
+    assert worker.ready
+
+
+@pytest.mark.parametrize("text", ["ssp", "ssp:-1", "ssp:1001", "BSP", "async:1", ""])
+def test_an_unknown_sync_mode_is_a_usage_error(text) -> None:
+    with pytest.raises(UsageError, match="expected bsp, ssp:S"):
+        Sync.parse(text)
+
+
+def test_sync_names_read_back() -> None:
+    assert [str(Sync.parse(t)) for t in ("bsp", "ssp:0", "ssp:3", "async")] == \
+        ["bsp", "bsp", "ssp:3", "async"]
+
+
+def test_train_on_several_meshes_writes_the_servers_and_each_meshs_figures(cli,
+                                                                             tmp_path) -> None:
+    code, out, err = cli("train", "--rows", "4", "--cols", "5", "--epochs", "1", "--batch",
+                         "40", "--meshes", "3", "--sync", "ssp:1", "--out", tmp_path / "run",
+                         "--json")
+    assert code == 0, err
+    parallel = json.loads(out)["parallel"]
+    assert parallel["meshes"] == 3 and parallel["sync"] == "ssp:1"
+    assert parallel["staleness"]["max"] <= 1
+    assert [m["mesh_id"] for m in parallel["per_mesh"]] == [1, 2, 3]
+    assert sum(m["samples"] for m in parallel["per_mesh"]) == 2400
+    assert "on 3 meshes (ssp:1)" in err
+
+
+def test_an_impossible_sync_flag_is_a_one_line_usage_error(cli) -> None:
+    code, _, err = cli("train", "--meshes", "2", "--sync", "ssp:x")
+    assert code == 2
+    assert err.count("\n") == 1 and "parallel.sync" in err
