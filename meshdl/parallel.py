@@ -30,7 +30,7 @@ from meshdl.server.machine import ParameterServer
 from meshdl.server.sync import Sync
 from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.backhaul import INSTANT, Backhaul, BackhaulProfile
-from meshdl.sim.cluster import Cluster, UpdateFn
+from meshdl.sim.cluster import Cluster, UpdateFn, WaveShape
 from meshdl.training import (
     Engine,
     EpochFn,
@@ -46,7 +46,7 @@ from meshdl.training import (
     restore,
 )
 
-WaveTime = Callable[[list[Engine], int], float]  # (the engines, mesh i) -> its last wave
+WaveTime = Callable[[list[Engine], int], WaveShape]  # (the engines, mesh i) -> its last wave
 
 
 def shards(global_batch: np.ndarray, meshes: int) -> list[np.ndarray]:
@@ -55,11 +55,15 @@ def shards(global_batch: np.ndarray, meshes: int) -> list[np.ndarray]:
     return np.array_split(global_batch, meshes)
 
 
-def rounds_of_last_wave(engines: list[Engine], i: int) -> float:
-    """A virtual mesh's clock: the rounds (one hop each) its last wave took; 1 per step
-    for an engine without one (central)."""
+def rounds_of_last_wave(engines: list[Engine], i: int) -> WaveShape:
+    """A virtual mesh's clock: the rounds (one hop each) its last wave took, and the
+    round its head ran in (a head takes no round); one round per step for an engine
+    without a mesh (central)."""
     mesh = getattr(engines[i], "mesh", None)
-    return float(getattr(mesh, "last_wave_rounds", 1))
+    rounds = float(getattr(mesh, "last_wave_rounds", 1))
+    gather = getattr(mesh, "gather_rounds", None)
+    head = rounds if gather is None else float(gather)
+    return WaveShape(rounds, head, head)
 
 
 def train_parallel(
@@ -105,9 +109,10 @@ def train_parallel(
         n_train, n_test = originals(data), len(data.y_test)
         per_epoch = -(-n_train // (n_meshes * tc.batch))  # global batches (clocks)
         total = tc.epochs * per_epoch * (n_meshes if sync.asynchronous else 1)
+        overlap = config.parallel.overlap
         server = ParameterServer(model, optimizer,
                                  [config.mesh.mesh_id + i for i in range(n_meshes)], sync,
-                                 lambda n: learning_rate(tc, n, total))
+                                 lambda n: learning_rate(tc, n, total), overlap=overlap)
         workers = [MeshWorker(mesh_id, sync, _replica(model)) for mesh_id in server.meshes]
         pushes = 0
 
@@ -120,7 +125,7 @@ def train_parallel(
 
         cluster = Cluster(server, workers, engines, data.y_train,
                           lambda i: wave_time(engines, i), Backhaul(backhaul), on_update,
-                          pushed)
+                          pushed, overlap=overlap)
         test_pred = np.empty(0, np.int64)
         for epoch in range(len(history.epochs) + 1, tc.epochs + 1):
             pushes = 0
@@ -168,9 +173,18 @@ def parallel_report(sync: Sync, server: ParameterServer, cluster: Cluster, time_
     taken = sum(server.staleness.values())
     elapsed = cluster.queue.now
     samples = sum(f.samples for f in cluster.figures)
+    steps = max((f.steps for f in cluster.figures), default=0)
+    # A step's compute (a mesh's wave) and communication (its share of the busiest
+    # backhaul bottleneck, plus a round trip); overlapped perfectly, a step would take
+    # the longer of the two.
+    compute = float(np.mean([f.busy / f.steps for f in cluster.figures if f.steps])) \
+        if steps else 0.0
+    communication = cluster.backhaul.busiest_s / steps + \
+        2 * cluster.backhaul.profile.latency_s if steps else 0.0
     return {
         "meshes": len(cluster.workers),
         "sync": str(sync),
+        "overlap": cluster.overlap,
         "backhaul": cluster.backhaul.report(),
         "updates": server.version,
         "staleness": {
@@ -180,6 +194,9 @@ def parallel_report(sync: Sync, server: ParameterServer, cluster: Cluster, time_
         },
         "time_unit": time_unit,
         "elapsed": elapsed,
+        "step": {"mean": elapsed / steps if steps else 0.0, "compute": compute,
+                 "communication": communication,
+                 "ideal": max(compute, communication)},
         "samples_per_time": samples / elapsed if elapsed else float("nan"),
         "server": dict(sorted(server.stats.items())),
         "per_mesh": [

@@ -14,6 +14,10 @@ the server sends back (WEIGHTS). How they keep step is the `Sync` (server/sync.p
 What arrives is checked before it counts: the sender's mesh, session and clock (a
 clock is taken once, in order: a duplicate or a replay changes nothing), the payload's
 shape and counts, and the staleness its mode allows. Rejections are counted by reason.
+
+With overlap (server/parts.py) a step's gradient comes in two parts, which must agree on
+what they were computed on; the update is the same, and its weights go back conv layers
+first, to every mesh, then the head.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from meshdl.messages import EDGE, SERVER, Kind, Message, make
 from meshdl.model import CNN
 from meshdl.optim import Optimizer
 from meshdl.payloads import Push
+from meshdl.server.parts import SPLIT, Part, part_of, part_slice
 from meshdl.server.sync import Sync
 
 
@@ -46,9 +51,10 @@ class ParameterServer:
     """The model several meshes train, updated from their gradients."""
 
     def __init__(self, model: CNN, optimizer: Optimizer, meshes: Sequence[int], sync: Sync,
-                 lr: Callable[[int], float], session: int = 0) -> None:
+                 lr: Callable[[int], float], session: int = 0, overlap: bool = False) -> None:
         """`meshes`: their ids (the headers' mesh field); `lr(n)`: the learning rate of
-        update n (0-based); `session`: names this server run in every message."""
+        update n (0-based); `session`: names this server run in every message;
+        `overlap`: gradients and weights travel in parts."""
         if len(set(meshes)) != len(meshes) or not meshes:
             raise ValueError(f"mesh ids must be distinct, and at least one: {meshes}")
         self.model, self.optimizer, self.sync, self.lr = model, optimizer, sync, lr
@@ -61,6 +67,9 @@ class ParameterServer:
         self.stats: Counter[str] = Counter()
         self.epoch = EpochFigures()
         self.seq = 0
+        self.overlap = overlap
+        self._slices = {part: part_slice(part, model.config) for part in Part}
+        self._parts: dict[tuple[int, int], dict[Part, Push]] = {}  # (mesh, clock) -> parts
 
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one message from an edge; return the weights to send."""
@@ -72,16 +81,25 @@ class ParameterServer:
         if h.session != self.session:
             self.stats["rejected:other_session"] += 1
             return []
+        part = part_of(h.layer)
+        if part is None or (part == Part.WHOLE) == self.overlap:
+            self.stats["rejected:bad_part"] += 1
+            return []
         if h.step <= self.clock[h.mesh]:
             self.stats["duplicates"] += 1
             return []
         if h.step != self.clock[h.mesh] + 1:
             self.stats["rejected:out_of_order"] += 1  # an earlier clock never came
             return []
-        push = Push.read(message.payload, self.model.flat.size)
+        values = self.model.flat[self._slices[part]].size
+        push = Push.read(message.payload, values)
         if push is None or push.based_on > self.version:
             self.stats["rejected:bad_push"] += 1
             return []
+        if part != Part.WHOLE:
+            push = self._assemble(h.mesh, h.step, part, push)
+            if push is None:
+                return []
         if self.sync.asynchronous:
             return self._apply_now(h.mesh, push)
         missed = (h.step - 1) - push.based_on
@@ -95,6 +113,24 @@ class ParameterServer:
             self._apply_clock(self._pending.pop(self.version + 1))
             out += self.weights_for(self.meshes)
         return out
+
+    def _assemble(self, mesh: int, clock: int, part: Part, push: Push) -> Push | None:
+        """With overlap: keep a step's first part; with its second, the whole push (at
+        most one step per mesh is being assembled: the next after its clock)."""
+        parts = self._parts.setdefault((mesh, clock), {})
+        if part in parts:
+            self.stats["duplicates"] += 1
+            return None
+        other = next(iter(parts.values()), None)
+        if other is not None and other[:3] != push[:3]:
+            self.stats["rejected:parts_disagree"] += 1
+            return None
+        parts[part] = push
+        if len(parts) < len(SPLIT):
+            return None
+        del self._parts[(mesh, clock)]
+        gradient = np.concatenate([parts[p].gradient for p in SPLIT])
+        return push._replace(gradient=gradient)
 
     def _take(self, mesh: int, push: Push, missed: int) -> None:
         """Count a gradient in: its clock, its staleness and its epoch figures."""
@@ -140,13 +176,17 @@ class ParameterServer:
                               f"learning rate (now {self.optimizer.config.lr})")
 
     def weights_for(self, meshes: Sequence[int]) -> list[Message]:
-        """The current weights, to each of `meshes` (one copy for all of them)."""
+        """The current weights, to each of `meshes` (one copy for all of them); with
+        overlap the conv layers' to all of them first, then the head's."""
         weights = self.model.flat.copy()
         out = []
-        for mesh in meshes:
-            self.seq += 1
-            out.append(make(Kind.WEIGHTS, mesh, self.version, SERVER, EDGE, weights,
-                            seq=self.seq & 0xFFFFFFFF, session=self.session))
+        for part in SPLIT if self.overlap else (Part.WHOLE,):
+            values = weights[self._slices[part]]
+            for mesh in meshes:
+                self.seq += 1
+                out.append(make(Kind.WEIGHTS, mesh, self.version, SERVER, EDGE, values,
+                                layer=part, seq=self.seq & 0xFFFFFFFF,
+                                session=self.session))
         return out
 
     def take_epoch(self) -> EpochFigures:
@@ -157,4 +197,4 @@ class ParameterServer:
     @property
     def settled(self) -> bool:
         """Every gradient taken has been applied (nothing waits for another mesh)."""
-        return not self._pending
+        return not self._pending and not self._parts

@@ -5,6 +5,12 @@ The edge computes a step's gradient in its mesh (one training wave, edge/agent.p
 the weights its model holds, and pushes it to the parameter server. Weights that arrive
 while a wave runs are held until the wave ends: the mesh computes one step on one set
 of weights. When it may start the next step is the `Sync`'s rule (server/sync.py).
+
+With overlap (server/parts.py) weights come in two parts: a step starts as soon as the
+conv layers' weights are in (its PARAMS flood them), and the head's of the same version,
+which the edge needs only when the pooled features arrive, are taken up as they come.
+The gradient goes up in two parts too: the head's (`push(..., Part.HEAD)`) while the
+mesh still runs the conv backward, the conv layers' when the wave ends.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numpy as np
 from meshdl.messages import EDGE, SERVER, Kind, Message, make, newer
 from meshdl.model import CNN
 from meshdl.payloads import Push
+from meshdl.server.parts import Part, part_of, part_slice
 from meshdl.server.sync import Sync
 
 
@@ -26,7 +33,7 @@ class Step(NamedTuple):
 
     clock: int  # the mesh's count of steps, this one included
     indices: np.ndarray  # sample indices of its shard (may be empty)
-    based_on: int
+    based_on: int  # the version of the conv layers' weights it started with
 
 
 class Learnt(NamedTuple):
@@ -44,13 +51,19 @@ class MeshWorker:
         """`model`: this edge's copy, holding the server's weights of version 0."""
         self.mesh_id, self.sync, self.model, self.session = mesh_id, sync, model, session
         self.clock = 0  # steps pushed
-        self.version = 0  # of the weights `model` holds
+        self.versions = {Part.CONV: 0, Part.HEAD: 0}  # of the weights `model` holds
         self.shards: deque[np.ndarray] = deque()  # this epoch's, in order
         self.step: Step | None = None  # the step being computed
         self.awaiting = False  # asynchronous: the answer to its last push not in yet
-        self._newer: tuple[int, np.ndarray] | None = None  # weights held until the wave ends
+        self._held: dict[Part, tuple[int, np.ndarray]] = {}  # until the wave ends
+        self._slices = {part: part_slice(part, model.config) for part in Part}
         self.stats: Counter[str] = Counter()
         self.seq = 0
+
+    @property
+    def version(self) -> int:
+        """The version of the weights it holds whole."""
+        return min(self.versions.values())
 
     def assign(self, shards: Iterable[np.ndarray]) -> None:
         """This mesh's shards of an epoch's global batches, in order."""
@@ -63,57 +76,77 @@ class MeshWorker:
             return False
         if self.sync.asynchronous:
             return not self.awaiting
-        return self.version >= self.clock - self.sync.staleness
+        return self.versions[Part.CONV] >= self.clock - self.sync.staleness
 
     @property
     def ready(self) -> bool:
         """Whether it may start its next step now: it has one, and may."""
         return bool(self.shards) and self.may_proceed
 
+    @property
+    def head_ready(self) -> bool:
+        """Whether the running step's head weights are in (always, without overlap)."""
+        return self.step is not None and self.versions[Part.HEAD] >= self.step.based_on
+
     def begin(self) -> Step:
         """Start the next step (when `ready`): what to compute, on the weights held."""
         if not self.ready:
             raise RuntimeError(f"mesh {self.mesh_id} may not start a step now")
-        self.step = Step(self.clock + 1, self.shards.popleft(), self.version)
+        self.step = Step(self.clock + 1, self.shards.popleft(), self.versions[Part.CONV])
         return self.step
 
-    def push(self, learnt: Learnt | None) -> Message:
+    def push(self, learnt: Learnt | None, part: Part = Part.WHOLE) -> Message:
         """The step's result for the server (None: nothing to learn from, an empty
-        shard or a wave that missed its deadline). Weights that came while the wave
-        ran are taken up now; an asynchronous mesh then waits for the answer."""
-        step, self.step = self.step, None
+        shard or a wave that missed its deadline): all of it, or with overlap the
+        head's part first and the conv layers' part last. The last part ends the step:
+        weights that came while the wave ran are taken up; an asynchronous mesh then
+        waits for the answer."""
+        step = self.step
         if step is None:
             raise RuntimeError(f"mesh {self.mesh_id} pushes without a step")
-        if self._newer is not None:
-            self._adopt(*self._newer)
-        payload = Push(step.based_on, 0, 0, 0.0, np.zeros(self.model.flat.size, np.float32)) \
+        size = self.model.flat[self._slices[part]].size
+        payload = Push(step.based_on, 0, 0, 0.0, np.zeros(size, np.float32)) \
             if learnt is None else \
-            Push(step.based_on, len(step.indices), learnt.correct, learnt.loss, learnt.gradient)
-        self.clock, self.awaiting = step.clock, True
+            Push(step.based_on, len(step.indices), learnt.correct, learnt.loss,
+                 learnt.gradient[self._slices[part]])
+        if part != Part.HEAD:
+            self.step = None
+            for held, (version, weights) in list(self._held.items()):
+                self._adopt(held, version, weights)
+            self.clock, self.awaiting = step.clock, True
         self.seq += 1
         return make(Kind.PUSH, self.mesh_id, step.clock, EDGE, SERVER, payload.pack(),
-                    seq=self.seq & 0xFFFFFFFF, session=self.session)
+                    layer=part, seq=self.seq & 0xFFFFFFFF, session=self.session)
 
     def handle(self, message: Message) -> None:
-        """Take the server's weights (held while a wave runs)."""
+        """Take the server's weights (held while a wave runs, but for the head's part
+        that the running step waits for)."""
         h = message.header
+        part = part_of(h.layer)
         if h.kind != Kind.WEIGHTS or h.src != SERVER or h.dst != EDGE or \
-                h.mesh != self.mesh_id or h.session != self.session:
+                h.mesh != self.mesh_id or h.session != self.session or part is None:
             self.stats["rejected:not_for_me"] += 1
             return
-        if message.payload.shape != self.model.flat.shape:
+        if message.payload.shape != self.model.flat[self._slices[part]].shape:
             self.stats["rejected:bad_shape"] += 1
             return
-        held = self._newer[0] if self._newer is not None else self.version
+        parts = (Part.CONV, Part.HEAD) if part == Part.WHOLE else (part,)
+        held = max(self._held[p][0] if p in self._held else self.versions[p] for p in parts)
         if not newer(h.step, held):
             self.stats["stale"] += 1
             return
         self.stats["weights"] += 1
-        if self.step is None:
-            self._adopt(h.step, message.payload)
+        step = self.step
+        if step is None or (part == Part.HEAD and h.step == step.based_on):
+            self._adopt(part, h.step, message.payload)
         else:
-            self._newer = (h.step, message.payload)
+            self._held[part] = (h.step, message.payload)
 
-    def _adopt(self, version: int, weights: np.ndarray) -> None:
-        self.model.flat[...] = weights
-        self.version, self.awaiting, self._newer = version, False, None
+    def _adopt(self, part: Part, version: int, weights: np.ndarray) -> None:
+        self.model.flat[self._slices[part]] = weights
+        for p in (Part.CONV, Part.HEAD) if part == Part.WHOLE else (part,):
+            self.versions[p] = version
+            self._held.pop(p, None)
+        self._held.pop(part, None)
+        if self.versions[Part.CONV] == self.versions[Part.HEAD]:
+            self.awaiting = False

@@ -68,6 +68,7 @@ class Backhaul:
     def __init__(self, profile: BackhaulProfile) -> None:
         self.profile = profile
         self._free_at: dict[object, float] = {}
+        self._busy: dict[object, float] = {}  # seconds each bottleneck carried something
         self.bytes_up = self.bytes_down = 0
         self.busy_s = 0.0  # summed over the bottlenecks: time they carried something
         self.queued_s = 0.0  # summed over transfers: time waiting for a bottleneck
@@ -82,6 +83,7 @@ class Backhaul:
         start = max(now, self._free_at.get(link, now)) if link is not None else now
         if link is not None:
             self._free_at[link] = start + holds
+            self._busy[link] = self._busy.get(link, 0.0) + holds
         self.queued_s += start - now
         self.busy_s += holds if math.isfinite(holds) else 0.0
         if up:
@@ -90,7 +92,14 @@ class Backhaul:
             self.bytes_down += nbytes
         return start + holds + p.latency_s
 
+    @property
+    def busiest_s(self) -> float:
+        """Seconds the busiest bottleneck carried something: what the backhaul cannot
+        do in less time."""
+        return max(self._busy.values(), default=0.0)
+
     def report(self) -> dict[str, object]:
         return {"name": self.profile.name, "bytes_up": self.bytes_up,
                 "bytes_down": self.bytes_down, "busy_s": self.busy_s,
-                "queued_s": self.queued_s, "source": self.profile.source}
+                "busiest_link_s": self.busiest_s, "queued_s": self.queued_s,
+                "latency_s": self.profile.latency_s, "source": self.profile.source}

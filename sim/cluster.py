@@ -9,6 +9,10 @@ their messages and keeps the time:
 - a step takes its mesh the wave's duration (`wave_time`: the virtual mesh's rounds,
   or the seconds of a wave in simulated time); its gradient is computed when the wave
   starts, on the weights the edge holds then, which is what the wave would compute;
+- with overlap (server/parts.py) a wave starts on the conv layers' weights alone; if
+  the head's come later than the wave's pooled features, the wave stalls for them (its
+  rest comes that much later); the head's gradient goes up when the edge has it, the
+  conv layers' at the wave's end;
 - a message takes the backhaul's time (sim/backhaul.py: its bytes at the link's rate
   behind whatever shares its bottleneck, then the latency).
 
@@ -22,16 +26,26 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from meshdl.errors import MeshdlError, StepSkipped
 from meshdl.messages import Message, wire_size
 from meshdl.server.machine import ParameterServer
+from meshdl.server.parts import Part
 from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.backhaul import INSTANT, Backhaul
 from meshdl.sim.clock import EventQueue
 from meshdl.training import Engine
+
+
+class WaveShape(NamedTuple):
+    """A wave's duration, and when in it the edge ran the head (from its start)."""
+
+    seconds: float
+    gather: float  # the pooled features are in: the head needs its weights now
+    head: float  # the head's gradient is ready (training)
 
 
 @dataclass
@@ -41,7 +55,8 @@ class MeshFigures:
     steps: int = 0
     samples: int = 0
     busy: float = 0.0  # computing waves
-    waited: float = 0.0  # with shards left, kept from starting by its sync rule
+    waited: float = 0.0  # with shards left, kept from starting by its sync rule, or
+    # (overlap) a wave stalled for the head's weights
     pushed_bytes: int = 0
     weights_bytes: int = 0  # received
     weights: int = 0
@@ -56,12 +71,13 @@ class Cluster:
 
     def __init__(self, server: ParameterServer, workers: Sequence[MeshWorker],
                  engines: Sequence[Engine], labels: np.ndarray,
-                 wave_time: Callable[[int], float], backhaul: Backhaul | None = None,
+                 wave_time: Callable[[int], WaveShape], backhaul: Backhaul | None = None,
                  on_update: UpdateFn | None = None,
-                 on_push: PushFn | None = None) -> None:
+                 on_push: PushFn | None = None, overlap: bool = False) -> None:
         """`labels`: of the training split, to count a forward pass's hits;
-        `wave_time(i)`: how long mesh i's last wave took; `on_update`: called after
-        each update of the server; `on_push`: after each push."""
+        `wave_time(i)`: the shape of mesh i's last wave; `on_update`: called after
+        each update of the server; `on_push`: after each step's (last) push;
+        `overlap`: gradients and weights travel in parts (as the server's)."""
         self.server, self.workers, self.engines = server, list(workers), list(engines)
         self.labels, self.wave_time = labels, wave_time
         self.backhaul = backhaul or Backhaul(INSTANT)
@@ -71,6 +87,8 @@ class Cluster:
         self._index = {w.mesh_id: i for i, w in enumerate(self.workers)}
         self._idle_since: list[float | None] = [None] * len(self.workers)
         self._pool: deque[np.ndarray] = deque()  # shards for whichever mesh is free
+        self.overlap = overlap
+        self._started: dict[int, float] = {}  # mesh -> when its running wave started
 
     def run_epoch(self, shards: Sequence[Sequence[np.ndarray]], pooled: bool = False) -> None:
         """Every mesh computes its shards (`shards[i]`, in order) until the server has
@@ -110,8 +128,19 @@ class Cluster:
         if worker.shards and self._idle_since[i] is not None:
             self.figures[i].waited += now - self._idle_since[i]
         self._idle_since[i] = None
-        step = worker.begin()
-        learnt, seconds = None, 0.0
+        worker.begin()
+        self._started[i] = now
+        if worker.head_ready:
+            self._compute(i)
+        # else: the head's weights are on their way (overlap); `_to_worker` goes on.
+
+    def _compute(self, i: int) -> None:
+        """Run mesh i's wave (on the weights it holds now, all of this step's), and
+        schedule its pushes: the wave started at `_started[i]`, and stalled for as long
+        as the head's weights came after its pooled features."""
+        worker, figures, now = self.workers[i], self.figures[i], self.queue.now
+        step, started = worker.step, self._started.pop(i)
+        learnt, shape = None, WaveShape(0.0, 0.0, 0.0)
         if len(step.indices):
             try:
                 loss, logits, grads = self.engines[i].loss_and_grads(worker.model, step.indices)
@@ -120,24 +149,34 @@ class Cluster:
             else:
                 correct = int(np.sum(logits.argmax(axis=1) == self.labels[step.indices]))
                 learnt = Learnt(correct, float(loss), grads.copy())  # grads: a reused buffer
-            seconds = self.wave_time(i)
-        figures = self.figures[i]
-        figures.busy += seconds
+            shape = self.wave_time(i)
+        stall = max(0.0, now - (started + shape.gather))
+        figures.busy += shape.seconds
+        figures.waited += stall
         figures.steps += 1
         figures.samples += len(step.indices) if learnt is not None else 0
-        self.queue.at(now + seconds, self._finish, (i, learnt))
+        if self.overlap:
+            self.queue.at(started + shape.head + stall, self._push_head, (i, learnt))
+        self.queue.at(started + shape.seconds + stall, self._finish, (i, learnt))
+
+    def _push_head(self, arg: tuple[int, Learnt | None]) -> None:
+        i, learnt = arg
+        self._send_to_server(i, self.workers[i].push(learnt, Part.HEAD))
 
     def _finish(self, arg: tuple[int, Learnt | None]) -> None:
         i, learnt = arg
-        message = self.workers[i].push(learnt)
-        nbytes = wire_size(message)
-        self.figures[i].pushed_bytes += nbytes
-        arrives = self.backhaul.send(self.queue.now, nbytes, i, up=True)
-        self.queue.at(arrives, self._to_server, message)
+        last = Part.CONV if self.overlap else Part.WHOLE
+        self._send_to_server(i, self.workers[i].push(learnt, last))
         if self.on_push is not None:
             self.on_push(i, learnt)
         self._idle_since[i] = self.queue.now
         self._try_start(i)
+
+    def _send_to_server(self, i: int, message: Message) -> None:
+        nbytes = wire_size(message)
+        self.figures[i].pushed_bytes += nbytes
+        arrives = self.backhaul.send(self.queue.now, nbytes, i, up=True)
+        self.queue.at(arrives, self._to_server, message)
 
     def _to_server(self, message: Message) -> None:
         version = self.server.version
@@ -157,5 +196,9 @@ class Cluster:
         figures = self.figures[i]
         figures.weights += 1
         figures.weights_bytes += wire_size(message)
-        self.workers[i].handle(message)
-        self._try_start(i)
+        worker = self.workers[i]
+        worker.handle(message)
+        if i in self._started and worker.head_ready:
+            self._compute(i)  # the head's weights this wave waited for
+        else:
+            self._try_start(i)

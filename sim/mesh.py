@@ -96,6 +96,7 @@ class VirtualMesh:
         # A wave needs about four crossings of the mesh; anything far beyond is a hang.
         self.max_rounds = max_rounds or 16 * (topo.diameter + 4) * (spec.model.conv_layers + 2)
         self.last_wave_rounds = 0
+        self.gather_rounds: int | None = None  # of the last wave: when the head ran
         self._timing: dict[Mode, tuple] = {}  # the last wave of each mode, see `timing`
 
     def _deliver_to_host(self, cell: Cell, host: NodeHost):
@@ -161,10 +162,13 @@ class VirtualMesh:
         """One wave from the edge and back; raises MeshdlError if it does not complete."""
         self.send(self.edge.start(mode, split, indices))
         start_round = self.broker.round
+        self.gather_rounds = None
         while self.edge.result is None:
             if self.broker.idle or self.broker.round - start_round > self.max_rounds:
                 self._stalled(start_round)
             self.deliver_round()
+            if self.gather_rounds is None and self.edge.trace is not None:
+                self.gather_rounds = self.broker.round - start_round  # the head ran
             if self.broker.round % 8 == 0:
                 await asyncio.sleep(0)  # let other tasks of the loop run
         # Let the tail of the wave (e.g. the last REDUCE relays) settle for the counts.

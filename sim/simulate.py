@@ -25,6 +25,7 @@ from meshdl.plots import pyplot, save_png
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim import energy
 from meshdl.sim.besteffort import BestEffort
+from meshdl.sim.cluster import WaveShape
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.loss import FrameLoss
 from meshdl.sim.media import BROKER, MediumName, Sent
@@ -91,12 +92,16 @@ class SimEngine(WaveEngine):
             return mesh.run_wave(mode, split, indices)
 
     @property
-    def last_wave_s(self) -> float:
-        """Simulated seconds of the last wave (its edge's update included)."""
+    def last_wave_shape(self) -> WaveShape:
+        """Simulated seconds of the last wave (its edge's update included), and when
+        in it the head started and its gradient was ready."""
         if self.mesh is None or not self.mesh.waves:
-            return 0.0
+            return WaveShape(0.0, 0.0, 0.0)
         last = self.mesh.waves[-1]
-        return last.end - last.start
+        seconds = last.end - last.start
+        gather = last.forward if last.forward is not None else seconds
+        return WaveShape(seconds, gather, last.backward if last.backward is not None
+                         else gather)
 
     def report(self) -> dict[str, Any]:
         """The "comm" record of metrics.json, as the virtual mesh gives it; the wave's

@@ -138,6 +138,7 @@ class WaveTiming:
     mode: Mode
     start: float
     forward: float | None = None  # the edge has every pooled feature (head starts)
+    backward: float | None = None  # training: the head's gradient is ready (SCATTER goes)
     end: float = 0.0
     filled_in: int = 0  # best effort: messages filled in at deadlines, edge's included
 
@@ -474,6 +475,8 @@ class TimedMesh:
             if message.header.kind == Kind.GATHER and edge.trace is not None \
                     and self._wave is not None and self._wave.forward is None:
                 self._wave.forward = now - self._wave.start
+                if out:  # the SCATTER: the head's gradient is ready once it is made
+                    self._wave.backward = now + seconds - self._wave.start
         else:  # the broker
             out, seconds = self._fan_out(message), self.broker_s
         cpu = self.cpus[party]

@@ -15,14 +15,16 @@ from meshdl.augment import orientations, originals, training_data
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
 from meshdl.errors import UsageError
-from meshdl.messages import EDGE, SERVER, Kind, make
+from meshdl.messages import EDGE, SERVER, Kind, Message, make
 from meshdl.model import CNN
 from meshdl.optim import Optimizer, learning_rate
 from meshdl.parallel import shards, train_parallel
 from meshdl.payloads import Push
 from meshdl.server.machine import ParameterServer
+from meshdl.server.parts import Part, part_slice
 from meshdl.server.sync import Sync
 from meshdl.server.worker import Learnt, MeshWorker
+from meshdl.sim.cluster import WaveShape
 from meshdl.training import CentralEngine, batches, normalization
 from tests.test_mesh import _assert_same_parameters
 
@@ -121,7 +123,8 @@ def test_async_on_one_mesh_is_sequential_training() -> None:
 
 def _straggler(factor: float):
     """Mesh 0's waves take `factor` times the others'."""
-    return lambda engines, i: factor if i == 0 else 1.0
+    return lambda engines, i: WaveShape(factor, factor, factor) if i == 0 else \
+        WaveShape(1.0, 1.0, 1.0)
 
 
 @pytest.mark.parametrize("bound", [1, 2, 3])
@@ -289,3 +292,83 @@ def test_an_impossible_sync_flag_is_a_one_line_usage_error(cli) -> None:
     code, _, err = cli("train", "--meshes", "2", "--sync", "ssp:x")
     assert code == 2
     assert err.count("\n") == 1 and "parallel.sync" in err
+
+
+def _overlap(config: RunConfig, on: bool) -> RunConfig:
+    return config.model_copy(update={"parallel": config.parallel.model_copy(
+        update={"overlap": on})})
+
+
+@pytest.mark.parametrize("sync", ["bsp", "ssp:2", "async"])
+def test_overlap_changes_when_things_travel_never_the_values(sync) -> None:
+    data = _data(4, 5, 40, 5)
+    config = _config(4, 5, 3, sync, 4, epochs=2)
+    plain, _ = _parallel_steps(config, data)
+    overlapped, report = _parallel_steps(_overlap(config, True), data)
+    assert report["overlap"] is True
+    assert len(plain) == len(overlapped)
+    for a, b in zip(plain, overlapped, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def _overlap_server() -> ParameterServer:
+    config = _config(3, 4, 2, "bsp", 2, clip_norm=0.0)
+    model = CNN(config.model)
+    return ParameterServer(model, Optimizer(config.train, model.flat.size), [1, 2],
+                           Sync.parse("bsp"), lambda _: 0.1, overlap=True)
+
+
+def _part(server: ParameterServer, mesh: int, part: Part, samples: int = 2,
+          clock: int = 1) -> Message:
+    size = server.model.flat[part_slice(part, server.model.config)].size
+    return make(Kind.PUSH, mesh, clock, EDGE, SERVER,
+                Push(0, samples, 1, 0.5, np.ones(size, np.float32)).pack(), layer=part)
+
+
+def test_with_overlap_the_server_updates_once_both_parts_of_every_mesh_are_in() -> None:
+    server = _overlap_server()
+    for mesh in (1, 2):
+        assert server.handle(_part(server, mesh, Part.HEAD)) == []
+    assert server.handle(_part(server, 1, Part.CONV)) == []
+    out = server.handle(_part(server, 2, Part.CONV))
+    assert server.version == 1
+    # The conv layers' weights to every mesh first, then the head's.
+    assert [(m.header.layer, m.header.mesh) for m in out] == \
+        [(Part.CONV, 1), (Part.CONV, 2), (Part.HEAD, 1), (Part.HEAD, 2)]
+
+
+@pytest.mark.parametrize("case", ["parts disagree", "whole with overlap", "part twice"])
+def test_with_overlap_the_server_refuses_parts_that_do_not_make_one_step(case) -> None:
+    server = _overlap_server()
+    server.handle(_part(server, 1, Part.HEAD))
+    message, reason = {
+        "parts disagree": (_part(server, 1, Part.CONV, samples=3), "rejected:parts_disagree"),
+        "whole with overlap": (_push(server, 1, 1), "rejected:bad_part"),
+        "part twice": (_part(server, 1, Part.HEAD), "duplicates"),
+    }[case]
+    assert server.handle(message) == []
+    assert server.stats[reason] == 1 and server.clock[1] == 0
+    plain = _server()
+    assert plain.handle(_part(plain, 1, Part.HEAD)) == []  # parts without overlap
+    assert plain.stats["rejected:bad_part"] == 1
+
+
+def test_a_wave_started_on_new_conv_weights_takes_the_heads_of_its_version_at_once() -> None:
+    config = _config(3, 4, 2, "bsp", 2)
+    model = CNN(config.model)
+    worker = MeshWorker(1, Sync.parse("bsp"), model)
+    worker.assign([np.arange(2), np.arange(2, 4)])
+    conv, head = part_slice(Part.CONV, config.model), part_slice(Part.HEAD, config.model)
+    worker.begin()
+    worker.push(None, Part.HEAD)
+    worker.push(None, Part.CONV)
+    worker.handle(make(Kind.WEIGHTS, 1, 1, SERVER, EDGE, np.full(model.flat[conv].size, 2.0),
+                       layer=Part.CONV))
+    step = worker.begin()  # on the conv layers' version 1, the head's still 0
+    assert step.based_on == 1 and not worker.head_ready
+    worker.handle(make(Kind.WEIGHTS, 1, 1, SERVER, EDGE, np.full(model.flat[head].size, 3.0),
+                       layer=Part.HEAD))
+    assert worker.head_ready and np.all(model.flat[head] == 3.0)  # taken mid-wave
+    worker.handle(make(Kind.WEIGHTS, 1, 2, SERVER, EDGE, np.full(model.flat[conv].size, 4.0),
+                       layer=Part.CONV))
+    assert np.all(model.flat[conv] == 2.0)  # the next version's: held till the wave ends

@@ -69,7 +69,7 @@ def _run(sync: str, radios: list[str], epochs: int = 1):
     data = generate_lounge(DataConfig(rows=3, cols=4, train=24, test=8, seed=3))
     after: list[np.ndarray] = []
     _, history = train_parallel(config, data, _engines(config, data, radios),
-                                wave_time=lambda engines, i: engines[i].last_wave_s,
+                                wave_time=lambda engines, i: engines[i].last_wave_shape,
                                 time_unit="s", backhaul=backhaul_profile("wifi"),
                                 on_update=lambda _, p: after.append(p.copy()))
     return config, data, after, history.parallel
@@ -110,3 +110,22 @@ def test_simulate_train_on_several_meshes_reports_each_mesh_and_the_backhaul(
     assert "2 meshes (async, ethernet backhaul)" in err
     code, _, err = cli("simulate", "train", "--backhaul", "carrier-pigeon")
     assert code == 2 and "expected one of wifi, ethernet, lte" in err
+
+
+def test_overlap_brings_the_step_time_towards_the_ideal_and_never_below_it() -> None:
+    config = load_run_config(model={"rows": 3, "cols": 4, "hidden": 4000, "filters": 2},
+                             train={"epochs": 1, "batch": 4, "seed": 2},
+                             parallel={"meshes": 3, "sync": "bsp"})
+    data = generate_lounge(DataConfig(rows=3, cols=4, train=48, test=8, seed=3))
+    steps = {}
+    for on in (False, True):
+        run = config.model_copy(update={"parallel": config.parallel.model_copy(
+            update={"overlap": on})})
+        _, history = train_parallel(run, data, _engines(run, data, ["802.15.4"] * 3),
+                                    wave_time=lambda engines, i: engines[i].last_wave_shape,
+                                    time_unit="s", backhaul=backhaul_profile("lte"))
+        steps[on] = history.parallel["step"]
+    # A big head over a slow uplink: communication is a large share of the step.
+    assert steps[False]["communication"] > 0.2 * steps[False]["compute"]
+    assert steps[True]["mean"] < steps[False]["mean"]
+    assert steps[True]["mean"] >= steps[True]["ideal"]

@@ -212,6 +212,9 @@ def simulate_train(
                                       "parameter server (--batch is each mesh's share)."),
     sync: str | None = typer.Option(None, "--sync", help="Several meshes: bsp, ssp:S or "
                                     "async."),
+    overlap: bool | None = typer.Option(None, "--overlap/--no-overlap", help="Several "
+                                        "meshes: layer-wise overlap of the backhaul "
+                                        "with the waves."),
     backhaul: str = typer.Option("wifi", "--backhaul", help="Several meshes: the edges' "
                                  "link to the server: wifi, ethernet or lte."),
     straggler_radio: str | None = typer.Option(None, "--straggler-radio", help="Several "
@@ -226,7 +229,7 @@ def simulate_train(
         {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
          "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
         {"epochs": epochs, "batch": batch, "lr": lr, "seed": seed}, edge_at,
-        {"meshes": meshes, "sync": sync})
+        {"meshes": meshes, "sync": sync, "overlap": overlap})
     n_meshes = config.parallel.meshes
     link = backhaul_profile(backhaul)
     if straggler_radio is not None and n_meshes < 2:
@@ -259,7 +262,7 @@ def simulate_train(
     start_run(run_dir, config, source)
     model, history = fit_with_progress(
         config, dataset, Fit(checkpoints=run_dir), engine if n_meshes == 1 else None,
-        engines=engines, wave_time=lambda all_, i: all_[i].last_wave_s, time_unit="s",
+        engines=engines, wave_time=lambda all_, i: all_[i].last_wave_shape, time_unit="s",
         backhaul=link)
     mesh = engine.mesh
     assert mesh is not None

@@ -96,6 +96,10 @@ def train(
     sync: str | None = typer.Option(None, "--sync", help="Several meshes: bsp (each step "
                                     "is one model's with batch N x --batch), ssp:S (a "
                                     "mesh at most S updates behind) or async."),
+    overlap: bool | None = typer.Option(None, "--overlap/--no-overlap", help="Several "
+                                        "meshes: push the head's gradient while the mesh "
+                                        "still runs the conv backward, and start each "
+                                        "wave on the conv layers' new weights alone."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its last checkpoint, with its own "
                                        "configuration and data."),
@@ -110,7 +114,8 @@ def train(
             ("--pool", pool), ("--hidden", hidden), ("--epochs", epochs), ("--batch", batch),
             ("--lr", lr), ("--optimizer", optimizer), ("--warmup", warmup),
             ("--clip-norm", clip_norm), ("--augment", augment), ("--seed", seed),
-            ("--wire/--no-wire", wire), ("--meshes", meshes), ("--sync", sync))
+            ("--wire/--no-wire", wire), ("--meshes", meshes), ("--sync", sync),
+            ("--overlap/--no-overlap", overlap))
             if value is not None]
         if given:
             raise UsageError(f"--resume continues the run as it was configured: drop "
@@ -135,7 +140,7 @@ def train(
                "warmup_fraction": warmup, "clip_norm": clip_norm, "augment": augment,
                "seed": seed},
         mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "wire": wire},
-        parallel={"meshes": meshes, "sync": sync},
+        parallel={"meshes": meshes, "sync": sync, "overlap": overlap},
     )
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
