@@ -30,7 +30,7 @@ from meshdl.cli.common import (
 from meshdl.config import load_run_config
 from meshdl.data import load_dataset
 from meshdl.errors import UsageError
-from meshdl.experiments import edge_vs_cloud, faults, sweep
+from meshdl.experiments import edge_vs_cloud, faults, meshes, sweep
 from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
 from meshdl.protocol import MeshSpec
 from meshdl.runs import new_run_dir
@@ -252,6 +252,89 @@ def failures_command(
                       {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
                        "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
                       {"epochs": epochs, "batch": batch, "lr": lr})
+
+
+@app.command("meshes")
+def meshes_command(
+    counts: list[int] = typer.Option(list(meshes.COUNTS), "--counts", help="Numbers of "
+                                     "meshes N (repeat)."),
+    modes: list[str] = typer.Option(list(meshes.MODES), "--modes", help="bsp, ssp:S, "
+                                    "async, each optionally +overlap (repeat)."),
+    straggler: bool = typer.Option(True, "--straggler/--no-straggler", help="Also run "
+                                   "each N >= 2 with a straggler mesh."),
+    straggler_loss: float = typer.Option(0.3, "--straggler-loss", help="The straggler "
+                                         "mesh's links lose this share of frames "
+                                         "(reliable: same values, more time)."),
+    backhaul: str = typer.Option("wifi", "--backhaul", help="wifi, ethernet or lte."),
+    radio: str = FAULT_RADIO,
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per value (the straggler's "
+                              "lost frames)."),
+    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
+    batch: int = typer.Option(meshes.DEFAULT_BATCH, "--batch", min=1, help="Samples per "
+                              "mesh and step."),
+    lr: float | None = LR, kernel: int | None = KERNEL,
+    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
+    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+    ray: str | None = RAY,
+) -> None:
+    """Throughput in samples per simulated second, scaling efficiency and test accuracy
+    of N meshes training one model, by sync mode, with and without a straggler mesh
+    (long: each trial trains in N simulated meshes)."""
+    from meshdl.server.sync import Sync
+    from meshdl.sim.backhaul import backhaul_profile
+    from meshdl.sim.loss import FrameLoss
+    from meshdl.sim.radio import profile
+
+    _check_values("--counts", counts, 1)
+    if any(n > 64 for n in counts):
+        raise UsageError(f"--counts {' '.join(map(str, counts))}: at most 64 meshes")
+    if not modes or len(set(modes)) != len(modes):
+        raise UsageError("--modes: distinct ones of bsp, ssp:S, async (+overlap)")
+    for mode in modes:
+        sync, plus, extra = mode.partition("+")
+        Sync.parse(sync)
+        if plus and extra != "overlap":
+            raise UsageError(f"--modes {mode}: expected MODE or MODE+overlap")
+    backhaul_profile(backhaul)
+    profile(radio)
+    if straggler:
+        FrameLoss(straggler_loss)
+    if data is not None:
+        grid = load_dataset(data)
+        rows, cols = rows or grid.rows, cols or grid.cols
+    base = load_run_config(mode="mesh", model={
+        "rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+        "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
+        train={"epochs": epochs, "batch": batch, "lr": lr})
+    settings: Record = {
+        "experiment": "meshes", "model": base.model.model_dump(),
+        "train": base.train.model_dump(), "mesh": base.mesh.model_dump(mode="json"),
+        "data": base.data.model_dump(), "radio": radio, "backhaul": backhaul,
+        "straggler_loss": straggler_loss,
+        "data_file": str(data.resolve()) if data is not None else None}
+    swept = meshes.values(counts, modes, straggler)
+    # Without a straggler nothing is drawn: one seed; with one, its lost frames.
+    trials = [Trial(i, value, seed, settings) for i, (value, seed) in
+              enumerate((v, s) for v in swept for s in range(seeds if v[2] else 1))]
+    run_dir = _announce("meshes", trials, f"{len(swept)} (N, mode, straggler) triples, "
+                        f"{base.train.epochs} epochs each", jobs, ray, out)
+    records = _run_with_progress(
+        meshes.run, trials, jobs, ray,
+        lambda record: f"test {record['test_acc']:.4f}, "
+        f"{record['samples_per_s']:.3g} samples/s, step {record['step_s']:,.1f} s")
+    rows_ = summarize(trials, records, meshes.FIGURES)
+    batch_ = base.train.batch
+    summary = {"experiment": "meshes", "mode": f"simulated time, {radio}, {backhaul} "
+               f"backhaul, batch {batch_} per mesh, {base.train.epochs} epochs per trial",
+               "values": swept, "seeds": seeds, "rows": rows_,
+               "efficiency": [{"value": list(k), "efficiency": v}
+                              for k, v in meshes.efficiencies(rows_).items()], "paper": []}
+    _publish(run_dir, {"experiment": "meshes", "values": swept,
+                       "seeds": list(range(seeds)), "settings": settings},
+             records, summary, meshes.FIGURES, lambda: meshes.plot(run_dir, rows_),
+             meshes.table(rows_), f"several meshes: {batch_} samples per mesh and step",
+             json_out)
 
 
 def _fault_experiment(name: str, shares: list[float], policies: list[str], loss: float,
