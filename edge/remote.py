@@ -40,7 +40,7 @@ from meshdl.config import RunConfig
 from meshdl.data import Dataset, data_digest
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError
-from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Kind, Message, decode, encode, make
+from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, SERVER, Kind, Message, decode, encode, make
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress, Session, close_loop
 from meshdl.nodes.deadlines import Learning, Policy
@@ -48,7 +48,14 @@ from meshdl.nodes.serve import MQTT_LEAST_MARGIN_S
 from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.sdnotify import Notifier, stop_task
 from meshdl.status import StatusRecord, parse_status
-from meshdl.topics import ROOT, TopicNames, inbox_filter, name_of, status_topic
+from meshdl.topics import (
+    ROOT,
+    TopicNames,
+    inbox_filter,
+    name_of,
+    status_topic,
+    weights_topic,
+)
 from meshdl.topology import Cell
 from meshdl.wire import Wire
 
@@ -118,6 +125,10 @@ class MqttEngine(WaveEngine):
         self.best_effort: tuple[Policy, Learning] | None = None
         self.say: Callable[[str], None] = lambda line: None
         self._dead_said: frozenset[Cell] = frozenset()
+        # Several meshes training one model: where the parameter server's weights go
+        # (edge/data_parallel.py); None: this edge trains alone.
+        self.on_weights: Callable[[Message], None] | None = None
+        self._weights_topic = weights_topic(mesh_id)
 
     @classmethod
     def for_run(cls, config: RunConfig, data: Dataset | None, broker: str | BrokerAddress,
@@ -162,6 +173,20 @@ class MqttEngine(WaveEngine):
         deadline = time.monotonic() + seconds
         self.run_coroutine(self.session.run(self._handle,
                                             until=lambda: time.monotonic() >= deadline))
+
+    def wait_until(self, condition: Callable[[], bool], seconds: float) -> bool:
+        """Take messages (the server's weights among them) until `condition()` holds or
+        `seconds` pass; whether it holds."""
+        deadline = time.monotonic() + seconds
+        self.run_coroutine(self._session())
+        self.run_coroutine(self.session.run(
+            self._handle, until=lambda: condition() or time.monotonic() >= deadline))
+        return condition()
+
+    def send(self, messages: list[Message]) -> None:
+        """Publish messages of this edge's own (its pushes to the server)."""
+        self.run_coroutine(self._session())
+        self.run_coroutine(self.session.send(messages))
 
     def run_coroutine(self, coroutine: Any) -> Any:
         """Run a coroutine on the engine's loop (its session lives there)."""
@@ -256,8 +281,16 @@ class MqttEngine(WaveEngine):
                 "message_size_limit)?")
 
     def _handle(self, topic: str, message: Message) -> list[Message]:
-        """A message from the broker: its topic must be the edge's inbox and agree with
-        its header (the topic is what the broker's ACL checked)."""
+        """A message from the broker: its topic must be the edge's inbox (or the server's
+        weights for it) and agree with its header (the topic is what the broker's ACL
+        checked)."""
+        if topic == self._weights_topic and self.on_weights is not None:
+            h = message.header
+            if (h.src, h.dst, h.kind) != (SERVER, EDGE, Kind.WEIGHTS):
+                self.stats["rejected:topic_mismatch"] += 1
+            else:
+                self.on_weights(message)
+            return []
         route = self._routes.route(topic)
         if route is None or (route.src, route.dst) != (self.edge_at, EDGE):
             self.stats["rejected:bad_topic"] += 1
@@ -279,8 +312,10 @@ class MqttEngine(WaveEngine):
             self.systemd.ready(f"connecting to {self.address}")
             await self._check_lease()
             self.since = time.time()
+            server = [self._weights_topic] if self.on_weights is not None else []
             session = Session(self.address, self.mesh_id, EDGE_CLIENT,
-                              [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status],
+                              [inbox_filter(self.mesh_id, spec.edge_at, EDGE), status,
+                               *server],
                               status={"role": "edge", "session": self.edge_session,
                                       "since": self.since},
                               on_status=self._status, connect_timeout_s=self.connect_timeout_s,

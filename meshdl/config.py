@@ -145,6 +145,9 @@ class ParallelConfig(_Strict):
 
     meshes: int = Field(1, ge=1, le=64, description="meshes of the same grid, each "
                         "with its own edge, training one model (1: a single mesh)")
+    first_mesh_id: int = Field(1, ge=0, le=0xFFFF, description="the first mesh's id; mesh "
+                               "i (the i-th shard of every global batch) has id "
+                               "first_mesh_id + i")
     sync: str = Field("bsp", pattern=r"^(bsp|async|ssp:\d{1,4})$",
                       description="how the meshes keep step: bsp, ssp:S (at most S "
                       "updates behind) or async")
@@ -202,9 +205,10 @@ class RunConfig(BaseSettings):
                 r not in (0, rows - 1) and c not in (0, cols - 1)):
             raise ValueError(f"mesh.edge_at: {self.mesh.edge_at} is not a border cell of the "
                              f"{rows} x {cols} grid")
-        if self.mesh.mesh_id + self.parallel.meshes - 1 > 0xFFFF:
-            raise ValueError(f"parallel.meshes: {self.parallel.meshes} meshes from id "
-                             f"{self.mesh.mesh_id} run past the header's 65535")
+        first, count = self.parallel.first_mesh_id, self.parallel.meshes
+        if first + count - 1 > 0xFFFF:
+            raise ValueError(f"parallel.meshes: {count} meshes from id {first} run past "
+                             "the header's 65535")
         return self
 
     @classmethod

@@ -16,6 +16,9 @@ Quality of service per message class:
   stalls the wave, the edge restarts it under a new step number (`EdgeMachine.tick`) and
   no gradient of the stalled wave is ever applied. QoS 1 would double the packets to
   recover from losses that happen only when a connection breaks.
+- PUSH and WEIGHTS (between the edges and a parameter server): QoS 1. One of each per
+  mesh and step; a step whose answer does not come is pushed again, and the server
+  answers a push it has already applied with its weights again (server/serve.py).
 - Status and alerts: QoS 1, retained, so that a late subscriber sees the last state.
 """
 
@@ -42,7 +45,8 @@ from meshdl.messages import Kind, Message
 from meshdl.topics import TopicNames, check_id, status_topic
 from meshdl.wire import Wire
 
-QOS = {Kind.PARAMS: 1, Kind.BATCH: 1}  # every other kind: 0 (see the module's docstring)
+# Every other kind: 0 (see the module's docstring).
+QOS = {Kind.PARAMS: 1, Kind.BATCH: 1, Kind.PUSH: 1, Kind.WEIGHTS: 1}
 USER_ENV, PASSWORD_ENV = "MESHDL_MQTT_USER", "MESHDL_MQTT_PASSWORD"
 STOP_POLL_S = 0.1  # how often a wait for the broker looks whether to stop
 CLOSE_STEP_S = 0.5  # each of a closing session's goodbye and disconnect

@@ -49,10 +49,27 @@ from meshdl.training import (
 WaveTime = Callable[[list[Engine], int], WaveShape]  # (the engines, mesh i) -> its last wave
 
 
+def mesh_ids(config: RunConfig) -> list[int]:
+    """The meshes' ids, in shard order."""
+    first = config.parallel.first_mesh_id
+    return list(range(first, first + config.parallel.meshes))
+
+
 def shards(global_batch: np.ndarray, meshes: int) -> list[np.ndarray]:
     """Mesh i's share of a global batch: its i-th contiguous part (sizes differ by one
     at most; a batch shorter than the meshes leaves some empty)."""
     return np.array_split(global_batch, meshes)
+
+
+def epoch_shards(config: RunConfig, n_train: int, epoch: int) -> list[list[np.ndarray]]:
+    """Every mesh's shards of epoch `epoch` (from 1), drawn as the run draws them: each
+    mesh can compute its own from the configuration alone (over MQTT, `edge run --ps`)."""
+    tc, n = config.train, config.parallel.meshes
+    rng = np.random.default_rng(tc.seed)
+    for _ in range(epoch - 1):
+        batches(n_train, n * tc.batch, rng, orientations(tc))
+    split = [shards(b, n) for b in batches(n_train, n * tc.batch, rng, orientations(tc))]
+    return [[parts[i] for parts in split] for i in range(n)]
 
 
 def rounds_of_last_wave(engines: list[Engine], i: int) -> WaveShape:
@@ -81,8 +98,8 @@ def train_parallel(
 ) -> tuple[CNN, History]:
     """Fit one model on `config.parallel.meshes` meshes; returns it and its history.
 
-    `engines`: one per mesh (default: `config.mode`'s, mesh ids from
-    `config.mesh.mesh_id` on); `wave_time` (in `time_unit`s) and `backhaul` set the
+    `engines`: one per mesh (default: `config.mode`'s, mesh i of id
+    `config.parallel.first_mesh_id` + i); `wave_time` (in `time_unit`s) and `backhaul` set the
     cluster's clock;
     `on_update(version, params)` sees every update of the server."""
     started = time.perf_counter()
@@ -93,8 +110,8 @@ def train_parallel(
     model.set_normalization(*normalization(data.X_train))
     created = engines is None
     if engines is None:
-        engines = [engine_for(_with_mesh_id(config, config.mesh.mesh_id + i), data)
-                   for i in range(n_meshes)]
+        engines = [engine_for(_with_mesh_id(config, mesh_id), data)
+                   for mesh_id in mesh_ids(config)]
     if len(engines) != n_meshes:
         raise UsageError(f"{len(engines)} engines for {n_meshes} meshes")
     try:
@@ -110,8 +127,7 @@ def train_parallel(
         per_epoch = -(-n_train // (n_meshes * tc.batch))  # global batches (clocks)
         total = tc.epochs * per_epoch * (n_meshes if sync.asynchronous else 1)
         overlap = config.parallel.overlap
-        server = ParameterServer(model, optimizer,
-                                 [config.mesh.mesh_id + i for i in range(n_meshes)], sync,
+        server = ParameterServer(model, optimizer, mesh_ids(config), sync,
                                  lambda n: learning_rate(tc, n, total), overlap=overlap)
         workers = [MeshWorker(mesh_id, sync, _replica(model)) for mesh_id in server.meshes]
         pushes = 0

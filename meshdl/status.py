@@ -29,7 +29,7 @@ MAX_CELLS = 1 << 16
 # delivered, or a record a client left behind, must not pass for a running host.
 FRESH_S = 20.0
 
-Role = Literal["node-host", "edge", "doctor"]
+Role = Literal["node-host", "edge", "doctor", "parameter-server"]
 
 
 class StatusRecord(BaseModel):

@@ -2,10 +2,13 @@
 
     meshdl/<mesh>/<src>/<dst>/<kind>     one hop, e.g. meshdl/7/r0c1/r0c2/halo
     meshdl/<mesh>/edge/all/<kind>        the edge to every node (parameters, batch)
+    meshdl/<mesh>/edge/ps/push           the edge's gradients to the parameter server
+    meshdl/<mesh>/ps/edge/weights        the parameter server's weights to the edge
     meshdl/<mesh>/status/<client>        a client's liveness: retained JSON, its will
     meshdl/<mesh>/alerts                 the edge's anomaly alerts: retained JSON
 
-A cell is named `r<row>c<col>`, the edge `edge`. A node publishes only under its own
+A cell is named `r<row>c<col>`, the edge `edge`, the parameter server `ps` (several
+meshes training one model: meshdl/server). A node publishes only under its own
 name (`meshdl/<mesh>/<self>/#`) and subscribes only to what its one-hop neighbours
 address to it (`meshdl/<mesh>/<neighbour>/<self>/#`) and to the edge's broadcasts,
 which is what a broker ACL can enforce per node: no node can write parameters.
@@ -16,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from meshdl.messages import ALL, EDGE, Header, Kind
+from meshdl.messages import ALL, EDGE, SERVER, Header, Kind
 
 ROOT = "meshdl"
 _CELL = re.compile(r"^r(\d{1,5})c(\d{1,5})$")
@@ -24,6 +27,7 @@ _FORBIDDEN = set("+#/\x00")
 
 
 ALL_NAME = "all"  # the destination level of the edge's broadcasts
+SERVER_NAME = "ps"  # the parameter server's level
 
 
 def name_of(cell: tuple[int, int]) -> str:
@@ -31,6 +35,8 @@ def name_of(cell: tuple[int, int]) -> str:
         return "edge"
     if cell == ALL:
         return ALL_NAME
+    if cell == SERVER:
+        return SERVER_NAME
     return f"r{cell[0]}c{cell[1]}"
 
 
@@ -40,6 +46,8 @@ def cell_of(name: str) -> tuple[int, int]:
         return EDGE
     if name == ALL_NAME:
         return ALL
+    if name == SERVER_NAME:
+        return SERVER
     match = _CELL.match(name)
     if not match or name_of((int(match[1]), int(match[2]))) != name:  # r01c2 is not r1c2
         raise ValueError(f"not a cell name: {name!r}")
@@ -55,6 +63,16 @@ def check_id(value: str, what: str = "id") -> str:
 
 def topic(mesh: int, src: tuple[int, int], dst: tuple[int, int], kind: Kind) -> str:
     return f"{ROOT}/{mesh}/{name_of(src)}/{name_of(dst)}/{kind.name.lower()}"
+
+
+def push_topic(mesh: int) -> str:
+    """Where mesh `mesh`'s edge pushes its gradients to the parameter server."""
+    return topic(mesh, EDGE, SERVER, Kind.PUSH)
+
+
+def weights_topic(mesh: int) -> str:
+    """Where the parameter server sends mesh `mesh`'s edge its weights."""
+    return topic(mesh, SERVER, EDGE, Kind.WEIGHTS)
 
 
 class Route(NamedTuple):
@@ -82,11 +100,12 @@ class TopicNames:
         self._routes: dict[str, Route] = {}
 
     def of(self, header: Header) -> str:
-        """The topic a message with this header is published on."""
-        key = (header.src, header.dst, header.kind)
+        """The topic a message with this header is published on (under the header's
+        mesh: a parameter server publishes to several)."""
+        key = (header.mesh, header.src, header.dst, header.kind)
         name = self._names.get(key)
         if name is None:
-            name = self._names[key] = topic(self.mesh, *key)
+            name = self._names[key] = topic(*key)
         return name
 
     def route(self, name: str) -> Route | None:

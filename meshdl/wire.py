@@ -19,7 +19,9 @@ from meshdl.messages import CodecError, Message, decode, encode
 class Wire:
     """The codec of one process, with its keys when the mesh authenticates."""
 
-    def __init__(self, mesh_id: int, auth: Authenticator | None = None) -> None:
+    def __init__(self, mesh_id: int | None, auth: Authenticator | None = None) -> None:
+        """`mesh_id`: the only mesh whose messages it takes (None: any, for a parameter
+        server, which checks the mesh itself)."""
         self.mesh_id = mesh_id
         self.auth = auth
 

@@ -11,9 +11,13 @@ the server sends back (WEIGHTS). How they keep step is the `Sync` (server/sync.p
 - asynchronous: each gradient is one optimizer step on arrival; its mesh alone gets
   the new weights.
 
-What arrives is checked before it counts: the sender's mesh, session and clock (a
-clock is taken once, in order: a duplicate or a replay changes nothing), the payload's
-shape and counts, and the staleness its mode allows. Rejections are counted by reason.
+What arrives is checked before it counts: the sender's mesh and clock (a clock is taken
+once, in order: a duplicate or a replay changes nothing), the payload's shape and
+counts, and the staleness its mode allows. Rejections are counted by reason. A push of
+a clock already applied, or of one beyond the next, is answered with the weights: its
+mesh missed them, or is ahead of a server restarted from a checkpoint (each server run
+has its own `session`, by which an edge knows it must start again from the weights'
+version).
 
 With overlap (server/parts.py) a step's gradient comes in two parts, which must agree on
 what they were computed on; the update is the same, and its weights go back conv layers
@@ -78,19 +82,22 @@ class ParameterServer:
                 h.mesh not in self.clock:
             self.stats["rejected:not_for_me"] += 1
             return []
-        if h.session != self.session:
-            self.stats["rejected:other_session"] += 1
-            return []
         part = part_of(h.layer)
         if part is None or (part == Part.WHOLE) == self.overlap:
             self.stats["rejected:bad_part"] += 1
             return []
         if h.step <= self.clock[h.mesh]:
             self.stats["duplicates"] += 1
+            # Pushed again once applied: its answer was lost on the way.
+            if self.sync.asynchronous or h.step <= self.version:
+                self.stats["resent"] += 1
+                return self.weights_for([h.mesh])
             return []
         if h.step != self.clock[h.mesh] + 1:
-            self.stats["rejected:out_of_order"] += 1  # an earlier clock never came
-            return []
+            # An earlier clock never came, or the mesh ran on while this server
+            # restarted from a checkpoint: the weights tell it where training stands.
+            self.stats["rejected:out_of_order"] += 1
+            return self.weights_for([h.mesh])
         values = self.model.flat[self._slices[part]].size
         push = Push.read(message.payload, values)
         if push is None or push.based_on > self.version:
@@ -188,6 +195,14 @@ class ParameterServer:
                                 layer=part, seq=self.seq & 0xFFFFFFFF,
                                 session=self.session))
         return out
+
+    def resume_at(self, clock: int) -> None:
+        """Synchronous training restarted from a checkpoint taken after `clock` clocks:
+        every mesh's clock and the version stand there."""
+        if self.sync.asynchronous:
+            raise MeshdlError("an asynchronous run has no clock to resume at")
+        self.version = clock
+        self.clock = dict.fromkeys(self.meshes, clock)
 
     def take_epoch(self) -> EpochFigures:
         """The epoch's figures so far, and a fresh count for the next."""

@@ -47,8 +47,9 @@ class Learnt(NamedTuple):
 class MeshWorker:
     """The edge of mesh `mesh_id` training the server's model with the other meshes."""
 
-    def __init__(self, mesh_id: int, sync: Sync, model: CNN, session: int = 0) -> None:
-        """`model`: this edge's copy, holding the server's weights of version 0."""
+    def __init__(self, mesh_id: int, sync: Sync, model: CNN, session: int | None = 0) -> None:
+        """`model`: this edge's copy, holding the server's weights of version 0;
+        `session`: the server run it works with (None: the first that answers)."""
         self.mesh_id, self.sync, self.model, self.session = mesh_id, sync, model, session
         self.clock = 0  # steps pushed
         self.versions = {Part.CONV: 0, Part.HEAD: 0}  # of the weights `model` holds
@@ -59,6 +60,10 @@ class MeshWorker:
         self._slices = {part: part_slice(part, model.config) for part in Part}
         self.stats: Counter[str] = Counter()
         self.seq = 0
+        # A server that started again from a checkpoint: its first weights, taken up
+        # when no wave runs; then `rewound` says the clock went back to their version.
+        self._restart: Message | None = None
+        self.rewound = False
 
     @property
     def version(self) -> int:
@@ -114,9 +119,12 @@ class MeshWorker:
             for held, (version, weights) in list(self._held.items()):
                 self._adopt(held, version, weights)
             self.clock, self.awaiting = step.clock, True
+            if self._restart is not None:
+                self._start_again(self._restart)
         self.seq += 1
+        # (The server takes pushes of any session: their clocks say where they belong.)
         return make(Kind.PUSH, self.mesh_id, step.clock, EDGE, SERVER, payload.pack(),
-                    layer=part, seq=self.seq & 0xFFFFFFFF, session=self.session)
+                    layer=part, seq=self.seq & 0xFFFFFFFF, session=self.session or 0)
 
     def handle(self, message: Message) -> None:
         """Take the server's weights (held while a wave runs, but for the head's part
@@ -124,12 +132,22 @@ class MeshWorker:
         h = message.header
         part = part_of(h.layer)
         if h.kind != Kind.WEIGHTS or h.src != SERVER or h.dst != EDGE or \
-                h.mesh != self.mesh_id or h.session != self.session or part is None:
+                h.mesh != self.mesh_id or part is None:
             self.stats["rejected:not_for_me"] += 1
             return
         if message.payload.shape != self.model.flat[self._slices[part]].shape:
             self.stats["rejected:bad_shape"] += 1
             return
+        if h.session != self.session:
+            if self.session is None:  # the first server run that answers
+                self.session = h.session
+            else:  # another run of the server: training goes on from its weights
+                self.stats["server_restarts"] += 1
+                if self.step is None:
+                    self._start_again(message)
+                else:
+                    self._restart = message
+                return
         parts = (Part.CONV, Part.HEAD) if part == Part.WHOLE else (part,)
         held = max(self._held[p][0] if p in self._held else self.versions[p] for p in parts)
         if not newer(h.step, held):
@@ -141,6 +159,22 @@ class MeshWorker:
             self._adopt(part, h.step, message.payload)
         else:
             self._held[part] = (h.step, message.payload)
+
+    def _start_again(self, message: Message) -> None:
+        """Go on from a restarted server's weights: synchronous training stands at the
+        clock of their version (the shards from there are the driver's to give again);
+        asynchronous training has no such clock and cannot go on."""
+        self._restart = None
+        h = message.header
+        if self.sync.asynchronous or part_of(h.layer) != Part.WHOLE:
+            raise RuntimeError(f"mesh {self.mesh_id}: the parameter server started again; "
+                               "only synchronous runs without overlap go on from its "
+                               "checkpoint")
+        self.session = h.session
+        self._held.clear()
+        self._adopt(Part.WHOLE, h.step, message.payload)
+        self.clock, self.rewound = h.step, True
+        self.shards.clear()
 
     def _adopt(self, part: Part, version: int, weights: np.ndarray) -> None:
         self.model.flat[self._slices[part]] = weights

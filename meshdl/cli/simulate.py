@@ -246,7 +246,8 @@ def simulate_train(
                                          edge_device, radios)
         return SimEngine(view, chosen, medium, nodes, edge, seed=config.train.seed + i,
                          trace=trace and i == 0, edge_at=config.mesh.edge_at,
-                         mesh_id=config.mesh.mesh_id + i,
+                         mesh_id=config.mesh.mesh_id if n_meshes == 1 else
+                         config.parallel.first_mesh_id + i,
                          params_via=_params_via(config, medium),
                          max_message_bytes=config.mesh.max_message_bytes,
                          loss=FrameLoss(loss, burst, fault_seed + i),

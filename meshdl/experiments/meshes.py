@@ -73,7 +73,8 @@ def run(trial: Trial) -> Record:
     def mesh(i: int) -> SimEngine:
         slow = straggler and i == n - 1
         return SimEngine(view, profile(radio), medium, device(natural_device(radio)),
-                         device("pi4"), seed=config.train.seed + i, mesh_id=1 + i,
+                         device("pi4"), seed=config.train.seed + i,
+                         mesh_id=config.parallel.first_mesh_id + i,
                          edge_at=config.mesh.edge_at,
                          params_via="tree" if medium == "shared" else "broadcast",
                          loss=FrameLoss(settings["straggler_loss"], None, trial.seed)

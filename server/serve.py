@@ -1,0 +1,142 @@
+"""The parameter server over MQTT (`meshdl ps run`): one connection, the meshes' pushes
+in, the weights out, a checkpoint after every epoch.
+
+The server subscribes to every mesh's push topic (`meshdl/<mesh>/edge/ps/push`) and
+publishes each mesh's weights on `meshdl/<mesh>/ps/edge/weights`, both at QoS 1; a
+push's topic must agree with its header (the broker's ACL checked the topic). An edge
+that hears nothing pushes its step again: a push already applied is answered with the
+weights again, so a lost message costs a wait, never the run.
+
+An epoch ends once every mesh's clock has reached its last step and the server has
+applied them; its loss and accuracy are those of the pushes (each edge's forward
+passes), and a checkpoint holds the model and the optimizer. A server started again
+from it (`--resume`) names itself by a new session: edges that ran ahead go back to
+its clock (server/worker.py), so training ends on the parameters it would have had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from meshdl.augment import orientations, originals
+from meshdl.checkpoint import Checkpoint, save_checkpoint
+from meshdl.config import RunConfig
+from meshdl.data import Dataset
+from meshdl.errors import MeshdlError
+from meshdl.messages import Message
+from meshdl.model import CNN
+from meshdl.mqtt import BrokerAddress, Session
+from meshdl.optim import Optimizer, learning_rate
+from meshdl.parallel import mesh_ids
+from meshdl.server.machine import ParameterServer
+from meshdl.server.sync import Sync
+from meshdl.topics import push_topic
+from meshdl.training import (
+    EpochFn,
+    EpochMetrics,
+    History,
+    batches,
+    checkpoint_of,
+    normalization,
+    restore,
+)
+from meshdl.wire import Wire
+
+SERVER_CLIENT = "ps"  # its status topic, under the first mesh
+
+
+class ServerRun:
+    """A training run of the parameter server: its machine, epochs and checkpoints."""
+
+    def __init__(self, config: RunConfig, data: Dataset, checkpoints: Path | None = None,
+                 resume: Checkpoint | None = None, session: int | None = None,
+                 on_epoch: EpochFn | None = None) -> None:
+        """`data`: the training view the meshes train on (its size makes the epochs;
+        its readings, the normalization every mesh applies)."""
+        tc = config.train
+        self.config, self.checkpoints, self.on_epoch = config, checkpoints, on_epoch
+        self.sync = Sync.parse(config.parallel.sync)
+        if config.parallel.overlap:
+            raise MeshdlError("over MQTT the server takes whole pushes: run without overlap")
+        n = config.parallel.meshes
+        self.steps = -(-originals(data) // (n * tc.batch))  # clocks per epoch
+        total = tc.epochs * self.steps * (n if self.sync.asynchronous else 1)
+        self.model = CNN(config.model, seed=tc.seed)
+        self.model.set_normalization(*normalization(data.X_train))
+        self.optimizer = Optimizer(tc, self.model.flat.size)
+        self.history = History()
+        # The batches each epoch draws, drawn here too (the edges draw their shards from
+        # the same seed): its state in a checkpoint is the one `train` would save.
+        self.rng = np.random.default_rng(tc.seed)
+        self._n_train = originals(data)
+        session = int.from_bytes(os.urandom(2), "little") if session is None else session
+        self.server = ParameterServer(self.model, self.optimizer, mesh_ids(config),
+                                      self.sync, lambda k: learning_rate(tc, k, total),
+                                      session=session)
+        if resume is not None:
+            restore(resume, config, self.model, self.optimizer, self.rng, self.history)
+            self.server.resume_at(len(self.history.epochs) * self.steps)
+        self.stats: Counter[str] = Counter()
+        self.started = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return len(self.history.epochs) >= self.config.train.epochs
+
+    def handle(self, topic: str, message: Message) -> list[Message]:
+        """A push from an edge: through the server machine, then the epoch's end."""
+        if topic != push_topic(message.header.mesh):
+            self.stats["rejected:topic_mismatch"] += 1
+            return []
+        out = self.server.handle(message, time.monotonic())
+        self._epochs_ended()
+        return out
+
+    def _epochs_ended(self) -> None:
+        server = self.server
+        while not self.done and server.settled and \
+                min(server.clock.values()) >= (len(self.history.epochs) + 1) * self.steps:
+            figures = server.take_epoch()
+            tc = self.config.train
+            batches(self._n_train, self.config.parallel.meshes * tc.batch, self.rng,
+                    orientations(tc))
+            learned = figures.samples
+            self.history.epochs.append(EpochMetrics(
+                epoch=len(self.history.epochs) + 1,
+                train_loss=figures.loss_sum / learned if learned else float("nan"),
+                train_acc=figures.correct / learned if learned else float("nan"),
+                test_acc=float("nan"),  # the edges evaluate, in their meshes
+                skipped_steps=figures.skipped))
+            if self.checkpoints is not None:
+                save_checkpoint(self.checkpoints, checkpoint_of(
+                    self.config, self.model, self.optimizer, self.history,
+                    self.rng.bit_generator.state))
+            if self.on_epoch is not None:
+                self.on_epoch(self.history.epochs[-1])
+
+
+async def serve(run: ServerRun, address: BrokerAddress,
+                stop: Callable[[], bool] = lambda: False,
+                connect_timeout_s: float | None = 30.0) -> None:
+    """Serve the meshes until the run's last epoch is applied (or `stop()`)."""
+    config = run.config
+    session = Session(address, config.parallel.first_mesh_id, SERVER_CLIENT,
+                      [push_topic(mesh) for mesh in run.server.meshes],
+                      status={"role": "parameter-server",
+                              "meshes": list(run.server.meshes),
+                              "session": run.server.session},
+                      connect_timeout_s=connect_timeout_s, wire=Wire(None),
+                      stats=run.stats)
+    await session.connect()
+    try:
+        await session.run(run.handle, until=lambda: run.done or stop())
+        await asyncio.sleep(0)  # the last weights went out with the last push's turn
+    finally:
+        await session.close()
