@@ -95,7 +95,7 @@ def test_two_meshes_and_a_server_over_mosquitto_train_to_the_simulators_bsp(
         assert server.error is None and not server.is_alive(), server.error
     scale = float(np.abs(reference.flat).max())
     np.testing.assert_allclose(run.model.flat, reference.flat, rtol=1e-5, atol=1e-5 * scale)
-    for engine, thread in edges:  # each edge ends holding the server's model
+    for _, thread in edges:  # each edge ends holding the server's model
         model, history = thread.result
         np.testing.assert_array_equal(model.flat, run.model.flat)
         assert [e.epoch for e in history.epochs] == [1, 2]
