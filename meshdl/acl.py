@@ -17,6 +17,14 @@ ever talks to its one-hop neighbours, and only the edge sends parameters. So
   its cells' grants plus its own status topic (its connection's last will);
 - `monitor` reads status and alerts, nothing else.
 
+Several meshes training one model (meshdl/server): each building's broker carries its
+own mesh, and a Mosquitto bridge carries its edge's pushes to a central broker, where
+the parameter server runs, and the server's weights back. With `parameter_server` the
+edge also reads its weights topic (the bridge brings them in); on the central broker
+(`central_users`), the server `ps` reads every mesh's pushes and writes every mesh's
+weights, and each building's bridge (user `bridge-<mesh>`) writes its mesh's pushes and
+reads its mesh's weights only, so no building can pose as another or as the server.
+
 Mosquitto denies whatever an `acl_file` does not grant, so nothing else is needed: no
 node can write under `edge/` (parameters), read a non-neighbour's messages, or pose as
 another node. Topic lines are only ever given inside `user` blocks: lines before the
@@ -31,13 +39,23 @@ from dataclasses import dataclass
 from typing import Literal
 
 from meshdl.messages import EDGE
-from meshdl.topics import ROOT, alerts_topic, broadcast_filter, inbox_filter, name_of, status_topic
+from meshdl.topics import (
+    ROOT,
+    alerts_topic,
+    broadcast_filter,
+    inbox_filter,
+    name_of,
+    push_topic,
+    status_topic,
+    weights_topic,
+)
 from meshdl.topology import Cell, Topology
 
 Access = Literal["read", "write", "readwrite"]
 
 EDGE_USER = "edge"
 MONITOR_USER = "monitor"
+SERVER_USER = "ps"
 RESERVED_USERS = frozenset({EDGE_USER, MONITOR_USER, "all", "status", "alerts"})
 # Host names become broker user names, file names (secrets/<name>.env) and topic levels
 # (status/<name>): letters, digits, '.', '_' and '-' only, starting with a letter.
@@ -59,7 +77,7 @@ class MeshUser:
     """A broker user: its name, what it is, the cells it acts for, and its grants."""
 
     name: str
-    role: Literal["edge", "node", "host", "monitor"]
+    role: Literal["edge", "node", "host", "monitor", "server", "bridge"]
     cells: tuple[Cell, ...]
     grants: tuple[Grant, ...]
 
@@ -76,15 +94,63 @@ def node_grants(mesh: int, topology: Topology, cell: Cell) -> list[Grant]:
     return grants
 
 
-def edge_grants(mesh: int, topology: Topology) -> list[Grant]:
-    """The edge sends parameters, batches and scatters; it hears only `edge_at`."""
-    return [
+def edge_grants(mesh: int, topology: Topology,
+                parameter_server: bool = False) -> list[Grant]:
+    """The edge sends parameters, batches and scatters (and, training with other
+    meshes, its pushes: they are under edge/ too); it hears only `edge_at`, and the
+    parameter server's weights for its mesh."""
+    grants = [
         Grant("write", f"{ROOT}/{mesh}/{name_of(EDGE)}/#"),
         Grant("write", status_topic(mesh, EDGE_USER)),
         Grant("write", alerts_topic(mesh)),
         Grant("read", inbox_filter(mesh, topology.edge_at, EDGE)),
         Grant("read", f"{ROOT}/{mesh}/status/#"),
     ]
+    if parameter_server:
+        grants.append(Grant("read", weights_topic(mesh)))
+    return grants
+
+
+def server_grants(meshes: Iterable[int]) -> list[Grant]:
+    """The parameter server: every mesh's pushes in, its weights out; its status."""
+    meshes = list(meshes)
+    grants = [Grant("write", status_topic(meshes[0], SERVER_USER))]
+    for mesh in meshes:
+        grants += [Grant("read", push_topic(mesh)), Grant("write", weights_topic(mesh))]
+    return grants
+
+
+def bridge_grants(mesh: int) -> list[Grant]:
+    """A building's bridge on the central broker: its mesh's pushes out, weights in."""
+    return [Grant("write", push_topic(mesh)), Grant("read", weights_topic(mesh))]
+
+
+def bridge_user(mesh: int) -> str:
+    return f"bridge-{mesh}"
+
+
+def central_users(meshes: Iterable[int]) -> list[MeshUser]:
+    """The central broker's users: the parameter server and one bridge per mesh."""
+    meshes = list(meshes)
+    return [MeshUser(SERVER_USER, "server", (), tuple(server_grants(meshes))),
+            *(MeshUser(bridge_user(m), "bridge", (), tuple(bridge_grants(m)))
+              for m in meshes)]
+
+
+def bridge_config(mesh: int, central_host: str, central_port: int, password: str) -> str:
+    """The lines a building's Mosquitto needs to bridge its mesh's server traffic to the
+    central broker (QoS 1 both ways, as the edge and the server publish it)."""
+    return "\n".join([
+        f"# meshdl mesh {mesh}: pushes to the central parameter server, weights back",
+        f"connection meshdl-{mesh}-central",
+        f"address {central_host}:{central_port}",
+        f"remote_username {bridge_user(mesh)}",
+        f"remote_password {password}",
+        f"remote_clientid meshdl-bridge-{mesh}",
+        "cleansession false",
+        f"topic {push_topic(mesh)} out 1",
+        f"topic {weights_topic(mesh)} in 1",
+        ""])
 
 
 def monitor_grants(mesh: int) -> list[Grant]:
@@ -108,9 +174,12 @@ def mesh_users(
     topology: Topology,
     hosts: Mapping[str, Iterable[Cell]] | None = None,
     monitor: bool = True,
+    parameter_server: bool = False,
 ) -> list[MeshUser]:
-    """Every broker user of a mesh: the edge, one per cell, the node hosts, the monitor."""
-    users = [MeshUser(EDGE_USER, "edge", (), tuple(edge_grants(mesh, topology)))]
+    """Every broker user of a mesh: the edge, one per cell, the node hosts, the monitor
+    (`parameter_server`: the mesh trains with others, its edge hears their server)."""
+    users = [MeshUser(EDGE_USER, "edge", (),
+                      tuple(edge_grants(mesh, topology, parameter_server)))]
     users += [
         MeshUser(name_of(cell), "node", (cell,), tuple(node_grants(mesh, topology, cell)))
         for cell in topology.cells()

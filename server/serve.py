@@ -86,6 +86,16 @@ class ServerRun:
         self.stats: Counter[str] = Counter()
         self.started = time.perf_counter()
 
+    def report(self) -> dict[str, object]:
+        """metrics.json's "parallel" of the server: updates, staleness, what it counted."""
+        server = self.server
+        return {"meshes": len(server.meshes), "sync": str(self.sync),
+                "updates": server.version, "session": server.session,
+                "staleness": {str(k): n for k, n in sorted(server.staleness.items())},
+                "server": dict(sorted(server.stats.items())),
+                "connection": dict(sorted(self.stats.items())),
+                "wall_s": time.perf_counter() - self.started}
+
     @property
     def done(self) -> bool:
         return len(self.history.epochs) >= self.config.train.epochs

@@ -10,7 +10,14 @@ describes:
                             edge's signing key, for `edge`): meshdl/auth.py
 
 Users: `edge`, one per cell (`r<row>c<col>`), one per node host (`--host NAME=CELLS`),
-and a read-only `monitor` (meshdl/acl.py has the rules). Passwords come from
+and a read-only `monitor` (meshdl/acl.py has the rules). A mesh whose [parallel]
+section trains it with other meshes lets its edge hear the parameter server's weights.
+
+`meshdl deploy central --mesh mesh.toml --central HOST:PORT --out DIR` provisions the
+central broker of several meshes (the [parallel] section's): its passwd and acl for
+the parameter server `ps` and one bridge per mesh, their secrets, and
+`DIR/bridge-<mesh>.conf`, the lines each building's Mosquitto includes to bridge its
+mesh's pushes and weights to it (docs/parallel.md). Passwords come from
 `secrets.token_urlsafe`, the mesh's link secret and the edge's Ed25519 key from
 `secrets.token_bytes`; they are never printed. Every user's .env file turns message
 authentication on (`MESHDL_MESH__AUTH=true`) and names its key file as it will be
@@ -74,7 +81,8 @@ def credentials(
     topology = Topology(rows, cols, cfg.mesh.edge_at, cfg.model.pool)
     hosts = _parse_hosts(host or [], rows, cols)
     try:
-        users = mesh_users(cfg.mesh.mesh_id, topology, hosts)
+        users = mesh_users(cfg.mesh.mesh_id, topology, hosts,
+                           parameter_server=cfg.parallel.meshes > 1)
     except ValueError as exc:
         raise UsageError(f"--host: {exc}") from None
     tool = find_tool("mosquitto_passwd")  # before writing anything
@@ -116,6 +124,56 @@ def credentials(
         f"{len(hosts)} node host(s), monitor", highlight=False)
     if as_json:
         emit_json(report)
+
+
+@app.command()
+def central(
+    mesh: Path = typer.Option(..., "--mesh", help="A mesh file whose [parallel] section "
+                              "names the meshes (meshes, first_mesh_id)."),
+    central_address: str = typer.Option(..., "--central", help="HOST:PORT of the central "
+                                        "broker, as the buildings' brokers reach it."),
+    out: Path = typer.Option(..., "--out", help="Directory for passwd, acl, secrets/ and "
+                             "the bridge-<mesh>.conf files."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+) -> None:
+    """Write the central broker's passwd and acl (the parameter server and one bridge per
+    mesh), their secrets, and each building's bridge configuration."""
+    from meshdl.acl import bridge_config, central_users
+    from meshdl.parallel import mesh_ids
+
+    cfg = load_run_config(mesh)
+    if cfg.parallel.meshes < 2:
+        raise UsageError(f"{mesh}: its [parallel] section trains one mesh; a central "
+                         "broker serves two or more")
+    host, _, port = central_address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--central {central_address}: expected HOST:PORT")
+    meshes = mesh_ids(cfg)
+    users = central_users(meshes)
+    tool = find_tool("mosquitto_passwd")
+    targets = [out / "passwd", out / "acl", *(out / f"bridge-{m}.conf" for m in meshes),
+               *(out / "secrets" / f"{u.name}.env" for u in users)]
+    existing = [path for path in targets if path.exists()]
+    if existing and not force:
+        raise MeshdlError(f"{existing[0]} exists; pass --force to overwrite (every "
+                          "password changes)")
+    passwords = {u.name: secrets.token_urlsafe(PASSWORD_BYTES) for u in users}
+    out.mkdir(parents=True, exist_ok=True)
+    _ignore_in_git(out)
+    (out / "secrets").mkdir(mode=0o700, exist_ok=True)
+    _write_private(out / "acl", acl_text(users, f"meshdl central broker of meshes "
+                                         f"{', '.join(map(str, meshes))}; written by "
+                                         "`meshdl deploy central`"))
+    _hash_passwords(tool, out / "passwd", passwords)
+    for user in users:
+        _write_private(out / "secrets" / f"{user.name}.env",
+                       _env_text(user, passwords[user.name], meshes[0], None))
+    for m in meshes:  # holds the bridge's password: as private as a secrets file
+        _write_private(out / f"bridge-{m}.conf",
+                       bridge_config(m, host, int(port), passwords[f"bridge-{m}"]))
+    err_console.print(f"wrote {out / 'passwd'}, {out / 'acl'}, the parameter server's and "
+                      f"{len(meshes)} bridges' secrets, and bridge-<mesh>.conf for meshes "
+                      f"{', '.join(map(str, meshes))}", highlight=False)
 
 
 def _ignore_in_git(out: Path) -> None:
@@ -175,8 +233,8 @@ def _hash_passwords(tool: str, path: Path, passwords: dict[str, str]) -> None:
 def _env_text(user: MeshUser, password: str, mesh_id: int, key_file: Path | None) -> str:
     """A systemd EnvironmentFile: the user's broker login, which cells it acts for, and
     its message keys."""
-    who = {"edge": "the edge", "monitor": "the read-only monitor"}.get(
-        user.role, f"{user.role} {user.name}")
+    who = {"edge": "the edge", "monitor": "the read-only monitor",
+           "server": "the parameter server"}.get(user.role, f"{user.role} {user.name}")
     lines = [
         f"# meshdl mesh {mesh_id}: broker login of {who}. Keep it secret:",
         "# mode 0600, owned by the service user (see deploy/RASPBERRY_PI.md).",

@@ -1,5 +1,5 @@
 """Running a mesh over MQTT: `meshdl node run`, `meshdl nodes run`, `meshdl edge run`,
-`meshdl doctor`.
+`meshdl ps run` (several meshes training one model), `meshdl doctor`.
 
 The node hosts' serving loop is nodes/serve.py; the edge's engine edge/remote.py. Every
 process reads the same mesh file (`--mesh mesh.toml`, the run configuration: grid,
@@ -37,6 +37,8 @@ node_app = typer.Typer(help="One sensor node (one cell) of a mesh over MQTT.",
 nodes_app = typer.Typer(help="A node host: many cells over one MQTT connection.",
                         no_args_is_help=True)
 edge_app = typer.Typer(help="The edge of a mesh over MQTT.", no_args_is_help=True)
+ps_app = typer.Typer(help="The parameter server of several meshes training one model.",
+                     no_args_is_help=True)
 
 BROKER = typer.Option(..., "--broker", help="mqtt://host[:port] or mqtts://host[:port].")
 MESH = typer.Option(..., "--mesh", help="The mesh file (TOML run configuration).")
@@ -55,6 +57,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(node_app, name="node")
     app.add_typer(nodes_app, name="nodes")
     app.add_typer(edge_app, name="edge")
+    app.add_typer(ps_app, name="ps")
     app.command("doctor")(doctor)
 
 
@@ -215,10 +218,14 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
                  "when it is away; then a checkpoint of every finished update is saved and "
                  "the run stops (go on with --resume)."),
              take_over: bool = TAKE_OVER,
+             ps: bool = typer.Option(False, "--ps", help="Train with the other meshes of "
+                                     "the mesh file's [parallel] section, through the "
+                                     "parameter server (`meshdl ps run`) on this broker."),
              json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
              ) -> None:
     """Train: every batch is a wave through the node hosts; writes the run directory,
-    with a checkpoint after every epoch."""
+    with a checkpoint after every epoch (with --ps: this mesh's shard of every step,
+    the server holding the model and its checkpoints)."""
     from meshdl.checkpoint import load_checkpoint
     from meshdl.cli.common import emit_json
     from meshdl.edge.remote import MqttEngine
@@ -235,6 +242,12 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
     if resume is not None and out is not None and out != resume:
         raise UsageError("--resume RUN_DIR writes into RUN_DIR: drop --out")
     config = load_run_config(mesh)
+    if ps and resume is not None:
+        raise UsageError("--ps with --resume: the parameter server holds the checkpoints "
+                         "(resume it: `meshdl ps run --resume`); start the edge afresh")
+    if ps and config.parallel.meshes < 2:
+        raise UsageError(f"--ps: {mesh} trains one mesh alone; its [parallel] section "
+                         "says how many meshes train together (meshes = N)")
     dataset = load_dataset(data)
     checkpoint = load_checkpoint(resume) if resume is not None else None
     run_dir = resume or out or new_run_dir(name="mqtt")
@@ -245,8 +258,13 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
                                 take_over=take_over)
     engine.say = lambda line: err_console.print(line, highlight=False)
     try:
-        model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
-                               resume=checkpoint)
+        if ps:
+            from meshdl.edge.data_parallel import train_with_server
+
+            model, history = train_with_server(config, dataset, engine)
+        else:
+            model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
+                                   resume=checkpoint)
     except MeshdlError as exc:
         command = (f"meshdl edge run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
                    f"--data {data}")  # the address as printed: never the password
@@ -262,6 +280,62 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
                       highlight=False)
     if warning := single_class_warning(history.final):
         err_console.print(warning, style="yellow", highlight=False)
+    if json_out:
+        emit_json(metrics)
+
+
+@ps_app.command("run")
+def ps_run(broker: str = BROKER, mesh: Path = MESH,
+           data: Path = typer.Option(..., "--data", help="Data set .npz (its training "
+                                     "maps set the epochs and the normalization)."),
+           out: Path | None = typer.Option(None, "--out", help="Run directory."),
+           resume: Path | None = typer.Option(None, "--resume", help="Go on from the last "
+                                              "checkpoint in this run directory."),
+           broker_patience: float = typer.Option(120.0, "--broker-patience", min=0.0,
+                                                 help="Seconds to wait for the broker."),
+           json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
+           ) -> None:
+    """Combine the pushes of the meshes of the mesh file's [parallel] section and update
+    the model they train; a checkpoint after every epoch, model.npz at the end."""
+    from meshdl.augment import training_data
+    from meshdl.checkpoint import load_checkpoint
+    from meshdl.cli.common import emit_json
+    from meshdl.parallel import mesh_ids
+    from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
+    from meshdl.server.serve import ServerRun, serve
+
+    if resume is not None and out is not None and out != resume:
+        raise UsageError("--resume RUN_DIR writes into RUN_DIR: drop --out")
+    config = load_run_config(mesh)
+    if config.parallel.meshes < 2:
+        raise UsageError(f"{mesh}: its [parallel] section trains one mesh (meshes = 1); "
+                         "a parameter server combines two or more")
+    dataset = load_dataset(data)
+    checkpoint = load_checkpoint(resume) if resume is not None else None
+    run_dir = resume or out or new_run_dir(name="ps")
+    start_run(run_dir, config, str(data))
+
+    def said(e) -> None:
+        err_console.print(f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train "
+                          f"{e.train_acc:.4f}", highlight=False)
+
+    run = ServerRun(config, training_data(config.train, dataset), checkpoints=run_dir,
+                    resume=checkpoint, on_epoch=said)
+    err_console.print(f"parameter server of meshes {', '.join(map(str, mesh_ids(config)))} "
+                      f"({config.parallel.sync}) on {BrokerAddress.parse(broker)} -> "
+                      f"{run_dir}", highlight=False)
+    try:
+        asyncio.run(serve(run, BrokerAddress.parse(broker),
+                          connect_timeout_s=broker_patience))
+    except KeyboardInterrupt:
+        raise MeshdlError(f"stopped; go on with `meshdl ps run ... --resume {run_dir}` "
+                          "(from the last epoch's checkpoint)") from None
+    history = run.history
+    history.parallel = run.report()
+    metrics = metrics_record(config, history)
+    write_run(run_dir, config, run.model, metrics, str(data))
+    err_console.print(f"parameter server done: {run.server.version} updates, "
+                      f"{run.server.stats['pushes']} pushes -> {run_dir}", highlight=False)
     if json_out:
         emit_json(metrics)
 
