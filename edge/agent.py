@@ -84,6 +84,10 @@ class WaveEngine:
 class EdgeMachine:
     """The edge of one mesh, holding the model whose head it runs."""
 
+    # The head's backward writes each input gradient over its dead input (the memory
+    # plan, `CNN.head_backward`); False only to measure it (`meshdl bench memory`).
+    memory_plan = True
+
     def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray],
                  first_step: int = 1, wave_timeout: float | None = None,
                  session: int = 0) -> None:
@@ -417,7 +421,7 @@ class EdgeMachine:
         dlogits = np.empty_like(self.trace.logits)
         self.loss = float(kernels.softmax_cross_entropy(self.trace.logits,
                                                         self.batch_labels, dlogits))
-        dpooled = self.model.head_backward(self.trace, dlogits)
+        dpooled = self.model.head_backward(self.trace, dlogits, overwrite=self.memory_plan)
         values = np.stack([dpooled[:, i, j] for i, j in self.gather_blocks])
         self.backward_at = now
         return [self._message(Kind.SCATTER, values)]

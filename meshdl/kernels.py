@@ -233,6 +233,20 @@ def relu_grad_and_sum(dz: np.ndarray, z: np.ndarray, total: np.ndarray) -> None:
         total[u] = s
 
 
+@njit(**_JIT)
+def masked_grad_and_sum(dz: np.ndarray, passed: np.ndarray, total: np.ndarray) -> None:
+    """`relu_grad_and_sum` given only where the ReLU passed (bool, units x B): for a dz
+    written over the ReLU's own output (the edge's memory plan)."""
+    zero = np.float32(0.0)
+    for u in range(dz.shape[0]):
+        s = 0.0
+        for i in range(dz.shape[1]):
+            g = dz[u, i] if passed[u, i] else zero
+            dz[u, i] = g
+            s += g
+        total[u] = s
+
+
 _U = np.uint64  # type of flat indices, see `_tap_offsets`
 
 

@@ -205,18 +205,33 @@ class CNN:
             raise UsageError(f"labels must lie in [0, {self.config.classes})")
         return labels.astype(np.int64)
 
-    def head_backward(self, trace: Trace, dlogits: np.ndarray) -> np.ndarray:
-        """Gradients of fc2 and fc1 into the grad buffer; returns dL/d(pooled) batch-last."""
+    def head_backward(self, trace: Trace, dlogits: np.ndarray,
+                      overwrite: bool = False) -> np.ndarray:
+        """Gradients of fc2 and fc1 into the grad buffer; returns dL/d(pooled) batch-last.
+
+        `overwrite` (the mesh edge's memory plan, seed 002): each layer's weight gradient
+        is taken first, after which its input is dead, so the input gradient is written
+        over it: d(hidden) over `trace.hidden` (only which units passed the ReLU is kept,
+        a byte each) and d(pooled) over `trace.pooled`, which is returned. The values are
+        the same bits either way; the trace is spent."""
         p, g = self.params, self._grads
         np.matmul(dlogits, trace.hidden.T, out=g["fc2.weight"])
         g["fc2.bias"][...] = dlogits.sum(axis=1, dtype=np.float64)  # terms nearly cancel
-        dhidden = p["fc2.weight"].T @ dlogits
-        kernels.relu_grad_and_sum(dhidden, trace.hidden, g["fc1.bias"])
+        if overwrite:
+            passed = trace.hidden > 0
+            dhidden = np.matmul(p["fc2.weight"].T, dlogits, out=trace.hidden)
+            kernels.masked_grad_and_sum(dhidden, passed, g["fc1.bias"])
+        else:
+            dhidden = p["fc2.weight"].T @ dlogits
+            kernels.relu_grad_and_sum(dhidden, trace.hidden, g["fc1.bias"])
         features = trace.pooled.reshape(self.config.features, -1)
         if features.shape[1] == 1:  # numpy's matmul takes a slow path for an outer product
             np.multiply(dhidden, features.T, out=g["fc1.weight"])
         else:
             np.matmul(dhidden, features.T, out=g["fc1.weight"])
+        if overwrite:
+            np.matmul(p["fc1.weight"].T, dhidden, out=features)
+            return trace.pooled
         return (p["fc1.weight"].T @ dhidden).reshape(trace.pooled.shape)
 
     def conv_backward(self, trace: Trace, dpooled: np.ndarray) -> None:

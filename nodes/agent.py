@@ -74,6 +74,10 @@ KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
 class NodeMachine(BestEffortNode):
     """One cell of the mesh."""
 
+    # False: every field its own buffer in every wave, as before the memory plan (only
+    # to measure what the plan saves: `meshdl bench memory`).
+    memory_plan = True
+
     def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray]) -> None:
         """`readings[split]` is (samples, in_channels) float32: this sensor's own log."""
         self.cell = cell
@@ -129,7 +133,9 @@ class NodeMachine(BestEffortNode):
         self.layout = spec.params_layout  # where each layer's parameters sit in PARAMS
         self.params_size = self.layout.size
         self.wave = None  # the PARAMS that brought the new plan start a new wave
-        self._storage: list[np.ndarray] = []  # the field buffers of the last wave
+        self._storage: list[np.ndarray] = []  # the field buffers of the last wave ...
+        self._owned: list[np.ndarray] = []  # ... the distinct arrays among them ...
+        self._storage_key: tuple = ()  # ... and for which (batch, layout)
         topo = spec.topology
         self.plan = plan = self._plan_for(spec)
         self.inbox = plan.inbox
@@ -524,7 +530,7 @@ class NodeMachine(BestEffortNode):
         for layer, where in self.layout.layers.items():
             wave.weights[layer] = params[where.weight].reshape(where.kernel_shape)
             wave.biases[layer] = params[where.bias]
-        wave.buffers = self._field_buffers(wave.batch)
+        wave.buffers = self._field_buffers(wave)
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
         for child in self.children if self.spec.params_via == "tree" else ():
@@ -535,16 +541,26 @@ class NodeMachine(BestEffortNode):
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
         self._arrived(wave, self.made_a[0])
 
-    def _field_buffers(self, batch: int) -> list[np.ndarray]:
-        """A wave's field buffers: the last wave's again, unless a view of them still
-        lives outside this node (a sent payload in flight, or kept by a receiver that
-        has not started that wave) or the batch size changed. Reuse matters: allocating
-        and freeing them for every wave of every node costs about 8 % of a wave."""
-        storage = self._storage
-        if not storage or storage[0].shape[2] != batch or _outside_refs(storage):
-            self._storage = storage = [np.empty((slots, channels, batch), np.float32)
-                                       for slots, channels in self.plan.buffer_shapes]
-        return storage
+    def _field_buffers(self, wave: Wave) -> list[np.ndarray]:
+        """A wave's field buffers, laid out by the plan's memory plan for its mode
+        (`plan._layout`: no gradient fields for inference; in an exact training wave
+        the gradients coming down share the features' memory). The last wave's again,
+        unless a view of them still lives outside this node (a sent payload in flight,
+        or kept by a receiver that has not started that wave) or the batch size or the
+        layout changed. Reuse matters: allocating and freeing them for every wave of
+        every node costs about 8 % of a wave."""
+        shapes = self.plan.buffer_shapes
+        layout = self.plan.layouts[(wave.mode, self.policy is None)] if self.memory_plan \
+            else tuple(range(len(shapes)))
+        key = (wave.batch, layout)
+        if key != self._storage_key or _outside_refs(self._owned, self._storage):
+            owned = {index: np.empty((*shapes[index], wave.batch), np.float32)
+                     for index in dict.fromkeys(layout) if index is not None}
+            self._owned = list(owned.values())
+            self._storage = [None if index is None else owned[index]  # type: ignore[misc]
+                             for index in layout]
+            self._storage_key = key
+        return self._storage
 
     def record(self, split: int, index: int, values: np.ndarray | float | None) -> None:
         """Store this sensor's reading(s) of one sample (a live time slot), or NaN for a
@@ -605,7 +621,7 @@ class NodeMachine(BestEffortNode):
         """The block's maximum and, for the backward pass, which member held it (the
         first in row-major order, as PyTorch)."""
         pooled = wave.buffers[self.pooled][self.pooled_slot]
-        wave.winners = np.empty(pooled.shape, np.intp)
+        wave.winners = np.empty(pooled.shape, np.uint8)  # a block has <= 64 cells
         compute.max_pool(wave.buffers[self.a[layers]], self.block_slots, pooled, wave.winners)
         self._arrived(wave, self.made_pooled)
 
@@ -668,10 +684,12 @@ class NodeMachine(BestEffortNode):
         return self.wave.finished_at if self.wave else {}
 
 
-def _outside_refs(arrays: list[np.ndarray]) -> int:
-    """References to the arrays of a list besides the list's own; every view of an
-    array holds one (numpy views refer to the array that owns the memory)."""
-    return sum(sys.getrefcount(a) for a in arrays) - len(arrays) * _LISTED
+def _outside_refs(owned: list[np.ndarray], storage: list[np.ndarray]) -> int:
+    """References to the `owned` arrays besides those of the two lists (`storage`
+    may name one array for several fields, or None); every view of an array holds one
+    (numpy views refer to the array that owns the memory)."""
+    entries = sum(1 for a in storage if a is not None)
+    return sum(sys.getrefcount(a) for a in owned) - len(owned) * _LISTED - entries
 
 
 _LISTED = sum(sys.getrefcount(a) for a in [np.empty(0)])  # an array only a list holds

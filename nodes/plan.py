@@ -23,6 +23,9 @@ from meshdl.work import Work
 Item = tuple[Field, Hashable]
 Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
 Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
+# Per field buffer, the buffer whose memory it uses: itself, an earlier one that is dead
+# by the time it is written, or None (the wave never touches it). See `_layout`.
+Layout = tuple[int | None, ...]
 
 
 class Role(IntEnum):
@@ -240,6 +243,8 @@ class NodePlan:
             self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * ITEM_BYTES * values
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
+        self.layouts = {(mode, exact): _layout(self.buffers, self.buffer_shapes, mode, exact)
+                        for mode in Mode for exact in (False, True)}
 
     def _empty(self) -> None:
         """The plan of a cell the mesh leaves out: no messages, no tasks."""
@@ -249,6 +254,7 @@ class NodePlan:
         self.train_only, self.waiters, self.needs_count = [], {}, []
         self.active = dict.fromkeys(Mode, 0)
         self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
+        self.layouts = {(mode, exact): () for mode in Mode for exact in (False, True)}
 
     def usable(self, wave: Wave, f: Field, item: Hashable) -> bool:
         """Has this wave got the values of item `item` of field `f` (received, not
@@ -298,7 +304,9 @@ class Wave:
         self.params_payload: np.ndarray | None = None  # all of it (the plan's tail too)
         self.batch_payload: np.ndarray | None = None
         self.batch = 0
-        self.buffers: list[np.ndarray] = []  # per field: (slots, channels, batch)
+        # Per field: (slots, channels, batch); None for a field the wave never touches
+        # (its `Layout`).
+        self.buffers: list[np.ndarray] = []
         self.reduce: dict[Cell, np.ndarray] = {}  # children's REDUCE payloads
         self.missing = list(plan.needs_count)  # per task: sources still to come
         self.ready: list[int] = list(plan.ready_at_start)
@@ -338,3 +346,29 @@ def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
     if task.method == "dinput":
         return [(("dz", task.layer - 1), cell)]
     return []
+
+
+def _layout(buffers: dict[Field, int], shapes: list[tuple[int, int]], mode: Mode,
+            exact: bool) -> Layout:
+    """The memory plan of a wave (seed 002: a buffer whose values are dead is
+    overwritten rather than a new one allocated). Two rules, both from the order in
+    which a wave writes and reads its fields:
+      - an inference wave never touches a gradient field (dz, route, dpooled): they get
+        no memory (in the seed mesh, half of a node's buffers);
+      - in an exact training wave the gradients coming down the tree (dpooled) take the
+        memory of the features that went up (pooled). A SCATTER comes only after the
+        edge had every GATHER, so after this node sent its pooled values on, and nothing
+        reads them again. Not in best effort: there the edge may go on without a
+        subtree, whose GATHER can still come in after the SCATTER.
+    The activations' halo windows stay: a conv layer's weight gradient reads them in the
+    backward pass, while the neighbours' output gradients are already coming in."""
+    layout: list[int | None] = list(range(len(shapes)))
+    if mode == Mode.INFER:
+        for f, index in buffers.items():
+            if f[0] in GRADIENTS:
+                layout[index] = None
+    elif exact and ("pooled",) in buffers and ("dpooled",) in buffers:
+        pooled, dpooled = buffers[("pooled",)], buffers[("dpooled",)]
+        if shapes[pooled] == shapes[dpooled]:  # the same blocks: those of the subtree
+            layout[dpooled] = pooled
+    return tuple(layout)

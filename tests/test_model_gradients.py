@@ -85,3 +85,22 @@ def test_max_pool_covers_every_cell_in_ceil_mode() -> None:
     config = ModelConfig(rows=17, cols=25)
     assert config.pooled_shape == (9, 13)
     assert config.features == 5 * 9 * 13
+
+
+def test_the_heads_backward_written_over_its_inputs_gives_the_same_bits() -> None:
+    """The edge's memory plan: d(hidden) over hidden, d(pooled) over pooled."""
+    config = ModelConfig(rows=6, cols=5, kernel=3, filters=3, hidden=7)
+    rng = np.random.default_rng(3)
+    pooled = rng.normal(size=(3, *config.pooled_shape, 9)).astype(np.float32)
+    dlogits = rng.normal(size=(config.classes, 9)).astype(np.float32)
+    figures = []
+    for overwrite in (False, True):
+        model = CNN(config, seed=1)
+        trace = model.head_forward(pooled.copy())
+        dpooled = model.head_backward(trace, dlogits, overwrite=overwrite)
+        assert (dpooled is trace.pooled) == overwrite  # no new array when overwriting
+        figures.append((dpooled.copy(), model.grad_flat.copy()))
+    (plain, plain_grads), (reused, reused_grads) = figures
+    np.testing.assert_array_equal(reused, plain)
+    np.testing.assert_array_equal(reused_grads, plain_grads)
+    assert (plain != 0).any()

@@ -1,6 +1,8 @@
 """A node keeps each field's values in one array per wave and reuses it for the next
 wave, but never while a payload it sent still views it: what a receiver holds does not
-change under it."""
+change under it. The memory plan (nodes/plan.py `_layout`) gives an inference wave no
+gradient buffers and lets an exact training wave's gradients coming down the tree use the
+memory of the features that went up."""
 
 from __future__ import annotations
 
@@ -9,28 +11,34 @@ import numpy as np
 from meshdl import ModelConfig
 from meshdl.messages import Kind, Message, make
 from meshdl.nodes.agent import NodeMachine
+from meshdl.nodes.deadlines import Policy
+from meshdl.nodes.plan import GRADIENTS
 from meshdl.protocol import MeshSpec, Mode, Split
 
 CONFIG = ModelConfig(rows=4, cols=4, kernel=3, filters=2, hidden=4)
 CELL = (1, 1)
 
 
-def _node() -> tuple[NodeMachine, MeshSpec]:
+RELAY = (0, 1)  # pools a block and relays its subtree's features: pooled and dpooled
+
+
+def _node(cell: tuple[int, int] = CELL) -> tuple[NodeMachine, MeshSpec]:
     spec = MeshSpec(1, CONFIG)
     readings = {Split.TRAIN: np.arange(8, dtype=np.float32).reshape(8, 1)}
-    return NodeMachine(spec, CELL, readings), spec
+    return NodeMachine(spec, cell, readings), spec
 
 
-def _start_wave(node: NodeMachine, spec: MeshSpec, step: int, samples: list[int]
-                ) -> list[Message]:
+def _start_wave(node: NodeMachine, spec: MeshSpec, step: int, samples: list[int],
+                mode: Mode = Mode.TRAIN) -> list[Message]:
     """PARAMS and BATCH from the tree parent; returns what the node sends at once (its
     own readings' halo strips)."""
-    parent = spec.topology.parent[CELL]
+    cell = node.cell
+    parent = spec.topology.parent[cell]
     params = np.zeros(spec.conv_size + 2, np.float32)
     params[-1] = 1.0  # std; mean 0: the normalized reading is the reading
-    node.handle(make(Kind.PARAMS, 1, step, parent, CELL, params))
-    batch = np.array([Mode.TRAIN, Split.TRAIN, *samples], np.int32)
-    sent = node.handle(make(Kind.BATCH, 1, step, parent, CELL, batch))
+    node.handle(make(Kind.PARAMS, 1, step, parent, cell, params))
+    batch = np.array([mode, Split.TRAIN, *samples], np.int32)
+    sent = node.handle(make(Kind.BATCH, 1, step, parent, cell, batch))
     halo = [m for m in sent if m.kind == Kind.HALO]
     assert halo, "a started node sends its readings to its neighbours"
     return halo
@@ -57,3 +65,41 @@ def test_buffers_are_reused_once_nothing_outside_the_node_views_them() -> None:
     assert node.wave.buffers is first
     _start_wave(node, spec, 3, [2, 3, 4])  # another batch size needs other buffers
     assert node.wave.buffers is not first
+
+
+def _field_buffer(node: NodeMachine, field: tuple) -> np.ndarray | None:
+    return node.wave.buffers[node.plan.buffers[field]]
+
+
+def test_an_inference_wave_gives_the_gradient_fields_no_memory() -> None:
+    node, spec = _node(RELAY)
+    _start_wave(node, spec, 1, [0, 1], Mode.INFER)
+    for field in node.plan.buffers:
+        buffer = _field_buffer(node, field)
+        assert (buffer is None) == (field[0] in GRADIENTS), field
+    _start_wave(node, spec, 2, [0, 1], Mode.TRAIN)  # a training wave has them all
+    assert all(_field_buffer(node, field) is not None for field in node.plan.buffers)
+
+
+def test_an_exact_training_wave_writes_the_gradients_down_over_the_features_gone_up() -> None:
+    node, spec = _node(RELAY)
+    _start_wave(node, spec, 1, [0, 1])
+    assert _field_buffer(node, ("dpooled",)) is _field_buffer(node, ("pooled",))
+    others = [id(_field_buffer(node, f)) for f in node.plan.buffers if f != ("dpooled",)]
+    assert len(set(others)) == len(others)  # nothing else shares
+
+
+def test_best_effort_keeps_the_features_apart_from_the_gradients() -> None:
+    """A late GATHER may still come in after the SCATTER there."""
+    node, spec = _node(RELAY)
+    node.policy = Policy.ZERO
+    _start_wave(node, spec, 1, [0, 1])
+    assert _field_buffer(node, ("dpooled",)) is not _field_buffer(node, ("pooled",))
+
+
+def test_without_the_memory_plan_every_field_has_its_own_buffer(monkeypatch) -> None:
+    monkeypatch.setattr(NodeMachine, "memory_plan", False)
+    node, spec = _node(RELAY)
+    _start_wave(node, spec, 1, [0, 1], Mode.INFER)
+    buffers = [_field_buffer(node, f) for f in node.plan.buffers]
+    assert all(b is not None for b in buffers) and len({id(b) for b in buffers}) == len(buffers)

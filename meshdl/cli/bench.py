@@ -217,3 +217,28 @@ def sim(
                           f"{t['virtual_wall_s']:.1f} s, simulated time {t['timed_wall_s']:.1f}"
                           f" s: {t['ratio_to_virtual']:.2f}x (same parameters: "
                           f"{t['same_parameters']})")
+
+
+@app.command("memory")
+def memory(
+    large: bool = typer.Option(True, "--large/--no-large", help="Also a 100 x 100 mesh "
+                               "(batch 100; a few minutes)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+) -> None:
+    """Peak memory of one wave with the memory plan and without (seed 002): the seed mesh
+    at batch 100 and 1024, a 100 x 100 mesh; tracemalloc and the resident set, each
+    measurement in a fresh process."""
+    from meshdl.bench_memory import LARGE_CASES, SEED_CASES, bench_memory
+
+    cases = SEED_CASES + (LARGE_CASES if large else [])
+    result = bench_memory(cases, log=lambda text: err_console.print(text, highlight=False))
+    if json_out:
+        emit_json(result)
+        return
+    for row in result["cases"]:
+        without, with_plan = row["without"], row["with"]
+        out_console.print(
+            f"{row['case']}: traced peak {without['traced_peak_mb']:.1f} -> "
+            f"{with_plan['traced_peak_mb']:.1f} MB ({-row['traced_saving']:+.0%}), resident "
+            f"peak {without['rss_peak_mb']:.0f} -> {with_plan['rss_peak_mb']:.0f} MB "
+            f"({-row['rss_saving']:+.0%})", highlight=False)
