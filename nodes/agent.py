@@ -48,6 +48,7 @@ from meshdl.nodes.deadlines import (
     Learning,
     Policy,
 )
+from meshdl.nodes.memory import MemoryPlan
 from meshdl.nodes.plan import (
     FILLED_IN,
     ITEMS,
@@ -134,7 +135,9 @@ class NodeMachine(BestEffortNode):
         self.params_size = self.layout.size
         self.wave = None  # the PARAMS that brought the new plan start a new wave
         self._storage: list[np.ndarray] = []  # the field buffers of the last wave ...
+        self._kept: list[np.ndarray | None] = []  # ... its kept activations ...
         self._owned: list[np.ndarray] = []  # ... the distinct arrays among them ...
+        self._memory: MemoryPlan | None = None  # ... their plan ...
         self._storage_key: tuple = ()  # ... and for which (batch, layout)
         topo = spec.topology
         self.plan = plan = self._plan_for(spec)
@@ -261,9 +264,14 @@ class NodeMachine(BestEffortNode):
                 payload.shape != (expect.rows, expect.channels, wave.batch):
             self.stats["rejected:bad_shape"] += 1
             return []
-        wave.buffers[expect.buffer][expect.slots] = payload
         wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
+        if wave.holding and expect.train_only:  # the first gradient: is its memory free?
+            if wave.forward_left:
+                wave.held.append((expect, payload))  # not yet: this node still reads it
+                return []
+            self._take_shared_memory(wave)
+        wave.buffers[expect.buffer][expect.slots] = payload
         if wave.timing:
             self._took(wave, expect, now)
         self._arrived(wave, expect.waiters)
@@ -271,6 +279,27 @@ class NodeMachine(BestEffortNode):
         if wave.ready:
             self._run_ready(wave, now, out)
         return out
+
+    def _take_shared_memory(self, wave: Wave) -> None:
+        """The wave's first gradient is to be written, its forward tasks done: gradients
+        go over the forward values they share memory with, unless a payload this node
+        sent still views them (a receiver keeps it, a link layer may resend it). In an
+        honest wave every forward message was taken long before a gradient comes; else,
+        for this wave, the gradients get memory of their own."""
+        wave.holding = False
+        if _outside_refs(self._owned, self._storage, self._kept):
+            self.stats["gradients_unshared"] += 1
+            for index in self._memory.later:  # type: ignore[union-attr]
+                self._storage[index] = np.empty_like(self._storage[index])
+            self._storage_key = ()  # the next wave lays its memory out afresh
+
+    def _release(self, wave: Wave) -> None:
+        """This node's forward tasks are done: take the gradients that came before."""
+        self._take_shared_memory(wave)
+        for expect, payload in wave.held:
+            wave.buffers[expect.buffer][expect.slots] = payload
+            self._arrived(wave, expect.waiters)
+        wave.held.clear()
 
     def _handle_wave_event(self, message: Message, expect: Expect,
                            now: float) -> list[Message]:
@@ -530,7 +559,7 @@ class NodeMachine(BestEffortNode):
         for layer, where in self.layout.layers.items():
             wave.weights[layer] = params[where.weight].reshape(where.kernel_shape)
             wave.biases[layer] = params[where.bias]
-        wave.buffers = self._field_buffers(wave)
+        self._field_buffers(wave)
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
         for child in self.children if self.spec.params_via == "tree" else ():
@@ -541,26 +570,29 @@ class NodeMachine(BestEffortNode):
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
         self._arrived(wave, self.made_a[0])
 
-    def _field_buffers(self, wave: Wave) -> list[np.ndarray]:
-        """A wave's field buffers, laid out by the plan's memory plan for its mode
-        (`plan._layout`: no gradient fields for inference; in an exact training wave
-        the gradients coming down share the features' memory). The last wave's again,
-        unless a view of them still lives outside this node (a sent payload in flight,
-        or kept by a receiver that has not started that wave) or the batch size or the
-        layout changed. Reuse matters: allocating and freeing them for every wave of
-        every node costs about 8 % of a wave."""
-        shapes = self.plan.buffer_shapes
-        layout = self.plan.layouts[(wave.mode, self.policy is None)] if self.memory_plan \
-            else tuple(range(len(shapes)))
-        key = (wave.batch, layout)
-        if key != self._storage_key or _outside_refs(self._owned, self._storage):
-            owned = {index: np.empty((*shapes[index], wave.batch), np.float32)
-                     for index in dict.fromkeys(layout) if index is not None}
-            self._owned = list(owned.values())
-            self._storage = [None if index is None else owned[index]  # type: ignore[misc]
-                             for index in layout]
+    def _field_buffers(self, wave: Wave) -> None:
+        """A wave's field buffers (and kept activations), laid out by the memory plan of
+        its mode (nodes/memory.py). The last wave's again, unless a view of them still
+        lives outside this node (a sent payload in flight, or kept by a receiver that
+        has not started that wave) or the batch size or the plan changed. Reuse matters:
+        allocating and freeing them for every wave of every node costs about 8 % of a
+        wave."""
+        memory = self.plan.memory[(wave.mode, self.policy is None)] if self.memory_plan \
+            else self.plan.memory[(Mode.TRAIN, False)]  # every field its own array
+        key = (wave.batch, memory)
+        if key != self._storage_key or _outside_refs(self._owned, self._storage, self._kept):
+            self._owned = [np.empty((*shape, wave.batch), np.float32)
+                           for shape in memory.arrays]
+            self._storage = [None if index is None else self._owned[index]  # type: ignore[misc]
+                             for index in memory.fields]
+            self._kept = [None if index is None else self._owned[index][0]
+                          for index in memory.kept]
             self._storage_key = key
-        return self._storage
+        self._memory = memory
+        wave.buffers, wave.kept = self._storage, self._kept
+        wave.by_input_cell = memory.by_input_cell
+        wave.forward_left = self.plan.active[Mode.INFER]  # the tasks of every wave
+        wave.holding = memory.shares and wave.forward_left > 0
 
     def record(self, split: int, index: int, values: np.ndarray | float | None) -> None:
         """Store this sensor's reading(s) of one sample (a live time slot), or NaN for a
@@ -600,6 +632,10 @@ class NodeMachine(BestEffortNode):
                 out.append(seal(kind, mesh, step, cell, dst, buffers[buffer][rows], layer,
                                 phase, self.seq, FLOAT32, session))
             wave.tasks_done += 1
+            if not train_only:
+                wave.forward_left -= 1
+                if wave.forward_left == 0 and wave.held:
+                    self._release(wave)
         if wave.tasks_done == self.plan.active[wave.mode]:
             wave.finished_at.setdefault("finished", now)
             if wave.learnt is not None:
@@ -613,9 +649,18 @@ class NodeMachine(BestEffortNode):
         if self.orphan_rows:
             self._fill_orphans(wave, ("a", layer - 1))
         z = wave.buffers[self.a[layer]][self.own_a[layer]]
-        compute.conv_relu(wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
-                          self.conv_taps, wave.weights[layer], wave.biases[layer], z)
+        inputs = wave.buffers[self.a[layer - 1]]
+        compute.conv_relu(inputs, self.conv_slots[layer], self.conv_taps,
+                          wave.weights[layer], wave.biases[layer], z)
+        kept = wave.kept[layer]
+        if kept is not None:  # its field's memory goes to gradients in the backward pass
+            kept[...] = z
         self._arrived(wave, self.made_a[layer])
+
+    def _own_input(self, wave: Wave, layer: int) -> np.ndarray:
+        """This cell's activation a_layer, (channels, batch): kept apart, or in its field."""
+        kept = wave.kept[layer]
+        return kept if kept is not None else wave.buffers[self.a[layer]][self.own_a[layer]]
 
     def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
         """The block's maximum and, for the backward pass, which member held it (the
@@ -636,28 +681,39 @@ class NodeMachine(BestEffortNode):
         """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
         if self.orphan_rows:
             self._fill_orphans(wave, ("route",))
-        compute.relu_backward(wave.buffers[self.a[layers]][self.own_a[layers]],
+        compute.relu_backward(self._own_input(wave, layers),
                               wave.buffers[self.route][self.own_route],
                               wave.buffers[self.dz[layers]][self.own_dz[layers]])
         self._arrived(wave, self.made_dz[layers])
 
     def _weight_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
-        """This cell's share of d(loss)/d(conv weights, bias): its output times its window."""
-        dz = wave.buffers[self.dz[layer]][self.own_dz[layer]]  # (h, B)
+        """This cell's share of d(loss)/d(conv weights, bias): its output gradient times
+        its input window or, above the first layer under the memory plan, its input
+        times the output gradients around it (nodes/memory.py)."""
         where = self.layout.layers[layer]
-        compute.weight_grad(dz, wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
-                            self.conv_taps, wave.grad[where.weight].reshape(where.kernel_shape),
-                            wave.grad[where.bias])
-        self._arrived(wave, self.made_grad[layer])  # the reduce task waits for it
+        dweight = wave.grad[where.weight].reshape(where.kernel_shape)
+        if wave.by_input_cell and layer > 1:
+            if self.orphan_rows:
+                self._fill_orphans(wave, ("dz", layer))
+            compute.weight_grad_of_input(wave.buffers[self.dz[layer]], self.grad_slots[layer],
+                                         self.grad_taps, self.own_dz[layer],
+                                         self._own_input(wave, layer - 1), dweight,
+                                         wave.grad[where.bias])
+        else:
+            dz = wave.buffers[self.dz[layer]][self.own_dz[layer]]  # (h, B)
+            compute.weight_grad(dz, wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
+                                self.conv_taps, dweight, wave.grad[where.bias])
+        self._arrived(wave, self.made_grad[layer])  # the reduce and dinput wait for it
 
     def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
         """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
         below = layer - 1
         if self.orphan_rows:
             self._fill_orphans(wave, ("dz", layer))
+        # Under the memory plan the first layer's output gradient is written over the
+        # activation it masks (`compute.input_grad` allows it).
         compute.input_grad(wave.buffers[self.dz[layer]], self.grad_slots[layer],
-                           self.grad_taps, wave.weights[layer],
-                           wave.buffers[self.a[below]][self.own_a[below]],
+                           self.grad_taps, wave.weights[layer], self._own_input(wave, below),
                            wave.buffers[self.dz[below]][self.own_dz[below]])
         self._arrived(wave, self.made_dz[below])
 
@@ -684,11 +740,13 @@ class NodeMachine(BestEffortNode):
         return self.wave.finished_at if self.wave else {}
 
 
-def _outside_refs(owned: list[np.ndarray], storage: list[np.ndarray]) -> int:
-    """References to the `owned` arrays besides those of the two lists (`storage`
-    may name one array for several fields, or None); every view of an array holds one
-    (numpy views refer to the array that owns the memory)."""
-    entries = sum(1 for a in storage if a is not None)
+def _outside_refs(owned: list[np.ndarray], storage: list[np.ndarray],
+                  kept: list[np.ndarray | None]) -> int:
+    """References to the `owned` arrays besides those of the node's own lists: `storage`
+    may name one array for several fields (or None), and each of `kept` is a view of one.
+    Every view of an array holds one (numpy views refer to the array that owns the
+    memory)."""
+    entries = sum(1 for a in storage if a is not None) + sum(1 for a in kept if a is not None)
     return sum(sys.getrefcount(a) for a in owned) - len(owned) * _LISTED - entries
 
 

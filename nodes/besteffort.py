@@ -22,9 +22,9 @@ from meshdl.nodes.deadlines import (
     Margins,
     Policy,
 )
+from meshdl.nodes.memory import GRADIENTS
 from meshdl.nodes.plan import (
     FILLED_IN,
-    GRADIENTS,
     ITEMS,
     LATE,
     Expect,

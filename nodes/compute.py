@@ -73,28 +73,57 @@ def weight_grad(dz: np.ndarray, values: np.ndarray, slots: np.ndarray, taps: np.
 
 
 @njit(**_JIT)
+def weight_grad_of_input(dz_values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
+                         own: int, activation: np.ndarray, dweight: np.ndarray,
+                         dbias: np.ndarray) -> None:
+    """This cell's input's share of the filter gradients: the terms of `weight_grad`'s
+    sum over the mesh in which this cell is the input rather than the output.
+    dweight[h, c, k*k - 1 - taps[t]] = sum over the batch of dz_values[slots[t], h, j] *
+    activation[c, j] for the cells t whose outputs this cell's activation fed (zero at
+    taps outside the grid); dbias[h] = sum over the batch of dz_values[own, h, j]."""
+    filters, channels, taps_total = dweight.shape
+    batch = activation.shape[1]
+    dweight[...] = 0.0
+    for t in range(len(slots)):
+        d = dz_values[slots[t]]
+        tap = taps_total - 1 - taps[t]
+        for h in range(filters):
+            for c in range(channels):
+                acc = np.float32(0.0)
+                for j in range(batch):
+                    acc += d[h, j] * activation[c, j]
+                dweight[h, c, tap] = acc
+    d = dz_values[own]
+    for h in range(filters):
+        acc = np.float32(0.0)
+        for j in range(batch):
+            acc += d[h, j]
+        dbias[h] = acc
+
+
+@njit(**_JIT)
 def input_grad(dz_values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
                weight: np.ndarray, activation: np.ndarray, out: np.ndarray) -> None:
     """d(loss)/d(this cell's pre-activation input) of a layer: the transposed
     convolution of the output gradients around it, through the ReLU that made its
     input. out[c, j] = [activation[c, j] > 0] * sum over cells t, filters h of
     weight[h, c, k*k - 1 - taps[t]] * dz_values[slots[t], h, j] (the kernel turned by
-    180 degrees)."""
+    180 degrees). `out` may be `activation` itself: a channel is summed apart and
+    written once its mask is read."""
     filters, channels, taps_total = weight.shape
     batch = out.shape[1]
-    out[...] = 0.0
-    for t in range(len(slots)):
-        d = dz_values[slots[t]]
-        tap = taps_total - 1 - taps[t]
-        for c in range(channels):
+    total = np.empty(batch, np.float32)
+    for c in range(channels):
+        total[:] = 0.0
+        for t in range(len(slots)):
+            d = dz_values[slots[t]]
+            tap = taps_total - 1 - taps[t]
             for h in range(filters):
                 w = weight[h, c, tap]
                 for j in range(batch):
-                    out[c, j] += w * d[h, j]
-    for c in range(channels):
+                    total[j] += w * d[h, j]
         for j in range(batch):
-            if not activation[c, j] > 0.0:
-                out[c, j] = 0.0
+            out[c, j] = total[j] if activation[c, j] > 0.0 else 0.0
 
 
 @njit(**_JIT)
@@ -184,6 +213,8 @@ def warm_up() -> None:
     relu_backward(out, out, out)
     weight_grad(out, values, slots, taps, np.zeros((1, 1, 1), np.float32),
                 np.zeros(1, np.float32))
+    weight_grad_of_input(values, slots, taps, 0, out, np.zeros((1, 1, 1), np.float32),
+                         np.zeros(1, np.float32))
     input_grad(values, slots, taps, weight, out, out)
     all_positive(bias)
     indices_within(frozen((1,), np.int32), 1)

@@ -15,6 +15,7 @@ import numpy as np
 
 from meshdl.messages import ITEM_BYTES, Kind, Message
 from meshdl.nodes.deadlines import Arrivals, Schedule
+from meshdl.nodes.memory import plan_memory
 from meshdl.payloads import BATCH_HEAD
 from meshdl.protocol import Field, MeshSpec, Mode, Send
 from meshdl.topology import Cell
@@ -23,9 +24,6 @@ from meshdl.work import Work
 Item = tuple[Field, Hashable]
 Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
 Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
-# Per field buffer, the buffer whose memory it uses: itself, an earlier one that is dead
-# by the time it is written, or None (the wave never touches it). See `_layout`.
-Layout = tuple[int | None, ...]
 
 
 class Role(IntEnum):
@@ -86,7 +84,6 @@ class Expect(NamedTuple):
     waiters: tuple[int, ...] = ()  # the tasks waiting for it
 
 
-GRADIENTS = ("dz", "route", "dpooled")  # fields filled with zeros whatever the policy
 # `Wave.seen`: a message came; its deadline passed; it came after its deadline.
 RECEIVED, FILLED_IN, LATE = 1, 2, 3
 
@@ -186,12 +183,17 @@ class NodePlan:
         needs.append((("a", layers), cell))  # ReLU's mask
         tasks.append((Computation("dz_top", layers, "dz_top"), needs, True))
         for layer in range(layers, 0, -1):
+            # The weight gradient of a layer is taken either from this cell's output
+            # gradient and input window or, above the first layer, from this cell's
+            # input and the output gradients around it (nodes/memory.py): it waits for
+            # what both read. The input gradient comes after it: it may overwrite what
+            # the weight gradient reads (seed 002's order).
             needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
-            tasks.append((Computation("grad", layer, f"grad{layer}"), needs, True))
+            window = [(("dz", layer), c) for c in topo.window(cell, after, before)
+                      if (("dz", layer), c) not in orphaned] if layer > 1 else []
+            tasks.append((Computation("grad", layer, f"grad{layer}"), needs + window, True))
             if layer > 1:
-                needs = [(("dz", layer), c) for c in topo.window(cell, after, before)
-                         if (("dz", layer), c) not in orphaned]
-                needs.append((("a", layer - 1), cell))  # ReLU's mask below
+                needs = [*window, (("a", layer - 1), cell), (("grad", layer), cell)]
                 tasks.append((Computation("dinput", layer, f"dinput{layer}"), needs, True))
         needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
         needs += [(("reduce",), child) for child in topo.children[cell]]
@@ -243,8 +245,10 @@ class NodePlan:
             self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * ITEM_BYTES * values
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
-        self.layouts = {(mode, exact): _layout(self.buffers, self.buffer_shapes, mode, exact)
-                        for mode in Mode for exact in (False, True)}
+        # Where a wave's fields live, by mode and exactness (nodes/memory.py).
+        self.memory = {(mode, exact): plan_memory(self.buffers, self.buffer_shapes, mode,
+                                                  exact, layers)
+                       for mode in Mode for exact in (False, True)}
 
     def _empty(self) -> None:
         """The plan of a cell the mesh leaves out: no messages, no tasks."""
@@ -254,7 +258,8 @@ class NodePlan:
         self.train_only, self.waiters, self.needs_count = [], {}, []
         self.active = dict.fromkeys(Mode, 0)
         self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
-        self.layouts = {(mode, exact): () for mode in Mode for exact in (False, True)}
+        self.memory = {(mode, exact): plan_memory({}, [], mode, exact, 0)
+                       for mode in Mode for exact in (False, True)}
 
     def usable(self, wave: Wave, f: Field, item: Hashable) -> bool:
         """Has this wave got the values of item `item` of field `f` (received, not
@@ -305,8 +310,16 @@ class Wave:
         self.batch_payload: np.ndarray | None = None
         self.batch = 0
         # Per field: (slots, channels, batch); None for a field the wave never touches
-        # (its `Layout`).
+        # (nodes/memory.py). Per conv layer: this cell's activation, kept apart where its
+        # window's memory goes to the output gradients in the backward pass, else None.
         self.buffers: list[np.ndarray] = []
+        self.kept: list[np.ndarray | None] = []
+        self.by_input_cell = False  # weight gradients above layer 1: see nodes/memory.py
+        # Where fields share memory, gradients that come before this node's forward
+        # tasks are done wait here (nodes/memory.py).
+        self.forward_left = 0
+        self.holding = False
+        self.held: list[tuple[Expect, np.ndarray]] = []
         self.reduce: dict[Cell, np.ndarray] = {}  # children's REDUCE payloads
         self.missing = list(plan.needs_count)  # per task: sources still to come
         self.ready: list[int] = list(plan.ready_at_start)
@@ -347,28 +360,3 @@ def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
         return [(("dz", task.layer - 1), cell)]
     return []
 
-
-def _layout(buffers: dict[Field, int], shapes: list[tuple[int, int]], mode: Mode,
-            exact: bool) -> Layout:
-    """The memory plan of a wave (seed 002: a buffer whose values are dead is
-    overwritten rather than a new one allocated). Two rules, both from the order in
-    which a wave writes and reads its fields:
-      - an inference wave never touches a gradient field (dz, route, dpooled): they get
-        no memory (in the seed mesh, half of a node's buffers);
-      - in an exact training wave the gradients coming down the tree (dpooled) take the
-        memory of the features that went up (pooled). A SCATTER comes only after the
-        edge had every GATHER, so after this node sent its pooled values on, and nothing
-        reads them again. Not in best effort: there the edge may go on without a
-        subtree, whose GATHER can still come in after the SCATTER.
-    The activations' halo windows stay: a conv layer's weight gradient reads them in the
-    backward pass, while the neighbours' output gradients are already coming in."""
-    layout: list[int | None] = list(range(len(shapes)))
-    if mode == Mode.INFER:
-        for f, index in buffers.items():
-            if f[0] in GRADIENTS:
-                layout[index] = None
-    elif exact and ("pooled",) in buffers and ("dpooled",) in buffers:
-        pooled, dpooled = buffers[("pooled",)], buffers[("dpooled",)]
-        if shapes[pooled] == shapes[dpooled]:  # the same blocks: those of the subtree
-            layout[dpooled] = pooled
-    return tuple(layout)

@@ -49,7 +49,9 @@ def energy_record(radio: RadioProfile, node: DeviceProfile, edge: DeviceProfile,
     down = down or {}
     for cell in cells:
         up = duration - down.get(cell, 0.0)
-        if up <= 0.0 and cell in down:
+        # Down all along: its down time and the duration are sums of the same waves'
+        # lengths, in other orders, so they may differ by rounding.
+        if cell in down and up <= 1e-9 * duration:
             continue
         name = name_of(cell)
         per_node[name] = state_energy(radio, node, tx.get(cell, 0.0), rx.get(cell, 0.0),

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from meshdl import CNN, ModelConfig, TrainConfig
 from meshdl.accounting import formula_halo_values, needed_halo_values
 from meshdl.data import Dataset
+from meshdl.edge.agent import EdgeMachine
 from meshdl.model import param_shapes, views
+from meshdl.nodes.agent import NodeMachine
 from meshdl.optim import Optimizer, learning_rate
 from meshdl.protocol import MeshSpec
 from meshdl.sim.faults import Chaos
@@ -149,12 +151,20 @@ recipes = st.fixed_dictionaries({
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setup=mesh_setups(), seed=st.integers(0, 1000), wire=st.booleans(),
-       params_via=st.sampled_from(["tree", "broadcast"]), recipe=recipes)
+       params_via=st.sampled_from(["tree", "broadcast"]), recipe=recipes,
+       memory_plan=st.booleans())
 def test_mesh_training_equals_central_training_after_every_step(setup, seed, wire,
-                                                                 params_via, recipe) -> None:
+                                                                 params_via, recipe,
+                                                                 memory_plan) -> None:
+    """With the memory plan (nodes/memory.py: weight gradients above the first layer
+    split by input cell, gradients over dead activations) and without it."""
     config, edge_at, batch, optimizer = setup
-    _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
-                     wire=wire, params_via=params_via, **recipe)
+    try:
+        NodeMachine.memory_plan = EdgeMachine.memory_plan = memory_plan
+        _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
+                         wire=wire, params_via=params_via, **recipe)
+    finally:
+        NodeMachine.memory_plan = EdgeMachine.memory_plan = True
 
 
 def test_messages_as_objects_or_as_bytes_give_bit_identical_steps() -> None:

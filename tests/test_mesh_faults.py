@@ -195,6 +195,38 @@ def test_a_node_computes_the_same_whatever_order_its_messages_arrive_in(cell, or
     assert _sent(NodeMachine(spec, cell, own), shuffled) == in_order
 
 
+def test_gradients_before_the_forward_pass_is_over_wait_and_overwrite_nothing_sent() -> None:
+    """Gradients share memory with the forward values they follow (nodes/memory.py):
+    come first, they wait; and a receiver that keeps a payload this node sent (as
+    `_sent` does) makes the wave give them memory of their own."""
+    spec, readings, inbox = _one_wave_inbox((0, 1))  # pools a block, relays two
+    own = {split: x.T for split, x in readings.items()}
+    control = [m for m in inbox if m.header.kind in (Kind.PARAMS, Kind.BATCH)]
+    gradients = (Kind.SCATTER, Kind.ROUTE, Kind.GRAD_HALO, Kind.REDUCE)
+    backward = [m for m in inbox if m.header.kind in gradients]
+    forward = [m for m in inbox if m not in control and m not in backward]
+    assert backward and forward
+    in_order = _sent(NodeMachine(spec, (0, 1), own), inbox)
+    node = NodeMachine(spec, (0, 1), own)
+    assert _sent(node, control + backward + forward) == in_order
+    assert node.stats["gradients_unshared"] == 1
+
+
+def test_an_honest_wave_writes_its_gradients_over_the_forward_values() -> None:
+    from meshdl.sim.mesh import MeshEngine
+
+    model = CNN(CONFIG, seed=4)
+    model.set_normalization(20.0, 3.0)
+    mesh = MeshEngine(_dataset(CONFIG, 4, seed=3))._mesh_for(model)
+    mesh.send(mesh.edge.start(Mode.TRAIN, Split.TRAIN, np.arange(4)))
+    while mesh.edge.result is None:
+        mesh.deliver_round()
+    assert sum(node.stats["gradients_unshared"] for node in mesh.nodes.values()) == 0
+    relay = mesh.nodes[(0, 1)]
+    assert relay.wave.buffers[relay.plan.buffers[("dpooled",)]] is \
+        relay.wave.buffers[relay.plan.buffers[("pooled",)]]
+
+
 def test_a_scatter_before_pooling_waits_for_the_pooled_block() -> None:
     spec, readings, inbox = _one_wave_inbox((0, 0))
     node = NodeMachine(spec, (0, 0), {split: x.T for split, x in readings.items()})

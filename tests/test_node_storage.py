@@ -12,14 +12,15 @@ from meshdl import ModelConfig
 from meshdl.messages import Kind, Message, make
 from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.deadlines import Policy
-from meshdl.nodes.plan import GRADIENTS
+from meshdl.nodes.memory import GRADIENTS
 from meshdl.protocol import MeshSpec, Mode, Split
 
 CONFIG = ModelConfig(rows=4, cols=4, kernel=3, filters=2, hidden=4)
 CELL = (1, 1)
 
 
-RELAY = (0, 1)  # pools a block and relays its subtree's features: pooled and dpooled
+RELAY = (0, 1)  # relays its subtree's features: pooled and dpooled
+LEADER = (2, 2)  # leads a pooling block and relays features too
 
 
 def _node(cell: tuple[int, int] = CELL) -> tuple[NodeMachine, MeshSpec]:
@@ -81,12 +82,19 @@ def test_an_inference_wave_gives_the_gradient_fields_no_memory() -> None:
     assert all(_field_buffer(node, field) is not None for field in node.plan.buffers)
 
 
-def test_an_exact_training_wave_writes_the_gradients_down_over_the_features_gone_up() -> None:
-    node, spec = _node(RELAY)
+def test_an_exact_training_wave_writes_gradients_over_the_dead_forward_values() -> None:
+    node, spec = _node(LEADER)
     _start_wave(node, spec, 1, [0, 1])
     assert _field_buffer(node, ("dpooled",)) is _field_buffer(node, ("pooled",))
-    others = [id(_field_buffer(node, f)) for f in node.plan.buffers if f != ("dpooled",)]
-    assert len(set(others)) == len(others)  # nothing else shares
+    assert _field_buffer(node, ("dz", 2)) is _field_buffer(node, ("a", 1))
+    kept = node.wave.kept[1]  # this cell's a_1, apart from its window's memory
+    assert kept is not None and np.shares_memory(kept, _field_buffer(node, ("dz", 1)))
+    assert _field_buffer(node, ("route",)) is _field_buffer(node, ("a", 2))  # a leader
+    assert node.wave.kept[2] is not None  # its own a_2: dz_top's mask
+    shared = (("dpooled",), ("dz", 2), ("dz", 1), ("route",))
+    alone = [f for f in node.plan.buffers if f not in shared]
+    arrays = [id(_field_buffer(node, f)) for f in alone]
+    assert len(set(arrays)) == len(arrays)  # nothing else shares
 
 
 def test_best_effort_keeps_the_features_apart_from_the_gradients() -> None:
@@ -94,7 +102,9 @@ def test_best_effort_keeps_the_features_apart_from_the_gradients() -> None:
     node, spec = _node(RELAY)
     node.policy = Policy.ZERO
     _start_wave(node, spec, 1, [0, 1])
-    assert _field_buffer(node, ("dpooled",)) is not _field_buffer(node, ("pooled",))
+    buffers = [_field_buffer(node, f) for f in node.plan.buffers]
+    assert len({id(b) for b in buffers}) == len(buffers)
+    assert all(k is None for k in node.wave.kept)
 
 
 def test_without_the_memory_plan_every_field_has_its_own_buffer(monkeypatch) -> None:

@@ -128,7 +128,7 @@ def credentials(
 
 @app.command()
 def central(
-    mesh: Path = typer.Option(..., "--mesh", help="A mesh file whose [parallel] section "
+    mesh: Path = typer.Option(..., "--mesh", help="A mesh file whose parallel section "
                               "names the meshes (meshes, first_mesh_id)."),
     central_address: str = typer.Option(..., "--central", help="HOST:PORT of the central "
                                         "broker, as the buildings' brokers reach it."),

@@ -219,7 +219,7 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
                  "the run stops (go on with --resume)."),
              take_over: bool = TAKE_OVER,
              ps: bool = typer.Option(False, "--ps", help="Train with the other meshes of "
-                                     "the mesh file's [parallel] section, through the "
+                                     "the mesh file's parallel section, through the "
                                      "parameter server (`meshdl ps run`) on this broker."),
              json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
              ) -> None:
@@ -295,7 +295,7 @@ def ps_run(broker: str = BROKER, mesh: Path = MESH,
                                                  help="Seconds to wait for the broker."),
            json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
            ) -> None:
-    """Combine the pushes of the meshes of the mesh file's [parallel] section and update
+    """Combine the pushes of the meshes of the mesh file's parallel section and update
     the model they train; a checkpoint after every epoch, model.npz at the end."""
     from meshdl.augment import training_data
     from meshdl.checkpoint import load_checkpoint
