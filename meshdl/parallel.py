@@ -127,8 +127,9 @@ def train_parallel(
         per_epoch = -(-n_train // (n_meshes * tc.batch))  # global batches (clocks)
         total = tc.epochs * per_epoch * (n_meshes if sync.asynchronous else 1)
         overlap = config.parallel.overlap
+        share = sync.lr_share(n_meshes)
         server = ParameterServer(model, optimizer, mesh_ids(config), sync,
-                                 lambda n: learning_rate(tc, n, total), overlap=overlap)
+                                 lambda n: share * learning_rate(tc, n, total), overlap=overlap)
         workers = [MeshWorker(mesh_id, sync, _replica(model)) for mesh_id in server.meshes]
         pushes = 0
 

@@ -68,6 +68,7 @@ class ServerRun:
         n = config.parallel.meshes
         self.steps = -(-originals(data) // (n * tc.batch))  # clocks per epoch
         total = tc.epochs * self.steps * (n if self.sync.asynchronous else 1)
+        share = self.sync.lr_share(n)
         self.model = CNN(config.model, seed=tc.seed)
         self.model.set_normalization(*normalization(data.X_train))
         self.optimizer = Optimizer(tc, self.model.flat.size)
@@ -78,7 +79,8 @@ class ServerRun:
         self._n_train = originals(data)
         session = int.from_bytes(os.urandom(2), "little") if session is None else session
         self.server = ParameterServer(self.model, self.optimizer, mesh_ids(config),
-                                      self.sync, lambda k: learning_rate(tc, k, total),
+                                      self.sync,
+                                      lambda k: share * learning_rate(tc, k, total),
                                       session=session)
         if resume is not None:
             restore(resume, config, self.model, self.optimizer, self.rng, self.history)

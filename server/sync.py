@@ -52,6 +52,16 @@ class Sync(NamedTuple):
     def asynchronous(self) -> bool:
         return self.staleness is None
 
+    def lr_share(self, meshes: int) -> float:
+        """The share of the schedule's learning rate one update takes. A synchronous
+        update is the step of a whole global batch. An asynchronous one applies one
+        mesh's gradient, a 1/N share of a global batch, so it moves the model 1/N as far:
+        without staleness, N of them take the synchronous step in expectation (the
+        linear scaling rule of Goyal et al. 2017, per update). At the whole rate, N meshes
+        would take N times bsp's steps on gradients N times as noisy, and stale: the
+        seed's recipe (SGD, momentum 0.9, lr 0.15) diverged on 4 meshes."""
+        return 1.0 / meshes if self.asynchronous else 1.0
+
     def __str__(self) -> str:
         if self.staleness is None:
             return "async"

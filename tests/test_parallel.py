@@ -143,6 +143,18 @@ def test_async_on_one_mesh_is_sequential_training() -> None:
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
+def test_n_asynchronous_updates_on_the_same_weights_add_up_to_one_synchronous_step() -> None:
+    """Each asynchronous update is one mesh's share of a global batch (`Sync.lr_share`):
+    plain SGD, the meshes' first gradients all on the initial weights."""
+    data = _data(4, 5, 48, 2)
+    plain = {"momentum": 0.0, "warmup_fraction": 0.0, "schedule": "constant",
+             "clip_norm": 0.0}
+    bsp, _ = _parallel_steps(_config(4, 5, 3, "bsp", 4, **plain), data)
+    asynchronous, _ = _parallel_steps(_config(4, 5, 3, "async", 4, **plain), data)
+    np.testing.assert_allclose(asynchronous[2], bsp[0], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(asynchronous[0], bsp[0], rtol=1e-5, atol=1e-6)
+
+
 def _straggler(factor: float):
     """Mesh 0's waves take `factor` times the others'."""
     return lambda engines, i: WaveShape(factor, factor, factor) if i == 0 else \
