@@ -578,7 +578,7 @@ class NodeMachine(BestEffortNode):
         allocating and freeing them for every wave of every node costs about 8 % of a
         wave."""
         memory = self.plan.memory[(wave.mode, self.policy is None)] if self.memory_plan \
-            else self.plan.memory[(Mode.TRAIN, False)]  # every field its own array
+            else self.plan.unplanned
         key = (wave.batch, memory)
         if key != self._storage_key or _outside_refs(self._owned, self._storage, self._kept):
             self._owned = [np.empty((*shape, wave.batch), np.float32)

@@ -67,6 +67,10 @@ class MemoryPlan(NamedTuple):
         return len(set(self.fields) - {None}) < sum(f is not None for f in self.fields)
 
 
+def unplanned(shapes: list[tuple[int, int]], layers: int) -> MemoryPlan:
+    """Every field its own array in every wave, weight gradients by output cell: as
+    before the plan (only to measure what it saves)."""
+    return MemoryPlan(tuple(shapes), tuple(range(len(shapes))), (None,) * (layers + 1))
 
 
 def plan_memory(buffers: dict[Field, int], shapes: list[tuple[int, int]], mode: Mode,
@@ -80,10 +84,19 @@ def plan_memory(buffers: dict[Field, int], shapes: list[tuple[int, int]], mode: 
         for f, index in buffers.items():
             if f[0] in GRADIENTS:
                 fields[index] = None
-        return MemoryPlan(tuple(arrays), tuple(fields), tuple(kept))
-    by_input_cell = layers >= 2
-    if not exact:
-        return MemoryPlan(tuple(arrays), tuple(fields), tuple(kept), by_input_cell)
+        return _allocated(arrays, fields, kept, by_input_cell=False, later=())
+    if exact:
+        _share(buffers, shapes, layers, arrays, fields, kept)
+    later = tuple(index for f, index in buffers.items() if f[0] in GRADIENTS and
+                  fields[index] != index)
+    return _allocated(arrays, fields, kept, by_input_cell=layers >= 2, later=later)
+
+
+def _share(buffers: dict[Field, int], shapes: list[tuple[int, int]], layers: int,
+           arrays: list[tuple[int, int]], fields: list[int | None],
+           kept: list[int | None]) -> None:
+    """An exact training wave's sharing (the module's rules), in `fields` and `kept`;
+    kept activations get arrays of their own, appended to `arrays`."""
     if ("pooled",) in buffers and ("dpooled",) in buffers:
         pooled, dpooled = buffers[("pooled",)], buffers[("dpooled",)]
         if shapes[pooled] == shapes[dpooled]:  # the same blocks: those of the subtree
@@ -105,8 +118,12 @@ def plan_memory(buffers: dict[Field, int], shapes: list[tuple[int, int]], mode: 
     if layers >= 2 and kept[1] is not None and first is not None and \
             shapes[first] == arrays[kept[1]]:
         fields[first] = kept[1]  # d(loss)/d(a_1) written over a_1 (`compute.input_grad`)
-    later = tuple(index for f, index in buffers.items() if f[0] in GRADIENTS and
-                  fields[index] != index)
+
+
+def _allocated(arrays: list[tuple[int, int]], fields: list[int | None],
+               kept: list[int | None], by_input_cell: bool,
+               later: tuple[int, ...]) -> MemoryPlan:
+    """The plan with only the arrays some field or kept activation uses, renumbered."""
     used = sorted({i for i in fields if i is not None} | {k for k in kept if k is not None})
     renumber = {old: new for new, old in enumerate(used)}
     return MemoryPlan(tuple(arrays[i] for i in used),

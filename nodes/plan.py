@@ -15,7 +15,7 @@ import numpy as np
 
 from meshdl.messages import ITEM_BYTES, Kind, Message
 from meshdl.nodes.deadlines import Arrivals, Schedule
-from meshdl.nodes.memory import plan_memory
+from meshdl.nodes.memory import plan_memory, unplanned
 from meshdl.payloads import BATCH_HEAD
 from meshdl.protocol import Field, MeshSpec, Mode, Send
 from meshdl.topology import Cell
@@ -249,6 +249,7 @@ class NodePlan:
         self.memory = {(mode, exact): plan_memory(self.buffers, self.buffer_shapes, mode,
                                                   exact, layers)
                        for mode in Mode for exact in (False, True)}
+        self.unplanned = unplanned(self.buffer_shapes, layers)
 
     def _empty(self) -> None:
         """The plan of a cell the mesh leaves out: no messages, no tasks."""
@@ -260,6 +261,7 @@ class NodePlan:
         self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
         self.memory = {(mode, exact): plan_memory({}, [], mode, exact, 0)
                        for mode in Mode for exact in (False, True)}
+        self.unplanned = unplanned([], 0)
 
     def usable(self, wave: Wave, f: Field, item: Hashable) -> bool:
         """Has this wave got the values of item `item` of field `f` (received, not
