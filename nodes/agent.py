@@ -287,7 +287,7 @@ class NodeMachine(BestEffortNode):
         honest wave every forward message was taken long before a gradient comes; else,
         for this wave, the gradients get memory of their own."""
         wave.holding = False
-        if _outside_refs(self._owned, self._storage, self._kept):
+        if _outside_refs(self._owned, self._storage, self._kept) > 0:
             self.stats["gradients_unshared"] += 1
             for index in self._memory.later:  # type: ignore[union-attr]
                 self._storage[index] = np.empty_like(self._storage[index])
@@ -580,7 +580,8 @@ class NodeMachine(BestEffortNode):
         memory = self.plan.memory[(wave.mode, self.policy is None)] if self.memory_plan \
             else self.plan.unplanned
         key = (wave.batch, memory)
-        if key != self._storage_key or _outside_refs(self._owned, self._storage, self._kept):
+        if key != self._storage_key or \
+                _outside_refs(self._owned, self._storage, self._kept) > 0:
             self._owned = [np.empty((*shape, wave.batch), np.float32)
                            for shape in memory.arrays]
             self._storage = [None if index is None else self._owned[index]  # type: ignore[misc]
