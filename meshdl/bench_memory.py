@@ -1,6 +1,6 @@
 """Benchmark: the memory one wave holds, with the memory plan (seed 002) and without.
 
-The plan (nodes/plan.py `_layout`, `CNN.head_backward(overwrite=True)`): an inference
+The plan (nodes/memory.py, `CNN.head_backward(overwrite=True)`): an inference
 wave gives the nodes' gradient fields no memory, an exact training wave lets the
 gradients coming down the tree take the memory of the features that went up, and the
 edge writes each input gradient of its head over the input it no longer needs.

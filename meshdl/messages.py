@@ -32,7 +32,10 @@ from pydantic import Field, TypeAdapter, ValidationError
 from meshdl.errors import MeshdlError
 from meshdl.kernels import all_finite
 
-PROTOCOL_VERSION = 2  # 2: the header's u16 at byte 26 carries the edge's session
+# 2: the header's u16 at byte 26 carries the edge's session. 3: a REDUCE's conv weight
+# gradients above the first layer are split by input cell (nodes/memory.py), so version-2
+# nodes would count some terms twice and others never: they must not share a mesh.
+PROTOCOL_VERSION = 3
 MAGIC = b"MD"
 EDGE = (-1, -1)  # the edge's "cell" in headers
 ALL = (-2, -2)  # destination of the edge's broadcasts to every node
@@ -113,7 +116,7 @@ Cell16 = Annotated[int, Field(ge=-2, le=0x7FFE)]  # -1: the edge, -2: every node
 class Header(NamedTuple):
     """The header of one mesh message; `validate_header` checks one from the wire."""
 
-    version: Literal[2]
+    version: Literal[3]
     kind: Kind
     mesh: Annotated[int, Field(ge=0, le=0xFFFF)]
     step: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]

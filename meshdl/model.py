@@ -215,6 +215,9 @@ class CNN:
         a byte each) and d(pooled) over `trace.pooled`, which is returned. The values are
         the same bits either way; the trace is spent."""
         p, g = self.params, self._grads
+        # Written over only where a reshape is a view (the edge's own, contiguous arrays).
+        overwrite = overwrite and trace.pooled.flags.c_contiguous and \
+            trace.hidden.flags.c_contiguous
         np.matmul(dlogits, trace.hidden.T, out=g["fc2.weight"])
         g["fc2.bias"][...] = dlogits.sum(axis=1, dtype=np.float64)  # terms nearly cancel
         if overwrite:

@@ -138,7 +138,7 @@ class NodeMachine(BestEffortNode):
         self._kept: list[np.ndarray | None] = []  # ... its kept activations ...
         self._owned: list[np.ndarray] = []  # ... the distinct arrays among them ...
         self._memory: MemoryPlan | None = None  # ... their plan ...
-        self._storage_key: tuple = ()  # ... and for which (batch, layout)
+        self._storage_key: tuple = ()  # ... and for which (batch, MemoryPlan)
         topo = spec.topology
         self.plan = plan = self._plan_for(spec)
         self.inbox = plan.inbox
@@ -281,11 +281,12 @@ class NodeMachine(BestEffortNode):
         return out
 
     def _take_shared_memory(self, wave: Wave) -> None:
-        """The wave's first gradient is to be written, its forward tasks done: gradients
-        go over the forward values they share memory with, unless a payload this node
-        sent still views them (a receiver keeps it, a link layer may resend it). In an
-        honest wave every forward message was taken long before a gradient comes; else,
-        for this wave, the gradients get memory of their own."""
+        """The wave's first gradient is to be written (a message, or a backward task),
+        its forward tasks done: gradients go over the forward values they share memory
+        with, unless a payload this node sent still views them (a receiver keeps it, a
+        link layer may resend it). In an honest wave every forward message was taken
+        long before a gradient comes; else, for this wave, the gradients get memory of
+        their own."""
         wave.holding = False
         if _outside_refs(self._owned, self._storage, self._kept) > 0:
             self.stats["gradients_unshared"] += 1
@@ -294,12 +295,16 @@ class NodeMachine(BestEffortNode):
             self._storage_key = ()  # the next wave lays its memory out afresh
 
     def _release(self, wave: Wave) -> None:
-        """This node's forward tasks are done: take the gradients that came before."""
+        """This node's forward tasks are done: take the gradients that came before, and
+        run the backward tasks that were ready before (a cell no routed gradient
+        reaches computes its dz_top from zeros as soon as its conv is done)."""
         self._take_shared_memory(wave)
         for expect, payload in wave.held:
             wave.buffers[expect.buffer][expect.slots] = payload
             self._arrived(wave, expect.waiters)
         wave.held.clear()
+        wave.ready.extend(wave.deferred)
+        wave.deferred.clear()
 
     def _handle_wave_event(self, message: Message, expect: Expect,
                            now: float) -> list[Message]:
@@ -622,6 +627,11 @@ class NodeMachine(BestEffortNode):
             train_only, send, run, layer, stage, work = jobs[task]
             if train_only and not training:
                 continue
+            if train_only and wave.holding:  # its writes may land on memory still read
+                if wave.forward_left:
+                    wave.deferred.append(task)
+                    continue
+                self._take_shared_memory(wave)
             done[task] = 1
             if send is None:
                 run(wave, layer, out)
@@ -635,7 +645,7 @@ class NodeMachine(BestEffortNode):
             wave.tasks_done += 1
             if not train_only:
                 wave.forward_left -= 1
-                if wave.forward_left == 0 and wave.held:
+                if wave.forward_left == 0 and (wave.held or wave.deferred):
                     self._release(wave)
         if wave.tasks_done == self.plan.active[wave.mode]:
             wave.finished_at.setdefault("finished", now)
@@ -747,7 +757,8 @@ def _outside_refs(owned: list[np.ndarray], storage: list[np.ndarray],
     may name one array for several fields (or None), and each of `kept` is a view of one.
     Every view of an array holds one (numpy views refer to the array that owns the
     memory)."""
-    entries = sum(1 for a in storage if a is not None) + sum(1 for a in kept if a is not None)
+    entries = sum(1 for a in storage if any(a is o for o in owned)) + \
+        sum(1 for a in kept if a is not None)
     return sum(sys.getrefcount(a) for a in owned) - len(owned) * _LISTED - entries
 
 

@@ -3,7 +3,7 @@ overwritten rather than a new one allocated).
 
 A wave's values live in one (slots, channels, batch) array per field (nodes/plan.py). The
 plan says which fields may share an array, from the order in which the wave writes and
-reads them. Three rules:
+reads them:
   - An inference wave never touches a gradient field (dz, route, dpooled): they get no
     memory. In the seed mesh that is half of a node's buffers.
   - In an exact training wave the gradients coming down the tree (dpooled) take the
@@ -103,11 +103,10 @@ def _share(buffers: dict[Field, int], shapes: list[tuple[int, int]], layers: int
             fields[dpooled] = pooled
     for layer in range(2, layers + 1):
         below, dz = buffers.get(("a", layer - 1)), buffers.get(("dz", layer))
-        if below is not None and dz is not None:
-            kept[layer - 1] = len(arrays)
+        if below is not None and dz is not None and shapes[dz] == shapes[below]:
+            kept[layer - 1] = len(arrays)  # (the window's cells, mirrored: same count)
             arrays.append((1, shapes[below][1]))
-            if shapes[dz] == shapes[below]:  # the window's cells, mirrored
-                fields[dz] = below
+            fields[dz] = below
     top, route = buffers.get(("a", layers)), buffers.get(("route",))
     if top is not None and route is not None and shapes[route] == shapes[top] and \
             shapes[top][0] > 1:  # a block's leader, or a relay between it and a member
@@ -117,7 +116,7 @@ def _share(buffers: dict[Field, int], shapes: list[tuple[int, int]], layers: int
     first = buffers.get(("dz", 1))
     if layers >= 2 and kept[1] is not None and first is not None and \
             shapes[first] == arrays[kept[1]]:
-        fields[first] = kept[1]  # d(loss)/d(a_1) written over a_1 (`compute.input_grad`)
+        fields[first] = kept[1]  # dz_1 written over a_1, its mask (`compute.input_grad`)
 
 
 def _allocated(arrays: list[tuple[int, int]], fields: list[int | None],

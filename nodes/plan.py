@@ -311,9 +311,10 @@ class Wave:
         self.params_payload: np.ndarray | None = None  # all of it (the plan's tail too)
         self.batch_payload: np.ndarray | None = None
         self.batch = 0
-        # Per field: (slots, channels, batch); None for a field the wave never touches
-        # (nodes/memory.py). Per conv layer: this cell's activation, kept apart where its
-        # window's memory goes to the output gradients in the backward pass, else None.
+        # Per field: (slots, channels, batch); None (despite the type, for the hot path)
+        # for a field the wave never touches (nodes/memory.py). Per conv layer: this
+        # cell's activation, kept apart where its field's memory goes to gradients in the
+        # backward pass, else None.
         self.buffers: list[np.ndarray] = []
         self.kept: list[np.ndarray | None] = []
         self.by_input_cell = False  # weight gradients above layer 1: see nodes/memory.py
@@ -322,6 +323,7 @@ class Wave:
         self.forward_left = 0
         self.holding = False
         self.held: list[tuple[Expect, np.ndarray]] = []
+        self.deferred: list[int] = []  # ... and backward tasks that were ready
         self.reduce: dict[Cell, np.ndarray] = {}  # children's REDUCE payloads
         self.missing = list(plan.needs_count)  # per task: sources still to come
         self.ready: list[int] = list(plan.ready_at_start)
@@ -361,4 +363,3 @@ def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
     if task.method == "dinput":
         return [(("dz", task.layer - 1), cell)]
     return []
-

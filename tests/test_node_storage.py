@@ -1,6 +1,6 @@
 """A node keeps each field's values in one array per wave and reuses it for the next
 wave, but never while a payload it sent still views it: what a receiver holds does not
-change under it. The memory plan (nodes/plan.py `_layout`) gives an inference wave no
+change under it. The memory plan (nodes/memory.py) gives an inference wave no
 gradient buffers and lets an exact training wave's gradients coming down the tree use the
 memory of the features that went up."""
 
