@@ -14,6 +14,7 @@ import pytest
 
 from meshdl.checkpoint import load_checkpoint
 from meshdl.config import RunConfig, load_run_config
+from meshdl.data import Dataset
 from meshdl.edge.data_parallel import train_with_server
 from meshdl.edge.remote import MqttEngine
 from meshdl.localbroker import free_port
@@ -70,6 +71,21 @@ class _Thread(threading.Thread):
             self.error = exc
 
 
+def _start_edges(configs: list[RunConfig], data: Dataset, address: BrokerAddress,
+                 resend_s: float) -> list[tuple[MqttEngine, _Thread]]:
+    """Each mesh's edge training with the server, in a thread: (engine, thread) each."""
+    edges = []
+    for config in configs:
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)
+        edges.append((engine, _Thread(
+            lambda c=config, e=engine: train_with_server(c, data, e, resend_s=resend_s,
+                                                        patience_s=120.0),
+            f"edge{config.mesh.mesh_id}")))
+    for _, thread in edges:
+        thread.start()
+    return edges
+
+
 @pytest.mark.slow
 def test_two_meshes_and_a_server_over_mosquitto_train_to_the_simulators_bsp(
         mosquitto, tmp_path) -> None:
@@ -83,15 +99,7 @@ def test_two_meshes_and_a_server_over_mosquitto_train_to_the_simulators_bsp(
     with BackgroundNodeHost(configs[0], cells, address, data, client="hosts1"), \
             BackgroundNodeHost(configs[1], cells, address, data, client="hosts2"):
         server.start()
-        edges = []
-        for config in configs:
-            engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)
-            edges.append((engine, _Thread(
-                lambda c=config, e=engine: train_with_server(c, data, e, resend_s=2.0,
-                                                            patience_s=120.0),
-                f"edge{config.mesh.mesh_id}")))
-        for _, thread in edges:
-            thread.start()
+        edges = _start_edges(configs, data, address, resend_s=2.0)
         for engine, thread in edges:
             thread.join(300)
             engine.close()
@@ -122,15 +130,7 @@ def test_a_server_stopped_after_an_epoch_and_resumed_ends_on_the_same_parameters
     with BackgroundNodeHost(configs[0], cells, address, data, client="hosts1"), \
             BackgroundNodeHost(configs[1], cells, address, data, client="hosts2"):
         server.start()
-        edges = []
-        for config in configs:
-            engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)
-            edges.append((engine, _Thread(
-                lambda c=config, e=engine: train_with_server(c, data, e, resend_s=0.5,
-                                                            patience_s=120.0),
-                f"edge{config.mesh.mesh_id}")))
-        for _, thread in edges:
-            thread.start()
+        edges = _start_edges(configs, data, address, resend_s=0.5)
         server.join(120)
         assert server.error is None and not server.is_alive(), server.error
         assert len(first.history.epochs) == 1  # stopped there: the edges wait
