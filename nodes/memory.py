@@ -19,23 +19,25 @@ reads them:
     Every dz value comes after the edge ran the head, so after this node's conv l read
     its window and sent on what it relays. What the backward pass still needs of that
     window is the cell's own activation (the ReLU mask, and the weight gradient): it is
-    kept apart at conv l, and
-    the layer's weight gradient is taken from it and the dz window, the same sum as
-    output gradient times input window, split over the mesh by input cell instead of by
-    output cell (`compute.weight_grad_of_input`). Below the second layer, the input
-    gradient then overwrites that kept activation once the weight gradient has read it:
-    seed 002's "schedule the weight-gradient and input-gradient computations".
+    kept apart when conv l-1 makes it, and the layer's weight gradient is taken from it
+    and the dz window: the same sum as output gradient times input window, split over
+    the mesh by input cell instead of by output cell (`compute.weight_grad_of_input`).
+    For layer 1, the input gradient of layer 2 then overwrites that kept activation
+    once the weight gradient has read it: seed 002's "schedule the weight-gradient and
+    input-gradient computations".
 Sharing rests on the protocol's order: in an honest wave no gradient reaches a node
 before its forward pass is over. A reordered or forged message may, so a wave that
-shares holds the gradients that come early and takes them when its forward tasks are
-done (nodes/agent.py): whatever the order of arrival, a node computes the same.
+shares holds the gradients that come early, and the backward tasks ready early (a cell
+no routed gradient reaches), until its forward tasks are done (nodes/agent.py): whatever
+the order of arrival, a node computes the same.
 Best effort shares nothing: there the edge may go on without a subtree whose GATHER can
 still come in after the SCATTER, and a node's forward pass may end at its deadlines,
 after gradients came. Every node of a mesh takes its weight gradients the same way
-(both ways split the same sum; mixing them would count terms twice): by input cell in
-every training wave under the plan. In best effort that differs in one respect from the
-output-cell way: a missing neighbour's filled-in activation no longer adds its term,
-and a lost output gradient drops the term it carried.
+(both ways split the same sum; mixing them would count terms twice, hence protocol
+version 3): by input cell in every training wave under the plan. In best effort that
+differs in one respect from the output-cell way: a missing neighbour's filled-in
+activation no longer adds its term, and a lost output gradient drops the term it
+carried.
 """
 
 from __future__ import annotations
