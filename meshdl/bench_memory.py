@@ -31,6 +31,7 @@ import numpy as np
 
 from meshdl.config import ModelConfig
 from meshdl.edge.agent import EdgeMachine
+from meshdl.errors import MeshdlError
 from meshdl.model import CNN
 from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol import MeshSpec, Mode, Split
@@ -105,7 +106,8 @@ def _in_fresh_process(case: MemoryCase, plan: bool) -> dict[str, Any]:
     argv = [sys.executable, "-m", "meshdl.bench_memory", *map(str, case), str(int(plan))]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"{case.name}: {done.stderr.strip().splitlines()[-1:]}")
+        last = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise MeshdlError(f"memory measurement of {case.name} failed: {last[0]}")
     return json.loads(done.stdout)
 
 
