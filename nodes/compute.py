@@ -65,14 +65,20 @@ def weight_grad(dz: np.ndarray, values: np.ndarray, slots: np.ndarray, taps: np.
                 for j in range(batch):
                     acc += dz[h, j] * v[c, j]
                 dweight[h, c, tap] = acc
-    for h in range(filters):
+    bias_grad(dz, dbias)
+
+
+@njit(**_JIT, fastmath={"reassoc", "contract"})
+def bias_grad(dz: np.ndarray, dbias: np.ndarray) -> None:
+    """dbias[h] = sum over the batch of dz[h, j]: a cell's share of the bias gradient."""
+    for h in range(dz.shape[0]):
         acc = np.float32(0.0)
-        for j in range(batch):
+        for j in range(dz.shape[1]):
             acc += dz[h, j]
         dbias[h] = acc
 
 
-@njit(**_JIT)
+@njit(**_JIT, fastmath={"reassoc", "contract"})
 def weight_grad_of_input(dz_values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
                          own: int, activation: np.ndarray, dweight: np.ndarray,
                          dbias: np.ndarray) -> None:
@@ -93,12 +99,7 @@ def weight_grad_of_input(dz_values: np.ndarray, slots: np.ndarray, taps: np.ndar
                 for j in range(batch):
                     acc += d[h, j] * activation[c, j]
                 dweight[h, c, tap] = acc
-    d = dz_values[own]
-    for h in range(filters):
-        acc = np.float32(0.0)
-        for j in range(batch):
-            acc += d[h, j]
-        dbias[h] = acc
+    bias_grad(dz_values[own], dbias)
 
 
 @njit(**_JIT)
