@@ -21,15 +21,16 @@ from collections import Counter, defaultdict
 from operator import attrgetter
 from typing import Any
 
-from meshdl.messages import ALL, CLASS_OF, ITEM_BYTES, Header, Kind, Message
+from meshdl.messages import ALL, CLASS_OF, DTYPES, Header, Kind, Message
 from meshdl.protocol import MeshSpec
 from meshdl.topics import name_of
 from meshdl.topology import Cell
 
 _LAYERED = (Kind.HALO, Kind.GRAD_HALO)
-# A header's (step, (src, dst, kind, layer, phase, shape)): its wave, and what it costs.
+# A header's (step, (src, dst, kind, layer, phase, shape, dtype)): its wave, and what
+# it costs.
 _STEP = attrgetter("step")
-_COST_KEY = attrgetter("src", "dst", "kind", "layer", "phase", "shape")
+_COST_KEY = attrgetter("src", "dst", "kind", "layer", "phase", "shape", "dtype")
 
 
 def class_name(kind: Kind, layer: int) -> str:
@@ -130,18 +131,19 @@ class Ledger:
         """One wave by radio: a sender's messages of one kind, layer and phase share one
         transmission, carrying the union of their items."""
         groups: dict[tuple, tuple[str, set, int, Kind]] = {}
-        for src, dst, kind, layer, phase, shape in wave:
+        for src, dst, kind, layer, phase, shape, dtype in wave:
             items = message_items(self.spec, src, dst, kind, layer, phase)
             per_item = math.prod(shape) // len(items)
             group = groups.setdefault((src, kind, layer, phase),
-                                      (class_name(kind, layer), set(), per_item, kind))
+                                      (class_name(kind, layer), set(), per_item, kind, dtype))
             group[1].update(items)
         figures: Counter[tuple[str, str]] = Counter()
-        for name, items, per_item, kind in groups.values():
+        for name, items, per_item, kind, dtype in groups.values():
             values = len(items) * per_item
             figures[name, "transmissions"] += 1
             figures[name, "values"] += values
-            figures[name, "bytes"] += self.spec.overhead(kind) + ITEM_BYTES * values
+            figures[name, "bytes"] += self.spec.overhead(kind) + \
+                DTYPES[dtype].itemsize * values
         return figures
 
     def report(self) -> dict[str, Any]:
@@ -154,9 +156,9 @@ class Ledger:
         link_messages: Counter[tuple[str, str]] = Counter()
         halo_values: Counter[int] = Counter()  # layer -> values per sample, summed
         cells = self.spec.model.rows * self.spec.model.cols
-        for (src, dst, kind, layer, _, shape), sent in self._totals.items():
-            values = math.prod(shape)
-            size = self.spec.overhead(kind) + ITEM_BYTES * values  # tags included
+        for (src, dst, kind, layer, _, shape, dtype), sent in self._totals.items():
+            values = math.prod(shape)  # of a compressed payload: its bytes
+            size = self.spec.overhead(kind) + DTYPES[dtype].itemsize * values  # tags too
             count = sent * cells if dst == ALL else sent  # a broker delivers to every node
             counts = unicast[class_name(kind, layer)]
             counts["values"] += values * count

@@ -7,6 +7,8 @@ Wire format (little-endian), 48 bytes of header followed by the array's bytes:
     dtype u8 | ndim u8 | session u16 | shape 4 x u32 | crc32 u32 (of every byte before
     and after it)
 
+dtype: 0 float32, 1 int32, 2 bytes (a compressed payload, meshdl/compress).
+
 `session` (version 2; reserved 0 in version 1) names the edge run a wave belongs to: an
 edge picks a new one when it starts, and nodes follow the PARAMS of a new session
 whatever its step, so a restarted edge always takes its mesh back. The header is a
@@ -78,10 +80,17 @@ CLASS_OF = {
     Kind.PUSH: "push", Kind.WEIGHTS: "weights",
 }
 
-DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4")}
+# Bytes (code 2) carry a compressed payload (meshdl/compress): its layout is the
+# compressor's, and the receiver checks it as strictly as the codec checks the header.
+DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i4"), 2: np.dtype("u1")}
 DTYPE_CODES = {dtype: code for code, dtype in DTYPES.items()}
-FLOAT32, INT32 = DTYPE_CODES[np.dtype("<f4")], DTYPE_CODES[np.dtype("<i4")]
-ITEM_BYTES = 4  # of every wire dtype
+FLOAT32, INT32, BYTES = (DTYPE_CODES[np.dtype(t)] for t in ("<f4", "<i4", "u1"))
+ITEM_BYTES = 4  # of a value: float32 or int32
+
+
+def payload_bytes(header: Header) -> int:
+    """Bytes of a message's payload: its shape's items times its dtype's size."""
+    return math.prod(header.shape) * DTYPES[header.dtype].itemsize
 
 
 class CodecReason(str, Enum):
@@ -99,6 +108,7 @@ class CodecReason(str, Enum):
     CHECKSUM = "checksum"
     NOT_FINITE = "not_finite"
     FORGED = "forged"  # a tag or signature that does not verify (meshdl/auth.py)
+    BAD_COMPRESSED = "bad_compressed"  # bytes no compressor sends (meshdl/compress)
 
 
 class CodecError(MeshdlError):
@@ -125,7 +135,7 @@ class Header(NamedTuple):
     src: tuple[Cell16, Cell16]
     dst: tuple[Cell16, Cell16]
     seq: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
-    dtype: Literal[0, 1]
+    dtype: Literal[0, 1, 2]
     shape: Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(max_length=MAX_DIMS)]
     session: Annotated[int, Field(ge=0, le=0xFFFF)] = 0  # the edge run the wave belongs to
 
@@ -199,7 +209,7 @@ def newer(step: int, than: int) -> bool:
 
 def wire_size(message: Message) -> int:
     """Bytes on the wire: header plus payload."""
-    return HEADER_BYTES + message.payload.nbytes
+    return HEADER_BYTES + message.payload.nbytes  # nbytes: whatever the dtype
 
 
 def decode(data: bytes, mesh: int | None = None,
@@ -229,7 +239,7 @@ def decode(data: bytes, mesh: int | None = None,
         raise CodecError(CodecReason.OTHER_MESH,
                          f"message of mesh {header.mesh}, this is mesh {mesh}")
     size = len(data) - HEADER_BYTES
-    expected = math.prod(header.shape) * ITEM_BYTES
+    expected = payload_bytes(header)
     if size != expected:
         raise CodecError(CodecReason.PAYLOAD_SIZE,
                          f"payload of {size} bytes, shape {header.shape} needs {expected}")

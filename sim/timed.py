@@ -35,7 +35,7 @@ import numpy as np
 from meshdl.accounting import Ledger, message_items
 from meshdl.edge.agent import EdgeMachine, WaveResult
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.messages import ALL, EDGE, ITEM_BYTES, Header, Kind, Message
+from meshdl.messages import ALL, DTYPES, EDGE, Header, Kind, Message, payload_bytes
 from meshdl.model import CNN
 from meshdl.nodes.deadlines import Margins
 from meshdl.nodes.host import NodeHost
@@ -556,18 +556,18 @@ class TimedMesh:
                                         layer, phase)
                 items.update(carried)
                 per_item = math.prod(m.header.shape) // len(carried)
-            union = self.spec.overhead(Kind(kind)) + ITEM_BYTES * per_item * len(items)
+            union = self.spec.overhead(Kind(kind)) + \
+                DTYPES[messages[0].header.dtype].itemsize * per_item * len(items)
             sizes = self._broadcast_sizes[key] = (union, tuple(map(self._bytes, messages)))
         return Transmission(src, receivers, kind, layer, sizes[0],
                             list(zip(receivers, messages, strict=True)), True, 0.0, sizes[1])
 
     def _bytes(self, message: Message) -> int:
         h = message.header
-        key = (h.kind, h.shape)
+        key = (h.kind, h.shape, h.dtype)
         size = self._sizes.get(key)
         if size is None:
-            size = self._sizes[key] = self.spec.overhead(h.kind) + ITEM_BYTES * math.prod(
-                h.shape)
+            size = self._sizes[key] = self.spec.overhead(h.kind) + payload_bytes(h)
         return size
 
     def _mqtt_bytes(self, message: Message) -> int:

@@ -1,0 +1,95 @@
+"""A flat vector of several segments (a REDUCE's conv layers, a PUSH's every layer) as
+one compressed payload, and the sender's side of a stream of them (`Channel`).
+
+`VectorCodec` cuts the vector at its segments' boundaries and gives each to its own
+compressor; the payload is their bytes one after the other, each of a size fixed by its
+compressor and segment, so the whole payload has one size the receiver knows before it
+reads a byte. `Channel` is one sender's stream: error feedback over the whole vector
+(meshdl/compress/feedback.py) and each segment's compressor state (RNG, warm start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshdl.compress.compressors import ChannelState, Compressor, Segment, bad_payload
+from meshdl.compress.feedback import ErrorFeedback
+
+
+@dataclass(frozen=True)
+class VectorCodec:
+    """Which compressor encodes each segment of a flat vector, in order."""
+
+    segments: tuple[Segment, ...]
+    compressors: tuple[Compressor, ...]
+
+    def __post_init__(self) -> None:
+        for segment, compressor in zip(self.segments, self.compressors, strict=True):
+            if not compressor.applies_to(segment):
+                raise ValueError(f"{compressor.spec} does not apply to {segment.name} "
+                                 f"({segment.kind})")
+
+    @property
+    def size(self) -> int:
+        """Values of the vector."""
+        return sum(s.size for s in self.segments)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every payload."""
+        return sum(c.nbytes(s) for s, c in zip(self.segments, self.compressors, strict=True))
+
+    @property
+    def lossless(self) -> bool:
+        return all(c.lossless for c in self.compressors)
+
+    def encode(self, values: np.ndarray, states: list[ChannelState]) -> np.ndarray:
+        parts, at = [], 0
+        for segment, compressor, state in zip(self.segments, self.compressors, states,
+                                              strict=True):
+            parts.append(compressor.encode(values[at:at + segment.size], segment, state))
+            at += segment.size
+        return np.concatenate(parts) if parts else np.empty(0, np.uint8)
+
+    def decode(self, data: np.ndarray) -> np.ndarray:
+        """The vector a payload carries; CodecError (BAD_COMPRESSED) if it is not one
+        these compressors could have sent."""
+        if data.dtype != np.uint8 or data.shape != (self.nbytes,):
+            raise bad_payload(f"{data.size} bytes, expected {self.nbytes}")
+        parts, at = [], 0
+        for segment, compressor in zip(self.segments, self.compressors, strict=True):
+            width = compressor.nbytes(segment)
+            parts.append(compressor.decode(data[at:at + width], segment))
+            at += width
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+    def operations(self) -> int:
+        return sum(c.operations(s) for s, c in zip(self.segments, self.compressors,
+                                                   strict=True))
+
+
+class Channel:
+    """One sender's stream of compressed vectors, with error feedback."""
+
+    def __init__(self, codec: VectorCodec, seed: int = 0) -> None:
+        self.codec = codec
+        self.feedback = ErrorFeedback(codec.size)
+        rngs = np.random.SeedSequence(seed).spawn(len(codec.segments))
+        self.states = [ChannelState(np.random.default_rng(s)) for s in rngs]
+        self.sent = 0
+
+    def send(self, values: np.ndarray) -> np.ndarray:
+        """The payload for `values` plus the residual; the residual keeps the rest."""
+        if self.codec.lossless:  # nothing to remember
+            return self.codec.encode(values, self.states)
+        compensated = self.feedback.compensate(values)
+        payload = self.codec.encode(compensated, self.states)
+        self.feedback.update(compensated, self.codec.decode(payload))
+        self.sent += 1
+        return payload
+
+    @property
+    def residual(self) -> np.ndarray:
+        return self.feedback.residual

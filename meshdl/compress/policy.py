@@ -1,0 +1,118 @@
+"""Which compressor each layer's gradient gets: the `--compress` policy, read once.
+
+    none                   every message as float32 (the exact wire format)
+    NAME[:ARG]             that compressor on every layer it applies to (kernel top-k
+                           only applies to conv layers; the others stay dense)
+    hylo[:T]               Hylo (seed 003): layers of more than T parameters compressed
+                           by type, conv by kernel top-k, fc by adaptive 2-bit; the rest
+                           dense. T defaults to 25, a radio frame's worth of float32
+                           values (802.15.4: 127-byte frames): below that a layer's
+                           gradient costs no extra frame
+    LAYER=NAME[:ARG],...   one compressor per layer (what `meshdl schedule` prints for
+                           its plans), unnamed layers dense
+
+A policy applies where gradients travel: the in-mesh REDUCE (the conv layers, summed up
+the tree, re-compressed at every hop with that node's error feedback) and the PUSH from
+each mesh's edge to the parameter server (every layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from meshdl.compress.codec import VectorCodec
+from meshdl.compress.compressors import (
+    Compressor,
+    Dense,
+    KernelTopK,
+    Segment,
+    TwoBit,
+    parse_compressor,
+)
+from meshdl.config import ModelConfig
+from meshdl.errors import UsageError
+from meshdl.model import param_shapes
+
+HYLO_THRESHOLD = 25
+
+
+def model_segments(model: ModelConfig) -> tuple[Segment, ...]:
+    """The model's layers in the flat vector's order: conv1, ..., fc1, fc2."""
+    shapes = param_shapes(model)
+    names = [name.removesuffix(".weight") for name in shapes if name.endswith(".weight")]
+    return tuple(Segment(name, "conv" if name.startswith("conv") else "fc",
+                         shapes[f"{name}.weight"], shapes[f"{name}.bias"][0])
+                 for name in names)
+
+
+@dataclass(frozen=True)
+class CompressionPolicy:
+    """A `--compress` value, parsed: a compressor for each layer of a model."""
+
+    spec: str
+    by_layer: tuple[tuple[str, Compressor], ...]  # layer name -> its compressor
+
+    @classmethod
+    def parse(cls, spec: str, model: ModelConfig) -> CompressionPolicy:
+        spec = spec.strip()
+        segments = model_segments(model)
+        names = [s.name for s in segments]
+        if spec in ("", "none"):
+            chosen = {}
+        elif "=" in spec:
+            chosen = {}
+            for entry in spec.split(","):
+                layer, _, compressor = entry.partition("=")
+                if layer.strip() not in names:
+                    raise UsageError(f"--compress: no layer {layer.strip()!r} in this model "
+                                     f"(layers: {', '.join(names)})")
+                chosen[layer.strip()] = parse_compressor(compressor)
+        elif spec == "hylo" or spec.startswith("hylo:"):
+            chosen = hylo(segments, _threshold(spec))
+        else:
+            compressor = parse_compressor(spec)
+            chosen = {s.name: compressor for s in segments if compressor.applies_to(s)}
+        for segment in segments:
+            compressor = chosen.get(segment.name)
+            if compressor is not None and not compressor.applies_to(segment):
+                raise UsageError(f"--compress: {compressor.spec} does not apply to "
+                                 f"{segment.name} (a {segment.kind} layer)")
+        by_layer = tuple((s.name, chosen.get(s.name) or Dense()) for s in segments)
+        return cls(spec or "none", by_layer)
+
+    @property
+    def active(self) -> bool:
+        """Is any gradient compressed (else messages keep the float32 wire format)?"""
+        return any(not c.lossless for _, c in self.by_layer)
+
+    def codec(self, segments: tuple[Segment, ...]) -> VectorCodec:
+        table = dict(self.by_layer)
+        return VectorCodec(segments, tuple(table[s.name] for s in segments))
+
+    @cached_property
+    def describe(self) -> dict[str, str]:
+        """Layer -> compressor spec, for metrics and status records."""
+        return {name: c.spec for name, c in self.by_layer}
+
+
+def hylo(segments: tuple[Segment, ...], threshold: int = HYLO_THRESHOLD
+         ) -> dict[str, Compressor]:
+    """Hylo's rule: above `threshold` parameters, conv layers by kernel top-k (density
+    adapted to the layer's size), fc layers by 2-bit with the adaptive threshold."""
+    return {s.name: KernelTopK() if s.kind == "conv" else TwoBit()
+            for s in segments if s.size > threshold}
+
+
+def _threshold(spec: str) -> int:
+    _, _, text = spec.partition(":")
+    if not text:
+        return HYLO_THRESHOLD
+    if not text.isdigit():
+        raise UsageError(f"--compress {spec}: the threshold is a whole number of parameters")
+    return int(text)
+
+
+def reduce_segments(model: ModelConfig) -> tuple[Segment, ...]:
+    """What a REDUCE carries: the conv layers."""
+    return tuple(s for s in model_segments(model) if s.kind == "conv")
