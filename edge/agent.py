@@ -16,8 +16,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshdl import kernels
+from meshdl.compress.activations import decode_activations
 from meshdl.errors import StepSkipped, UsageError
-from meshdl.messages import EDGE, FLOAT32, Header, Kind, Message, make, newer
+from meshdl.messages import (
+    BYTES,
+    EDGE,
+    FLOAT32,
+    CodecError,
+    Header,
+    Kind,
+    Message,
+    make,
+    newer,
+)
 from meshdl.model import CNN, Trace
 from meshdl.nodes.deadlines import (
     GATHER_ENTRY,
@@ -369,12 +380,17 @@ class EdgeMachine:
                 return []
             self.stats["stale"] += 1
             return []
-        if h.kind in (Kind.GATHER, Kind.REDUCE) and h.dtype != FLOAT32:
-            self.stats["rejected:bad_shape"] += 1
-            return []
         if h.kind == Kind.GATHER and self.trace is None:
             shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
-            if payload.shape != shape:
+            codec = self.spec.activation_codec
+            try:
+                payload = decode_activations(codec, payload, shape) \
+                    if codec is not None and h.dtype == BYTES else \
+                    payload if h.dtype == FLOAT32 and payload.shape == shape else None
+            except CodecError:
+                self.stats["rejected:bad_compressed"] += 1
+                return []
+            if payload is None:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1
@@ -385,7 +401,12 @@ class EdgeMachine:
                                            strict=True))
             return self._head(payload, now)
         if h.kind == Kind.REDUCE and self.trace is not None and self.mode == Mode.TRAIN:
-            if payload.shape != (self.spec.conv_size,):
+            try:
+                payload = self.spec.read_reduce(h, payload)
+            except CodecError:
+                self.stats["rejected:bad_compressed"] += 1
+                return []
+            if payload is None:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1

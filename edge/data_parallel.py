@@ -58,7 +58,8 @@ def train_with_server(config: RunConfig, data: Dataset, engine: MqttEngine,
     n_train, n_test = originals(view), len(view.y_test)
     model = CNN(config.model, seed=tc.seed)  # the server's version 0, from the same seed
     model.set_normalization(*normalization(view.X_train))
-    worker = MeshWorker(config.mesh.mesh_id, sync, model, session=None)
+    worker = MeshWorker(config.mesh.mesh_id, sync, model, session=None,
+                        compress=config.mesh.compress)
     engine.on_weights = worker.handle
     engine.open(model)
     loop = _Loop(engine, worker, resend_s, patience_s)

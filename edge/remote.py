@@ -96,6 +96,8 @@ class MqttEngine(WaveEngine):
         self.mesh_id = mesh_id
         self.edge_at = edge_at
         self.max_message_bytes = max_message_bytes
+        # The mesh's --compress policy and activation format (`for_run` sets them).
+        self.compress, self.activations = "none", "float32"
         # This edge run's name in its waves: nodes follow a new session whatever the
         # steps their last edge reached (restarted after a fast run, across the wrap).
         # (`session`: None draws one; tests pass their own.)
@@ -137,11 +139,13 @@ class MqttEngine(WaveEngine):
         `data` the run trains on (with its mirrors, as the node hosts build it)."""
         view = None if data is None else training_data(config.train, data)
         spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
-                        config.mesh.max_message_bytes, config.mesh.auth)
+                        config.mesh.max_message_bytes, config.mesh.auth,
+                        compress=config.mesh.compress, activations=config.mesh.activations)
         auth = authenticator_for(spec, [EDGE], config.mesh.keys, config.mesh.auth)
         engine = cls(view, broker, config.mesh.mesh_id, config.mesh.edge_at,
                      max_message_bytes=config.mesh.max_message_bytes, auth=auth, **options)
         engine.data_digest = None if data is None else data_digest(data)
+        engine.compress, engine.activations = config.mesh.compress, config.mesh.activations
         if config.mesh.recovery == "best-effort":
             engine.best_effort = (Policy(config.mesh.policy),
                                   Learning(config.mesh.patience, MQTT_LEAST_MARGIN_S))
@@ -212,7 +216,8 @@ class MqttEngine(WaveEngine):
     def _edge_for(self, model: CNN) -> EdgeMachine:
         if self.edge is None or self.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast",
-                            self.max_message_bytes, self.auth is not None)
+                            self.max_message_bytes, self.auth is not None,
+                            compress=self.compress, activations=self.activations)
             # Above the clock, and above this engine's own earlier waves.
             first = clock_step() if self.edge is None else self.edge.step + 1
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,

@@ -138,6 +138,14 @@ class MeshConfig(_Strict):
     attach: tuple[tuple[int, int], ...] = Field(
         (), description="best effort: other border cells the edge may attach to when its "
         "own dies, in order")
+    compress: str = Field(
+        "none", max_length=512, description="gradient compression with error feedback, "
+        "in the mesh's REDUCE and from each edge to the parameter server: none, hylo[:T], "
+        "NAME[:ARG] (fp16, int8, 2bit, topk, randk, ktopk, powersgd) or "
+        "LAYER=NAME[:ARG],... (meshdl/compress)")
+    activations: Literal["float32", "fp16", "int8"] = Field(
+        "float32", description="forward activations between nodes (HALO, POOL, GATHER): "
+        "float32, or lossy half precision or 8 bits with a scale per message")
 
 
 class ParallelConfig(_Strict):
@@ -191,6 +199,16 @@ class RunConfig(BaseSettings):
             if axis in model:
                 data.setdefault(axis, model[axis])
         return {**values, "data": data}
+
+    @model_validator(mode="after")
+    def _compression_parses(self) -> RunConfig:
+        from meshdl.compress.policy import CompressionPolicy  # needs the model's layers
+
+        try:
+            CompressionPolicy.parse(self.mesh.compress, self.model)
+        except UsageError as exc:
+            raise ValueError(f"mesh.compress: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _data_matches_model(self) -> RunConfig:

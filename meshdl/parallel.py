@@ -129,8 +129,10 @@ def train_parallel(
         overlap = config.parallel.overlap
         share = sync.lr_share(n_meshes)
         server = ParameterServer(model, optimizer, mesh_ids(config), sync,
-                                 lambda n: share * learning_rate(tc, n, total), overlap=overlap)
-        workers = [MeshWorker(mesh_id, sync, _replica(model)) for mesh_id in server.meshes]
+                                 lambda n: share * learning_rate(tc, n, total), overlap=overlap,
+                                 compress=config.mesh.compress)
+        workers = [MeshWorker(mesh_id, sync, _replica(model), compress=config.mesh.compress)
+                   for mesh_id in server.meshes]
         pushes = 0
 
         def pushed(_: int, learnt: Learnt | None) -> None:

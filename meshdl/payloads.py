@@ -10,7 +10,9 @@
                      n = row x cols + col
     BATCH   int32    mode, split, then one sample index per sample of the wave
     PUSH    float32  based_on, samples, correct, loss, then the gradient of every
-                     parameter (the model's flat order), the mean over the samples
+                     parameter (the model's flat order), the mean over the samples;
+                     compressed (bytes): the same four as float32, then the
+                     gradient as the policy's compressors write it (meshdl/compress)
     WEIGHTS float32  every parameter (the model's flat order), of the version the
                      header's step names
 
@@ -29,6 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from meshdl.compress.codec import Channel, VectorCodec
 from meshdl.config import ModelConfig
 from meshdl.model import param_shapes
 
@@ -158,6 +161,31 @@ class Push(NamedTuple):
                              "what a PUSH carries exactly (2^24)")
         head = np.array([self.based_on, self.samples, self.correct, self.loss], np.float32)
         return np.concatenate([head, np.asarray(self.gradient, np.float32)])
+
+    def pack_compressed(self, channel: Channel) -> np.ndarray:
+        """The compressed form (bytes): the four head values as float32, then the
+        gradient through `channel` (its error feedback keeps what this one leaves
+        out). A push with no samples counts for nothing at the server, so its zeros
+        go without touching the residual."""
+        head = self.pack()[:PUSH_HEAD].view(np.uint8)
+        codec = channel.codec
+        body = channel.send(self.gradient) if self.samples else \
+            codec.encode(np.zeros(codec.size, np.float32), Channel(codec).states)
+        return np.concatenate([head, body])
+
+    @classmethod
+    def read_compressed(cls, payload: np.ndarray, codec: VectorCodec) -> Push | None:
+        """A compressed PUSH (`pack_compressed`), or None if its head is not a
+        well-formed one; CodecError if the gradient's bytes are not any `codec`
+        writes."""
+        head_bytes = 4 * PUSH_HEAD
+        if payload.dtype != np.uint8 or payload.shape != (head_bytes + codec.nbytes,):
+            return None
+        head = payload[:head_bytes].copy().view("<f4")
+        if not np.all(np.isfinite(head)):
+            return None
+        gradient = codec.decode(payload[head_bytes:])
+        return cls.read(np.concatenate([head, gradient]), codec.size)
 
     @classmethod
     def read(cls, payload: np.ndarray, size: int) -> Push | None:

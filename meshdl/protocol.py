@@ -18,10 +18,26 @@ from enum import IntEnum
 from functools import cached_property
 from typing import Any, Literal
 
+import numpy as np
+
 from meshdl.auth import link, tag_bytes
+from meshdl.compress.activations import activation_compressor
+from meshdl.compress.codec import VectorCodec
+from meshdl.compress.compressors import Compressor
+from meshdl.compress.policy import CompressionPolicy, reduce_segments
 from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
-from meshdl.messages import ALL, EDGE, HEADER_BYTES, ITEM_BYTES, MAX_MESSAGE_BYTES, Kind
+from meshdl.messages import (
+    ALL,
+    BYTES,
+    EDGE,
+    FLOAT32,
+    HEADER_BYTES,
+    ITEM_BYTES,
+    MAX_MESSAGE_BYTES,
+    Header,
+    Kind,
+)
 from meshdl.payloads import BATCH_HEAD, ParamsLayout
 from meshdl.topology import Cell, Topology, window_offsets
 
@@ -78,6 +94,11 @@ class MeshSpec:
     # The configured edge_at, where the edge may have moved (it re-attaches when its
     # cell dies); None: edge_at. PARAMS carry the plan when it is not (home, no dead).
     home: Cell | None = None
+    # The --compress policy (meshdl/compress/policy.py): REDUCE carries the conv layers'
+    # gradients compressed as it says, re-compressed at every hop.
+    compress: str = "none"
+    # HALO, POOL and GATHER payloads: float32, or lossy fp16 / int8 (compress/activations.py).
+    activations: str = "float32"
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -113,7 +134,7 @@ class MeshSpec:
                 del replans[next(iter(replans))]
             spec = MeshSpec(self.mesh_id, self.model, edge_at, self.params_via,
                             self.max_message_bytes, self.auth, frozenset(dead),
-                            self.home or self.edge_at)
+                            self.home or self.edge_at, self.compress, self.activations)
             spec.__dict__["_replans"] = replans  # one family of plans
         replans[(edge_at, dead)] = spec
         return spec
@@ -173,7 +194,8 @@ class MeshSpec:
                 "in_channels": m.in_channels, "kernel": m.kernel, "filters": m.filters,
                 "conv_layers": m.conv_layers, "pool": m.pool,
                 "edge_at": list(self.edge_at), "params_via": self.params_via,
-                "max_message_bytes": self.max_message_bytes, "auth": self.auth}
+                "max_message_bytes": self.max_message_bytes, "auth": self.auth,
+                "compress": self.compress, "activations": self.activations}
 
     def differences(self, summary: dict[str, Any]) -> list[str]:
         """"kernel 5 (here 3)" for each field of another agent's `summary` that differs."""
@@ -198,6 +220,30 @@ class MeshSpec:
     def conv_size(self) -> int:
         """Values of the conv parameters: of a REDUCE payload."""
         return self.params_layout.conv_size
+
+    @cached_property
+    def reduce_codec(self) -> VectorCodec | None:
+        """How a REDUCE's conv gradients are compressed; None: plain float32."""
+        codec = CompressionPolicy.parse(self.compress, self.model).codec(
+            reduce_segments(self.model))
+        return None if codec.lossless else codec
+
+    @cached_property
+    def activation_codec(self) -> Compressor | None:
+        """How forward activations travel (HALO, POOL, GATHER); None: float32."""
+        return activation_compressor(self.activations)
+
+    def read_reduce(self, header: Header, payload: np.ndarray) -> np.ndarray | None:
+        """A REDUCE's conv gradients (float32, `conv_size`), or None if its payload is
+        not the one this mesh sends (dtype, shape); CodecError if compressed bytes are
+        not any its compressors write."""
+        codec = self.reduce_codec
+        if codec is None:
+            ok = header.dtype == FLOAT32 and payload.shape == (self.conv_size,)
+            return payload if ok else None
+        if header.dtype != BYTES or payload.shape != (codec.nbytes,):
+            return None
+        return codec.decode(payload)
 
     def channels(self, layer: int) -> int:
         """Channels of activation ("a", layer): the input's for 0, filters after."""

@@ -74,7 +74,8 @@ def engine_for(config: RunConfig, data: Dataset) -> Engine:
     return MeshEngine(data, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                       wire=config.mesh.wire, params_via=config.mesh.params_via,
                       max_message_bytes=config.mesh.max_message_bytes,
-                      auth=config.mesh.auth)
+                      auth=config.mesh.auth, compress=config.mesh.compress,
+                      activations=config.mesh.activations)
 
 
 @dataclass

@@ -29,11 +29,20 @@ from collections.abc import Callable
 
 import numpy as np
 
+from meshdl.compress.activations import (
+    FORWARD_KINDS,
+    activation_bytes,
+    decode_activations,
+    encode_activations,
+)
+from meshdl.compress.codec import Channel
 from meshdl.messages import (
     ALL,
+    BYTES,
     EDGE,
     FLOAT32,
     INT32,
+    CodecError,
     Header,
     Kind,
     Message,
@@ -113,6 +122,12 @@ class NodeMachine(BestEffortNode):
         self.hello_after: float | None = None
         self.heard_at = 0.0  # the last PARAMS taken, or the boot
         self._hello_at: float | None = None
+        # Compressed REDUCE (meshdl/compress): this node's stream up the tree, with the
+        # error feedback that carries what one wave's message left out into the next.
+        codec = spec.reduce_codec
+        self.reduce_channel = None if codec is None else \
+            Channel(codec, seed=cell[0] * spec.model.cols + cell[1])
+        self.activation_codec = spec.activation_codec  # lossy HALO, POOL, GATHER
         self._adopt(spec)
 
     def _plan_for(self, spec: MeshSpec) -> NodePlan:
@@ -260,8 +275,18 @@ class NodeMachine(BestEffortNode):
             self.stats["rejected:unexpected"] += 1
             return []
         payload = message.payload
-        if message.header.dtype != FLOAT32 or \
-                payload.shape != (expect.rows, expect.channels, wave.batch):
+        shape = (expect.rows, expect.channels, wave.batch)
+        if message.header.dtype == BYTES and self.activation_codec is not None and \
+                message.header.kind in FORWARD_KINDS:
+            try:
+                payload = decode_activations(self.activation_codec, payload, shape)
+            except CodecError:
+                self.stats["rejected:bad_compressed"] += 1
+                return []
+            if payload is None:
+                self.stats["rejected:bad_shape"] += 1
+                return []
+        elif message.header.dtype != FLOAT32 or payload.shape != shape:
             self.stats["rejected:bad_shape"] += 1
             return []
         wave.seen[expect.index] = RECEIVED
@@ -436,15 +461,31 @@ class NodeMachine(BestEffortNode):
         """Could this message, by dtype and shape, be what the plan expects of it?"""
         h, shape = message.header, message.payload.shape
         if expect.role == Role.ITEMS:
+            if h.dtype == BYTES and self.activation_codec is not None and \
+                    h.kind in FORWARD_KINDS and len(shape) == 1:
+                return self._compressed_batch(shape[0], expect) is not None
             return h.dtype == FLOAT32 and len(shape) == 3 and \
                 shape[:2] == (expect.rows, expect.channels) and \
                 1 <= shape[2] <= self.spec.max_batch
         if expect.role == Role.PARTIAL_GRADIENTS:
+            codec = self.spec.reduce_codec
+            if codec is not None:
+                return h.dtype == BYTES and shape == (codec.nbytes,)
             return h.dtype == FLOAT32 and shape == (self.spec.conv_size,)
         if expect.role == Role.SAMPLES:
             return h.dtype == INT32 and len(shape) == 1 and \
                 BATCH_HEAD < shape[0] <= self.spec.max_batch + BATCH_HEAD
         return h.dtype == FLOAT32 and self._params_shaped(message.payload)
+
+    def _compressed_batch(self, size: int, expect: Expect) -> int | None:
+        """The batch whose compressed activations for `expect` take `size` bytes, if
+        one within the mesh's limits does (their size is linear in the batch)."""
+        assert self.activation_codec is not None
+        one = activation_bytes(self.activation_codec, (expect.rows, expect.channels, 1))
+        per_sample = activation_bytes(self.activation_codec,
+                                      (expect.rows, expect.channels, 2)) - one
+        batch, rest = divmod(size - one + per_sample, per_sample)
+        return batch if rest == 0 and 1 <= batch <= self.spec.max_batch else None
 
     def _params_shaped(self, payload: np.ndarray) -> bool:
         """The parameters, and the plan's tail when this mesh's plan has one."""
@@ -484,13 +525,15 @@ class NodeMachine(BestEffortNode):
         if not wave.training:
             self.stats["rejected:unexpected"] += 1
             return False
-        if h.dtype != FLOAT32:
-            self.stats["rejected:bad_shape"] += 1
+        try:
+            values = self.spec.read_reduce(h, payload)
+        except CodecError:
+            self.stats["rejected:bad_compressed"] += 1
             return False
-        if payload.shape != (self.spec.conv_size,):
+        if values is None:
             self.stats["rejected:bad_reduce"] += 1
             return False
-        wave.reduce[h.src] = payload
+        wave.reduce[h.src] = values
         self._arrived(wave, expect.waiters)
         return True
 
@@ -640,8 +683,11 @@ class NodeMachine(BestEffortNode):
             else:
                 kind, dst, buffer, rows, layer, phase = send
                 self.seq = (self.seq + 1) & 0xFFFFFFFF
-                out.append(seal(kind, mesh, step, cell, dst, buffers[buffer][rows], layer,
-                                phase, self.seq, FLOAT32, session))
+                values, dtype = buffers[buffer][rows], FLOAT32
+                if self.activation_codec is not None and kind in FORWARD_KINDS:
+                    values, dtype = encode_activations(self.activation_codec, values), BYTES
+                out.append(seal(kind, mesh, step, cell, dst, values, layer, phase, self.seq,
+                                dtype, session))
             wave.tasks_done += 1
             if not train_only:
                 wave.forward_left -= 1
@@ -735,6 +781,8 @@ class NodeMachine(BestEffortNode):
         # written again by the child: REDUCE is its wave's last task.
         for child in self.children:
             total += wave.reduce[child]
+        if self.reduce_channel is not None:  # compressed, the rest kept for next time
+            total = self.reduce_channel.send(total)
         out.append(self._message(wave, Kind.REDUCE, self.parent, total))
 
     def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,

@@ -22,6 +22,7 @@ from meshdl.topology import Cell
 from meshdl.work import Work
 
 Item = tuple[Field, Hashable]
+ACTIVATION_SCALE_BYTES = 4  # an int8 message's scale: above float32 for a single value
 Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
 Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
 
@@ -242,7 +243,10 @@ class NodePlan:
                       Role.PARTIAL_GRADIENTS: spec.conv_size,
                       Role.PARAMETERS: spec.params_size,
                       Role.SAMPLES: spec.max_batch + BATCH_HEAD}[expect.role]
-            self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * ITEM_BYTES * values
+            size = ITEM_BYTES * values + ACTIVATION_SCALE_BYTES
+            if expect.role == Role.PARTIAL_GRADIENTS and spec.reduce_codec is not None:
+                size = max(size, spec.reduce_codec.nbytes)  # top-k: more than float32
+            self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * size
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
         # Where a wave's fields live, by mode and exactness (nodes/memory.py).

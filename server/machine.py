@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshdl.errors import MeshdlError
-from meshdl.messages import EDGE, SERVER, Kind, Message, make
+from meshdl.messages import EDGE, SERVER, CodecError, Kind, Message, make
 from meshdl.model import CNN
 from meshdl.optim import Optimizer
 from meshdl.payloads import Push
-from meshdl.server.parts import SPLIT, Part, part_of, part_slice
+from meshdl.server.parts import SPLIT, Part, part_codecs, part_of, part_slice
 from meshdl.server.sync import Sync
 
 
@@ -55,10 +55,12 @@ class ParameterServer:
     """The model several meshes train, updated from their gradients."""
 
     def __init__(self, model: CNN, optimizer: Optimizer, meshes: Sequence[int], sync: Sync,
-                 lr: Callable[[int], float], session: int = 0, overlap: bool = False) -> None:
+                 lr: Callable[[int], float], session: int = 0, overlap: bool = False,
+                 compress: str = "none") -> None:
         """`meshes`: their ids (the headers' mesh field); `lr(n)`: the learning rate of
         update n (0-based); `session`: names this server run in every message;
-        `overlap`: gradients and weights travel in parts."""
+        `overlap`: gradients and weights travel in parts; `compress`: the policy the
+        meshes' PUSH gradients come under (meshdl/compress)."""
         if len(set(meshes)) != len(meshes) or not meshes:
             raise ValueError(f"mesh ids must be distinct, and at least one: {meshes}")
         self.model, self.optimizer, self.sync, self.lr = model, optimizer, sync, lr
@@ -73,6 +75,7 @@ class ParameterServer:
         self.seq = 0
         self.overlap = overlap
         self._slices = {part: part_slice(part, model.config) for part in Part}
+        self._codecs = part_codecs(compress, model.config)
         self._parts: dict[tuple[int, int], dict[Part, Push]] = {}  # (mesh, clock) -> parts
 
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
@@ -98,8 +101,11 @@ class ParameterServer:
             # restarted from a checkpoint: the weights tell it where training stands.
             self.stats["rejected:out_of_order"] += 1
             return self.weights_for([h.mesh])
-        values = self.model.flat[self._slices[part]].size
-        push = Push.read(message.payload, values)
+        try:
+            push = self._read(message.payload, part)
+        except CodecError:
+            self.stats["rejected:bad_compressed"] += 1
+            return []
         if push is None or push.based_on > self.version:
             self.stats["rejected:bad_push"] += 1
             return []
@@ -120,6 +126,13 @@ class ParameterServer:
             self._apply_clock(self._pending.pop(self.version + 1))
             out += self.weights_for(self.meshes)
         return out
+
+    def _read(self, payload: np.ndarray, part: Part) -> Push | None:
+        """A PUSH of `part` in the form the meshes send, or None; CodecError if its
+        compressed bytes are not any the policy's compressors write."""
+        if self._codecs is None:
+            return Push.read(payload, self.model.flat[self._slices[part]].size)
+        return Push.read_compressed(payload, self._codecs[part])
 
     def _assemble(self, mesh: int, clock: int, part: Part, push: Push) -> Push | None:
         """With overlap: keep a step's first part; with its second, the whole push (at

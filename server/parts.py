@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from meshdl.compress.codec import VectorCodec
+from meshdl.compress.policy import CompressionPolicy, model_segments
 from meshdl.config import ModelConfig
 from meshdl.payloads import ParamsLayout
 
@@ -36,3 +38,14 @@ def part_slice(part: Part, model: ModelConfig) -> slice:
 def part_of(layer: int) -> Part | None:
     """The part a header's `layer` names, or None."""
     return _BY_VALUE.get(layer)
+
+
+def part_codecs(compress: str, model: ModelConfig) -> dict[Part, VectorCodec] | None:
+    """How each part's gradient is compressed in a PUSH under the `--compress` policy;
+    None: PUSH carries plain float32."""
+    policy = CompressionPolicy.parse(compress, model)
+    segments = model_segments(model)
+    codecs = {Part.WHOLE: policy.codec(segments),
+              Part.CONV: policy.codec(tuple(s for s in segments if s.kind == "conv")),
+              Part.HEAD: policy.codec(tuple(s for s in segments if s.kind != "conv"))}
+    return None if codecs[Part.WHOLE].lossless else codecs

@@ -81,7 +81,7 @@ class ServerRun:
         self.server = ParameterServer(self.model, self.optimizer, mesh_ids(config),
                                       self.sync,
                                       lambda k: share * learning_rate(tc, k, total),
-                                      session=session)
+                                      session=session, compress=config.mesh.compress)
         if resume is not None:
             restore(resume, config, self.model, self.optimizer, self.rng, self.history)
             self.server.resume_at(len(self.history.epochs) * self.steps)

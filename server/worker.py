@@ -21,10 +21,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from meshdl.compress.codec import Channel
 from meshdl.messages import EDGE, SERVER, Kind, Message, make, newer
 from meshdl.model import CNN
 from meshdl.payloads import Push
-from meshdl.server.parts import Part, part_of, part_slice
+from meshdl.server.parts import Part, part_codecs, part_of, part_slice
 from meshdl.server.sync import Sync
 
 
@@ -47,10 +48,16 @@ class Learnt(NamedTuple):
 class MeshWorker:
     """The edge of mesh `mesh_id` training the server's model with the other meshes."""
 
-    def __init__(self, mesh_id: int, sync: Sync, model: CNN, session: int | None = 0) -> None:
+    def __init__(self, mesh_id: int, sync: Sync, model: CNN, session: int | None = 0,
+                 compress: str = "none") -> None:
         """`model`: this edge's copy, holding the server's weights of version 0;
-        `session`: the server run it works with (None: the first that answers)."""
+        `session`: the server run it works with (None: the first that answers);
+        `compress`: the policy its PUSH gradients go under (meshdl/compress), with
+        error feedback per part."""
         self.mesh_id, self.sync, self.model, self.session = mesh_id, sync, model, session
+        codecs = part_codecs(compress, model.config)
+        self.channels = None if codecs is None else {
+            part: Channel(codec, seed=8 * mesh_id + part) for part, codec in codecs.items()}
         self.clock = 0  # steps pushed
         self.versions = {Part.CONV: 0, Part.HEAD: 0}  # of the weights `model` holds
         self.shards: deque[np.ndarray] = deque()  # this epoch's, in order
@@ -123,7 +130,9 @@ class MeshWorker:
                 self._start_again(self._restart)
         self.seq += 1
         # (The server takes pushes of any session: their clocks say where they belong.)
-        return make(Kind.PUSH, self.mesh_id, step.clock, EDGE, SERVER, payload.pack(),
+        body = payload.pack() if self.channels is None else \
+            payload.pack_compressed(self.channels[part])
+        return make(Kind.PUSH, self.mesh_id, step.clock, EDGE, SERVER, body,
                     layer=part, seq=self.seq & 0xFFFFFFFF, session=self.session or 0)
 
     def handle(self, message: Message) -> None:

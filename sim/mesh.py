@@ -244,8 +244,10 @@ class MeshEngine(WaveEngine):
     def __init__(self, data: Dataset, edge_at: Cell = (0, 0), mesh_id: int = 1,
                  chaos: Chaos | None = None, wire: bool = False,
                  params_via: str = "tree", max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 auth: bool = False, keys: MeshKeys | None = None) -> None:
+                 auth: bool = False, keys: MeshKeys | None = None,
+                 compress: str = "none", activations: str = "float32") -> None:
         self.data = data
+        self.compress, self.activations = compress, activations
         self.auth = auth
         self.keys = keys
         self.max_message_bytes = max_message_bytes
@@ -262,7 +264,8 @@ class MeshEngine(WaveEngine):
     def _mesh_for(self, model: CNN) -> VirtualMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
-                            self.max_message_bytes, self.auth)
+                            self.max_message_bytes, self.auth, compress=self.compress,
+                            activations=self.activations)
             readings, labels = by_split(self.data)
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
                                     wire=self.wire, keys=self.keys)

@@ -50,12 +50,13 @@ class SimEngine(WaveEngine):
                  best_effort: BestEffort | None = None,
                  known_dead: frozenset[Cell] = frozenset(),
                  failing: frozenset[Cell] = frozenset(),
-                 attach: tuple[Cell, ...] = ()) -> None:
+                 attach: tuple[Cell, ...] = (), compress: str = "none",
+                 activations: str = "float32") -> None:
         """`best_effort`: lost messages stay lost and parties give up at deadlines
         (None: reliable mode, every message arrives). `known_dead`: cells that never come
         up, and that the edge knows of; `failing`: the same, for the protocol to find
         (best effort; sim/dead.py). `attach`: other cells the edge may attach to."""
-        self.data = data
+        self.data, self.compress, self.activations = data, compress, activations
         self.loss, self.stragglers, self.best_effort = loss, stragglers, best_effort
         self.known_dead, self.failing, self.attach = known_dead, failing, attach
         self.train_samples = len(data.y_train)
@@ -71,7 +72,8 @@ class SimEngine(WaveEngine):
     def _mesh_for(self, model: CNN) -> TimedMesh:
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
-                            self.max_message_bytes, dead=self.known_dead)
+                            self.max_message_bytes, dead=self.known_dead,
+                            compress=self.compress, activations=self.activations)
             readings, labels = by_split(self.data)
             self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                                   self.device, self.edge_device, self.seed, self.trace,

@@ -26,6 +26,11 @@ HIDDEN = typer.Option(None, "--hidden", help="Hidden FC units.")
 EPOCHS = typer.Option(None, "--epochs", help="Training epochs.")
 BATCH = typer.Option(None, "--batch", help="Batch size.")
 LR = typer.Option(None, "--lr", help="Learning rate.")
+ACTIVATIONS = typer.Option(None, "--activations", help="Forward activations between "
+                           "nodes (HALO, POOL, GATHER): float32, or lossy fp16 or int8.")
+COMPRESS = typer.Option(None, "--compress", help="Gradient compression with error "
+                        "feedback (REDUCE in the mesh, edge to server): none, hylo[:T], "
+                        "NAME[:ARG] or LAYER=NAME[:ARG],... (docs/compression.md).")
 
 
 def emit_json(payload: Any, indent: int | None = 2) -> None:

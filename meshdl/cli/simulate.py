@@ -22,8 +22,10 @@ from pydantic import ValidationError
 
 from meshdl.augment import originals, training_data
 from meshdl.cli.common import (
+    ACTIVATIONS,
     BATCH,
     COLS,
+    COMPRESS,
     CONV_LAYERS,
     EPOCHS,
     FILTERS,
@@ -165,14 +167,15 @@ def _profiles(radio: str, medium: str, node: str | None, edge: str, radios: Path
 
 def _data_and_config(data: Path | None, config_file: Path | None, model: dict[str, Any],
                      train: dict[str, Any], edge_at: str | None,
-                     parallel: dict[str, Any] | None = None
-                     ) -> tuple[Dataset, RunConfig, str]:
+                     parallel: dict[str, Any] | None = None, compress: str | None = None,
+                     activations: str | None = None) -> tuple[Dataset, RunConfig, str]:
     dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
     if dataset is not None:  # a data file fixes the grid unless the flags say otherwise
         model["rows"] = model["rows"] if model["rows"] is not None else dataset.rows
         model["cols"] = model["cols"] if model["cols"] is not None else dataset.cols
     config = load_run_config(config_file, mode="mesh", model=model, train=train,
-                             mesh={"edge_at": parse_cell(edge_at) if edge_at else None},
+                             mesh={"edge_at": parse_cell(edge_at) if edge_at else None,
+                                   "compress": compress, "activations": activations},
                              parallel=parallel)
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
@@ -220,6 +223,8 @@ def simulate_train(
     straggler_radio: str | None = typer.Option(None, "--straggler-radio", help="Several "
                                                "meshes: the last one runs on this radio "
                                                "(a straggler mesh)."),
+    compress: str | None = COMPRESS,
+    activations: str | None = ACTIVATIONS,
     json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
 ) -> None:
     """Train in the mesh under simulated time; sim.json says what it took on the radio."""
@@ -229,7 +234,7 @@ def simulate_train(
         {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
          "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
         {"epochs": epochs, "batch": batch, "lr": lr, "seed": seed}, edge_at,
-        {"meshes": meshes, "sync": sync, "overlap": overlap})
+        {"meshes": meshes, "sync": sync, "overlap": overlap}, compress, activations)
     n_meshes = config.parallel.meshes
     link = backhaul_profile(backhaul)
     if straggler_radio is not None and n_meshes < 2:
@@ -254,7 +259,9 @@ def simulate_train(
                          stragglers=_stragglers(stragglers, slowdown, fault_seed + i),
                          best_effort=_best_effort(recovery, policy, patience),
                          failing=_dead(dead, fault_seed + i, config, recovery),
-                         attach=_attach(attach, config, recovery))
+                         attach=_attach(attach, config, recovery),
+                         compress=config.mesh.compress,
+                         activations=config.mesh.activations)
 
     engines = [engine_of(i) for i in range(n_meshes)]
     for one in engines:

@@ -11,8 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from meshdl.checkpoint import Checkpoint
 from meshdl.cli.common import (
+    ACTIVATIONS,
     BATCH,
     COLS,
+    COMPRESS,
     CONV_LAYERS,
     EPOCHS,
     FILTERS,
@@ -100,6 +102,8 @@ def train(
                                         "meshes: push the head's gradient while the mesh "
                                         "still runs the conv backward, and start each "
                                         "wave on the conv layers' new weights alone."),
+    compress: str | None = COMPRESS,
+    activations: str | None = ACTIVATIONS,
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its last checkpoint, with its own "
                                        "configuration and data."),
@@ -115,7 +119,8 @@ def train(
             ("--lr", lr), ("--optimizer", optimizer), ("--warmup", warmup),
             ("--clip-norm", clip_norm), ("--augment", augment), ("--seed", seed),
             ("--wire/--no-wire", wire), ("--meshes", meshes), ("--sync", sync),
-            ("--overlap/--no-overlap", overlap))
+            ("--overlap/--no-overlap", overlap), ("--compress", compress),
+            ("--activations", activations))
             if value is not None]
         if given:
             raise UsageError(f"--resume continues the run as it was configured: drop "
@@ -139,7 +144,8 @@ def train(
         train={"epochs": epochs, "batch": batch, "lr": lr, "optimizer": optimizer,
                "warmup_fraction": warmup, "clip_norm": clip_norm, "augment": augment,
                "seed": seed},
-        mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "wire": wire},
+        mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "wire": wire,
+              "compress": compress, "activations": activations},
         parallel={"meshes": meshes, "sync": sync, "overlap": overlap},
     )
     if dataset is None:

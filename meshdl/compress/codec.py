@@ -53,6 +53,19 @@ class VectorCodec:
             at += segment.size
         return np.concatenate(parts) if parts else np.empty(0, np.uint8)
 
+    def compress(self, values: np.ndarray, states: list[ChannelState]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """The payload, and the vector the receiver will decode from it."""
+        payloads, decoded, at = [], [], 0
+        for segment, compressor, state in zip(self.segments, self.compressors, states,
+                                              strict=True):
+            payload, values_out = compressor.compress(values[at:at + segment.size],
+                                                      segment, state)
+            payloads.append(payload)
+            decoded.append(values_out)
+            at += segment.size
+        return np.concatenate(payloads), np.concatenate(decoded)
+
     def decode(self, data: np.ndarray) -> np.ndarray:
         """The vector a payload carries; CodecError (BAD_COMPRESSED) if it is not one
         these compressors could have sent."""
@@ -85,8 +98,8 @@ class Channel:
         if self.codec.lossless:  # nothing to remember
             return self.codec.encode(values, self.states)
         compensated = self.feedback.compensate(values)
-        payload = self.codec.encode(compensated, self.states)
-        self.feedback.update(compensated, self.codec.decode(payload))
+        payload, decoded = self.codec.compress(compensated, self.states)
+        self.feedback.update(compensated, decoded)
         self.sent += 1
         return payload
 

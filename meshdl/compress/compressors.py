@@ -31,10 +31,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar, Literal
 
 import numpy as np
 
+from meshdl.compress import kernels
 from meshdl.errors import UsageError
 from meshdl.messages import CodecError, CodecReason
 
@@ -51,11 +53,11 @@ class Segment:
     weight_shape: tuple[int, ...]  # (out, in, k, k) for conv; (out, in) for fc
     bias: int = 0
 
-    @property
+    @cached_property
     def weights(self) -> int:
         return math.prod(self.weight_shape)
 
-    @property
+    @cached_property
     def size(self) -> int:
         return self.weights + self.bias
 
@@ -65,12 +67,12 @@ class Segment:
         rows = self.weight_shape[0]
         return rows, self.weights // rows
 
-    @property
+    @cached_property
     def kernel_values(self) -> int:
         """k^2: the values of one conv kernel."""
         return math.prod(self.weight_shape[2:])
 
-    @property
+    @cached_property
     def kernels(self) -> int:
         return self.weights // self.kernel_values
 
@@ -100,8 +102,7 @@ class _Reader:
     def take(self, dtype: str, count: int) -> np.ndarray:
         width = np.dtype(dtype).itemsize * count
         # A copy: aligned, and independent of the received bytes.
-        out = self.data[self.at:self.at + width].view(dtype).copy() if width else \
-            np.empty(0, dtype)
+        out = self.data[self.at:self.at + width].copy().view(dtype)
         self.at += width
         return out
 
@@ -119,7 +120,7 @@ class _Reader:
 
 
 def _pack(*arrays: np.ndarray) -> np.ndarray:
-    return np.frombuffer(b"".join(a.tobytes() for a in arrays), np.uint8).copy()
+    return np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays])
 
 
 class Compressor(ABC):
@@ -152,6 +153,13 @@ class Compressor(ABC):
     def decode(self, data: np.ndarray, segment: Segment) -> np.ndarray:
         """What `encode` sent, as `segment.size` float32 values; CodecError if `data`
         is not something it could have sent."""
+
+    def compress(self, values: np.ndarray, segment: Segment, state: ChannelState
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """The payload and what the receiver will decode from it (error feedback
+        needs both; compressors that know it as they encode say so for less work)."""
+        payload = self.encode(values, segment, state)
+        return payload, self.decode(payload, segment)
 
     def operations(self, segment: Segment) -> int:
         """Floating-point-ish operations to encode once and decode once (the device
@@ -210,10 +218,10 @@ class Int8(Compressor):
     def decode(self, data, segment):
         reader = _Reader(data, self.nbytes(segment))
         scale = reader.scale()
-        q = reader.take("i1", segment.size)
-        if np.any(q == -128):
+        out = np.empty(segment.size, np.float32)
+        if not kernels.int8_decode(reader.take("i1", segment.size), scale, out):
             raise bad_payload("int8 code -128 (never sent)")
-        return (q.astype(np.float32) * np.float32(scale)).astype(np.float32)
+        return out
 
 
 class TwoBit(Compressor):
@@ -232,26 +240,23 @@ class TwoBit(Compressor):
             return np.float32(self.arg)
         return np.float32(np.mean(np.abs(values))) if values.size else np.float32(0)
 
-    def encode(self, values, segment, state):
+    def compress(self, values, segment, state):
         tau = self.threshold(values)
-        codes = np.zeros(4 * ((values.size + 3) // 4), np.uint8)
-        if tau > 0:
-            codes[: values.size][values >= tau] = 1
-            codes[: values.size][values <= -tau] = 2
-        quads = codes.reshape(-1, 4)
-        packed = quads[:, 0] | quads[:, 1] << 2 | quads[:, 2] << 4 | quads[:, 3] << 6
-        return _pack(np.array([tau], "<f4"), packed.astype(np.uint8))
+        packed = np.empty((segment.size + 3) // 4, np.uint8)
+        decoded = np.empty(segment.size, np.float32)
+        kernels.two_bit_encode(values, float(tau), packed, decoded)
+        return _pack(np.array([tau], "<f4"), packed), decoded
+
+    def encode(self, values, segment, state):
+        return self.compress(values, segment, state)[0]
 
     def decode(self, data, segment):
         reader = _Reader(data, self.nbytes(segment))
-        tau = reader.scale()
-        packed = reader.take("u1", (segment.size + 3) // 4)
-        codes = np.stack([packed & 3, packed >> 2 & 3, packed >> 4 & 3, packed >> 6],
-                         axis=1).reshape(-1)
-        if np.any(codes == 3) or np.any(codes[segment.size:]):
+        tau = np.float32(reader.scale())
+        out = np.empty(segment.size, np.float32)
+        if not kernels.two_bit_decode(reader.take("u1", (segment.size + 3) // 4), tau, out):
             raise bad_payload("2-bit code 11, or padding that is not zero")
-        table = np.array([0.0, tau, -tau], np.float32)
-        return table[codes[: segment.size]]
+        return out
 
 
 def _density_count(density: float | None, units: int) -> int:
@@ -282,20 +287,23 @@ class _Sparse(Compressor):
     def choose(self, values: np.ndarray, k: int, state: ChannelState) -> np.ndarray:
         """Indices of the k values to send."""
 
-    def encode(self, values, segment, state):
+    def compress(self, values, segment, state):
         index = np.sort(self.choose(values, self.kept(segment), state))
-        return _pack(index.astype(_index_dtype(segment.size)),
-                     values[index].astype("<f4"))
+        picked = values[index].astype("<f4")
+        decoded = np.zeros(segment.size, np.float32)
+        decoded[index] = picked
+        return _pack(index.astype(_index_dtype(segment.size)), picked), decoded
+
+    def encode(self, values, segment, state):
+        return self.compress(values, segment, state)[0]
 
     def decode(self, data, segment):
         k, n = self.kept(segment), segment.size
         reader = _Reader(data, self.nbytes(segment))
-        index = reader.take(_index_dtype(n), k).astype(np.int64)
-        picked = reader.floats(k)
-        if k and (index[-1] >= n or np.any(np.diff(index) <= 0)):
-            raise bad_payload("indices out of range or not increasing")
-        out = np.zeros(n, np.float32)
-        out[index] = picked
+        index = reader.take(_index_dtype(n), k)
+        out = np.empty(n, np.float32)
+        if not kernels.scatter_checked(index, reader.take("<f4", k), 1, n, out):
+            raise bad_payload("indices out of range or not increasing, or non-finite")
         return out
 
     def operations(self, segment: Segment) -> int:
@@ -334,25 +342,31 @@ class KernelTopK(Compressor):
         m = self.kept(segment)
         return m * (2 + 4 * segment.kernel_values) + 4 * segment.bias
 
-    def encode(self, values, segment, state):
+    def compress(self, values, segment, state):
         m, kk = self.kept(segment), segment.kernel_values
-        kernels = values[: segment.weights].reshape(segment.kernels, kk)
-        norms = np.einsum("ij,ij->i", kernels, kernels)
-        index = np.sort(np.argpartition(norms, kernels.shape[0] - m)[kernels.shape[0] - m:])
-        return _pack(index.astype("<u2"), kernels[index].astype("<f4"),
-                     values[segment.weights:].astype("<f4"))
+        units = values[: segment.weights].reshape(segment.kernels, kk)
+        norms = np.einsum("ij,ij->i", units, units)
+        index = np.sort(np.argpartition(norms, units.shape[0] - m)[units.shape[0] - m:])
+        picked, bias = units[index].astype("<f4"), values[segment.weights:].astype("<f4")
+        decoded = np.zeros(segment.size, np.float32)
+        decoded[: segment.weights].reshape(segment.kernels, kk)[index] = picked
+        decoded[segment.weights:] = bias
+        return _pack(index.astype("<u2"), picked, bias), decoded
+
+    def encode(self, values, segment, state):
+        return self.compress(values, segment, state)[0]
 
     def decode(self, data, segment):
         m, kk = self.kept(segment), segment.kernel_values
         reader = _Reader(data, self.nbytes(segment))
-        index = reader.take("<u2", m).astype(np.int64)
-        picked = reader.floats(m * kk).reshape(m, kk)
-        bias = reader.floats(segment.bias)
-        if m and (index[-1] >= segment.kernels or np.any(np.diff(index) <= 0)):
-            raise bad_payload("kernel indices out of range or not increasing")
-        kernels = np.zeros((segment.kernels, kk), np.float32)
-        kernels[index] = picked
-        return np.concatenate([kernels.reshape(-1), bias])
+        index, picked = reader.take("<u2", m), reader.take("<f4", m * kk)
+        out = np.empty(segment.size, np.float32)
+        if not kernels.scatter_checked(index, picked, kk, segment.kernels,
+                                       out[: segment.weights]):
+            raise bad_payload("kernel indices out of range or not increasing, or "
+                              "non-finite")
+        out[segment.weights:] = reader.floats(segment.bias)
+        return out
 
 
 class PowerSGD(Compressor):
