@@ -409,6 +409,8 @@ class EdgeMachine:
             if payload is None:
                 self.stats["rejected:bad_shape"] += 1
                 return []
+            if self.spec.reduce_codec is not None:
+                self.flops += self.spec.reduce_codec.operations() // 2  # the decoding
             self.stats["accepted"] += 1
             if self._timed is not None or self._learnt is not None:
                 self._arrival(Kind.REDUCE, now)

@@ -200,9 +200,12 @@ def test_impossible_compressors_are_named_errors(spec, says):
 def test_policies_choose_per_layer():
     model = ModelConfig()
     hylo = CompressionPolicy.parse("hylo", model)
-    assert hylo.describe == {"conv1": "ktopk", "conv2": "ktopk", "fc1": "2bit",
+    # Above 16 parameters: conv layers send 16 values' worth of kernels (one of 5, one
+    # of 25), fc layers 2 bits a value.
+    assert hylo.describe == {"conv1": "ktopk:0.2", "conv2": "ktopk:0.04", "fc1": "2bit",
                              "fc2": "2bit"}
     assert CompressionPolicy.parse("hylo:100", model).describe["conv1"] == "none"
+    assert CompressionPolicy.parse("hylo:100", model).describe["conv2"] == "ktopk:0.4"
     uniform = CompressionPolicy.parse("ktopk", model).describe
     assert uniform == {"conv1": "ktopk", "conv2": "ktopk", "fc1": "none", "fc2": "none"}
     per_layer = CompressionPolicy.parse("conv2=int8,fc1=powersgd:2", model).describe

@@ -30,7 +30,7 @@ from meshdl.cli.common import (
 from meshdl.config import load_run_config
 from meshdl.data import load_dataset
 from meshdl.errors import UsageError
-from meshdl.experiments import edge_vs_cloud, faults, meshes, sweep
+from meshdl.experiments import compression, edge_vs_cloud, faults, meshes, sweep
 from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
 from meshdl.protocol import MeshSpec
 from meshdl.runs import new_run_dir
@@ -335,6 +335,71 @@ def meshes_command(
              records, summary, meshes.FIGURES, lambda: meshes.plot(run_dir, rows_),
              meshes.table(rows_), f"several meshes: {batch_} samples per mesh and step",
              json_out)
+
+
+@app.command("compression")
+def compression_command(
+    policies: list[str] = typer.Option(list(compression.POLICIES), "--policies",
+                                       help="Gradient policy (as --compress), optionally "
+                                       "/fp16 or /int8 for the forward activations "
+                                       "(repeat); none/float32 is always run."),
+    meshes_: int = typer.Option(1, "--meshes", min=1, max=64, help="Meshes training "
+                                "one model (bsp); 1: one mesh, its PUSH computed."),
+    radio: str = FAULT_RADIO,
+    sim_waves: int = typer.Option(2, "--sim-waves", min=1, help="Training waves timed "
+                                  "under simulated time per trial."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Training seeds per policy."),
+    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
+    batch: int | None = BATCH, lr: float | None = LR, kernel: int | None = KERNEL,
+    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
+    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
+    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
+    ray: str | None = RAY,
+) -> None:
+    """Test accuracy, REDUCE and edge -> server bytes per step and simulated seconds per
+    epoch of each compression policy against the exact run, over training seeds (long:
+    each trial trains in the virtual mesh)."""
+    from meshdl.sim.radio import profile
+
+    profile(radio)
+    if data is not None:
+        grid = load_dataset(data)
+        rows, cols = rows or grid.rows, cols or grid.cols
+    model = {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
+             "conv_layers": conv_layers, "pool": pool, "hidden": hidden}
+    swept = list(dict.fromkeys(["none", *policies]))
+    for value in swept:  # an impossible policy fails here, before any trial
+        gradient, activations = compression.parse_value(value)
+        load_run_config(mode="mesh", model=model, train={"epochs": epochs, "batch": batch},
+                        mesh={"compress": gradient, "activations": activations})
+    base = load_run_config(mode="mesh", model=model,
+                           train={"epochs": epochs, "batch": batch, "lr": lr})
+    settings: Record = {
+        "experiment": "compression", "model": base.model.model_dump(),
+        "train": base.train.model_dump(exclude={"seed"}),
+        "mesh": base.mesh.model_dump(mode="json", exclude={"compress", "activations"}),
+        "data": base.data.model_dump(), "radio": radio, "meshes": meshes_,
+        "sim_waves": sim_waves,
+        "data_file": str(data.resolve()) if data is not None else None}
+    trials = [Trial(i, value, seed, settings) for i, (value, seed) in
+              enumerate((v, s) for v in swept for s in range(seeds))]
+    run_dir = _announce("compression", trials, f"{len(swept)} policies x {seeds} seed(s), "
+                        f"{base.train.epochs} epochs each", jobs, ray, out)
+    records = _run_with_progress(
+        compression.run, trials, jobs, ray,
+        lambda record: f"test {record['test_acc']:.4f}, "
+        f"{record['gradient_bytes_per_step']:,.0f} gradient bytes a step")
+    rows_ = summarize(trials, records, compression.FIGURES)
+    compression.add_costs(rows_, records)
+    where = "one mesh" if meshes_ == 1 else f"{meshes_} meshes (bsp)"
+    summary = {"experiment": "compression", "mode": f"virtual mesh, {where}, "
+               f"{base.train.epochs} epochs per trial; simulated time on {radio}",
+               "values": swept, "seeds": seeds, "rows": rows_, "paper": []}
+    _publish(run_dir, {"experiment": "compression", "values": swept,
+                       "seeds": list(range(seeds)), "settings": settings},
+             records, summary, compression.FIGURES,
+             lambda: compression.plot(run_dir, rows_), compression.table(rows_),
+             f"compression: mean over {seeds} seed(s), {where}", json_out)
 
 
 def _fault_experiment(name: str, shares: list[float], policies: list[str], loss: float,

@@ -4,10 +4,12 @@
     NAME[:ARG]             that compressor on every layer it applies to (kernel top-k
                            only applies to conv layers; the others stay dense)
     hylo[:T]               Hylo (seed 003): layers of more than T parameters compressed
-                           by type, conv by kernel top-k, fc by adaptive 2-bit; the rest
-                           dense. T defaults to 25, a radio frame's worth of float32
-                           values (802.15.4: 127-byte frames): below that a layer's
-                           gradient costs no extra frame
+                           by type, the rest dense. A conv layer sends the kernels of
+                           largest norm, T values' worth of them (its ratio adapted to
+                           its size: max(1, floor(T x kernels / parameters)) kernels),
+                           an fc layer every value in 2 bits with the adaptive
+                           threshold. T defaults to 16 (64 bytes, about half the
+                           payload of an 802.15.4 frame)
     LAYER=NAME[:ARG],...   one compressor per layer (what `meshdl schedule` prints for
                            its plans), unnamed layers dense
 
@@ -34,7 +36,7 @@ from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
 from meshdl.model import param_shapes
 
-HYLO_THRESHOLD = 25
+HYLO_THRESHOLD = 16
 
 
 def model_segments(model: ModelConfig) -> tuple[Segment, ...]:
@@ -98,9 +100,11 @@ class CompressionPolicy:
 
 def hylo(segments: tuple[Segment, ...], threshold: int = HYLO_THRESHOLD
          ) -> dict[str, Compressor]:
-    """Hylo's rule: above `threshold` parameters, conv layers by kernel top-k (density
-    adapted to the layer's size), fc layers by 2-bit with the adaptive threshold."""
-    return {s.name: KernelTopK() if s.kind == "conv" else TwoBit()
+    """Hylo's rule: above `threshold` parameters, conv layers by kernel top-k (about
+    `threshold` values' worth of kernels: a ratio adapted to the layer's size), fc
+    layers by 2-bit with the adaptive threshold."""
+    return {s.name: KernelTopK(max(1, threshold * s.kernels // s.size) / s.kernels)
+            if s.kind == "conv" else TwoBit()
             for s in segments if s.size > threshold}
 
 

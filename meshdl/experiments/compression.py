@@ -1,0 +1,183 @@
+"""`meshdl experiment compression`: what each compression policy costs in accuracy and
+saves in bytes and simulated time, on the seed experiment (seeds 000 and 003).
+
+Each trial trains the configured network in the virtual mesh (one mesh, or N through
+the parameter server with `--meshes`) under one (gradient policy, activation format)
+pair, from the trial's training seed; the reference is the exact run of the same seed
+("none", float32). Bytes are counted by the ledger: REDUCE per training step (one
+message per tree link), and each mesh's PUSH to the server per step. A PUSH weighs the
+same every step (a compressor's payload has a fixed size), so with one mesh the PUSH it
+would send is the header plus its exact payload size, which tests/test_compressed_mesh.py
+checks against the counted bytes of real pushes.
+
+Simulated time per epoch: the trained model's training waves under simulated time on
+the configured radio (`--sim-waves` of them; every wave of a run sends the same
+messages, so their mean times the steps of an epoch is the epoch), with the node
+device's time to compress and decompress (sim/device.py's rate over the compressors'
+operation counts).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshdl.experiments.runner import Record, Trial
+from meshdl.plots import pyplot, save_png
+
+POLICIES = ("none", "hylo", "2bit", "none/int8")
+FIGURES = ("test_acc", "train_loss", "accuracy_cost", "reduce_bytes_per_step",
+           "push_bytes_per_step", "gradient_bytes_per_step", "gradient_ratio",
+           "forward_bytes_per_step", "mesh_bytes_per_step", "step_s", "epoch_s")
+
+
+def parse_value(value: str) -> tuple[str, str]:
+    """'hylo' -> ('hylo', 'float32'); 'none/int8' -> ('none', 'int8')."""
+    compress, _, activations = value.partition("/")
+    return compress, activations or "float32"
+
+
+def run(trial: Trial) -> Record:
+    """Train under the trial's policy; accuracy, bytes per step, simulated step time."""
+    from meshdl.augment import training_data
+    from meshdl.config import RunConfig
+    from meshdl.experiments.sweep import dataset
+    from meshdl.parallel import train_parallel
+    from meshdl.sim.device import device, natural_device
+    from meshdl.sim.media import natural_medium
+    from meshdl.sim.radio import profile
+    from meshdl.sim.simulate import SimEngine
+    from meshdl.training import engine_for
+    from meshdl.training import train as train_model
+
+    settings = trial.settings
+    compress, activations = parse_value(trial.value)
+    meshes = settings["meshes"]
+    config = RunConfig.model_validate({
+        "mode": "mesh", "model": settings["model"],
+        "train": {**settings["train"], "seed": trial.seed},
+        "mesh": {**settings["mesh"], "compress": compress, "activations": activations},
+        "data": settings["data"], "parallel": {"meshes": meshes, "sync": "bsp"}})
+    data = dataset(config.data, settings.get("data_file"))
+    if meshes == 1:
+        engine = engine_for(config, training_data(config.train, data))
+        model, history = train_model(config, data, engine=engine)
+        pushed_per_step = push_bytes(config)
+    else:
+        model, history = train_parallel(config, data)
+        per_mesh = history.parallel["per_mesh"]
+        pushed_per_step = sum(m["pushed_bytes"] for m in per_mesh) / \
+            max(sum(m["steps"] for m in per_mesh), 1)
+    classes = history.comm["classes"]
+    cells = config.model.rows * config.model.cols
+    steps = classes["reduce"]["messages"] / cells  # one REDUCE per cell and step
+    reduce_per_step = classes["reduce"]["bytes"] / steps
+    forward = sum(c["bytes"] for name, c in classes.items()
+                  if name.startswith(("halo", "pool", "gather")))
+    waves = history.comm.get("waves") or steps
+    radio = settings["radio"]
+    medium = natural_medium(radio)
+    sim = SimEngine(training_data(config.train, data), profile(radio), medium,
+                    device(natural_device(radio)), device("pi4"), seed=trial.seed,
+                    params_via="tree" if medium == "shared" else "broadcast",
+                    compress=compress, activations=activations)
+    batch, spans = config.train.batch, []
+    for wave in range(settings["sim_waves"]):
+        sim.loss_and_grads(model, np.arange(wave * batch, (wave + 1) * batch))
+        spans.append(sim.last_wave_shape.seconds)
+    steps_per_epoch = steps / config.train.epochs
+    return {
+        "value": trial.value, "seed": trial.seed,
+        "test_acc": history.final["test_acc"],
+        "train_loss": history.epochs[-1].train_loss,
+        "reduce_bytes_per_step": reduce_per_step,
+        "push_bytes_per_step": pushed_per_step,
+        "gradient_bytes_per_step": reduce_per_step + pushed_per_step,
+        "forward_bytes_per_step": forward / waves,
+        "mesh_bytes_per_step": history.comm["total_bytes"] / waves,
+        "step_s": float(np.mean(spans)),
+        "epoch_s": float(np.mean(spans)) * steps_per_epoch,
+        "test_acc_per_epoch": [e.test_acc for e in history.epochs],
+    }
+
+
+def push_bytes(config: Any) -> int:
+    """What one mesh's PUSH of a whole step weighs under `config`'s policy: header,
+    the four head values, the gradient as the policy encodes it."""
+    from meshdl.messages import HEADER_BYTES, ITEM_BYTES
+    from meshdl.model import param_shapes
+    from meshdl.payloads import PUSH_HEAD
+    from meshdl.server.parts import Part, part_codecs
+
+    codecs = part_codecs(config.mesh.compress, config.model)
+    if codecs is None:
+        values = sum(math.prod(s) for s in param_shapes(config.model).values())
+        return HEADER_BYTES + ITEM_BYTES * (PUSH_HEAD + values)
+    return HEADER_BYTES + ITEM_BYTES * PUSH_HEAD + codecs[Part.WHOLE].nbytes
+
+
+def add_costs(rows: list[Record], records: list[Record]) -> None:
+    """Each trial's accuracy cost (points below the exact run of its seed) and gradient
+    bytes ratio (the exact run's over its own), then their means per row."""
+    exact = {r["seed"]: r for r in records if parse_value(r["value"]) == ("none", "float32")}
+    for record in records:
+        reference = exact.get(record["seed"])
+        if reference is None:
+            continue
+        record["accuracy_cost"] = 100.0 * (reference["test_acc"] - record["test_acc"])
+        record["gradient_ratio"] = reference["gradient_bytes_per_step"] / \
+            record["gradient_bytes_per_step"]
+    for row in rows:
+        group = [r for r in records if r["value"] == row["value"] and "accuracy_cost" in r]
+        for name in ("accuracy_cost", "gradient_ratio"):
+            values = [r[name] for r in group]
+            row[name] = None if not values else {
+                "mean": float(np.mean(values)),
+                "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0}
+
+
+def plot(out: Path, rows: list[Record]) -> list[Path]:
+    """compression.png: test accuracy against gradient bytes per step (log), and
+    simulated seconds per epoch, one point per policy."""
+    plt = pyplot()
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    for index, row in enumerate(rows):
+        colour = f"C{index}"
+        acc, grad = _mean(row["test_acc"]), _mean(row["gradient_bytes_per_step"])
+        axes[0].errorbar([grad], [acc], yerr=[row["test_acc"]["std"]], fmt="o",
+                         color=colour, label=row["value"])
+        axes[1].bar([index], [_mean(row["epoch_s"])], color=colour)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("REDUCE + PUSH bytes per step (one mesh)")
+    axes[0].set_ylabel("test accuracy")
+    axes[0].legend(fontsize=7)
+    axes[1].set_xticks(range(len(rows)), [row["value"] for row in rows], rotation=20,
+                       fontsize=7)
+    axes[1].set_ylabel("simulated seconds per epoch")
+    figure.suptitle("gradient and activation compression on the seed experiment")
+    path = out / "compression.png"
+    save_png(figure, path)
+    return [path]
+
+
+def table(rows: list[Record]) -> tuple[list[str], list[list[str]]]:
+    header = ["policy", "test acc", "cost (pt)", "REDUCE B/step", "PUSH B/step",
+              "gradient ratio", "forward B/step", "s/epoch"]
+    body = []
+    for row in rows:
+        cost, ratio = row.get("accuracy_cost"), row.get("gradient_ratio")
+        body.append([row["value"], f"{_mean(row['test_acc']):.4f}",
+                     "" if cost is None else f"{cost['mean']:+.2f}",
+                     f"{_mean(row['reduce_bytes_per_step']):,.0f}",
+                     f"{_mean(row['push_bytes_per_step']):,.0f}",
+                     "" if ratio is None else f"{ratio['mean']:.1f}x",
+                     f"{_mean(row['forward_bytes_per_step']):,.0f}",
+                     f"{_mean(row['epoch_s']):,.0f}"])
+    return header, body
+
+
+def _mean(figure: dict[str, float] | None) -> float:
+    return float("nan") if figure is None else figure["mean"]
