@@ -27,6 +27,7 @@ from meshdl.cli import (
     plan,
     radio,
     report,
+    schedule,
     simulate,
     train,
 )
@@ -64,6 +65,7 @@ plan.register(app)
 report.register(app)
 broker.register(app)
 mqtt_run.register(app)
+schedule.register(app)
 
 
 def _print_version(asked: bool) -> None:
