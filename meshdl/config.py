@@ -202,8 +202,10 @@ class RunConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _compression_parses(self) -> RunConfig:
-        from meshdl.compress.policy import CompressionPolicy  # needs the model's layers
+        from meshdl.compress.policy import PLAN, CompressionPolicy  # needs the layers
 
+        if self.mesh.compress == PLAN:  # resolved before the run (sim/schedule.py)
+            return self
         try:
             CompressionPolicy.parse(self.mesh.compress, self.model)
         except UsageError as exc:

@@ -121,9 +121,9 @@ def split_plan(per_layer: dict[str, str]) -> tuple[str, str]:
 
 
 def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
-             max_error: float = 0.95) -> dict[str, Any]:
+             max_error: float = 0.95, check: bool = True) -> dict[str, Any]:
     """The options table and the optimal, greedy and uniform plans, each predicted and
-    simulated."""
+    (`check`) simulated."""
     config = setting.config
     segments = model_segments(config.model)
     dense_s, lead_s = simulated_wave_s(setting, "none", "float32")
@@ -160,7 +160,7 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
     def record(plan: Plan) -> dict[str, Any]:
         key = plan.spec
         if key not in simulated:
-            simulated[key] = simulated_step_s(setting, plan)
+            simulated[key] = simulated_step_s(setting, plan) if check else float("nan")
         return {"per_layer": plan.per_layer, "compress": split_plan(plan.per_layer)[0],
                 "activations": split_plan(plan.per_layer)[1],
                 "predicted_step_s": plan.predicted_step_s,
@@ -250,3 +250,22 @@ def _return_s(config: RunConfig, backhaul: BackhaulProfile, meshes: int) -> floa
     nbytes = HEADER_BYTES + 4 * values
     queued = meshes if backhaul.bottleneck in ("channel", "server_port") else 1
     return queued * 8 * nbytes / backhaul.down_bps + 2 * backhaul.latency_s
+
+
+def resolve_plan(config: RunConfig, data: Dataset, radio: RadioProfile, medium: str,
+                 backhaul: BackhaulProfile | None) -> tuple[RunConfig, dict[str, str]]:
+    """`--compress plan`: the run's configuration with the optimal plan for its network,
+    batch and meshes on `radio` (and `backhaul`) in place of "plan" (the forward
+    activations too, unless the run set them), and the plan."""
+    from meshdl.sim.device import device, natural_device
+
+    meshes = config.parallel.meshes
+    setting = Setting(config, data, radio, medium, device(natural_device(radio.name)),
+                      device("pi4"), backhaul if meshes > 1 else None, meshes, 1,
+                      config.train.seed)
+    plan = schedule(setting, check=False)["plans"]["optimal"]
+    mesh = {"compress": plan["compress"]}
+    if config.mesh.activations == "float32":
+        mesh["activations"] = plan["activations"]
+    resolved = config.model_copy(update={"mesh": config.mesh.model_copy(update=mesh)})
+    return resolved, plan["per_layer"]

@@ -38,7 +38,8 @@ from meshdl.cli.common import (
     err_console,
     parse_cell,
 )
-from meshdl.cli.train import Fit, fit_with_progress
+from meshdl.cli.train import Fit, fit_with_progress, plan_for
+from meshdl.compress.policy import PLAN
 from meshdl.config import ModelConfig, RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
 from meshdl.errors import UsageError, format_validation_error
@@ -235,6 +236,8 @@ def simulate_train(
          "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
         {"epochs": epochs, "batch": batch, "lr": lr, "seed": seed}, edge_at,
         {"meshes": meshes, "sync": sync, "overlap": overlap}, compress, activations)
+    if config.mesh.compress == PLAN:
+        config = plan_for(config, dataset, radio_profile.name, backhaul)
     n_meshes = config.parallel.meshes
     link = backhaul_profile(backhaul)
     if straggler_radio is not None and n_meshes < 2:

@@ -28,6 +28,7 @@ from meshdl.cli.common import (
     parse_cell,
 )
 from meshdl.cli.cost import print_comm_summary
+from meshdl.compress.policy import PLAN
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data import Dataset, load_dataset
 from meshdl.edge.remote import MqttEngine
@@ -166,6 +167,8 @@ def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
     if transport == "mqtt" and config.parallel.meshes > 1:
         raise UsageError("--meshes runs virtual meshes: several meshes over MQTT are "
                          "not built yet")
+    if config.mesh.compress == PLAN:
+        config = plan_for(config, dataset, PLAN_RADIO, "wifi")
     start_run(run_dir, config, source)
     fit = Fit(checkpoints=run_dir, resume=checkpoint)
     try:
@@ -191,6 +194,27 @@ def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
         err_console.print(warning, style="yellow", highlight=False)
     if json_out:
         emit_json(metrics)
+
+
+PLAN_RADIO = "802.15.4"  # what `--compress plan` plans for in the virtual mesh
+
+
+def plan_for(config: RunConfig, dataset: Dataset, radio: str, backhaul: str) -> RunConfig:
+    """`--compress plan`: the run with the optimal plan for `radio` (sim/schedule.py),
+    said on stderr."""
+    from meshdl.augment import training_data
+    from meshdl.sim.backhaul import backhaul_profile
+    from meshdl.sim.media import natural_medium
+    from meshdl.sim.radio import profile
+    from meshdl.sim.schedule import resolve_plan
+
+    with err_console.status(f"planning the compression for {radio}"):
+        config, plan = resolve_plan(config, training_data(config.train, dataset),
+                                    profile(radio), natural_medium(radio),
+                                    backhaul_profile(backhaul))
+    err_console.print(f"compression plan for {radio}: "
+                      + ", ".join(f"{k} {v}" for k, v in plan.items()), highlight=False)
+    return config
 
 
 @dataclass(frozen=True)

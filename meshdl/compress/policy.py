@@ -12,6 +12,9 @@
                            payload of an 802.15.4 frame)
     LAYER=NAME[:ARG],...   one compressor per layer (what `meshdl schedule` prints for
                            its plans), unnamed layers dense
+    plan                   the optimal plan of `meshdl schedule` for the run's radio,
+                           found before the run starts (sim/schedule.py) and written
+                           into its configuration as LAYER=NAME,...
 
 A policy applies where gradients travel: the in-mesh REDUCE (the conv layers, summed up
 the tree, re-compressed at every hop with that node's error feedback) and the PUSH from
@@ -37,6 +40,7 @@ from meshdl.errors import UsageError
 from meshdl.model import param_shapes
 
 HYLO_THRESHOLD = 16
+PLAN = "plan"  # resolved by sim/schedule.py before a run
 
 
 def model_segments(model: ModelConfig) -> tuple[Segment, ...]:
@@ -58,6 +62,9 @@ class CompressionPolicy:
     @classmethod
     def parse(cls, spec: str, model: ModelConfig) -> CompressionPolicy:
         spec = spec.strip()
+        if spec == PLAN:
+            raise UsageError("--compress plan is resolved before a run starts (meshdl "
+                             "train and simulate do it); here it names no compressors")
         segments = model_segments(model)
         names = [s.name for s in segments]
         if spec in ("", "none"):

@@ -192,15 +192,18 @@ def _plan(choice: dict[str, str], model: StepModel) -> Plan:
 
 
 def optimal_plan(options: Sequence[Option], model: StepModel, max_error: float) -> Plan:
-    """The allowed plan of least predicted step time; ties go to the smaller total
+    """The allowed plan of least predicted step time. Ties (a head's push the overlap
+    hides costs the same time whatever it weighs) go to fewer bytes (less energy and
+    backhaul load; the budget already bounds the error), then to the smaller total
     error, then to the earlier candidates."""
     allowed = _allowed(options, max_error)
-    best: tuple[float, float, int] | None = None
+    best: tuple[float, int, float, int] | None = None
     chosen: dict[str, str] = {}
     names = list(allowed)
     for rank, combo in enumerate(itertools.product(*(allowed[n] for n in names))):
         choice = {n: o.compressor for n, o in zip(names, combo, strict=True)}
-        key = (round(model.predict(choice), 9), sum(o.error for o in combo), rank)
+        key = (round(model.predict(choice), 9), sum(o.bytes for o in combo),
+               sum(o.error for o in combo), rank)
         if best is None or key < best:
             best, chosen = key, choice
     return _plan(chosen, model)

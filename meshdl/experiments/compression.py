@@ -43,12 +43,15 @@ def parse_value(value: str) -> tuple[str, str]:
 def run(trial: Trial) -> Record:
     """Train under the trial's policy; accuracy, bytes per step, simulated step time."""
     from meshdl.augment import training_data
+    from meshdl.compress.policy import PLAN
     from meshdl.config import RunConfig
     from meshdl.experiments.sweep import dataset
     from meshdl.parallel import train_parallel
+    from meshdl.sim.backhaul import backhaul_profile
     from meshdl.sim.device import device, natural_device
     from meshdl.sim.media import natural_medium
     from meshdl.sim.radio import profile
+    from meshdl.sim.schedule import resolve_plan
     from meshdl.sim.simulate import SimEngine
     from meshdl.training import engine_for
     from meshdl.training import train as train_model
@@ -62,6 +65,12 @@ def run(trial: Trial) -> Record:
         "mesh": {**settings["mesh"], "compress": compress, "activations": activations},
         "data": settings["data"], "parallel": {"meshes": meshes, "sync": "bsp"}})
     data = dataset(config.data, settings.get("data_file"))
+    radio = settings["radio"]
+    medium = natural_medium(radio)
+    if compress == PLAN:  # the optimal plan of `meshdl schedule` for this radio
+        config, _ = resolve_plan(config, training_data(config.train, data), profile(radio),
+                                 medium, backhaul_profile("wifi"))
+        compress, activations = config.mesh.compress, config.mesh.activations
     if meshes == 1:
         engine = engine_for(config, training_data(config.train, data))
         model, history = train_model(config, data, engine=engine)
@@ -78,8 +87,6 @@ def run(trial: Trial) -> Record:
     forward = sum(c["bytes"] for name, c in classes.items()
                   if name.startswith(("halo", "pool", "gather")))
     waves = history.comm.get("waves") or steps
-    radio = settings["radio"]
-    medium = natural_medium(radio)
     sim = SimEngine(training_data(config.train, data), profile(radio), medium,
                     device(natural_device(radio)), device("pi4"), seed=trial.seed,
                     params_via="tree" if medium == "shared" else "broadcast",
@@ -91,6 +98,7 @@ def run(trial: Trial) -> Record:
     steps_per_epoch = steps / config.train.epochs
     return {
         "value": trial.value, "seed": trial.seed,
+        "compress": compress, "activations": activations,
         "test_acc": history.final["test_acc"],
         "train_loss": history.epochs[-1].train_loss,
         "reduce_bytes_per_step": reduce_per_step,
