@@ -97,7 +97,7 @@ class MqttEngine(WaveEngine):
         self.edge_at = edge_at
         self.max_message_bytes = max_message_bytes
         # The mesh's --compress policy and activation format (`for_run` sets them).
-        self.compress, self.activations = "none", "float32"
+        self.compress, self.activations, self.delta = "none", "float32", None
         # This edge run's name in its waves: nodes follow a new session whatever the
         # steps their last edge reached (restarted after a fast run, across the wrap).
         # (`session`: None draws one; tests pass their own.)
@@ -140,12 +140,14 @@ class MqttEngine(WaveEngine):
         view = None if data is None else training_data(config.train, data)
         spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
                         config.mesh.max_message_bytes, config.mesh.auth,
-                        compress=config.mesh.compress, activations=config.mesh.activations)
+                        compress=config.mesh.compress, activations=config.mesh.activations,
+                        delta=config.mesh.delta)
         auth = authenticator_for(spec, [EDGE], config.mesh.keys, config.mesh.auth)
         engine = cls(view, broker, config.mesh.mesh_id, config.mesh.edge_at,
                      max_message_bytes=config.mesh.max_message_bytes, auth=auth, **options)
         engine.data_digest = None if data is None else data_digest(data)
         engine.compress, engine.activations = config.mesh.compress, config.mesh.activations
+        engine.delta = config.mesh.delta
         if config.mesh.recovery == "best-effort":
             engine.best_effort = (Policy(config.mesh.policy),
                                   Learning(config.mesh.patience, MQTT_LEAST_MARGIN_S))
@@ -217,7 +219,8 @@ class MqttEngine(WaveEngine):
         if self.edge is None or self.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, "broadcast",
                             self.max_message_bytes, self.auth is not None,
-                            compress=self.compress, activations=self.activations)
+                            compress=self.compress, activations=self.activations,
+                            delta=self.delta)
             # Above the clock, and above this engine's own earlier waves.
             first = clock_step() if self.edge is None else self.edge.step + 1
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,

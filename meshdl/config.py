@@ -146,6 +146,9 @@ class MeshConfig(_Strict):
     activations: Literal["float32", "fp16", "int8"] = Field(
         "float32", description="forward activations between nodes (HALO, POOL, GATHER): "
         "float32, or lossy half precision or 8 bits with a scale per message")
+    delta: float | None = Field(
+        None, ge=0.0, le=1e6, description="live inference: a HALO carries only the cells "
+        "that changed by more than this since the last wave (0: every change, exactly)")
 
 
 class ParallelConfig(_Strict):

@@ -99,6 +99,9 @@ class MeshSpec:
     compress: str = "none"
     # HALO, POOL and GATHER payloads: float32, or lossy fp16 / int8 (compress/activations.py).
     activations: str = "float32"
+    # Live inference: HALOs carry only the cells that changed by more than this since
+    # the last wave (nodes/delta.py); None sends every value.
+    delta: float | None = None
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -134,7 +137,8 @@ class MeshSpec:
                 del replans[next(iter(replans))]
             spec = MeshSpec(self.mesh_id, self.model, edge_at, self.params_via,
                             self.max_message_bytes, self.auth, frozenset(dead),
-                            self.home or self.edge_at, self.compress, self.activations)
+                            self.home or self.edge_at, self.compress, self.activations,
+                            self.delta)
             spec.__dict__["_replans"] = replans  # one family of plans
         replans[(edge_at, dead)] = spec
         return spec
@@ -195,7 +199,8 @@ class MeshSpec:
                 "conv_layers": m.conv_layers, "pool": m.pool,
                 "edge_at": list(self.edge_at), "params_via": self.params_via,
                 "max_message_bytes": self.max_message_bytes, "auth": self.auth,
-                "compress": self.compress, "activations": self.activations}
+                "compress": self.compress, "activations": self.activations,
+                "delta": self.delta}
 
     def differences(self, summary: dict[str, Any]) -> list[str]:
         """"kernel 5 (here 3)" for each field of another agent's `summary` that differs."""

@@ -57,6 +57,7 @@ from meshdl.nodes.deadlines import (
     Learning,
     Policy,
 )
+from meshdl.nodes.delta import DeltaReceiver, DeltaSender
 from meshdl.nodes.memory import MemoryPlan
 from meshdl.nodes.plan import (
     FILLED_IN,
@@ -128,6 +129,9 @@ class NodeMachine(BestEffortNode):
         self.reduce_channel = None if codec is None else \
             Channel(codec, seed=cell[0] * spec.model.cols + cell[1])
         self.activation_codec = spec.activation_codec  # lossy HALO, POOL, GATHER
+        # Live inference: HALOs as changes since the last wave (nodes/delta.py).
+        self.delta_out = None if spec.delta is None else DeltaSender(spec.delta)
+        self.delta_in = None if spec.delta is None else DeltaReceiver()
         self._adopt(spec)
 
     def _plan_for(self, spec: MeshSpec) -> NodePlan:
@@ -162,6 +166,9 @@ class NodeMachine(BestEffortNode):
         self.children = topo.children.get(cell, [])
         self.jobs: list[Job] = []
         self.silent.clear()  # a new plan: who is expected from starts afresh
+        for delta in (self.delta_out, self.delta_in):  # and delta halos from whole strips
+            if delta is not None:
+                delta.reset()
         self._suspects = []
         if cell not in topo.members:
             return
@@ -276,7 +283,14 @@ class NodeMachine(BestEffortNode):
             return []
         payload = message.payload
         shape = (expect.rows, expect.channels, wave.batch)
-        if message.header.dtype == BYTES and self.activation_codec is not None and \
+        h = message.header
+        if h.dtype == BYTES and self.delta_in is not None and h.kind == Kind.HALO and \
+                not wave.training:
+            payload = self.delta_in.decode((h.kind, h.layer, h.phase, h.src), payload, shape)
+            if payload is None:
+                self.stats["rejected:bad_delta"] += 1
+                return []
+        elif message.header.dtype == BYTES and self.activation_codec is not None and \
                 message.header.kind in FORWARD_KINDS:
             try:
                 payload = decode_activations(self.activation_codec, payload, shape)
@@ -461,6 +475,8 @@ class NodeMachine(BestEffortNode):
         """Could this message, by dtype and shape, be what the plan expects of it?"""
         h, shape = message.header, message.payload.shape
         if expect.role == Role.ITEMS:
+            if h.dtype == BYTES and self.delta_in is not None and h.kind == Kind.HALO:
+                return len(shape) == 1  # its rows are known once its wave has started
             if h.dtype == BYTES and self.activation_codec is not None and \
                     h.kind in FORWARD_KINDS and len(shape) == 1:
                 return self._compressed_batch(shape[0], expect) is not None
@@ -686,7 +702,10 @@ class NodeMachine(BestEffortNode):
                 kind, dst, buffer, rows, layer, phase = send
                 self.seq = (self.seq + 1) & 0xFFFFFFFF
                 values, dtype = buffers[buffer][rows], FLOAT32
-                if self.activation_codec is not None and kind in FORWARD_KINDS:
+                if self.delta_out is not None and kind == Kind.HALO and not training:
+                    values = self.delta_out.encode((kind, layer, phase, dst), values)
+                    dtype = BYTES
+                elif self.activation_codec is not None and kind in FORWARD_KINDS:
                     values, dtype = encode_activations(self.activation_codec, values), BYTES
                 out.append(seal(kind, mesh, step, cell, dst, values, layer, phase, self.seq,
                                 dtype, session))

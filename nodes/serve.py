@@ -91,7 +91,8 @@ def host_spec(config: RunConfig) -> MeshSpec:
     """The mesh a node host serves: over a broker, the edge publishes parameters once."""
     return MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at, "broadcast",
                     config.mesh.max_message_bytes, config.mesh.auth,
-                    compress=config.mesh.compress, activations=config.mesh.activations)
+                    compress=config.mesh.compress, activations=config.mesh.activations,
+                    delta=config.mesh.delta)
 
 
 def best_effort(host: NodeHost, config: RunConfig) -> None:

@@ -245,9 +245,10 @@ class MeshEngine(WaveEngine):
                  chaos: Chaos | None = None, wire: bool = False,
                  params_via: str = "tree", max_message_bytes: int = MAX_MESSAGE_BYTES,
                  auth: bool = False, keys: MeshKeys | None = None,
-                 compress: str = "none", activations: str = "float32") -> None:
+                 compress: str = "none", activations: str = "float32",
+                 delta: float | None = None) -> None:
         self.data = data
-        self.compress, self.activations = compress, activations
+        self.compress, self.activations, self.delta = compress, activations, delta
         self.auth = auth
         self.keys = keys
         self.max_message_bytes = max_message_bytes
@@ -265,7 +266,7 @@ class MeshEngine(WaveEngine):
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
                             self.max_message_bytes, self.auth, compress=self.compress,
-                            activations=self.activations)
+                            activations=self.activations, delta=self.delta)
             readings, labels = by_split(self.data)
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
                                     wire=self.wire, keys=self.keys)

@@ -30,7 +30,7 @@ from meshdl.cli.common import (
 from meshdl.config import load_run_config
 from meshdl.data import load_dataset
 from meshdl.errors import UsageError
-from meshdl.experiments import compression, edge_vs_cloud, faults, meshes, sweep
+from meshdl.experiments import compression, delta, edge_vs_cloud, faults, meshes, sweep
 from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
 from meshdl.protocol import MeshSpec
 from meshdl.runs import new_run_dir
@@ -400,6 +400,56 @@ def compression_command(
              records, summary, compression.FIGURES,
              lambda: compression.plot(run_dir, rows_), compression.table(rows_),
              f"compression: mean over {seeds} seed(s), {where}", json_out)
+
+
+@app.command("delta")
+def delta_command(
+    epsilons: list[float] = typer.Option(list(delta.EPSILONS), "--epsilon", help="Change "
+                                         "below which a HALO cell is not sent again "
+                                         "(repeat; whole halos always run too)."),
+    slots: int = typer.Option(48, "--slots", min=1, help="Time slots of live inference "
+                              "(48: a day of 30-minute slots)."),
+    start: int = typer.Option(0, "--start", min=0, help="First test-period slot."),
+    model_path: Path | None = typer.Option(None, "--model", help="model.npz to run "
+                                           "(default: train one centrally first)."),
+    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
+    data: Path | None = DATA, out: Path | None = OUT, json_out: bool = JSON,
+) -> None:
+    """HALO bytes per slot of live inference with delta halos against whole halos, and
+    the alerts that change, over a day of the lounge's test period."""
+    if any(e < 0 for e in epsilons):
+        raise UsageError("--epsilon: changes are at least 0")
+    if data is not None:
+        grid = load_dataset(data)
+        rows, cols = rows or grid.rows, cols or grid.cols
+    base = load_run_config(mode="central", model={"rows": rows, "cols": cols},
+                           train={"epochs": epochs})
+    if start + slots > base.data.test:
+        raise UsageError(f"--start {start} --slots {slots}: the test period has "
+                         f"{base.data.test} slots")
+    settings: Record = {
+        "experiment": "delta", "model": base.model.model_dump(),
+        "train": base.train.model_dump(), "data": base.data.model_dump(),
+        "slots": slots, "start": start,
+        "model_file": str(model_path.resolve()) if model_path else None,
+        "data_file": str(data.resolve()) if data is not None else None}
+    swept = [delta.FULL, *dict.fromkeys(epsilons)]
+    trials = [Trial(i, value, 0, settings) for i, value in enumerate(swept)]
+    run_dir = _announce("delta", trials, f"{slots} slots of live inference each", 1,
+                        None, out)
+    records = _run_with_progress(
+        delta.run, trials, 1, None,
+        lambda record: f"{record['halo_bytes_per_slot']:,.0f} HALO bytes a slot, "
+        f"{record['alerts']} alerts")
+    rows_ = summarize(trials, records, delta.FIGURES)
+    delta.add_reference(rows_, records)
+    summary = {"experiment": "delta", "mode": f"virtual mesh, {slots} live slots from "
+               f"test slot {start}, batch 1", "values": swept, "seeds": 1, "rows": rows_,
+               "paper": []}
+    _publish(run_dir, {"experiment": "delta", "values": swept, "seeds": [0],
+                       "settings": settings},
+             records, summary, delta.FIGURES, lambda: delta.plot(run_dir, rows_),
+             delta.table(rows_), f"delta halos over {slots} slots", json_out)
 
 
 def _fault_experiment(name: str, shares: list[float], policies: list[str], loss: float,

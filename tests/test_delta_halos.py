@@ -1,0 +1,98 @@
+"""Delta halos in live inference: at epsilon 0 the same logits as whole halos, fewer
+bytes when readings change slowly; malformed payloads refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshdl import CNN, ModelConfig
+from meshdl.data import Dataset
+from meshdl.nodes.delta import REFRESH, DeltaReceiver, DeltaSender
+from meshdl.sim.mesh import MeshEngine
+
+CONFIG = ModelConfig(rows=5, cols=6, kernel=3, filters=3, hidden=8)
+
+
+def _slowly_changing(slots: int = 20, seed: int = 0) -> Dataset:
+    """Maps where, slot to slot, only a few cells move (a warm spot drifting)."""
+    rng = np.random.default_rng(seed)
+    maps = np.repeat(rng.normal(21.0, 1.0, (1, CONFIG.rows, CONFIG.cols)), slots, axis=0)
+    for t in range(1, slots):
+        maps[t] = maps[t - 1]
+        r, c = rng.integers(0, CONFIG.rows), rng.integers(0, CONFIG.cols)
+        maps[t, r, c] += rng.normal(0.0, 2.0)
+    maps = maps.astype(np.float32)
+    y = np.zeros(slots, np.int64)
+    return Dataset(maps, y, maps, y, {})
+
+
+def _slots(delta: float | None) -> tuple[np.ndarray, int]:
+    data = _slowly_changing()
+    model = CNN(CONFIG, seed=1)
+    model.set_normalization(21.0, 1.0)
+    engine = MeshEngine(data, wire=True, delta=delta)
+    logits = np.concatenate([engine.logits(model, "test", np.array([t])) for t in range(20)])
+    halo = sum(c["bytes"] for name, c in engine.report()["classes"].items()
+               if name.startswith("halo"))
+    return logits, halo
+
+
+def test_delta_halos_at_epsilon_zero_compute_exactly_what_whole_halos_do():
+    full, full_bytes = _slots(None)
+    delta, delta_bytes = _slots(0.0)
+    assert np.array_equal(full, delta)
+    assert delta_bytes < full_bytes  # one cell moves a slot: most strips go empty
+
+
+def test_a_larger_epsilon_sends_fewer_halo_bytes():
+    _, exact = _slots(0.0)
+    _, loose = _slots(0.5)
+    assert loose < exact
+
+
+def test_the_sender_sends_whole_strips_first_and_every_refresh():
+    sender, receiver = DeltaSender(0.0), DeltaReceiver()
+    values = np.ones((8, 2, 1), np.float32)
+    for wave in range(2 * REFRESH + 1):
+        payload = sender.encode("k", values)
+        assert (payload[0] == 0) == (wave % REFRESH == 0)  # full, else delta
+        assert np.array_equal(receiver.decode("k", payload, values.shape), values)
+        values = values.copy()
+        values[wave % 8] += 1.0
+
+
+@pytest.mark.parametrize("case", ["bad mode", "padding", "count", "index order",
+                                  "no base", "nan", "short"])
+def test_a_malformed_delta_payload_is_refused_and_changes_nothing(case):
+    sender, receiver = DeltaSender(0.0), DeltaReceiver()
+    first = np.zeros((8, 1, 1), np.float32)
+    receiver.decode("k", sender.encode("k", first), first.shape)
+    second = first.copy()
+    second[[1, 3]] = 5.0
+    payload = sender.encode("k", second).copy()
+    if case == "bad mode":
+        payload[0] = 7
+    elif case == "padding":
+        payload[2] = 1
+    elif case == "count":
+        payload[4] = 12
+    elif case == "index order":
+        payload[8:12] = [3, 0, 1, 0]
+    elif case == "no base":
+        receiver = DeltaReceiver()
+    elif case == "nan":
+        payload[-4:] = np.frombuffer(np.float32(np.nan).tobytes(), np.uint8)
+    else:
+        payload = payload[:-1]
+    assert receiver.decode("k", payload, first.shape) is None
+    if case != "no base":
+        assert np.array_equal(receiver.held["k"], first)
+
+
+def test_a_strip_that_moved_everywhere_goes_whole():
+    sender = DeltaSender(0.0)
+    values = np.zeros((6, 1, 1), np.float32)
+    sender.encode("k", values)
+    payload = sender.encode("k", values + 1.0)
+    assert payload[0] == 0 and payload.size == 8 + 4 * 6
