@@ -6,12 +6,14 @@ Temperatures change slowly, so from one time slot to the next most of a strip's 
 move by less than a sensor's noise. The sender keeps, per message it sends, the values
 its receiver holds; the receiver keeps them too, per message it receives, and overwrites
 the cells that came. Where the changed cells with their indices would weigh as much as
-the whole strip, the whole strip goes. At epsilon 0 every change is sent and the receiver computes on
-exactly the values a full halo would have brought; above, each value it holds is within
-epsilon of the sender's. Only inference waves use it (training waves send every value),
-and only from one wave to the next of the same batch: the first, a new plan, a new
-batch size and every `REFRESH`-th wave send the whole strip, so a receiver that lost
-its state (a restarted node host) is back in step within `REFRESH` waves.
+the whole strip, the whole strip goes. At epsilon 0 every change is sent and the
+receiver computes on exactly the values a whole halo would have brought; above, each
+value it holds is within epsilon of the sender's. Only inference waves use it (training
+waves send every value), and only from one wave to the next of the same batch: the
+first, a new plan, a new batch size and every `REFRESH`-th wave send the whole strip,
+so a receiver that lost its state (a restarted node host) is back in step within
+`REFRESH` waves. Epsilon is in the units the HALO carries: normalized readings for the
+first layer, activations above.
 
 Payload (bytes): mode u8 (0 full, 1 delta), 3 zero bytes, count u32, then for a delta
 the count rows' indices (u16, increasing, padded with zeros to 4 bytes), then the rows'

@@ -219,6 +219,7 @@ class _Radio:
     active: bool = False  # the head of its queue is in backoff or deferred
     backoff_exponent: int = 0
     free_at: float = 0.0  # not on air again before: its last hold's end, or duty cycle
+    rng: Any = None  # where it draws its backoffs (`Medium.backoff_stream`)
 
 
 class Medium:
@@ -241,7 +242,12 @@ class Medium:
         self.down: set[Party] = set()
         self.faults: Counter[str] = Counter()
         self.queue = queue
+        # Where each radio draws its backoffs (`_Radio.rng`): one stream for all, in the
+        # order the draws come (`pair_backoffs` gives each its own); a test may put its
+        # own generator here.
+        self.seed = seed
         self.rng = random.Random(seed)
+        self.backoff_stream: Callable[[Party], Any] = lambda _party: self.rng
         self.deliver = deliver
         self.trace = trace
         # Until when each channel member is held, by the member's number: checking a
@@ -295,11 +301,20 @@ class Medium:
         tx.ready = self.queue.now if ready is None else ready
         radio = self._radios.get(tx.src)
         if radio is None:
-            radio = self._radios[tx.src] = _Radio()
+            radio = self._radios[tx.src] = _Radio(rng=self.backoff_stream(tx.src))
         radio.queue.append(tx)
         if not radio.active:
             radio.active = True
             self._contend(radio)
+
+    def pair_backoffs(self) -> None:
+        """Give each radio its own stream of backoffs, seeded by the run's seed and the
+        party (common random numbers): two runs that differ only in some messages'
+        sizes (two compression plans) then draw the same backoffs at the same radios,
+        so comparing them measures the sizes rather than a reshuffled stream. Before
+        the first transmission."""
+        seed = self.seed
+        self.backoff_stream = lambda party: random.Random(f"{seed}:{party}")
 
     def silence(self, party: Party) -> None:
         """`party`'s node is down: what it had queued never goes on air (what is on air
@@ -314,7 +329,7 @@ class Medium:
         0 .. 2^BE - 1, and assesses the channel after it, once it is made and the radio
         may send again."""
         radio.backoff_exponent = exponent = self._min_be
-        backoff = int(self.rng.random() * (1 << exponent)) * self._unit if self._unit else 0.0
+        backoff = int(radio.rng.random() * (1 << exponent)) * self._unit if self._unit else 0.0
         self._at(max(radio.queue[0].ready, radio.free_at) + backoff, self._attempt, radio)
 
     def _attempt(self, radio: _Radio) -> None:
@@ -331,7 +346,7 @@ class Medium:
         free = max(map(busy.__getitem__, hold))
         if free > now:
             radio.backoff_exponent = exponent = min(radio.backoff_exponent + 1, self._max_be)
-            backoff = int(self.rng.random() * (1 << exponent)) * self._unit \
+            backoff = int(radio.rng.random() * (1 << exponent)) * self._unit \
                 if self._unit else 0.0
             if not self.takes_turns:
                 self._at(free + backoff, self._attempt, radio)

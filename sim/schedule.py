@@ -73,7 +73,7 @@ def simulated_wave_s(setting: Setting, compress: str, activations: str) -> tuple
     engine = SimEngine(data, setting.radio, setting.medium, setting.node, setting.edge,
                        seed=setting.seed,
                        params_via="tree" if setting.medium == "shared" else "broadcast",
-                       compress=compress, activations=activations)
+                       compress=compress, activations=activations, paired_backoffs=True)
     batch, spans, leads = config.train.batch, [], []
     for wave in range(setting.waves):
         engine.loss_and_grads(model, np.arange(wave * batch, (wave + 1) * batch))
@@ -107,7 +107,8 @@ def simulated_step_s(setting: Setting, plan: Plan) -> float:
                          setting.edge, seed=setting.seed + i,
                          mesh_id=config.parallel.first_mesh_id + i,
                          params_via="tree" if setting.medium == "shared" else "broadcast",
-                         compress=compress, activations=activations) for i in range(n)]
+                         compress=compress, activations=activations,
+                         paired_backoffs=True) for i in range(n)]
     _, history = train_parallel(config, subset, engines,
                                 wave_time=lambda engines, i: engines[i].last_wave_shape,
                                 time_unit="s", backhaul=setting.backhaul)

@@ -51,12 +51,15 @@ class SimEngine(WaveEngine):
                  known_dead: frozenset[Cell] = frozenset(),
                  failing: frozenset[Cell] = frozenset(),
                  attach: tuple[Cell, ...] = (), compress: str = "none",
-                 activations: str = "float32") -> None:
+                 activations: str = "float32", paired_backoffs: bool = False) -> None:
         """`best_effort`: lost messages stay lost and parties give up at deadlines
         (None: reliable mode, every message arrives). `known_dead`: cells that never come
         up, and that the edge knows of; `failing`: the same, for the protocol to find
         (best effort; sim/dead.py). `attach`: other cells the edge may attach to."""
         self.data, self.compress, self.activations = data, compress, activations
+        # Each radio its own backoff stream (`Medium.pair_backoffs`): for runs compared
+        # plan against plan.
+        self.paired_backoffs = paired_backoffs
         self.loss, self.stragglers, self.best_effort = loss, stragglers, best_effort
         self.known_dead, self.failing, self.attach = known_dead, failing, attach
         self.train_samples = len(data.y_train)
@@ -79,6 +82,8 @@ class SimEngine(WaveEngine):
                                   self.device, self.edge_device, self.seed, self.trace,
                                   loss=self.loss, stragglers=self.stragglers,
                                   best_effort=self.best_effort, attach=self.attach)
+            if self.paired_backoffs:
+                self.mesh.medium.pair_backoffs()
             for cell in sorted(self.failing):
                 self.mesh.kill(cell)
         return self.mesh

@@ -204,8 +204,8 @@ def test_lossy_activations_stay_close_to_exact_and_shrink_the_forward_classes(ac
     exact = MeshEngine(data, wire=True)
     lossy = MeshEngine(data, wire=True, activations=activations)
     indices = np.arange(4)
-    loss_exact, logits_exact, grads_exact = exact.loss_and_grads(exact_model, indices)
-    loss_lossy, logits_lossy, grads_lossy = lossy.loss_and_grads(lossy_model, indices)
+    logits_exact = exact.loss_and_grads(exact_model, indices)[1]
+    logits_lossy = lossy.loss_and_grads(lossy_model, indices)[1]
     tolerance = 2e-2 if activations == "int8" else 2e-3
     np.testing.assert_allclose(logits_lossy, logits_exact, rtol=tolerance, atol=tolerance)
     assert not np.array_equal(logits_lossy, logits_exact)
