@@ -2,9 +2,11 @@
 calibrated and checked under simulated time.
 
 For one radio (and, with several meshes, one backhaul) it simulates the seed network's
-training waves: dense, to anchor the model; all-2-bit gradients, to calibrate the
-REDUCE hops on the critical path; each forward-activation format, whose effect on the
-forward wave is measured rather than modelled. It then predicts every plan's step time,
+training waves under each forward-activation format (whose effect on the whole
+pipeline is measured rather than modelled), with dense and with all-2-bit gradients
+(to calibrate the REDUCE hops on that format's critical path). Every simulation gives
+each radio its own backoff stream (`Medium.pair_backoffs`), so plans are compared on
+the same draws. It then predicts every plan's step time,
 finds the optimal, greedy and uniform plans, and simulates each of those for its
 `simulated_step_s`. Forward activations are one more message class of the plan
 (HALO, POOL, GATHER: float32, fp16 or int8), as gradients' layers are.
@@ -137,10 +139,13 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
     probe = StepModel(segments, radio_link, 0.0, dense_s)
     dense = {s.name: parse_compressor("none") for s in segments}
     two_bit = {s.name: parse_compressor("2bit") for s in segments}
-    hops = calibrate_hops(dense_s, two_bit_s, probe.reduce_hop_s(dense),
-                          probe.reduce_hop_s(two_bit))
-    waves = {fmt: dense_s if fmt == "float32" else
-             simulated_wave_s(setting, "none", fmt)[0] for fmt in FORMATS}
+    saved = (probe.reduce_hop_s(dense), probe.reduce_hop_s(two_bit))
+    hops = calibrate_hops(dense_s, two_bit_s, *saved)
+    waves, format_hops = {"float32": dense_s}, {"float32": hops}
+    for fmt in FORMATS[1:]:  # each format's forward pipeline, and its REDUCE hops
+        waves[fmt] = simulated_wave_s(setting, "none", fmt)[0]
+        format_hops[fmt] = calibrate_hops(waves[fmt],
+                                          simulated_wave_s(setting, "2bit", fmt)[0], *saved)
     model = StepModel(
         segments, radio_link, hops, dense_s,
         None if backhaul is None else Link(
@@ -149,7 +154,7 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         setting.meshes, backhaul is not None and backhaul.bottleneck in
         ("channel", "server_port"), lead_s, True,
         0.0 if backhaul is None else _return_s(config, backhaul, setting.meshes),
-        forward_waves=waves)
+        forward_waves=waves, format_hops=format_hops)
     gradients = _gradients(config, setting.data)
     options = option_table(segments, candidates, gradients, model) + \
         _activation_options(config, setting.data, waves)
@@ -172,7 +177,7 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         "backhaul": None if backhaul is None else backhaul.name, "meshes": setting.meshes,
         "batch": config.train.batch, "max_error": max_error,
         "calibration": {"dense_wave_s": dense_s, "two_bit_wave_s": two_bit_s,
-                        "critical_reduce_hops": hops, "head_lead_s": lead_s,
+                        "critical_reduce_hops": format_hops, "head_lead_s": lead_s,
                         "activation_wave_s": waves},
         "options": [option.__dict__ for option in options],
         "plans": {"optimal": record(plans["optimal"]), "greedy": record(plans["greedy"]),

@@ -88,6 +88,9 @@ class StepModel:
     # Forward activations (HALO, POOL, GATHER), one more class of the plan: the
     # simulated dense-gradient wave of each format, which shapes the whole pipeline.
     forward_waves: dict[str, float] = field(default_factory=dict)
+    # The REDUCE hops on the critical path under each format (they shift as the
+    # forward pipeline does); `critical_hops` where a format has none.
+    format_hops: dict[str, float] = field(default_factory=dict)
 
     def reduce_hop_s(self, plan: dict[str, Compressor]) -> float:
         """One REDUCE hop: the message's channel time and its encoding and decoding."""
@@ -112,10 +115,10 @@ class StepModel:
         ACTIVATIONS -> a forward format."""
         plan = {s.name: parse_compressor(choice.get(s.name, "none")) for s in self.segments}
         dense = {s.name: parse_compressor("none") for s in self.segments}
-        forward = self.forward_waves.get(choice.get(ACTIVATIONS, "float32"),
-                                         self.dense_wave_s)
-        wave = forward - self.critical_hops * (
-            self.reduce_hop_s(dense) - self.reduce_hop_s(plan))
+        fmt = choice.get(ACTIVATIONS, "float32")
+        forward = self.forward_waves.get(fmt, self.dense_wave_s)
+        hops = self.format_hops.get(fmt, self.critical_hops)
+        wave = forward - hops * (self.reduce_hop_s(dense) - self.reduce_hop_s(plan))
         if self.backhaul is None:
             return wave
         head, conv = self.push_s(plan, "fc"), self.push_s(plan, "conv")
@@ -211,10 +214,10 @@ def optimal_plan(options: Sequence[Option], model: StepModel, max_error: float) 
 
 def greedy_plan(options: Sequence[Option], model: StepModel, max_error: float) -> Plan:
     """Each class alone: the allowed option of least communication plus compression
-    time for that class."""
+    time for that class (ties, as in the optimum, to fewer bytes, then less error)."""
     allowed = _allowed(options, max_error)
-    choice = {name: min(ops, key=lambda o: (o.communication_s + o.compression_s,
-                                            o.error)).compressor
+    choice = {name: min(ops, key=lambda o: (round(o.communication_s + o.compression_s, 9),
+                                            o.bytes, o.error)).compressor
               for name, ops in allowed.items()}
     return _plan(choice, model)
 
