@@ -240,3 +240,15 @@ def test_activation_payloads_are_read_only_in_their_exact_form():
     with pytest.raises(CodecError):
         decode_activations(compressor, forged, (2, 3, 4))
     assert activation_compressor("float32") is None
+
+
+def test_the_compression_benchmark_times_every_policy_against_the_plain_mesh():
+    from meshdl.bench_compress import POLICIES, bench_compress
+
+    config = RunConfig(model=CONFIG.model_dump(), train={"batch": 4})
+    result = bench_compress(config, _data(), waves=2)
+    assert [row["policy"] for row in result["policies"]] == list(POLICIES)
+    plain = result["policies"][0]
+    assert plain["ratio_to_plain"] == 1.0 and plain["reduce_us"] is None
+    for row in result["policies"][1:]:
+        assert row["waves_wall_s"] > 0 and row["reduce_us"] > 0 and row["push_us"] > 0

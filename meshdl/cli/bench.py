@@ -242,3 +242,28 @@ def memory(
             f"{with_plan['traced_peak_mb']:.1f} MB ({-row['traced_saving']:+.0%}), resident "
             f"peak {without['rss_peak_mb']:.0f} -> {with_plan['rss_peak_mb']:.0f} MB "
             f"({-row['rss_saving']:+.0%})", highlight=False)
+
+
+@app.command("compress")
+def compress(
+    waves: int = typer.Option(10, "--waves", min=1, help="Training waves of the seed "
+                              "network per policy."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+) -> None:
+    """Compression's wall time: training waves with each policy against the plain virtual
+    mesh, and the encode + decode of one REDUCE and one PUSH."""
+    from meshdl.augment import training_data
+    from meshdl.bench_compress import bench_compress
+
+    config = load_run_config()
+    with err_console.status("generating the synthetic lounge data set"):
+        data = training_data(config.train, generate_lounge(config.data))
+    result = bench_compress(config, data, waves, log=lambda text: err_console.print(text))
+    if json_out:
+        emit_json(result)
+        return
+    for row in result["policies"]:
+        codec = "" if row["reduce_us"] is None else \
+            f"; REDUCE {row['reduce_us']:.0f} us, PUSH {row['push_us']:,.0f} us"
+        out_console.print(f"{row['policy']}: {row['ratio_to_plain']:.2f}x the plain mesh"
+                          f"{codec}", highlight=False)
