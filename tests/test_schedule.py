@@ -144,3 +144,15 @@ def test_the_schedule_command_prints_the_options_and_the_three_kinds_of_plan(cli
 def test_an_impossible_schedule_is_a_one_line_error(cli, flags, needle):
     code, _, err = cli("schedule", *flags)
     assert_one_line_error(code, err, 2, needle)
+
+
+def test_compress_plan_is_resolved_before_the_run_and_written_into_its_configuration(
+        cli, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = cli("simulate", "train", "--rows", "4", "--cols", "5", "--hidden", "8",
+                       "--epochs", "1", "--radio", "ble", "--compress", "plan", "--out", run)
+    assert code == 0, err
+    assert "compression plan for ble" in err
+    mesh = json.loads((run / "config.json").read_text())["mesh"]
+    assert mesh["compress"].startswith("conv1=") and mesh["activations"] in (
+        "float32", "fp16", "int8")
