@@ -42,7 +42,8 @@ class StatusRecord(BaseModel):
     mesh: int = Field(ge=0, le=0xFFFF)
     time: float | None = None  # the writer's clock at its last heartbeat (Unix seconds)
     cells: Annotated[list[str], Field(max_length=MAX_CELLS)] = []
-    spec: Annotated[dict[str, int | bool | str | list[int]], Field(max_length=64)] | None = None
+    spec: Annotated[dict[str, int | bool | str | float | list[int] | None],
+                    Field(max_length=64)] | None = None
     data: Annotated[str, Field(max_length=64)] | None = None  # digest of a replayed data set
     rejected: Annotated[dict[str, int], Field(max_length=256)] = {}  # by reason, summed
     refused: Annotated[dict[str, int], Field(max_length=32)] = {}  # by the broker, by reason

@@ -449,6 +449,23 @@ def test_train_command_runs_edge_and_node_host_over_a_broker(small_mesh, mosquit
     _assert_same_model(CNN.load(tmp_path / "r" / "model.npz"), reference)
 
 
+def test_compressed_gradients_and_int8_activations_over_mqtt_equal_the_virtual_mesh(
+        small_mesh, mosquitto, cli, tmp_path) -> None:
+    """The same policy, the same bytes: a REDUCE re-compressed at every hop with each
+    node's error feedback, and int8 HALO, POOL and GATHER, through a real broker."""
+    config, data, _, data_file, _ = small_mesh
+    mesh_file = tmp_path / "compressed.toml"
+    mesh_file.write_text(MESH_TOML + '\n[mesh]\ncompress = "hylo:4"\nactivations = "int8"\n')
+    compressed = load_run_config(mesh_file)
+    reference, _ = train(compressed, data)  # the virtual mesh, same policy
+    code, _, err = cli("train", "--transport", "mqtt", "--broker", mosquitto.url, "--config",
+                       str(mesh_file), "--data", str(data_file), "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    _assert_same_model(CNN.load(tmp_path / "r" / "model.npz"), reference)
+    plain, _ = train(config, data)
+    assert not np.allclose(reference.flat, plain.flat)  # the policy did change training
+
+
 # ------------------------------------------------------------------- one edge, one mesh
 
 
