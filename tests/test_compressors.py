@@ -26,7 +26,8 @@ from meshdl.messages import CodecError, CodecReason
 
 CONV = Segment("conv2", "conv", (5, 5, 3, 3), 5)
 FC = Segment("fc1", "fc", (20, 30), 20)
-SPECS = ["none", "fp16", "int8", "2bit", "2bit:0.05", "topk", "topk:0.1", "randk:0.2",
+SPECS = ["none", "fp16", "int8", "2bit", "2bit:0.05", "ternary", "topk", "topk:0.1",
+         "randk:0.2",
          "ktopk", "ktopk:0.5", "powersgd", "powersgd:2"]
 
 
@@ -129,7 +130,7 @@ def _corrupt_cases(compressor, segment):
     yield "long", np.concatenate([good, np.zeros(1, np.uint8)])
     yield "wrong dtype", good.view(np.int8)
     name = compressor.name
-    if name in ("int8", "2bit"):
+    if name in ("int8", "2bit", "ternary"):
         bad = good.copy()
         bad[:4] = np.frombuffer(np.array([np.nan], "<f4").tobytes(), np.uint8)
         yield "nan scale", bad
@@ -137,7 +138,7 @@ def _corrupt_cases(compressor, segment):
         bad = good.copy()
         bad[4] = 0x80
         yield "code -128", bad
-    if name == "2bit":
+    if name in ("2bit", "ternary"):
         bad = good.copy()
         bad[4] = 0xFF
         yield "code 11", bad
@@ -154,8 +155,8 @@ def _corrupt_cases(compressor, segment):
         yield "non-finite value", bad
 
 
-@pytest.mark.parametrize("spec", ["none", "fp16", "int8", "2bit", "topk", "randk",
-                                  "ktopk", "powersgd"])
+@pytest.mark.parametrize("spec", ["none", "fp16", "int8", "2bit", "ternary", "topk",
+                                  "randk", "ktopk", "powersgd"])
 def test_decoding_refuses_what_no_encoder_sends(spec):
     compressor = parse_compressor(spec)
     for what, data in _corrupt_cases(compressor, CONV):
@@ -218,3 +219,13 @@ def test_policies_choose_per_layer():
         CompressionPolicy.parse("conv9=int8", model)
     assert [s.name for s in reduce_segments(model)] == ["conv1", "conv2"]
     assert sum(s.size for s in model_segments(model)) == 117_882
+
+
+def test_ternary_is_unbiased_over_many_draws():
+    """TernGrad's stochastic rounding: the mean of many decodings is the input."""
+    from meshdl.compress.compressors import Ternary
+
+    values = np.linspace(-1.0, 0.5, FC.size).astype(np.float32)
+    state, compressor = _state(3), Ternary()
+    mean = np.mean([compressor.compress(values, FC, state)[1] for _ in range(4000)], axis=0)
+    np.testing.assert_allclose(mean, values, atol=0.06)

@@ -14,6 +14,8 @@ scales all raise `CodecError(BAD_COMPRESSED)`, so a forged payload never reaches
     int8       4 + n                           scale = max|x| / 127, round(x / scale)
     2bit[:tau] 4 + ceil(n / 4)                 +tau, -tau or 0 per value (MXNet's rule);
                                                no tau: tau = mean |x| (Hylo's adaptive)
+    ternary    4 + ceil(n / 4)                 +-max|x| with probability |x| / max|x|
+                                               (TernGrad: unbiased, stochastic)
     topk[:d]   k (2 or 4) + 4 k                the k largest |x|, k = ceil(d n)
     randk[:d]  as topk                         k values drawn at random (seeded)
     ktopk[:d]  kernels: 2 m + 4 m k^2, bias    the m conv kernels of largest L2 norm
@@ -259,6 +261,27 @@ class TwoBit(Compressor):
         return out
 
 
+class Ternary(TwoBit):
+    """TernGrad (Wen et al., 2017): the scale is max |x|, and each value goes as +-scale
+    with probability |x| / scale, else 0, drawn from the sender's seeded stream: the
+    decoded message is unbiased, so no large value waits in a residual for many
+    messages, which matters where each hop re-compresses a sum (the REDUCE up the
+    tree). Same payload as 2-bit."""
+
+    name, takes = "ternary", ""
+
+    def threshold(self, values: np.ndarray) -> np.float32:
+        return np.float32(np.max(np.abs(values))) if values.size else np.float32(0)
+
+    def compress(self, values, segment, state):
+        scale = self.threshold(values)
+        packed = np.empty((segment.size + 3) // 4, np.uint8)
+        decoded = np.empty(segment.size, np.float32)
+        kernels.ternary_encode(values, float(scale), state.rng.random(segment.size),
+                               packed, decoded)
+        return _pack(np.array([scale], "<f4"), packed), decoded
+
+
 def _density_count(density: float | None, units: int) -> int:
     """Units kept: ceil(density x units), or ceil(sqrt(units)) by the layer's size."""
     if units == 0:
@@ -432,7 +455,8 @@ def _orthonormal(p: np.ndarray) -> np.ndarray:
 
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    c.name: c for c in (Dense, Half, Int8, TwoBit, TopK, RandomK, KernelTopK, PowerSGD)}
+    c.name: c for c in (Dense, Half, Int8, TwoBit, Ternary, TopK, RandomK, KernelTopK,
+                        PowerSGD)}
 
 
 def parse_compressor(spec: str) -> Compressor:

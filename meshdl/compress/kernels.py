@@ -71,3 +71,19 @@ def scatter_checked(index: np.ndarray, values: np.ndarray, width: int, units: in
                 return False
             out[unit * width + t] = v
     return True
+
+
+@njit(**_JIT)
+def ternary_encode(values: np.ndarray, scale: float, draws: np.ndarray, packed: np.ndarray,
+                   decoded: np.ndarray) -> None:
+    """TernGrad: +scale with probability x / scale for x > 0, -scale with |x| / scale for
+    x < 0, else 0 (unbiased: the expected decoded value is x); codes as `two_bit_encode`."""
+    packed[:] = 0
+    for i in range(values.size):
+        x = values[i]
+        code = 0
+        out = 0.0
+        if scale > 0.0 and draws[i] * scale < abs(x):
+            code, out = (1, scale) if x > 0.0 else (2, -scale)
+        packed[i >> 2] |= code << (2 * (i & 3))
+        decoded[i] = out
