@@ -35,6 +35,7 @@ from meshdl.compress.schedule import (
     optimal_plan,
     option_table,
     relative_error,
+    tree_error_factor,
     uniform_plans,
 )
 from meshdl.config import RunConfig
@@ -156,7 +157,8 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         0.0 if backhaul is None else _return_s(config, backhaul, setting.meshes),
         forward_waves=waves, format_hops=format_hops)
     gradients = _gradients(config, setting.data)
-    options = option_table(segments, candidates, gradients, model) + \
+    factor = tree_error_factor(_subtree_sizes(config))
+    options = option_table(segments, candidates, gradients, model, factor) + \
         _activation_options(config, setting.data, waves)
     plans = {"optimal": optimal_plan(options, model, max_error),
              "greedy": greedy_plan(options, model, max_error)}
@@ -176,6 +178,7 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         "radio": setting.radio.name, "medium": setting.medium, "device": setting.node.name,
         "backhaul": None if backhaul is None else backhaul.name, "meshes": setting.meshes,
         "batch": config.train.batch, "max_error": max_error,
+        "tree_error_factor": factor,
         "calibration": {"dense_wave_s": dense_s, "two_bit_wave_s": two_bit_s,
                         "critical_reduce_hops": format_hops, "head_lead_s": lead_s,
                         "activation_wave_s": waves},
@@ -275,3 +278,14 @@ def resolve_plan(config: RunConfig, data: Dataset, radio: RadioProfile, medium: 
         mesh["activations"] = plan["activations"]
     resolved = config.model_copy(update={"mesh": config.mesh.model_copy(update=mesh)})
     return resolved, plan["per_layer"]
+
+
+def _subtree_sizes(config: RunConfig) -> list[int]:
+    """Cells below and at each cell of the mesh's tree: what each REDUCE sums."""
+    from meshdl.protocol import MeshSpec
+
+    topology = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at).topology
+    size: dict = {}
+    for cell in sorted(topology.members, key=lambda c: -topology.depth[c]):
+        size[cell] = 1 + sum(size[child] for child in topology.children.get(cell, []))
+    return list(size.values())

@@ -156,3 +156,13 @@ def test_compress_plan_is_resolved_before_the_run_and_written_into_its_configura
     mesh = json.loads((run / "config.json").read_text())["mesh"]
     assert mesh["compress"].startswith("conv1=") and mesh["activations"] in (
         "float32", "fp16", "int8")
+
+
+def test_the_tree_factor_grows_with_the_sums_each_hop_compresses_again():
+    from meshdl.compress.schedule import tree_error_factor
+
+    assert tree_error_factor([1]) == 1.0  # one node: one compression
+    chain = tree_error_factor([3, 2, 1])  # a chain: every hop carries most of the sum
+    star = tree_error_factor([3, 1, 1])  # a star: the leaves carry little
+    assert chain > star > 1.0
+    assert chain == pytest.approx((1 + 4 / 9 + 1 / 9) ** 0.5)
