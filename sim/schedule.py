@@ -26,6 +26,7 @@ from meshdl.compress.schedule import (
     ACTIVATIONS,
     CANDIDATES,
     FORMATS,
+    MAX_ERROR,
     Link,
     Option,
     Plan,
@@ -125,7 +126,7 @@ def split_plan(per_layer: dict[str, str]) -> tuple[str, str]:
 
 
 def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
-             max_error: float = 0.95, check: bool = True) -> dict[str, Any]:
+             max_error: float = MAX_ERROR, check: bool = True) -> dict[str, Any]:
     """The options table and the optimal, greedy and uniform plans, each predicted and
     (`check`) simulated."""
     config = setting.config

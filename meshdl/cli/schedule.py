@@ -16,6 +16,7 @@ from meshdl.cli.common import (
     err_console,
     out_console,
 )
+from meshdl.compress.schedule import MAX_ERROR
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
 
@@ -30,9 +31,10 @@ def schedule(
                                  "edges' link to the server (wifi, ethernet, lte)."),
     meshes: int = typer.Option(1, "--meshes", min=1, max=64, help="Meshes training one "
                                "model (bsp with overlap); 1: the mesh alone."),
-    max_error: float = typer.Option(0.95, "--max-error", min=0.0, help="Per-layer error "
+    max_error: float = typer.Option(MAX_ERROR, "--max-error", min=0.0, help="Per-layer error "
                                     "budget: the largest relative L2 error an option may "
-                                    "make of one step's gradient."),
+                                    "make of one step's gradient as it reaches the edge "
+                                    "(conv layers: times the tree factor)."),
     candidates: list[str] | None = typer.Option(None, "--candidate", help="Compressors to "
                                                 "choose from (repeat; default: none, fp16, "
                                                 "int8, 2bit, topk:0.1, ktopk, powersgd:1, "
