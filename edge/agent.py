@@ -16,19 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshdl import kernels
-from meshdl.compress.activations import decode_activations
+from meshdl.compress.activations import read_activations
 from meshdl.errors import StepSkipped, UsageError
-from meshdl.messages import (
-    BYTES,
-    EDGE,
-    FLOAT32,
-    CodecError,
-    Header,
-    Kind,
-    Message,
-    make,
-    newer,
-)
+from meshdl.messages import EDGE, CodecError, Header, Kind, Message, make, newer
 from meshdl.model import CNN, Trace
 from meshdl.nodes.deadlines import (
     GATHER_ENTRY,
@@ -382,11 +372,8 @@ class EdgeMachine:
             return []
         if h.kind == Kind.GATHER and self.trace is None:
             shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
-            codec = self.spec.activation_codec
             try:
-                payload = decode_activations(codec, payload, shape) \
-                    if codec is not None and h.dtype == BYTES else \
-                    payload if h.dtype == FLOAT32 and payload.shape == shape else None
+                payload = read_activations(self.spec.activation_codec, h, payload, shape)
             except CodecError:
                 self.stats["rejected:bad_compressed"] += 1
                 return []

@@ -32,8 +32,8 @@ import numpy as np
 from meshdl.compress.activations import (
     FORWARD_KINDS,
     activation_bytes,
-    decode_activations,
     encode_activations,
+    read_activations,
 )
 from meshdl.compress.codec import Channel
 from meshdl.messages import (
@@ -290,19 +290,15 @@ class NodeMachine(BestEffortNode):
             if payload is None:
                 self.stats["rejected:bad_delta"] += 1
                 return []
-        elif message.header.dtype == BYTES and self.activation_codec is not None and \
-                message.header.kind in FORWARD_KINDS:
+        else:
             try:
-                payload = decode_activations(self.activation_codec, payload, shape)
+                payload = read_activations(self.activation_codec, h, payload, shape)
             except CodecError:
                 self.stats["rejected:bad_compressed"] += 1
                 return []
             if payload is None:
                 self.stats["rejected:bad_shape"] += 1
                 return []
-        elif message.header.dtype != FLOAT32 or payload.shape != shape:
-            self.stats["rejected:bad_shape"] += 1
-            return []
         wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
         if wave.holding and expect.train_only:  # the first gradient: is its memory free?

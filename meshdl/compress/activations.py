@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from meshdl.compress.compressors import ChannelState, Compressor, Half, Int8, Segment
-from meshdl.messages import Kind
+from meshdl.messages import BYTES, FLOAT32, Header, Kind
 
 ACTIVATION_FORMATS = ("float32", "fp16", "int8")
 FORWARD_KINDS = frozenset({Kind.HALO, Kind.POOL, Kind.GATHER})
@@ -47,3 +47,15 @@ def decode_activations(compressor: Compressor, payload: np.ndarray,
     if payload.dtype != np.uint8 or payload.shape != (activation_bytes(compressor, shape),):
         return None
     return compressor.decode(payload, _segment(math.prod(shape))).reshape(shape)
+
+
+def read_activations(codec: Compressor | None, header: Header, payload: np.ndarray,
+                     shape: tuple[int, int, int]) -> np.ndarray | None:
+    """An items message's (rows, channels, batch) values, in the form its mesh sends
+    them: compressed forward activations, or float32; None if it is neither (of that
+    shape); CodecError if compressed bytes are not any the compressor writes."""
+    if header.dtype == BYTES and codec is not None and header.kind in FORWARD_KINDS:
+        return decode_activations(codec, payload, shape)
+    if header.dtype == FLOAT32 and payload.shape == shape:
+        return payload
+    return None
