@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar, Literal
 
@@ -85,7 +85,6 @@ class ChannelState:
 
     rng: np.random.Generator
     q: np.ndarray | None = None  # PowerSGD's warm start
-    extra: dict = field(default_factory=dict)
 
 
 def bad_payload(text: str) -> CodecError:
