@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -286,3 +287,61 @@ def test_failures_refuses_reliable_recovery(tmp_path) -> None:
     code, _, err = _meshdl("experiment", "failures", "--policies", "reliable", "--out",
                            tmp_path / "run")
     assert_one_line_error(code, err, 2, "best effort")
+
+
+def _sleepy_trial(trial):
+    import time as _time
+
+    _time.sleep(600)
+    return {"value": trial.value}
+
+
+_SWEEP_THAT_SLEEPS = """
+import multiprocessing, sys, threading, time
+from meshdl.experiments.runner import Trial, run_trials
+from tests.test_experiments import _sleepy_trial
+
+def say_workers():
+    while len(multiprocessing.active_children()) < 2:
+        time.sleep(0.1)
+    pids = " ".join(str(c.pid) for c in multiprocessing.active_children())
+    open(sys.argv[1], "w").write(pids)
+
+threading.Thread(target=say_workers, daemon=True).start()
+run_trials(_sleepy_trial, [Trial(i, i, 0, {}) for i in range(2)], jobs=2)
+"""
+
+
+def test_trial_workers_end_when_the_experiment_process_is_killed(tmp_path):
+    """A sweep killed with SIGKILL leaves no worker computing orphaned trials."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time as _time
+
+    pids = tmp_path / "pids"
+    parent = subprocess.Popen([sys.executable, "-c", _SWEEP_THAT_SLEEPS, str(pids)])
+    deadline = _time.monotonic() + 120
+    while not pids.exists() and _time.monotonic() < deadline:
+        _time.sleep(0.2)
+    workers = [int(pid) for pid in pids.read_text().split()]
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(30)
+
+    def alive(pid: int) -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            state = stat.rsplit(")", 1)[-1].split()[0]
+        except FileNotFoundError:
+            return False
+        return state != "Z"  # a zombie has exited, only not yet been reaped
+
+    try:
+        while any(alive(pid) for pid in workers) and _time.monotonic() < deadline:
+            _time.sleep(0.2)
+        assert not any(alive(pid) for pid in workers)
+    finally:
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -18,6 +18,9 @@ import csv
 import json
 import math
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -58,7 +61,9 @@ def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: in
         # spawn, not fork: a worker starts clean (no copy of this process's threads or
         # locks) and loads the compiled kernels from Numba's cache.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                                 initializer=exit_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(run, trial): trial for trial in trials}
             for future in as_completed(futures):
                 trial = futures[future]
@@ -66,6 +71,19 @@ def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: in
                 if on_done:
                     on_done(trial, records[trial.index])
     return [record for record in records if record is not None]
+
+
+def exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """In a worker: end this process as soon as `parent` is gone (killed, even with
+    SIGKILL), rather than compute orphaned trials for nobody. A daemon thread looks
+    once a second; an orphan is adopted by another process, so its parent id changes."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _on_ray(run: Callable[[Trial], Record], trials: Sequence[Trial], address: str,
