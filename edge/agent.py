@@ -397,7 +397,7 @@ class EdgeMachine:
                 self.stats["rejected:bad_shape"] += 1
                 return []
             if self.spec.reduce_codec is not None:
-                self.flops += self.spec.reduce_codec.operations() // 2  # the decoding
+                self.flops += self.spec.reduce_codec.operations // 2  # the decoding
             self.stats["accepted"] += 1
             if self._timed is not None or self._learnt is not None:
                 self._arrival(Kind.REDUCE, now)

@@ -145,6 +145,14 @@ class Topology:
         return depth
 
     @cached_property
+    def subtree_sizes(self) -> dict[Cell, int]:
+        """Cells in each cell's subtree, itself included: what its REDUCE sums."""
+        size: dict[Cell, int] = {}
+        for cell in sorted(self.parent, key=self._bfs_rank.__getitem__, reverse=True):
+            size[cell] = 1 + sum(size[child] for child in self.children.get(cell, []))
+        return size
+
+    @cached_property
     def _bfs_rank(self) -> dict[Cell, int]:
         order, queue = [], deque([self.edge_at])
         while queue:

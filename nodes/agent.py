@@ -546,7 +546,7 @@ class NodeMachine(BestEffortNode):
             self.stats["rejected:bad_reduce"] += 1
             return False
         if self.reduce_channel is not None:
-            self.flops += self.reduce_channel.codec.operations() // 2  # the decoding
+            self.flops += self.reduce_channel.codec.operations // 2  # the decoding
         wave.reduce[h.src] = values
         self._arrived(wave, expect.waiters)
         return True
@@ -800,7 +800,7 @@ class NodeMachine(BestEffortNode):
             total += wave.reduce[child]
         if self.reduce_channel is not None:  # compressed, the rest kept for next time
             total = self.reduce_channel.send(total)
-            self.flops += self.reduce_channel.codec.operations() // 2  # the encoding
+            self.flops += self.reduce_channel.codec.operations // 2  # the encoding
         out.append(self._message(wave, Kind.REDUCE, self.parent, total))
 
     def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,

@@ -43,6 +43,7 @@ from meshdl.config import RunConfig
 from meshdl.data import Dataset
 from meshdl.messages import HEADER_BYTES
 from meshdl.model import CNN
+from meshdl.protocol import MeshSpec
 from meshdl.sim.backhaul import BackhaulProfile
 from meshdl.sim.device import DeviceProfile
 from meshdl.sim.radio import RadioProfile
@@ -158,7 +159,8 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         0.0 if backhaul is None else _return_s(config, backhaul, setting.meshes),
         forward_waves=waves, format_hops=format_hops)
     gradients = _gradients(config, setting.data)
-    factor = tree_error_factor(_subtree_sizes(config))
+    topology = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at).topology
+    factor = tree_error_factor(list(topology.subtree_sizes.values()))
     options = option_table(segments, candidates, gradients, model, factor) + \
         _activation_options(config, setting.data, waves)
     plans = {"optimal": optimal_plan(options, model, max_error),
@@ -280,13 +282,3 @@ def resolve_plan(config: RunConfig, data: Dataset, radio: RadioProfile, medium: 
     resolved = config.model_copy(update={"mesh": config.mesh.model_copy(update=mesh)})
     return resolved, plan["per_layer"]
 
-
-def _subtree_sizes(config: RunConfig) -> list[int]:
-    """Cells below and at each cell of the mesh's tree: what each REDUCE sums."""
-    from meshdl.protocol import MeshSpec
-
-    topology = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at).topology
-    size: dict = {}
-    for cell in sorted(topology.members, key=lambda c: -topology.depth[c]):
-        size[cell] = 1 + sum(size[child] for child in topology.children.get(cell, []))
-    return list(size.values())

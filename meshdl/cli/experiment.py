@@ -419,6 +419,11 @@ def delta_command(
     the alerts that change, over a day of the lounge's test period."""
     if any(e < 0 for e in epsilons):
         raise UsageError("--epsilon: changes are at least 0")
+    if model_path is not None:  # a missing or corrupt file fails here, before any trial
+        from meshdl.model import CNN
+
+        trained = CNN.load(model_path).config
+        rows, cols = rows or trained.rows, cols or trained.cols
     if data is not None:
         grid = load_dataset(data)
         rows, cols = rows or grid.rows, cols or grid.cols

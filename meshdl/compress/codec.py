@@ -11,11 +11,22 @@ reads a byte. `Channel` is one sender's stream: error feedback over the whole ve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
 from meshdl.compress.compressors import ChannelState, Compressor, Segment, bad_payload
 from meshdl.compress.feedback import ErrorFeedback
+
+
+class Part(NamedTuple):
+    """One segment of a vector: its compressor, its values, its bytes in a payload."""
+
+    segment: Segment
+    compressor: Compressor
+    values: slice
+    payload: slice
 
 
 @dataclass(frozen=True)
@@ -31,39 +42,55 @@ class VectorCodec:
                 raise ValueError(f"{compressor.spec} does not apply to {segment.name} "
                                  f"({segment.kind})")
 
-    @property
+    @cached_property
+    def parts(self) -> tuple[Part, ...]:
+        """Where each segment sits in the vector and in the payload (worked out once:
+        every node encodes and decodes with the same codec in every wave)."""
+        out, at, byte = [], 0, 0
+        for segment, compressor in zip(self.segments, self.compressors, strict=True):
+            width = compressor.nbytes(segment)
+            out.append(Part(segment, compressor, slice(at, at + segment.size),
+                            slice(byte, byte + width)))
+            at, byte = at + segment.size, byte + width
+        return tuple(out)
+
+    @cached_property
     def size(self) -> int:
         """Values of the vector."""
         return sum(s.size for s in self.segments)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Bytes of every payload."""
         return sum(c.nbytes(s) for s, c in zip(self.segments, self.compressors, strict=True))
 
-    @property
+    @cached_property
     def lossless(self) -> bool:
         return all(c.lossless for c in self.compressors)
 
+    @cached_property
+    def operations(self) -> int:
+        """Operations of one encoding and one decoding of a payload (the simulated
+        devices' CPU time)."""
+        return sum(c.operations(s) for s, c in zip(self.segments, self.compressors,
+                                                   strict=True))
+
     def encode(self, values: np.ndarray, states: list[ChannelState]) -> np.ndarray:
-        parts, at = [], 0
-        for segment, compressor, state in zip(self.segments, self.compressors, states,
-                                              strict=True):
-            parts.append(compressor.encode(values[at:at + segment.size], segment, state))
-            at += segment.size
-        return np.concatenate(parts) if parts else np.empty(0, np.uint8)
+        payloads = [part.compressor.encode(values[part.values], part.segment, state)
+                    for part, state in zip(self.parts, states, strict=True)]
+        return np.concatenate(payloads) if payloads else np.empty(0, np.uint8)
 
     def compress(self, values: np.ndarray, states: list[ChannelState]
                  ) -> tuple[np.ndarray, np.ndarray]:
         """The payload, and the vector the receiver will decode from it."""
-        payloads, decoded, at = [], [], 0
-        for segment, compressor, state in zip(self.segments, self.compressors, states,
-                                              strict=True):
-            payload, values_out = compressor.compress(values[at:at + segment.size],
-                                                      segment, state)
+        payloads, decoded = [], []
+        for part, state in zip(self.parts, states, strict=True):
+            payload, values_out = part.compressor.compress(values[part.values],
+                                                           part.segment, state)
             payloads.append(payload)
             decoded.append(values_out)
-            at += segment.size
+        if not payloads:
+            return np.empty(0, np.uint8), np.empty(0, np.float32)
         return np.concatenate(payloads), np.concatenate(decoded)
 
     def decode(self, data: np.ndarray) -> np.ndarray:
@@ -71,16 +98,9 @@ class VectorCodec:
         these compressors could have sent."""
         if data.dtype != np.uint8 or data.shape != (self.nbytes,):
             raise bad_payload(f"{data.size} bytes, expected {self.nbytes}")
-        parts, at = [], 0
-        for segment, compressor in zip(self.segments, self.compressors, strict=True):
-            width = compressor.nbytes(segment)
-            parts.append(compressor.decode(data[at:at + width], segment))
-            at += width
+        parts = [part.compressor.decode(data[part.payload], part.segment)
+                 for part in self.parts]
         return np.concatenate(parts).astype(np.float32, copy=False)
-
-    def operations(self) -> int:
-        return sum(c.operations(s) for s, c in zip(self.segments, self.compressors,
-                                                   strict=True))
 
 
 class Channel:

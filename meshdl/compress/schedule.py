@@ -101,7 +101,7 @@ class StepModel:
         conv = [s for s in self.segments if s.kind == "conv"]
         codec = VectorCodec(tuple(conv), tuple(plan[s.name] for s in conv))
         return self.radio.message_s(HEADER_BYTES + codec.nbytes) + \
-            self.radio.cpu_s(codec.operations())
+            self.radio.cpu_s(codec.operations)
 
     def push_s(self, plan: dict[str, Compressor], kind: str) -> float:
         """The PUSH of one part ("conv" or "fc"): its N meshes' transfers on the
@@ -112,7 +112,7 @@ class StepModel:
         nbytes = HEADER_BYTES + ITEM_BYTES * PUSH_HEAD + codec.nbytes
         queued = self.meshes if self.shared else 1
         return queued * self.backhaul.message_s(nbytes) + \
-            self.backhaul.cpu_s(codec.operations())
+            self.backhaul.cpu_s(codec.operations)
 
     def predict(self, choice: dict[str, str]) -> float:
         """Seconds of a step under `choice`: layer -> compressor spec, and
