@@ -17,6 +17,7 @@ import numpy as np
 
 from meshdl import kernels
 from meshdl.compress.activations import read_activations
+from meshdl.compress.intsum import SharedScales
 from meshdl.errors import StepSkipped, UsageError
 from meshdl.messages import EDGE, CodecError, Header, Kind, Message, make, newer
 from meshdl.model import CNN, Trace
@@ -127,6 +128,11 @@ class EdgeMachine:
         self.seq = 0
         # Floating-point operations of the head so far (simulated time's CPU time).
         self.flops = 0
+        # Under intsum (compress/intsum.py): the scales it sends with PARAMS, learnt
+        # from each REDUCE, and those of the current wave, which its REDUCE is in.
+        summed = spec.reduce_sum
+        self.sum_scales = None if summed is None else SharedScales(summed)
+        self.wave_scales = np.zeros(0, np.float32)
         # Best effort (nodes/deadlines.py): None waits for the mesh (exact); else the
         # GATHER's and REDUCE's arrival times per (mode, batch), and the current wave's
         # deadlines (from its start; from its SCATTER).
@@ -344,8 +350,10 @@ class EdgeMachine:
         if self._timed is not None:
             self.due_gather = self._timed.deadline(GATHER_ENTRY)
             self.due_reduce = self._timed.deadline(REDUCE_ENTRY) if mode == Mode.TRAIN else 0.0
+        if self.sum_scales is not None:
+            self.wave_scales = self.sum_scales.scales
         params = self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
-                                              self.model.norm_std)
+                                              self.model.norm_std, self.wave_scales)
         if self.spec.planned:  # the mesh the wave runs in, for every node to plan it
             tail = PlanTail(self.spec.edge_at, self.spec.dead).pack(self.spec.model.cols)
             params = np.concatenate([params, tail])
@@ -396,8 +404,11 @@ class EdgeMachine:
             if payload is None:
                 self.stats["rejected:bad_shape"] += 1
                 return []
-            if self.spec.reduce_codec is not None:
-                self.flops += self.spec.reduce_codec.operations // 2  # the decoding
+            self.flops += self.spec.reduce_operations // 2  # the decoding
+            if self.sum_scales is not None:  # whole numbers of this wave's scales
+                share = payload
+                payload = self.sum_scales.gradient(share, self.wave_scales)
+                self.sum_scales.learn(share.peaks)
             self.stats["accepted"] += 1
             if self._timed is not None or self._learnt is not None:
                 self._arrival(Kind.REDUCE, now)

@@ -2,10 +2,13 @@
 
     PARAMS  float32  conv1.weight, conv1.bias, ..., convL.weight, convL.bias (each
                      flattened, PyTorch's shapes), then the input normalization's mean
-                     and std (in_channels values each); then, when the mesh's plan is
-                     not the configured one, its tail (`PlanTail`): the cell the edge
-                     is attached to and the dead cells
-    REDUCE  float32  d(loss)/d(conv parameters): PARAMS' first part, same order
+                     and std (in_channels values each); under intsum each conv
+                     layer's sum scale; then, when the mesh's plan is not the
+                     configured one, its tail (`PlanTail`): the cell the edge is
+                     attached to and the dead cells
+    REDUCE  float32  d(loss)/d(conv parameters): PARAMS' first part, same order;
+                     compressed (bytes): as the policy's compressors write it, or
+                     under intsum the subtree's sums (meshdl/compress/intsum.py)
     HEALTH  int32    cells a node found silent, +(n + 1), or back, -(n + 1) (a hello),
                      n = row x cols + col
     BATCH   int32    mode, split, then one sample index per sample of the wave
@@ -100,9 +103,12 @@ class ParamsLayout:
     conv_size: int  # values of the conv parameters, i.e. of a REDUCE
     mean: slice
     std: slice
+    # Under intsum, each conv layer's scale of the in-network sum (compress/intsum.py).
+    scales: slice
 
     @classmethod
-    def of(cls, model: ModelConfig) -> ParamsLayout:
+    def of(cls, model: ModelConfig, scales: int = 0) -> ParamsLayout:
+        """The layout for `model`, with `scales` values of sum scales at its end."""
         shapes = [s for name, s in param_shapes(model).items() if name.startswith("conv")]
         offsets = [int(o) for o in np.cumsum([0, *(math.prod(s) for s in shapes)])]
         layers = {layer: LayerSlices(slice(offsets[2 * layer - 2], offsets[2 * layer - 1]),
@@ -110,16 +116,20 @@ class ParamsLayout:
                                      (*shapes[2 * layer - 2][:2], model.kernel ** 2))
                   for layer in range(1, model.conv_layers + 1)}
         end, c = offsets[-1], model.in_channels
-        return cls(layers, end, slice(end, end + c), slice(end + c, end + 2 * c))
+        return cls(layers, end, slice(end, end + c), slice(end + c, end + 2 * c),
+                   slice(end + 2 * c, end + 2 * c + scales))
 
     @property
     def size(self) -> int:
         """Values of a PARAMS payload."""
-        return self.std.stop
+        return self.scales.stop
 
-    def pack(self, conv: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-        """PARAMS from the model's flat conv parameters and its normalization."""
-        return np.concatenate([conv[: self.conv_size], mean, std]).astype(np.float32)
+    def pack(self, conv: np.ndarray, mean: np.ndarray, std: np.ndarray,
+             scales: np.ndarray | None = None) -> np.ndarray:
+        """PARAMS from the model's flat conv parameters, its normalization and (under
+        intsum) the sum scales."""
+        scales = np.zeros(self.scales.stop - self.scales.start) if scales is None else scales
+        return np.concatenate([conv[: self.conv_size], mean, std, scales]).astype(np.float32)
 
 
 class BatchOrder(NamedTuple):

@@ -24,6 +24,7 @@ from meshdl.auth import link, tag_bytes
 from meshdl.compress.activations import activation_compressor
 from meshdl.compress.codec import VectorCodec
 from meshdl.compress.compressors import Compressor
+from meshdl.compress.intsum import SumCodec, SumShare
 from meshdl.compress.policy import CompressionPolicy, reduce_segments
 from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
@@ -149,8 +150,10 @@ class MeshSpec:
 
     @cached_property
     def params_layout(self) -> ParamsLayout:
-        """Where each conv layer's weights, biases and the normalization sit in PARAMS."""
-        return ParamsLayout.of(self.model)
+        """Where each conv layer's weights, biases, the normalization and (intsum) the
+        sum scales sit in PARAMS."""
+        summed = self.reduce_sum
+        return ParamsLayout.of(self.model, 0 if summed is None else len(summed.parts))
 
     @cached_property
     def params_size(self) -> int:
@@ -228,20 +231,48 @@ class MeshSpec:
 
     @cached_property
     def reduce_codec(self) -> VectorCodec | None:
-        """How a REDUCE's conv gradients are compressed; None: plain float32."""
+        """How a REDUCE's conv gradients are compressed at every hop; None: plain
+        float32, or summed as whole numbers (`reduce_sum`)."""
+        if self.reduce_sum is not None:
+            return None
         codec = CompressionPolicy.parse(self.compress, self.model).codec(
             reduce_segments(self.model))
         return None if codec.lossless else codec
+
+    @cached_property
+    def reduce_sum(self) -> SumCodec | None:
+        """The in-network sum of the REDUCE under intsum (compress/intsum.py), else None."""
+        return CompressionPolicy.parse(self.compress, self.model).sum_codec(
+            reduce_segments(self.model))
+
+    @cached_property
+    def reduce_operations(self) -> int:
+        """Operations of encoding and decoding one REDUCE (charged half and half)."""
+        codec = self.reduce_codec or self.reduce_sum
+        return 0 if codec is None else codec.operations
+
+    def empty_reduce(self) -> np.ndarray | SumShare:
+        """What a subtree that sent nothing adds (best effort): zeros."""
+        summed = self.reduce_sum
+        return np.zeros(self.conv_size, np.float32) if summed is None else summed.zeros()
 
     @cached_property
     def activation_codec(self) -> Compressor | None:
         """How forward activations travel (HALO, POOL, GATHER); None: float32."""
         return activation_compressor(self.activations)
 
-    def read_reduce(self, header: Header, payload: np.ndarray) -> np.ndarray | None:
-        """A REDUCE's conv gradients (float32, `conv_size`), or None if its payload is
-        not the one this mesh sends (dtype, shape); CodecError if compressed bytes are
-        not any its compressors write."""
+    def read_reduce(self, header: Header, payload: np.ndarray
+                    ) -> np.ndarray | SumShare | None:
+        """A REDUCE's conv gradients (float32, `conv_size`; under intsum its subtree's
+        whole-number sums), or None if its payload is not the one this mesh sends (dtype,
+        shape); CodecError if compressed bytes are not any its compressors write."""
+        summed = self.reduce_sum
+        if summed is not None:
+            cells = self.topology.subtree_sizes.get(header.src)
+            if header.dtype != BYTES or payload.ndim != 1 or cells is None or \
+                    payload.size > summed.max_nbytes(cells):
+                return None
+            return summed.decode(payload, cells)
         codec = self.reduce_codec
         if codec is None:
             ok = header.dtype == FLOAT32 and payload.shape == (self.conv_size,)

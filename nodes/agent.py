@@ -36,6 +36,7 @@ from meshdl.compress.activations import (
     read_activations,
 )
 from meshdl.compress.codec import Channel
+from meshdl.compress.intsum import SumChannel, add_shares
 from meshdl.messages import (
     ALL,
     BYTES,
@@ -128,6 +129,9 @@ class NodeMachine(BestEffortNode):
         codec = spec.reduce_codec
         self.reduce_channel = None if codec is None else \
             Channel(codec, seed=cell[0] * spec.model.cols + cell[1])
+        # Or, under intsum, its own share in whole numbers of the mesh's scales
+        # (meshdl/compress/intsum.py): the REDUCE then adds its children's exactly.
+        self.sum_channel = None if spec.reduce_sum is None else SumChannel(spec.reduce_sum)
         self.activation_codec = spec.activation_codec  # lossy HALO, POOL, GATHER
         # Live inference: HALOs as changes since the last wave (nodes/delta.py).
         self.delta_out = None if spec.delta is None else DeltaSender(spec.delta)
@@ -480,6 +484,8 @@ class NodeMachine(BestEffortNode):
                 shape[:2] == (expect.rows, expect.channels) and \
                 1 <= shape[2] <= self.spec.max_batch
         if expect.role == Role.PARTIAL_GRADIENTS:
+            if self.spec.reduce_sum is not None:  # sizes vary: read_reduce bounds them
+                return h.dtype == BYTES and len(shape) == 1
             codec = self.spec.reduce_codec
             if codec is not None:
                 return h.dtype == BYTES and shape == (codec.nbytes,)
@@ -545,8 +551,7 @@ class NodeMachine(BestEffortNode):
         if values is None:
             self.stats["rejected:bad_reduce"] += 1
             return False
-        if self.reduce_channel is not None:
-            self.flops += self.reduce_channel.codec.operations // 2  # the decoding
+        self.flops += self.spec.reduce_operations // 2  # the decoding
         wave.reduce[h.src] = values
         self._arrived(wave, expect.waiters)
         return True
@@ -558,7 +563,8 @@ class NodeMachine(BestEffortNode):
         h, payload = message.header, message.payload
         if expect.role == Role.PARAMETERS:
             if h.dtype != FLOAT32 or not self._params_shaped(payload) or \
-                    not compute.all_positive(payload[self.layout.std]):
+                    not compute.all_positive(payload[self.layout.std]) or \
+                    not _scales_valid(payload[self.layout.scales]):
                 self.stats["rejected:bad_params"] += 1
                 return False
             wave.params_payload, wave.params_vector = payload, payload[:self.params_size]
@@ -794,13 +800,21 @@ class NodeMachine(BestEffortNode):
     def _reduce(self, wave: Wave, _: int, out: list[Message]) -> None:
         """Own partial gradients plus the children's, as one message to the parent."""
         total = wave.grad  # the own layers' shares, written in place by _weight_grad
+        if self.sum_channel is not None:
+            share = self.sum_channel.quantize(total, wave.params_vector[self.layout.scales])
+            for child in self.children:
+                add_shares(share, wave.reduce[child])
+            self.flops += self.spec.reduce_operations // 2  # the quantizing and encoding
+            out.append(self._message(wave, Kind.REDUCE, self.parent,
+                                     self.spec.reduce_sum.encode(share)))
+            return
         # In process a child's payload is its own `wave.grad`, read-only here and never
         # written again by the child: REDUCE is its wave's last task.
         for child in self.children:
             total += wave.reduce[child]
         if self.reduce_channel is not None:  # compressed, the rest kept for next time
             total = self.reduce_channel.send(total)
-            self.flops += self.reduce_channel.codec.operations // 2  # the encoding
+            self.flops += self.spec.reduce_operations // 2  # the encoding
         out.append(self._message(wave, Kind.REDUCE, self.parent, total))
 
     def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,
@@ -829,6 +843,11 @@ def _outside_refs(owned: list[np.ndarray], storage: list[np.ndarray],
 
 
 _LISTED = sum(sys.getrefcount(a) for a in [np.empty(0)])  # an array only a list holds
+
+
+def _scales_valid(scales: np.ndarray) -> bool:
+    """Sum scales (intsum) are finite and not negative (0: no scale yet)."""
+    return bool(np.all(np.isfinite(scales)) and np.all(scales >= 0.0))
 
 
 def _slots(cell: Cell, window: list[Cell], before: int, kernel: int) -> list[tuple[Cell, int]]:

@@ -267,7 +267,7 @@ class BestEffortNode:
         forward values, zeros for gradients), and go on as if it had come."""
         expect, (kind, _, _, _) = self.plan.expected[index], self.plan.keys[index]
         if expect.role == Role.PARTIAL_GRADIENTS:
-            wave.reduce[self.plan.keys[index][3]] = np.zeros(self.spec.conv_size, np.float32)
+            wave.reduce[self.plan.keys[index][3]] = self.spec.empty_reduce()
         elif expect.role == ITEMS:
             f, items = self.plan.carries[index]
             wave.buffers[expect.buffer][expect.slots] = \

@@ -246,6 +246,9 @@ class NodePlan:
             size = ITEM_BYTES * values + ACTIVATION_SCALE_BYTES
             if expect.role == Role.PARTIAL_GRADIENTS and spec.reduce_codec is not None:
                 size = max(size, spec.reduce_codec.nbytes)  # top-k: more than float32
+            if expect.role == Role.PARTIAL_GRADIENTS and spec.reduce_sum is not None:
+                size = max(size, spec.reduce_sum.max_nbytes(
+                    spec.topology.subtree_sizes.get(src, 1)))
             self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * size
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]

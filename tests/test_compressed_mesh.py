@@ -57,7 +57,7 @@ def _model() -> CNN:
 
 
 @pytest.mark.parametrize("spec", ["2bit", "int8", "topk:0.2", "ktopk", "powersgd",
-                                  "conv1=randk:0.3,conv2=fp16"])
+                                  "conv1=randk:0.3,conv2=fp16", "intsum", "intsum:1"])
 @pytest.mark.parametrize("wire", [False, True], ids=["objects", "bytes"])
 def test_reduce_through_the_tree_loses_nothing_over_a_run(spec, wire):
     """Weights held still, 6 waves: the REDUCEs the edge decoded plus the residual every
@@ -72,7 +72,7 @@ def test_reduce_through_the_tree_loses_nothing_over_a_run(spec, wire):
         _, _, grads = engine.loss_and_grads(model, indices)
         received += grads[:conv]
         exact += central.loss_and_grads(model, indices)[2][:conv]
-    residuals = sum(node.reduce_channel.residual.astype(np.float64)
+    residuals = sum((node.reduce_channel or node.sum_channel).residual.astype(np.float64)
                     for node in _nodes(engine))
     np.testing.assert_allclose(received + residuals, exact, rtol=1e-4, atol=1e-5)
     assert not np.allclose(received, exact, atol=1e-6)  # it did compress

@@ -344,7 +344,7 @@ def compression_command(
                                        "/fp16 or /int8 for the forward activations "
                                        "(repeat); none/float32 is always run."),
     meshes_: int = typer.Option(1, "--meshes", min=1, max=64, help="Meshes training "
-                                "one model (bsp); 1: one mesh, its PUSH computed."),
+                                "one model (bsp), through the parameter server (1 too)."),
     radio: str = FAULT_RADIO,
     sim_waves: int = typer.Option(2, "--sim-waves", min=1, help="Training waves timed "
                                   "under simulated time per trial."),

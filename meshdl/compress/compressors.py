@@ -22,6 +22,10 @@ scales all raise `CodecError(BAD_COMPRESSED)`, so a forged payload never reaches
                dense                           (Hylo's conv rule)
     powersgd[:r] 4 r (rows + cols), bias dense one power-iteration step of rank r
                                                with a warm start (Vogels et al.)
+    intsum[:L] as int8 when sent alone          conv layers only: in the REDUCE, each
+                                               node's own share in whole multiples of a
+                                               scale the mesh shares, summed exactly up
+                                               the tree (meshdl/compress/intsum.py)
 
 Without a density, top-k, random-k and kernel top-k keep ceil(sqrt(units)) of a
 segment's units (values, or kernels): the larger the layer, the harder it is cut, as
@@ -441,6 +445,26 @@ class PowerSGD(Compressor):
         return 6 * rows * cols * self.rank(segment)  # M Q, M^T P, and P Q^T
 
 
+INTSUM_LEVELS = 7
+INTSUM_MAX_LEVELS = 127
+
+
+class IntSum(Int8):
+    """`intsum[:L]`: conv layers summed in the network, each node's share in 2L + 1
+    levels (L = 7 unless given). Where nothing is summed on the way (an edge's PUSH
+    to the parameter server) the layer travels as int8."""
+
+    name = "intsum"
+    takes = f"the levels either side of 0 of each node's share (1 to {INTSUM_MAX_LEVELS})"
+
+    def applies_to(self, segment: Segment) -> bool:
+        return segment.kind == "conv"
+
+    @property
+    def levels(self) -> int:
+        return INTSUM_LEVELS if self.arg is None else int(self.arg)
+
+
 def _orthonormal(p: np.ndarray) -> np.ndarray:
     """Columns of p made orthonormal (Gram-Schmidt); a column with no length left
     becomes zero rather than NaN."""
@@ -455,7 +479,7 @@ def _orthonormal(p: np.ndarray) -> np.ndarray:
 
 COMPRESSORS: dict[str, type[Compressor]] = {
     c.name: c for c in (Dense, Half, Int8, TwoBit, Ternary, TopK, RandomK, KernelTopK,
-                        PowerSGD)}
+                        PowerSGD, IntSum)}
 
 
 def parse_compressor(spec: str) -> Compressor:
@@ -473,7 +497,8 @@ def parse_compressor(spec: str) -> Compressor:
     except ValueError:
         raise UsageError(f"compressor {name}: {arg_text!r} is not a number "
                          f"({kind.takes})") from None
-    valid = {"2bit": 0 < arg < math.inf, "powersgd": arg >= 1 and arg == int(arg)}.get(
+    valid = {"2bit": 0 < arg < math.inf, "powersgd": arg >= 1 and arg == int(arg),
+             "intsum": 1 <= arg <= INTSUM_MAX_LEVELS and arg == int(arg)}.get(
         name, 0 < arg <= 1)
     if not valid:
         raise UsageError(f"compressor {name}: {arg_text} is not {kind.takes}")

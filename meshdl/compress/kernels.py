@@ -87,3 +87,86 @@ def ternary_encode(values: np.ndarray, scale: float, draws: np.ndarray, packed: 
             code, out = (1, scale) if x > 0.0 else (2, -scale)
         packed[i >> 2] |= code << (2 * (i & 3))
         decoded[i] = out
+
+
+# ------------------------------------------------------------------ Rice codes
+# The in-network sum (compress/intsum.py) sends whole numbers that are mostly 0 and
+# small: zigzag-mapped (0, -1, 1, -2, ... -> 0, 1, 2, 3, ...), each is written as its
+# quotient by 2^p in unary (that many 1 bits, then a 0) and its p low bits, bits packed
+# from the low end of each byte. Golomb-Rice: the code of a geometric source, and a few
+# lines to decode on a microcontroller.
+
+RICE_MAX_P = 15
+
+
+@njit(**_JIT)
+def rice_best_p(values: np.ndarray) -> tuple[int, int]:
+    """The Rice parameter that codes `values` (int32) in the fewest bits, the smallest
+    such, and that number of bits."""
+    best_p, best_bits = 0, -1
+    for p in range(RICE_MAX_P + 1):
+        bits = values.size * (1 + p)
+        for i in range(values.size):
+            v = np.int64(values[i])
+            bits += ((v << 1) if v >= 0 else (-(v << 1) - 1)) >> p
+        if best_bits < 0 or bits < best_bits:
+            best_p, best_bits = p, bits
+    return best_p, best_bits
+
+
+@njit(**_JIT)
+def rice_encode(values: np.ndarray, p: int, out: np.ndarray) -> None:
+    """`values` (int32) in Rice code `p` into `out` (zeroed here; its size is the bits
+    `rice_best_p` counted, rounded up to bytes)."""
+    out[:] = 0
+    at = 0
+    for i in range(values.size):
+        v = np.int64(values[i])
+        z = (v << 1) if v >= 0 else (-(v << 1) - 1)
+        for _ in range(z >> p):
+            out[at >> 3] |= 1 << (at & 7)
+            at += 1
+        at += 1  # the 0 that ends the quotient
+        for b in range(p):
+            if (z >> b) & 1:
+                out[at >> 3] |= 1 << (at & 7)
+            at += 1
+
+
+@njit(**_JIT)
+def rice_decode(data: np.ndarray, p: int, bound: int, out: np.ndarray) -> bool:
+    """`out.size` values in Rice code `p` from `data`, each of magnitude at most
+    `bound`; False unless `data` is exactly such a code: no value out of bounds, no
+    bits left over but the zero padding of its last byte."""
+    bits = data.size * 8
+    limit = (2 * np.int64(bound)) >> p  # the largest quotient a value in bounds has
+    at = 0
+    for i in range(out.size):
+        q = np.int64(0)
+        while True:
+            if at >= bits:
+                return False
+            bit = (data[at >> 3] >> (at & 7)) & 1
+            at += 1
+            if bit == 0:
+                break
+            q += 1
+            if q > limit:
+                return False
+        if at + p > bits:
+            return False
+        z = q << p
+        for b in range(p):
+            z |= np.int64((data[at >> 3] >> (at & 7)) & 1) << b
+            at += 1
+        v = (z >> 1) if (z & 1) == 0 else -((z + 1) >> 1)
+        if v > bound or v < -bound:
+            return False
+        out[i] = v
+    if (at + 7) >> 3 != data.size:
+        return False
+    while at < bits:  # the padding
+        if (data[at >> 3] >> (at & 7)) & 1:
+            return False
+        at += 1
+    return True

@@ -9,7 +9,14 @@
                            its size: max(1, floor(T x kernels / parameters)) kernels),
                            an fc layer every value in 2 bits with the adaptive
                            threshold. T defaults to 16 (64 bytes, about half the
-                           payload of an 802.15.4 frame)
+                           payload of an 802.15.4 frame). Hylo's rule is for a
+                           worker's gradient on its way to the server: an edge's PUSH.
+                           Inside the mesh the conv layers are summed as whole numbers
+                           (intsum, 7 levels a share where Hylo compresses the layer,
+                           127 where it keeps it dense): kernel top-k applied again at
+                           each of the tree's hops multiplies its error (-1.7 points
+                           on the seed mesh; docs/compression.md). The per-hop form
+                           is the explicit LAYER=ktopk:D,...,LAYER=2bit
     LAYER=NAME[:ARG],...   one compressor per layer (what `meshdl schedule` prints for
                            its plans), unnamed layers dense
     plan                   the optimal plan of `meshdl schedule` for the run's radio,
@@ -17,8 +24,9 @@
                            into its configuration as LAYER=NAME,...
 
 A policy applies where gradients travel: the in-mesh REDUCE (the conv layers, summed up
-the tree, re-compressed at every hop with that node's error feedback) and the PUSH from
-each mesh's edge to the parameter server (every layer).
+the tree, re-compressed at every hop with that node's error feedback, or under intsum
+summed as whole numbers: meshdl/compress/intsum.py) and the PUSH from each mesh's edge
+to the parameter server (every layer).
 """
 
 from __future__ import annotations
@@ -28,13 +36,17 @@ from functools import cached_property
 
 from meshdl.compress.codec import VectorCodec
 from meshdl.compress.compressors import (
+    INTSUM_LEVELS,
+    INTSUM_MAX_LEVELS,
     Compressor,
     Dense,
+    IntSum,
     KernelTopK,
     Segment,
     TwoBit,
     parse_compressor,
 )
+from meshdl.compress.intsum import SumCodec
 from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
 from meshdl.model import param_shapes
@@ -58,6 +70,9 @@ class CompressionPolicy:
 
     spec: str
     by_layer: tuple[tuple[str, Compressor], ...]  # layer name -> its compressor
+    # Conv layers the REDUCE sums in the network (intsum), with each share's levels;
+    # empty: the REDUCE is compressed at every hop by `by_layer`'s compressors.
+    summed: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def parse(cls, spec: str, model: ModelConfig) -> CompressionPolicy:
@@ -79,6 +94,11 @@ class CompressionPolicy:
                 chosen[layer.strip()] = parse_compressor(compressor)
         elif spec == "hylo" or spec.startswith("hylo:"):
             chosen = hylo(segments, _threshold(spec))
+            summed = tuple((s.name, INTSUM_LEVELS if s.name in chosen else INTSUM_MAX_LEVELS)
+                           for s in segments if s.kind == "conv")
+            by_layer = tuple((s.name, chosen.get(s.name) or Dense()) for s in segments)
+            return cls(spec, by_layer, summed if any(s.name in chosen for s in segments
+                                                      if s.kind == "conv") else ())
         else:
             compressor = parse_compressor(spec)
             chosen = {s.name: compressor for s in segments if compressor.applies_to(s)}
@@ -87,17 +107,38 @@ class CompressionPolicy:
             if compressor is not None and not compressor.applies_to(segment):
                 raise UsageError(f"--compress: {compressor.spec} does not apply to "
                                  f"{segment.name} (a {segment.kind} layer)")
+        summed = [s.name for s in segments if isinstance(chosen.get(s.name), IntSum)]
+        conv = [s.name for s in segments if s.kind == "conv"]
+        if summed and summed != conv:
+            raise UsageError(f"--compress: intsum sums the REDUCE in the network, so it is "
+                             f"for every conv layer or none (here: {', '.join(summed)})")
         by_layer = tuple((s.name, chosen.get(s.name) or Dense()) for s in segments)
-        return cls(spec or "none", by_layer)
+        return cls(spec or "none", by_layer,
+                   tuple((s.name, c.levels) for s in segments
+                         if isinstance(c := chosen.get(s.name), IntSum)))
 
     @property
     def active(self) -> bool:
         """Is any gradient compressed (else messages keep the float32 wire format)?"""
-        return any(not c.lossless for _, c in self.by_layer)
+        return bool(self.summed) or any(not c.lossless for _, c in self.by_layer)
 
     def codec(self, segments: tuple[Segment, ...]) -> VectorCodec:
         table = dict(self.by_layer)
         return VectorCodec(segments, tuple(table[s.name] for s in segments))
+
+    def sum_codec(self, segments: tuple[Segment, ...]) -> SumCodec | None:
+        """The in-network sum of `segments` (the REDUCE's) if they are summed."""
+        levels = dict(self.summed)
+        if not segments or not all(s.name in levels for s in segments):
+            return None
+        return SumCodec(segments, tuple(levels[s.name] for s in segments))
+
+    @cached_property
+    def describe_reduce(self) -> dict[str, str]:
+        """Conv layer -> how the REDUCE carries it (intsum:L, or the per-hop spec)."""
+        levels = dict(self.summed)
+        return {name: f"intsum:{levels[name]}" if name in levels else c.spec
+                for name, c in self.by_layer if name in _conv_names(self)}
 
     @cached_property
     def describe(self) -> dict[str, str]:
@@ -113,6 +154,11 @@ def hylo(segments: tuple[Segment, ...], threshold: int = HYLO_THRESHOLD
     return {s.name: KernelTopK(max(1, threshold * s.kernels // s.size) / s.kernels)
             if s.kind == "conv" else TwoBit()
             for s in segments if s.size > threshold}
+
+
+def _conv_names(policy: CompressionPolicy) -> set[str]:
+    return {name for name, _ in policy.summed} | \
+        {name for name, _ in policy.by_layer if name.startswith("conv")}
 
 
 def _threshold(spec: str) -> int:

@@ -1,14 +1,14 @@
 """`meshdl experiment compression`: what each compression policy costs in accuracy and
 saves in bytes and simulated time, on the seed experiment (seeds 000 and 003).
 
-Each trial trains the configured network in the virtual mesh (one mesh, or N through
-the parameter server with `--meshes`) under one (gradient policy, activation format)
-pair, from the trial's training seed; the reference is the exact run of the same seed
-("none", float32). Bytes are counted by the ledger: REDUCE per training step (one
-message per tree link), and each mesh's PUSH to the server per step. A PUSH weighs the
-same every step (a compressor's payload has a fixed size), so with one mesh the PUSH it
-would send is the header plus its exact payload size, which tests/test_compressed_mesh.py
-checks against the counted bytes of real pushes.
+Each trial trains the configured network in the virtual mesh under one (gradient
+policy, activation format) pair, from the trial's training seed; the reference is the
+exact run of the same seed ("none", float32). Its mesh (or `--meshes` N of them) trains
+through the parameter server, so that what the policy does to the edge's PUSH (the fc
+layers' gradients, and the conv layers' after the REDUCE) is in the accuracy as it is
+in the bytes; with one mesh and no compression that is exactly the plain run. Bytes
+are counted: REDUCE per training step (the ledger; one message per tree link), and
+each mesh's PUSH to the server per step (the cluster's count of the bytes it pushed).
 
 Simulated time per epoch: the trained model's training waves under simulated time on
 the configured radio (`--sim-waves` of them; every wave of a run sends the same
@@ -19,9 +19,7 @@ operation counts).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -53,8 +51,6 @@ def run(trial: Trial) -> Record:
     from meshdl.sim.radio import profile
     from meshdl.sim.schedule import resolve_plan
     from meshdl.sim.simulate import SimEngine
-    from meshdl.training import engine_for
-    from meshdl.training import train as train_model
 
     settings = trial.settings
     compress, activations = parse_value(trial.value)
@@ -71,15 +67,10 @@ def run(trial: Trial) -> Record:
         config, _ = resolve_plan(config, training_data(config.train, data), profile(radio),
                                  medium, backhaul_profile("wifi"))
         compress, activations = config.mesh.compress, config.mesh.activations
-    if meshes == 1:
-        engine = engine_for(config, training_data(config.train, data))
-        model, history = train_model(config, data, engine=engine)
-        pushed_per_step = push_bytes(config)
-    else:
-        model, history = train_parallel(config, data)
-        per_mesh = history.parallel["per_mesh"]
-        pushed_per_step = sum(m["pushed_bytes"] for m in per_mesh) / \
-            max(sum(m["steps"] for m in per_mesh), 1)
+    model, history = train_parallel(config, data)
+    per_mesh = history.parallel["per_mesh"]
+    pushed_per_step = sum(m["pushed_bytes"] for m in per_mesh) / \
+        max(sum(m["steps"] for m in per_mesh), 1)
     classes = history.comm["classes"]
     cells = config.model.rows * config.model.cols
     steps = classes["reduce"]["messages"] / cells  # one REDUCE per cell and step
@@ -110,21 +101,6 @@ def run(trial: Trial) -> Record:
         "epoch_s": float(np.mean(spans)) * steps_per_epoch,
         "test_acc_per_epoch": [e.test_acc for e in history.epochs],
     }
-
-
-def push_bytes(config: Any) -> int:
-    """What one mesh's PUSH of a whole step weighs under `config`'s policy: header,
-    the four head values, the gradient as the policy encodes it."""
-    from meshdl.messages import HEADER_BYTES, ITEM_BYTES
-    from meshdl.model import param_shapes
-    from meshdl.payloads import PUSH_HEAD
-    from meshdl.server.parts import Part, part_codecs
-
-    codecs = part_codecs(config.mesh.compress, config.model)
-    if codecs is None:
-        values = sum(math.prod(s) for s in param_shapes(config.model).values())
-        return HEADER_BYTES + ITEM_BYTES * (PUSH_HEAD + values)
-    return HEADER_BYTES + ITEM_BYTES * PUSH_HEAD + codecs[Part.WHOLE].nbytes
 
 
 def add_costs(rows: list[Record], records: list[Record]) -> None:
