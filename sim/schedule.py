@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from meshdl.compress.activations import activation_compressor
-from meshdl.compress.compressors import Segment, parse_compressor
+from meshdl.compress.compressors import IntSum, Segment, parse_compressor
 from meshdl.compress.policy import model_segments
 from meshdl.compress.schedule import (
     ACTIVATIONS,
@@ -31,6 +31,7 @@ from meshdl.compress.schedule import (
     Option,
     Plan,
     StepModel,
+    Summed,
     calibrate_hops,
     greedy_plan,
     optimal_plan,
@@ -132,6 +133,8 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
     (`check`) simulated."""
     config = setting.config
     segments = model_segments(config.model)
+    summed_spec = next((c for c in candidates if isinstance(parse_compressor(c), IntSum)),
+                       None)
     dense_s, lead_s = simulated_wave_s(setting, "none", "float32")
     two_bit_s, _ = simulated_wave_s(setting, "2bit", "float32")
     # A compressor's operations: the encoding at one end, the decoding at the other
@@ -157,7 +160,8 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         setting.meshes, backhaul is not None and backhaul.bottleneck in
         ("channel", "server_port"), lead_s, True,
         0.0 if backhaul is None else _return_s(config, backhaul, setting.meshes),
-        forward_waves=waves, format_hops=format_hops)
+        forward_waves=waves, format_hops=format_hops,
+        summed=_summed(config, setting.data, summed_spec) if summed_spec else None)
     gradients = _gradients(config, setting.data)
     topology = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at).topology
     factor = tree_error_factor(list(topology.subtree_sizes.values()))
@@ -182,6 +186,7 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         "backhaul": None if backhaul is None else backhaul.name, "meshes": setting.meshes,
         "batch": config.train.batch, "max_error": max_error,
         "tree_error_factor": factor,
+        "summed": None if model.summed is None else model.summed._asdict(),
         "calibration": {"dense_wave_s": dense_s, "two_bit_wave_s": two_bit_s,
                         "critical_reduce_hops": format_hops, "head_lead_s": lead_s,
                         "activation_wave_s": waves},
@@ -238,6 +243,51 @@ def _gradients(config: RunConfig, data: Dataset, batches: int = 6
             out[segment.name].append(grads[at:at + segment.size].copy())
             at += segment.size
     return out
+
+
+def _summed(config: RunConfig, data: Dataset, spec: str, waves: int = 6) -> Summed:
+    """intsum measured in the in-process mesh on the seed network's first batches (the
+    initial weights, held still): the mean REDUCE payload and each conv layer's mean
+    relative error at the edge against the exact gradient, from the second wave on (the
+    first has no scale yet). As for the other options, the error is one compression's:
+    every node's residual is cleared before each wave, so that it holds the error of
+    quantizing each share once, not the earlier waves' rest that error feedback adds."""
+    from meshdl.sim.mesh import MeshEngine
+
+    model = _model(config, data)
+    engine = MeshEngine(data, config.mesh.edge_at, config.mesh.mesh_id,
+                        compress=spec)
+    central = CentralEngine(data)
+    conv = tuple(s for s in model_segments(config.model) if s.kind == "conv")
+    size = sum(s.size for s in conv)
+    batch, samples = config.train.batch, len(data.y_train)
+    errors: dict[str, list[float]] = {s.name: [] for s in conv}
+    try:
+        for wave in range(waves):
+            indices = np.arange(wave * batch, (wave + 1) * batch) % samples
+            for node in engine.mesh.nodes.values() if engine.mesh else ():
+                if node.sum_channel is not None:
+                    node.sum_channel.residual[:] = 0.0
+            got = engine.loss_and_grads(model, indices)[2][:size].copy()
+            exact = central.loss_and_grads(model, indices)[2][:size]
+            if wave == 0:
+                first = engine.report()["classes"]["reduce"]
+                continue
+            at = 0
+            for segment in conv:
+                part = slice(at, at + segment.size)
+                norm = float(np.linalg.norm(exact[part]))
+                if norm > 0:
+                    errors[segment.name].append(
+                        float(np.linalg.norm(got[part] - exact[part])) / norm)
+                at += segment.size
+        total = engine.report()["classes"]["reduce"]
+    finally:
+        engine.close()
+    messages = total["messages"] - first["messages"]
+    payload = (total["bytes"] - first["bytes"]) / max(messages, 1) - HEADER_BYTES
+    return Summed(payload, {name: float(np.mean(e)) if e else 0.0
+                            for name, e in errors.items()})
 
 
 def _model(config: RunConfig, data: Dataset) -> CNN:

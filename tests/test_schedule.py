@@ -102,7 +102,8 @@ def small_schedule():
     data = generate_lounge(config.data)
     setting = Setting(config, data, profile("802.15.4"), "shared", device("cortex-m4"),
                       device("pi4"), None, 1, 2, 0)
-    return schedule(setting, ("none", "fp16", "int8", "2bit", "ktopk", "powersgd:1"))
+    return schedule(setting, ("none", "fp16", "int8", "2bit", "ktopk", "powersgd:1",
+                              "intsum"))
 
 
 def test_predicted_and_simulated_step_times_agree_within_ten_percent(small_schedule):
@@ -120,6 +121,37 @@ def test_the_optimal_plan_simulates_no_slower_than_greedy_or_any_uniform_plan(
         assert best <= plan["simulated_step_s"] + 1e-9, name
     uniform_best = min(plans["uniform"].values(), key=lambda p: p["simulated_step_s"])
     assert plans["optimal"]["per_layer"] != uniform_best["per_layer"]
+
+
+def test_intsum_is_measured_in_the_mesh_and_offered_for_the_whole_reduce(small_schedule):
+    summed = small_schedule["summed"]
+    assert summed["payload_bytes"] > 0 and set(summed["error"]) == {"conv1", "conv2"}
+    rows = {(o["layer"], o["compressor"]): o for o in small_schedule["options"]}
+    assert rows["conv1", "intsum"]["bytes"] + rows["conv2", "intsum"]["bytes"] == \
+        pytest.approx(summed["payload_bytes"], abs=1)
+    assert rows["conv2", "intsum"]["error"] == summed["error"]["conv2"]
+    for plan in (small_schedule["plans"]["optimal"], small_schedule["plans"]["greedy"]):
+        conv = {plan["per_layer"][name] for name in ("conv1", "conv2")}
+        assert "intsum" not in conv or conv == {"intsum"}
+
+
+def test_a_plan_sums_every_conv_layer_in_the_network_or_none():
+    from meshdl.compress.schedule import Summed
+
+    link = Link(lambda n: 1e-3 * n, lambda ops: 0.0)
+    model = StepModel(SEGMENTS, link, 20.0, 10.0, summed=Summed(30.0, {"conv1": 0.1,
+                                                                        "conv2": 0.1}))
+    options = [Option(s.name, spec, nbytes, error, 0.0, 20.0 * link.message_s(nbytes), 0.0)
+               for s in SEGMENTS[:2]
+               for spec, nbytes, error in (("none", 4 * s.size, 0.0),
+                                           ("int8", 4 + s.size, 0.01),
+                                           ("intsum", 15, 0.1 if s.name == "conv1" else 0.9))]
+    # conv2's intsum is over the budget: conv1 may not take it alone.
+    for plan in (optimal_plan(options, model, 0.5), greedy_plan(options, model, 0.5)):
+        assert plan.per_layer["conv1"] != "intsum", plan
+    loose = optimal_plan(options, model, 1.0)
+    assert (loose.per_layer["conv1"], loose.per_layer["conv2"]) == ("intsum", "intsum")
+    assert loose.predicted_step_s < optimal_plan(options, model, 0.5).predicted_step_s
 
 
 def test_the_schedule_command_prints_the_options_and_the_three_kinds_of_plan(cli):

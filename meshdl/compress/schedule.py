@@ -23,7 +23,10 @@ relative L2 error it makes of one step's gradient (measured on gradients of the 
 network's first steps) is within `max_error` (error feedback makes every option
 unbiased over a run; the budget bounds how much of a step waits for later ones).
 
-The space is small (at most 8 compressors for each of the model's layers), so the
+The in-network sum (intsum) has no fixed size: its bytes and its error are measured in
+a few waves of the mesh (`Summed`), and it is the whole REDUCE's or no layer's.
+
+The space is small (at most 9 compressors for each of the model's layers), so the
 optimum is found exhaustively; greedy takes, layer by layer, the option of least time
 for that layer alone (its bytes' communication plus its compression), blind to the
 overlap and to the frames the layers share.
@@ -35,11 +38,13 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from meshdl.compress.codec import VectorCodec
-from meshdl.compress.compressors import Compressor, Segment, parse_compressor
+from meshdl.compress.compressors import Compressor, IntSum, Segment, parse_compressor
+from meshdl.compress.intsum import SumCodec
 from meshdl.messages import HEADER_BYTES, ITEM_BYTES
 from meshdl.payloads import PUSH_HEAD
 
@@ -50,7 +55,16 @@ FORMATS = ("float32", "fp16", "int8")
 # (Hylo's one kernel in 25) and everything at 1.9 (2-bit): 0.5 lies between.
 MAX_ERROR = 0.5
 CANDIDATES = ("none", "fp16", "int8", "2bit", "topk:0.1", "ktopk", "powersgd:1",
-              "powersgd:2")
+              "powersgd:2", "intsum")
+
+
+class Summed(NamedTuple):
+    """The in-network sum (intsum) as measured in a few waves of the mesh: its code's
+    size depends on the values (compress/intsum.py), so neither its bytes nor its error
+    follow from the compressor alone."""
+
+    payload_bytes: float  # mean REDUCE payload, every conv layer
+    error: dict[str, float]  # conv layer -> relative L2 error at the edge, per wave
 
 
 @dataclass(frozen=True)
@@ -95,10 +109,16 @@ class StepModel:
     # The REDUCE hops on the critical path under each format (they shift as the
     # forward pipeline does); `critical_hops` where a format has none.
     format_hops: dict[str, float] = field(default_factory=dict)
+    summed: Summed | None = None  # intsum's measured figures, None: not a candidate
 
     def reduce_hop_s(self, plan: dict[str, Compressor]) -> float:
-        """One REDUCE hop: the message's channel time and its encoding and decoding."""
+        """One REDUCE hop: the message's channel time and its encoding and decoding
+        (under intsum, of the mean payload measured)."""
         conv = [s for s in self.segments if s.kind == "conv"]
+        if self.summed is not None and all(isinstance(plan[s.name], IntSum) for s in conv):
+            summed = SumCodec(tuple(conv), tuple(plan[s.name].levels for s in conv))
+            return self.radio.message_s(HEADER_BYTES + round(self.summed.payload_bytes)) + \
+                self.radio.cpu_s(summed.operations)
         codec = VectorCodec(tuple(conv), tuple(plan[s.name] for s in conv))
         return self.radio.message_s(HEADER_BYTES + codec.nbytes) + \
             self.radio.cpu_s(codec.operations)
@@ -138,14 +158,21 @@ def option_table(segments: Sequence[Segment], candidates: Sequence[str],
                  tree_factor: float = 1.0) -> list[Option]:
     """Every (layer, compressor) that applies, with its bytes, error and times. A conv
     layer's error is one compression's times `tree_factor` (`tree_error_factor`): the
-    REDUCE is compressed again at every hop."""
+    REDUCE is compressed again at every hop. Under intsum (`model.summed`) bytes and
+    error are the measured ones: its payload shared among the conv layers as their
+    values are, and the error that reached the edge."""
     rows = []
+    conv_values = sum(s.size for s in segments if s.kind == "conv")
     for segment in segments:
         for spec in candidates:
             compressor = parse_compressor(spec)
             if not compressor.applies_to(segment):
                 continue
-            nbytes = compressor.nbytes(segment)
+            summed = isinstance(compressor, IntSum)
+            if summed and model.summed is None:
+                continue
+            nbytes = round(model.summed.payload_bytes * segment.size / conv_values) \
+                if summed and model.summed is not None else compressor.nbytes(segment)
             if segment.kind == "conv":
                 # On the critical path of the REDUCE, then (several meshes) the push.
                 hop = model.radio.message_s(nbytes)
@@ -161,9 +188,14 @@ def option_table(segments: Sequence[Segment], candidates: Sequence[str],
                 hidden = model.head_lead_s if model.overlap else 0.0
                 overlapped = min(communication + compression, hidden) \
                     if model.backhaul is not None else 0.0
-            error = relative_error(compressor, segment, gradients[segment.name])
-            if segment.kind == "conv" and not compressor.lossless:
-                error *= tree_factor
+            if summed and model.summed is not None:
+                error = model.summed.error[segment.name]
+                compression = model.critical_hops * model.radio.cpu_s(
+                    SumCodec((segment,), (compressor.levels,)).operations)
+            else:
+                error = relative_error(compressor, segment, gradients[segment.name])
+                if segment.kind == "conv" and not compressor.lossless:
+                    error *= tree_factor
             rows.append(Option(segment.name, spec, nbytes, error, compression,
                                communication, overlapped))
     return rows
@@ -213,6 +245,8 @@ def optimal_plan(options: Sequence[Option], model: StepModel, max_error: float) 
     names = list(allowed)
     for rank, combo in enumerate(itertools.product(*(allowed[n] for n in names))):
         choice = {n: o.compressor for n, o in zip(names, combo, strict=True)}
+        if not _whole_reduce(choice, model):
+            continue
         key = (round(model.predict(choice), 9), sum(o.bytes for o in combo),
                sum(o.error for o in combo), rank)
         if best is None or key < best:
@@ -224,10 +258,27 @@ def greedy_plan(options: Sequence[Option], model: StepModel, max_error: float) -
     """Each class alone: the allowed option of least communication plus compression
     time for that class (ties, as in the optimum, to fewer bytes, then less error)."""
     allowed = _allowed(options, max_error)
-    choice = {name: min(ops, key=lambda o: (round(o.communication_s + o.compression_s, 9),
-                                            o.bytes, o.error)).compressor
-              for name, ops in allowed.items()}
+
+    def best(ops: list[Option]) -> str:
+        return min(ops, key=lambda o: (round(o.communication_s + o.compression_s, 9),
+                                       o.bytes, o.error)).compressor
+
+    choice = {name: best(ops) for name, ops in allowed.items()}
+    if not _whole_reduce(choice, model):  # intsum for some conv layers: for none, then
+        choice = {name: best([o for o in ops if not _is_summed(o.compressor)])
+                  for name, ops in allowed.items()}
     return _plan(choice, model)
+
+
+def _is_summed(spec: str) -> bool:
+    return spec == "intsum" or spec.startswith("intsum:")
+
+
+def _whole_reduce(choice: dict[str, str], model: StepModel) -> bool:
+    """Is intsum every conv layer's choice or none's (the REDUCE is summed whole)?"""
+    conv = [_is_summed(choice.get(s.name, "none")) for s in model.segments
+            if s.kind == "conv"]
+    return all(conv) or not any(conv)
 
 
 def uniform_plans(candidates: Sequence[str], model: StepModel,
@@ -237,6 +288,8 @@ def uniform_plans(candidates: Sequence[str], model: StepModel,
     plans = {}
     for spec in candidates:
         compressor = parse_compressor(spec)
+        if isinstance(compressor, IntSum) and model.summed is None:
+            continue
         choice = {s.name: spec if compressor.applies_to(s) else "none"
                   for s in model.segments}
         if activations:
