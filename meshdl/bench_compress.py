@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from meshdl.compress.codec import Channel
+from meshdl.compress.intsum import SumChannel
 from meshdl.compress.policy import CompressionPolicy, model_segments, reduce_segments
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
@@ -23,21 +24,35 @@ from meshdl.model import CNN
 from meshdl.sim.mesh import MeshEngine
 from meshdl.training import normalization
 
-POLICIES = ("none", "hylo", "2bit", "int8", "topk:0.1", "powersgd:1")
+POLICIES = ("none", "hylo", "2bit", "int8", "topk:0.1", "powersgd:1", "intsum")
 
 
 def _codec_us(policy: CompressionPolicy, segments: tuple, repeats: int) -> float | None:
-    codec = policy.codec(segments)
-    if codec.lossless:
-        return None
-    channel = Channel(codec)
-    gradient = np.random.default_rng(0).standard_normal(codec.size).astype(np.float32)
+    """One sender's encoding and one receiver's decoding, or under intsum (a REDUCE)
+    one node's quantizing of its share, its encoding and the parent's decoding."""
+    summed = policy.sum_codec(segments)
+    if summed is not None:
+        sums = SumChannel(summed)
+        share = np.random.default_rng(0).standard_normal(summed.size).astype(np.float32)
+        scales = np.full(len(summed.parts), 0.5, np.float32)
+
+        def once() -> object:
+            return summed.decode(summed.encode(sums.quantize(share, scales)), 1)
+    else:
+        codec = policy.codec(segments)
+        if codec.lossless:
+            return None
+        channel = Channel(codec)
+        gradient = np.random.default_rng(0).standard_normal(codec.size).astype(np.float32)
+
+        def once() -> object:
+            return codec.decode(channel.send(gradient))
     for _ in range(3):
-        codec.decode(channel.send(gradient))
+        once()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        codec.decode(channel.send(gradient))
+        once()
         times.append(time.perf_counter() - start)
     return 1e6 * statistics.median(times)
 

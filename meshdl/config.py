@@ -141,7 +141,7 @@ class MeshConfig(_Strict):
     compress: str = Field(
         "none", max_length=512, description="gradient compression with error feedback, "
         "in the mesh's REDUCE and from each edge to the parameter server: none, hylo[:T], "
-        "NAME[:ARG] (fp16, int8, 2bit, topk, randk, ktopk, powersgd) or "
+        "NAME[:ARG] (fp16, int8, 2bit, topk, randk, ktopk, powersgd, intsum) or "
         "LAYER=NAME[:ARG],... (meshdl/compress)")
     activations: Literal["float32", "fp16", "int8"] = Field(
         "float32", description="forward activations between nodes (HALO, POOL, GATHER): "

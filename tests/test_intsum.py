@@ -91,10 +91,8 @@ def test_a_share_is_whole_numbers_of_the_scale_and_the_residual_keeps_the_rest()
     assert first.peaks[0] == pytest.approx(np.abs(own[CODEC.parts[0].values]).max())
     scales = first.peaks / np.array(CODEC.levels, np.float32)
     second = channel.quantize(np.zeros_like(own), scales)
-    per_value = np.concatenate([np.full(p.segment.size, scales[i])
-                                for i, p in enumerate(CODEC.parts)])
-    assert np.all(np.abs(second.ints) <= np.repeat(CODEC.levels, [p.segment.size for p in
-                                                                   CODEC.parts]))
+    per_value = CODEC.per_value(scales)
+    assert np.all(np.abs(second.ints) <= CODEC.per_value(np.array(CODEC.levels)))
     np.testing.assert_allclose(second.ints * per_value + channel.residual, own, atol=1e-6)
     assert np.all(np.abs(channel.residual) <= per_value / 2 + 1e-6)
 
@@ -136,8 +134,7 @@ def test_the_edge_sends_the_scales_it_learnt_and_gets_the_exact_sum_of_the_share
     exact = central.loss_and_grads(model, np.arange(4, 8))[2][:conv]
     sent = sum(before[n.cell].astype(np.float64) - n.sum_channel.residual for n in nodes)
     np.testing.assert_allclose(grads[:conv], sent + exact, rtol=1e-4, atol=1e-6)
-    per_value = np.concatenate([np.full(p.segment.size, learnt[i])
-                                for i, p in enumerate(spec.reduce_sum.parts)])
+    per_value = spec.reduce_sum.per_value(learnt)
     whole = grads[:conv] / np.where(per_value > 0, per_value, 1)
     np.testing.assert_allclose(whole, np.rint(whole), atol=1e-3)  # whole numbers
 
@@ -175,6 +172,9 @@ def test_intsum_is_for_every_conv_layer_or_none_and_hylo_sums_the_reduce():
         CompressionPolicy.parse("fc1=intsum", CONFIG)
     with pytest.raises(UsageError):
         CompressionPolicy.parse("intsum:0", CONFIG)
+    wide = ModelConfig(rows=4, cols=5, kernel=3, filters=64, conv_layers=2, hidden=8)
+    with pytest.raises(UsageError, match="at most 30,000"):
+        CompressionPolicy.parse("intsum", wide)  # conv2: 64 x 64 x 9 weights
     hylo = CompressionPolicy.parse("hylo:4", CONFIG)
     assert hylo.describe_reduce == {"conv1": "intsum:7", "conv2": "intsum:7"}
     assert hylo.describe["conv2"].startswith("ktopk")  # Hylo's rule: the PUSH

@@ -35,6 +35,9 @@ from meshdl.compress import kernels
 from meshdl.compress.compressors import Segment, bad_payload
 
 LAYER_HEAD = np.dtype([("peak", "<f4"), ("p", "u1"), ("nbytes", "<u2")])
+# A layer's code must fit its uint16 byte count whatever the values: at most 17 bits a
+# value (the Rice parameter that needs no quotient, up to 2^16 cells), so 30,000 values.
+MAX_LAYER_VALUES = 30_000
 
 
 class SumShare(NamedTuple):
@@ -46,6 +49,8 @@ class SumShare(NamedTuple):
 
 
 class LayerPart(NamedTuple):
+    """One conv layer of the sum: its values' place in the vector, its share's levels."""
+
     segment: Segment
     levels: int
     values: slice
@@ -70,10 +75,16 @@ class SumCodec:
     def size(self) -> int:
         return sum(s.size for s in self.segments)
 
-    @cached_property
-    def per_value_levels(self) -> np.ndarray:
-        return np.concatenate([np.full(p.segment.size, p.levels, np.float32)
-                               for p in self.parts])
+    def __post_init__(self) -> None:
+        for segment in self.segments:
+            if segment.size > MAX_LAYER_VALUES:
+                raise ValueError(f"intsum: {segment.name} has {segment.size} values, more "
+                                 f"than a REDUCE's layer code holds ({MAX_LAYER_VALUES})")
+
+    def per_value(self, per_layer: np.ndarray) -> np.ndarray:
+        """One figure per layer (a scale) spread over the layer's values."""
+        return np.repeat(per_layer.astype(np.float32, copy=False),
+                         [p.segment.size for p in self.parts])
 
     @cached_property
     def operations(self) -> int:
@@ -169,9 +180,7 @@ class SharedScales:
 
     def gradient(self, share: SumShare, scales: np.ndarray) -> np.ndarray:
         """float32 conv gradients of `share`, summed under `scales` (the wave's)."""
-        per_value = np.concatenate([np.full(p.segment.size, scales[i], np.float32)
-                                    for i, p in enumerate(self.codec.parts)])
-        return share.ints.astype(np.float32) * per_value
+        return share.ints.astype(np.float32) * self.codec.per_value(scales)
 
     def learn(self, peaks: np.ndarray) -> None:
         """Scales for the next wave: every node's share then fits in its levels (a

@@ -46,7 +46,7 @@ from meshdl.compress.compressors import (
     TwoBit,
     parse_compressor,
 )
-from meshdl.compress.intsum import SumCodec
+from meshdl.compress.intsum import MAX_LAYER_VALUES, SumCodec
 from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
 from meshdl.model import param_shapes
@@ -108,6 +108,11 @@ class CompressionPolicy:
                 raise UsageError(f"--compress: {compressor.spec} does not apply to "
                                  f"{segment.name} (a {segment.kind} layer)")
         summed = [s.name for s in segments if isinstance(chosen.get(s.name), IntSum)]
+        too_large = [s.name for s in segments if s.name in summed and
+                     s.size > MAX_LAYER_VALUES]
+        if too_large:
+            raise UsageError(f"--compress: intsum sums layers of at most {MAX_LAYER_VALUES:,} "
+                             f"values ({', '.join(too_large)} has more)")
         conv = [s.name for s in segments if s.kind == "conv"]
         if summed and summed != conv:
             raise UsageError(f"--compress: intsum sums the REDUCE in the network, so it is "
