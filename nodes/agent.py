@@ -484,8 +484,11 @@ class NodeMachine(BestEffortNode):
                 shape[:2] == (expect.rows, expect.channels) and \
                 1 <= shape[2] <= self.spec.max_batch
         if expect.role == Role.PARTIAL_GRADIENTS:
-            if self.spec.reduce_sum is not None:  # sizes vary: read_reduce bounds them
-                return h.dtype == BYTES and len(shape) == 1
+            summed = self.spec.reduce_sum
+            if summed is not None:  # its size depends on its values, up to a bound
+                cells = self.spec.topology.subtree_sizes.get(h.src, 0)
+                return h.dtype == BYTES and len(shape) == 1 and \
+                    shape[0] <= summed.max_nbytes(cells)
             codec = self.spec.reduce_codec
             if codec is not None:
                 return h.dtype == BYTES and shape == (codec.nbytes,)

@@ -133,8 +133,8 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
     (`check`) simulated."""
     config = setting.config
     segments = model_segments(config.model)
-    summed_spec = next((c for c in candidates if isinstance(parse_compressor(c), IntSum)),
-                       None)
+    summed_specs = [parse_compressor(c).spec for c in candidates
+                    if isinstance(parse_compressor(c), IntSum)]
     dense_s, lead_s = simulated_wave_s(setting, "none", "float32")
     two_bit_s, _ = simulated_wave_s(setting, "2bit", "float32")
     # A compressor's operations: the encoding at one end, the decoding at the other
@@ -161,7 +161,7 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         ("channel", "server_port"), lead_s, True,
         0.0 if backhaul is None else _return_s(config, backhaul, setting.meshes),
         forward_waves=waves, format_hops=format_hops,
-        summed=_summed(config, setting.data, summed_spec) if summed_spec else None)
+        summed={spec: _summed(config, setting.data, spec) for spec in summed_specs})
     gradients = _gradients(config, setting.data)
     topology = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at).topology
     factor = tree_error_factor(list(topology.subtree_sizes.values()))
@@ -186,7 +186,7 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         "backhaul": None if backhaul is None else backhaul.name, "meshes": setting.meshes,
         "batch": config.train.batch, "max_error": max_error,
         "tree_error_factor": factor,
-        "summed": None if model.summed is None else model.summed._asdict(),
+        "summed": {spec: figures._asdict() for spec, figures in model.summed.items()},
         "calibration": {"dense_wave_s": dense_s, "two_bit_wave_s": two_bit_s,
                         "critical_reduce_hops": format_hops, "head_lead_s": lead_s,
                         "activation_wave_s": waves},

@@ -124,7 +124,7 @@ def test_the_optimal_plan_simulates_no_slower_than_greedy_or_any_uniform_plan(
 
 
 def test_intsum_is_measured_in_the_mesh_and_offered_for_the_whole_reduce(small_schedule):
-    summed = small_schedule["summed"]
+    summed = small_schedule["summed"]["intsum"]
     assert summed["payload_bytes"] > 0 and set(summed["error"]) == {"conv1", "conv2"}
     rows = {(o["layer"], o["compressor"]): o for o in small_schedule["options"]}
     assert rows["conv1", "intsum"]["bytes"] + rows["conv2", "intsum"]["bytes"] == \
@@ -139,8 +139,8 @@ def test_a_plan_sums_every_conv_layer_in_the_network_or_none():
     from meshdl.compress.schedule import Summed
 
     link = Link(lambda n: 1e-3 * n, lambda ops: 0.0)
-    model = StepModel(SEGMENTS, link, 20.0, 10.0, summed=Summed(30.0, {"conv1": 0.1,
-                                                                        "conv2": 0.1}))
+    model = StepModel(SEGMENTS, link, 20.0, 10.0,
+                      summed={"intsum": Summed(30.0, {"conv1": 0.1, "conv2": 0.1})})
     options = [Option(s.name, spec, nbytes, error, 0.0, 20.0 * link.message_s(nbytes), 0.0)
                for s in SEGMENTS[:2]
                for spec, nbytes, error in (("none", 4 * s.size, 0.0),
@@ -152,6 +152,14 @@ def test_a_plan_sums_every_conv_layer_in_the_network_or_none():
     loose = optimal_plan(options, model, 1.0)
     assert (loose.per_layer["conv1"], loose.per_layer["conv2"]) == ("intsum", "intsum")
     assert loose.predicted_step_s < optimal_plan(options, model, 0.5).predicted_step_s
+    # With more levels conv2 is within the budget: both layers take them, one sum.
+    finer = StepModel(SEGMENTS, link, 20.0, 10.0, summed={
+        "intsum": Summed(30.0, {"conv1": 0.1, "conv2": 0.9}),
+        "intsum:15": Summed(40.0, {"conv1": 0.05, "conv2": 0.3})})
+    options += [Option(s.name, "intsum:15", 20, 0.3, 0.0, 20.0 * link.message_s(20), 0.0)
+                for s in SEGMENTS[:2]]
+    plan = optimal_plan(options, finer, 0.5)
+    assert (plan.per_layer["conv1"], plan.per_layer["conv2"]) == ("intsum:15", "intsum:15")
 
 
 def test_the_schedule_command_prints_the_options_and_the_three_kinds_of_plan(cli):

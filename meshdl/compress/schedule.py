@@ -55,7 +55,7 @@ FORMATS = ("float32", "fp16", "int8")
 # (Hylo's one kernel in 25) and everything at 1.9 (2-bit): 0.5 lies between.
 MAX_ERROR = 0.5
 CANDIDATES = ("none", "fp16", "int8", "2bit", "topk:0.1", "ktopk", "powersgd:1",
-              "powersgd:2", "intsum")
+              "powersgd:2", "intsum", "intsum:15")
 
 
 class Summed(NamedTuple):
@@ -109,16 +109,19 @@ class StepModel:
     # The REDUCE hops on the critical path under each format (they shift as the
     # forward pipeline does); `critical_hops` where a format has none.
     format_hops: dict[str, float] = field(default_factory=dict)
-    summed: Summed | None = None  # intsum's measured figures, None: not a candidate
+    # intsum's measured figures per candidate spec ("intsum", "intsum:15", ...).
+    summed: dict[str, Summed] = field(default_factory=dict)
 
     def reduce_hop_s(self, plan: dict[str, Compressor]) -> float:
         """One REDUCE hop: the message's channel time and its encoding and decoding
         (under intsum, of the mean payload measured)."""
         conv = [s for s in self.segments if s.kind == "conv"]
-        if self.summed is not None and all(isinstance(plan[s.name], IntSum) for s in conv):
-            summed = SumCodec(tuple(conv), tuple(plan[s.name].levels for s in conv))
-            return self.radio.message_s(HEADER_BYTES + round(self.summed.payload_bytes)) + \
-                self.radio.cpu_s(summed.operations)
+        summed = self.summed.get(plan[conv[0].name].spec) if conv else None
+        if summed is not None and all(plan[s.name].spec == plan[conv[0].name].spec
+                                      for s in conv):
+            codec = SumCodec(tuple(conv), tuple(plan[s.name].levels for s in conv))
+            return self.radio.message_s(HEADER_BYTES + round(summed.payload_bytes)) + \
+                self.radio.cpu_s(codec.operations)
         codec = VectorCodec(tuple(conv), tuple(plan[s.name] for s in conv))
         return self.radio.message_s(HEADER_BYTES + codec.nbytes) + \
             self.radio.cpu_s(codec.operations)
@@ -168,11 +171,12 @@ def option_table(segments: Sequence[Segment], candidates: Sequence[str],
             compressor = parse_compressor(spec)
             if not compressor.applies_to(segment):
                 continue
-            summed = isinstance(compressor, IntSum)
-            if summed and model.summed is None:
-                continue
-            nbytes = round(model.summed.payload_bytes * segment.size / conv_values) \
-                if summed and model.summed is not None else compressor.nbytes(segment)
+            summed = model.summed.get(compressor.spec) if isinstance(compressor, IntSum) \
+                else None
+            if isinstance(compressor, IntSum) and summed is None:
+                continue  # not measured: no figures to plan with
+            nbytes = compressor.nbytes(segment) if summed is None else \
+                round(summed.payload_bytes * segment.size / conv_values)
             if segment.kind == "conv":
                 # On the critical path of the REDUCE, then (several meshes) the push.
                 hop = model.radio.message_s(nbytes)
@@ -188,8 +192,8 @@ def option_table(segments: Sequence[Segment], candidates: Sequence[str],
                 hidden = model.head_lead_s if model.overlap else 0.0
                 overlapped = min(communication + compression, hidden) \
                     if model.backhaul is not None else 0.0
-            if summed and model.summed is not None:
-                error = model.summed.error[segment.name]
+            if summed is not None:
+                error = summed.error[segment.name]
                 compression = model.critical_hops * model.radio.cpu_s(
                     SumCodec((segment,), (compressor.levels,)).operations)
             else:
@@ -275,10 +279,11 @@ def _is_summed(spec: str) -> bool:
 
 
 def _whole_reduce(choice: dict[str, str], model: StepModel) -> bool:
-    """Is intsum every conv layer's choice or none's (the REDUCE is summed whole)?"""
-    conv = [_is_summed(choice.get(s.name, "none")) for s in model.segments
-            if s.kind == "conv"]
-    return all(conv) or not any(conv)
+    """Is one intsum every conv layer's choice, or none's (the REDUCE is summed whole,
+    and its bytes were measured for one level count on every layer)?"""
+    conv = [choice.get(s.name, "none") for s in model.segments if s.kind == "conv"]
+    summed = [_is_summed(spec) for spec in conv]
+    return not any(summed) or (all(summed) and len(set(conv)) == 1)
 
 
 def uniform_plans(candidates: Sequence[str], model: StepModel,
@@ -288,7 +293,7 @@ def uniform_plans(candidates: Sequence[str], model: StepModel,
     plans = {}
     for spec in candidates:
         compressor = parse_compressor(spec)
-        if isinstance(compressor, IntSum) and model.summed is None:
+        if isinstance(compressor, IntSum) and compressor.spec not in model.summed:
             continue
         choice = {s.name: spec if compressor.applies_to(s) else "none"
                   for s in model.segments}
