@@ -201,10 +201,11 @@ def test_impossible_compressors_are_named_errors(spec, says):
 def test_policies_choose_per_layer():
     model = ModelConfig()
     hylo = CompressionPolicy.parse("hylo", model)
-    # Above 16 parameters: conv layers send 16 values' worth of kernels (one of 5, one
-    # of 25), fc layers 2 bits a value.
-    assert hylo.describe == {"conv1": "ktopk:0.2", "conv2": "ktopk:0.04", "fc1": "2bit",
+    # Above 64 parameters: conv layers send 64 values' worth of kernels (conv1, 50
+    # values, goes dense; 6 of conv2's 25 kernels), fc layers 2 bits a value.
+    assert hylo.describe == {"conv1": "none", "conv2": "ktopk:0.24", "fc1": "2bit",
                              "fc2": "2bit"}
+    assert CompressionPolicy.parse("hylo:16", model).describe["conv2"] == "ktopk:0.04"
     assert CompressionPolicy.parse("hylo:100", model).describe["conv1"] == "none"
     assert CompressionPolicy.parse("hylo:100", model).describe["conv2"] == "ktopk:0.4"
     uniform = CompressionPolicy.parse("ktopk", model).describe
