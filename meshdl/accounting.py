@@ -146,6 +146,21 @@ class Ledger:
                 DTYPES[dtype].itemsize * values
         return figures
 
+    def sent_by(self, kind: Kind) -> dict[Cell, tuple[int, int]]:
+        """Bytes and messages of one kind each party has sent so far: the per-sender
+        view the report leaves out (`meshdl schedule` weighs intsum's REDUCE, whose size
+        grows towards the root, along the tree)."""
+        self.tally()
+        self._end_wave()
+        self._fold()
+        out: dict[Cell, tuple[int, int]] = {}
+        for (src, _, k, _, _, shape, dtype), sent in self._totals.items():
+            if k == kind:
+                size = self.spec.overhead(kind) + DTYPES[dtype].itemsize * math.prod(shape)
+                nbytes, messages = out.get(src, (0, 0))
+                out[src] = (nbytes + size * sent, messages + sent)
+        return out
+
     def report(self) -> dict[str, Any]:
         """The "comm" record of metrics.json (wave timing is added by the transport)."""
         self.tally()

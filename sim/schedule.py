@@ -21,7 +21,7 @@ import numpy as np
 
 from meshdl.compress.activations import activation_compressor
 from meshdl.compress.compressors import IntSum, Segment, parse_compressor
-from meshdl.compress.policy import model_segments
+from meshdl.compress.policy import CompressionPolicy, model_segments
 from meshdl.compress.schedule import (
     ACTIVATIONS,
     CANDIDATES,
@@ -42,7 +42,7 @@ from meshdl.compress.schedule import (
 )
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
-from meshdl.messages import HEADER_BYTES
+from meshdl.messages import HEADER_BYTES, Kind
 from meshdl.model import CNN
 from meshdl.protocol import MeshSpec
 from meshdl.sim.backhaul import BackhaulProfile
@@ -81,6 +81,9 @@ def simulated_wave_s(setting: Setting, compress: str, activations: str) -> tuple
                        params_via="tree" if setting.medium == "shared" else "broadcast",
                        compress=compress, activations=activations, paired_backoffs=True)
     batch, spans, leads = config.train.batch, [], []
+    if CompressionPolicy.parse(compress, config.model).summed:
+        # intsum's first wave has no scale yet (every REDUCE all zeros): not timed.
+        engine.loss_and_grads(model, np.arange(batch))
     for wave in range(setting.waves):
         engine.loss_and_grads(model, np.arange(wave * batch, (wave + 1) * batch))
         shape = engine.last_wave_shape
@@ -161,7 +164,9 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         ("channel", "server_port"), lead_s, True,
         0.0 if backhaul is None else _return_s(config, backhaul, setting.meshes),
         forward_waves=waves, format_hops=format_hops,
-        summed={spec: _summed(config, setting.data, spec) for spec in summed_specs})
+        summed={spec: _summed(config, setting.data, spec) for spec in summed_specs},
+        summed_waves={spec: {fmt: simulated_wave_s(setting, spec, fmt)[0] for fmt in FORMATS}
+                      for spec in summed_specs})
     gradients = _gradients(config, setting.data)
     topology = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at).topology
     factor = tree_error_factor(list(topology.subtree_sizes.values()))
@@ -186,6 +191,7 @@ def schedule(setting: Setting, candidates: tuple[str, ...] = CANDIDATES,
         "backhaul": None if backhaul is None else backhaul.name, "meshes": setting.meshes,
         "batch": config.train.batch, "max_error": max_error,
         "tree_error_factor": factor,
+        "summed_wave_s": model.summed_waves,
         "summed": {spec: figures._asdict() for spec, figures in model.summed.items()},
         "calibration": {"dense_wave_s": dense_s, "two_bit_wave_s": two_bit_s,
                         "critical_reduce_hops": format_hops, "head_lead_s": lead_s,
@@ -271,7 +277,7 @@ def _summed(config: RunConfig, data: Dataset, spec: str, waves: int = 6) -> Summ
             got = engine.loss_and_grads(model, indices)[2][:size].copy()
             exact = central.loss_and_grads(model, indices)[2][:size]
             if wave == 0:
-                first = engine.report()["classes"]["reduce"]
+                first = engine.mesh.ledger.sent_by(Kind.REDUCE)
                 continue
             at = 0
             for segment in conv:
@@ -281,13 +287,22 @@ def _summed(config: RunConfig, data: Dataset, spec: str, waves: int = 6) -> Summ
                     errors[segment.name].append(
                         float(np.linalg.norm(got[part] - exact[part])) / norm)
                 at += segment.size
-        total = engine.report()["classes"]["reduce"]
+        total = engine.mesh.ledger.sent_by(Kind.REDUCE)
+        topology = engine.spec_for(model).topology
     finally:
         engine.close()
-    messages = total["messages"] - first["messages"]
-    payload = (total["bytes"] - first["bytes"]) / max(messages, 1) - HEADER_BYTES
+    sent = {cell: (nbytes - first[cell][0], messages - first[cell][1])
+            for cell, (nbytes, messages) in total.items()}
+    messages = sum(m for _, m in sent.values())
+    payload = sum(b for b, _ in sent.values()) / max(messages, 1) - HEADER_BYTES
+    # The longest path, root first: the hops a wave's REDUCE ends with.
+    cell = max(topology.subtree_sizes, key=lambda c: (topology.depth[c], c))
+    path = []
+    while cell in sent:
+        path.append(sent[cell][0] / max(sent[cell][1], 1) - HEADER_BYTES)
+        cell = topology.parent[cell]
     return Summed(payload, {name: float(np.mean(e)) if e else 0.0
-                            for name, e in errors.items()})
+                            for name, e in errors.items()}, tuple(reversed(path)))
 
 
 def _model(config: RunConfig, data: Dataset) -> CNN:

@@ -65,6 +65,14 @@ class Summed(NamedTuple):
 
     payload_bytes: float  # mean REDUCE payload, every conv layer
     error: dict[str, float]  # conv layer -> relative L2 error at the edge, per wave
+    # Mean payload of each hop of the tree's longest path, from the root's down: sums
+    # grow towards the root, and the hops on a wave's critical path are the last ones.
+    path_bytes: tuple[float, ...] = ()
+
+    def critical_bytes(self, hops: float) -> float:
+        """Mean payload of the last `hops` hops into the edge (all: the mean)."""
+        last = self.path_bytes[:max(1, round(hops))]
+        return float(np.mean(last)) if last else self.payload_bytes
 
 
 @dataclass(frozen=True)
@@ -109,18 +117,30 @@ class StepModel:
     # The REDUCE hops on the critical path under each format (they shift as the
     # forward pipeline does); `critical_hops` where a format has none.
     format_hops: dict[str, float] = field(default_factory=dict)
-    # intsum's measured figures per candidate spec ("intsum", "intsum:15", ...).
+    # intsum's measured figures per candidate spec ("intsum", "intsum:15", ...), and
+    # its simulated training wave under each forward format: PARAMS carries the scales,
+    # and on a shared radio those few bytes more reorder the whole forward pipeline
+    # (BLE: 2.3 s more of a 27 s forward wave), which no per-hop sum foresees.
     summed: dict[str, Summed] = field(default_factory=dict)
+    summed_waves: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def reduce_hop_s(self, plan: dict[str, Compressor]) -> float:
+    def summed_spec(self, plan: dict[str, Compressor]) -> str | None:
+        """The intsum spec every conv layer of `plan` takes, if one does."""
+        specs = {plan[s.name].spec for s in self.segments if s.kind == "conv"}
+        spec = specs.pop() if len(specs) == 1 else None
+        return spec if spec in self.summed else None
+
+    def reduce_hop_s(self, plan: dict[str, Compressor], hops: float | None = None) -> float:
         """One REDUCE hop: the message's channel time and its encoding and decoding
-        (under intsum, of the mean payload measured)."""
+        (under intsum, of the payload measured on the last `hops` hops into the edge).
+        """
         conv = [s for s in self.segments if s.kind == "conv"]
-        summed = self.summed.get(plan[conv[0].name].spec) if conv else None
-        if summed is not None and all(plan[s.name].spec == plan[conv[0].name].spec
-                                      for s in conv):
+        spec = self.summed_spec(plan)
+        if spec is not None:
+            summed = self.summed[spec]
             codec = SumCodec(tuple(conv), tuple(plan[s.name].levels for s in conv))
-            return self.radio.message_s(HEADER_BYTES + round(summed.payload_bytes)) + \
+            payload = summed.critical_bytes(self.critical_hops if hops is None else hops)
+            return self.radio.message_s(HEADER_BYTES + round(payload)) + \
                 self.radio.cpu_s(codec.operations)
         codec = VectorCodec(tuple(conv), tuple(plan[s.name] for s in conv))
         return self.radio.message_s(HEADER_BYTES + codec.nbytes) + \
@@ -145,7 +165,10 @@ class StepModel:
         fmt = choice.get(ACTIVATIONS, "float32")
         forward = self.forward_waves.get(fmt, self.dense_wave_s)
         hops = self.format_hops.get(fmt, self.critical_hops)
-        wave = forward - hops * (self.reduce_hop_s(dense) - self.reduce_hop_s(plan))
+        wave = forward - hops * (self.reduce_hop_s(dense) - self.reduce_hop_s(plan, hops))
+        summed = self.summed_spec(plan)
+        if summed is not None and fmt in self.summed_waves.get(summed, {}):
+            wave = self.summed_waves[summed][fmt]  # measured, as the formats' are
         if self.backhaul is None:
             return wave
         head, conv = self.push_s(plan, "fc"), self.push_s(plan, "conv")
@@ -178,8 +201,10 @@ def option_table(segments: Sequence[Segment], candidates: Sequence[str],
             nbytes = compressor.nbytes(segment) if summed is None else \
                 round(summed.payload_bytes * segment.size / conv_values)
             if segment.kind == "conv":
-                # On the critical path of the REDUCE, then (several meshes) the push.
-                hop = model.radio.message_s(nbytes)
+                # On the critical path of the REDUCE, then (several meshes) the push;
+                # intsum's sums are larger there than on average.
+                hop = model.radio.message_s(nbytes if summed is None else round(
+                    summed.critical_bytes(model.critical_hops) * segment.size / conv_values))
                 communication = model.critical_hops * hop
                 compression = model.critical_hops * model.radio.cpu_s(
                     compressor.operations(segment))
