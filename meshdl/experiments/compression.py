@@ -26,7 +26,7 @@ import numpy as np
 from meshdl.experiments.runner import Record, Trial
 from meshdl.plots import pyplot, save_png
 
-POLICIES = ("none", "hylo", "2bit", "none/int8")
+POLICIES = ("none", "hylo", "intsum", "plan", "none/int8")
 FIGURES = ("test_acc", "train_loss", "accuracy_cost", "reduce_bytes_per_step",
            "push_bytes_per_step", "gradient_bytes_per_step", "gradient_ratio",
            "forward_bytes_per_step", "mesh_bytes_per_step", "step_s", "epoch_s")
