@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from meshdl import CNN, ModelConfig
+from meshdl.data import Dataset
+
 # A small mesh file (the run configuration TOML): 3 x 4 cells, mesh 7, edge at (0, 0).
 SMALL_MESH_TOML = """\
 [model]
@@ -23,3 +28,19 @@ def assert_one_line_error(code: int, err: str, expected_code: int, *needles: str
     assert "Traceback" not in err
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def noise_dataset(config: ModelConfig, samples: int = 24) -> Dataset:
+    """Random maps around 20 degrees with random labels, on `config`'s grid (its first 4
+    are also the test split): enough for gradients, not for learning."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(20.0, 3.0, (samples, config.rows, config.cols)).astype(np.float32)
+    y = rng.integers(0, 2, samples)
+    return Dataset(X, y, X[:4], y[:4], {})
+
+
+def normalized_model(config: ModelConfig) -> CNN:
+    """A seeded model normalizing inputs as `noise_dataset`'s."""
+    model = CNN(config, seed=3)
+    model.set_normalization(20.0, 3.0)
+    return model

@@ -39,21 +39,17 @@ from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.faults import Chaos
 from meshdl.sim.mesh import MeshEngine
 from meshdl.training import CentralEngine
+from tests.helpers import noise_dataset, normalized_model
 
 CONFIG = ModelConfig(rows=4, cols=5, kernel=3, filters=2, hidden=8)
 
 
 def _data(samples: int = 24) -> Dataset:
-    rng = np.random.default_rng(1)
-    X = rng.normal(20.0, 3.0, (samples, CONFIG.rows, CONFIG.cols)).astype(np.float32)
-    y = rng.integers(0, 2, samples)
-    return Dataset(X, y, X[:4], y[:4], {})
+    return noise_dataset(CONFIG, samples)
 
 
 def _model() -> CNN:
-    model = CNN(CONFIG, seed=3)
-    model.set_normalization(20.0, 3.0)
-    return model
+    return normalized_model(CONFIG)
 
 
 @pytest.mark.parametrize("spec", ["2bit", "int8", "topk:0.2", "ktopk", "powersgd",

@@ -18,6 +18,7 @@ from meshdl.messages import FLOAT32, CodecError, CodecReason, Kind, make
 from meshdl.protocol import MeshSpec
 from meshdl.sim.mesh import MeshEngine
 from meshdl.training import CentralEngine
+from tests.helpers import noise_dataset, normalized_model
 
 CONFIG = ModelConfig(rows=4, cols=5, kernel=3, filters=2, hidden=8)
 SEGMENTS = reduce_segments(CONFIG)
@@ -98,16 +99,11 @@ def test_a_share_is_whole_numbers_of_the_scale_and_the_residual_keeps_the_rest()
 
 
 def _data(samples: int = 24) -> Dataset:
-    rng = np.random.default_rng(1)
-    X = rng.normal(20.0, 3.0, (samples, CONFIG.rows, CONFIG.cols)).astype(np.float32)
-    y = rng.integers(0, 2, samples)
-    return Dataset(X, y, X[:4], y[:4], {})
+    return noise_dataset(CONFIG, samples)
 
 
 def _model() -> CNN:
-    model = CNN(CONFIG, seed=3)
-    model.set_normalization(20.0, 3.0)
-    return model
+    return normalized_model(CONFIG)
 
 
 @pytest.mark.parametrize("wire", [False, True], ids=["objects", "bytes"])
