@@ -35,9 +35,10 @@ from meshdl.compress import kernels
 from meshdl.compress.compressors import Segment, bad_payload
 
 LAYER_HEAD = np.dtype([("peak", "<f4"), ("p", "u1"), ("nbytes", "<u2")])
-# A layer's code must fit its uint16 byte count whatever the values: at most 17 bits a
-# value (the Rice parameter that needs no quotient, up to 2^16 cells), so 30,000 values.
-MAX_LAYER_VALUES = 30_000
+# A layer's code must fit its uint16 byte count whatever the values: the sender's best
+# Rice parameter writes no more than the largest one (31: one bit of quotient's end and
+# 31 of remainder a value, for any sum an int32 holds), so 16,000 values.
+MAX_LAYER_VALUES = 16_000
 
 
 class SumShare(NamedTuple):

@@ -96,7 +96,7 @@ def ternary_encode(values: np.ndarray, scale: float, draws: np.ndarray, packed: 
 # from the low end of each byte. Golomb-Rice: the code of a geometric source, and a few
 # lines to decode on a microcontroller.
 
-RICE_MAX_P = 15
+RICE_MAX_P = 31  # no quotient at all for any sum below 2^31
 
 
 @njit(**_JIT)
