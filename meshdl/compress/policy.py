@@ -144,7 +144,7 @@ class CompressionPolicy:
         """Conv layer -> how the REDUCE carries it (intsum:L, or the per-hop spec)."""
         levels = dict(self.summed)
         return {name: f"intsum:{levels[name]}" if name in levels else c.spec
-                for name, c in self.by_layer if name in _conv_names(self)}
+                for name, c in self.by_layer if name.startswith("conv")}  # model_segments
 
     @cached_property
     def describe(self) -> dict[str, str]:
@@ -160,11 +160,6 @@ def hylo(segments: tuple[Segment, ...], threshold: int = HYLO_THRESHOLD
     return {s.name: KernelTopK(max(1, threshold * s.kernels // s.size) / s.kernels)
             if s.kind == "conv" else TwoBit()
             for s in segments if s.size > threshold}
-
-
-def _conv_names(policy: CompressionPolicy) -> set[str]:
-    return {name for name, _ in policy.summed} | \
-        {name for name, _ in policy.by_layer if name.startswith("conv")}
 
 
 def _threshold(spec: str) -> int:
