@@ -14,10 +14,12 @@ import hashlib
 import json
 import shutil
 import signal
+import socket
 import ssl
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import aiomqtt
@@ -322,6 +324,22 @@ def _self_signed(tls_dir: Path) -> None:
     shutil.copy(tls_dir / "server.crt", tls_dir / "ca.crt")
 
 
+def _wait_for_tls(port: int, tls: ssl.SSLContext, timeout: float) -> None:
+    """Until a TLS handshake on `port` succeeds, then close it properly: a bare TCP
+    probe would make the broker log an OpenSSL error (an EOF inside the handshake)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as raw, \
+                    tls.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+                sock.unwrap()  # close_notify: an orderly end for the broker
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_production_config_starts_with_tls_and_logins(cli, mesh_file, tmp_path) -> None:
     binary = mosquitto_binary()
     mosquitto_binary("mosquitto_passwd")
@@ -339,10 +357,10 @@ def test_production_config_starts_with_tls_and_logins(cli, mesh_file, tmp_path) 
     with open(log, "wb") as log_fh:
         process = subprocess.Popen([binary, "-c", str(conf)], stdout=log_fh,
                                    stderr=subprocess.STDOUT)
+    tls = ssl.create_default_context(cafile=str(tmp_path / "meshdl" / "tls" / "ca.crt"))
     try:
-        wait_for_port("127.0.0.1", tls_port, timeout=10, process=process)
         wait_for_port("127.0.0.1", local_port, timeout=10, process=process)
-        tls = ssl.create_default_context(cafile=str(tmp_path / "meshdl" / "tls" / "ca.crt"))
+        _wait_for_tls(tls_port, tls, timeout=10)
 
         async def check() -> None:
             # TLS: the certificate verifies, the edge logs in and may publish its alerts.
