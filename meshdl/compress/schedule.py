@@ -26,7 +26,7 @@ unbiased over a run; the budget bounds how much of a step waits for later ones).
 The in-network sum (intsum) has no fixed size: its bytes and its error are measured in
 a few waves of the mesh (`Summed`), and it is the whole REDUCE's or no layer's.
 
-The space is small (at most 9 compressors for each of the model's layers), so the
+The space is small (at most 10 compressors for each of the model's layers), so the
 optimum is found exhaustively; greedy takes, layer by layer, the option of least time
 for that layer alone (its bytes' communication plus its compression), blind to the
 overlap and to the frames the layers share.
