@@ -17,9 +17,10 @@ import numpy as np
 
 from meshdl import kernels
 from meshdl.compress.activations import read_activations
+from meshdl.compress.codec import read_or_count
 from meshdl.compress.intsum import SharedScales
 from meshdl.errors import StepSkipped, UsageError
-from meshdl.messages import EDGE, CodecError, Header, Kind, Message, make, newer
+from meshdl.messages import EDGE, Header, Kind, Message, make, newer
 from meshdl.model import CNN, Trace
 from meshdl.nodes.deadlines import (
     GATHER_ENTRY,
@@ -380,13 +381,10 @@ class EdgeMachine:
             return []
         if h.kind == Kind.GATHER and self.trace is None:
             shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
-            try:
-                payload = read_activations(self.spec.activation_codec, h, payload, shape)
-            except CodecError:
-                self.stats["rejected:bad_compressed"] += 1
-                return []
+            payload = read_or_count(
+                lambda: read_activations(self.spec.activation_codec, h, message.payload,
+                                         shape), self.stats, "rejected:bad_shape")
             if payload is None:
-                self.stats["rejected:bad_shape"] += 1
                 return []
             self.stats["accepted"] += 1
             if self._timed is not None or self._learnt is not None:
@@ -396,13 +394,9 @@ class EdgeMachine:
                                            strict=True))
             return self._head(payload, now)
         if h.kind == Kind.REDUCE and self.trace is not None and self.mode == Mode.TRAIN:
-            try:
-                payload = self.spec.read_reduce(h, payload)
-            except CodecError:
-                self.stats["rejected:bad_compressed"] += 1
-                return []
+            payload = read_or_count(lambda: self.spec.read_reduce(h, message.payload),
+                                    self.stats, "rejected:bad_shape")
             if payload is None:
-                self.stats["rejected:bad_shape"] += 1
                 return []
             self.flops += self.spec.reduce_operations // 2  # the decoding
             if self.sum_scales is not None:  # whole numbers of this wave's scales

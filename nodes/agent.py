@@ -35,7 +35,7 @@ from meshdl.compress.activations import (
     encode_activations,
     read_activations,
 )
-from meshdl.compress.codec import Channel
+from meshdl.compress.codec import Channel, read_or_count
 from meshdl.compress.intsum import SumChannel, add_shares
 from meshdl.messages import (
     ALL,
@@ -43,7 +43,6 @@ from meshdl.messages import (
     EDGE,
     FLOAT32,
     INT32,
-    CodecError,
     Header,
     Kind,
     Message,
@@ -295,13 +294,10 @@ class NodeMachine(BestEffortNode):
                 self.stats["rejected:bad_delta"] += 1
                 return []
         else:
-            try:
-                payload = read_activations(self.activation_codec, h, payload, shape)
-            except CodecError:
-                self.stats["rejected:bad_compressed"] += 1
-                return []
+            payload = read_or_count(
+                lambda: read_activations(self.activation_codec, h, message.payload, shape),
+                self.stats, "rejected:bad_shape")
             if payload is None:
-                self.stats["rejected:bad_shape"] += 1
                 return []
         wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
@@ -546,13 +542,9 @@ class NodeMachine(BestEffortNode):
         if not wave.training:
             self.stats["rejected:unexpected"] += 1
             return False
-        try:
-            values = self.spec.read_reduce(h, payload)
-        except CodecError:
-            self.stats["rejected:bad_compressed"] += 1
-            return False
+        values = read_or_count(lambda: self.spec.read_reduce(h, payload), self.stats,
+                               "rejected:bad_reduce")
         if values is None:
-            self.stats["rejected:bad_reduce"] += 1
             return False
         self.flops += self.spec.reduce_operations // 2  # the decoding
         wave.reduce[h.src] = values

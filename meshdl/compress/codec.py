@@ -10,14 +10,19 @@ reads a byte. `Channel` is one sender's stream: error feedback over the whole ve
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
 from meshdl.compress.compressors import ChannelState, Compressor, Segment, bad_payload
 from meshdl.compress.feedback import ErrorFeedback
+from meshdl.messages import CodecError
+
+T = TypeVar("T")
 
 
 class Part(NamedTuple):
@@ -126,3 +131,18 @@ class Channel:
     @property
     def residual(self) -> np.ndarray:
         return self.feedback.residual
+
+
+def read_or_count(read: Callable[[], T | None], stats: Counter[str], bad: str) -> T | None:
+    """What `read` makes of a received payload, or None with the reason counted in
+    `stats`: bytes no compressor writes ("rejected:bad_compressed"), or a payload that
+    is not the form this mesh sends (`bad`). Nodes and the edge read every compressed
+    payload through it."""
+    try:
+        value = read()
+    except CodecError:
+        stats["rejected:bad_compressed"] += 1
+        return None
+    if value is None:
+        stats[bad] += 1
+    return value
