@@ -99,7 +99,18 @@ class SumCodec:
 
     def max_nbytes(self, cells: int) -> int:
         """The largest payload a subtree of `cells` cells can send: the Rice parameter
-        that never needs a quotient bounds what the sender's best one writes."""
+        that never needs a quotient bounds what the sender's best one writes. (Worked
+        out once per subtree size: every REDUCE received asks it twice.)"""
+        bound = self._bounds.get(cells)
+        if bound is None:
+            bound = self._bounds[cells] = self._max_nbytes(cells)
+        return bound
+
+    @cached_property
+    def _bounds(self) -> dict[int, int]:
+        return {}
+
+    def _max_nbytes(self, cells: int) -> int:
         total = 0
         for part in self.parts:
             width = min(kernels.RICE_MAX_P, (2 * part.levels * cells).bit_length())
