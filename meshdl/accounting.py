@@ -68,10 +68,12 @@ class Ledger:
     `record` is on the hot path of every wave, so it only keeps the header. `tally`
     (called by the transport after each wave, and by `report`) reduces each wave to the
     list of what its messages cost (sender, receiver, kind, layer, phase, shape), in
-    C-level loops. Successive waves of a run mostly send exactly the same messages in
-    the same order, so a wave equal to the one before only adds to a repeat count, and
-    only a different wave is counted message by message. `report` turns the counts into
-    values, bytes and links, and the broadcast figures of each distinct wave.
+    C-level loops. Successive waves of a run mostly send exactly the same messages (in
+    the same order in the virtual mesh, in an order of their own under simulated time,
+    where backoffs reorder them), so a wave that sends what the one before sent only
+    adds to a repeat count, and only a different wave is counted message by message.
+    `report` turns the counts into values, bytes and links, and the broadcast figures of
+    each distinct wave.
     """
 
     def __init__(self, spec: MeshSpec) -> None:
@@ -81,6 +83,7 @@ class Ledger:
         self._step = -1  # of the wave being counted ...
         self._wave: list[tuple] = []  # ... and its messages' cost keys
         self._last: list[tuple] = []  # the last finished wave ...
+        self._last_sent: Counter[tuple] | None = None  # ... as a multiset (when needed)
         self._repeats = 0  # ... and how many waves in a row sent exactly that
         self._totals: Counter[tuple] = Counter()  # distinct message -> times sent
         self._broadcast_of: dict[frozenset[tuple], Counter[tuple[str, str]]] = {}
@@ -105,18 +108,27 @@ class Ledger:
     def _end_wave(self) -> None:
         if not self._wave:
             return
-        if self._wave == self._last:
+        if self._wave == self._last or self._same_messages(self._wave):
             self._repeats += 1
         else:
             self._fold()
-            self._last, self._repeats = self._wave, 1
+            self._last, self._last_sent, self._repeats = self._wave, None, 1
         self._wave = []
+
+    def _same_messages(self, wave: list[tuple]) -> bool:
+        """Does `wave` send what the last wave sent, in any order? (Counted in C, and
+        compared as plain dicts: Counter's own == is a Python loop.)"""
+        if len(wave) != len(self._last):
+            return False
+        if self._last_sent is None:
+            self._last_sent = Counter(self._last)
+        return dict.__eq__(Counter(wave), self._last_sent)
 
     def _fold(self) -> None:
         """Add the last wave, times its repeats, to the totals."""
         if not self._repeats:
             return
-        sent = Counter(self._last)
+        sent = self._last_sent or Counter(self._last)
         wave = frozenset(sent)
         figures = self._broadcast_of.get(wave)
         if figures is None:
@@ -125,7 +137,7 @@ class Ledger:
             self._totals[key] += times * self._repeats
         for key, value in figures.items():
             self._broadcast[key] += value * self._repeats
-        self._last, self._repeats = [], 0
+        self._last, self._last_sent, self._repeats = [], None, 0
 
     def _broadcast_figures(self, wave: frozenset[tuple]) -> Counter[tuple[str, str]]:
         """One wave by radio: a sender's messages of one kind, layer and phase share one

@@ -41,6 +41,26 @@ def test_worker_processes_give_the_records_in_trial_order() -> None:
     assert records == run_trials(_square, trials, jobs=1)
 
 
+def _never(trial: Trial) -> dict:
+    raise AssertionError(f"trial {trial.index} ran again")
+
+
+def test_a_journal_takes_up_the_finished_trials_of_the_same_settings_only(tmp_path) -> None:
+    journal = tmp_path / "run" / "journal.jsonl"
+    trials = [Trial(i, v, 0, {"lr": 0.1}) for i, v in enumerate([3, 1, 2])]
+    first = run_trials(_square, trials[:2], on_done=lambda *_: None, journal=journal)
+    with journal.open("a") as lines:
+        lines.write('{"value": 2, "seed": 0, "settings": {"lr": 0.1}, "rec')  # killed
+    heard = []
+    again = run_trials(_square, trials, on_done=lambda t, _: heard.append(t.index),
+                       journal=journal)
+    assert again[:2] == first and heard == [2]  # only the unfinished trial ran
+    assert run_trials(_never, trials, journal=journal) == again  # all three journaled
+    other = [Trial(i, v, 0, {"lr": 0.2}) for i, v in enumerate([3, 1, 2])]
+    with pytest.raises(AssertionError, match="ran again"):  # other settings: run afresh
+        run_trials(_never, other, journal=journal)
+
+
 @pytest.fixture(scope="module")
 def small_runs(small_data_file, tmp_path_factory):
     """The filter-size experiment on the small data set, with one job and with two."""
@@ -250,6 +270,23 @@ def test_loss_trains_each_rate_and_policy_from_the_exact_run(tmp_path) -> None:
     assert reliable["substituted"]["mean"] == 0 < rows[(0.3, "zero")]["substituted"]["mean"]
     assert exact["frames_lost"]["mean"] == 0
     assert (run / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_stopped_sweep_given_its_run_directory_runs_only_what_it_had_not_finished(
+        small_data_file, tmp_path) -> None:
+    from tests.test_cli_simulate import _meshdl
+
+    run = tmp_path / "run"
+    flags = ("experiment", "filter-size", "--seeds", "1", "--epochs", "1", "--batch", "40",
+             "--hidden", "8", "--data", small_data_file, "--out", run, "--json")
+    code, _, err = _meshdl(*flags, "--sizes", "1")
+    assert code == 0, err
+    journal = (run / "journal.jsonl").read_text()
+    code, out, err = _meshdl(*flags, "--sizes", "1", "--sizes", "3")
+    assert code == 0, err
+    assert "taking 1 of 2 trials" in err and "trial 2/2" in err and "trial 1/2" not in err
+    assert (run / "journal.jsonl").read_text().startswith(journal)
+    assert [row["value"] for row in json.loads(out)["rows"]] == [1, 3]
 
 
 @pytest.mark.parametrize(("flags", "needle"), [

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshdl import CNN, ModelConfig, TrainConfig
-from meshdl.accounting import formula_halo_values, needed_halo_values
+from meshdl.accounting import Ledger, formula_halo_values, needed_halo_values
 from meshdl.data import Dataset
 from meshdl.edge.agent import EdgeMachine
 from meshdl.model import param_shapes, views
@@ -235,6 +235,36 @@ def test_counts_cover_every_message_class() -> None:
         assert 0 < counts["broadcast"]["transmissions"] <= counts["messages"]
     assert comm["total_messages"] == sum(c["messages"] for c in comm["classes"].values())
     assert comm["busiest_link"]["bytes"] > 0
+
+
+def test_a_wave_that_sends_the_same_messages_in_another_order_counts_as_a_repeat() -> None:
+    """Under simulated time backoffs reorder a wave's messages: the ledger still takes
+    such a wave for a repeat of the one before (no recount), and counts it exactly."""
+    config = ModelConfig(rows=4, cols=5, hidden=4)
+    model = CNN(config, seed=0)
+    model.set_normalization(20.0, 3.0)
+    engine = MeshEngine(_dataset(config, 6, seed=3))
+    engine.loss_and_grads(model, np.arange(2))
+    one_wave = engine.report()
+    waves: list[list] = []
+    for _ in range(3):
+        engine.mesh.ledger = Ledger(engine.mesh.spec)
+        engine.mesh.ledger.record = (wave := []).append  # type: ignore[method-assign]
+        engine.loss_and_grads(model, np.arange(2))
+        waves.append(wave)
+    rng = np.random.default_rng(0)
+    ledger = Ledger(engine.mesh.spec)
+    for number, wave in enumerate(waves):
+        for i in rng.permutation(len(wave)) if number else range(len(wave)):
+            ledger.record(wave[i])
+        ledger.tally()
+    ledger._end_wave()
+    assert ledger._repeats == 3  # the first wave, repeated twice: never recounted
+    report = ledger.report()
+    assert report["waves"] == 3
+    for figure in ("total_messages", "total_bytes", "broadcast_transmissions",
+                   "broadcast_bytes"):
+        assert report[figure] == 3 * one_wave[figure], figure
 
 
 def test_broadcast_parameters_reach_every_node_in_one_publish() -> None:

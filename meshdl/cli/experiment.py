@@ -31,7 +31,15 @@ from meshdl.config import load_run_config
 from meshdl.data import load_dataset
 from meshdl.errors import UsageError
 from meshdl.experiments import compression, delta, edge_vs_cloud, faults, meshes, sweep
-from meshdl.experiments.runner import Record, Trial, run_trials, summarize, write_run
+from meshdl.experiments.runner import (
+    Record,
+    Trial,
+    journal_key,
+    read_journal,
+    run_trials,
+    summarize,
+    write_run,
+)
 from meshdl.protocol import MeshSpec
 from meshdl.runs import new_run_dir
 
@@ -176,7 +184,7 @@ def edge_vs_cloud_command(
     run_dir = _announce("edge-vs-cloud", trials, f"{len(radios)} radios x {seeds} seed(s), "
                         "one inference slot each", jobs, ray, out)
     records = _run_with_progress(
-        edge_vs_cloud.run, trials, jobs, ray,
+        edge_vs_cloud.run, trials, jobs, ray, run_dir,
         lambda record: f"{record['mesh_makespan_s']:.4g} s in the mesh")
     rows_ = summarize(trials, records, edge_vs_cloud.FIGURES)
     summary = {"experiment": "edge-vs-cloud", "mode": "simulated time, one inference "
@@ -320,7 +328,7 @@ def meshes_command(
     run_dir = _announce("meshes", trials, f"{len(swept)} (N, mode, straggler) triples, "
                         f"{base.train.epochs} epochs each", jobs, ray, out)
     records = _run_with_progress(
-        meshes.run, trials, jobs, ray,
+        meshes.run, trials, jobs, ray, run_dir,
         lambda record: f"test {record['test_acc']:.4f}, "
         f"{record['samples_per_s']:.3g} samples/s, step {record['step_s']:,.1f} s")
     rows_ = summarize(trials, records, meshes.FIGURES)
@@ -386,7 +394,7 @@ def compression_command(
     run_dir = _announce("compression", trials, f"{len(swept)} policies x {seeds} seed(s), "
                         f"{base.train.epochs} epochs each", jobs, ray, out)
     records = _run_with_progress(
-        compression.run, trials, jobs, ray,
+        compression.run, trials, jobs, ray, run_dir,
         lambda record: f"test {record['test_acc']:.4f}, "
         f"{record['gradient_bytes_per_step']:,.0f} gradient bytes a step")
     rows_ = summarize(trials, records, compression.FIGURES)
@@ -443,7 +451,7 @@ def delta_command(
     run_dir = _announce("delta", trials, f"{slots} slots of live inference each", 1,
                         None, out)
     records = _run_with_progress(
-        delta.run, trials, 1, None,
+        delta.run, trials, 1, None, run_dir,
         lambda record: f"{record['halo_bytes_per_slot']:,.0f} HALO bytes a slot, "
         f"{record['alerts']} alerts")
     rows_ = summarize(trials, records, delta.FIGURES)
@@ -497,7 +505,7 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
     run_dir = _announce(name, trials, f"{len(swept)} (share, policy) pairs x {seeds} "
                         f"fault seed(s), {base.train.epochs} epochs each", jobs, ray, out)
     records = _run_with_progress(
-        faults.run, trials, jobs, ray,
+        faults.run, trials, jobs, ray, run_dir,
         lambda record: f"test {record['test_acc']:.4f}, model {record['clean_test_acc']:.4f}"
         f", {record['seconds_per_epoch']:,.0f} s an epoch")
     rows_ = summarize(trials, records, faults.FIGURES)
@@ -513,13 +521,22 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
 
 
 def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs: int,
-                       ray: str | None, describe: Callable[[Record], str]) -> list[Record]:
+                       ray: str | None, run_dir: Path,
+                       describe: Callable[[Record], str]) -> list[Record]:
     """The trials' records, with one progress bar for the whole sweep on stderr and a
-    line for each trial as it finishes (the lines alone where stderr is no terminal)."""
+    line for each trial as it finishes (the lines alone where stderr is no terminal).
+    Each finished trial goes to the run directory's journal at once: the same command
+    with `--out` of a sweep that was stopped runs only what it had not finished."""
+    journal = run_dir / "journal.jsonl"
+    finished = read_journal(journal)
+    taken = sum(journal_key(trial) in finished for trial in trials)
+    if taken:
+        err_console.print(f"taking {taken} of {len(trials)} trials from {journal}",
+                          highlight=False)
     columns = (TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task("sweep", total=len(trials))
-        done = [0]
+        task = bar.add_task("sweep", total=len(trials), completed=taken)
+        done = [taken]
 
         def on_done(trial: Trial, record: Record) -> None:
             done[0] += 1
@@ -527,7 +544,7 @@ def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs
             bar.console.print(f"trial {done[0]}/{len(trials)}: {trial.value} seed "
                               f"{trial.seed}: {describe(record)}", highlight=False)
 
-        return run_trials(run, trials, jobs, on_done, ray=ray)
+        return run_trials(run, trials, jobs, on_done, ray=ray, journal=journal)
 
 
 def _check_values(flag: str, values: list[int], minimum: int) -> None:
@@ -567,7 +584,7 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
     run_dir = _announce(name, trials, f"{len(values)} values x {seeds} seed(s), {what} "
                         "each", jobs, ray, out)
     records = _run_with_progress(
-        sweep.run, trials, jobs, ray,
+        sweep.run, trials, jobs, ray, run_dir,
         lambda record: f"test {record['test_acc']:.4f}" if "test_acc" in record else
         f"{record['wave_bytes']:,} bytes a wave")
     rows = summarize(trials, records, sweep.figures(name))

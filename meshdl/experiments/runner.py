@@ -6,6 +6,9 @@ processes (`jobs`), always collecting the records in trial order, so that the sa
 give the same `summary.json` whatever the number of jobs. The run directory holds:
 
     config.json     the experiment, its swept values, seeds and the resolved run config
+    journal.jsonl   each trial as it finishes (value, seed, settings, record): a sweep
+                    given the directory of one that was stopped takes up the trials it
+                    finished with the same settings, and runs only the rest
     trials.jsonl    one line per trial, in trial order
     summary.json    per swept value: each figure's mean and standard deviation
     table.csv       the summary as a table
@@ -41,12 +44,22 @@ class Trial(NamedTuple):
 
 def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: int = 1,
                on_done: Callable[[Trial, Record], None] | None = None,
-               ray: str | None = None) -> list[Record]:
+               ray: str | None = None, journal: Path | None = None) -> list[Record]:
     """Every trial's record, in trial order. `jobs` > 1 runs them in that many worker
     processes (`run` must be a module-level function: it is sent by name); `ray` runs
     them as Ray tasks instead (an address, or "local" for a cluster on this machine);
-    `on_done` hears of each as it finishes, in whatever order they do."""
+    `on_done` hears of each as it finishes, in whatever order they do. `journal`: a
+    file where each finished trial is added at once; the trials it already holds (same
+    value, seed and settings) are taken from it rather than run again."""
     records: list[Record | None] = [None] * len(trials)
+    if journal is not None:
+        finished = read_journal(journal)
+        for trial in trials:
+            record = finished.get(journal_key(trial))
+            if record is not None:
+                records[trial.index] = record
+        trials = [trial for trial in trials if records[trial.index] is None]
+        on_done = _journaling(journal, on_done)
     if ray is not None:
         for trial, record in _on_ray(run, trials, ray, jobs):
             records[trial.index] = record
@@ -71,6 +84,49 @@ def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: in
                 if on_done:
                     on_done(trial, records[trial.index])
     return [record for record in records if record is not None]
+
+
+def read_journal(path: Path) -> dict[str, Record]:
+    """The records a journal holds, by trial (`journal_key`); none if there is no
+    journal. A line that is not a whole entry (the sweep was killed while writing it)
+    is skipped: its trial runs again."""
+    finished: dict[str, Record] = {}
+    if not path.exists():
+        return finished
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+            trial = Trial(0, entry["value"], entry["seed"], entry["settings"])
+            record = entry["record"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(record, dict):
+            finished[journal_key(trial)] = record
+    return finished
+
+
+def journal_key(trial: Trial) -> str:
+    """What makes a trial the same one: its value, seed and settings (as JSON)."""
+    return json.dumps([trial.value, trial.seed, trial.settings], sort_keys=True)
+
+
+def _journaling(path: Path, on_done: Callable[[Trial, Record], None] | None
+                ) -> Callable[[Trial, Record], None]:
+    """`on_done`, after adding the trial to the journal (one line, flushed at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.read_bytes().endswith(b"\n") and path.stat().st_size:
+        with path.open("a") as journal:  # end the line a killed sweep left unfinished
+            journal.write("\n")
+
+    def done(trial: Trial, record: Record) -> None:
+        with path.open("a") as journal:
+            journal.write(json.dumps({"value": trial.value, "seed": trial.seed,
+                                      "settings": trial.settings, "record": record},
+                                     sort_keys=True) + "\n")
+        if on_done:
+            on_done(trial, record)
+
+    return done
 
 
 def exit_with_parent(parent: int, every_s: float = 1.0) -> None:
