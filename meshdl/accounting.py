@@ -93,6 +93,10 @@ class Ledger:
         """Note one message at the moment it is sent (`tally` counts it)."""
         self._headers.append(message.header)
 
+    def record_all(self, messages: list[Message]) -> None:
+        """Note several messages sent at once (one party's answer to one message)."""
+        self._headers.extend([message.header for message in messages])
+
     def tally(self) -> None:
         """Count the headers recorded since the last tally, wave (step number) by wave."""
         headers, self._headers = self._headers, []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heappop, heappush
+from itertools import count
 from typing import Any
 
 Action = Callable[[Any], None]
@@ -24,14 +25,13 @@ class EventQueue:
         self.now = now
         self.events = 0  # run so far
         self._heap: list[tuple[float, int, Action, Any]] = []
-        self._sequence = 0
+        self._sequence = count()  # next(...): cheaper than an attribute's += 1
 
     def at(self, time: float, action: Action, argument: Any = None) -> None:
         """Run `action(argument)` at `time` (never before now)."""
         if time < self.now:
             raise ValueError(f"cannot schedule at {time} before now ({self.now})")
-        heappush(self._heap, (time, self._sequence, action, argument))
-        self._sequence += 1
+        heappush(self._heap, (time, next(self._sequence), action, argument))
 
     def advance_to(self, time: float) -> None:
         """Move the clock on to `time` with nothing left to happen before it (work done

@@ -345,7 +345,9 @@ class Medium:
         src, hold = tx.src, tx.hold or self._hold(tx)
         free = max(map(busy.__getitem__, hold))
         if free > now:
-            radio.backoff_exponent = exponent = min(radio.backoff_exponent + 1, self._max_be)
+            exponent = radio.backoff_exponent
+            if exponent < self._max_be:
+                radio.backoff_exponent = exponent = exponent + 1
             backoff = int(radio.rng.random() * (1 << exponent)) * self._unit \
                 if self._unit else 0.0
             if not self.takes_turns:

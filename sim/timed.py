@@ -431,7 +431,7 @@ class TimedMesh:
     def _arrive(self, party: Party, message: Message) -> None:
         """A message reaches `party`: handled now, or queued while its CPU is busy (or
         lost, if its node is down)."""
-        if party in self.down:
+        if self.down and party in self.down:
             self.medium.faults["messages_to_dead"] += 1
             return
         cpu, now = self.cpus[party], self.queue.now
@@ -496,8 +496,7 @@ class TimedMesh:
                 send(Transmission(BROKER, (dst,), message.header.kind, message.header.layer,
                                   self._mqtt_bytes(message), [(dst, message)]), ready)
             return
-        for message in out:
-            self.ledger.record(message)
+        self.ledger.record_all(out)
         if self.medium_name == "star":
             for message in out:
                 send(Transmission(party, (BROKER,), message.header.kind, message.header.layer,
