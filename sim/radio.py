@@ -171,6 +171,12 @@ class RadioProfile(BaseModel):
 
     # -- frames --------------------------------------------------------------------------
 
+    def __hash__(self) -> int:
+        # Profiles key the link layer's caches on every lossy transmission: pydantic's
+        # own hash of a frozen model hashes each field on every call. Equal profiles
+        # have equal names, so this hash agrees with ==.
+        return hash(self.name)
+
     @property
     def payload_per_frame(self) -> int:
         """Message bytes one frame carries: max_frame_bytes - frame_overhead_bytes."""
