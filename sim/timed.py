@@ -544,8 +544,7 @@ class TimedMesh:
         sender, receivers and batch: waves repeat them)."""
         receivers = tuple([m.header.dst for m in messages])
         key = (src, kind, layer, phase, receivers, messages[0].header.shape,
-               self.nodes[src].spec.plan_key if self._plans_change and src in self.nodes
-               else None)  # (one plan, unless best effort replans around the dead)
+               self.nodes[src].spec.plan_key if src in self.nodes else None)
         sizes = self._broadcast_sizes.get(key)
         if sizes is None:
             items: set = set()
