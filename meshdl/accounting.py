@@ -112,27 +112,29 @@ class Ledger:
     def _end_wave(self) -> None:
         if not self._wave:
             return
-        if self._wave == self._last or self._same_messages(self._wave):
+        sent = None
+        if self._wave == self._last:
             self._repeats += 1
+        elif len(self._wave) == len(self._last) and \
+                dict.__eq__(sent := Counter(self._wave), self._last_counted()):
+            self._repeats += 1  # the same messages in an order of their own
         else:
             self._fold()
-            self._last, self._last_sent, self._repeats = self._wave, None, 1
+            self._last, self._last_sent, self._repeats = self._wave, sent, 1
         self._wave = []
 
-    def _same_messages(self, wave: list[tuple]) -> bool:
-        """Does `wave` send what the last wave sent, in any order? (Counted in C, and
-        compared as plain dicts: Counter's own == is a Python loop.)"""
-        if len(wave) != len(self._last):
-            return False
+    def _last_counted(self) -> Counter[tuple]:
+        """The last wave as a multiset (counted in C; compared as a plain dict, since
+        Counter's own == is a Python loop)."""
         if self._last_sent is None:
             self._last_sent = Counter(self._last)
-        return dict.__eq__(Counter(wave), self._last_sent)
+        return self._last_sent
 
     def _fold(self) -> None:
         """Add the last wave, times its repeats, to the totals."""
         if not self._repeats:
             return
-        sent = self._last_sent or Counter(self._last)
+        sent = self._last_counted()
         wave = frozenset(sent)
         figures = self._broadcast_of.get(wave)
         if figures is None:

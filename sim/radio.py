@@ -169,13 +169,13 @@ class RadioProfile(BaseModel):
                              f"SF*BW/2^SF*4/(4+CR) = {nominal:g}; leave it out to have it "
                              "computed")
 
-    # -- frames --------------------------------------------------------------------------
-
     def __hash__(self) -> int:
         # Profiles key the link layer's caches on every lossy transmission: pydantic's
         # own hash of a frozen model hashes each field on every call. Equal profiles
         # have equal names, so this hash agrees with ==.
         return hash(self.name)
+
+    # -- frames --------------------------------------------------------------------------
 
     @property
     def payload_per_frame(self) -> int:

@@ -48,10 +48,10 @@ def _never(trial: Trial) -> dict:
 def test_a_journal_takes_up_the_finished_trials_of_the_same_settings_only(tmp_path) -> None:
     journal = tmp_path / "run" / "journal.jsonl"
     trials = [Trial(i, v, 0, {"lr": 0.1}) for i, v in enumerate([3, 1, 2])]
-    first = run_trials(_square, trials[:2], on_done=lambda *_: None, journal=journal)
+    first = run_trials(_square, trials[:2], journal=journal)
     with journal.open("a") as lines:
         lines.write('{"value": 2, "seed": 0, "settings": {"lr": 0.1}, "rec')  # killed
-    heard = []
+    heard: list[int] = []
     again = run_trials(_square, trials, on_done=lambda t, _: heard.append(t.index),
                        journal=journal)
     assert again[:2] == first and heard == [2]  # only the unfinished trial ran
@@ -59,6 +59,17 @@ def test_a_journal_takes_up_the_finished_trials_of_the_same_settings_only(tmp_pa
     other = [Trial(i, v, 0, {"lr": 0.2}) for i, v in enumerate([3, 1, 2])]
     with pytest.raises(AssertionError, match="ran again"):  # other settings: run afresh
         run_trials(_never, other, journal=journal)
+
+
+def test_a_journaled_trial_whose_data_file_changed_runs_again(tmp_path) -> None:
+    journal, data = tmp_path / "run" / "journal.jsonl", tmp_path / "data.npz"
+    data.write_bytes(b"the data of the first sweep")
+    trials = [Trial(0, 3, 0, {"data_file": str(data)})]
+    run_trials(_square, trials, journal=journal)
+    assert run_trials(_never, trials, journal=journal)  # the same file: taken
+    data.write_bytes(b"other data at the same path")
+    with pytest.raises(AssertionError, match="ran again"):
+        run_trials(_never, trials, journal=journal)
 
 
 @pytest.fixture(scope="module")

@@ -238,33 +238,49 @@ def test_counts_cover_every_message_class() -> None:
 
 
 def test_a_wave_that_sends_the_same_messages_in_another_order_counts_as_a_repeat() -> None:
-    """Under simulated time backoffs reorder a wave's messages: the ledger still takes
-    such a wave for a repeat of the one before (no recount), and counts it exactly."""
+    """Under simulated time backoffs reorder a wave's messages: the ledger takes such a
+    wave for a repeat of the one before (no recount), a wave of as many other messages
+    for a wave of its own, and counts the run as the sum of its waves."""
     config = ModelConfig(rows=4, cols=5, hidden=4)
     model = CNN(config, seed=0)
     model.set_normalization(20.0, 3.0)
     engine = MeshEngine(_dataset(config, 6, seed=3))
     engine.loss_and_grads(model, np.arange(2))
-    one_wave = engine.report()
+    spec = engine.mesh.spec
     waves: list[list] = []
-    for _ in range(3):
-        engine.mesh.ledger = Ledger(engine.mesh.spec)
+    for _ in range(4):
+        engine.mesh.ledger = Ledger(spec)
         engine.mesh.ledger.record = (wave := []).append  # type: ignore[method-assign]
         engine.loss_and_grads(model, np.arange(2))
         waves.append(wave)
     rng = np.random.default_rng(0)
-    ledger = Ledger(engine.mesh.spec)
-    for number, wave in enumerate(waves):
-        for i in rng.permutation(len(wave)) if number else range(len(wave)):
-            ledger.record(wave[i])
+    shuffled = [waves[1][i] for i in rng.permutation(len(waves[1]))]
+    other = [*waves[2][:-1], waves[2][0]]  # as many messages, one of them another's
+    run = [waves[0], shuffled, other, waves[3]]
+    ledger = Ledger(spec)
+    repeats = []
+    for wave in run:
+        for message in wave:
+            ledger.record(message)
         ledger.tally()
+        repeats.append(ledger._repeats)  # before the next wave closes this one
     ledger._end_wave()
-    assert ledger._repeats == 3  # the first wave, repeated twice: never recounted
-    report = ledger.report()
-    assert report["waves"] == 3
+    repeats.append(ledger._repeats)
+    assert repeats[1:] == [1, 2, 1, 1]  # the shuffled wave repeats; the other does not
+
+    def counted(wave: list) -> dict:
+        alone = Ledger(spec)
+        for message in wave:
+            alone.record(message)
+        return alone.report()
+
+    report, parts = ledger.report(), [counted(wave) for wave in run]
+    assert report["waves"] == 4
     for figure in ("total_messages", "total_bytes", "broadcast_transmissions",
                    "broadcast_bytes"):
-        assert report[figure] == 3 * one_wave[figure], figure
+        assert report[figure] == sum(part[figure] for part in parts), figure
+    for name, counts in report["classes"].items():
+        assert counts["bytes"] == sum(part["classes"][name]["bytes"] for part in parts)
 
 
 def test_broadcast_parameters_reach_every_node_in_one_publish() -> None:

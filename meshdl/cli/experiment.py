@@ -529,7 +529,8 @@ def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs
     with `--out` of a sweep that was stopped runs only what it had not finished."""
     journal = run_dir / "journal.jsonl"
     finished = read_journal(journal)
-    taken = sum(journal_key(trial) in finished for trial in trials)
+    stamps: dict[str, str | None] = {}
+    taken = sum(journal_key(trial, stamps) in finished for trial in trials)
     if taken:
         err_console.print(f"taking {taken} of {len(trials)} trials from {journal}",
                           highlight=False)

@@ -18,6 +18,7 @@ give the same `summary.json` whatever the number of jobs. The run directory hold
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import multiprocessing
@@ -53,12 +54,14 @@ def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: in
     value, seed and settings) are taken from it rather than run again."""
     records: list[Record | None] = [None] * len(trials)
     if journal is not None:
-        finished = read_journal(journal)
+        finished, stamps = read_journal(journal), {}
         for trial in trials:
-            record = finished.get(journal_key(trial))
+            record = finished.get(journal_key(trial, stamps))
             if record is not None:
                 records[trial.index] = record
         trials = [trial for trial in trials if records[trial.index] is None]
+        if not trials:  # every one journaled: start no workers, no cluster
+            return [record for record in records if record is not None]
         on_done = _journaling(journal, on_done)
     if ray is not None:
         for trial, record in _on_ray(run, trials, ray, jobs):
@@ -93,36 +96,66 @@ def read_journal(path: Path) -> dict[str, Record]:
     finished: dict[str, Record] = {}
     if not path.exists():
         return finished
+    stamps: dict[str, str | None] = {}
     for line in path.read_text(errors="replace").splitlines():
         try:
             entry = json.loads(line)
-            trial = Trial(0, entry["value"], entry["seed"], entry["settings"])
+            inputs = entry.get("inputs", {})  # (none in a journal of before they were)
+            key = _entry_key(entry["value"], entry["seed"], entry["settings"], inputs)
             record = entry["record"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        if isinstance(record, dict):
-            finished[journal_key(trial)] = record
+        # Taken only while the files it read are still what they were then.
+        if isinstance(record, dict) and inputs == _inputs(entry["settings"], stamps):
+            finished[key] = record
     return finished
 
 
-def journal_key(trial: Trial) -> str:
-    """What makes a trial the same one: its value, seed and settings (as JSON)."""
-    return json.dumps([trial.value, trial.seed, trial.settings], sort_keys=True)
+def journal_key(trial: Trial, stamps: dict[str, str | None]) -> str:
+    """What makes a trial the same one: its value, seed, settings, and the contents
+    of the files its settings name (a data set or model file rewritten at the same
+    path makes it another trial); `stamps` keeps the files' digests once read."""
+    return _entry_key(trial.value, trial.seed, trial.settings, _inputs(trial.settings, stamps))
+
+
+def _entry_key(value: Any, seed: Any, settings: Any, inputs: Any) -> str:
+    return json.dumps([value, seed, settings, inputs], sort_keys=True)
+
+
+def _inputs(settings: Any, stamps: dict[str, str | None]) -> dict[str, str | None]:
+    """The SHA-256 of each file a trial's settings name (`*_file`; None for one that
+    is gone), by path; `stamps` keeps those already read."""
+    if not isinstance(settings, dict):
+        return {}
+    out: dict[str, str | None] = {}
+    for name, path in sorted(settings.items()):
+        if name.endswith("_file") and isinstance(path, str):
+            if path not in stamps:
+                try:
+                    stamps[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                except OSError:
+                    stamps[path] = None
+            out[path] = stamps[path]
+    return out
 
 
 def _journaling(path: Path, on_done: Callable[[Trial, Record], None] | None
                 ) -> Callable[[Trial, Record], None]:
     """`on_done`, after adding the trial to the journal (one line, flushed at once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and not path.read_bytes().endswith(b"\n") and path.stat().st_size:
-        with path.open("a") as journal:  # end the line a killed sweep left unfinished
-            journal.write("\n")
+    if path.exists() and path.stat().st_size:
+        with path.open("rb+") as journal:  # end the line a killed sweep left unfinished
+            journal.seek(-1, os.SEEK_END)
+            if journal.read(1) != b"\n":
+                journal.write(b"\n")
+    stamps: dict[str, str | None] = {}
 
     def done(trial: Trial, record: Record) -> None:
         with path.open("a") as journal:
             journal.write(json.dumps({"value": trial.value, "seed": trial.seed,
-                                      "settings": trial.settings, "record": record},
-                                     sort_keys=True) + "\n")
+                                      "settings": trial.settings,
+                                      "inputs": _inputs(trial.settings, stamps),
+                                      "record": record}, sort_keys=True) + "\n")
         if on_done:
             on_done(trial, record)
 
