@@ -190,6 +190,8 @@ def sim(
     epochs: int | None = typer.Option(None, "--epochs", min=0, help="Epochs of the training "
                                       "run compared (default: the seed experiment's 20; "
                                       "0: no training run)."),
+    pairs: int = typer.Option(1, "--pairs", min=1, help="Training runs of each kind, one "
+                              "after the other; the medians are reported."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
 ) -> None:
     """Simulated time: one inference wave on a large mesh, and a training run against the
@@ -203,7 +205,8 @@ def sim(
         with err_console.status("generating the synthetic lounge data set"):
             data = generate_lounge(config.data)
         result["training"] = bench_training(config, data, radio,
-                                            log=lambda text: err_console.print(text))
+                                            log=lambda text: err_console.print(text),
+                                            pairs=pairs)
     if json_out:
         emit_json(result)
         return
@@ -216,7 +219,10 @@ def sim(
         out_console.print(f"training, {t['epochs']} epochs: virtual mesh "
                           f"{t['virtual_wall_s']:.1f} s, simulated time {t['timed_wall_s']:.1f}"
                           f" s: {t['ratio_to_virtual']:.2f}x (same parameters: "
-                          f"{t['same_parameters']})")
+                          f"{t['same_parameters']})" + (
+                              "; pairs: " + ", ".join(
+                                  f"{p['ratio_to_virtual']:.2f}x" for p in t["pairs"])
+                              if len(t["pairs"]) > 1 else ""))
 
 
 @app.command("memory")
