@@ -126,10 +126,12 @@ def plot(out: Path, name: str, rows: list[Record]) -> list[Path]:
         for panel, figure_name, style in ((0, "test_acc", "-o"), (0, "clean_test_acc", ":x"),
                                           (1, "seconds_per_epoch", "-o"),
                                           (2, "energy_j_per_epoch", "-o")):
-            means = [_mean(row.get(figure_name)) for row in series]
-            kept = [(r, m) for r, m in zip(rates, means, strict=True) if m is not None]
+            kept = [(r, row[figure_name]) for r, row in zip(rates, series, strict=True)
+                    if row.get(figure_name) is not None]
             label = policy if figure_name != "clean_test_acc" else f"{policy}, trained model"
-            axes[panel].plot([r for r, _ in kept], [m for _, m in kept], style, label=label)
+            axes[panel].errorbar([r for r, _ in kept], [f["mean"] for _, f in kept],
+                                 yerr=[f["std"] for _, f in kept], fmt=style, capsize=3,
+                                 label=label)  # one standard deviation over fault seeds
     for panel, title in zip(axes, ("test accuracy (dotted: the trained model, clean)",
                                    "simulated seconds per epoch", "nodes' joules per epoch"),
                             strict=True):
