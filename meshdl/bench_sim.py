@@ -4,7 +4,8 @@
   seconds, simulated events and events per wall second;
 - a training run under simulated time against the plain virtual mesh, both measured in
   this run on the same data and configuration (the ratio is the price of the clock:
-  events, media and energy bookkeeping over the same machines).
+  events, media and energy bookkeeping over the same machines; the loss-free medium's
+  contention runs compiled, sim/air.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from meshdl.config import ModelConfig, RunConfig
 from meshdl.data import Dataset
 from meshdl.model import CNN
 from meshdl.protocol import Mode, Split
+from meshdl.sim.air import AirQueue
 from meshdl.sim.compare import zero_mesh
 from meshdl.sim.device import device, natural_device
 from meshdl.sim.media import natural_medium
@@ -82,5 +84,7 @@ def _training_pair(config: RunConfig, data: Dataset, radio: str,
             "ratio_to_virtual": timed.wall_s / virtual.wall_s,
             "same_parameters": bool(np.array_equal(timed_model.flat, virtual_model.flat)),
             "waves": len(engine.mesh.waves), "events": engine.mesh.queue.events,
+            # the loss-free medium's contention compiled (sim/air.py), as by default
+            "compiled_medium": isinstance(engine.mesh.queue, AirQueue),
             "events_per_s": engine.mesh.queue.events / timed.wall_s,
             "simulated_s": engine.mesh.queue.now}

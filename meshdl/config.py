@@ -140,9 +140,9 @@ class MeshConfig(_Strict):
         "own dies, in order")
     compress: str = Field(
         "none", max_length=512, description="gradient compression with error feedback, "
-        "in the mesh's REDUCE and from each edge to the parameter server: none, hylo[:T], "
-        "NAME[:ARG] (fp16, int8, 2bit, topk, randk, ktopk, powersgd, intsum) or "
-        "LAYER=NAME[:ARG],... (meshdl/compress)")
+        "in the mesh's REDUCE and from each edge to the parameter server: none, "
+        "hylo[:T[:c]], NAME[:ARG] (fp16, int8, 2bit, 2bitmean, topk, randk, ktopk, "
+        "powersgd, intsum) or LAYER=NAME[:ARG],... (meshdl/compress)")
     activations: Literal["float32", "fp16", "int8"] = Field(
         "float32", description="forward activations between nodes (HALO, POOL, GATHER): "
         "float32, or lossy half precision or 8 bits with a scale per message")

@@ -47,6 +47,7 @@ from typing import Any, Literal, NamedTuple
 
 from meshdl.errors import UsageError
 from meshdl.messages import EDGE, Kind
+from meshdl.sim.air import AirQueue
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.linklayer import MAX_RECOVERIES, send_frames
 from meshdl.sim.loss import NO_LOSS, DownLinks, FrameLoss
@@ -236,7 +237,7 @@ class Medium:
         # Lossy links (sim/loss.py): frames lost, retried by the link layer, messages
         # recovered end to end, so that every message still arrives (reliable mode), or
         # until it expires (`Transmission.expires`, best-effort mode).
-        self.loss = loss if loss is not None and loss.rate > 0 else None
+        self._loss = loss if loss is not None and loss.rate > 0 else None
         # Parties whose node is down: every frame to them is lost (no ACK comes back),
         # so their senders retry, as the link layer would (`silence`).
         self.down: set[Party] = set()
@@ -258,6 +259,8 @@ class Medium:
         self._hold_numbers: dict[Hashable, tuple[int, ...]] = {}  # by `_hold`'s key
         self.takes_turns = False  # a busy channel: sense again later, or queue for it
         # The figures, per account (`account`); transmissions count into the current one.
+        # Loss-free contention compiled (sim/air.py), when the queue can run it.
+        self._air: AirQueue | None = None
         self.tallies: dict[Hashable, Tally] = {}
         self._tally = self._unsettled = None  # type: ignore[assignment]
         self.account(None)
@@ -275,9 +278,30 @@ class Medium:
         self._latency = radio.hop_latency_s
 
     def _members(self, members: Iterable[Hashable]) -> None:
-        """Number the channel members, each free from the start."""
+        """Number the channel members, each free from the start; then, on an `AirQueue`
+        and without lossy links, hand the contention over to it."""
         self._number = {member: number for number, member in enumerate(members)}
         self._busy = [0.0] * len(self._number)
+        if isinstance(self.queue, AirQueue) and self.loss is None:
+            self.queue.attach(self, list(self._channels), len(self._number), self.rng.random,
+                              self._access, self._unit, self._min_be, self._max_be,
+                              self.takes_turns, self.trace is not None)
+            self._air = self.queue
+
+    @property
+    def loss(self) -> FrameLoss | None:
+        return self._loss
+
+    @loss.setter
+    def loss(self, loss: FrameLoss | None) -> None:
+        if loss is not None and loss.rate > 0:
+            self._python_only("lossy links")
+        self._loss = loss if loss is not None and loss.rate > 0 else None
+
+    def _python_only(self, what: str) -> None:
+        if self._air is not None:
+            raise UsageError(f"{what} needs the Python medium: run the mesh on a plain "
+                             "EventQueue (TimedMesh(compiled=False))")
 
     def _hold(self, tx: Transmission) -> tuple[int, ...]:
         """The numbers of the members `tx` holds: the sender's channel, and for an
@@ -299,6 +323,9 @@ class Medium:
         """Queue `tx` on its sender's radio; it contends for the air from `ready` (when
         the sender's CPU has made it; default now)."""
         tx.ready = self.queue.now if ready is None else ready
+        if self._air is not None:
+            self._air.send(tx)
+            return
         radio = self._radios.get(tx.src)
         if radio is None:
             radio = self._radios[tx.src] = _Radio(rng=self.backoff_stream(tx.src))
@@ -313,12 +340,14 @@ class Medium:
         sizes (two compression plans) then draw the same backoffs at the same radios,
         so comparing them measures the sizes rather than a reshuffled stream. Before
         the first transmission."""
+        self._python_only("a backoff stream per radio")
         seed = self.seed
         self.backoff_stream = lambda party: random.Random(f"{seed}:{party}")
 
     def silence(self, party: Party) -> None:
         """`party`'s node is down: what it had queued never goes on air (what is on air
         now ends), and frames to it are lost from now on (`down`)."""
+        self._python_only("a node going down")
         self.down.add(party)
         radio = self._radios.get(party)
         if radio is not None:
@@ -355,13 +384,10 @@ class Medium:
                 return
             now = free + backoff
         radio.queue.popleft()
-        if self.loss is not None or (self.down and not self.down.isdisjoint(tx.receivers)):
+        if self._loss is not None or (self.down and not self.down.isdisjoint(tx.receivers)):
             self._transmit_lossy(src, radio, tx, hold, now)
         else:  # loss-free: the hot path, its figures worked out later (`Tally`)
-            key = (tx.size, tx.broadcast)
-            slot = self._slots.get(key)
-            if slot is None:
-                slot = self._slots[key] = self._slot(tx.size, acked=not tx.broadcast)
+            slot = self._slot_of(tx.size, tx.broadcast)
             t0 = now + self._access
             end = t0 + slot.channel
             for member in hold:
@@ -440,6 +466,8 @@ class Medium:
     # -------------------------------------------------------------- figures
     def account(self, key: Hashable) -> Tally:
         """Count what follows into the account `key` (made when first named)."""
+        if self._air is not None:
+            self._air.settle()  # what it counted belongs to the account before
         tally = self.tallies.get(key)
         if tally is None:
             tally = self.tallies[key] = Tally(self.airtime)
@@ -484,6 +512,14 @@ class Medium:
             air = self._airtime[key] = airtime(self.radio, size, acked)
         return air
 
+    def _slot_of(self, size: int, broadcast: bool) -> _Slot:
+        """The loss-free slot of a transmission of `size` bytes (cached)."""
+        key = (size, broadcast)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = self._slot(size, acked=not broadcast)
+        return slot
+
     def _slot(self, size: int, acked: bool) -> _Slot:
         air = self.airtime(size, acked)
         radio_free = max(air.channel, air.on_air + self.radio.off_time_s(air.on_air))
@@ -523,11 +559,11 @@ class MqttStar(Medium):
     def __init__(self, parties: Iterable[Party], *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._channels = dict.fromkeys([*parties, BROKER], (CHANNEL,))
-        self._members([CHANNEL])
         # One channel: a sender that finds it busy queues for it (its turn comes a
         # backoff after the holder's end), which is exact first-come-first-served for
         # one channel and keeps hundreds of waiting nodes from sensing it over and over.
         self.takes_turns = True
+        self._members([CHANNEL])
 
 
 def natural_medium(radio_name: str) -> MediumName:

@@ -81,7 +81,8 @@ class SimEngine(WaveEngine):
             self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                                   self.device, self.edge_device, self.seed, self.trace,
                                   loss=self.loss, stragglers=self.stragglers,
-                                  best_effort=self.best_effort, attach=self.attach)
+                                  best_effort=self.best_effort, attach=self.attach,
+                                  compiled=not (self.paired_backoffs or self.failing))
             if self.paired_backoffs:
                 self.mesh.medium.pair_backoffs()
             for cell in sorted(self.failing):

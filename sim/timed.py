@@ -40,6 +40,7 @@ from meshdl.model import CNN
 from meshdl.nodes.deadlines import Margins
 from meshdl.nodes.host import NodeHost
 from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.sim.air import AirQueue
 from meshdl.sim.besteffort import PROBE_WAVES, BestEffort, Offsets, latest, offsets_from
 from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import DeviceProfile
@@ -153,7 +154,7 @@ class TimedMesh:
                  loss: FrameLoss | None = None,
                  stragglers: Stragglers | None = None,
                  best_effort: BestEffort | None = None, receipts: bool = False,
-                 attach: tuple[Cell, ...] = ()) -> None:
+                 attach: tuple[Cell, ...] = (), compiled: bool = True) -> None:
         """`loss`: frames the links lose (sim/loss.py); the link layer retries and the
         sender recovers what is still lost, so every message arrives and the results
         are the lossless run's (reliable mode), at the cost the trace shows.
@@ -162,7 +163,11 @@ class TimedMesh:
         `stragglers`: cells whose CPU is slower than `device` (sim/stragglers.py).
         `receipts`: keep every message as its receiver took it (also with `trace`).
         `attach`: border cells the edge may attach to instead of `spec.edge_at`, in
-        order, when its own dies (the edge has a radio link to each)."""
+        order, when its own dies (the edge has a radio link to each).
+        `compiled`: run the loss-free medium's contention compiled (sim/air.py: the same
+        events, faster) where it can be: without lossy links, best effort or dead
+        cells. A mesh whose nodes will be killed, or whose radios get their own backoff
+        streams, needs False."""
         if medium == "shared" and spec.params_via != "tree":
             raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
                              "'broadcast' needs the MQTT star (--medium star)")
@@ -177,7 +182,8 @@ class TimedMesh:
         topo = spec.topology
         members = [cell for cell in topo.cells() if cell in topo.members]  # not the dead
         self.slowdown = self.stragglers.pick(members)  # cell -> factor
-        self.queue = EventQueue()
+        compiled = compiled and loss is None and best_effort is None and not spec.dead
+        self.queue = AirQueue() if compiled else EventQueue()
         self.ledger = Ledger(spec)
         self.trace: list[Sent] | None = [] if trace else None
         # With the trace: every message as its receiver took it (time, receiver, header).
@@ -289,7 +295,7 @@ class TimedMesh:
                 self.spec, self.readings, copy, self.edge.labels, self.radio,
                 self.medium_name, self.device, self.edge_device, self.seed,
                 broker_s=self.broker_s, stragglers=self.stragglers, receipts=True,
-                attach=self.attach)
+                attach=self.attach, compiled=False)  # it kills and revives cells
             self._probe.plans_change = True
         probe, model, spec = self._probe, self.edge.model, self.edge.spec
         probe.edge.replan(*spec.plan_key)  # the mesh as it is now, its dead down
@@ -324,11 +330,11 @@ class TimedMesh:
         """The node of `cell` goes down now: it takes nothing more, sends nothing, draws
         no power, and forgets everything (a crash)."""
         if cell not in self.down:
+            self.medium.silence(cell)
             self.down[cell] = self.queue.now
             self._tick_at.pop(cell, None)
             self.cpus[cell].inbox.clear()
             self.cpus[cell].waking = False
-            self.medium.silence(cell)
 
     def revive(self, cell: Cell) -> None:
         """The node of `cell` comes back now, as it boots: its configured mesh, nothing

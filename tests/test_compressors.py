@@ -26,7 +26,8 @@ from meshdl.messages import CodecError, CodecReason
 
 CONV = Segment("conv2", "conv", (5, 5, 3, 3), 5)
 FC = Segment("fc1", "fc", (20, 30), 20)
-SPECS = ["none", "fp16", "int8", "2bit", "2bit:0.05", "ternary", "topk", "topk:0.1",
+SPECS = ["none", "fp16", "int8", "2bit", "2bit:0.05", "2bitmean:2.5", "ternary", "topk",
+         "topk:0.1",
          "randk:0.2",
          "ktopk", "ktopk:0.5", "powersgd", "powersgd:2"]
 
@@ -130,7 +131,7 @@ def _corrupt_cases(compressor, segment):
     yield "long", np.concatenate([good, np.zeros(1, np.uint8)])
     yield "wrong dtype", good.view(np.int8)
     name = compressor.name
-    if name in ("int8", "2bit", "ternary"):
+    if name in ("int8", "2bit", "2bitmean", "ternary"):
         bad = good.copy()
         bad[:4] = np.frombuffer(np.array([np.nan], "<f4").tobytes(), np.uint8)
         yield "nan scale", bad
@@ -138,7 +139,7 @@ def _corrupt_cases(compressor, segment):
         bad = good.copy()
         bad[4] = 0x80
         yield "code -128", bad
-    if name in ("2bit", "ternary"):
+    if name in ("2bit", "2bitmean", "ternary"):
         bad = good.copy()
         bad[4] = 0xFF
         yield "code 11", bad
@@ -155,8 +156,8 @@ def _corrupt_cases(compressor, segment):
         yield "non-finite value", bad
 
 
-@pytest.mark.parametrize("spec", ["none", "fp16", "int8", "2bit", "ternary", "topk",
-                                  "randk", "ktopk", "powersgd"])
+@pytest.mark.parametrize("spec", ["none", "fp16", "int8", "2bit", "2bitmean", "ternary",
+                                  "topk", "randk", "ktopk", "powersgd"])
 def test_decoding_refuses_what_no_encoder_sends(spec):
     compressor = parse_compressor(spec)
     for what, data in _corrupt_cases(compressor, CONV):
@@ -185,6 +186,17 @@ def test_int8_and_two_bit_scale_zero_gradients_to_zero():
         assert not np.any(compressor.decode(compressor.encode(zeros, FC, _state()), FC))
 
 
+def test_hylos_adaptive_threshold_is_the_mean_magnitude_times_its_factor():
+    values = _values(3, FC)
+    mean = np.float32(np.mean(np.abs(values)))
+    assert parse_compressor("2bit").threshold(values) == mean
+    assert parse_compressor("2bitmean").threshold(values) == mean
+    assert parse_compressor("2bitmean:2.5").threshold(values) == np.float32(2.5 * mean)
+    payload = parse_compressor("2bitmean:2.5").encode(values, FC, _state())
+    decoded = np.unique(parse_compressor("2bitmean:2.5").decode(payload, FC))
+    assert decoded.tolist() == [-np.float32(2.5 * mean), 0.0, np.float32(2.5 * mean)]
+
+
 def test_every_registered_compressor_parses_by_name():
     assert {parse_compressor(name).name for name in COMPRESSORS} == set(COMPRESSORS)
 
@@ -192,7 +204,7 @@ def test_every_registered_compressor_parses_by_name():
 @pytest.mark.parametrize("spec, says", [
     ("zip", "unknown compressor"), ("topk:2", "density"), ("topk:x", "not a number"),
     ("powersgd:1.5", "whole rank"), ("none:3", "takes no argument"),
-    ("2bit:-1", "threshold")])
+    ("2bit:-1", "threshold"), ("2bitmean:0", "factor")])
 def test_impossible_compressors_are_named_errors(spec, says):
     with pytest.raises(UsageError, match=says):
         parse_compressor(spec)
@@ -206,6 +218,11 @@ def test_policies_choose_per_layer():
     assert hylo.describe == {"conv1": "none", "conv2": "ktopk:0.24", "fc1": "2bit",
                              "fc2": "2bit"}
     assert CompressionPolicy.parse("hylo:16", model).describe["conv2"] == "ktopk:0.04"
+    scaled = CompressionPolicy.parse("hylo:64:2.5", model).describe  # tau = 2.5 mean |x|
+    assert scaled == {**hylo.describe, "fc1": "2bitmean:2.5", "fc2": "2bitmean:2.5"}
+    for bad in ("hylo:x", "hylo:64:0", "hylo:64:x"):
+        with pytest.raises(UsageError):
+            CompressionPolicy.parse(bad, model)
     assert CompressionPolicy.parse("hylo:100", model).describe["conv1"] == "none"
     assert CompressionPolicy.parse("hylo:100", model).describe["conv2"] == "ktopk:0.4"
     uniform = CompressionPolicy.parse("ktopk", model).describe

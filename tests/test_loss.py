@@ -143,8 +143,7 @@ def test_retries_and_recoveries_keep_the_air_physical() -> None:
     from tests.test_simulated_time import _mesh
 
     radio = profile("802.15.4")
-    mesh = _mesh(4, 4, radio, "shared")
-    mesh.medium.loss = FrameLoss(0.3, None, seed=1)
+    mesh = _mesh(4, 4, radio, "shared", loss=FrameLoss(0.3, None, seed=1))
     for mode in (Mode.INFER, Mode.TRAIN):
         mesh.run_wave(mode, Split.TRAIN, np.arange(2))
     assert mesh.medium.faults["retransmitted"] > 0

@@ -18,6 +18,7 @@ from meshdl.model import CNN
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.device import DeviceProfile, device
 from meshdl.sim.energy import state_energy
+from meshdl.sim.loss import FrameLoss
 from meshdl.sim.lounge import generate_lounge
 from meshdl.sim.media import BROKER, Sent
 from meshdl.sim.mesh import MeshEngine
@@ -31,14 +32,15 @@ FREE_CPU = DeviceProfile(name="free", flops_per_s=1e30, per_message_s=0.0, cpu_w
 
 
 def _mesh(rows: int, cols: int, radio: RadioProfile, medium: str, kernel: int = 3,
-          filters: int = 2, node: DeviceProfile | None = None, seed: int = 0) -> TimedMesh:
+          filters: int = 2, node: DeviceProfile | None = None, seed: int = 0,
+          loss: FrameLoss | None = None) -> TimedMesh:
     data = generate_lounge(DataConfig(rows=rows, cols=cols, train=16, test=4, seed=1))
     config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, hidden=8)
     spec = MeshSpec(1, config, (0, 0), "tree" if medium == "shared" else "broadcast")
     return TimedMesh(spec, {Split.TRAIN: data.X_train, Split.TEST: data.X_test},
                      CNN(config, seed=0), {Split.TRAIN: data.y_train, Split.TEST: data.y_test},
                      radio, medium, node or device("pi-zero-2w"), device("pi4"), seed=seed,
-                     trace=True)
+                     trace=True, loss=loss)
 
 
 # ------------------------------------------------------------------ exactness

@@ -29,7 +29,7 @@ LR = typer.Option(None, "--lr", help="Learning rate.")
 ACTIVATIONS = typer.Option(None, "--activations", help="Forward activations between "
                            "nodes (HALO, POOL, GATHER): float32, or lossy fp16 or int8.")
 COMPRESS = typer.Option(None, "--compress", help="Gradient compression with error "
-                        "feedback (REDUCE in the mesh, edge to server): none, hylo[:T], "
+                        "feedback (REDUCE in the mesh, edge to server): none, hylo[:T[:c]], "
                         "NAME[:ARG] or LAYER=NAME[:ARG],... (docs/compression.md).")
 
 

@@ -14,6 +14,7 @@ scales all raise `CodecError(BAD_COMPRESSED)`, so a forged payload never reaches
     int8       4 + n                           scale = max|x| / 127, round(x / scale)
     2bit[:tau] 4 + ceil(n / 4)                 +tau, -tau or 0 per value (MXNet's rule);
                                                no tau: tau = mean |x| (Hylo's adaptive)
+    2bitmean[:c] as 2bit                       2bit with tau = c x mean |x| (c = 1: 2bit)
     ternary    4 + ceil(n / 4)                 +-max|x| with probability |x| / max|x|
                                                (TernGrad: unbiased, stochastic)
     topk[:d]   k (2 or 4) + 4 k                the k largest |x|, k = ceil(d n)
@@ -264,6 +265,23 @@ class TwoBit(Compressor):
         return out
 
 
+class MeanTwoBit(TwoBit):
+    """2-bit with Hylo's adaptive threshold scaled: tau = c x mean |x| of what is
+    compressed (c = 1 is `2bit` without a tau). A larger c sends fewer, larger steps
+    and drains a large residual in fewer messages."""
+
+    name, takes = "2bitmean", "a factor c > 0 of the mean |x|"
+
+    @property
+    def factor(self) -> float:
+        return 1.0 if self.arg is None else self.arg
+
+    def threshold(self, values: np.ndarray) -> np.float32:
+        if not values.size:
+            return np.float32(0)
+        return np.float32(self.factor * np.mean(np.abs(values)))
+
+
 class Ternary(TwoBit):
     """TernGrad (Wen et al., 2017): the scale is max |x|, and each value goes as +-scale
     with probability |x| / scale, else 0, drawn from the sender's seeded stream: the
@@ -478,8 +496,8 @@ def _orthonormal(p: np.ndarray) -> np.ndarray:
 
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    c.name: c for c in (Dense, Half, Int8, TwoBit, Ternary, TopK, RandomK, KernelTopK,
-                        PowerSGD, IntSum)}
+    c.name: c for c in (Dense, Half, Int8, TwoBit, MeanTwoBit, Ternary, TopK, RandomK,
+                        KernelTopK, PowerSGD, IntSum)}
 
 
 def parse_compressor(spec: str) -> Compressor:
@@ -497,7 +515,8 @@ def parse_compressor(spec: str) -> Compressor:
     except ValueError:
         raise UsageError(f"compressor {name}: {arg_text!r} is not a number "
                          f"({kind.takes})") from None
-    valid = {"2bit": 0 < arg < math.inf, "powersgd": arg >= 1 and arg == int(arg),
+    valid = {"2bit": 0 < arg < math.inf, "2bitmean": 0 < arg < math.inf,
+             "powersgd": arg >= 1 and arg == int(arg),
              "intsum": 1 <= arg <= INTSUM_MAX_LEVELS and arg == int(arg)}.get(
         name, 0 < arg <= 1)
     if not valid:

@@ -3,12 +3,13 @@
     none                   every message as float32 (the exact wire format)
     NAME[:ARG]             that compressor on every layer it applies to (kernel top-k
                            only applies to conv layers; the others stay dense)
-    hylo[:T]               Hylo (seed 003): layers of more than T parameters compressed
+    hylo[:T[:c]]           Hylo (seed 003): layers of more than T parameters compressed
                            by type, the rest dense. A conv layer sends the kernels of
                            largest norm, T values' worth of them (its ratio adapted to
                            its size: max(1, floor(T x kernels / parameters)) kernels),
                            an fc layer every value in 2 bits with the adaptive
-                           threshold. T defaults to 64 (measured: at 16, one kernel
+                           threshold, tau = c x mean |x| (c = 1 unless given: `2bit`;
+                           else `2bitmean:c`). T defaults to 64 (measured: at 16, one kernel
                            of conv2's 25, seed 1 of the seed experiment stayed at the
                            one-class model; docs/compression.md). Hylo's rule is for a
                            worker's gradient on its way to the server: an edge's PUSH.
@@ -43,6 +44,7 @@ from meshdl.compress.compressors import (
     Dense,
     IntSum,
     KernelTopK,
+    MeanTwoBit,
     Segment,
     TwoBit,
     parse_compressor,
@@ -94,7 +96,8 @@ class CompressionPolicy:
                                      f"(layers: {', '.join(names)})")
                 chosen[layer.strip()] = parse_compressor(compressor)
         elif spec == "hylo" or spec.startswith("hylo:"):
-            chosen = hylo(segments, _threshold(spec))
+            threshold, factor = _hylo_args(spec)
+            chosen = hylo(segments, threshold, factor)
             summed = tuple((s.name, INTSUM_LEVELS if s.name in chosen else INTSUM_MAX_LEVELS)
                            for s in segments if s.kind == "conv")
             by_layer = tuple((s.name, chosen.get(s.name) or Dense()) for s in segments)
@@ -152,23 +155,27 @@ class CompressionPolicy:
         return {name: c.spec for name, c in self.by_layer}
 
 
-def hylo(segments: tuple[Segment, ...], threshold: int = HYLO_THRESHOLD
-         ) -> dict[str, Compressor]:
+def hylo(segments: tuple[Segment, ...], threshold: int = HYLO_THRESHOLD,
+         factor: float | None = None) -> dict[str, Compressor]:
     """Hylo's rule: above `threshold` parameters, conv layers by kernel top-k (about
     `threshold` values' worth of kernels: a ratio adapted to the layer's size), fc
-    layers by 2-bit with the adaptive threshold."""
+    layers by 2-bit with the adaptive threshold (mean |x|, times `factor` if given)."""
+    fc_rule = TwoBit() if factor is None else MeanTwoBit(factor)
     return {s.name: KernelTopK(max(1, threshold * s.kernels // s.size) / s.kernels)
-            if s.kind == "conv" else TwoBit()
+            if s.kind == "conv" else fc_rule
             for s in segments if s.size > threshold}
 
 
-def _threshold(spec: str) -> int:
+def _hylo_args(spec: str) -> tuple[int, float | None]:
+    """'hylo' -> (64, None); 'hylo:T' -> (T, None); 'hylo:T:c' -> (T, c)."""
     _, _, text = spec.partition(":")
-    if not text:
-        return HYLO_THRESHOLD
-    if not text.isdigit():
+    threshold_text, _, factor_text = text.partition(":")
+    if threshold_text and not threshold_text.isdigit():
         raise UsageError(f"--compress {spec}: the threshold is a whole number of parameters")
-    return int(text)
+    threshold = int(threshold_text) if threshold_text else HYLO_THRESHOLD
+    if not factor_text:
+        return threshold, None
+    return threshold, parse_compressor(f"{MeanTwoBit.name}:{factor_text}").arg
 
 
 def reduce_segments(model: ModelConfig) -> tuple[Segment, ...]:
