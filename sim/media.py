@@ -31,6 +31,10 @@ again). A duty-cycle limit (LoRa in EU868) keeps a sender off the air for T (1/d
 after T on air. The backoffs are drawn from one seeded generator, in event order: the
 same seed gives the same trace.
 
+On an `AirQueue` (sim/air.py) a loss-free medium hands every transmission to the queue,
+which runs this same contention compiled, event for event; lossy links, nodes that go
+down and per-radio backoff streams need this module's Python path (`_python_only`).
+
 Every transmission is one trace record (`Sent`): first bit on air to the last bit of the
 last frame, the message's bytes before framing and its frames. The radios' time in
 each state is bookkeeping over the same transmissions (`RadioTimes`).

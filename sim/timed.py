@@ -7,8 +7,9 @@ party has one CPU and one radio:
     message arrives -> waits for the party's CPU -> handled at `now` (the machine's
     kernels run for real) -> CPU busy for the device profile's time of the operations
     that message set off -> what it sent is queued on the party's radio -> the medium
-    decides when each transmission holds the channel (sim/media.py) -> delivered to
-    the receivers when its last frame is through.
+    decides when each transmission holds the channel (sim/media.py; without losses
+    its contention runs compiled, sim/air.py) -> delivered to the receivers when its
+    last frame is through.
 
 On the shared radio the messages one handling produces with the same kind, layer and
 phase for several neighbours (a halo strip's copies, the parameters to the tree
