@@ -108,7 +108,13 @@ class NodeHost:
         if node is None:
             self.stats["rejected:not_hosted"] += 1
             return []
-        return self._handle_in(node, message, now)
+        if dst in self.failed:  # `_handle_in` and `_isolated`, inline: the simulator's
+            self.stats["rejected:cell_failed"] += 1  # every message comes this way
+            return []
+        try:
+            return node.handle(message, now)
+        except Exception as exc:
+            return self._isolate(node, exc)
 
     def tick(self, now: float | None = None) -> list[Message]:
         """Let every cell give up on what is overdue (best effort: deadlines, hellos);
@@ -137,9 +143,13 @@ class NodeHost:
         try:
             return call(*args)
         except Exception as exc:
-            self.failed[node.cell] = f"{type(exc).__name__}: {exc}"[:200]
-            self.stats["failed_cells"] += 1
-            return []
+            return self._isolate(node, exc)
+
+    def _isolate(self, node: NodeMachine, exc: Exception) -> list[Message]:
+        """`node`'s machine raised `exc`: it takes nothing more, and is named."""
+        self.failed[node.cell] = f"{type(exc).__name__}: {exc}"[:200]
+        self.stats["failed_cells"] += 1
+        return []
 
     def _deliver_locally(self, messages: list[Message], now: float) -> list[Message]:
         """Hand messages between hosted cells over in process (first in, first out: in

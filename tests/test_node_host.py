@@ -12,7 +12,7 @@ import pytest
 from meshdl import CNN, ModelConfig
 from meshdl.data import Dataset
 from meshdl.edge.agent import EdgeMachine
-from meshdl.messages import EDGE, Message
+from meshdl.messages import EDGE, Kind, Message, make
 from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.mesh import MeshEngine
@@ -129,3 +129,20 @@ def test_a_cell_that_raises_is_isolated_and_reported_while_the_host_serves_the_o
     stats = host.node_stats()
     assert stats["failed_cells"] == 1 and stats["rejected:cell_failed"] > 0
     assert stats["accepted"] > 0  # ... but every other cell took its messages
+
+
+def test_a_cell_that_raises_on_a_message_from_the_radio_is_isolated_as_well() -> None:
+    """`take` (simulated time: the radio knows the receiver) isolates a cell as
+    `handle` does: the message that made it raise and every later one are refused."""
+    spec = MeshSpec(1, CONFIG, (0, 0), "broadcast")
+    data = _data()
+    host = NodeHost(spec, [(2, 3), (2, 4)], lambda cell: dataset_readings(data, cell))
+
+    def bug(message: Message, now: float = 0.0) -> list[Message]:
+        raise IndexError("a bug some message reached")
+
+    host.nodes[(2, 3)].handle = bug
+    params = make(Kind.PARAMS, 1, 0, EDGE, (2, 3), np.zeros(3, np.float32))
+    assert host.take(params, 0.0) == [] and host.take(params, 1.0) == []
+    assert set(host.failed) == {(2, 3)} and "IndexError" in host.failed[(2, 3)]
+    assert host.stats["failed_cells"] == 1 and host.stats["rejected:cell_failed"] == 1
