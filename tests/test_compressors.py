@@ -214,9 +214,10 @@ def test_policies_choose_per_layer():
     model = ModelConfig()
     hylo = CompressionPolicy.parse("hylo", model)
     # Above 64 parameters: conv layers send 64 values' worth of kernels (conv1, 50
-    # values, goes dense; 6 of conv2's 25 kernels), fc layers 2 bits a value.
-    assert hylo.describe == {"conv1": "none", "conv2": "ktopk:0.24", "fc1": "2bit",
-                             "fc2": "2bit"}
+    # values, goes dense; 6 of conv2's 25 kernels), fc layers 2 bits a value with
+    # tau = 2 x mean |x|.
+    assert hylo.describe == {"conv1": "none", "conv2": "ktopk:0.24", "fc1": "2bitmean:2",
+                             "fc2": "2bitmean:2"}
     assert CompressionPolicy.parse("hylo:16", model).describe["conv2"] == "ktopk:0.04"
     scaled = CompressionPolicy.parse("hylo:64:2.5", model).describe  # tau = 2.5 mean |x|
     assert scaled == {**hylo.describe, "fc1": "2bitmean:2.5", "fc2": "2bitmean:2.5"}
