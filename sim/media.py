@@ -154,8 +154,10 @@ class Tally:
     A loss-free transmission is only counted on the hot path, by what it was (a wave
     repeats the same few thousand); the figures are worked out when asked for."""
 
-    def __init__(self, airtime: Callable[[int, bool], Airtime] | None = None) -> None:
+    def __init__(self, airtime: Callable[[int, bool], Airtime] | None = None,
+                 pending: Callable[[], None] | None = None) -> None:
         self._airtime = airtime  # the medium's (None: an account with nothing in it)
+        self._pending = pending  # brings in what was counted elsewhere (sim/air.py)
         self._times = RadioTimes()
         self._transmissions = 0
         self._frames = 0
@@ -176,6 +178,8 @@ class Tally:
 
     def _settle(self) -> None:
         """Add the transmissions counted since the last call to the figures."""
+        if self._pending is not None:
+            self._pending()
         sending, receiving = self._times.tx, self._times.rx
         for (src, receivers, kind, layer, size, broadcast), n in self.unsettled.items():
             assert self._airtime is not None
@@ -238,6 +242,8 @@ class Medium:
     def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int, deliver: Deliver,
                  trace: list[Sent] | None = None, loss: FrameLoss | None = None) -> None:
         self.radio = radio
+        # Loss-free contention compiled (sim/air.py), when the queue can run it.
+        self._air: AirQueue | None = None
         # Lossy links (sim/loss.py): frames lost, retried by the link layer, messages
         # recovered end to end, so that every message still arrives (reliable mode), or
         # until it expires (`Transmission.expires`, best-effort mode).
@@ -251,8 +257,8 @@ class Medium:
         # order the draws come (`pair_backoffs` gives each its own); a test may put its
         # own generator here.
         self.seed = seed
-        self.rng = random.Random(seed)
-        self.backoff_stream: Callable[[Party], Any] = lambda _party: self.rng
+        self._rng = random.Random(seed)
+        self._backoff_stream: Callable[[Party], Any] = lambda _party: self._rng
         self.deliver = deliver
         self.trace = trace
         # Until when each channel member is held, by the member's number: checking a
@@ -263,8 +269,6 @@ class Medium:
         self._hold_numbers: dict[Hashable, tuple[int, ...]] = {}  # by `_hold`'s key
         self.takes_turns = False  # a busy channel: sense again later, or queue for it
         # The figures, per account (`account`); transmissions count into the current one.
-        # Loss-free contention compiled (sim/air.py), when the queue can run it.
-        self._air: AirQueue | None = None
         self.tallies: dict[Hashable, Tally] = {}
         self._tally = self._unsettled = None  # type: ignore[assignment]
         self.account(None)
@@ -291,6 +295,26 @@ class Medium:
                               self._access, self._unit, self._min_be, self._max_be,
                               self.takes_turns, self.trace is not None)
             self._air = self.queue
+
+    @property
+    def rng(self) -> Any:
+        """The one stream of backoffs (a `random.Random`, or a test's generator)."""
+        return self._rng
+
+    @rng.setter
+    def rng(self, rng: Any) -> None:
+        self._python_only("another backoff generator")
+        self._rng = rng
+
+    @property
+    def backoff_stream(self) -> Callable[[Party], Any]:
+        """Where each radio draws its backoffs: the one stream by default."""
+        return self._backoff_stream
+
+    @backoff_stream.setter
+    def backoff_stream(self, stream: Callable[[Party], Any]) -> None:
+        self._python_only("a backoff stream per radio")
+        self._backoff_stream = stream
 
     @property
     def loss(self) -> FrameLoss | None:
@@ -328,6 +352,8 @@ class Medium:
         the sender's CPU has made it; default now)."""
         tx.ready = self.queue.now if ready is None else ready
         if self._air is not None:
+            if self.down:
+                self._python_only("a node that is down")
             self._air.send(tx)
             return
         radio = self._radios.get(tx.src)
@@ -344,7 +370,6 @@ class Medium:
         sizes (two compression plans) then draw the same backoffs at the same radios,
         so comparing them measures the sizes rather than a reshuffled stream. Before
         the first transmission."""
-        self._python_only("a backoff stream per radio")
         seed = self.seed
         self.backoff_stream = lambda party: random.Random(f"{seed}:{party}")
 
@@ -468,13 +493,17 @@ class Medium:
             deliver(party, carried)
 
     # -------------------------------------------------------------- figures
+    def _settle_air(self) -> None:
+        if self._air is not None:
+            self._air.settle()
+
     def account(self, key: Hashable) -> Tally:
         """Count what follows into the account `key` (made when first named)."""
         if self._air is not None:
             self._air.settle()  # what it counted belongs to the account before
         tally = self.tallies.get(key)
         if tally is None:
-            tally = self.tallies[key] = Tally(self.airtime)
+            tally = self.tallies[key] = Tally(self.airtime, self._settle_air)
         self._tally, self._unsettled = tally, tally.unsettled
         return tally
 

@@ -4,6 +4,8 @@ count and figures, on every medium, however little room its regions start with."
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 
 from meshdl.config import DataConfig, ModelConfig
 from meshdl.errors import UsageError
+from meshdl.messages import Kind
 from meshdl.model import CNN
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.sim.air import AirQueue
@@ -18,6 +21,7 @@ from meshdl.sim.clock import EventQueue
 from meshdl.sim.device import device
 from meshdl.sim.loss import FrameLoss
 from meshdl.sim.lounge import generate_lounge
+from meshdl.sim.media import SharedRadio, Transmission
 from meshdl.sim.radio import profile
 from meshdl.sim.timed import TimedMesh
 
@@ -45,8 +49,11 @@ def _run(mesh: TimedMesh) -> dict:
             "params": mesh.edge.model.flat.tobytes()}
 
 
-@pytest.mark.parametrize(("radio", "medium"), [("802.15.4", "shared"), ("ble", "shared"),
-                                               ("wifi", "star"), ("lora-sf7", "shared")])
+# 802.15.4 draws backoffs (on the radio mesh, and on the star, where a busy sender takes
+# its turn); the others have no backoff unit; LoRa waits out its duty cycle.
+@pytest.mark.parametrize(("radio", "medium"), [("802.15.4", "shared"), ("802.15.4", "star"),
+                                               ("ble", "shared"), ("wifi", "star"),
+                                               ("lora-sf7", "shared")])
 def test_the_compiled_medium_gives_the_python_mediums_run_event_for_event(radio, medium):
     python, compiled = _mesh(radio, medium, False), _mesh(radio, medium, True)
     assert type(python.queue) is EventQueue and type(compiled.queue) is AirQueue
@@ -78,11 +85,49 @@ def test_what_only_the_python_medium_does_is_refused_on_the_compiled_one() -> No
     with pytest.raises(UsageError, match="Python medium"):
         mesh.medium.pair_backoffs()
     with pytest.raises(UsageError, match="Python medium"):
+        mesh.medium.rng = random.Random(1)
+    mesh.medium.down.add((1, 1))
+    with pytest.raises(UsageError, match="Python medium"):
+        mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+    with pytest.raises(UsageError, match="Python medium"):
         mesh.kill((1, 1))
     with pytest.raises(UsageError, match="Python medium"):
         mesh.medium.loss = FrameLoss(rate=0.1, seed=1)
     lossy = _mesh("802.15.4", "shared", True, loss=FrameLoss(rate=0.1, seed=1))
     assert type(lossy.queue) is EventQueue  # lossy links stay in Python
+
+
+# ------------------------------------------------------------------ a medium alone
+def _line(queue: EventQueue) -> SharedRadio:
+    """Three radios in a line, a - b - c: a and c each hear only b."""
+    return SharedRadio({"a": ["b"], "b": ["a", "c"], "c": ["b"]}, profile("802.15.4"),
+                       queue, 7, lambda party, what: None, trace=[])
+
+
+def _send_three(medium: SharedRadio) -> None:
+    for src, dst in (("a", "b"), ("c", "b"), ("b", "a")):
+        medium.send(Transmission(src, (dst,), Kind.HALO, 1, 300, [(dst, src)]), 0.0)
+
+
+def test_run_until_stops_right_after_the_event_that_made_it_true_a_cca_too() -> None:
+    runs = []
+    for queue in (EventQueue(), AirQueue()):
+        medium = _line(queue)
+        _send_three(medium)
+        assert queue.run_until(lambda m=medium: len(m.trace) >= 1, 100)
+        runs.append((queue.now, queue.events, list(medium.trace)))
+        assert queue.run(100) and not queue
+        runs.append((queue.now, queue.events, list(medium.trace),
+                     dict(medium.times.tx), medium.transmissions))
+    assert runs[2:] == runs[:2] and runs[0][1] < 4
+
+
+def test_a_transmission_ready_before_now_is_refused() -> None:
+    queue = AirQueue()
+    medium = _line(queue)
+    queue.advance_to(5.0)
+    with pytest.raises(ValueError, match="before now"):
+        medium.send(Transmission("a", ("b",), Kind.HALO, 1, 30, [("b", None)]), 1.0)
 
 
 # ------------------------------------------------------------------ the clock alone
