@@ -123,6 +123,15 @@ class Layout:
 
 # ------------------------------------------------------------------ compiled kernels
 @njit(**_JIT)
+def _move(i64: np.ndarray, f64: np.ndarray, to: int, source: int) -> None:
+    """Heap entry `source` into the place of entry `to`."""
+    heap_i, heap_f = i64[INT_AT + HEAP], i64[FLOAT_AT + HEAP]
+    f64[heap_f + to] = f64[heap_f + source]
+    for k in range(3):
+        i64[heap_i + 3 * to + k] = i64[heap_i + 3 * source + k]
+
+
+@njit(**_JIT)
 def _push(i64: np.ndarray, f64: np.ndarray, time: float, kind: int, argument: int) -> None:
     """Schedule an event (there is room: the callers make sure)."""
     heap_i, heap_f = i64[INT_AT + HEAP], i64[FLOAT_AT + HEAP]
@@ -135,9 +144,7 @@ def _push(i64: np.ndarray, f64: np.ndarray, time: float, kind: int, argument: in
         parent_time = f64[heap_f + parent]
         if parent_time < time or (parent_time == time and i64[heap_i + 3 * parent] < sequence):
             break
-        f64[heap_f + i] = parent_time
-        for k in range(3):
-            i64[heap_i + 3 * i + k] = i64[heap_i + 3 * parent + k]
+        _move(i64, f64, i, parent)
         i = parent
     f64[heap_f + i] = time
     i64[heap_i + 3 * i], i64[heap_i + 3 * i + 1], i64[heap_i + 3 * i + 2] = sequence, kind, argument
@@ -166,13 +173,9 @@ def _pop(i64: np.ndarray, f64: np.ndarray) -> tuple[float, int, int]:
         if last_time < child_time or (last_time == child_time and
                                       last_sequence < i64[heap_i + 3 * child]):
             break
-        f64[heap_f + i] = child_time
-        for k in range(3):
-            i64[heap_i + 3 * i + k] = i64[heap_i + 3 * child + k]
+        _move(i64, f64, i, child)
         i = child
-    f64[heap_f + i] = last_time
-    for k in range(3):
-        i64[heap_i + 3 * i + k] = i64[heap_i + 3 * n + k]
+    _move(i64, f64, i, n)
     return time, kind, argument
 
 
