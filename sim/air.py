@@ -487,10 +487,6 @@ class AirQueue(EventQueue):
     def events(self) -> int:  # type: ignore[override]
         return int(self._layout.i64[EVENTS])
 
-    @events.setter
-    def events(self, value: int) -> None:
-        self._layout.i64[EVENTS] = value
-
     def at(self, time: float, action: Action, argument: Any = None) -> None:
         if time < self.now:
             raise ValueError(f"cannot schedule at {time} before now ({self.now})")

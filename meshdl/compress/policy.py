@@ -35,6 +35,7 @@ to the parameter server (every layer).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -177,9 +178,14 @@ def _hylo_args(spec: str) -> tuple[int, float]:
     threshold = int(threshold_text) if threshold_text else HYLO_THRESHOLD
     if not factor_text:
         return threshold, HYLO_FACTOR
-    compressor = parse_compressor(f"{MeanTwoBit.name}:{factor_text}")
-    assert compressor.arg is not None
-    return threshold, compressor.arg
+    try:
+        factor = float(factor_text)
+    except ValueError:
+        factor = math.nan
+    if not (math.isfinite(factor) and factor > 0):
+        raise UsageError(f"--compress {spec}: the factor c of tau = c x mean |x| is a "
+                         "number above 0")
+    return threshold, factor
 
 
 def reduce_segments(model: ModelConfig) -> tuple[Segment, ...]:
