@@ -19,6 +19,7 @@ from meshdl import kernels
 from meshdl.compress.activations import read_activations
 from meshdl.compress.codec import read_or_count
 from meshdl.compress.intsum import SharedScales
+from meshdl.data import check_label_range
 from meshdl.errors import StepSkipped, UsageError
 from meshdl.messages import EDGE, Header, Kind, Message, make, newer
 from meshdl.model import CNN, Trace
@@ -35,6 +36,10 @@ from meshdl.payloads import BatchOrder, PlanTail, health_entries
 from meshdl.protocol import MeshSpec, Mode, Split
 from meshdl.topology import Cell
 from meshdl.work import head_work
+
+# A wave still making progress is restarted anyway once it is this many wave timeouts
+# old: its idle timeout alone would let a trickle of messages hold it for ever.
+WAVE_CAP_TIMEOUTS = 3
 
 
 @dataclass
@@ -93,20 +98,29 @@ class EdgeMachine:
 
     def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray],
                  first_step: int = 1, wave_timeout: float | None = None,
-                 session: int = 0) -> None:
+                 session: int = 0, wave_cap: float | None = None) -> None:
         """`first_step` numbers the first wave; `session` (u16) names this edge run in
         every message of its waves: nodes follow the PARAMS of another session whatever
         its step, so an edge that restarts with a new session takes its mesh back even
-        below its predecessor's steps. A wave without a result `wave_timeout` after it
-        started is restarted by `tick`."""
+        below its predecessor's steps. A wave that hears nothing of its own for
+        `wave_timeout` (since its start or its GATHER), or is `wave_cap` old (default
+        WAVE_CAP_TIMEOUTS timeouts), is restarted by `tick`."""
         self.spec = spec
         self.model = model
+        # Checked once here, before any wave (over MQTT: before connecting): the loss
+        # kernel indexes the logits with each label of a batch.
+        for split, y in labels.items():
+            check_label_range(y, model.config.classes, f"y_{Split(split).name.lower()}",
+                              "the edge's labels")
         self.labels = labels
         self.step = (first_step - 1) & 0xFFFFFFFF
         self.session = session
         self.batch = 0  # samples in the current wave
         self.wave_timeout = wave_timeout
+        self.wave_cap = wave_cap if wave_cap is not None or wave_timeout is None else \
+            WAVE_CAP_TIMEOUTS * wave_timeout
         self.started_at = 0.0
+        self.heard_at = 0.0  # the current wave's start or its last message
         self.attempts = 0  # of the current request: 1, then 2, ... after each restart
         self._request: tuple[Mode, Split, np.ndarray] | None = None
         self.mode: Mode | None = None
@@ -227,15 +241,19 @@ class EdgeMachine:
 
     def tick(self, now: float) -> list[Message]:
         """Best effort: give up on what missed its deadline. Else restart the current
-        wave if it has outlived `wave_timeout` (messages were lost, say while the broker
-        restarted): the same batch under a new step number, so the nodes drop what is
-        left of the old wave. Nothing was applied for it: a step's gradients only leave
-        the edge in a result."""
+        wave if nothing of it came for `wave_timeout`, or it is `wave_cap` old (messages
+        were lost, say while the broker restarted): the same batch under a new step
+        number, so the nodes drop what is left of the old wave. Nothing was applied for
+        it: a step's gradients only leave the edge in a result. The timeout counts from
+        the wave's last message, not its start: over a lossy link TCP may take long to
+        deliver a wave that loses nothing, and restarting it would only start over."""
         if self._request is None or self.result is not None:
             return []
         if self._timed is not None:
             return self._overdue(now)
-        if self.wave_timeout is None or now - self.started_at < self.wave_timeout:
+        if self.wave_timeout is None or (
+                now - self.heard_at < self.wave_timeout and
+                (self.wave_cap is None or now - self.started_at < self.wave_cap)):
             return []
         self.stats["restarted_waves"] += 1
         return self._begin(now)
@@ -333,7 +351,7 @@ class EdgeMachine:
         self._weighed = False  # the next wave weighs what this one brings
         mode, split, indices = self._request
         self.attempts += 1
-        self.started_at = now
+        self.started_at = self.heard_at = now
         self.step = (self.step + 1) & 0xFFFFFFFF  # the header's u32
         self.mode, self.result, self.trace = mode, None, None
         indices = np.asarray(indices, np.int32)
@@ -387,6 +405,7 @@ class EdgeMachine:
             if payload is None:
                 return []
             self.stats["accepted"] += 1
+            self.heard_at = max(self.heard_at, now)  # under way: the idle timeout restarts
             if self._timed is not None or self._learnt is not None:
                 self._arrival(Kind.GATHER, now)
             if self.policy == Policy.LAST:

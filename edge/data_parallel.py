@@ -9,6 +9,10 @@ mesh i takes the i-th contiguous part of each global batch, as `train_parallel` 
 pushes each step, and waits for what its sync mode needs. A push whose answer does not
 come within `resend_s` is pushed again; nothing for `patience_s` is an error. After each
 epoch the first mesh evaluates the server's model in its mesh (test split).
+
+With `mesh.auth` the edge seals its pushes and opens the server's weights with its
+mesh's key of the link edge-ps (`parallel.keys`, from `meshdl deploy central`), added to
+its mesh keys: without that file it refuses to start, naming it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from meshdl.augment import originals, training_data
+from meshdl.auth import push_keys_for, with_push_key
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
 from meshdl.edge.remote import MqttEngine
@@ -54,6 +59,7 @@ def train_with_server(config: RunConfig, data: Dataset, engine: MqttEngine,
     if config.parallel.overlap:
         raise UsageError("over MQTT the meshes push whole steps: run without overlap")
     sync = Sync.parse(config.parallel.sync)
+    _seal_pushes(config, engine)
     view = training_data(tc, data)
     n_train, n_test = originals(view), len(view.y_test)
     model = CNN(config.model, seed=tc.seed)  # the server's version 0, from the same seed
@@ -118,6 +124,20 @@ def train_with_server(config: RunConfig, data: Dataset, engine: MqttEngine,
     return model, history
 
 
+def _seal_pushes(config: RunConfig, engine: MqttEngine) -> None:
+    """With `mesh.auth`: the engine's keys gain the link edge-ps, so that its pushes
+    carry the tag the server checks and only the server's weights are taken."""
+    push = push_keys_for(config.parallel.keys, [config.mesh.mesh_id], config.mesh.auth)
+    if push is None:
+        return
+    if engine.auth is None:
+        raise UsageError("mesh.auth is on but the edge's engine has no keys "
+                         "(MqttEngine.for_run reads them from mesh.keys)")
+    engine.auth = with_push_key(engine.auth, push)
+    if engine.session is not None:  # connected already: its wire takes the new keys
+        engine.session.wire.auth = engine.auth
+
+
 def _rewind(worker: MeshWorker, history: History, steps: int) -> int:
     """The server started again at the worker's clock now: the epochs done before it
     stand, the loop goes on in the next; returns the last epoch done."""
@@ -152,18 +172,30 @@ class _Loop:
 
     def push(self, message: Message) -> None:
         self.last = message
-        self.engine.send([message])
+        self.engine.send([*self.worker.take_outbox(), message])
 
     def wait_for(self, condition: Any) -> bool:
-        """Take messages until `condition()`; the last push again every `resend_s`."""
+        """Take messages until `condition()`; the last push again every `resend_s`, and
+        the pushes the worker makes again for the server's session as soon as it knows
+        it."""
+        worker = self.worker
         deadline = time.monotonic() + self.patience_s
-        while not self.engine.wait_until(condition, self.resend_s):
+        while True:
+            ended = self.engine.wait_until(lambda: condition() or bool(worker.outbox),
+                                           self.resend_s)
+            if worker.outbox:
+                again = worker.take_outbox()
+                self.last = again[-1]
+                self.engine.send(again)
+            if condition():
+                return True
+            if ended:
+                continue  # the outbox woke it: the resend is not due yet
             if time.monotonic() >= deadline:
                 return False
             if self.last is not None:
                 self.resent += 1
                 self.engine.send([self.last])
-        return True
 
     def gave_up(self, what: str) -> str:
         return (f"mesh {self.worker.mesh_id}: no answer from the parameter server for "

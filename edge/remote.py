@@ -3,10 +3,11 @@
 `MqttEngine` does for `meshdl.training.train` what `MeshEngine` does in process: each
 batch is one wave of the same `EdgeMachine`, whose messages now cross a broker to node
 hosts (other processes, other machines). Before the first wave it waits until the node
-hosts' status records cover every cell. A wave without its result after `wave_timeout`
-seconds (a broker restart, a lost message) is restarted under a new step number, at
-most `max_attempts` times; the optimizer only ever sees a finished wave's gradients, so
-a retried step is applied once.
+hosts' status records cover every cell. A wave that hears nothing of its own for
+`wave_timeout` seconds (a broker restart, a lost message; counted from its start or its
+last message, so that a slow but moving wave goes on) is restarted under a new step
+number, at most `max_attempts` times; the optimizer only ever sees a finished wave's
+gradients, so a retried step is applied once.
 
 Before its first wave the edge also makes sure it is the only edge of the mesh and that
 every node host runs the same mesh (and replays the same data):
@@ -112,6 +113,10 @@ class MqttEngine(WaveEngine):
         self.online: dict[str, set[Cell]] = {}  # client -> the cells it serves
         self.stale: dict[str, float] = {}  # client -> age (s) of a claim with no heartbeat
         self.hosts: dict[str, StatusRecord] = {}  # online node hosts' status records
+        # Node hosts of this run whose status went offline (their last will, when they
+        # dropped) and the cells they served, until they come back: a failing wave
+        # names them.
+        self.gone: dict[str, set[Cell]] = {}
         self.take_over = take_over
         self.auth = auth
         self.since = 0.0  # when this edge took the mesh (its lease record says so)
@@ -265,8 +270,8 @@ class MqttEngine(WaveEngine):
     def _no_result(self, edge: EdgeMachine) -> str:
         """Why a wave may have got no result: what the broker said it refused, if it
         did, else the questions to ask."""
-        what = f"wave {edge.step} got no result in {self.max_attempts} attempts of " \
-               f"{self.wave_timeout:g} s"
+        what = f"wave {edge.step} got no result in {self.max_attempts} attempts (each " \
+               f"given up after {self.wave_timeout:g} s without a message of it)"
         refused = Counter({k.removeprefix("refused:"): n for k, n in
                            (self.session.stats if self.session else Counter()).items()
                            if k.startswith("refused:")})
@@ -283,6 +288,23 @@ class MqttEngine(WaveEngine):
         if refused:
             return (f"{what}: the broker refused messages from {', '.join(by)} "
                     f"({', '.join(f'{n} {why}' for why, n in sorted(refused.items()))})")
+        if self.gone:  # the broker said so for them: the likeliest cause, named
+            names = ", ".join(sorted(self.gone))
+            cells = sum(len(served) for served in self.gone.values())
+            hosts, wills, them = ("node host", "its last will", "it") \
+                if len(self.gone) == 1 else ("node hosts", "their last wills", "them")
+            return (f"wave {edge.step} failed: {hosts} {names} went offline ({wills}; "
+                    f"{cells} cells unserved) and {self.max_attempts} attempts got no "
+                    f"result: start {them} again (`meshdl nodes run`)")
+        # The edge's own connection broke (the broker dropped it, for instance for a
+        # missed keepalive while its loop was busy): that lost the waves, not the hosts.
+        stats = self.session.stats if self.session else Counter()
+        if stats["reconnects"]:
+            return (f"{what}: the broker dropped this edge {stats['reconnects']} times "
+                    "in this run (a keepalive missed while its loop was busy, or the broker "
+                    f"restarting); {self.stats['rejected:unsigned_status']} unsigned and "
+                    f"{self.stats['rejected:bad_status']} invalid status records were "
+                    "ignored")
         return (f"{what}; are all node hosts running (`meshdl doctor --broker "
                 f"{self.address}`), and does the broker take messages of "
                 f"{edge.spec.max_message_bytes} bytes (mesh.max_message_bytes vs its "
@@ -392,13 +414,16 @@ class MqttEngine(WaveEngine):
             self._lease_record(record)
             return
         self.stale.pop(client, None)
-        self.online.pop(client, None)
+        served = self.online.pop(client, None)
         self.hosts.pop(client, None)
+        if served and record.state == "offline":  # a host of this run: its will, or bye
+            self.gone[client] = served
         if record.role != "node-host" or record.mesh != self.mesh_id or not record.served:
             return
         if record.fresh(time.time(), retained):
             self.online[client] = record.served
             self.hosts[client] = record
+            self.gone.pop(client, None)  # back
         else:  # a claim with no heartbeat behind it: named if cells stay uncovered
             self.stale[client] = time.time() - (record.time or 0.0)
 

@@ -8,11 +8,13 @@ the `R0-R1,C0-C1` cell ranges that node hosts and `meshdl nodes run --cells` use
 The rules follow the topic scheme (meshdl/topics.py) and the wave protocol: a node only
 ever talks to its one-hop neighbours, and only the edge sends parameters. So
 
-- a node (user `r<row>c<col>`) writes `meshdl/<mesh>/<self>/#` and its status topic, and
-  reads `meshdl/<mesh>/<n>/<self>/#` for each one-hop neighbour n (the edge for the
+- a node (user `r<row>c<col>`) writes exactly the topics `meshdl/<mesh>/<self>/<n>/<kind>`
+  of the kinds it sends each one-hop neighbour n (`node_topics`) and its status topic,
+  and reads `meshdl/<mesh>/<n>/<self>/#` for each one-hop neighbour n (the edge for the
   `edge_at` cell) plus the edge's broadcasts `meshdl/<mesh>/edge/all/#`;
-- the edge (user `edge`) writes `meshdl/<mesh>/edge/#`, its status and the alerts topic,
-  and reads what `edge_at` sends it and every client's status;
+- the edge (user `edge`) writes its broadcasts (params, batch), its scatters to
+  `edge_at`, its status and the alerts topic, and reads what `edge_at` sends it and
+  every client's status;
 - a node host (one process serving several cells over one connection) gets the union of
   its cells' grants plus its own status topic (its connection's last will);
 - `monitor` reads status and alerts, nothing else.
@@ -38,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from meshdl.messages import EDGE
+from meshdl.messages import ALL, EDGE, Kind
 from meshdl.topics import (
     ROOT,
     alerts_topic,
@@ -47,6 +49,7 @@ from meshdl.topics import (
     name_of,
     push_topic,
     status_topic,
+    topic,
     weights_topic,
 )
 from meshdl.topology import Cell, Topology
@@ -82,13 +85,36 @@ class MeshUser:
     grants: tuple[Grant, ...]
 
 
+# What a node publishes to each neighbour (PROTOCOL.md, "Message kinds"): halos both
+# ways; gather, reduce and health up the tree and scatter down it, to any neighbour,
+# since a replanned mesh (dead cells, best effort) may hang the tree differently; pool
+# and route only within its pooling block. To the edge (from `edge_at`): what goes up
+# the tree. Over a broker the edge broadcasts the parameters and batch, so no node
+# sends either.
+NEIGHBOUR_KINDS = (Kind.HALO, Kind.GRAD_HALO, Kind.GATHER, Kind.SCATTER, Kind.REDUCE,
+                   Kind.HEALTH)
+BLOCK_KINDS = (Kind.POOL, Kind.ROUTE)
+EDGE_LINK_KINDS = (Kind.GATHER, Kind.REDUCE, Kind.HEALTH)
+
+
+def node_topics(mesh: int, topology: Topology, cell: Cell) -> list[str]:
+    """Every topic the node at `cell` publishes a mesh message on: exactly these, no
+    subtree (a free subtree would let a stolen login fill the broker with retained
+    messages on topics nobody reads)."""
+    names = []
+    for n in topology.neighbours(cell):
+        kinds = EDGE_LINK_KINDS if n == EDGE else NEIGHBOUR_KINDS + (
+            BLOCK_KINDS if topology.block_of(n) == topology.block_of(cell) else ())
+        names += [topic(mesh, cell, n, kind) for kind in kinds]
+    return names
+
+
 def node_grants(mesh: int, topology: Topology, cell: Cell) -> list[Grant]:
-    """What the node at `cell` may do: send as itself, hear its neighbours and the edge."""
+    """What the node at `cell` may do: send as itself on the topics of its links, hear
+    its neighbours and the edge. Its status topic is the only one it writes retained."""
     me = name_of(cell)
-    grants = [
-        Grant("write", f"{ROOT}/{mesh}/{me}/#"),
-        Grant("write", status_topic(mesh, me)),
-    ]
+    grants = [Grant("write", name) for name in node_topics(mesh, topology, cell)]
+    grants.append(Grant("write", status_topic(mesh, me)))
     grants += [Grant("read", inbox_filter(mesh, n, cell)) for n in topology.neighbours(cell)]
     grants.append(Grant("read", broadcast_filter(mesh)))
     return grants
@@ -96,18 +122,21 @@ def node_grants(mesh: int, topology: Topology, cell: Cell) -> list[Grant]:
 
 def edge_grants(mesh: int, topology: Topology,
                 parameter_server: bool = False) -> list[Grant]:
-    """The edge sends parameters, batches and scatters (and, training with other
-    meshes, its pushes: they are under edge/ too); it hears only `edge_at`, and the
-    parameter server's weights for its mesh."""
+    """The edge broadcasts parameters and batches and sends `edge_at` its scatters
+    (and, training with other meshes, pushes its gradients): exactly those topics; it
+    hears only `edge_at`, and the parameter server's weights for its mesh. Its status
+    (the lease) and the alerts are its retained records."""
     grants = [
-        Grant("write", f"{ROOT}/{mesh}/{name_of(EDGE)}/#"),
+        Grant("write", topic(mesh, EDGE, ALL, Kind.PARAMS)),
+        Grant("write", topic(mesh, EDGE, ALL, Kind.BATCH)),
+        Grant("write", topic(mesh, EDGE, topology.edge_at, Kind.SCATTER)),
         Grant("write", status_topic(mesh, EDGE_USER)),
         Grant("write", alerts_topic(mesh)),
         Grant("read", inbox_filter(mesh, topology.edge_at, EDGE)),
         Grant("read", f"{ROOT}/{mesh}/status/#"),
     ]
     if parameter_server:
-        grants.append(Grant("read", weights_topic(mesh)))
+        grants += [Grant("write", push_topic(mesh)), Grant("read", weights_topic(mesh))]
     return grants
 
 
@@ -139,9 +168,18 @@ def central_users(meshes: Iterable[int]) -> list[MeshUser]:
 
 def bridge_config(mesh: int, central_host: str, central_port: int, password: str) -> str:
     """The lines a building's Mosquitto needs to bridge its mesh's server traffic to the
-    central broker (QoS 1 both ways, as the edge and the server publish it)."""
+    central broker (QoS 1 both ways, as the edge and the server publish it). They hold
+    the bridge's password, which Mosquitto takes only inline: the file is a secret of
+    its own, read through `include_dir` from a directory only the broker's user can
+    read (Mosquitto reads its configuration, included files too, before it drops
+    privileges, and again as that user on a reload), so that mosquitto.conf holds none."""
     return "\n".join([
-        f"# meshdl mesh {mesh}: pushes to the central parameter server, weights back",
+        f"# meshdl mesh {mesh}: pushes to the central parameter server, weights back.",
+        "# A secret (the bridge's password): install it as "
+        f"/etc/mosquitto/meshdl/bridge.d/bridge-{mesh}.conf,",
+        "# owner mosquitto, mode 0600, and end mosquitto.conf with",
+        "#   include_dir /etc/mosquitto/meshdl/bridge.d",
+        "# Never paste these lines into mosquitto.conf itself.",
         f"connection meshdl-{mesh}-central",
         f"address {central_host}:{central_port}",
         f"remote_username {bridge_user(mesh)}",

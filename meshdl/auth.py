@@ -23,6 +23,10 @@ credentials` draws both at random and writes each broker user the `Keyring` of t
 it acts for; the virtual mesh derives them from a seed. The CRC inside the message still
 catches corruption; the tag is what a forger cannot make. What a tag does not stop: a
 replay of a genuine message of an earlier edge session (see PROTOCOL.md).
+
+Several meshes training one model: PUSH and WEIGHTS carry the link tag of the link
+between a mesh's edge and the parameter server, under a random key per mesh that
+`meshdl deploy central` draws (`PushKeys`; the server's side is `PushAuthenticator`).
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
+import secrets
 import struct
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,12 +47,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.messages import (
     EDGE,
     HEADER_BYTES,
+    SERVER,
     CodecError,
     CodecReason,
     Kind,
@@ -258,36 +265,37 @@ class Authenticator:
             if self._sign_key is None:
                 raise MeshdlError("only the edge signs the edge's status record")
             return {**record, STATUS_TAG: self._sign_key.sign(body).hex()}
-        cells = record.get("cells", [])
-        return {**record, STATUS_TAG: self._chain(cells, body, self.keyring.status)}
+        names = record.get("cells", [])
+        for name in names:
+            if cell_of(name) not in self.keyring.status:
+                raise MeshdlError(f"no status key for {name}")
+        cells = _claimed_cells(names, self.keyring.status)
+        if cells is None:
+            raise MeshdlError("a status record claims each of its cells once")
+        return {**record, STATUS_TAG: _chain(cells, body, self.keyring.status)}
 
     def verify_status(self, record: dict[str, Any]) -> bool:
-        """Whether a received status record carries a tag only its writer could make."""
+        """Whether a received status record carries a tag only its writer could make.
+
+        A record is untrusted input and the edge reads one whenever any client writes
+        one, so the work is bounded by the grid, not by what the record claims: the
+        claim is checked first (a list of distinct cells of this mesh: at most one per
+        status key held), then the body is hashed once and the chain runs over that
+        32-byte digest, one short HMAC per claimed cell."""
         tag = record.get(STATUS_TAG)
         if not isinstance(tag, str):
             return False
-        body = status_bytes(record)
         if record.get("role") == "edge":
             try:
-                self._verify_key.verify(bytes.fromhex(tag), body)
+                self._verify_key.verify(bytes.fromhex(tag), status_bytes(record))
             except (InvalidSignature, ValueError):
                 return False
             return True
-        try:
-            expected = self._chain(record.get("cells", []), body, self.keyring.status)
-        except (MeshdlError, ValueError):
+        cells = _claimed_cells(record.get("cells", []), self.keyring.status)
+        if cells is None:
             return False
+        expected = _chain(cells, status_bytes(record), self.keyring.status)
         return hmac.compare_digest(tag, expected)
-
-    @staticmethod
-    def _chain(names: list[str], body: bytes, keys: dict[Cell, bytes]) -> str:
-        tag = b""
-        for name in names:
-            key = keys.get(cell_of(name))
-            if key is None:
-                raise MeshdlError(f"no status key for {name}")
-            tag = hmac.digest(key, tag + body, "sha256")
-        return tag[:LINK_TAG_BYTES].hex()
 
     def _link_tag(self, src: Cell, dst: Cell, data: bytes) -> bytes:
         key = self._links.get(link(src, dst))
@@ -332,6 +340,35 @@ def authenticator_for(spec: LinkPlan, parties: list[Cell], keys: Path | None,
     return Authenticator(ring)
 
 
+def _claimed_cells(names: Any, keys: dict[Cell, bytes]) -> list[Cell] | None:
+    """The cells a status record claims, or None for a claim no host can sign: not a
+    list of cell names, a cell twice, a cell without a status key here. Looked at
+    before any hashing, and at most one name per key held (the grid's cells) is read."""
+    if not isinstance(names, list) or len(names) > len(keys):
+        return None
+    cells: list[Cell] = []
+    seen: set[Cell] = set()
+    for name in names:
+        try:
+            cell = cell_of(name) if isinstance(name, str) else None
+        except ValueError:
+            return None
+        if cell is None or cell in seen or cell not in keys:
+            return None
+        seen.add(cell)
+        cells.append(cell)
+    return cells
+
+
+def _chain(cells: list[Cell], body: bytes, keys: dict[Cell, bytes]) -> str:
+    """The status tag of `body` claimed for `cells`: the body hashed once, then an HMAC
+    chain over that digest under each claimed cell's key (a claim needs every key)."""
+    tag, digest = b"", hashlib.sha256(body).digest()
+    for cell in cells:
+        tag = hmac.digest(keys[cell], tag + digest, "sha256")
+    return tag[:LINK_TAG_BYTES].hex()
+
+
 def status_bytes(record: dict[str, Any]) -> bytes:
     """What a status record's tag covers: the record without its tag, canonical JSON."""
     fields = {k: v for k, v in record.items() if k != STATUS_TAG}
@@ -345,3 +382,132 @@ def _signed_bytes(message: Message) -> bytes:
     return _SIGNED_FIELDS.pack(h.kind, h.mesh, h.step, h.session, h.dtype, *shape) + \
         message.payload.tobytes()
 
+
+
+# ------------------------------------------------------------ the parameter server's links
+#
+# Several meshes training one model (meshdl/server): each mesh's edge and the parameter
+# server share one random key, the link edge-ps of that mesh, drawn by `meshdl deploy
+# central`. PUSH and WEIGHTS carry the link tag under it (HMAC-SHA256 over header and
+# payload, as every link message): the header's kind, mesh, clock, session and part are
+# covered, so a tag made for one mesh, clock or direction is worth nothing for another.
+# The edge's key file holds its own mesh's key; the server's, every mesh's. A broker
+# login alone (a stolen .env) can therefore publish on the push topic but not make a
+# push the server takes.
+
+PUSH_LINK = link(EDGE, SERVER)  # the key name of an edge's link to the parameter server
+PUSH_KINDS = frozenset({Kind.PUSH, Kind.WEIGHTS})
+
+
+class PushKeyFile(BaseModel):
+    """A push key file as stored: the edge-ps link key of each mesh, in hex."""
+
+    model_config = ConfigDict(extra="forbid")
+    push: dict[int, str] = Field(min_length=1, max_length=0x10000)
+
+    @field_validator("push")
+    @classmethod
+    def _keys_are_keys(cls, keys: dict[int, str]) -> dict[int, str]:
+        for mesh, key in keys.items():
+            if not 0 <= mesh <= 0xFFFF:
+                raise ValueError(f"mesh {mesh} is not a header's mesh id")
+            if re.fullmatch(_HEX_KEY, key) is None:
+                raise ValueError(f"the key of mesh {mesh} is not {KEY_BYTES} bytes in hex")
+        return keys
+
+
+@dataclass(frozen=True)
+class PushKeys:
+    """The edge-ps link keys one party holds: the server every mesh's, an edge its own."""
+
+    keys: dict[int, bytes]  # mesh id -> key
+
+    @classmethod
+    def draw(cls, meshes: list[int]) -> PushKeys:
+        """Fresh random keys, one per mesh (`meshdl deploy central`)."""
+        return cls({mesh: secrets.token_bytes(KEY_BYTES) for mesh in meshes})
+
+    def only(self, mesh: int) -> PushKeys:
+        """The key of one mesh: what that mesh's edge holds."""
+        return PushKeys({mesh: self.keys[mesh]})
+
+    def to_json(self) -> str:
+        record = PushKeyFile(push={m: key.hex() for m, key in sorted(self.keys.items())})
+        return record.model_dump_json(indent=1) + "\n"
+
+    @classmethod
+    def load(cls, path: Path, meshes: list[int]) -> PushKeys:
+        """Read a push key file holding the keys of `meshes` at least; a missing, damaged
+        or wrong one is a one-line error."""
+        try:
+            record = PushKeyFile.model_validate_json(path.read_bytes())
+        except OSError as exc:
+            raise MeshdlError(f"{path}: cannot read the push key file ({exc.strerror})"
+                              ) from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "file"
+            raise MeshdlError(f"{path}: not a meshdl push key file ({where}: "
+                              f"{first['msg']})") from None
+        missing = sorted(set(meshes) - set(record.push))
+        if missing:
+            raise UsageError(f"{path}: no key for the link edge-ps of mesh "
+                             f"{', '.join(map(str, missing))}: not the push key file of "
+                             "these meshes (`meshdl deploy central` writes them)")
+        return cls({m: bytes.fromhex(record.push[m]) for m in meshes})
+
+
+def push_keys_for(keys: Path | None, meshes: list[int], enabled: bool) -> PushKeys | None:
+    """The push keys of a process of `meshes` (an edge: its own; the server: all), from
+    the file `parallel.keys` names; None when the meshes do not authenticate."""
+    if not enabled:
+        return None
+    if keys is None:
+        raise UsageError("mesh.auth is on: give this process its push key file "
+                         "(parallel.keys in the config, or MESHDL_PARALLEL__KEYS), from "
+                         "`meshdl deploy central`")
+    return PushKeys.load(keys, meshes)
+
+
+def with_push_key(auth: Authenticator, push: PushKeys) -> Authenticator:
+    """An edge's authenticator that also seals its PUSH and opens the server's WEIGHTS:
+    its mesh keys with the link edge-ps added."""
+    ring = auth.keyring
+    key = push.keys.get(ring.mesh_id)
+    if key is None:
+        raise UsageError(f"no key for the link edge-ps of mesh {ring.mesh_id} in the push "
+                         "key file: not this mesh's")
+    return Authenticator(replace(ring, links={**ring.links, PUSH_LINK: key}))
+
+
+class PushAuthenticator:
+    """The parameter server's side of the links edge-ps: seals WEIGHTS and opens PUSH of
+    every mesh it serves, each under its mesh's key. Same tag as `Authenticator`'s link
+    messages, so an edge's `Authenticator` holding its mesh's key opens and makes them."""
+
+    def __init__(self, keys: PushKeys) -> None:
+        self._keys = keys.keys
+
+    def seal(self, message: Message) -> bytes:
+        h = message.header
+        if h.kind not in PUSH_KINDS or h.mesh not in self._keys:
+            raise MeshdlError(f"the parameter server seals no {h.kind.name} of mesh {h.mesh}")
+        data = encode(message)
+        return data + Authenticator._tag(self._keys[h.mesh], data)
+
+    def open(self, data: bytes) -> Message:
+        """Verify and decode; CodecError (reason `forged`) for anything not tagged with
+        its mesh's key edge-ps."""
+        if len(data) <= HEADER_BYTES + LINK_TAG_BYTES:
+            raise CodecError(CodecReason.TRUNCATED, f"truncated message: {len(data)} bytes, "
+                             "too short for a header and its tag")
+        body, tag = data[:-LINK_TAG_BYTES], data[-LINK_TAG_BYTES:]
+        message = decode(body)
+        h = message.header
+        key = self._keys.get(h.mesh)
+        if h.kind not in PUSH_KINDS or key is None or \
+                link(h.src, h.dst) != PUSH_LINK or \
+                not hmac.compare_digest(tag, Authenticator._tag(key, body)):
+            raise CodecError(CodecReason.FORGED, f"{h.kind.name} of mesh {h.mesh}: no valid "
+                             "tag of the link edge-ps")
+        return message

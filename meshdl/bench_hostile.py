@@ -5,9 +5,13 @@ the generated ACL; every process with its own message keys; the production 1 MiB
 limit), trains the configuration over MQTT with two node hosts and an edge, each its own
 process, and does it twice: clean, then while a hostile client logged in with one node's
 password floods every topic its ACL allows (sim/hostile.py). Each run reports whether
-every process lived, the peak memory of each, the largest difference of the trained
-parameters from the virtual mesh's, and what was rejected where; the attack run also
-what the attacker sent and its memory next to the clean run's.
+every process lived, the peak memory of each (the broker's too) and the size of the
+broker's store when it stopped, the largest difference of the trained parameters from
+the virtual mesh's, and what was rejected where; the attack run also what the attacker
+sent and its memory next to the clean run's. Besides its flood of every topic, the
+attacker publishes a status record claiming one cell ~32,750 times once a second,
+1,040,000-byte messages to its neighbour on the other host, and 400 retained messages
+of that size below its own name.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from meshdl.acl import parse_acl
 from meshdl.bench_mqtt import _toml
 from meshdl.config import RunConfig
 from meshdl.data import Dataset, save_dataset
@@ -40,13 +45,20 @@ from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress
 from meshdl.protocol import MeshSpec
 from meshdl.sim.hostile import Attacker
+from meshdl.status import MAX_STATUS_BYTES
 from meshdl.topics import name_of
 from meshdl.training import train
 
+RETAINED_FILL = 400  # retained messages of 1,040,000 bytes the attacker leaves
+FLOOD_FIRST = 200  # 1 MB messages out to the flooded cell before the first wave
+
 
 def bench_hostile(config: RunConfig, data: Dataset, log: Any = None,
-                  attack: tuple[bool, ...] = (False, True)) -> dict[str, Any]:
-    """Train `config` over the production setup, clean and under attack."""
+                  attack: tuple[bool, ...] = (False, True),
+                  raise_on_failure: bool = True) -> dict[str, Any]:
+    """Train `config` over the production setup, clean and under attack. A run whose
+    edge fails raises, unless `raise_on_failure` is off: then its result says so (the
+    edge's exit code and last words) next to everything else it measured."""
     say = log or (lambda _text: None)
     config = config.model_copy(update={"mesh": config.mesh.model_copy(update={"auth": True})})
     say("training the reference in the virtual mesh")
@@ -58,10 +70,13 @@ def bench_hostile(config: RunConfig, data: Dataset, log: Any = None,
             name = "attack" if hostile else "clean"
             say(f"{name} run: broker, two node hosts, edge"
                 + (", and the attacker" if hostile else ""))
-            runs[name] = setup.run(reference, hostile, say)
+            runs[name] = setup.run(reference, hostile, say, raise_on_failure)
     if "clean" in runs and "attack" in runs:
         runs["attack"]["memory_vs_clean"] = {
             proc: runs["attack"]["peak_rss_mb"][proc] / runs["clean"]["peak_rss_mb"][proc]
+            for proc in runs["clean"]["peak_rss_mb"]}
+        runs["attack"]["memory_over_clean_mb"] = {
+            proc: runs["attack"]["peak_rss_mb"][proc] - runs["clean"]["peak_rss_mb"][proc]
             for proc in runs["clean"]["peak_rss_mb"]}
     return {"grid": [config.model.rows, config.model.cols], "epochs": config.train.epochs,
             "train_samples": len(data.y_train), "test_samples": len(data.y_test), **runs}
@@ -94,10 +109,12 @@ class _ProductionSetup:
         self.env = {user: _env_file(secrets / f"{user}.env")
                     for user in ("north", "south", "edge", self.attacker_user)}
 
-    def run(self, reference: CNN, hostile: bool, say: Any) -> dict[str, Any]:
+    def run(self, reference: CNN, hostile: bool, say: Any,
+            raise_on_failure: bool = True) -> dict[str, Any]:
         tls_port, local_port = free_port(), free_port()
         broker = Mosquitto(self.folder / "broker", port=tls_port, config_text=production_config(
             self.folder / "broker", tls_port, local_port)).start(timeout=10)
+        broker_pid = broker.process.pid if broker.process is not None else 0
         url = f"mqtts://{HOST}:{tls_port}"
         logs = self.folder / ("attack" if hostile else "clean")
         logs.mkdir()
@@ -118,14 +135,16 @@ class _ProductionSetup:
                 "--data", str(self.data_file), "--out", str(logs / "run"), "--json",
                 "--nodes-timeout", "120", "--wave-timeout", "30")
             edge = processes["edge"]
+            pids = lambda: {"broker": broker_pid,  # noqa: E731
+                            **{name: p.pid for name, p in processes.items()}}
             while edge.poll() is None:
-                for name, process in processes.items():
-                    peaks[name] = max(peaks.get(name, 0.0), _peak_rss_mb(process.pid))
+                for name, pid in pids().items():
+                    peaks[name] = max(peaks.get(name, 0.0), _peak_rss_mb(pid))
                 time.sleep(0.25)
             wall = time.perf_counter() - started
             alive = {name: p.poll() is None for name, p in processes.items() if name != "edge"}
-            for name, process in processes.items():
-                peaks[name] = max(peaks.get(name, 0.0), _peak_rss_mb(process.pid))
+            for name, pid in pids().items():
+                peaks[name] = max(peaks.get(name, 0.0), _peak_rss_mb(pid))
         finally:
             stop_attack.set()
             if attacker is not None:
@@ -135,13 +154,16 @@ class _ProductionSetup:
                 began = time.perf_counter()
                 stop_process(process, timeout=10)
                 stops[name] = time.perf_counter() - began
-            broker.stop()
-        if edge.returncode != 0:
-            raise MeshdlError(f"the edge failed (exit {edge.returncode}): "
-                              f"{(logs / 'edge.err').read_text(errors='replace')[-1500:]}")
-        model = CNN.load(logs / "run" / "model.npz")
-        metrics = json.loads((logs / "run" / "metrics.json").read_text())
+            broker.stop(timeout=30)  # (it writes its store as it stops)
+        store = self.folder / "broker" / "data" / "mosquitto.db"
+        edge_said = (logs / "edge.err").read_text(errors="replace")[-1500:]
+        if edge.returncode != 0 and raise_on_failure:
+            raise MeshdlError(f"the edge failed (exit {edge.returncode}): {edge_said}")
+        trained = edge.returncode == 0
+        model = CNN.load(logs / "run" / "model.npz") if trained else None
+        metrics = json.loads((logs / "run" / "metrics.json").read_text()) if trained else {}
         scale = float(np.abs(reference.flat).max())
+        diff = float(np.abs(model.flat - reference.flat).max()) if model else float("inf")
         result = {
             "wall_s": wall,
             "node_hosts_alive_at_end": alive,
@@ -149,8 +171,10 @@ class _ProductionSetup:
             "host_exits": {n: p.returncode for n, p in processes.items() if n != "edge"},
             "sigterm_s": {n: stops[n] for n in ("north", "south")},
             "peak_rss_mb": peaks,
-            "max_param_diff": float(np.abs(model.flat - reference.flat).max()),
-            "max_param_diff_relative": float(np.abs(model.flat - reference.flat).max()) / scale,
+            "broker_store_mb": store.stat().st_size / 2**20 if store.exists() else 0.0,
+            "edge_error": None if trained else edge_said,
+            "max_param_diff": diff,
+            "max_param_diff_relative": diff / scale,
             "test_acc": metrics["final"]["test_acc"] if "final" in metrics else None,
             "host_stop_lines": {n: _last_line(logs / f"{n}.err", "stopped:")
                                 for n in ("north", "south")},
@@ -160,6 +184,10 @@ class _ProductionSetup:
         }
         if attacker is not None:
             result["attacker"] = self.attacker_user
+            # What the generated ACL lets its login write: what it can leave retained.
+            result["attacker_write_grants"] = [
+                g.topic for g in parse_acl((self.creds / "acl").read_text())[
+                    self.attacker_user] if g.access != "read"]
             result["attacker_sent"] = dict(attacker[0].sent)
             result["attacker_disconnects"] = dict(attacker[0].errors)
         return result
@@ -176,21 +204,28 @@ class _ProductionSetup:
         address = BrokerAddress.parse(url, env={**login})
         spec = MeshSpec(self.config.mesh.mesh_id, self.config.model, self.config.mesh.edge_at,
                         "broadcast", self.config.mesh.max_message_bytes, True)
-        attacker = Attacker(spec, address, self.attacker, cafile=self.ca)
+        # Its neighbour on the other host hears it through the broker: the flood's target.
+        south = (self.attacker[0] + 1, self.attacker[1])
+        attacker = Attacker(spec, address, self.attacker, cafile=self.ca,
+                            claim_bomb=MAX_STATUS_BYTES, flood_cell=south,
+                            retained_fill=RETAINED_FILL)
         thread = threading.Thread(target=lambda: asyncio.run(attacker.run(stop.is_set)),
                                   name="attacker", daemon=True)
         thread.start()
         return attacker, thread
 
 
-def _flooding(attacker: Attacker, timeout: float = 60.0) -> None:
-    """Wait until the attacker has published a few rounds (its TLS login and first flood
-    take a while; a short training run could otherwise be over before it begins)."""
+def _flooding(attacker: Attacker, timeout: float = 120.0) -> None:
+    """Wait until the attacker has published a few rounds, left all its retained
+    messages and sent FLOOD_FIRST large ones (its TLS login and first flood take a
+    while; a short training run could otherwise be over before it begins)."""
     deadline = time.monotonic() + timeout
-    while attacker.rounds < 3:
+    while attacker.rounds < 3 or attacker.filled < attacker.retained_fill or \
+            (attacker.flood_cell is not None and attacker.sent["flood_1mb"] < FLOOD_FIRST):
         if time.monotonic() > deadline:
-            raise MeshdlError(f"the attacker published nothing in {timeout:.0f} s "
-                              f"(disconnects: {dict(attacker.errors)})")
+            raise MeshdlError(f"the attacker did not get its flood out in {timeout:.0f} s "
+                              f"({attacker.rounds} rounds, {attacker.filled} retained; "
+                              f"disconnects: {dict(attacker.errors)})")
         time.sleep(0.05)
 
 

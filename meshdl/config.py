@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -81,26 +82,34 @@ class DataConfig(_Strict):
     seed: int = Field(0, ge=0)
 
 
+MAX_EPOCHS = 100_000  # far past any real run (the seed trains 20 epochs)
+MAX_LR = 1e9  # far past any rate that learns (a diverging run still says so itself)
+
+
 class TrainConfig(_Strict):
     """How the parameters are fitted."""
 
-    epochs: int = Field(20, ge=1)
+    # Bounded: a mistyped 10^12 is refused at once instead of running for ever.
+    epochs: int = Field(20, ge=1, le=MAX_EPOCHS)
     batch: int = Field(100, ge=1)
     optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.15, gt=0, description="learning rate (the peak, with a schedule)")
+    # Finite and bounded: pydantic lets inf through `gt=0`, and inf or 1e30 could only
+    # diverge at the first step, with numpy's warnings on the way.
+    lr: float = Field(0.15, gt=0, le=MAX_LR, allow_inf_nan=False,
+                      description="learning rate (the peak, with a schedule)")
     schedule: Literal["constant", "cosine"] = Field(
         "cosine", description="learning rate over the run: constant, or cosine decay to 0")
     warmup_fraction: float = Field(
         0.25, ge=0, le=1, description="share of the run's updates over which the learning "
         "rate ramps linearly up to lr before the schedule starts")
     clip_norm: float = Field(
-        1.0, ge=0, description="scale each gradient down to this global L2 norm when it is "
-        "longer (0: never)")
+        1.0, ge=0, allow_inf_nan=False, description="scale each gradient down to this "
+        "global L2 norm when it is longer (0: never)")
     augment: Literal["none", "mirror"] = Field(
         "mirror", description="mirror: each epoch shows every training map once, flipped "
         "up-down and/or left-right at random (the label rule is symmetric under both)")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
     seed: int = Field(0, ge=0, description="seeds parameter init and batch shuffling")
 
 
@@ -165,6 +174,9 @@ class ParallelConfig(_Strict):
     overlap: bool = Field(False, description="send each layer's gradient as soon as it "
                           "exists and start flooding each layer's new parameters as soon "
                           "as it arrives")
+    keys: Path | None = Field(None, description="with mesh.auth over MQTT, the key file of "
+                              "the links to the parameter server: an edge's push-<mesh>."
+                              "keys.json, the server's ps.keys.json (`meshdl deploy central`)")
 
     @model_validator(mode="after")
     def _sync_parses(self) -> ParallelConfig:
@@ -247,11 +259,16 @@ class RunConfig(BaseSettings):
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
 
 
-def load_run_config(toml_file: Path | None = None, **flags: Any) -> RunConfig:
-    """The effective RunConfig: defaults < TOML file < MESHDL_* environment < flags.
+def load_run_config(toml_file: Path | None = None, data_grid: tuple[int, int] | None = None,
+                    **flags: Any) -> RunConfig:
+    """The effective RunConfig: defaults < `data_grid` < TOML file < MESHDL_* environment
+    < flags.
 
     `flags` are nested dicts as the CLI collects them, e.g. `model={"kernel": 5}`;
     `None` values are dropped so that an unset flag does not hide a lower layer.
+    `data_grid`: the (rows, cols) of the data set the run trains on, the grid unless a
+    higher layer sets one. A layer of its own, not a flag: passed as flags it hid the
+    TOML file's grid, a bad value there (`rows = "six"`) included, from validation.
     """
     if toml_file is not None:
         _check_toml(Path(toml_file))
@@ -261,10 +278,22 @@ def load_run_config(toml_file: Path | None = None, **flags: Any) -> RunConfig:
             value = {k: v for k, v in value.items() if v is not None}
         if value not in (None, {}):
             given[key] = value
+    grid = {} if data_grid is None else {"model": dict(zip(("rows", "cols"), data_grid,
+                                                           strict=True))}
+
+    def sources(cls: type[BaseSettings], settings_cls: type[BaseSettings],
+                init_settings: PydanticBaseSettingsSource,
+                env_settings: PydanticBaseSettingsSource, **_others: Any
+                ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest priority first, as RunConfig's own, with the data set's grid lowest.
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls),
+                InitSettingsSource(settings_cls, grid))
+
     with_file = type(
         "RunConfigWithFile",
         (RunConfig,),
-        {"model_config": {**RunConfig.model_config, "toml_file": toml_file}},
+        {"model_config": {**RunConfig.model_config, "toml_file": toml_file},
+         "settings_customise_sources": classmethod(sources)},
     )
     try:
         return RunConfig.model_validate(with_file(**given).model_dump())

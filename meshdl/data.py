@@ -34,6 +34,7 @@ __all__ = [
     "NEAR_BAND",
     "Dataset",
     "LogData",
+    "check_label_range",
     "dataset_from_log",
     "dataset_stats",
     "label_maps",
@@ -126,6 +127,14 @@ class Dataset:
         except (TypeError, ValueError) as exc:
             raise DataError(f"data set: meta is not JSON-able ({exc})") from None
 
+    def require_classes(self, classes: int, where: str = "data set") -> None:
+        """Refuse (`DataError`) a label of either split outside [0, `classes`): a model
+        of `classes` outputs cannot learn or score it, and the loss kernel must never
+        be handed one (it indexes the logits with it). Construction only knows that
+        labels are integers >= 0; how many classes there are is the model's to say."""
+        for key in ("y_train", "y_test"):
+            check_label_range(getattr(self, key), classes, key, where)
+
     @property
     def rows(self) -> int:
         """Grid rows (sensor nodes per column)."""
@@ -209,6 +218,13 @@ def _as_maps(value: Any, key: str, where: str) -> np.ndarray:
     if X.shape[1] == 0 or X.shape[2] == 0:
         raise DataError(f"{where}: {key} maps are {X.shape[1]} x {X.shape[2]}; a grid needs "
                         "at least one row and one column")
+    if X.dtype.itemsize > 4:  # float64 (or wider): what float32 cannot hold would turn
+        # into inf in the cast below, with numpy's overflow warning ahead of any error
+        beyond = np.isfinite(X) & (np.abs(X) > np.finfo(np.float32).max)
+        if beyond.any():
+            raise DataError(f"{where}: {key} holds {int(beyond.sum())} reading(s) beyond "
+                            f"float32's range (e.g. {X[beyond].flat[0]:g}); temperatures "
+                            "are stored as float32 (°C)")
     return np.ascontiguousarray(X, dtype=np.float32)
 
 
@@ -246,6 +262,25 @@ def _check_labels(y: np.ndarray, key: str, where: str) -> None:
             f"{where}: {key} holds {int(negative.sum())} negative label(s) (min "
             f"{int(y.min())}); labels must be integers >= 0"
         )
+
+
+def check_label_range(y: np.ndarray, classes: int, key: str, where: str) -> None:
+    """One-line `DataError` unless `y` is a 1-D integer array with every label in
+    [0, `classes`): what every caller that scores or learns from labels checks first
+    (training in any mode or transport, the mesh edge, `evaluate`, `infer`)."""
+    y = np.asarray(y)
+    if y.ndim != 1 or y.dtype.kind not in "iu":
+        raise DataError(f"{where}: {key} must be 1-D integer labels, got {y.dtype} of "
+                        f"shape {y.shape}")
+    if not y.size:
+        return
+    low, high = int(y.min()), int(y.max())
+    if low >= 0 and high < classes:
+        return
+    outside = int(np.count_nonzero((y < 0) | (y >= classes)))
+    worst = low if low < 0 else high
+    raise DataError(f"{where}: {key} holds {outside} label(s) outside 0..{classes - 1} "
+                    f"(e.g. {worst}); the model has {classes} classes")
 
 
 # --------------------------------------------------------------------------- data set files

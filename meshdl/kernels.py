@@ -608,9 +608,45 @@ def maxpool_relu_backward_planes(
         sums[ch] = total
 
 
-@njit(**_JIT)
 def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, dlogits: np.ndarray) -> float:
-    """Mean cross-entropy of logits (K,B) against labels (B,); dlogits = its gradient."""
+    """Mean cross-entropy of logits (K,B) against labels (B,); dlogits = its gradient.
+
+    The kernel runs without bounds checks and indexes the logits with each label, so
+    this guard refuses (`ValueError`) what would make it read or write out of bounds:
+    other shapes, labels that are not integers, a label outside [0, K). Callers check
+    labels at the data boundary first (`Dataset.require_classes`) with a message for
+    the user; this is the last line, costing one pass over B labels.
+    """
+    if logits.ndim != 2 or logits.shape[0] < 1 or dlogits.shape != logits.shape:
+        raise ValueError(f"logits {logits.shape} and dlogits {dlogits.shape} must be one "
+                         "(classes >= 1, batch) shape")
+    if labels.ndim != 1 or labels.shape[0] != logits.shape[1] or labels.dtype.kind not in "iu":
+        raise ValueError(f"labels must be {logits.shape[1]} integers, got {labels.dtype} "
+                         f"of shape {labels.shape}")
+    classes = logits.shape[0]
+    if labels.dtype != np.int64:  # one kernel type; a uint64 above int64 would wrap
+        if labels.size and int(labels.max()) >= classes:
+            raise ValueError(f"label {int(labels.max())} is outside 0..{classes - 1}")
+        labels = labels.astype(np.int64)
+    bad = _first_label_outside(labels, classes)
+    if bad >= 0:
+        raise ValueError(f"label {labels[bad]} of sample {bad} is outside 0..{classes - 1}")
+    return _softmax_cross_entropy(logits, labels, dlogits)
+
+
+@njit(**_JIT)
+def _first_label_outside(labels: np.ndarray, classes: int) -> int:
+    """The index of the first label outside [0, classes), or -1."""
+    for i in range(labels.shape[0]):
+        if labels[i] < 0 or labels[i] >= classes:
+            return i
+    return -1
+
+
+@njit(**_JIT)
+def _softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray,
+                           dlogits: np.ndarray) -> float:
+    """The kernel of `softmax_cross_entropy`: labels int64, all in range (unchecked)."""
     n_cls, batch = logits.shape
     loss = 0.0
     for i in range(batch):

@@ -32,7 +32,7 @@ import os
 import ssl
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +51,7 @@ USER_ENV, PASSWORD_ENV = "MESHDL_MQTT_USER", "MESHDL_MQTT_PASSWORD"
 STOP_POLL_S = 0.1  # how often a wait for the broker looks whether to stop
 CLOSE_STEP_S = 0.5  # each of a closing session's goodbye and disconnect
 DRAIN_AT_ONCE = 256  # received messages handled before their replies are published
+MiB = 1024 * 1024
 # aiomqtt warns whenever more than 10 publishes are pending, which `send` does on purpose,
 # and paho logs the errors it also raises (which we report, once, our way).
 _CLIENT_LOG = logging.getLogger("meshdl.mqtt.client")
@@ -102,6 +103,68 @@ class Backoff:
             delay = min(delay * 2, self.most)
 
 
+@dataclass(frozen=True)
+class InboxLimits:
+    """How much a connection keeps of what it has received but not yet handled.
+
+    The inbox is the only place where a process's memory grows with what others send:
+    while the process computes, the client keeps reading its socket into it. Past these
+    bounds a message is dropped (counted as `rejected:inbox_full`); in a wave that is a
+    lost QoS 0 message, which the edge recovers by restarting the wave. Each sender (a
+    topic's publisher level, which the broker's ACL authenticates; a status topic's
+    client) has its own share, so that one login flooding large messages fills only
+    its own and the others' messages still get in.
+
+    - `bytes`: 32 MiB holds a whole training wave of the 500-cell mesh the broker is
+      sized for (31.6 MB, deploy/mosquitto/production.conf), though a process receives
+      only its own share of it; under a flood it is most of what a process grows by.
+    - `messages`: 20,000, the broker's own per-client queue (two waves of a floor host).
+    - `sender_bytes`: 8 MiB, eight of the largest messages the broker passes; no cell
+      sends one neighbour more than ~1 MB in a wave (its subtree's pooled features).
+    """
+
+    messages: int = 20_000
+    bytes: int = 32 * MiB
+    sender_bytes: int = 8 * MiB
+
+
+def sender_of(topic: str) -> str:
+    """Whose message a topic carries: the publisher level of a mesh topic
+    (`meshdl/<m>/<src>/...`), `status/<client>` for a status record."""
+    levels = topic.split("/", 4)
+    if len(levels) < 3:
+        return topic
+    return "/".join(levels[2:4]) if levels[2] == "status" else levels[2]
+
+
+class InboxBudget:
+    """The accounting of a bounded inbox (sans-I/O): what is held, in total and per
+    sender; `admit` says whether one more message fits and counts it in if so."""
+
+    def __init__(self, limits: InboxLimits) -> None:
+        self.limits = limits
+        self.messages = 0
+        self.bytes = 0
+        self.by_sender: Counter[str] = Counter()  # bytes held per sender
+
+    def admit(self, sender: str, size: int) -> bool:
+        limits = self.limits
+        if self.messages >= limits.messages or self.bytes + size > limits.bytes or \
+                self.by_sender[sender] + size > limits.sender_bytes:
+            return False
+        self.messages += 1
+        self.bytes += size
+        self.by_sender[sender] += size
+        return True
+
+    def release(self, sender: str, size: int) -> None:
+        self.messages -= 1
+        self.bytes -= size
+        self.by_sender[sender] -= size
+        if not self.by_sender[sender]:
+            del self.by_sender[sender]
+
+
 Handler = Callable[[str, Message], list[Message]]
 # (client name, its JSON record, whether the broker replayed it from its retained store
 # rather than the client publishing it now)
@@ -119,15 +182,16 @@ class Session:
                  wire: Wire | None = None,
                  status_extra: Callable[[], dict[str, Any]] | None = None,
                  stats: Counter[str] | None = None,
-                 sign_status: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-                 ) -> None:
+                 sign_status: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 inbox: InboxLimits = InboxLimits()) -> None:
         """`presence`: announce this client on its status topic (heartbeat, last will);
         off for observers such as `meshdl doctor`, which may not write there. `wire`:
         how messages become bytes and back (with the process's keys when the mesh
         authenticates); `status_extra`: what each heartbeat adds to the status (counts
         that change while the client runs); `stats`: where to count (a node host's own
         counter, so that one count holds what its cells and its connection saw);
-        `sign_status`: adds the tag to each status record (meshdl/auth.py)."""
+        `sign_status`: adds the tag to each status record (meshdl/auth.py); `inbox`:
+        how much of what arrived may wait to be handled."""
         self.address = address
         self.mesh = mesh
         self.client_name = check_id(client, "client name")
@@ -149,6 +213,7 @@ class Session:
         self._pending_client: aiomqtt.Client | None = None
         self._topics = TopicNames(mesh)
         self._inbox: asyncio.Queue[aiomqtt.Message] | None = None  # the client's, see Inbox
+        self.inbox_limits = inbox
 
     # ------------------------------------------------------------- connection
     def _new_client(self) -> aiomqtt.Client:
@@ -158,11 +223,30 @@ class Session:
         class Inbox(asyncio.Queue):  # type: ignore[type-arg]
             """aiomqtt's queue of received messages, made through its `queue_type`
             option, so that the session can take what has already arrived without a
-            task per message (`anext(client.messages)` starts one each time)."""
+            task per message (`anext(client.messages)` starts one each time); bounded
+            by the session's `InboxLimits` (what does not fit is dropped, counted)."""
 
             def __init__(self, maxsize: int = 0) -> None:
                 super().__init__(maxsize)
+                self.budget = InboxBudget(session.inbox_limits)
+                self.held: deque[tuple[str, int]] = deque()  # (sender, bytes), in order
                 session._inbox = self
+
+            def put_nowait(self, item: aiomqtt.Message) -> None:
+                # aiomqtt calls this from paho's read callback: dropping here costs
+                # nothing more than the read, and the socket keeps being drained.
+                payload = item.payload
+                size = len(payload) if isinstance(payload, bytes | bytearray) else 0
+                sender = sender_of(item.topic.value)
+                if not self.budget.admit(sender, size):
+                    session.stats["rejected:inbox_full"] += 1
+                    return
+                self.held.append((sender, size))
+                super().put_nowait(item)
+
+            def _get(self) -> aiomqtt.Message:  # every get and get_nowait comes here
+                self.budget.release(*self.held.popleft())
+                return super()._get()
 
         return aiomqtt.Client(
             self.address.host, self.address.port, username=self.address.username,
@@ -205,6 +289,7 @@ class Session:
                 except (aiomqtt.MqttError, OSError) as exc:
                     last, self._client, self._stack = exc, None, None
                     await _leave(stack)
+                    _settle(client)
                 else:
                     self.stats["connections"] += 1
                     return True
@@ -234,6 +319,7 @@ class Session:
                                      self._status_json("offline"), 1,
                                      True, timeout=CLOSE_STEP_S)
         await _leave(stack)
+        _settle(client)
 
     async def __aenter__(self) -> Session:
         await self.connect()
@@ -250,6 +336,7 @@ class Session:
         if reason is not None:
             self.stats[f"refused:{reason}"] += 1
         self._drop_pending()
+        _settle(self._client)
         stack, self._client, self._stack = self._stack, None, None
         if stack is not None:
             await _leave(stack)
@@ -383,6 +470,17 @@ def refusal(error: BaseException | None) -> str | None:
             return REFUSALS.get(code) if isinstance(code, int) else None
         error = error.__cause__
     return None
+
+
+def _settle(client: aiomqtt.Client | None) -> None:
+    """Take the error with which a client's connection broke. aiomqtt keeps it in a
+    future that only a read under way looks at; when the break is noticed elsewhere (a
+    publish, a heartbeat) nobody does, and asyncio prints "Future exception was never
+    retrieved" with a traceback when the client is collected. The break itself is
+    handled (counted, and the session connects again)."""
+    broken = getattr(client, "_disconnected", None)  # aiomqtt's, private: no other way
+    if isinstance(broken, asyncio.Future) and broken.done() and not broken.cancelled():
+        broken.exception()
 
 
 async def _leave(stack: contextlib.AsyncExitStack) -> None:

@@ -12,9 +12,10 @@ Later modes add keys (the mesh adds "comm"); none is ever renamed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 
 from meshdl.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
 from meshdl.config import RunConfig
-from meshdl.errors import MeshdlError
+from meshdl.errors import MeshdlError, UsageError
 from meshdl.model import CNN
 from meshdl.training import History
 
@@ -68,9 +69,68 @@ def single_class_warning(final: dict[str, Any]) -> str | None:
             "run: it detects nothing); train again with another --seed or a lower --lr")
 
 
-def start_run(out: Path, config: RunConfig, data_source: str) -> None:
-    """Write config.json into `out` before training: what `--resume` starts again from."""
+# What a run leaves in its directory: a directory holding any of them holds a run.
+RUN_FILES = ("config.json", "metrics.json", "model.npz", CHECKPOINT)
+SYNTHETIC = "synthetic lounge"  # the data source of a run on the generated data set
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory this process may write a new run into."""
+
+    path: Path
+    created: bool  # made by this run: removed again if the run leaves nothing in it
+
+    def abandon(self) -> None:
+        """The run failed before its first checkpoint: take back its config.json, which
+        only said what to resume (there is nothing), and the directory if it made it.
+        Another run's `--out` then takes it again without --force."""
+        if (self.path / CHECKPOINT).exists():
+            return
+        (self.path / "config.json").unlink(missing_ok=True)
+        if self.created:
+            with contextlib.suppress(OSError):  # not empty: something else is in it
+                self.path.rmdir()
+
+
+def check_run_dir(out: Path, force: bool = False) -> list[str]:
+    """The run files in `out`, which a new run may write into; else one line
+    (`UsageError`): a file, or a directory holding a run (unless `force`)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a run directory")
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if found and not force:
+        raise UsageError(f"--out {out} holds a run already ({', '.join(found)}): choose "
+                         f"another --out, replace it with --force, or go on with it: "
+                         f"meshdl train --resume {out}")
+    return found
+
+
+def claim_run_dir(out: Path, force: bool = False) -> RunDir:
+    """`out` for a new run: refused as `check_run_dir` says (nothing changed), else made
+    if need be. `force` removes the run files already there first (a stale checkpoint
+    left beside a new config would be resumed into the wrong run); an empty directory,
+    or one holding other files only, is taken as it is."""
+    found = check_run_dir(out, force)
+    for name in found:
+        (out / name).unlink()
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    return RunDir(out, created)
+
+
+def data_source_of(data: Path | None) -> str:
+    """What config.json records as a run's data: the file's absolute path, so that
+    `--resume` finds it from any working directory, or the synthetic lounge."""
+    return SYNTHETIC if data is None else str(data.resolve())
+
+
+def start_run(out: Path, config: RunConfig, data_source: str) -> None:
+    """Write config.json into `out` before training: what `--resume` starts again from.
+    A data file's path is recorded absolute (`--resume` from any directory)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if data_source != SYNTHETIC:
+        data_source = data_source_of(Path(data_source))
     record = {**config.model_dump(mode="json"), "data_source": data_source}
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
 

@@ -54,6 +54,11 @@ class StatusRecord(BaseModel):
     @field_validator("cells")
     @classmethod
     def _cell_names(cls, names: list[str]) -> list[str]:
+        # A host serves each cell once: a name twice is a made-up claim (and the edge
+        # would otherwise check the claim's signature once per repetition). Checked
+        # before the names themselves, which costs a regular expression each.
+        if len(set(names)) != len(names):
+            raise ValueError("a cell is claimed twice")
         for name in names:  # ValueError (-> ValidationError) for anything but "r<R>c<C>"
             if cell_of(name) in (EDGE, ALL):
                 raise ValueError(f"{name!r} is not a sensor cell")

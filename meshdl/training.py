@@ -177,6 +177,7 @@ def train(
             f"data grid {data.rows} x {data.cols} does not match model grid "
             f"{config.model.rows} x {config.model.cols} (pass --rows/--cols or other data)"
         )
+    data.require_classes(config.model.classes)  # before any engine connects or computes
     started = time.perf_counter()
     tc = config.train
     data = training_data(tc, data)  # an engine given by the caller holds the same view
@@ -232,8 +233,12 @@ def train(
                             skipped=(skipped, skipped_samples)))
                     raise
                 else:
-                    optimizer.step(model.flat, grads, learning_rate(tc, optimizer.steps, total))
-                if not (np.isfinite(loss) and np.isfinite(model.flat.sum(dtype=np.float64))):
+                    with np.errstate(over="ignore", invalid="ignore"):  # as above
+                        optimizer.step(model.flat, grads,
+                                       learning_rate(tc, optimizer.steps, total))
+                with np.errstate(over="ignore", invalid="ignore"):  # inf + -inf: NaN, said
+                    finite = np.isfinite(loss) and np.isfinite(model.flat.sum(dtype=np.float64))
+                if not finite:
                     raise MeshdlError(
                         f"training diverged at epoch {epoch}, step {step} (loss {loss}); "
                         f"lower the learning rate (now {tc.lr})"
@@ -244,7 +249,10 @@ def train(
                 if progress:
                     progress(epoch, step, len(epoch_batches), loss)
             try:
-                test_pred = predictions(engine, model, "test", n_test)
+                # A run blown up but still finite (a huge --lr) may overflow its logits:
+                # the argmax still says something, numpy's warning nothing.
+                with np.errstate(over="ignore", invalid="ignore"):
+                    test_pred = predictions(engine, model, "test", n_test)
             except MeshdlError:  # every update of the epoch done, its evaluation not
                 if checkpoints is not None:
                     save_checkpoint(checkpoints, checkpoint_of(
@@ -265,10 +273,11 @@ def train(
                                                          rng.bit_generator.state))
             if on_epoch is not None:
                 on_epoch(history.epochs[-1])
-        if len(test_pred) != n_test:  # resumed after the last epoch: nothing ran
-            test_pred = predictions(engine, model, "test", n_test)
-        history.final = final_metrics(config.model.classes,
-                                      predictions(engine, model, "train", n_train),
+        with np.errstate(over="ignore", invalid="ignore"):  # as each epoch's
+            if len(test_pred) != n_test:  # resumed after the last epoch: nothing ran
+                test_pred = predictions(engine, model, "test", n_test)
+            train_pred = predictions(engine, model, "train", n_train)
+        history.final = final_metrics(config.model.classes, train_pred,
                                       data.y_train[:n_train], test_pred, data.y_test)
         history.comm = engine.report()
     finally:

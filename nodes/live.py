@@ -4,9 +4,13 @@ Slot n covers [n * slot_s, (n + 1) * slot_s) of the Unix clock, the same on ever
 and the edge (keep their clocks in NTP sync). At the start of each slot the sampler
 reads every sensor of the host (blocking reads in worker threads, with retries and a
 timeout: `read_with_retry`) and stores the value in the node's LIVE ring at
-`n % LIVE_SLOTS`; a failed reading is stored as missing, so a wave over that slot is
-refused by that node rather than computed from a made-up number. The edge starts the
-slot's inference wave later in the slot (`edge serve`).
+`n % LIVE_SLOTS`; a failed reading (no answer, NaN, inf, or outside the sensor's
+physical range: `meshdl.nodes.sensors.ValidRange`) is stored as missing, so a wave over
+that slot is refused by that node rather than computed from a made-up number, and the
+edge's alert for the slot is an error. Replayed and synthetic sources are read by slot
+number (`SlotSensor`): a retry reads the same slot again, so one bad value never puts a
+cell ahead of the others. The edge starts the slot's inference wave later in the slot
+(`edge serve`).
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ class LiveSampler:
         """Read every sensor for `slot` and store the readings in the nodes."""
         cells = list(self.sensors)
         readings = await asyncio.gather(*(
-            read_with_retry(self.sensors[c], self.attempts, self.slot_s / 20, self.timeout_s)
+            read_with_retry(self.sensors[c], self.attempts, self.slot_s / 20, self.timeout_s,
+                            slot=slot)
             for c in cells))
         for cell, reading in zip(cells, readings, strict=True):
             self.nodes[cell].record(Split.LIVE, slot % LIVE_SLOTS,

@@ -2,9 +2,17 @@
 
 Every driver is a `Sensor`: a blocking `read() -> float` in °C that raises `SensorError`
 for a reading it cannot vouch for (a failed checksum, a power-on value, an I/O error,
-a gap in a log). `read_with_retry` runs it off the event loop, retries with backoff,
-bounds each attempt with a timeout, and returns a `Reading` whose `ok` is False instead
-of a number when nothing trustworthy came back: a bad reading is never sent as a value.
+a gap in a log, a value outside the sensor's physical range: `valid_c`). `read_with_retry`
+runs it off the event loop, retries with backoff, bounds each attempt with a timeout,
+checks the value once more (finite, inside `valid_c`), and returns a `Reading` whose `ok`
+is False instead of a number when nothing trustworthy came back: a bad reading is never
+sent as a value.
+
+Sources whose value is a function of the time slot (a replayed log, the synthetic room)
+are also `SlotSensor`s: `read_slot(slot)` gives the value of that slot, the same however
+often it is asked (a retry, a timed-out read finishing late), so a bad value costs its
+own slot and never moves the source ahead of the clock. Their bad values raise
+`SlotReadingError`, which is not retried: reading again gives the same.
 
     DS18B20(device_dir)        1-wire, through the kernel's w1_slave file
     BME280(bus=1, address=0x76) I2C via smbus2 (`pip install 'meshdl[sensors]'`)
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,29 +42,80 @@ from meshdl.topology import Cell
 
 __all__ = [
     "BME280",
+    "BME280_RANGE",
     "DS18B20",
+    "DS18B20_RANGE",
+    "ROOM_RANGE",
     "Reading",
     "ReplaySensor",
     "Sensor",
     "SensorError",
+    "SlotReadingError",
+    "SlotSensor",
     "SyntheticSensor",
+    "ValidRange",
     "read_with_retry",
     "sensor_from_spec",
 ]
-
-# The DS18B20's and BME280's specified range; anything outside is a fault, not weather.
-MIN_C, MAX_C = -55.0, 125.0
 
 
 class SensorError(MeshdlError):
     """A reading that cannot be trusted, or a sensor that cannot be reached."""
 
 
+class SlotReadingError(SensorError):
+    """A slot-addressed source's value of a slot is bad for good (a gap or an impossible
+    value in a log): reading it again gives the same, so it is not retried."""
+
+
+@dataclass(frozen=True)
+class ValidRange:
+    """The temperatures (°C, inclusive) a source can physically report: anything outside
+    is a fault (a glitch, a corrupt log line), not weather, and is no reading."""
+
+    low_c: float
+    high_c: float
+
+    def check(self, value: float, where: str,
+              error: type[SensorError] | None = None) -> float:
+        """`value`, or `error` (default `SensorError`) when it is NaN, inf or outside."""
+        if not (math.isfinite(value) and self.low_c <= value <= self.high_c):
+            raise (error or SensorError)(
+                f"{where}: {value:g} °C is outside the sensor's range "
+                f"{self.low_c:g}..{self.high_c:g} °C")
+        return value
+
+
+# Maxim Integrated DS18B20 datasheet (19-7487, rev. 6): "Measures Temperatures from
+# -55°C to +125°C".
+DS18B20_RANGE = ValidRange(-55.0, 125.0)
+# Bosch BME280 datasheet (BST-BME280-DS002), table 1: operating range -40..+85 °C.
+BME280_RANGE = ValidRange(-40.0, 85.0)
+# Replayed logs and the synthetic room describe the air of a room: -30 °C (an unheated
+# room in a continental winter) to 60 °C (a sun-baked attic) is generous for any real
+# one; beyond it a logged value is a fault (3e38 from an uninitialised register, a unit
+# mix-up), never a reading to alert on. Pass `valid_c` to the driver for another range.
+ROOM_RANGE = ValidRange(-30.0, 60.0)
+# What `read_with_retry` holds a sensor to that declares no `valid_c` (a driver of the
+# caller's own): the widest range of the drivers here.
+ANY_SENSOR_RANGE = DS18B20_RANGE
+
+
 @runtime_checkable
 class Sensor(Protocol):
-    """A temperature source: `read()` blocks, returns °C or raises `SensorError`."""
+    """A temperature source: `read()` blocks, returns °C or raises `SensorError`.
+    A driver may say what it can physically report in a `valid_c: ValidRange`."""
 
     def read(self) -> float: ...
+
+
+@runtime_checkable
+class SlotSensor(Protocol):
+    """A source whose value is a function of the time slot: `read_slot(slot)` returns
+    the value of slot `slot` (a Unix-clock slot number, see `meshdl.nodes.live`), the
+    same on every call for that slot, or raises `SensorError`."""
+
+    def read_slot(self, slot: int) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -68,39 +128,50 @@ class Reading:
 
 
 async def read_with_retry(
-    sensor: Sensor, attempts: int = 3, backoff_s: float = 0.5, timeout_s: float = 2.0
+    sensor: Sensor, attempts: int = 3, backoff_s: float = 0.5, timeout_s: float = 2.0,
+    slot: int | None = None,
 ) -> Reading:
     """Read in a worker thread, up to `attempts` times, waiting backoff_s * 2**i between.
 
-    An attempt fails on `SensorError`, `OSError`, a non-finite value, or no answer
-    within `timeout_s`. A timed-out read cannot be cancelled (it is blocked in the
-    kernel or a bus call); its thread finishes in the background and its value is
-    dropped. Any other exception is a bug in the driver and propagates.
+    With `slot`, a `SlotSensor` is asked for that slot's value (`read_slot`), so that
+    every attempt reads the same slot; other sensors, and every sensor without `slot`,
+    are `read()`. An attempt fails on `SensorError`, `OSError`, a non-finite value, a
+    value outside the sensor's `valid_c` (`ANY_SENSOR_RANGE` if it names none), or no
+    answer within `timeout_s`; a `SlotReadingError` ends the attempts (it would come
+    again). A timed-out read cannot be cancelled (it is blocked in the kernel or a bus
+    call); its thread finishes in the background and its value is dropped. Any other
+    exception is a bug in the driver and propagates.
     """
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
+    if slot is not None and isinstance(sensor, SlotSensor):
+        def read() -> float:
+            return sensor.read_slot(slot)
+    else:
+        read = sensor.read
+    valid = getattr(sensor, "valid_c", None)
+    valid = valid if isinstance(valid, ValidRange) else ANY_SENSOR_RANGE
     error = "no attempt made"
     for attempt in range(attempts):
         try:
-            value = await asyncio.wait_for(asyncio.to_thread(sensor.read), timeout_s)
+            value = await asyncio.wait_for(asyncio.to_thread(read), timeout_s)
         except asyncio.TimeoutError:
             error = f"no reading within {timeout_s:g} s"
+        except SlotReadingError as exc:
+            return Reading(None, False, str(exc))
         except (SensorError, OSError) as exc:
             error = str(exc) or type(exc).__name__
         else:
             if isinstance(value, (int, float)) and math.isfinite(value):
-                return Reading(float(value), True, None)
-            error = f"non-finite reading {value!r}"
+                try:
+                    return Reading(float(valid.check(float(value), repr(sensor))), True, None)
+                except SensorError as exc:
+                    error = str(exc)
+            else:
+                error = f"non-finite reading {value!r}"
         if attempt + 1 < attempts:
             await asyncio.sleep(backoff_s * 2**attempt)
     return Reading(None, False, f"{error} (after {attempts} attempt(s))")
-
-
-def _check_range(value: float, what: str) -> float:
-    if not MIN_C <= value <= MAX_C:
-        raise SensorError(f"{what}: {value:g} °C is outside the sensor's range "
-                          f"{MIN_C:g}..{MAX_C:g} °C")
-    return value
 
 
 # --------------------------------------------------------------------------- DS18B20
@@ -125,6 +196,8 @@ class DS18B20:
     scratchpad (a shorted bus passes the CRC with zeros), values outside -55..125 °C,
     and anything else that does not look like the above.
     """
+
+    valid_c = DS18B20_RANGE
 
     def __init__(self, device_dir: str | Path) -> None:
         path = Path(device_dir)
@@ -161,7 +234,7 @@ def parse_w1_slave(text: str, where: str = "DS18B20") -> float:
     if milli == POWER_ON_MILLI_C:
         raise SensorError(f"{where}: 85 °C power-on value (no conversion: check the "
                           "sensor's power and pull-up)")
-    return _check_range(milli / 1000.0, where)
+    return DS18B20_RANGE.check(milli / 1000.0, where)
 
 
 # --------------------------------------------------------------------------- BME280
@@ -197,6 +270,7 @@ class BME280:
     STATUS_MEASURING = 0x08
     SKIPPED = 0x80000  # the raw value when no temperature was measured
     MEASURE_TIMEOUT_S = 0.1  # datasheet: at most 1.25 + 2.3 ms with osrs_t x1
+    valid_c = BME280_RANGE
 
     def __init__(self, bus: int | _I2CBus = 1, address: int = 0x76) -> None:
         self.address = address
@@ -240,7 +314,7 @@ class BME280:
         adc_t = (msb << 12) | (lsb << 4) | (xlsb >> 4)
         if adc_t == self.SKIPPED:
             raise SensorError(f"{self._where}: no temperature was measured")
-        return _check_range(compensate_t(adc_t, *self.dig_t), self._where)
+        return BME280_RANGE.check(compensate_t(adc_t, *self.dig_t), self._where)
 
     def close(self) -> None:
         close = getattr(self.bus, "close", None)
@@ -292,12 +366,16 @@ def compensate_t(adc_t: int, dig_t1: int, dig_t2: int, dig_t3: int) -> float:
 class ReplaySensor:
     """One cell's readings from a sensor log (CSV/NPZ, `meshdl.data.load_log`), in order.
 
-    Each `read()` returns the next slot; a missing reading (NaN in the log) raises
-    `SensorError` for that slot, as a dead sensor would. At the end it starts over
-    (`loop=True`) or raises.
+    Each `read()` returns the next row of the log; `read_slot(slot)` the row of that
+    time slot, the first slot asked for being the row `read()` would give next and
+    each later slot the row as many rows on (a slot the host missed skips its row), the
+    same row however often a slot is read. A missing reading (NaN or inf in the log) or
+    a value outside `valid_c` (`ROOM_RANGE` unless given) raises `SlotReadingError` for
+    that slot, as a dead sensor would. At the end it starts over (`loop=True`) or raises.
     """
 
-    def __init__(self, path: str | Path, cell: Cell, loop: bool = True) -> None:
+    def __init__(self, path: str | Path, cell: Cell, loop: bool = True,
+                 valid_c: ValidRange = ROOM_RANGE) -> None:
         from meshdl.data import load_log
 
         log = load_log(path)
@@ -310,23 +388,47 @@ class ReplaySensor:
         self.values = log.maps[:, row, col].astype(np.float64)
         self.timestamps = log.timestamps
         self.loop = loop
-        self.position = 0
+        self.valid_c = valid_c
+        self.position = 0  # the row `read()` gives next
+        self.first_slot: int | None = None  # the slot of row 0 (`read_slot`)
+        self._lock = threading.Lock()  # a timed-out read may still run beside a retry
 
     def __repr__(self) -> str:
         return f"ReplaySensor({str(self.path)!r}, {self.cell})"
 
     def read(self) -> float:
-        if self.position >= len(self.values):
-            if not self.loop or len(self.values) == 0:
-                raise SensorError(f"replay {self.path}: the log has no more slots")
-            self.position = 0
-        slot = self.position
-        self.position += 1
-        value = float(self.values[slot])
-        if not math.isfinite(value):
-            raise SensorError(f"replay {self.path}: no reading of cell {self.cell} at "
-                              f"{self.timestamps[slot]}")
-        return value
+        with self._lock:
+            row = self._row(self.position)
+            self.position = row + 1
+        return self._value(row)
+
+    def read_slot(self, slot: int) -> float:
+        with self._lock:
+            if self.first_slot is None:
+                self.first_slot = slot - self.position
+            if slot < self.first_slot:
+                raise SlotReadingError(f"replay {self.path}: slot {slot} comes before the "
+                                       "replay's first slot (the clock went back)")
+            row = self._row(slot - self.first_slot)
+            self.position = row + 1
+        return self._value(row)
+
+    def _row(self, index: int) -> int:
+        """The log row of the `index`-th slot since the start (looping), or an error."""
+        n = len(self.values)
+        if index >= n:
+            if not self.loop or n == 0:
+                raise SlotReadingError(f"replay {self.path}: the log has no more slots")
+            index %= n
+        return index
+
+    def _value(self, row: int) -> float:
+        value = float(self.values[row])
+        if math.isnan(value):
+            raise SlotReadingError(f"replay {self.path}: no reading of cell {self.cell} "
+                                   f"at {self.timestamps[row]}")
+        return self.valid_c.check(value, f"replay {self.path}: cell {self.cell} at "
+                                  f"{self.timestamps[row]}", SlotReadingError)
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -343,12 +445,21 @@ class SyntheticSensor:
     noise. Every sensor of a mesh started with one seed describes the same room.
     """
 
-    def __init__(self, cell: Cell, seed: int = 0, slot_minutes: int = 30) -> None:
-        from meshdl.sim.lounge import SENSOR_NOISE, SENSOR_OFFSET, SETPOINT
-
+    def __init__(self, cell: Cell, seed: int = 0, slot_minutes: int = 30,
+                 valid_c: ValidRange = ROOM_RANGE) -> None:
         self.cell = cell
         self.seed = seed
         self.slot_minutes = slot_minutes
+        self.valid_c = valid_c
+        self.first_slot: int | None = None  # the slot of read 0 (`read_slot`)
+        self._lock = threading.Lock()  # a timed-out read may still run beside a retry
+        self._start()
+
+    def _start(self) -> None:
+        """The room before its first slot (again: the readings are a pure function)."""
+        from meshdl.sim.lounge import SENSOR_NOISE, SENSOR_OFFSET, SETPOINT
+
+        seed, cell = self.seed, self.cell
         self._setpoint = SETPOINT
         self._noise_sd = SENSOR_NOISE
         self._room_rng = np.random.default_rng([seed, 0xA11])  # shared by every cell
@@ -356,12 +467,39 @@ class SyntheticSensor:
         self._offset = float(self._cell_rng.normal(0.0, SENSOR_OFFSET))
         self._air = SETPOINT - 1.0
         self._wobble = 0.0
-        self.slot = 0
+        self.slot = 0  # reads made: the next read is of slot `slot`
+        self._last = math.nan  # the value of read slot - 1
 
     def __repr__(self) -> str:
         return f"SyntheticSensor({self.cell}, seed={self.seed})"
 
     def read(self) -> float:
+        with self._lock:
+            value = self._step()
+        return self._checked(value, self.slot - 1)
+
+    def read_slot(self, slot: int) -> float:
+        """The reading of `slot`: the first slot asked for is the next `read()`'s, and
+        each later one as many reads on; asked again, the same value."""
+        with self._lock:
+            if self.first_slot is None:
+                self.first_slot = slot - self.slot
+            index = slot - self.first_slot
+            if index < 0:
+                raise SlotReadingError(f"{self!r}: slot {slot} comes before its first "
+                                       "slot (the clock went back)")
+            if index < self.slot - 1:  # an earlier slot: the room again from the start
+                self._start()
+            while self.slot <= index:
+                self._step()
+            value = self._last
+        return self._checked(value, index)
+
+    def _checked(self, value: float, index: int) -> float:
+        return self.valid_c.check(value, f"{self!r} read {index}", SlotReadingError)
+
+    def _step(self) -> float:
+        """The room one slot on: the value of read `slot`, which it advances."""
         minutes = self.slot * self.slot_minutes
         hour = (minutes % 1440) / 60.0
         self.slot += 1
@@ -375,7 +513,8 @@ class SyntheticSensor:
         sun = max(0.0, math.sin(math.pi * (hour - 6.0) / 12.5))
         window = (1.2 * sun - 0.6 * (1.0 - sun)) * math.exp(-self.cell[0] / 2.0)
         noise = float(self._cell_rng.normal(0.0, self._noise_sd))
-        return round(self._air + self._wobble + self._offset + window + noise, 3)
+        self._last = round(self._air + self._wobble + self._offset + window + noise, 3)
+        return self._last
 
 
 # --------------------------------------------------------------------------- --sensor

@@ -12,12 +12,19 @@ the server sends back (WEIGHTS). How they keep step is the `Sync` (server/sync.p
   the new weights.
 
 What arrives is checked before it counts: the sender's mesh and clock (a clock is taken
-once, in order: a duplicate or a replay changes nothing), the payload's shape and
-counts, and the staleness its mode allows. Rejections are counted by reason. A push of
-a clock already applied, or of one beyond the next, is answered with the weights: its
-mesh missed them, or is ahead of a server restarted from a checkpoint (each server run
-has its own `session`, by which an edge knows it must start again from the weights'
-version).
+once, in order: a duplicate or a replay changes nothing), the server run it was made
+for (its `session`: a genuine push of an earlier run, replayed, is not taken), the
+payload's shape and counts, and the staleness its mode allows. Rejections are counted
+by reason. A push of a clock already applied, of one beyond the next, or of another
+session is answered with the weights: its mesh missed them, has not yet heard this run,
+or is ahead of a server restarted from a checkpoint (each server run has its own
+`session`, by which an edge knows it must start again from the weights' version).
+
+A push's weight in the mean is never a number it claims: given `shard_sizes`, the
+server knows how many samples each mesh's step holds (it draws the same batches from
+the same seed), and a push claiming any other count than that or none (a wave that
+missed its deadline) is rejected. Over MQTT the pushes are authenticated before they
+get here (meshdl/auth.py: the link edge-ps of each mesh).
 
 With overlap (server/parts.py) a step's gradient comes in two parts, which must agree on
 what they were computed on; the update is the same, and its weights go back conv layers
@@ -51,16 +58,21 @@ class EpochFigures:
     skipped: int = 0  # pushes with nothing to learn from (a wave that missed its deadline)
 
 
+ShardSizes = Callable[[int, int], int]  # (mesh, clock) -> the samples of its shard
+
+
 class ParameterServer:
     """The model several meshes train, updated from their gradients."""
 
     def __init__(self, model: CNN, optimizer: Optimizer, meshes: Sequence[int], sync: Sync,
                  lr: Callable[[int], float], session: int = 0, overlap: bool = False,
-                 compress: str = "none") -> None:
+                 compress: str = "none", shard_sizes: ShardSizes | None = None) -> None:
         """`meshes`: their ids (the headers' mesh field); `lr(n)`: the learning rate of
         update n (0-based); `session`: names this server run in every message;
         `overlap`: gradients and weights travel in parts; `compress`: the policy the
-        meshes' PUSH gradients come under (meshdl/compress)."""
+        meshes' PUSH gradients come under (meshdl/compress); `shard_sizes(mesh, c)`:
+        the samples of mesh's step c, which weigh its gradient (None: the pushes' own
+        counts, for meshes in this process, whose shards are dealt as they come)."""
         if len(set(meshes)) != len(meshes) or not meshes:
             raise ValueError(f"mesh ids must be distinct, and at least one: {meshes}")
         self.model, self.optimizer, self.sync, self.lr = model, optimizer, sync, lr
@@ -77,6 +89,8 @@ class ParameterServer:
         self._slices = {part: part_slice(part, model.config) for part in Part}
         self._codecs = part_codecs(compress, model.config)
         self._parts: dict[tuple[int, int], dict[Part, Push]] = {}  # (mesh, clock) -> parts
+        self.shard_sizes = shard_sizes
+        self.heard: dict[int, float] = {}  # mesh -> when its last push came (`now`)
 
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one message from an edge; return the weights to send."""
@@ -85,10 +99,16 @@ class ParameterServer:
                 h.mesh not in self.clock:
             self.stats["rejected:not_for_me"] += 1
             return []
+        self.heard[h.mesh] = now  # its edge is alive (pushes are authenticated first)
         part = part_of(h.layer)
         if part is None or (part == Part.WHOLE) == self.overlap:
             self.stats["rejected:bad_part"] += 1
             return []
+        if h.session != self.session:
+            # Made for another server run: a replay, or an edge that has not heard this
+            # run yet (its first push) or missed its restart. The weights tell it which.
+            self.stats["rejected:other_session"] += 1
+            return self.weights_for([h.mesh])
         if h.step <= self.clock[h.mesh]:
             self.stats["duplicates"] += 1
             # Pushed again once applied: its answer was lost on the way.
@@ -108,6 +128,10 @@ class ParameterServer:
             return []
         if push is None or push.based_on > self.version:
             self.stats["rejected:bad_push"] += 1
+            return []
+        if self.shard_sizes is not None and \
+                push.samples not in (0, self.shard_sizes(h.mesh, h.step)):
+            self.stats["rejected:bad_samples"] += 1  # not what this mesh's step holds
             return []
         if part != Part.WHOLE:
             push = self._assemble(h.mesh, h.step, part, push)

@@ -12,6 +12,15 @@ applied them; its loss and accuracy are those of the pushes (each edge's forward
 passes), and a checkpoint holds the model and the optimizer. A server started again
 from it (`--resume`) names itself by a new session: edges that ran ahead go back to
 its clock (server/worker.py), so training ends on the parameters it would have had.
+
+With `mesh.auth` every push must carry the tag of its mesh's link edge-ps (the keys of
+`parallel.keys`, from `meshdl deploy central`), and the weights carry it too: a broker
+login alone cannot make a push the server takes; what fails is counted in the
+connection's figures (`rejected:codec:forged`). Each push weighs what the server knows
+its mesh's step holds: it deals the same shards from the same seed as the edges.
+
+A server whose meshes have all stopped pushing does not wait for ever: `serve` gives
+up once one that has steps left has been silent for `edges_timeout_s`, naming it.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from meshdl.augment import orientations, originals
+from meshdl.auth import PushAuthenticator, push_keys_for
 from meshdl.checkpoint import Checkpoint, save_checkpoint
 from meshdl.config import RunConfig
 from meshdl.data import Dataset
@@ -34,7 +44,7 @@ from meshdl.messages import Message
 from meshdl.model import CNN
 from meshdl.mqtt import BrokerAddress, Session
 from meshdl.optim import Optimizer, learning_rate
-from meshdl.parallel import mesh_ids
+from meshdl.parallel import epoch_shards, mesh_ids
 from meshdl.server.machine import ParameterServer
 from meshdl.server.sync import Sync
 from meshdl.topics import push_topic
@@ -78,10 +88,16 @@ class ServerRun:
         self.rng = np.random.default_rng(tc.seed)
         self._n_train = originals(data)
         session = int.from_bytes(os.urandom(2), "little") if session is None else session
+        self._sizes: dict[int, list[list[int]]] = {}  # epoch -> mesh index -> step -> samples
         self.server = ParameterServer(self.model, self.optimizer, mesh_ids(config),
                                       self.sync,
                                       lambda k: share * learning_rate(tc, k, total),
-                                      session=session, compress=config.mesh.compress)
+                                      session=session, compress=config.mesh.compress,
+                                      shard_sizes=self.shard_size)
+        # The links edge-ps, read up front: a missing key file is an error now, not a
+        # run that never takes a push.
+        keys = push_keys_for(config.parallel.keys, list(self.server.meshes), config.mesh.auth)
+        self.wire = Wire(None, None if keys is None else PushAuthenticator(keys))
         if resume is not None:
             restore(resume, config, self.model, self.optimizer, self.rng, self.history)
             self.server.resume_at(len(self.history.epochs) * self.steps)
@@ -101,6 +117,29 @@ class ServerRun:
     @property
     def done(self) -> bool:
         return len(self.history.epochs) >= self.config.train.epochs
+
+    def shard_size(self, mesh: int, clock: int) -> int:
+        """The samples of mesh `mesh`'s step `clock` (from 1): its shard of that step's
+        global batch, dealt as the edges deal it (edge/data_parallel.py)."""
+        epoch, step = divmod(clock - 1, self.steps)
+        sizes = self._sizes.get(epoch + 1)
+        if sizes is None:
+            sizes = [[len(shard) for shard in mine]
+                     for mine in epoch_shards(self.config, self._n_train, epoch + 1)]
+            if len(self._sizes) >= 4:  # meshes are at most a few epochs apart (ssp)
+                del self._sizes[min(self._sizes)]
+            self._sizes[epoch + 1] = sizes
+        index = mesh - self.config.parallel.first_mesh_id
+        return sizes[index][step] if step < len(sizes[index]) else 0
+
+    def silent(self, since: float, now: float, timeout_s: float) -> list[int]:
+        """The meshes with steps left from which no push has come for `timeout_s`
+        (counting from `since`, the start of serving, for those never heard)."""
+        last = self.config.train.epochs * self.steps
+        heard = self.server.heard
+        return [mesh for mesh in self.server.meshes
+                if self.server.clock[mesh] < last and
+                now - max(heard.get(mesh, since), since) > timeout_s]
 
     def handle(self, topic: str, message: Message) -> list[Message]:
         """A push from an edge: through the server machine, then the epoch's end."""
@@ -134,21 +173,41 @@ class ServerRun:
                 self.on_epoch(self.history.epochs[-1])
 
 
+class EdgesSilent(MeshdlError):
+    """The meshes named stopped pushing: the server gives up instead of waiting."""
+
+
 async def serve(run: ServerRun, address: BrokerAddress,
                 stop: Callable[[], bool] = lambda: False,
-                connect_timeout_s: float | None = 30.0) -> None:
-    """Serve the meshes until the run's last epoch is applied (or `stop()`)."""
+                connect_timeout_s: float | None = 30.0,
+                edges_timeout_s: float | None = None) -> None:
+    """Serve the meshes until the run's last epoch is applied (or `stop()`); raises
+    `EdgesSilent` when a mesh with steps left has sent nothing for `edges_timeout_s`
+    (None: wait for ever)."""
     config = run.config
     session = Session(address, config.parallel.first_mesh_id, SERVER_CLIENT,
                       [push_topic(mesh) for mesh in run.server.meshes],
                       status={"role": "parameter-server",
                               "meshes": list(run.server.meshes),
                               "session": run.server.session},
-                      connect_timeout_s=connect_timeout_s, wire=Wire(None),
+                      connect_timeout_s=connect_timeout_s, wire=run.wire,
                       stats=run.stats)
     await session.connect()
+    since = time.monotonic()
+
+    async def watch() -> None:
+        if edges_timeout_s is None:
+            return
+        silent = run.silent(since, time.monotonic(), edges_timeout_s)
+        if silent:
+            names = ", ".join(map(str, silent))
+            raise EdgesSilent(
+                f"parameter server: no push from mesh{'es' if len(silent) > 1 else ''} "
+                f"{names} for {edges_timeout_s:g} s (--edges-timeout); are their "
+                "`meshdl edge run --ps` running, with this run's keys?")
+
     try:
-        await session.run(run.handle, until=lambda: run.done or stop())
+        await session.run(run.handle, tick=watch, until=lambda: run.done or stop())
         await asyncio.sleep(0)  # the last weights went out with the last push's turn
     finally:
         await session.close()

@@ -11,6 +11,11 @@ conv layers' weights are in (its PARAMS flood them), and the head's of the same 
 which the edge needs only when the pooled features arrive, are taken up as they come.
 The gradient goes up in two parts too: the head's (`push(..., Part.HEAD)`) while the
 mesh still runs the conv backward, the conv layers' when the wave ends.
+
+A push names the server run it is for (its session). An edge that has not heard the
+server yet pushes with session 0; a server of another session answers with its weights
+and takes nothing (a replayed push of an earlier run must not count), so once the
+worker learns the session it makes those pushes again for it (`outbox`).
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ class MeshWorker:
         # when no wave runs; then `rewound` says the clock went back to their version.
         self._restart: Message | None = None
         self.rewound = False
+        self._unheard: list[Message] = []  # pushed before any server answered
+        self.outbox: list[Message] = []  # to send now: those pushes, for its session
 
     @property
     def version(self) -> int:
@@ -129,11 +136,18 @@ class MeshWorker:
             if self._restart is not None:
                 self._start_again(self._restart)
         self.seq += 1
-        # (The server takes pushes of any session: their clocks say where they belong.)
         body = payload.pack() if self.channels is None else \
             payload.pack_compressed(self.channels[part])
-        return make(Kind.PUSH, self.mesh_id, step.clock, EDGE, SERVER, body,
-                    layer=part, seq=self.seq & 0xFFFFFFFF, session=self.session or 0)
+        message = make(Kind.PUSH, self.mesh_id, step.clock, EDGE, SERVER, body,
+                       layer=part, seq=self.seq & 0xFFFFFFFF, session=self.session or 0)
+        if self.session is None:
+            self._unheard.append(message)
+        return message
+
+    def take_outbox(self) -> list[Message]:
+        """The pushes to send again now (made before the server's session was known)."""
+        out, self.outbox = self.outbox, []
+        return out
 
     def handle(self, message: Message) -> None:
         """Take the server's weights (held while a wave runs, but for the head's part
@@ -150,6 +164,7 @@ class MeshWorker:
         if h.session != self.session:
             if self.session is None:  # the first server run that answers
                 self.session = h.session
+                self._again_for(h.session)
             else:  # another run of the server: training goes on from its weights
                 self.stats["server_restarts"] += 1
                 if self.step is None:
@@ -168,6 +183,19 @@ class MeshWorker:
             self._adopt(part, h.step, message.payload)
         else:
             self._held[part] = (h.step, message.payload)
+
+    def _again_for(self, session: int) -> None:
+        """The pushes made before the session was known, made again for `session` (a
+        server of another session took none of them)."""
+        unheard, self._unheard = self._unheard, []
+        if session == 0:
+            return  # they carried it already
+        for message in unheard:
+            h = message.header
+            self.seq += 1
+            self.outbox.append(make(Kind.PUSH, h.mesh, h.step, EDGE, SERVER,
+                                    message.payload, layer=h.layer,
+                                    seq=self.seq & 0xFFFFFFFF, session=session))
 
     def _start_again(self, message: Message) -> None:
         """Go on from a restarted server's weights: synchronous training stands at the

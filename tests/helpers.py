@@ -18,6 +18,31 @@ mesh_id = 7
 edge_at = [0, 0]
 """
 
+# Two meshes (ids 1 and 2) of 4 x 5 cells training one model in bsp: format with mesh_id.
+TWO_MESHES_TOML = """
+[model]
+rows = 4
+cols = 5
+hidden = 8
+
+[data]
+train = 40
+test = 20
+seed = 4
+
+[train]
+epochs = 2
+batch = 5
+
+[mesh]
+mesh_id = {mesh_id}
+
+[parallel]
+meshes = 2
+first_mesh_id = 1
+sync = "bsp"
+"""
+
 
 def assert_one_line_error(code: int, err: str, expected_code: int, *needles: str) -> None:
     """A CLI failure: exit `expected_code`, one `error: ...` line naming every needle."""

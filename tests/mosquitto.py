@@ -3,12 +3,17 @@ is missing (CI installs it, so there the tests run)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from meshdl.errors import MeshdlError
 from meshdl.localbroker import HOST, Mosquitto, free_port, wait_for_port
 
-__all__ = ["HOST", "Mosquitto", "free_port", "mosquitto_binary", "wait_for_port"]
+__all__ = ["HOST", "Mosquitto", "free_port", "mosquitto_binary", "self_signed",
+           "wait_for_port"]
 
 
 def mosquitto_binary(name: str = "mosquitto") -> str:
@@ -19,3 +24,19 @@ def mosquitto_binary(name: str = "mosquitto") -> str:
         return find_tool(name)
     except MeshdlError as exc:
         pytest.skip(str(exc))
+
+
+def self_signed(tls_dir: Path) -> None:
+    """The certificate production.conf's TLS listener needs, self-signed for 127.0.0.1,
+    with ca.crt its own copy (skip the test when openssl is missing)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed")
+    tls_dir.mkdir(parents=True)
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(tls_dir / "server.key"), "-out", str(tls_dir / "server.crt")],
+        check=True, capture_output=True, timeout=30)
+    shutil.copy(tls_dir / "server.crt", tls_dir / "ca.crt")

@@ -232,6 +232,26 @@ def test_a_node_cannot_write_alerts_or_read_status(mesh: Mesh) -> None:
     run(test)
 
 
+def test_a_node_cannot_leave_retained_messages_on_topics_the_protocol_does_not_use(
+        mesh: Mesh) -> None:
+    # A node's neighbour reads `meshdl/<m>/<node>/<neighbour>/#`: whatever the node may
+    # write below that, the broker keeps (retained) and hands every later subscriber.
+    async def test() -> None:
+        inbox = inbox_filter(MESH, (1, 1), (1, 2))
+        made_up = f"meshdl/{MESH}/r1c1/r1c2/fill/1"
+        unused = topic(MESH, (1, 1), (1, 2), Kind.PARAMS)  # no node sends parameters
+        async with mesh.client("r1c1") as node:
+            await node.publish(made_up, b"x" * 1000, qos=1, retain=True)
+            await node.publish(unused, b"y" * 1000, qos=1, retain=True)
+        async with mesh.client("r1c2") as neighbour, mesh.client("r1c1") as node:
+            await neighbour.subscribe(inbox, qos=1)
+            assert [m.topic.value for m in await _quiet(neighbour)] == []
+            await node.publish(topic(MESH, (1, 1), (1, 2), Kind.HALO), b"halo", qos=1)
+            assert (await _next(neighbour)).payload == b"halo"  # control: the route works
+
+    run(test)
+
+
 @pytest.mark.parametrize(
     ("user", "password"),
     [("r0c1", "not-the-password"), ("edge", ""), ("intruder", "guess"), (None, None)],

@@ -32,7 +32,7 @@ from meshdl.localbroker import production_config, stop_process
 from meshdl.messages import EDGE
 from meshdl.topics import name_of
 from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
-from tests.mosquitto import free_port, mosquitto_binary, wait_for_port
+from tests.mosquitto import free_port, mosquitto_binary, self_signed, wait_for_port
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCTION_CONF = REPO / "deploy" / "mosquitto" / "production.conf"
@@ -145,19 +145,31 @@ def test_acl_grants_each_user_exactly_its_topics(cli, mesh_file, tmp_path) -> No
     assert not any(line.startswith("pattern") for line in lines)
 
     w, r = (lambda t: Grant("write", t)), (lambda t: Grant("read", t))
+    up = ("halo", "grad_halo", "gather", "scatter", "reduce", "health")  # any neighbour
+    block = ("pool", "route")  # within the pooling block (2 x 2 from r0c0)
+
+    def sends(src: str, dst: str, kinds: tuple[str, ...]) -> set[Grant]:
+        return {w(f"meshdl/7/{src}/{dst}/{kind}") for kind in kinds}
+
+    # Exact topics, no subtree: a login cannot leave retained messages on made-up ones.
     assert acl["r1c1"] == {
-        w("meshdl/7/r1c1/#"), w("meshdl/7/status/r1c1"),
+        w("meshdl/7/status/r1c1"),
+        *sends("r1c1", "r0c1", up + block), *sends("r1c1", "r1c0", up + block),
+        *sends("r1c1", "r2c1", up), *sends("r1c1", "r1c2", up),
         r("meshdl/7/r0c1/r1c1/#"), r("meshdl/7/r2c1/r1c1/#"),
         r("meshdl/7/r1c0/r1c1/#"), r("meshdl/7/r1c2/r1c1/#"),
         r("meshdl/7/edge/all/#"),
     }
-    assert acl["r0c0"] == {  # the edge's neighbour also hears the edge
-        w("meshdl/7/r0c0/#"), w("meshdl/7/status/r0c0"),
+    assert acl["r0c0"] == {  # the edge's neighbour also hears the edge, and answers it
+        w("meshdl/7/status/r0c0"),
+        *sends("r0c0", "r1c0", up + block), *sends("r0c0", "r0c1", up + block),
+        *sends("r0c0", "edge", ("gather", "reduce", "health")),
         r("meshdl/7/r1c0/r0c0/#"), r("meshdl/7/r0c1/r0c0/#"), r("meshdl/7/edge/r0c0/#"),
         r("meshdl/7/edge/all/#"),
     }
     assert acl["edge"] == {
-        w("meshdl/7/edge/#"), w("meshdl/7/status/edge"), w("meshdl/7/alerts"),
+        w("meshdl/7/edge/all/params"), w("meshdl/7/edge/all/batch"),
+        w("meshdl/7/edge/r0c0/scatter"), w("meshdl/7/status/edge"), w("meshdl/7/alerts"),
         r("meshdl/7/r0c0/edge/#"), r("meshdl/7/status/#"),
     }
     assert acl["monitor"] == {r("meshdl/7/status/#"), r("meshdl/7/alerts")}
@@ -168,7 +180,9 @@ def test_acl_grants_each_user_exactly_its_topics(cli, mesh_file, tmp_path) -> No
         for grant in acl[cell]:
             assert grant.access in ("read", "write")
             if grant.access == "write":
-                assert grant.topic in (f"meshdl/7/{cell}/#", f"meshdl/7/status/{cell}")
+                assert grant.topic.startswith(f"meshdl/7/{cell}/") or \
+                    grant.topic == f"meshdl/7/status/{cell}"
+                assert "#" not in grant.topic and "+" not in grant.topic
             else:
                 assert grant.topic == "meshdl/7/edge/all/#" or \
                     grant.topic.endswith(f"/{cell}/#")
@@ -309,19 +323,6 @@ def _production_variant(tmp: Path, tls_port: int, local_port: int) -> str:
     return production_config(tmp, tls_port, local_port)
 
 
-def _self_signed(tls_dir: Path) -> None:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl is not installed")
-    tls_dir.mkdir(parents=True)
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-         "-keyout", str(tls_dir / "server.key"), "-out", str(tls_dir / "server.crt")],
-        check=True, capture_output=True, timeout=30,
-    )
-    shutil.copy(tls_dir / "server.crt", tls_dir / "ca.crt")
 
 
 def _wait_for_tls(port: int, tls: ssl.SSLContext, timeout: float) -> None:
@@ -343,7 +344,7 @@ def _wait_for_tls(port: int, tls: ssl.SSLContext, timeout: float) -> None:
 def test_production_config_starts_with_tls_and_logins(cli, mesh_file, tmp_path) -> None:
     binary = mosquitto_binary()
     mosquitto_binary("mosquitto_passwd")
-    _self_signed(tmp_path / "meshdl" / "tls")
+    self_signed(tmp_path / "meshdl" / "tls")
     code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out",
                        tmp_path / "meshdl")
     assert code == 0, err

@@ -2,9 +2,13 @@
 
 Mosquitto with deploy/mosquitto/production.conf (TLS, passwords, the generated ACL, the
 1 MiB limit), node hosts and edge as separate processes with their own message keys,
-and a client logged in with one node's password flooding every topic it may write:
-the trained parameters are the virtual mesh's, every process lives, and memory stays
-within 1.5 times the clean run's.
+and a client logged in with one node's password flooding every topic it may write,
+plus (issue 29) a status record claiming one cell ~32,750 times once a second,
+1,040,000-byte messages to its neighbour on the other host and 400 retained messages of
+that size below its own name. One clean run and one attack run: the trained parameters
+are the virtual mesh's in both, every process lives and stops cleanly when told to,
+memory stays within 150 MB of the clean run's and the broker's store holds at most one
+retained message per topic the attacker's login may write.
 """
 
 from __future__ import annotations
@@ -13,27 +17,53 @@ import re
 
 import pytest
 
-from meshdl.bench_hostile import bench_hostile
+from meshdl.bench_hostile import FLOOD_FIRST, RETAINED_FILL, bench_hostile
 from meshdl.config import load_run_config
+from meshdl.sim.hostile import FLOOD_BYTES
 from meshdl.sim.lounge import generate_lounge
 from tests.mosquitto import mosquitto_binary
 
 MESH = {"model": {"rows": 4, "cols": 5, "hidden": 8},
         "data": {"train": 40, "test": 20, "seed": 4},
         "train": {"epochs": 2, "batch": 10}}
+# What the attack may add to a process's peak memory (issue 29). Each process's share is
+# a bounded queue of 1 MB messages: a host's inbox (32 MiB, 8 MiB per sender,
+# meshdl/mqtt.py); the broker's QoS 0 queue of the flooded client (100 messages,
+# production.conf) plus the attacker's retained messages (one per topic its login may
+# write: 28 here), 128 MiB at most; beyond that, the few copies of a 1 MB message being
+# read, decoded and checked at once, and the allocator's slack around them.
+MEMORY_MARGIN_MB = 150
 
 
-def test_a_flood_from_a_stolen_node_login_changes_nothing_under_the_production_setup(
-        ) -> None:
+@pytest.fixture(scope="module")
+def result() -> dict:
     mosquitto_binary("mosquitto_passwd")
     config = load_run_config(**MESH)
-    result = bench_hostile(config, generate_lounge(config.data))
-    for name in ("clean", "attack"):
-        run = result[name]
-        assert run["edge_exit"] == 0
-        assert all(run["node_hosts_alive_at_end"].values()), run
-        assert run["max_param_diff_relative"] <= 1e-5, run  # the virtual mesh's parameters
-        assert all(s < 2.0 for s in run["sigterm_s"].values()), run["sigterm_s"]
+    # Each test below asserts its own part, whatever became of the others.
+    return bench_hostile(config, generate_lounge(config.data), raise_on_failure=False)
+
+
+@pytest.mark.parametrize("run", ["clean", "attack"])
+def test_training_over_the_production_setup_gives_the_virtual_mesh_parameters(
+        result: dict, run: str) -> None:
+    outcome = result[run]
+    assert outcome["edge_exit"] == 0, outcome["edge_error"]
+    assert all(outcome["node_hosts_alive_at_end"].values()), outcome
+    assert outcome["max_param_diff_relative"] <= 1e-5, outcome
+
+
+@pytest.mark.parametrize("run", ["clean", "attack"])
+def test_node_hosts_stop_on_sigterm_with_exit_code_0_and_their_stop_line(
+        result: dict, run: str) -> None:
+    # A SIGTERM the host does not honour ends in the harness's SIGKILL after 10 s (a
+    # hang guard, not a measurement): exit code -9 and no stop line.
+    outcome = result[run]
+    assert outcome["host_exits"] == {"north": 0, "south": 0}, outcome["sigterm_s"]
+    assert all(line is not None for line in outcome["host_stop_lines"].values()), outcome
+
+
+def test_a_flood_from_a_stolen_node_login_is_rejected_and_changes_nothing(
+        result: dict) -> None:
     attack = result["attack"]
     assert sum(attack["attacker_sent"].values()) > 1000
     # The south host hears the attacker's topics, and rejected what came (forged tags,
@@ -41,5 +71,40 @@ def test_a_flood_from_a_stolen_node_login_changes_nothing_under_the_production_s
     south = attack["host_stop_lines"]["south"]
     rejected = int(re.search(r"rejected (\d+)", south).group(1))
     assert rejected > 0, south
-    assert all(ratio <= 1.5 for ratio in attack["memory_vs_clean"].values()), attack
     assert pytest.approx(result["clean"]["test_acc"]) == attack["test_acc"]
+
+
+def test_a_status_record_claiming_one_cell_32_thousand_times_does_not_stop_the_edge(
+        result: dict) -> None:
+    attack = result["attack"]
+    assert attack["attacker_sent"]["claim_bomb"] >= 1
+    assert attack["edge_exit"] == 0, attack["edge_error"]
+    refused = attack["edge_rejected"]
+    assert refused.get("rejected:bad_status", 0) + refused.get("rejected:unsigned_status", 0) \
+        >= 1, refused
+
+
+def test_memory_stays_within_150_mb_of_the_clean_run_under_a_flood_of_1_mb_messages(
+        result: dict) -> None:
+    attack = result["attack"]
+    # The first wave starts once 200 MB went to the attacker's neighbour on the south
+    # host (FLOOD_FIRST), and the flood goes on as fast as the broker takes it.
+    assert attack["attacker_sent"]["flood_1mb"] >= FLOOD_FIRST
+    over = attack["memory_over_clean_mb"]
+    assert set(over) == {"broker", "north", "south", "edge"}
+    assert all(mb <= MEMORY_MARGIN_MB for mb in over.values()), (over, attack["peak_rss_mb"])
+
+
+def test_the_broker_keeps_retained_messages_only_on_topics_the_login_may_write(
+        result: dict) -> None:
+    attack = result["attack"]
+    assert attack["attacker_sent"]["retained_fill"] == RETAINED_FILL
+    grants = attack["attacker_write_grants"]
+    # Exact topics only: a wildcard would let the login retain a message on any number
+    # of topics below it.
+    assert not any("#" in g or "+" in g for g in grants), grants
+    # At most one retained message per topic the node writes (its status record under
+    # 256 KiB), next to the clean run's store: not the 400 MB a free subtree keeps.
+    bound_mb = len(grants) * FLOOD_BYTES / 2**20 + result["clean"]["broker_store_mb"] + 1
+    assert attack["broker_store_mb"] <= bound_mb, (attack["broker_store_mb"], bound_mb)
+    assert attack["memory_over_clean_mb"]["broker"] <= MEMORY_MARGIN_MB

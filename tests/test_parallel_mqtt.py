@@ -25,35 +25,12 @@ from meshdl.protocol import MeshSpec
 from meshdl.server.serve import ServerRun, serve
 from meshdl.sim.lounge import generate_lounge
 from meshdl.topics import push_topic, weights_topic
-
-MESHES_TOML = """
-[model]
-rows = 4
-cols = 5
-hidden = 8
-
-[data]
-train = 40
-test = 20
-seed = 4
-
-[train]
-epochs = 2
-batch = 5
-
-[mesh]
-mesh_id = {mesh_id}
-
-[parallel]
-meshes = 2
-first_mesh_id = 1
-sync = "bsp"
-"""
+from tests.helpers import TWO_MESHES_TOML
 
 
 def _config(folder: Path, mesh_id: int) -> RunConfig:
     path = folder / f"mesh{mesh_id}.toml"
-    path.write_text(MESHES_TOML.format(mesh_id=mesh_id))
+    path.write_text(TWO_MESHES_TOML.format(mesh_id=mesh_id))
     return load_run_config(path)
 
 

@@ -15,9 +15,14 @@ section trains it with other meshes lets its edge hear the parameter server's we
 
 `meshdl deploy central --mesh mesh.toml --central HOST:PORT --out DIR` provisions the
 central broker of several meshes (the [parallel] section's): its passwd and acl for
-the parameter server `ps` and one bridge per mesh, their secrets, and
-`DIR/bridge-<mesh>.conf`, the lines each building's Mosquitto includes to bridge its
-mesh's pushes and weights to it (docs/parallel.md). Passwords come from
+the parameter server `ps` and one bridge per mesh, their secrets, the keys of the links
+edge-ps (one random key per mesh: `secrets/ps.keys.json` holds all of them for the
+server, `secrets/push-<mesh>.keys.json` one for that mesh's edge, which
+`secrets/push-<mesh>.environment` names as MESHDL_PARALLEL__KEYS: no login, so not a
+.env file), and
+`DIR/bridge-<mesh>.conf`, the bridge's connection with its password, which each
+building's Mosquitto reads from a private directory through `include_dir`, never from
+mosquitto.conf itself (docs/parallel.md). Passwords come from
 `secrets.token_urlsafe`, the mesh's link secret and the edge's Ed25519 key from
 `secrets.token_bytes`; they are never printed. Every user's .env file turns message
 authentication on (`MESHDL_MESH__AUTH=true`) and names its key file as it will be
@@ -37,7 +42,7 @@ from typing import Any
 import typer
 
 from meshdl.acl import MeshUser, acl_text, format_cells, mesh_users, parse_host
-from meshdl.auth import KEY_BYTES, MeshKeys
+from meshdl.auth import KEY_BYTES, MeshKeys, PushKeys
 from meshdl.cli.broker import find_tool
 from meshdl.cli.common import emit_json, err_console
 from meshdl.config import load_run_config
@@ -135,9 +140,14 @@ def central(
     out: Path = typer.Option(..., "--out", help="Directory for passwd, acl, secrets/ and "
                              "the bridge-<mesh>.conf files."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+    keys_dir: Path = typer.Option(
+        Path("/etc/meshdl/secrets"), "--keys-dir",
+        help="Where the secrets files will be installed on the machines (the .env files "
+             "name the key files there)."),
 ) -> None:
     """Write the central broker's passwd and acl (the parameter server and one bridge per
-    mesh), their secrets, and each building's bridge configuration."""
+    mesh), their secrets, the keys of the links between each mesh's edge and the
+    parameter server, and each building's bridge configuration."""
     from meshdl.acl import bridge_config, central_users
     from meshdl.parallel import mesh_ids
 
@@ -151,8 +161,11 @@ def central(
     meshes = mesh_ids(cfg)
     users = central_users(meshes)
     tool = find_tool("mosquitto_passwd")
+    secrets_dir = out / "secrets"
     targets = [out / "passwd", out / "acl", *(out / f"bridge-{m}.conf" for m in meshes),
-               *(out / "secrets" / f"{u.name}.env" for u in users)]
+               *(secrets_dir / f"{u.name}.env" for u in users),
+               secrets_dir / SERVER_KEYS,
+               *(secrets_dir / name for m in meshes for name in _push_files(m))]
     existing = [path for path in targets if path.exists()]
     if existing and not force:
         raise MeshdlError(f"{existing[0]} exists; pass --force to overwrite (every "
@@ -160,20 +173,51 @@ def central(
     passwords = {u.name: secrets.token_urlsafe(PASSWORD_BYTES) for u in users}
     out.mkdir(parents=True, exist_ok=True)
     _ignore_in_git(out)
-    (out / "secrets").mkdir(mode=0o700, exist_ok=True)
+    secrets_dir.mkdir(mode=0o700, exist_ok=True)
+    secrets_dir.chmod(0o700)
     _write_private(out / "acl", acl_text(users, f"meshdl central broker of meshes "
                                          f"{', '.join(map(str, meshes))}; written by "
                                          "`meshdl deploy central`"))
     _hash_passwords(tool, out / "passwd", passwords)
+    push = PushKeys.draw(meshes)
     for user in users:
-        _write_private(out / "secrets" / f"{user.name}.env",
-                       _env_text(user, passwords[user.name], meshes[0], None))
-    for m in meshes:  # holds the bridge's password: as private as a secrets file
+        text = _env_text(user, passwords[user.name], meshes[0], None)
+        if user.role == "server":  # takes only pushes tagged with their mesh's key
+            text += _push_env(keys_dir / SERVER_KEYS, auth=True)
+        _write_private(secrets_dir / f"{user.name}.env", text)
+    _write_private(secrets_dir / SERVER_KEYS, push.to_json())
+    for m in meshes:
+        keys_name, env_name = _push_files(m)
+        _write_private(secrets_dir / keys_name, push.only(m).to_json())
+        _write_private(secrets_dir / env_name,
+                       f"# meshdl mesh {m}: the edge's key of its link to the parameter "
+                       "server.\n# A second EnvironmentFile of the edge's unit (after "
+                       "edge.env); mode 0600.\n" + _push_env(keys_dir / keys_name))
+        # The bridge's password: this file goes into a private directory that the
+        # building's mosquitto.conf includes (include_dir), never into mosquitto.conf.
         _write_private(out / f"bridge-{m}.conf",
                        bridge_config(m, host, int(port), passwords[f"bridge-{m}"]))
     err_console.print(f"wrote {out / 'passwd'}, {out / 'acl'}, the parameter server's and "
-                      f"{len(meshes)} bridges' secrets, and bridge-<mesh>.conf for meshes "
-                      f"{', '.join(map(str, meshes))}", highlight=False)
+                      f"{len(meshes)} bridges' secrets, the push keys of meshes "
+                      f"{', '.join(map(str, meshes))} and their bridge-<mesh>.conf (install "
+                      f"each as {BRIDGE_DIR}/bridge-<mesh>.conf, owner mosquitto, mode "
+                      f"0600, and end the building's mosquitto.conf with `include_dir "
+                      f"{BRIDGE_DIR}`)", highlight=False)
+
+
+SERVER_KEYS = "ps.keys.json"  # every mesh's key of the link edge-ps
+BRIDGE_DIR = "/etc/mosquitto/meshdl/bridge.d"  # where a building's Mosquitto reads it
+
+
+def _push_files(mesh: int) -> tuple[str, str]:
+    """The names of a mesh's edge's push key file and of the .env file naming it."""
+    return f"push-{mesh}.keys.json", f"push-{mesh}.environment"
+
+
+def _push_env(key_file: Path, auth: bool = False) -> str:
+    """The lines that give a process its push key file (and turn authentication on)."""
+    return ("MESHDL_MESH__AUTH=true\n" if auth else "") + \
+        f"MESHDL_PARALLEL__KEYS={key_file}\n"
 
 
 def _ignore_in_git(out: Path) -> None:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from meshdl.cli.common import emit_json, err_console, out_console
 from meshdl.config import commented_config, load_run_config
-from meshdl.data import load_dataset, load_split
+from meshdl.data import check_label_range, load_dataset, load_split
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.model import CNN
 
@@ -37,8 +37,11 @@ def evaluate(
         raise UsageError(f"--split must be test, train or all, not {split!r}")
     model = CNN.load(model_path)
     # Only the splits asked for are read: a gap in the other one is no reason to refuse.
-    parts = [load_split(data_path, part) for part in
-             (("train", "test") if split == "all" else (split,))]
+    names = ("train", "test") if split == "all" else (split,)
+    parts = [load_split(data_path, part) for part in names]
+    # The confusion matrix is indexed by the true labels: each must be a class.
+    for part, (_, labels) in zip(names, parts, strict=True):
+        check_label_range(labels, model.config.classes, f"y_{part}", str(data_path))
     X = np.concatenate([x for x, _ in parts])
     y = np.concatenate([t for _, t in parts])
     rows, cols = X.shape[1:]
@@ -87,10 +90,11 @@ def infer(
     if (data.rows, data.cols) != (model.config.rows, model.config.cols):
         raise UsageError(f"the data grid {data.rows} x {data.cols} does not match the model's "
                          f"{model.config.rows} x {model.config.cols}")
+    y = data.y_test if split == "test" else data.y_train
+    check_label_range(y, model.config.classes, f"y_{split}", str(data_path))  # before waves
     config = load_run_config(mode=mode, model=model.config.model_dump(),
                              mesh={"edge_at": parse_cell(edge_at)})
     engine = engine_for(config, data)
-    y = data.y_test if split == "test" else data.y_train
     try:
         logits = np.concatenate([engine.logits(model, split, idx) for idx in
                                  np.array_split(np.arange(len(y)), -(-len(y) // EVAL_BATCH))])

@@ -293,16 +293,28 @@ def ps_run(broker: str = BROKER, mesh: Path = MESH,
                                               "checkpoint in this run directory."),
            broker_patience: float = typer.Option(120.0, "--broker-patience", min=0.0,
                                                  help="Seconds to wait for the broker."),
+           edges_timeout: float = typer.Option(
+               600.0, "--edges-timeout", min=1.0, help="Seconds a mesh with steps left "
+               "may send nothing (its edge resends every 5 s while it waits); then the "
+               "server stops, naming the silent meshes (go on with --resume)."),
            json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
            ) -> None:
     """Combine the pushes of the meshes of the mesh file's parallel section and update
-    the model they train; a checkpoint after every epoch, model.npz at the end."""
+    the model they train; a checkpoint after every epoch, model.npz at the end. With
+    mesh.auth, every push must carry its mesh's tag (parallel.keys: the key file of
+    `meshdl deploy central`)."""
     from meshdl.augment import training_data
     from meshdl.checkpoint import load_checkpoint
     from meshdl.cli.common import emit_json
     from meshdl.parallel import mesh_ids
-    from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
-    from meshdl.server.serve import ServerRun, serve
+    from meshdl.runs import (
+        metrics_record,
+        new_run_dir,
+        start_run,
+        with_resume_hint,
+        write_run,
+    )
+    from meshdl.server.serve import EdgesSilent, ServerRun, serve
 
     if resume is not None and out is not None and out != resume:
         raise UsageError("--resume RUN_DIR writes into RUN_DIR: drop --out")
@@ -326,7 +338,11 @@ def ps_run(broker: str = BROKER, mesh: Path = MESH,
                       f"{run_dir}", highlight=False)
     try:
         asyncio.run(serve(run, BrokerAddress.parse(broker),
-                          connect_timeout_s=broker_patience))
+                          connect_timeout_s=broker_patience, edges_timeout_s=edges_timeout))
+    except EdgesSilent as exc:
+        command = (f"meshdl ps run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
+                   f"--data {data}")  # the address as printed: never the password
+        raise with_resume_hint(exc, run_dir, command) from None
     except KeyboardInterrupt:
         raise MeshdlError(f"stopped; go on with `meshdl ps run ... --resume {run_dir}` "
                           "(from the last epoch's checkpoint)") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,11 @@ from meshdl.nodes.serve import BackgroundNodeHost
 from meshdl.parallel import train_parallel
 from meshdl.protocol import MeshSpec
 from meshdl.runs import (
+    SYNTHETIC,
+    RunDir,
+    check_run_dir,
+    claim_run_dir,
+    data_source_of,
     metrics_record,
     new_run_dir,
     resumed_run,
@@ -108,6 +114,8 @@ def train(
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its last checkpoint, with its own "
                                        "configuration and data."),
+    force: bool = typer.Option(False, "--force", help="Replace the run in --out (else a "
+                               "directory holding a run is refused)."),
     json_out: bool = typer.Option(False, "--json", help="Print metrics.json on stdout."),
 ) -> None:
     """Train the CNN and write model.npz, config.json and metrics.json."""
@@ -121,24 +129,28 @@ def train(
             ("--clip-norm", clip_norm), ("--augment", augment), ("--seed", seed),
             ("--wire/--no-wire", wire), ("--meshes", meshes), ("--sync", sync),
             ("--overlap/--no-overlap", overlap), ("--compress", compress),
-            ("--activations", activations))
+            ("--activations", activations), ("--force", force or None))
             if value is not None]
         if given:
             raise UsageError(f"--resume continues the run as it was configured: drop "
                              f"{', '.join(given)}")
         config, source, checkpoint = resumed_run(resume)
-        dataset = (generate_lounge(config.data) if source == "synthetic lounge"
+        dataset = (generate_lounge(config.data) if source == SYNTHETIC
                    else load_dataset(Path(source)))
         err_console.print(f"resuming {resume} after epoch {checkpoint.epochs_done} of "
                           f"{config.train.epochs}", highlight=False)
-        _run(config, dataset, source, resume, checkpoint, transport, broker, json_out)
+        # Its own directory: it holds a checkpoint, so a failure takes nothing back.
+        _run(config, dataset, source, lambda: RunDir(resume, created=False), checkpoint,
+             transport, broker, json_out)
         return
-    dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
-    if dataset is not None:  # a data file fixes the grid unless the flags say otherwise
-        rows = rows if rows is not None else dataset.rows
-        cols = cols if cols is not None else dataset.cols
+    if out is not None:  # said before any data is read or made; claimed after validation
+        check_run_dir(out, force)
+    dataset = load_dataset(data) if data else None
     config = load_run_config(
         config_file,
+        # A data file's grid is the grid unless the TOML file, the environment or the
+        # flags say otherwise (then they must agree with it).
+        data_grid=None if dataset is None else (dataset.rows, dataset.cols),
         mode=mode,
         model={"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
                "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
@@ -152,14 +164,20 @@ def train(
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
             dataset = generate_lounge(config.data)
-    _run(config, dataset, source, out or new_run_dir(name=name or config.mode), None,
-         transport, broker, json_out)
+
+    def claim() -> RunDir:
+        if out is not None:
+            return claim_run_dir(out, force)
+        return RunDir(new_run_dir(name=name or config.mode), created=True)
+
+    _run(config, dataset, data_source_of(data), claim, None, transport, broker, json_out)
 
 
-def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
+def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], RunDir],
          checkpoint: Checkpoint | None, transport: str, broker: str | None,
          json_out: bool) -> None:
-    """Train (from `checkpoint`, if any), checkpointing into `run_dir`; then report."""
+    """Train (from `checkpoint`, if any), checkpointing into the run directory `claim()`
+    gives once every check has passed (a refused run writes nothing); then report."""
     if transport not in ("virtual", "mqtt") or (transport == "mqtt" and config.mode != "mesh"):
         raise UsageError(f"--transport {transport!r}: expected virtual or mqtt (mesh mode)")
     if transport == "mqtt" and not broker:
@@ -167,17 +185,25 @@ def _run(config: RunConfig, dataset: Dataset, source: str, run_dir: Path,
     if transport == "mqtt" and config.parallel.meshes > 1:
         raise UsageError("--meshes runs virtual meshes: several meshes over MQTT are "
                          "not built yet")
+    dataset.require_classes(config.model.classes, source)  # before a run directory exists
     if config.mesh.compress == PLAN:
         config = plan_for(config, dataset, PLAN_RADIO, "wifi")
-    start_run(run_dir, config, source)
-    fit = Fit(checkpoints=run_dir, resume=checkpoint)
+    address = BrokerAddress.parse(broker) if transport == "mqtt" else None
+    claimed = claim()
+    run_dir = claimed.path
     try:
-        if transport == "virtual":
+        start_run(run_dir, config, source)
+        fit = Fit(checkpoints=run_dir, resume=checkpoint)
+        if address is None:
             model, history = fit_with_progress(config, dataset, fit)
         else:
-            model, history = _fit_over_mqtt(config, dataset, BrokerAddress.parse(broker), fit)
+            model, history = _fit_over_mqtt(config, dataset, address, fit)
     except MeshdlError as exc:  # a broker away too long, a diverged run: say how to go on
+        claimed.abandon()
         raise with_resume_hint(exc, run_dir, "meshdl train") from None
+    except BaseException:  # interrupted, or a bug: no config.json without a checkpoint
+        claimed.abandon()
+        raise
     metrics = metrics_record(config, history)
     write_run(run_dir, config, model, metrics, source)
     final = history.final

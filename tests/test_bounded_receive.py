@@ -1,0 +1,156 @@
+"""Hostile input costs a receiver a bounded amount of work and memory (issue 29).
+
+- A status record claiming one cell tens of thousands of times is refused by the edge
+  with work bounded by the grid: the body is hashed once, never once per claim.
+- What a connection has received but not handled yet is bounded in messages and bytes,
+  per sender and in total; what does not fit is dropped and counted.
+- A connection that breaks while nobody awaits its read leaves no "Future exception was
+  never retrieved" behind, and a wave lost that way does not send the user to look
+  for missing node hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import hashlib
+import hmac
+import json
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import aiomqtt
+import pytest
+
+from meshdl import auth as auth_module
+from meshdl.auth import Authenticator, MeshKeys
+from meshdl.config import ModelConfig
+from meshdl.edge.remote import MqttEngine
+from meshdl.messages import EDGE
+from meshdl.mqtt import BrokerAddress, Session
+from meshdl.protocol import MeshSpec
+from meshdl.sim.hostile import claim_bomb
+from meshdl.status import MAX_STATUS_BYTES, parse_status
+
+SPEC = MeshSpec(3, ModelConfig(rows=4, cols=5), auth=True)
+KEYS = MeshKeys.from_seed(7)
+MiB = 1024 * 1024
+
+
+class Hashed:
+    """Counts the bytes every SHA-256 and HMAC-SHA256 call of meshdl.auth takes in, and
+    fails at once past `budget` (so that an unbounded check does not run for seconds)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
+        self.bytes, self.budget = 0, budget
+        digest, sha256 = hmac.digest, hashlib.sha256
+
+        def counted_digest(key: bytes, message: bytes, algorithm: Any) -> bytes:
+            self._count(len(message))
+            return digest(key, message, algorithm)
+
+        def counted_sha256(data: bytes = b"") -> Any:
+            self._count(len(data))
+            return sha256(data)
+
+        monkeypatch.setattr(auth_module.hmac, "digest", counted_digest)
+        monkeypatch.setattr(auth_module.hashlib, "sha256", counted_sha256)
+
+    def _count(self, size: int) -> None:
+        self.bytes += size
+        if self.bytes > self.budget:
+            raise AssertionError(f"hashed more than {self.budget} bytes")
+
+
+def test_a_status_claim_bomb_is_refused_after_hashing_its_body_at_most_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    bomb = claim_bomb(SPEC.mesh_id, MAX_STATUS_BYTES)
+    record = json.loads(bomb)
+    assert len(record["cells"]) > 32_000 and len(bomb) <= MAX_STATUS_BYTES
+    edge = Authenticator(KEYS.keyring(SPEC, [EDGE]))
+    cells = SPEC.model.rows * SPEC.model.cols
+    # One hash of the body, then at most one short HMAC (tag + digest) per grid cell.
+    hashed = Hashed(monkeypatch, budget=len(bomb) + cells * 64)
+    assert not edge.verify_status(record)
+    assert parse_status(bomb) is None  # a cell claimed twice: not a valid record
+    # A genuine record still verifies, within the same bound.
+    host = Authenticator(KEYS.keyring(SPEC, [(1, 1), (1, 2)]))
+    genuine = host.sign_status({"role": "node-host", "state": "online", "mesh": 3,
+                                "time": 1.5, "cells": ["r1c1", "r1c2"]})
+    hashed.bytes = 0
+    assert edge.verify_status(genuine)
+    assert not edge.verify_status({**genuine, "cells": ["r1c1", "r1c2", "r1c1"]})
+    assert parse_status(json.dumps(genuine).encode()) is not None
+
+
+def _session(**options: Any) -> Session:
+    return Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 3, "south", [], **options)
+
+
+def test_a_connections_inbox_drops_and_counts_what_exceeds_its_bounds() -> None:
+    async def fill() -> tuple[Session, Any]:
+        session = _session()
+        queue = session._new_client()._queue
+        large = bytes(1_040_000)  # one object: the test itself holds 1 MB
+        for _ in range(200):  # 200 MB from one sender
+            queue.put_nowait(aiomqtt.Message("meshdl/3/r1c1/r2c1/halo", large, 0, False, 0,
+                                             None))
+        for i in range(50):  # then a neighbour's ordinary traffic
+            queue.put_nowait(aiomqtt.Message("meshdl/3/r2c2/r2c1/halo", bytes(4000), 0,
+                                             False, i, None))
+        return session, queue
+
+    session, queue = asyncio.run(fill())
+    held = [m.topic.value for m in queue._queue]
+    held_bytes = sum(len(m.payload) for m in queue._queue)
+    assert held_bytes <= 32 * MiB, held_bytes
+    # The flooding sender is cut to its share; the other sender's messages all got in.
+    assert held.count("meshdl/3/r2c2/r2c1/halo") == 50
+    assert held.count("meshdl/3/r1c1/r2c1/halo") <= 8
+    assert session.stats["rejected:inbox_full"] == 250 - len(held)
+    # What is taken out makes room again.
+    while not queue.empty():
+        queue.get_nowait()
+    queue.put_nowait(aiomqtt.Message("meshdl/3/r1c1/r2c1/halo", bytes(1_040_000), 0, False,
+                                     0, None))
+    assert queue.qsize() == 1
+
+
+def test_a_connection_broken_while_nobody_reads_leaves_no_unretrieved_exception() -> None:
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        session = _session()
+        client = session._new_client()
+        # Connected, then dropped by the broker (a missed keepalive) while no read was
+        # under way: aiomqtt keeps the error for a read that never comes.
+        client._connected.set_result(None)
+        client._on_disconnect(client._client, None, None, 7, None)
+        stack = contextlib.AsyncExitStack()
+        stack.push_async_exit(client)
+        session._client, session._stack = client, stack
+        del client, stack
+        # A heartbeat's publish notices the break first: the run loop's handling.
+        await session._disconnected(aiomqtt.MqttError("the broker dropped the connection"))
+        gc.collect()
+
+    asyncio.run(main())
+    assert [c.get("message") for c in reported] == []
+
+
+def test_a_wave_lost_to_the_edges_own_connection_drops_says_so() -> None:
+    engine = MqttEngine(None, "mqtt://127.0.0.1:1")
+    try:
+        engine.session = SimpleNamespace(stats=Counter({"reconnects": 3}))
+        engine.stats["rejected:bad_status"] = 270
+        edge = SimpleNamespace(step=5, spec=SimpleNamespace(max_message_bytes=MiB))
+        line = engine._no_result(edge)
+    finally:
+        engine.session = None
+        engine.close()
+    assert "are all node hosts running" not in line
+    assert "dropped this edge 3 times" in line and "270 invalid status records" in line

@@ -1,0 +1,123 @@
+"""The edge's wave timeout over MQTT (issue 29, item 9): a wave is restarted when nothing
+of it came for the timeout, not merely because it is old, so that a wave a lossy link
+still delivers goes on; and a wave that fails after a node host's last will names it.
+
+Driven with fake time and no broker: one node host of every cell and the edge machine
+exchange messages by topic as a broker would, at the times each test says."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from meshdl import CNN, ModelConfig
+from meshdl.edge.agent import EdgeMachine
+from meshdl.edge.remote import MqttEngine
+from meshdl.messages import EDGE, Kind, Message
+from meshdl.nodes.host import NodeHost, dataset_readings
+from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.topics import name_of, topic
+from tests.helpers import noise_dataset
+
+CONFIG = ModelConfig(rows=4, cols=5, hidden=8)
+DATA = noise_dataset(CONFIG, samples=8)
+SPEC = MeshSpec(1, CONFIG, (0, 0), "broadcast")
+TIMEOUT = 10.0
+
+
+def _model() -> CNN:
+    model = CNN(CONFIG, seed=2)
+    model.set_normalization(20.0, 3.0)
+    return model
+
+
+class _Mesh:
+    """The edge machine and one node host of every cell; messages wait in `pending`
+    until the test delivers them, at a time it chooses."""
+
+    def __init__(self, wave_cap: float | None = None) -> None:
+        self.host = NodeHost(SPEC, list(SPEC.topology.cells()),
+                             lambda cell: dataset_readings(DATA, cell))
+        cap = {} if wave_cap is None else {"wave_cap": wave_cap}  # else the default's
+        self.edge = EdgeMachine(SPEC, _model(), {Split.TRAIN: DATA.y_train},
+                                wave_timeout=TIMEOUT, **cap)
+        self.pending: list[Message] = []
+
+    def start(self, now: float) -> None:
+        self.pending = self.edge.start(Mode.TRAIN, Split.TRAIN, np.arange(8), now=now)
+
+    def deliver_until(self, kind: Kind, now: float) -> None:
+        """Deliver what is pending, and what it sends, at `now`, until a `kind` message
+        has reached the edge."""
+        while self.pending:
+            message = self.pending.pop(0)
+            h = message.header
+            if h.dst == EDGE:
+                self.pending += self.edge.handle(message, now)
+                if h.kind == kind:
+                    return
+                continue
+            self.pending += self.host.handle(topic(SPEC.mesh_id, h.src, h.dst, h.kind),
+                                             message, now)
+        raise AssertionError(f"no {kind.name} reached the edge")
+
+
+def test_a_wave_still_being_delivered_past_the_timeout_is_not_restarted() -> None:
+    mesh = _Mesh()
+    mesh.start(now=0.0)
+    mesh.deliver_until(Kind.GATHER, now=9.0)  # the forward pass took 9 s of the 10
+    assert mesh.edge.tick(15.0) == []  # 15 s old, but it heard from the wave 6 s ago
+    mesh.deliver_until(Kind.REDUCE, now=18.0)
+    assert mesh.edge.result is not None and mesh.edge.result.grads is not None
+    assert mesh.edge.stats["restarted_waves"] == 0 and mesh.edge.attempts == 1
+
+
+def test_a_wave_that_hears_nothing_for_the_timeout_is_restarted() -> None:
+    mesh = _Mesh()
+    mesh.start(now=0.0)
+    assert mesh.edge.tick(TIMEOUT - 0.1) == []
+    step = mesh.edge.step
+    again = mesh.edge.tick(TIMEOUT)  # nothing since the start: restarted
+    assert {m.header.kind for m in again} == {Kind.PARAMS, Kind.BATCH}
+    assert mesh.edge.step == step + 1 and mesh.edge.attempts == 2
+    mesh.pending = again  # the restarted wave: silent from its GATHER on
+    mesh.deliver_until(Kind.GATHER, now=12.0)
+    assert mesh.edge.tick(12.0 + TIMEOUT - 0.1) == []
+    assert mesh.edge.tick(12.0 + TIMEOUT) != []
+    assert mesh.edge.stats["restarted_waves"] == 2
+
+
+def test_a_wave_that_keeps_moving_is_still_restarted_at_its_cap() -> None:
+    mesh = _Mesh(wave_cap=15.0)
+    mesh.start(now=0.0)
+    mesh.deliver_until(Kind.GATHER, now=9.0)
+    assert mesh.edge.tick(14.9) == []
+    assert mesh.edge.tick(15.0) != []  # heard 6 s ago, but 15 s old
+    assert mesh.edge.stats["restarted_waves"] == 1
+
+
+def _status(cells: list[str], state: str) -> bytes:
+    """A node host's status record as its session publishes it (its will: "offline")."""
+    return json.dumps({"role": "node-host", "state": state, "mesh": 1, "cells": cells,
+                       "time": time.time()}).encode()
+
+
+def test_a_failed_wave_names_the_node_host_whose_last_will_fired() -> None:
+    cells = [name_of(c) for c in SPEC.topology.cells()]
+    engine = MqttEngine(DATA, "mqtt://127.0.0.1:1", wave_timeout=TIMEOUT, max_attempts=5)
+    try:
+        engine._status("elsewhere", _status(cells[:2], "offline"), True)  # never ours
+        engine._status("north", _status(cells[:10], "online"), False)
+        engine._status("south", _status(cells[10:], "online"), False)
+        engine._status("south", _status(cells[10:], "offline"), False)  # its last will
+        edge = engine._edge_for(_model())
+        message = engine._no_result(edge)
+        assert message.startswith(f"wave {edge.step} failed: node host south went "
+                                  "offline (its last will; 10 cells unserved)"), message
+        assert "north" not in message and "elsewhere" not in message
+        engine._status("south", _status(cells[10:], "online"), False)  # back again
+        assert "south" not in engine._no_result(edge)
+    finally:
+        engine.close()
