@@ -15,15 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshdl import kernels
-from meshdl.compress.activations import read_activations
 from meshdl.compress.codec import read_or_count
 from meshdl.compress.intsum import SharedScales
-from meshdl.data import check_label_range
+from meshdl.data.datasets import check_label_range
 from meshdl.errors import StepSkipped, UsageError
-from meshdl.messages import EDGE, Header, Kind, Message, make, newer
-from meshdl.model import CNN, Trace
-from meshdl.nodes.deadlines import (
+from meshdl.model import kernels
+from meshdl.model.cnn import CNN, Trace
+from meshdl.protocol.activations import read_activations
+from meshdl.protocol.deadlines import (
     GATHER_ENTRY,
     REDUCE_ENTRY,
     SILENT_WAVES,
@@ -32,10 +31,11 @@ from meshdl.nodes.deadlines import (
     Margins,
     Policy,
 )
-from meshdl.payloads import BatchOrder, PlanTail, health_entries
-from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.topology import Cell
-from meshdl.work import head_work
+from meshdl.protocol.messages import EDGE, Header, Kind, Message, make, newer
+from meshdl.protocol.payloads import BatchOrder, PlanTail, health_entries
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topology import Cell
+from meshdl.protocol.work import head_work
 
 # A wave still making progress is restarted anyway once it is this many wave timeouts
 # old: its idle timeout alone would let a trickle of messages hold it for ever.
@@ -148,7 +148,7 @@ class EdgeMachine:
         summed = spec.reduce_sum
         self.sum_scales = None if summed is None else SharedScales(summed)
         self.wave_scales = np.zeros(0, np.float32)
-        # Best effort (nodes/deadlines.py): None waits for the mesh (exact); else the
+        # Best effort (meshdl/protocol/deadlines.py): None waits for the mesh (exact); else the
         # GATHER's and REDUCE's arrival times per (mode, batch), and the current wave's
         # deadlines (from its start; from its SCATTER).
         self.policy: Policy | None = None
@@ -166,7 +166,7 @@ class EdgeMachine:
         configured one): which blocks its GATHER brings, which it never can."""
         self.spec = spec
         self.gather_blocks = spec.topology.tree_blocks(spec.edge_at)
-        # Blocks without a live member (meshdl/topology.py): no features come for them;
+        # Blocks without a live member (meshdl/protocol/topology.py): no features come for them;
         # the head reads the policy's (zeros without one).
         prow, pcol = spec.topology.pooled_shape
         gathered = set(self.gather_blocks)
@@ -264,7 +264,7 @@ class EdgeMachine:
         """Best effort: in waves of `mode` and `batch`, give up on the GATHER and the
         REDUCE at their deadlines, starting from when they came in a loss-free wave
         (`gather` seconds after its start, `reduce` after its SCATTER) and following
-        their arrivals (nodes/deadlines.py)."""
+        their arrivals (meshdl/protocol/deadlines.py)."""
         self.policy = policy
         first = {GATHER_ENTRY: gather}
         if reduce is not None:

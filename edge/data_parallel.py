@@ -22,18 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from meshdl.augment import originals, training_data
-from meshdl.auth import push_keys_for, with_push_key
 from meshdl.config import RunConfig
-from meshdl.data import Dataset
+from meshdl.data.augment import originals, training_data
+from meshdl.data.datasets import Dataset
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError, StepSkipped, UsageError
-from meshdl.messages import Message
-from meshdl.model import CNN
-from meshdl.parallel import epoch_shards
-from meshdl.server.sync import Sync
+from meshdl.model.cnn import CNN
+from meshdl.protocol.auth import push_keys_for, with_push_key
+from meshdl.protocol.messages import Message
 from meshdl.server.worker import Learnt, MeshWorker
-from meshdl.training import (
+from meshdl.sync import Sync
+from meshdl.training.loop import (
     EpochFn,
     EpochMetrics,
     History,
@@ -42,6 +41,7 @@ from meshdl.training import (
     normalization,
     predictions,
 )
+from meshdl.training.parallel import epoch_shards
 
 
 def train_with_server(config: RunConfig, data: Dataset, engine: MqttEngine,

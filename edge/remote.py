@@ -1,6 +1,6 @@
 """The training loop's engine for a mesh of real nodes, reached through an MQTT broker.
 
-`MqttEngine` does for `meshdl.training.train` what `MeshEngine` does in process: each
+`MqttEngine` does for `meshdl.training.loop.train` what `MeshEngine` does in process: each
 batch is one wave of the same `EdgeMachine`, whose messages now cross a broker to node
 hosts (other processes, other machines). Before the first wave it waits until the node
 hosts' status records cover every cell. A wave that hears nothing of its own for
@@ -35,21 +35,22 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from meshdl.augment import training_data
-from meshdl.auth import Authenticator, authenticator_for
 from meshdl.config import RunConfig
-from meshdl.data import Dataset, data_digest
+from meshdl.data.augment import training_data
+from meshdl.data.datasets import Dataset, data_digest
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError
-from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, SERVER, Kind, Message, decode, encode, make
-from meshdl.model import CNN
-from meshdl.mqtt import BrokerAddress, Session, close_loop
-from meshdl.nodes.deadlines import Learning, Policy
+from meshdl.limits import MAX_MESSAGE_BYTES
+from meshdl.model.cnn import CNN
+from meshdl.mqtt.sdnotify import Notifier, stop_task
+from meshdl.mqtt.session import BrokerAddress, Session, close_loop
+from meshdl.mqtt.status import StatusRecord, parse_status
 from meshdl.nodes.serve import MQTT_LEAST_MARGIN_S
-from meshdl.protocol import LIVE_SLOTS, MeshSpec, Mode, Split
-from meshdl.sdnotify import Notifier, stop_task
-from meshdl.status import StatusRecord, parse_status
-from meshdl.topics import (
+from meshdl.protocol.auth import Authenticator, authenticator_for
+from meshdl.protocol.deadlines import Learning, Policy
+from meshdl.protocol.messages import EDGE, SERVER, Kind, Message, decode, encode, make
+from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
+from meshdl.protocol.topics import (
     ROOT,
     TopicNames,
     inbox_filter,
@@ -57,8 +58,8 @@ from meshdl.topics import (
     status_topic,
     weights_topic,
 )
-from meshdl.topology import Cell
-from meshdl.wire import Wire
+from meshdl.protocol.topology import Cell
+from meshdl.protocol.wire import Wire
 
 STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from here
 EDGE_CLIENT = "edge"  # the edge's status topic, which is also the mesh's lease

@@ -23,8 +23,8 @@ import numpy as np
 
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError
-from meshdl.model import CNN
-from meshdl.topics import alerts_topic
+from meshdl.model.cnn import CNN
+from meshdl.protocol.topics import alerts_topic
 
 
 def anomaly_probability(logits: np.ndarray) -> float:

@@ -13,7 +13,7 @@ from meshdl.config import (
     TrainConfig,
     load_run_config,
 )
-from meshdl.model import CNN
+from meshdl.model.cnn import CNN
 
 __all__ = [
     "CNN",

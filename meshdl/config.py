@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -23,8 +23,10 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from meshdl.compress.grammar import PLAN, parse_policy
 from meshdl.errors import UsageError, format_validation_error
-from meshdl.messages import MAX_MESSAGE_BYTES, MAX_PAYLOAD_BYTES
+from meshdl.limits import MAX_MESSAGE_BYTES, MAX_PAYLOAD_BYTES
+from meshdl.sync import Sync
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -67,6 +69,37 @@ class ModelConfig(_Strict):
         """Length F of the flattened pooled map, the input of fc1."""
         pr, pc = self.pooled_shape
         return self.filters * pr * pc
+
+
+def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's PyTorch name and shape, in the order of the flat vector."""
+    k, h = config.kernel, config.filters
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in range(1, config.conv_layers + 1):
+        c_in = config.in_channels if layer == 1 else h
+        shapes[f"conv{layer}.weight"] = (h, c_in, k, k)
+        shapes[f"conv{layer}.bias"] = (h,)
+    shapes["fc1.weight"] = (config.hidden, config.features)
+    shapes["fc1.bias"] = (config.hidden,)
+    shapes["fc2.weight"] = (config.classes, config.hidden)
+    shapes["fc2.bias"] = (config.classes,)
+    return shapes
+
+
+class LayerSize(NamedTuple):
+    """A layer as the `--compress` grammar sees it (compress/grammar.py)."""
+
+    name: str
+    kind: str  # "conv" or "fc"
+    size: int  # weights and biases
+
+
+def layer_sizes(config: ModelConfig) -> tuple[LayerSize, ...]:
+    """The model's layers in the flat vector's order: conv1, ..., fc1, fc2."""
+    shapes = param_shapes(config)
+    return tuple(LayerSize(name, "conv" if name.startswith("conv") else "fc",
+                           math.prod(shapes[f"{name}.weight"]) + shapes[f"{name}.bias"][0])
+                 for name in (n.removesuffix(".weight") for n in shapes if n.endswith(".weight")))
 
 
 class DataConfig(_Strict):
@@ -128,7 +161,7 @@ class MeshConfig(_Strict):
         "tree", description="how parameters reach the nodes: flooded down the BFS tree "
         "(radio mesh) or published once by the edge (broker; always so over MQTT)")
     auth: bool = Field(False, description="authenticate every message: link tags between "
-                       "neighbours, the edge's signature on parameters (meshdl/auth.py); "
+                       "neighbours, the edge's signature on parameters (meshdl/protocol/auth.py); "
                        "on in a deployment from `meshdl deploy credentials`")
     keys: Path | None = Field(None, description="this process's key file (over MQTT, with "
                               "auth): secrets/<user>.keys.json from `meshdl deploy "
@@ -180,8 +213,6 @@ class ParallelConfig(_Strict):
 
     @model_validator(mode="after")
     def _sync_parses(self) -> ParallelConfig:
-        from meshdl.server.sync import Sync  # the server's one reading of the name
-
         Sync.parse(self.sync)
         return self
 
@@ -217,12 +248,10 @@ class RunConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _compression_parses(self) -> RunConfig:
-        from meshdl.compress.policy import PLAN, CompressionPolicy  # needs the layers
-
-        if self.mesh.compress == PLAN:  # resolved before the run (sim/schedule.py)
+        if self.mesh.compress == PLAN:  # resolved before the run (sim/studies/schedule.py)
             return self
         try:
-            CompressionPolicy.parse(self.mesh.compress, self.model)
+            parse_policy(self.mesh.compress, layer_sizes(self.model))
         except UsageError as exc:
             raise ValueError(f"mesh.compress: {exc}") from None
         return self

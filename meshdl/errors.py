@@ -6,6 +6,7 @@ The CLI turns `MeshdlError` into a one-line message and an exit code; `UsageErro
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,6 +35,33 @@ class ModelFileError(MeshdlError):
 
 class NonFiniteError(MeshdlError):
     """A computation produced NaN or inf (in training: the run diverged)."""
+
+
+class CodecReason(str, Enum):
+    """Why bytes are not a valid mesh message: a closed set, so that counting rejections
+    by reason stays a handful of counters however varied the garbage."""
+
+    TRUNCATED = "truncated"
+    OVERSIZED = "oversized"
+    BAD_MAGIC = "bad_magic"
+    VERSION = "version"
+    BAD_SHAPE = "bad_shape"
+    INVALID_HEADER = "invalid_header"
+    OTHER_MESH = "other_mesh"
+    PAYLOAD_SIZE = "payload_size"
+    CHECKSUM = "checksum"
+    NOT_FINITE = "not_finite"
+    FORGED = "forged"  # a tag or signature that does not verify (meshdl/protocol/auth.py)
+    BAD_COMPRESSED = "bad_compressed"  # bytes no compressor sends (meshdl/compress)
+
+
+class CodecError(MeshdlError):
+    """A payload that is not a valid mesh message: `reason` for counting, the text for
+    people."""
+
+    def __init__(self, reason: CodecReason, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
 
 
 class StepSkipped(Exception):

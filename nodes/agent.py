@@ -29,34 +29,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from meshdl.compress.activations import (
-    FORWARD_KINDS,
-    activation_bytes,
-    encode_activations,
-    read_activations,
-)
 from meshdl.compress.codec import Channel, read_or_count
 from meshdl.compress.intsum import SumChannel, add_shares
-from meshdl.messages import (
-    ALL,
-    BYTES,
-    EDGE,
-    FLOAT32,
-    INT32,
-    Header,
-    Kind,
-    Message,
-    make,
-    newer,
-    seal,
-)
 from meshdl.nodes import compute
 from meshdl.nodes.besteffort import BestEffortNode
-from meshdl.nodes.deadlines import (
-    Arrivals,
-    Learning,
-    Policy,
-)
 from meshdl.nodes.delta import DeltaReceiver, DeltaSender
 from meshdl.nodes.memory import MemoryPlan
 from meshdl.nodes.plan import (
@@ -72,10 +48,34 @@ from meshdl.nodes.plan import (
     SendJob,
     Wave,
 )
-from meshdl.payloads import BATCH_HEAD, HEALTH_MAX, BatchOrder, PlanTail
-from meshdl.protocol import MeshSpec, Mode, Send, Split
-from meshdl.topology import Cell
-from meshdl.work import node_work
+from meshdl.protocol.activations import (
+    FORWARD_KINDS,
+    activation_bytes,
+    encode_activations,
+    read_activations,
+)
+from meshdl.protocol.deadlines import (
+    Arrivals,
+    Learning,
+    Policy,
+)
+from meshdl.protocol.messages import (
+    ALL,
+    BYTES,
+    EDGE,
+    FLOAT32,
+    INT32,
+    Header,
+    Kind,
+    Message,
+    make,
+    newer,
+    seal,
+)
+from meshdl.protocol.payloads import BATCH_HEAD, HEALTH_MAX, BatchOrder, PlanTail
+from meshdl.protocol.spec import MeshSpec, Mode, Send, Split
+from meshdl.protocol.topology import Cell
+from meshdl.protocol.work import node_work
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
@@ -101,7 +101,7 @@ class NodeMachine(BestEffortNode):
         self.early: dict[Cell, deque[Message]] = {}
         self.stats: Counter[str] = Counter()
         self.seq = 0
-        # Best effort (nodes/deadlines.py): None waits for every message (exact);
+        # Best effort (meshdl/protocol/deadlines.py): None waits for every message (exact);
         # else arrival times per (plan, mode, batch), and what fills in a missed message.
         self.policy: Policy | None = None
         self.arrivals: dict[tuple, Arrivals] = {}
@@ -111,7 +111,7 @@ class NodeMachine(BestEffortNode):
         self.plans_change = False
         self.last_level: dict[Item, np.ndarray] = {}  # policy "last": (channels,) an item
         # Floating-point operations of every computation run so far: simulated time
-        # turns them into CPU time on a device profile (sim/device.py).
+        # turns them into CPU time on a device profile (sim/radio/device.py).
         self.flops = 0
         self._plans: dict[tuple, NodePlan] = {}  # by `MeshSpec.plan_key`, a few
         # Dead neighbours (best effort): consecutive waves each gave nothing in, and

@@ -1,5 +1,5 @@
 """Best effort in the node machine: deadlines, what fills in a missed message, and the
-health of the neighbours (nodes/deadlines.py has the model, PROTOCOL.md the messages).
+health of the neighbours (meshdl/protocol/deadlines.py has the model, PROTOCOL.md the messages).
 
 `BestEffortNode` is the part of `NodeMachine` (nodes/agent.py) a node runs only in best
 effort: it gives up on a message at its deadline (`tick`), fills in what is missing by
@@ -13,15 +13,6 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from meshdl.messages import EDGE, Header, Kind, Message, make
-from meshdl.nodes.deadlines import (
-    SILENT_WAVES,
-    Arrivals,
-    Deadline,
-    Learning,
-    Margins,
-    Policy,
-)
 from meshdl.nodes.memory import GRADIENTS
 from meshdl.nodes.plan import (
     FILLED_IN,
@@ -31,9 +22,18 @@ from meshdl.nodes.plan import (
     Role,
     Wave,
 )
-from meshdl.payloads import health_entries
-from meshdl.protocol import Field, MeshSpec, Mode
-from meshdl.topology import Cell
+from meshdl.protocol.deadlines import (
+    SILENT_WAVES,
+    Arrivals,
+    Deadline,
+    Learning,
+    Margins,
+    Policy,
+)
+from meshdl.protocol.messages import EDGE, Header, Kind, Message, make
+from meshdl.protocol.payloads import health_entries
+from meshdl.protocol.spec import Field, MeshSpec, Mode
+from meshdl.protocol.topology import Cell
 
 
 class BestEffortNode:
@@ -46,7 +46,7 @@ class BestEffortNode:
         this node's), give up on a message of the plan (by inbox key) at its deadline
         and fill it in by `policy`. Deadlines start from `first` (seconds into its
         phase each came in a loss-free wave) and follow the arrivals
-        (nodes/deadlines.py); a message without one is waited for."""
+        (meshdl/protocol/deadlines.py); a message without one is waited for."""
         self.policy, self.plans_change = policy, True
         spec = spec or self.spec
         inbox = self._plan_for(spec).inbox

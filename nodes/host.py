@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from meshdl.data import Dataset, cell_series
-from meshdl.messages import ALL, Message
+from meshdl.data.datasets import Dataset, cell_series
 from meshdl.nodes import compute
 from meshdl.nodes.agent import NodeMachine
-from meshdl.protocol import MeshSpec, Split
-from meshdl.topics import TopicNames, broadcast_filter, inbox_filter
-from meshdl.topology import Cell
+from meshdl.protocol.messages import ALL, Message
+from meshdl.protocol.spec import MeshSpec, Split
+from meshdl.protocol.topics import TopicNames, broadcast_filter, inbox_filter
+from meshdl.protocol.topology import Cell
 
 
 def dataset_readings(data: Dataset, cell: Cell) -> dict[int, np.ndarray]:

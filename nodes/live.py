@@ -25,8 +25,8 @@ import numpy as np
 
 from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.sensors import Reading, Sensor, read_with_retry
-from meshdl.protocol import LIVE_SLOTS, Split
-from meshdl.topology import Cell
+from meshdl.protocol.spec import LIVE_SLOTS, Split
+from meshdl.protocol.topology import Cell
 
 
 def live_ring(channels: int = 1) -> np.ndarray:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from meshdl.protocol import Field, Mode
+from meshdl.protocol.spec import Field, Mode
 
 GRADIENTS = ("dz", "route", "dpooled")  # fields filled with zeros whatever the policy
 

@@ -1,7 +1,7 @@
 """A node's plan for one mesh: the tasks it runs (sends and computations), the messages
 it receives, where each item's values live, and one wave's state (`Wave`).
 
-Everything here follows from the mesh spec and the cell alone (meshdl/protocol.py); the
+Everything here follows from the mesh spec and the cell alone (meshdl/protocol/spec.py); the
 node machine (nodes/agent.py) runs it.
 """
 
@@ -13,13 +13,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from meshdl.messages import ITEM_BYTES, Kind, Message
-from meshdl.nodes.deadlines import Arrivals, Schedule
 from meshdl.nodes.memory import plan_memory, unplanned
-from meshdl.payloads import BATCH_HEAD
-from meshdl.protocol import Field, MeshSpec, Mode, Send
-from meshdl.topology import Cell
-from meshdl.work import Work
+from meshdl.protocol.deadlines import Arrivals, Schedule
+from meshdl.protocol.messages import ITEM_BYTES, Kind, Message
+from meshdl.protocol.payloads import BATCH_HEAD
+from meshdl.protocol.spec import Field, MeshSpec, Mode, Send
+from meshdl.protocol.topology import Cell
+from meshdl.protocol.work import Work
 
 Item = tuple[Field, Hashable]
 ACTIVATION_SCALE_BYTES = 4  # an int8 message's scale: above float32 for a single value
@@ -68,7 +68,7 @@ class Job(NamedTuple):
     run: Callable[[Wave, int, list[Message]], None] | None
     layer: int
     stage: str
-    work: Work = Work(0)  # a computation's floating-point operations (meshdl/work.py)
+    work: Work = Work(0)  # a computation's floating-point operations (meshdl/protocol/work.py)
 
 
 class Expect(NamedTuple):
@@ -221,7 +221,7 @@ class NodePlan:
         self.keys = list(self.inbox)  # by `Expect.index`
         self.expected = list(self.inbox.values())
         # What each message carries (field, items): a best-effort node fills them in
-        # when one misses its deadline (nodes/deadlines.py).
+        # when one misses its deadline (meshdl/protocol/deadlines.py).
         self.carries: list[tuple[Field, tuple[Hashable, ...]]] = [
             (received[key].field, tuple(received[key].items)) if key in received else
             (("reduce",), ()) for key in self.keys]
@@ -342,7 +342,7 @@ class Wave:
         self.seen = bytearray(len(plan.inbox))  # per inbox key: RECEIVED or FILLED_IN
         self.done = bytearray(len(plan.tasks))  # per task: has run
         self.finished_at: dict[str, float] = {}
-        # Best effort (nodes/deadlines.py): this wave's deadlines, from when each phase
+        # Best effort (meshdl/protocol/deadlines.py): this wave's deadlines, from when each phase
         # began (as a list by time, and per inbox entry); how far each list has been
         # gone through; messages filled in.
         self.arrivals: Arrivals | None = None

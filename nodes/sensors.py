@@ -38,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.topology import Cell
+from meshdl.protocol.topology import Cell
 
 __all__ = [
     "BME280",
@@ -364,7 +364,7 @@ def compensate_t(adc_t: int, dig_t1: int, dig_t2: int, dig_t3: int) -> float:
 
 
 class ReplaySensor:
-    """One cell's readings from a sensor log (CSV/NPZ, `meshdl.data.load_log`), in order.
+    """One cell's readings from a sensor log (CSV/NPZ, `meshdl.data.datasets.load_log`), in order.
 
     Each `read()` returns the next row of the log; `read_slot(slot)` the row of that
     time slot, the first slot asked for being the row `read()` would give next and
@@ -376,7 +376,7 @@ class ReplaySensor:
 
     def __init__(self, path: str | Path, cell: Cell, loop: bool = True,
                  valid_c: ValidRange = ROOM_RANGE) -> None:
-        from meshdl.data import load_log
+        from meshdl.data.datasets import load_log
 
         log = load_log(path)
         row, col = cell
@@ -437,7 +437,7 @@ class ReplaySensor:
 class SyntheticSensor:
     """Plausible readings of one cell of the lounge, a pure function of (cell, seed).
 
-    Read k is the room at slot k (30 minutes apart from `meshdl.sim.lounge.START`): the
+    Read k is the room at slot k (30 minutes apart from `meshdl.data.lounge.START`): the
     room air follows the set point while the HVAC runs (7:00-22:00) and drifts toward
     a cooler night temperature otherwise, with a slow wobble shared by the whole room
     (so neighbouring cells agree); the cell adds its own fixed offset, a gentle gradient
@@ -457,7 +457,7 @@ class SyntheticSensor:
 
     def _start(self) -> None:
         """The room before its first slot (again: the readings are a pure function)."""
-        from meshdl.sim.lounge import SENSOR_NOISE, SENSOR_OFFSET, SETPOINT
+        from meshdl.data.lounge import SENSOR_NOISE, SENSOR_OFFSET, SETPOINT
 
         seed, cell = self.seed, self.cell
         self._setpoint = SETPOINT

@@ -22,21 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from meshdl.augment import training_data
-from meshdl.auth import Authenticator, authenticator_for
 from meshdl.config import RunConfig
-from meshdl.data import Dataset, data_digest, load_dataset
+from meshdl.data.augment import training_data
+from meshdl.data.datasets import Dataset, data_digest, load_dataset
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.mqtt import BrokerAddress, Session
-from meshdl.nodes.deadlines import Learning, Policy
+from meshdl.mqtt.sdnotify import Notifier, stop_task
+from meshdl.mqtt.session import BrokerAddress, Session
 from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.nodes.live import LiveSampler, live_ring
 from meshdl.nodes.sensors import Sensor, sensor_from_spec
-from meshdl.protocol import MeshSpec, Split
-from meshdl.sdnotify import Notifier, stop_task
-from meshdl.topics import name_of
-from meshdl.topology import Cell
-from meshdl.wire import Wire
+from meshdl.protocol.auth import Authenticator, authenticator_for
+from meshdl.protocol.deadlines import Learning, Policy
+from meshdl.protocol.spec import MeshSpec, Split
+from meshdl.protocol.topics import name_of
+from meshdl.protocol.topology import Cell
+from meshdl.protocol.wire import Wire
 
 Say = Callable[[str], None]
 

@@ -1,8 +1,8 @@
 """The parameter server as a sans-I/O machine: gradients in, updates, weights out.
 
 It holds the one model the meshes train and its optimizer. Each mesh's edge pushes the
-gradient of its shard of every step (PUSH, meshdl/payloads.py) and reads the weights
-the server sends back (WEIGHTS). How they keep step is the `Sync` (server/sync.py):
+gradient of its shard of every step (PUSH, meshdl/protocol/payloads.py) and reads the weights
+the server sends back (WEIGHTS). How they keep step is the `Sync` (meshdl/sync.py):
 
 - synchronous (`bsp`, `ssp:S`): clock c's update waits for clock c's gradient from
   every mesh and applies their mean, weighted by samples, as one optimizer step: with
@@ -24,7 +24,7 @@ A push's weight in the mean is never a number it claims: given `shard_sizes`, th
 server knows how many samples each mesh's step holds (it draws the same batches from
 the same seed), and a push claiming any other count than that or none (a wave that
 missed its deadline) is rejected. Over MQTT the pushes are authenticated before they
-get here (meshdl/auth.py: the link edge-ps of each mesh).
+get here (meshdl/protocol/auth.py: the link edge-ps of each mesh).
 
 With overlap (server/parts.py) a step's gradient comes in two parts, which must agree on
 what they were computed on; the update is the same, and its weights go back conv layers
@@ -39,13 +39,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshdl.errors import MeshdlError
-from meshdl.messages import EDGE, SERVER, CodecError, Kind, Message, make
-from meshdl.model import CNN
-from meshdl.optim import Optimizer
-from meshdl.payloads import Push
+from meshdl.errors import CodecError, MeshdlError
+from meshdl.model.cnn import CNN
+from meshdl.model.optim import Optimizer
+from meshdl.protocol.messages import EDGE, SERVER, Kind, Message, make
+from meshdl.protocol.payloads import Push
 from meshdl.server.parts import SPLIT, Part, part_codecs, part_of, part_slice
-from meshdl.server.sync import Sync
+from meshdl.sync import Sync
 
 
 @dataclass

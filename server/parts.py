@@ -15,7 +15,7 @@ from enum import IntEnum
 from meshdl.compress.codec import VectorCodec
 from meshdl.compress.policy import CompressionPolicy, model_segments
 from meshdl.config import ModelConfig
-from meshdl.payloads import ParamsLayout
+from meshdl.protocol.payloads import ParamsLayout
 
 
 class Part(IntEnum):

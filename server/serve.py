@@ -34,21 +34,21 @@ from pathlib import Path
 
 import numpy as np
 
-from meshdl.augment import orientations, originals
-from meshdl.auth import PushAuthenticator, push_keys_for
-from meshdl.checkpoint import Checkpoint, save_checkpoint
 from meshdl.config import RunConfig
-from meshdl.data import Dataset
+from meshdl.data.augment import orientations, originals
+from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError
-from meshdl.messages import Message
-from meshdl.model import CNN
-from meshdl.mqtt import BrokerAddress, Session
-from meshdl.optim import Optimizer, learning_rate
-from meshdl.parallel import epoch_shards, mesh_ids
+from meshdl.model.cnn import CNN
+from meshdl.model.optim import Optimizer, learning_rate
+from meshdl.mqtt.session import BrokerAddress, Session
+from meshdl.protocol.auth import PushAuthenticator, push_keys_for
+from meshdl.protocol.messages import Message
+from meshdl.protocol.topics import push_topic
+from meshdl.protocol.wire import Wire
 from meshdl.server.machine import ParameterServer
-from meshdl.server.sync import Sync
-from meshdl.topics import push_topic
-from meshdl.training import (
+from meshdl.sync import Sync
+from meshdl.training.checkpoint import Checkpoint, save_checkpoint
+from meshdl.training.loop import (
     EpochFn,
     EpochMetrics,
     History,
@@ -57,7 +57,7 @@ from meshdl.training import (
     normalization,
     restore,
 )
-from meshdl.wire import Wire
+from meshdl.training.parallel import epoch_shards, mesh_ids
 
 SERVER_CLIENT = "ps"  # its status topic, under the first mesh
 

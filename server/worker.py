@@ -4,7 +4,7 @@ computes next, on which weights, when it may, and the PUSH that reports it.
 The edge computes a step's gradient in its mesh (one training wave, edge/agent.py) on
 the weights its model holds, and pushes it to the parameter server. Weights that arrive
 while a wave runs are held until the wave ends: the mesh computes one step on one set
-of weights. When it may start the next step is the `Sync`'s rule (server/sync.py).
+of weights. When it may start the next step is the `Sync`'s rule (meshdl/sync.py).
 
 With overlap (server/parts.py) weights come in two parts: a step starts as soon as the
 conv layers' weights are in (its PARAMS flood them), and the head's of the same version,
@@ -27,11 +27,11 @@ from typing import NamedTuple
 import numpy as np
 
 from meshdl.compress.codec import Channel
-from meshdl.messages import EDGE, SERVER, Kind, Message, make, newer
-from meshdl.model import CNN
-from meshdl.payloads import Push
+from meshdl.model.cnn import CNN
+from meshdl.protocol.messages import EDGE, SERVER, Kind, Message, make, newer
+from meshdl.protocol.payloads import Push
 from meshdl.server.parts import Part, part_codecs, part_of, part_slice
-from meshdl.server.sync import Sync
+from meshdl.sync import Sync
 
 
 class Step(NamedTuple):

@@ -6,7 +6,7 @@ A node's forward messages are timed from its wave start (PARAMS and BATCH both h
 its backward ones from the first backward message it handled; the edge's GATHER from the
 wave's start and its REDUCE from its SCATTER. The latest of `PROBE_WAVES` waves starts
 each message's arrival estimate; the parties then follow their links as they are
-(nodes/deadlines.py). Deadlines are never shorter than a margin: one frame's whole retry
+(meshdl/protocol/deadlines.py). Deadlines are never shorter than a margin: one frame's whole retry
 budget, and a share of the phase's span for the jitter of a shared channel (a
 neighbour's wave may start later than this node's, behind other transmissions). The
 probe's waves are not the run's: they cost the run no simulated time, traffic or energy
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from meshdl.errors import UsageError
-from meshdl.messages import EDGE, Kind
-from meshdl.nodes.deadlines import DEFAULT_K, JITTER_SHARE, Margins, Policy
-from meshdl.sim.radio import RadioProfile
-from meshdl.topology import Cell
+from meshdl.protocol.deadlines import DEFAULT_K, JITTER_SHARE, Margins, Policy
+from meshdl.protocol.messages import EDGE, Kind
+from meshdl.protocol.topology import Cell
+from meshdl.sim.radio.profiles import RadioProfile
 
 if TYPE_CHECKING:
     from meshdl.nodes.agent import NodeMachine

@@ -13,7 +13,7 @@ their messages and keeps the time:
   the head's come later than the wave's pooled features, the wave stalls for them (its
   rest comes that much later); the head's gradient goes up when the edge has it, the
   conv layers' at the wave's end;
-- a message takes the backhaul's time (sim/backhaul.py: its bytes at the link's rate
+- a message takes the backhaul's time (sim/radio/backhaul.py: its bytes at the link's rate
   behind whatever shares its bottleneck, then the latency).
 
 An epoch ends when every mesh has pushed all its shards and the server has applied
@@ -26,18 +26,20 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from meshdl.errors import MeshdlError, StepSkipped
-from meshdl.messages import Message, wire_size
+from meshdl.protocol.messages import Message, wire_size
 from meshdl.server.machine import ParameterServer
 from meshdl.server.parts import Part
 from meshdl.server.worker import Learnt, MeshWorker
-from meshdl.sim.backhaul import INSTANT, Backhaul
-from meshdl.sim.clock import EventQueue
-from meshdl.training import Engine
+from meshdl.sim.radio.backhaul import INSTANT, Backhaul
+from meshdl.sim.radio.clock import EventQueue
+
+if TYPE_CHECKING:
+    from meshdl.training.loop import Engine  # the training loop drives the cluster
 
 
 class WaveShape(NamedTuple):

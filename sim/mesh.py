@@ -11,7 +11,7 @@ same results (a test shows it) and counts the same bytes (the ledger sizes messa
 their headers) in less than half the time per wave. Bytes published from outside
 (`inject`) are always decoded and validated. A mesh whose spec authenticates (`auth`)
 always crosses as bytes: each party seals its messages with its own keys and opens what
-it receives, exactly as a node host does (meshdl/auth.py). `VirtualMesh.run_wave` is a
+it receives, exactly as a node host does (meshdl/protocol/auth.py). `VirtualMesh.run_wave` is a
 coroutine so that the mesh can share an asyncio loop with other tasks; `MeshEngine`
 adapts it to the training loop's `Engine` protocol.
 """
@@ -28,21 +28,23 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from meshdl.accounting import Ledger
-from meshdl.auth import Authenticator, MeshKeys
-from meshdl.data import Dataset, cell_series
+from meshdl.config import ModelConfig
+from meshdl.data.datasets import Dataset, cell_series
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
-from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Message
-from meshdl.model import CNN
+from meshdl.limits import MAX_MESSAGE_BYTES
+from meshdl.model.cnn import CNN
 from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.host import NodeHost
-from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.protocol.accounting import Ledger
+from meshdl.protocol.auth import Authenticator, MeshKeys
+from meshdl.protocol.messages import EDGE, Message
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topics import TopicNames, inbox_filter, name_of
+from meshdl.protocol.topology import Cell
+from meshdl.protocol.wire import Wire
 from meshdl.sim.broker import VirtualBroker
-from meshdl.sim.faults import Chaos, Forger
-from meshdl.topics import TopicNames, inbox_filter, name_of
-from meshdl.topology import Cell
-from meshdl.wire import Wire
+from meshdl.sim.faults.chaos import Chaos, Forger
 
 
 class VirtualMesh:
@@ -294,6 +296,26 @@ class MeshEngine(WaveEngine):
     def close(self) -> None:
         """Release the event loop the waves run on."""
         self._loop.close()
+
+
+def dry_wave(config: ModelConfig, batch: int, edge_at: tuple[int, int],
+             auth: bool = False) -> dict[str, Any]:
+    """The "comm" report of one training wave over `batch` random maps."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(20.0, 2.0, (batch, config.rows, config.cols)).astype(np.float32)
+    y = rng.integers(0, config.classes, batch)
+    engine = MeshEngine(Dataset(X, y, X[:1], y[:1], {"generator": "random"}), edge_at=edge_at,
+                        auth=auth)
+    model = CNN(config, seed=0)
+    model.set_normalization(20.0, 2.0)
+    try:
+        engine.loss_and_grads(model, np.arange(batch))
+        report = engine.report()
+    finally:
+        engine.close()
+    report["batch"] = batch
+    report["per_sample_bytes"] = report["total_bytes"] / batch
+    return report
 
 
 def by_split(data: Dataset) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:

@@ -16,25 +16,27 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from meshdl.accounting import class_name
-from meshdl.data import Dataset
+from meshdl.data.datasets import Dataset
 from meshdl.edge.agent import WaveEngine, WaveResult
-from meshdl.messages import EDGE, MAX_MESSAGE_BYTES, Kind
-from meshdl.model import CNN
-from meshdl.plots import pyplot, save_png
-from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.sim import energy
+from meshdl.limits import MAX_MESSAGE_BYTES
+from meshdl.model.cnn import CNN
+from meshdl.protocol.accounting import class_name
+from meshdl.protocol.messages import EDGE, Kind
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topics import name_of
+from meshdl.protocol.topology import Cell
+from meshdl.report.plots import pyplot, save_png
 from meshdl.sim.besteffort import BestEffort
 from meshdl.sim.cluster import WaveShape
-from meshdl.sim.device import DeviceProfile
-from meshdl.sim.loss import FrameLoss
-from meshdl.sim.media import BROKER, MediumName, Sent
+from meshdl.sim.faults.stragglers import Stragglers
 from meshdl.sim.mesh import by_split, cyclic_gc_paused
-from meshdl.sim.radio import RadioProfile
-from meshdl.sim.stragglers import Stragglers
+from meshdl.sim.radio import energy
+from meshdl.sim.radio.device import DeviceProfile
+from meshdl.sim.radio.loss import FrameLoss
+from meshdl.sim.radio.media import BROKER, MediumName
+from meshdl.sim.radio.profiles import RadioProfile
+from meshdl.sim.radio.trace import Sent
 from meshdl.sim.timed import TimedMesh, Usage
-from meshdl.topics import name_of
-from meshdl.topology import Cell
 
 
 class SimEngine(WaveEngine):
@@ -55,7 +57,7 @@ class SimEngine(WaveEngine):
         """`best_effort`: lost messages stay lost and parties give up at deadlines
         (None: reliable mode, every message arrives). `known_dead`: cells that never come
         up, and that the edge knows of; `failing`: the same, for the protocol to find
-        (best effort; sim/dead.py). `attach`: other cells the edge may attach to."""
+        (best effort; sim/faults/dead.py). `attach`: other cells the edge may attach to."""
         self.data, self.compress, self.activations = data, compress, activations
         # Each radio its own backoff stream (`Medium.pair_backoffs`): for runs compared
         # plan against plan.
@@ -245,7 +247,7 @@ def _faults(mesh: TimedMesh) -> dict[str, Any]:
 
 
 def mode_energy(mesh: TimedMesh, usage: Usage) -> dict[str, Any]:
-    """Joules over the waves of `usage` (sim/energy.py)."""
+    """Joules over the waves of `usage` (sim/radio/energy.py)."""
     record = energy.energy_record(mesh.radio, mesh.device, mesh.edge_device, mesh.hosts,
                                   EDGE, usage.tx, usage.rx, usage.cpu, usage.seconds,
                                   usage.down)

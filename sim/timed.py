@@ -7,8 +7,8 @@ party has one CPU and one radio:
     message arrives -> waits for the party's CPU -> handled at `now` (the machine's
     kernels run for real) -> CPU busy for the device profile's time of the operations
     that message set off -> what it sent is queued on the party's radio -> the medium
-    decides when each transmission holds the channel (sim/media.py; without losses
-    its contention runs compiled, sim/air.py) -> delivered to the receivers when its
+    decides when each transmission holds the channel (sim/radio/media.py; without losses
+    its contention runs compiled, sim/radio/air.py) -> delivered to the receivers when its
     last frame is through.
 
 On the shared radio the messages one handling produces with the same kind, layer and
@@ -33,36 +33,35 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from meshdl.accounting import Ledger, message_items
 from meshdl.edge.agent import EdgeMachine, WaveResult
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.messages import ALL, DTYPES, EDGE, Header, Kind, Message, payload_bytes
-from meshdl.model import CNN
-from meshdl.nodes.deadlines import Margins
+from meshdl.model.cnn import CNN
 from meshdl.nodes.host import NodeHost
-from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.sim.air import AirQueue
+from meshdl.protocol.accounting import Ledger, message_items
+from meshdl.protocol.deadlines import Margins
+from meshdl.protocol.messages import ALL, DTYPES, EDGE, Header, Kind, Message, payload_bytes
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topics import TopicNames
+from meshdl.protocol.topology import Cell, Topology
+from meshdl.protocol.work import optimizer_work
 from meshdl.sim.besteffort import PROBE_WAVES, BestEffort, Offsets, latest, offsets_from
-from meshdl.sim.clock import EventQueue
-from meshdl.sim.device import DeviceProfile
-from meshdl.sim.loss import FrameLoss
-from meshdl.sim.media import (
+from meshdl.sim.faults.stragglers import Stragglers
+from meshdl.sim.mesh import cell_readings
+from meshdl.sim.radio.air import AirQueue
+from meshdl.sim.radio.clock import EventQueue
+from meshdl.sim.radio.device import DeviceProfile
+from meshdl.sim.radio.loss import FrameLoss
+from meshdl.sim.radio.media import (
     BROKER,
     KindFigures,
     Medium,
     MediumName,
-    Party,
-    Sent,
     Tally,
     Transmission,
     medium_for,
 )
-from meshdl.sim.mesh import cell_readings
-from meshdl.sim.radio import RadioProfile
-from meshdl.sim.stragglers import Stragglers
-from meshdl.topics import TopicNames
-from meshdl.topology import Cell, Topology
-from meshdl.work import optimizer_work
+from meshdl.sim.radio.profiles import RadioProfile
+from meshdl.sim.radio.trace import Party, Sent
 
 HELLO_WAVES = 3  # a node says hello after this many of the longest waves without PARAMS
 UNKNOWN_ROUNDS = 3  # end-to-end recoveries of a frame whose receiver has no deadline
@@ -156,16 +155,16 @@ class TimedMesh:
                  stragglers: Stragglers | None = None,
                  best_effort: BestEffort | None = None, receipts: bool = False,
                  attach: tuple[Cell, ...] = (), compiled: bool = True) -> None:
-        """`loss`: frames the links lose (sim/loss.py); the link layer retries and the
+        """`loss`: frames the links lose (sim/radio/loss.py); the link layer retries and the
         sender recovers what is still lost, so every message arrives and the results
         are the lossless run's (reliable mode), at the cost the trace shows.
         `best_effort`: instead, what the link layer could not deliver is lost, and
         every party gives up on a message at its deadline (sim/besteffort.py).
-        `stragglers`: cells whose CPU is slower than `device` (sim/stragglers.py).
+        `stragglers`: cells whose CPU is slower than `device` (sim/faults/stragglers.py).
         `receipts`: keep every message as its receiver took it (also with `trace`).
         `attach`: border cells the edge may attach to instead of `spec.edge_at`, in
         order, when its own dies (the edge has a radio link to each).
-        `compiled`: run the loss-free medium's contention compiled (sim/air.py: the same
+        `compiled`: run the loss-free medium's contention compiled (sim/radio/air.py: the same
         events, faster) where it can be: without lossy links, best effort or dead
         cells. A mesh whose nodes will be killed, or whose radios get their own backoff
         streams, needs False."""
@@ -191,7 +190,7 @@ class TimedMesh:
         self.receipts: list[Receipt] | None = [] if trace or receipts else None
         self.seed, self.readings = seed, readings
         # Every cell has its host, the dead too: a cell that comes back takes part again
-        # once the edge's PARAMS bring a plan with it (sim/dead.py).
+        # once the edge's PARAMS bring a plan with it (sim/faults/dead.py).
         self.hosts = {cell: NodeHost(spec, [cell], cell_readings(readings),
                                      local_delivery=False) for cell in topo.cells()}
         # Cells whose node is down, and since when: what reaches them is lost.

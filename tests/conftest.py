@@ -19,8 +19,8 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from meshdl.cli import main
 from meshdl.config import DataConfig
-from meshdl.data import save_dataset
-from meshdl.sim.lounge import generate_lounge
+from meshdl.data.datasets import save_dataset
+from meshdl.data.lounge import generate_lounge
 from tests.conftest_mqtt import mosquitto, mosquitto_factory  # noqa: F401  (fixtures)
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshdl import CNN, ModelConfig
-from meshdl.data import Dataset
+from meshdl.data.datasets import Dataset
 
 # A small mesh file (the run configuration TOML): 3 x 4 cells, mesh 7, edge at (0, 0).
 SMALL_MESH_TOML = """\

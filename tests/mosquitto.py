@@ -1,4 +1,4 @@
-"""The tests' Mosquitto: `meshdl.localbroker.Mosquitto`, skipping a test when the binary
+"""The tests' Mosquitto: `meshdl.mqtt.localbroker.Mosquitto`, skipping a test when the binary
 is missing (CI installs it, so there the tests run)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from meshdl.errors import MeshdlError
-from meshdl.localbroker import HOST, Mosquitto, free_port, wait_for_port
+from meshdl.mqtt.localbroker import HOST, Mosquitto, free_port, wait_for_port
 
 __all__ = ["HOST", "Mosquitto", "free_port", "mosquitto_binary", "self_signed",
            "wait_for_port"]
@@ -18,7 +18,7 @@ __all__ = ["HOST", "Mosquitto", "free_port", "mosquitto_binary", "self_signed",
 
 def mosquitto_binary(name: str = "mosquitto") -> str:
     """The path of a Mosquitto program, or skip the test saying how to install it."""
-    from meshdl.cli.broker import find_tool
+    from meshdl.mqtt.tools import find_tool
 
     try:
         return find_tool(name)

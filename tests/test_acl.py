@@ -19,8 +19,8 @@ import aiomqtt
 import pytest
 
 from meshdl.cli import main
-from meshdl.messages import ALL, EDGE, Kind
-from meshdl.topics import alerts_topic, broadcast_filter, inbox_filter, status_topic, topic
+from meshdl.protocol.messages import ALL, EDGE, Kind
+from meshdl.protocol.topics import alerts_topic, broadcast_filter, inbox_filter, status_topic, topic
 from tests.helpers import SMALL_MESH_TOML
 from tests.mosquitto import Mosquitto
 

@@ -1,4 +1,4 @@
-"""The compiled event heap and contention (sim/air.py) run the same events in the same
+"""The compiled event heap and contention (sim/radio/air.py) run the same events in the same
 order as the Python `EventQueue` and `Medium`: the same trace, receipts, clock, event
 count and figures, on every medium, however little room its regions start with."""
 
@@ -12,17 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshdl.config import DataConfig, ModelConfig
+from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError
-from meshdl.messages import Kind
-from meshdl.model import CNN
-from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.sim.air import AirQueue
-from meshdl.sim.clock import EventQueue
-from meshdl.sim.device import device
-from meshdl.sim.loss import FrameLoss
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.media import SharedRadio, Transmission
-from meshdl.sim.radio import profile
+from meshdl.model.cnn import CNN
+from meshdl.protocol.messages import Kind
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.sim.radio.air import AirQueue
+from meshdl.sim.radio.clock import EventQueue
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.loss import FrameLoss
+from meshdl.sim.radio.media import SharedRadio, Transmission
+from meshdl.sim.radio.profiles import profile
 from meshdl.sim.timed import TimedMesh
 
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from meshdl import load_run_config
-from meshdl.augment import ORIENTATIONS, mirrored, originals, training_data
 from meshdl.config import DataConfig, TrainConfig
-from meshdl.data import label_maps
+from meshdl.data.augment import ORIENTATIONS, mirrored, originals, training_data
+from meshdl.data.datasets import label_maps
+from meshdl.data.lounge import generate_lounge
 from meshdl.errors import MeshdlError
-from meshdl.sim.lounge import generate_lounge
-from meshdl.training import CentralEngine, batches, train
+from meshdl.training.loop import CentralEngine, batches, train
 
 
 @pytest.fixture(scope="module")

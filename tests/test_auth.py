@@ -1,4 +1,4 @@
-"""Message authentication (meshdl/auth.py): link tags, the edge's signatures, key files.
+"""Message authentication (meshdl/protocol/auth.py): link tags, the edge's signatures, key files.
 
 A mesh with `auth` on trains exactly as central training does; a hostile node holding
 one cell's keys forges copies of everybody else's messages and changes nothing; every
@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshdl import ModelConfig
-from meshdl.auth import (
+from meshdl.errors import CodecError, CodecReason, MeshdlError, UsageError
+from meshdl.protocol.auth import (
     LINK_TAG_BYTES,
     SIGNATURE_BYTES,
     Authenticator,
@@ -21,10 +22,9 @@ from meshdl.auth import (
     MeshKeys,
     authenticator_for,
 )
-from meshdl.errors import MeshdlError, UsageError
-from meshdl.messages import ALL, EDGE, HEADER_BYTES, CodecError, CodecReason, Kind, encode, make
-from meshdl.protocol import MeshSpec
-from meshdl.sim.faults import Chaos
+from meshdl.protocol.messages import ALL, EDGE, HEADER_BYTES, Kind, encode, make
+from meshdl.protocol.spec import MeshSpec
+from meshdl.sim.faults.chaos import Chaos
 from tests.test_mesh import _assert_lockstep
 
 CONFIG = ModelConfig(rows=4, cols=5, kernel=3, filters=3, hidden=8)

@@ -17,22 +17,22 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from meshdl import kernels
 from meshdl.config import load_run_config
-from meshdl.data import Dataset, load_dataset, save_dataset
+from meshdl.data.datasets import Dataset, load_dataset, save_dataset
+from meshdl.data.lounge import generate_lounge
 from meshdl.edge.agent import EdgeMachine
 from meshdl.edge.remote import MqttEngine
 from meshdl.edge.serve import serve
 from meshdl.errors import DataError
-from meshdl.model import CNN
-from meshdl.mqtt import BrokerAddress
+from meshdl.model import kernels
+from meshdl.model.cnn import CNN
+from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.live import LiveSampler
 from meshdl.nodes.sensors import ReplaySensor, SyntheticSensor, read_with_retry
 from meshdl.nodes.serve import BackgroundNodeHost, Readings
-from meshdl.protocol import MeshSpec, Split
-from meshdl.sim.lounge import generate_lounge
-from meshdl.topics import alerts_topic
-from meshdl.training import train
+from meshdl.protocol.spec import MeshSpec, Split
+from meshdl.protocol.topics import alerts_topic
+from meshdl.training.loop import train
 from tests.helpers import assert_one_line_error
 
 ROWS, COLS = 4, 5

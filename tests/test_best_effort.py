@@ -10,26 +10,26 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from meshdl import load_run_config
-from meshdl.augment import training_data
 from meshdl.config import DataConfig, ModelConfig
+from meshdl.data.augment import training_data
+from meshdl.data.lounge import generate_lounge
 from meshdl.edge.agent import EdgeMachine
 from meshdl.errors import StepSkipped
-from meshdl.messages import EDGE, Kind, make
-from meshdl.model import CNN
+from meshdl.model.cnn import CNN
 from meshdl.nodes.agent import NodeMachine
-from meshdl.nodes.deadlines import Arrivals, Margins, Policy
-from meshdl.payloads import BatchOrder
-from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.protocol.deadlines import Arrivals, Margins, Policy
+from meshdl.protocol.messages import EDGE, Kind, make
+from meshdl.protocol.payloads import BatchOrder
+from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.sim.besteffort import BestEffort
-from meshdl.sim.device import device
-from meshdl.sim.linklayer import send_frames
-from meshdl.sim.loss import MAX_RATE, FrameLoss
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.radio import profile
+from meshdl.sim.faults.stragglers import Stragglers
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.linklayer import send_frames
+from meshdl.sim.radio.loss import MAX_RATE, FrameLoss
+from meshdl.sim.radio.profiles import profile
 from meshdl.sim.simulate import SimEngine, sim_report
-from meshdl.sim.stragglers import Stragglers
 from meshdl.sim.timed import TimedMesh
-from meshdl.training import train
+from meshdl.training.loop import train
 from tests.test_fault_mixes import MEDIA
 from tests.test_loss import Scripted
 
@@ -184,7 +184,7 @@ def test_a_skipped_step_applies_no_update_and_training_goes_on() -> None:
         def close(self) -> None:
             self.inner.close()
 
-    from meshdl.training import CentralEngine
+    from meshdl.training.loop import CentralEngine
 
     config = load_run_config(model={"rows": 4, "cols": 5, "hidden": 8, "filters": 2},
                              train={"epochs": 1, "batch": 8, "seed": 1, "augment": "none"})
@@ -276,7 +276,7 @@ def test_any_mix_of_faults_finishes_every_best_effort_wave(
 
 
 def test_a_checkpoint_keeps_the_steps_an_epoch_skipped(tmp_path) -> None:
-    from meshdl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+    from meshdl.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 
     saved = Checkpoint(config={}, epochs_done=1, params=np.zeros(3, np.float32),
                        optimizer={"steps": np.zeros(1), "first_moment": np.zeros(3),

@@ -24,15 +24,15 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from meshdl import auth as auth_module
-from meshdl.auth import Authenticator, MeshKeys
 from meshdl.config import ModelConfig
 from meshdl.edge.remote import MqttEngine
-from meshdl.messages import EDGE
-from meshdl.mqtt import BrokerAddress, Session
-from meshdl.protocol import MeshSpec
-from meshdl.sim.hostile import claim_bomb
-from meshdl.status import MAX_STATUS_BYTES, parse_status
+from meshdl.mqtt.session import BrokerAddress, Session
+from meshdl.mqtt.status import MAX_STATUS_BYTES, parse_status
+from meshdl.protocol import auth as auth_module
+from meshdl.protocol.auth import Authenticator, MeshKeys
+from meshdl.protocol.messages import EDGE
+from meshdl.protocol.spec import MeshSpec
+from meshdl.sim.faults.hostile import claim_bomb
 
 SPEC = MeshSpec(3, ModelConfig(rows=4, cols=5), auth=True)
 KEYS = MeshKeys.from_seed(7)
@@ -40,7 +40,7 @@ MiB = 1024 * 1024
 
 
 class Hashed:
-    """Counts the bytes every SHA-256 and HMAC-SHA256 call of meshdl.auth takes in, and
+    """Counts the bytes every SHA-256 and HMAC-SHA256 call of meshdl.protocol.auth takes in, and
     fails at once past `budget` (so that an unbounded check does not run for seconds)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, budget: int) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 import meshdl
 from meshdl import CNN, load_run_config
-from meshdl.data import load_dataset, save_dataset
+from meshdl.data.datasets import load_dataset, save_dataset
 from tests.helpers import assert_one_line_error
 
 
@@ -279,7 +279,7 @@ def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(
 def test_a_failed_run_with_a_checkpoint_says_how_to_go_on(cli, small_data_file,
                                                            tmp_path) -> None:
     from meshdl.errors import MeshdlError
-    from meshdl.runs import with_resume_hint
+    from meshdl.training.runs import with_resume_hint
 
     failure = MeshdlError("wave 7 got no result")
     assert with_resume_hint(failure, tmp_path, "meshdl train") is failure  # nothing to resume
@@ -360,9 +360,9 @@ def test_evaluate_reads_only_the_split_it_is_asked_for(cli, small_data_file, tmp
 def test_each_epoch_line_is_printed_when_its_epoch_ends_before_the_summary(
         small_data_file, capsys, tmp_path) -> None:
     """Not collected for the end: a CI log or `| tee` sees the run go."""
-    from meshdl.augment import training_data
     from meshdl.cli.train import Fit, fit_with_progress
-    from meshdl.training import engine_for
+    from meshdl.data.augment import training_data
+    from meshdl.training.loop import engine_for
 
     config = load_run_config(mode="central", model={"rows": 6, "cols": 8, "hidden": 16},
                              train={"epochs": 3, "batch": 40})

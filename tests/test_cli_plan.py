@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from meshdl.config import ModelConfig
-from meshdl.messages import HEADER_BYTES, ITEM_BYTES
-from meshdl.payloads import BATCH_HEAD
-from meshdl.protocol import MeshSpec
-from meshdl.topics import name_of
+from meshdl.protocol.messages import HEADER_BYTES, ITEM_BYTES
+from meshdl.protocol.payloads import BATCH_HEAD
+from meshdl.protocol.spec import MeshSpec
+from meshdl.protocol.topics import name_of
 from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from meshdl.cli import main
-from meshdl.messages import EDGE, HEADER_BYTES, ITEM_BYTES, Kind
+from meshdl.protocol.messages import EDGE, HEADER_BYTES, ITEM_BYTES, Kind
+from meshdl.protocol.topics import topic
 from meshdl.sim.timed import publish_bytes
-from meshdl.topics import topic
 from tests.helpers import assert_one_line_error
 
 GRID = ("--rows", "4", "--cols", "5")

@@ -1,4 +1,4 @@
-"""The cloud-heavy baseline (sim/cloud.py): every node's readings shipped to the edge,
+"""The cloud-heavy baseline (sim/studies/cloud.py): every node's readings shipped to the edge,
 which computes the whole network. Its figures are counted by hand on small grids (edge
 at (0, 0), one input channel): the messages, their bytes and frames up the BFS tree
 (aggregated or relayed hop by hop) or through the MQTT broker, pieces within the mesh's
@@ -12,17 +12,17 @@ import math
 import pytest
 
 from meshdl.config import ModelConfig
-from meshdl.messages import EDGE, HEADER_BYTES, ITEM_BYTES, Kind
-from meshdl.model import CNN
-from meshdl.protocol import MeshSpec
-from meshdl.sim import cloud
-from meshdl.sim.device import device
-from meshdl.sim.media import Medium
-from meshdl.sim.radio import RadioProfile, profile
+from meshdl.model.cnn import CNN
+from meshdl.protocol.messages import EDGE, HEADER_BYTES, ITEM_BYTES, Kind
+from meshdl.protocol.spec import MeshSpec
+from meshdl.protocol.topics import name_of, topic
+from meshdl.protocol.topology import Cell, Topology
+from meshdl.protocol.work import central_work, optimizer_work
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.media import Medium
+from meshdl.sim.radio.profiles import RadioProfile, profile
+from meshdl.sim.studies import cloud
 from meshdl.sim.timed import publish_bytes
-from meshdl.topics import name_of, topic
-from meshdl.topology import Cell, Topology
-from meshdl.work import central_work, optimizer_work
 
 NODE = device("cortex-m4")
 EDGE_DEVICE = device("pi4")

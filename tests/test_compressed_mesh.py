@@ -8,37 +8,29 @@ import numpy as np
 import pytest
 
 from meshdl import CNN, ModelConfig, TrainConfig
-from meshdl.compress.activations import (
+from meshdl.compress.codec import Channel
+from meshdl.config import RunConfig
+from meshdl.data.datasets import Dataset
+from meshdl.errors import CodecError, CodecReason
+from meshdl.model.optim import Optimizer
+from meshdl.nodes.agent import NodeMachine
+from meshdl.protocol.activations import (
     activation_bytes,
     activation_compressor,
     decode_activations,
     encode_activations,
 )
-from meshdl.compress.codec import Channel
-from meshdl.config import RunConfig
-from meshdl.data import Dataset
-from meshdl.messages import (
-    BYTES,
-    EDGE,
-    HEADER_BYTES,
-    SERVER,
-    CodecError,
-    CodecReason,
-    Kind,
-    make,
-)
-from meshdl.nodes.agent import NodeMachine
-from meshdl.optim import Optimizer
-from meshdl.parallel import train_parallel
-from meshdl.payloads import Push
-from meshdl.protocol import MeshSpec
+from meshdl.protocol.messages import BYTES, EDGE, HEADER_BYTES, SERVER, Kind, make
+from meshdl.protocol.payloads import Push
+from meshdl.protocol.spec import MeshSpec
 from meshdl.server.machine import ParameterServer
 from meshdl.server.parts import Part, part_codecs
-from meshdl.server.sync import Sync
 from meshdl.server.worker import Learnt, MeshWorker
-from meshdl.sim.faults import Chaos
+from meshdl.sim.faults.chaos import Chaos
 from meshdl.sim.mesh import MeshEngine
-from meshdl.training import CentralEngine
+from meshdl.sync import Sync
+from meshdl.training.loop import CentralEngine
+from meshdl.training.parallel import train_parallel
 from tests.helpers import noise_dataset, normalized_model
 
 CONFIG = ModelConfig(rows=4, cols=5, kernel=3, filters=2, hidden=8)
@@ -243,7 +235,7 @@ def test_activation_payloads_are_read_only_in_their_exact_form():
 
 
 def test_the_compression_benchmark_times_every_policy_against_the_plain_mesh():
-    from meshdl.bench_compress import POLICIES, bench_compress
+    from meshdl.bench.compress import POLICIES, bench_compress
 
     # 4 filters: conv2 (148 values) above Hylo's threshold, so every policy compresses.
     config = RunConfig(model={**CONFIG.model_dump(), "filters": 4}, train={"batch": 4})

@@ -21,8 +21,7 @@ from meshdl.compress.compressors import (
 )
 from meshdl.compress.policy import CompressionPolicy, model_segments, reduce_segments
 from meshdl.config import ModelConfig
-from meshdl.errors import UsageError
-from meshdl.messages import CodecError, CodecReason
+from meshdl.errors import CodecError, CodecReason, UsageError
 
 CONV = Segment("conv2", "conv", (5, 5, 3, 3), 5)
 FC = Segment("fc1", "fc", (20, 30), 20)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from meshdl.data import (
+from meshdl.data.datasets import (
     DATASET_KEYS,
     Dataset,
     dataset_from_log,

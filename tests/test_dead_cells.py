@@ -9,21 +9,21 @@ import numpy as np
 import pytest
 
 from meshdl import load_run_config
-from meshdl.augment import training_data
 from meshdl.config import DataConfig, ModelConfig
-from meshdl.messages import EDGE, Kind
-from meshdl.model import CNN
-from meshdl.nodes.deadlines import Policy
-from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.data.augment import training_data
+from meshdl.data.lounge import generate_lounge
+from meshdl.model.cnn import CNN
+from meshdl.protocol.deadlines import Policy
+from meshdl.protocol.messages import EDGE, Kind
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topology import Topology
 from meshdl.sim.besteffort import BestEffort
-from meshdl.sim.dead import DeadCells
-from meshdl.sim.device import device
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.radio import profile
+from meshdl.sim.faults.dead import DeadCells
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.profiles import profile
 from meshdl.sim.simulate import SimEngine, sim_report
 from meshdl.sim.timed import TimedMesh
-from meshdl.topology import Topology
-from meshdl.training import train
+from meshdl.training.loop import train
 
 
 def test_the_tree_and_the_halo_relays_go_around_a_dead_cell() -> None:
@@ -170,9 +170,9 @@ def test_the_plan_the_edge_announces_with_the_parameters_is_every_nodes() -> Non
 
 
 def test_a_params_tail_that_is_not_a_plan_is_rejected() -> None:
-    from meshdl.messages import make
     from meshdl.nodes.agent import NodeMachine
-    from meshdl.payloads import PlanTail
+    from meshdl.protocol.messages import make
+    from meshdl.protocol.payloads import PlanTail
 
     config = ModelConfig(rows=3, cols=3, kernel=3, filters=2, hidden=4)
     spec = MeshSpec(1, config)
@@ -259,9 +259,9 @@ def test_a_node_killed_with_messages_waiting_for_its_cpu_stops_cleanly() -> None
 
 
 def test_an_old_or_forged_params_with_a_plan_tail_changes_no_nodes_plan() -> None:
-    from meshdl.messages import make
     from meshdl.nodes.agent import NodeMachine
-    from meshdl.payloads import PlanTail
+    from meshdl.protocol.messages import make
+    from meshdl.protocol.payloads import PlanTail
 
     config = ModelConfig(rows=3, cols=3, kernel=3, filters=2, hidden=4)
     spec = MeshSpec(1, config)
@@ -279,7 +279,7 @@ def test_an_old_or_forged_params_with_a_plan_tail_changes_no_nodes_plan() -> Non
 
 def test_a_health_naming_no_cell_of_the_grid_is_rejected() -> None:
     from meshdl.edge.agent import EdgeMachine
-    from meshdl.messages import make
+    from meshdl.protocol.messages import make
 
     config = ModelConfig(rows=3, cols=3, kernel=3, filters=2, hidden=4)
     edge = EdgeMachine(MeshSpec(1, config), CNN(config), {Split.TRAIN: np.zeros(4, np.int64)})
@@ -302,7 +302,7 @@ def test_a_neighbour_whose_messages_come_late_is_not_reported_silent() -> None:
 
 
 def make_halo(step: int):
-    from meshdl.messages import make
+    from meshdl.protocol.messages import make
 
     return make(Kind.HALO, 1, step, (1, 0), (1, 1), np.ones((1, 1, 4), np.float32), layer=1)
 

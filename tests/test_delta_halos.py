@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from meshdl import CNN, ModelConfig
-from meshdl.data import Dataset
+from meshdl.data.datasets import Dataset
 from meshdl.nodes.delta import REFRESH, DeltaReceiver, DeltaSender
 from meshdl.sim.mesh import MeshEngine
 

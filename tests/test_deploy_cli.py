@@ -25,12 +25,12 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from meshdl.acl import Grant, format_cells, parse_acl, parse_cells
-from meshdl.auth import Keyring
-from meshdl.cli import broker as broker_cli
-from meshdl.localbroker import production_config, stop_process
-from meshdl.messages import EDGE
-from meshdl.topics import name_of
+from meshdl.mqtt import tools as mosquitto_tools
+from meshdl.mqtt.acl import Grant, format_cells, parse_acl, parse_cells
+from meshdl.mqtt.localbroker import production_config, stop_process
+from meshdl.protocol.auth import Keyring
+from meshdl.protocol.messages import EDGE
+from meshdl.protocol.topics import name_of
 from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
 from tests.mosquitto import free_port, mosquitto_binary, self_signed, wait_for_port
 
@@ -247,7 +247,7 @@ def test_bad_host_specs_are_usage_errors(cli, mesh_file, tmp_path, hosts, needle
 def test_credentials_without_mosquitto_passwd_say_how_to_install_it(
         cli, mesh_file, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(broker_cli, "SBIN_DIRS", ())
+    monkeypatch.setattr(mosquitto_tools, "SBIN_DIRS", ())
     out = tmp_path / "creds"
     code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out)
     assert_one_line_error(code, err, 1, "mosquitto_passwd not found", "apt-get install mosquitto")
@@ -269,7 +269,7 @@ def test_credentials_report_a_missing_or_impossible_mesh(cli, tmp_path) -> None:
 
 def test_broker_without_mosquitto_says_how_to_install_it(cli, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(broker_cli, "SBIN_DIRS", ())
+    monkeypatch.setattr(mosquitto_tools, "SBIN_DIRS", ())
     code, _, err = cli("broker", "--port", "18830")
     assert_one_line_error(code, err, 1, "mosquitto not found", "sudo apt-get install mosquitto",
                     "./bootstrap --dev")

@@ -219,9 +219,9 @@ def test_ray_without_an_address_means_a_local_cluster() -> None:
 
 def test_edge_vs_cloud_puts_each_radios_slot_beside_shipping_its_readings(tmp_path):
     from meshdl.config import ModelConfig
-    from meshdl.sim.compare import inference_slot
-    from meshdl.sim.device import device
-    from meshdl.sim.radio import profile
+    from meshdl.sim.radio.device import device
+    from meshdl.sim.radio.profiles import profile
+    from meshdl.sim.studies.compare import inference_slot
     from tests.test_cli_simulate import _meshdl
 
     code, out, err = _meshdl("experiment", "edge-vs-cloud", "--radio", "802.15.4",

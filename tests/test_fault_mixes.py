@@ -10,13 +10,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from meshdl.config import DataConfig, ModelConfig
-from meshdl.model import CNN
-from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.sim.device import device
-from meshdl.sim.loss import MAX_RATE, FrameLoss
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.radio import profile
-from meshdl.sim.stragglers import Stragglers
+from meshdl.data.lounge import generate_lounge
+from meshdl.model.cnn import CNN
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.sim.faults.stragglers import Stragglers
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.loss import MAX_RATE, FrameLoss
+from meshdl.sim.radio.profiles import profile
 from meshdl.sim.timed import TimedMesh
 
 MEDIA = [("802.15.4", "shared"), ("ble", "shared"), ("lora-sf7", "shared"),

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from meshdl import CNN, ModelConfig
 from meshdl.compress.intsum import SumChannel, SumCodec, SumShare
 from meshdl.compress.policy import CompressionPolicy, reduce_segments
-from meshdl.data import Dataset
-from meshdl.errors import UsageError
-from meshdl.messages import FLOAT32, CodecError, CodecReason, Kind, make
-from meshdl.protocol import MeshSpec
+from meshdl.data.datasets import Dataset
+from meshdl.errors import CodecError, CodecReason, UsageError
+from meshdl.protocol.messages import FLOAT32, Kind, make
+from meshdl.protocol.spec import MeshSpec
 from meshdl.sim.mesh import MeshEngine
-from meshdl.training import CentralEngine
+from meshdl.training.loop import CentralEngine
 from tests.helpers import noise_dataset, normalized_model
 
 CONFIG = ModelConfig(rows=4, cols=5, kernel=3, filters=2, hidden=8)

@@ -14,11 +14,11 @@ import pytest
 from meshdl.config import load_run_config
 from meshdl.edge.remote import MqttEngine
 from meshdl.edge.serve import anomaly_probability, serve
-from meshdl.model import CNN
-from meshdl.mqtt import BrokerAddress
+from meshdl.model.cnn import CNN
+from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.sensors import SensorError, SyntheticSensor
 from meshdl.nodes.serve import BackgroundNodeHost, Readings
-from meshdl.topics import alerts_topic
+from meshdl.protocol.topics import alerts_topic
 
 SLOT_S = 1.0
 

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from meshdl import load_run_config
-from meshdl.augment import training_data
 from meshdl.config import DataConfig
-from meshdl.sim.device import device
-from meshdl.sim.linklayer import send_frames
-from meshdl.sim.loss import FrameLoss
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.radio import profile
+from meshdl.data.augment import training_data
+from meshdl.data.lounge import generate_lounge
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.linklayer import send_frames
+from meshdl.sim.radio.loss import FrameLoss
+from meshdl.sim.radio.profiles import profile
 from meshdl.sim.simulate import SimEngine
-from meshdl.training import train
+from meshdl.training.loop import train
 
 A, B, C = (0, 0), (0, 1), (1, 0)
 
@@ -138,8 +138,8 @@ def test_an_impossible_loss_is_a_usage_error() -> None:
 def test_retries_and_recoveries_keep_the_air_physical() -> None:
     """Under 30 % loss, as without: overlapping transmissions share no listener and no
     radio does two things at once (retries are held on the channel like first tries)."""
-    from meshdl.messages import EDGE
-    from meshdl.protocol import Mode, Split
+    from meshdl.protocol.messages import EDGE
+    from meshdl.protocol.spec import Mode, Split
     from tests.test_simulated_time import _mesh
 
     radio = profile("802.15.4")

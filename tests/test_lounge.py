@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from meshdl.config import DataConfig
-from meshdl.data import Dataset, dataset_stats, label_maps, load_dataset, save_dataset
-from meshdl.sim.lounge import generate_lounge
+from meshdl.data.datasets import Dataset, dataset_stats, label_maps, load_dataset, save_dataset
+from meshdl.data.lounge import generate_lounge
 
 _CACHE: dict[int, Dataset] = {}
 
@@ -87,7 +87,7 @@ def test_the_room_follows_a_daily_cycle() -> None:
 def test_meta_records_how_the_data_was_made() -> None:
     meta = _default(0).meta
     json.dumps(meta)
-    assert meta["generator"] == "meshdl.sim.lounge.generate_lounge"
+    assert meta["generator"] == "meshdl.data.lounge.generate_lounge"
     assert meta["config"] == DataConfig().model_dump()
     assert meta["slot_minutes"] == 30 and meta["threshold"] == 3.0 and meta["seed"] == 0
     assert meta["counts"]["train"] == 2400 and meta["counts"]["test"] == 561

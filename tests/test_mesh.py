@@ -12,17 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshdl import CNN, ModelConfig, TrainConfig
-from meshdl.accounting import Ledger, formula_halo_values, needed_halo_values
-from meshdl.data import Dataset
+from meshdl.config import param_shapes
+from meshdl.data.datasets import Dataset
 from meshdl.edge.agent import EdgeMachine
-from meshdl.model import param_shapes, views
+from meshdl.model.cnn import views
+from meshdl.model.optim import Optimizer, learning_rate
 from meshdl.nodes.agent import NodeMachine
-from meshdl.optim import Optimizer, learning_rate
-from meshdl.protocol import MeshSpec
-from meshdl.sim.faults import Chaos
+from meshdl.protocol.accounting import Ledger, formula_halo_values, needed_halo_values
+from meshdl.protocol.spec import MeshSpec
+from meshdl.protocol.topology import window_offsets
+from meshdl.sim.faults.chaos import Chaos
 from meshdl.sim.mesh import MeshEngine
-from meshdl.topology import window_offsets
-from meshdl.training import CentralEngine
+from meshdl.training.loop import CentralEngine
 
 
 def _dataset(config: ModelConfig, samples: int, seed: int) -> Dataset | SimpleNamespace:
@@ -46,7 +47,7 @@ def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optim
 
     `wire`: every message crosses as bytes through the codec (as over MQTT), or as the
     in-process objects of the default virtual mesh; `auth`: every message sealed and
-    opened with its parties' keys (meshdl/auth.py). `recipe`: TrainConfig fields beyond
+    opened with its parties' keys (meshdl/protocol/auth.py). `recipe`: TrainConfig fields beyond
     the optimizer (warm-up, clipping), at their defaults unless given; the learning
     rate follows the schedule over `steps` updates as in `training.train`."""
     data = _dataset(config, batch * steps, seed)

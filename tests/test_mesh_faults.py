@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from meshdl import CNN, ModelConfig
 from meshdl.errors import UsageError
-from meshdl.messages import EDGE, Kind, encode, make
 from meshdl.nodes.agent import NodeMachine
-from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.sim.faults import Chaos
-from meshdl.topics import topic
+from meshdl.protocol.messages import EDGE, Kind, encode, make
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topics import topic
+from meshdl.sim.faults.chaos import Chaos
 from tests.test_mesh import _assert_lockstep, _dataset
 
 CONFIG = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=6)
@@ -276,7 +276,7 @@ def test_a_scatter_before_pooling_waits_for_the_pooled_block() -> None:
 
 def test_rejection_counters_stay_a_closed_set_under_varied_garbage() -> None:
     # Once 300,000 messages of distinct bad shapes made 300,003 counters: one per text.
-    from meshdl.messages import CodecReason
+    from meshdl.errors import CodecReason
     from meshdl.sim.mesh import MeshEngine
 
     model = CNN(CONFIG, seed=2)
@@ -295,7 +295,8 @@ def test_rejection_counters_stay_a_closed_set_under_varied_garbage() -> None:
 
 
 def test_waves_are_planned_so_that_every_message_fits_the_size_limit() -> None:
-    from meshdl.messages import HEADER_BYTES, MAX_MESSAGE_BYTES, wire_size
+    from meshdl.limits import MAX_MESSAGE_BYTES
+    from meshdl.protocol.messages import HEADER_BYTES, wire_size
     from meshdl.sim.mesh import MeshEngine
 
     seed = MeshSpec(1, ModelConfig())  # 17 x 25, pool 2: 9 x 13 blocks of 5 filters
@@ -354,7 +355,7 @@ def test_early_messages_are_kept_only_in_a_plausible_shape_and_within_a_byte_bud
 def _mesh_and_reference(steps: int):
     """A virtual mesh and the central engine on the same data and model copies."""
     from meshdl.sim.mesh import MeshEngine
-    from meshdl.training import CentralEngine
+    from meshdl.training.loop import CentralEngine
 
     data = _dataset(CONFIG, 4 * steps, seed=6)
     mesh_model, central = CNN(CONFIG, seed=7), CNN(CONFIG, seed=7)

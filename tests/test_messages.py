@@ -7,16 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshdl.messages import (
-    EDGE,
-    HEADER_BYTES,
-    CodecError,
-    Kind,
-    decode,
-    encode,
-    make,
-    wire_size,
-)
+from meshdl.errors import CodecError
+from meshdl.protocol.messages import EDGE, HEADER_BYTES, Kind, decode, encode, make, wire_size
 
 
 def _message(payload=None, **kw):

@@ -19,16 +19,16 @@ import numpy as np
 import pytest
 
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data import Dataset, save_dataset
+from meshdl.data.datasets import Dataset, save_dataset
+from meshdl.data.lounge import generate_lounge
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError
-from meshdl.messages import EDGE, Kind, encode, make
-from meshdl.model import CNN
-from meshdl.mqtt import BrokerAddress
+from meshdl.model.cnn import CNN
+from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
-from meshdl.sim.lounge import generate_lounge
-from meshdl.topics import topic
-from meshdl.training import train
+from meshdl.protocol.messages import EDGE, Kind, encode, make
+from meshdl.protocol.topics import topic
+from meshdl.training.loop import train
 from tests.mosquitto import Mosquitto
 
 MESH_TOML = """
@@ -131,7 +131,7 @@ def test_a_broker_away_beyond_the_edges_patience_leaves_a_checkpoint_to_resume_f
     """The broker stops in the middle of epoch 2 and stays away longer than the edge
     waits: the run stops with a one-line error, keeping every update done; once the
     broker is back, resuming ends with the virtual mesh's parameters."""
-    from meshdl.checkpoint import load_checkpoint
+    from meshdl.training.checkpoint import load_checkpoint
 
     config, data, _, _, reference = small_mesh
     address = BrokerAddress.parse(mosquitto.url)
@@ -319,7 +319,7 @@ class _Stopped(Exception):
 
 def test_an_edge_stopped_mid_epoch_resumes_to_the_virtual_meshs_parameters(
         small_mesh, mosquitto, tmp_path) -> None:
-    from meshdl.checkpoint import load_checkpoint
+    from meshdl.training.checkpoint import load_checkpoint
 
     config, data, _, _, reference = small_mesh
     address = BrokerAddress.parse(mosquitto.url)
@@ -593,7 +593,7 @@ def test_a_frozen_broker_ends_the_run_in_one_line_and_every_process_obeys_sigter
 
 def test_the_mqtt_benchmark_trains_the_configured_run_and_reports_its_ratios(
         small_mesh) -> None:
-    from meshdl.bench_mqtt import bench_mqtt
+    from meshdl.bench.mqtt import bench_mqtt
 
     config, data, *_ = small_mesh
     result = bench_mqtt(config.model_copy(update={"train": config.train.model_copy(

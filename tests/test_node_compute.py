@@ -74,7 +74,7 @@ WAVES_AFTER_WARM_UP = """
 import numpy as np
 from numba.core.dispatcher import Dispatcher
 from meshdl import CNN, ModelConfig
-from meshdl.data import Dataset
+from meshdl.data.datasets import Dataset
 from meshdl.nodes import compute
 from meshdl.sim.mesh import MeshEngine
 

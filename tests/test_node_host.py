@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from meshdl import CNN, ModelConfig
-from meshdl.data import Dataset
+from meshdl.data.datasets import Dataset
 from meshdl.edge.agent import EdgeMachine
-from meshdl.messages import EDGE, Kind, Message, make
 from meshdl.nodes.host import NodeHost, dataset_readings
-from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.protocol.messages import EDGE, Kind, Message, make
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topics import topic, topic_matches
 from meshdl.sim.mesh import MeshEngine
-from meshdl.topics import topic, topic_matches
 
 CONFIG = ModelConfig(rows=5, cols=6, hidden=8)
 BATCH = 6

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from meshdl import ModelConfig
-from meshdl.messages import Kind, Message, make
 from meshdl.nodes.agent import NodeMachine
-from meshdl.nodes.deadlines import Policy
 from meshdl.nodes.memory import GRADIENTS
-from meshdl.protocol import MeshSpec, Mode, Split
+from meshdl.protocol.deadlines import Policy
+from meshdl.protocol.messages import Kind, Message, make
+from meshdl.protocol.spec import MeshSpec, Mode, Split
 
 CONFIG = ModelConfig(rows=4, cols=4, kernel=3, filters=2, hidden=4)
 CELL = (1, 1)
@@ -120,7 +120,7 @@ def test_without_the_memory_plan_every_field_has_its_own_buffer(monkeypatch) -> 
 def test_the_memory_plan_lowers_the_peak_a_wave_allocates(monkeypatch, mode, at_most) -> None:
     """tracemalloc over one wave of a 6 x 8 mesh (`meshdl bench memory` measures the
     seed's; the edge's head is in it too)."""
-    from meshdl.bench_memory import MemoryCase, measure
+    from meshdl.bench.memory import MemoryCase, measure
     from meshdl.edge.agent import EdgeMachine
 
     monkeypatch.setattr(NodeMachine, "memory_plan", True)  # restored after the test

@@ -11,21 +11,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshdl.augment import orientations, originals, training_data
 from meshdl.config import RunConfig
-from meshdl.data import Dataset
+from meshdl.data.augment import orientations, originals, training_data
+from meshdl.data.datasets import Dataset
 from meshdl.errors import UsageError
-from meshdl.messages import EDGE, SERVER, Kind, Message, make
-from meshdl.model import CNN
-from meshdl.optim import Optimizer, learning_rate
-from meshdl.parallel import shards, train_parallel
-from meshdl.payloads import Push
+from meshdl.model.cnn import CNN
+from meshdl.model.optim import Optimizer, learning_rate
+from meshdl.protocol.messages import EDGE, SERVER, Kind, Message, make
+from meshdl.protocol.payloads import Push
 from meshdl.server.machine import ParameterServer
 from meshdl.server.parts import Part, part_slice
-from meshdl.server.sync import Sync
 from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.cluster import WaveShape
-from meshdl.training import CentralEngine, batches, normalization
+from meshdl.sync import Sync
+from meshdl.training.loop import CentralEngine, batches, normalization
+from meshdl.training.parallel import shards, train_parallel
 from tests.test_mesh import _assert_same_parameters
 
 

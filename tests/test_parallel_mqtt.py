@@ -12,19 +12,19 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from meshdl.checkpoint import load_checkpoint
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data import Dataset
+from meshdl.data.datasets import Dataset
+from meshdl.data.lounge import generate_lounge
 from meshdl.edge.data_parallel import train_with_server
 from meshdl.edge.remote import MqttEngine
-from meshdl.localbroker import free_port
-from meshdl.mqtt import BrokerAddress
+from meshdl.mqtt.localbroker import free_port
+from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
-from meshdl.parallel import train_parallel
-from meshdl.protocol import MeshSpec
+from meshdl.protocol.spec import MeshSpec
+from meshdl.protocol.topics import push_topic, weights_topic
 from meshdl.server.serve import ServerRun, serve
-from meshdl.sim.lounge import generate_lounge
-from meshdl.topics import push_topic, weights_topic
+from meshdl.training.checkpoint import load_checkpoint
+from meshdl.training.parallel import train_parallel
 from tests.helpers import TWO_MESHES_TOML
 
 

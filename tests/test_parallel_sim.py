@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from meshdl.augment import training_data
 from meshdl.config import DataConfig, load_run_config
-from meshdl.parallel import train_parallel
-from meshdl.sim.backhaul import Backhaul, backhaul_profile, builtin_backhauls
-from meshdl.sim.device import device
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.radio import profile
+from meshdl.data.augment import training_data
+from meshdl.data.lounge import generate_lounge
+from meshdl.sim.radio.backhaul import Backhaul, backhaul_profile, builtin_backhauls
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.profiles import profile
 from meshdl.sim.simulate import SimEngine
+from meshdl.training.parallel import train_parallel
 from tests.test_parallel import _central_steps
 
 

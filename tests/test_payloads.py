@@ -1,4 +1,5 @@
-"""PARAMS, BATCH and REDUCE layouts (meshdl/payloads.py): one definition for edge and nodes."""
+"""PARAMS, BATCH and REDUCE layouts (meshdl/protocol/payloads.py): one definition for edge and
+nodes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshdl import CNN, ModelConfig
-from meshdl.payloads import BatchOrder, ParamsLayout
+from meshdl.protocol.payloads import BatchOrder, ParamsLayout
 
 
 @settings(max_examples=20, deadline=None)

@@ -25,17 +25,17 @@ import numpy as np
 import pytest
 
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data import save_dataset
-from meshdl.localbroker import Mosquitto, free_port, production_config, stop_process
-from meshdl.messages import EDGE, SERVER, Kind, encode, make
-from meshdl.model import CNN
-from meshdl.optim import Optimizer
-from meshdl.parallel import train_parallel
-from meshdl.payloads import Push
+from meshdl.data.datasets import save_dataset
+from meshdl.data.lounge import generate_lounge
+from meshdl.model.cnn import CNN
+from meshdl.model.optim import Optimizer
+from meshdl.mqtt.localbroker import Mosquitto, free_port, production_config, stop_process
+from meshdl.protocol.messages import EDGE, SERVER, Kind, encode, make
+from meshdl.protocol.payloads import Push
+from meshdl.protocol.topics import push_topic
 from meshdl.server.machine import ParameterServer
-from meshdl.server.sync import Sync
-from meshdl.sim.lounge import generate_lounge
-from meshdl.topics import push_topic
+from meshdl.sync import Sync
+from meshdl.training.parallel import train_parallel
 from tests.helpers import TWO_MESHES_TOML
 from tests.mosquitto import mosquitto_binary, self_signed
 

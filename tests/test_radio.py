@@ -1,4 +1,4 @@
-"""Radio profiles (sim/radio.py): airtime and channel time against the published formulas,
+"""Radio profiles (sim/radio/profiles.py): airtime and channel time against the published formulas,
 fragmentation, duty cycle, TOML profiles and `meshdl radio list`."""
 
 from __future__ import annotations
@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 
 from meshdl.errors import UsageError
-from meshdl.messages import Kind
-from meshdl.sim.clock import EventQueue
-from meshdl.sim.media import BROKER, MqttStar, SharedRadio, Transmission
-from meshdl.sim.radio import RadioProfile, builtin_profiles, load_profiles, profile, profiles
+from meshdl.protocol.messages import Kind
+from meshdl.sim.radio.clock import EventQueue
+from meshdl.sim.radio.media import BROKER, MqttStar, SharedRadio, Transmission
+from meshdl.sim.radio.profiles import (
+    RadioProfile,
+    builtin_profiles,
+    load_profiles,
+    profile,
+    profiles,
+)
 from tests.helpers import assert_one_line_error
 
 BUILTINS = ("802.15.4", "ble", "wifi", "lora-sf7")

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from meshdl.config import ModelConfig, load_run_config
-from meshdl.data import Dataset
-from meshdl.model import CNN
-from meshdl.protocol import MeshSpec
+from meshdl.data.datasets import Dataset
+from meshdl.model.cnn import CNN
+from meshdl.protocol.spec import MeshSpec
 from meshdl.sim.mesh import MeshEngine
-from meshdl.training import EVAL_BATCH
+from meshdl.training.loop import EVAL_BATCH
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

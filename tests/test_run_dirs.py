@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from meshdl import CNN, load_run_config
 from meshdl.config import DataConfig
-from meshdl.data import save_dataset
-from meshdl.sim.lounge import generate_lounge
+from meshdl.data.datasets import save_dataset
+from meshdl.data.lounge import generate_lounge
 from tests.helpers import assert_one_line_error
 
 RUN_FILES = ("config.json", "metrics.json", "model.npz", "checkpoint.npz")

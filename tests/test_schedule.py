@@ -10,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshdl.compress.compressors import Segment
-from meshdl.compress.schedule import (
+from meshdl.config import RunConfig
+from meshdl.data.lounge import generate_lounge
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.profiles import profile
+from meshdl.sim.studies.planner import (
     ACTIVATIONS,
     Link,
     Option,
@@ -19,11 +23,7 @@ from meshdl.compress.schedule import (
     optimal_plan,
     uniform_plans,
 )
-from meshdl.config import RunConfig
-from meshdl.sim.device import device
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.radio import profile
-from meshdl.sim.schedule import Setting, schedule
+from meshdl.sim.studies.schedule import Setting, schedule
 from tests.helpers import assert_one_line_error
 
 SEGMENTS = (Segment("conv1", "conv", (3, 1, 3, 3), 3), Segment("conv2", "conv", (3, 3, 3, 3), 3),
@@ -136,7 +136,7 @@ def test_intsum_is_measured_in_the_mesh_and_offered_for_the_whole_reduce(small_s
 
 
 def test_a_plan_sums_every_conv_layer_in_the_network_or_none():
-    from meshdl.compress.schedule import Summed
+    from meshdl.sim.studies.planner import Summed
 
     link = Link(lambda n: 1e-3 * n, lambda ops: 0.0)
     model = StepModel(SEGMENTS, link, 20.0, 10.0,
@@ -199,7 +199,7 @@ def test_compress_plan_is_resolved_before_the_run_and_written_into_its_configura
 
 
 def test_the_tree_factor_grows_with_the_sums_each_hop_compresses_again():
-    from meshdl.compress.schedule import tree_error_factor
+    from meshdl.sim.studies.planner import tree_error_factor
 
     assert tree_error_factor([1]) == 1.0  # one node: one compression
     chain = tree_error_factor([3, 2, 1])  # a chain: every hop carries most of the sum

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from meshdl.sdnotify import Notifier
+from meshdl.mqtt.sdnotify import Notifier
 from tests.mosquitto import Mosquitto
 
 MESH_TOML = "[model]\nrows = 2\ncols = 3\nhidden = 4\n\n[data]\ntrain = 8\ntest = 4\n"

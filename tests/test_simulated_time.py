@@ -11,21 +11,22 @@ import numpy as np
 import pytest
 
 from meshdl import load_run_config
-from meshdl.augment import training_data
 from meshdl.config import DataConfig, ModelConfig
-from meshdl.messages import EDGE, Kind
-from meshdl.model import CNN
-from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.sim.device import DeviceProfile, device
-from meshdl.sim.energy import state_energy
-from meshdl.sim.loss import FrameLoss
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.media import BROKER, Sent
+from meshdl.data.augment import training_data
+from meshdl.data.lounge import generate_lounge
+from meshdl.model.cnn import CNN
+from meshdl.protocol.messages import EDGE, Kind
+from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.sim.mesh import MeshEngine
-from meshdl.sim.radio import RadioProfile, profile
+from meshdl.sim.radio.device import DeviceProfile, device
+from meshdl.sim.radio.energy import state_energy
+from meshdl.sim.radio.loss import FrameLoss
+from meshdl.sim.radio.media import BROKER
+from meshdl.sim.radio.profiles import RadioProfile, profile
+from meshdl.sim.radio.trace import Sent
 from meshdl.sim.simulate import SimEngine
 from meshdl.sim.timed import TimedMesh
-from meshdl.training import train
+from meshdl.training.loop import train
 
 FREE_CPU = DeviceProfile(name="free", flops_per_s=1e30, per_message_s=0.0, cpu_w=0.0,
                          idle_w=0.0, source="a test: computing takes no time")

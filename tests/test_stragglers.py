@@ -1,4 +1,4 @@
-"""Stragglers (sim/stragglers.py): cells picked by seed compute slower; in reliable mode
+"""Stragglers (sim/faults/stragglers.py): cells picked by seed compute slower; in reliable mode
 the results are unchanged and the cost shows in time and energy."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import pytest
 from pydantic import ValidationError
 
 from meshdl import load_run_config
-from meshdl.augment import training_data
 from meshdl.config import DataConfig
-from meshdl.protocol import Mode, Split
-from meshdl.sim.device import device
-from meshdl.sim.lounge import generate_lounge
+from meshdl.data.augment import training_data
+from meshdl.data.lounge import generate_lounge
+from meshdl.protocol.spec import Mode, Split
+from meshdl.sim.faults.stragglers import Stragglers
 from meshdl.sim.mesh import MeshEngine
-from meshdl.sim.radio import profile
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.profiles import profile
 from meshdl.sim.simulate import SimEngine
-from meshdl.sim.stragglers import Stragglers
-from meshdl.training import train
+from meshdl.training.loop import train
 from tests.test_simulated_time import _mesh
 
 CELLS = [(r, c) for r in range(4) for c in range(5)]

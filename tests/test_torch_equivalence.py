@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from meshdl import CNN, ModelConfig, TrainConfig
-from meshdl.optim import Optimizer, learning_rate
+from meshdl.model.optim import Optimizer, learning_rate
 from tests.test_model_gradients import CONFIGS, _problem
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
-from meshdl.torch_compat import npz_state_dict, torch_sequential  # noqa: E402
+from meshdl.model.torch_compat import npz_state_dict, torch_sequential  # noqa: E402
 
 
 def _torch_net(model: CNN):

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from meshdl import load_run_config
-from meshdl.augment import training_data
 from meshdl.config import DataConfig
+from meshdl.data.augment import training_data
+from meshdl.data.lounge import generate_lounge
 from meshdl.errors import MeshdlError
-from meshdl.optim import learning_rate
-from meshdl.sim.lounge import generate_lounge
-from meshdl.training import CentralEngine, batches, final_metrics, normalization, train
+from meshdl.model.optim import learning_rate
+from meshdl.training.loop import CentralEngine, batches, final_metrics, normalization, train
 
 
 def test_batches_cover_every_sample_once_per_epoch() -> None:
@@ -99,7 +99,7 @@ class _Stopped(Exception):
                                                ("mesh", (2, 3))])
 def test_a_run_stopped_anywhere_and_resumed_ends_with_the_uninterrupted_parameters(
         mode: str, stop_at: tuple[int, int], tmp_path) -> None:
-    from meshdl.checkpoint import load_checkpoint
+    from meshdl.training.checkpoint import load_checkpoint
 
     config = load_run_config(mode=mode, model={"rows": 6, "cols": 8, "hidden": 16},
                              train={"epochs": 3, "batch": 16})
@@ -146,7 +146,7 @@ def test_an_engine_that_gives_up_mid_epoch_leaves_a_checkpoint_of_exactly_what_i
     """4 updates per epoch: the 7th is epoch 2's third; the evaluation after the 4th is
     epoch 1's. The checkpoint holds the updates applied, and resuming from it ends with
     the uninterrupted run's parameters and metrics."""
-    from meshdl.checkpoint import load_checkpoint
+    from meshdl.training.checkpoint import load_checkpoint
 
     config = load_run_config(mode="central", model={"rows": 6, "cols": 8, "hidden": 16},
                              train={"epochs": 3, "batch": 16})
@@ -169,7 +169,7 @@ def test_an_engine_that_gives_up_mid_epoch_leaves_a_checkpoint_of_exactly_what_i
 
 
 def test_a_checkpoint_of_another_configuration_is_refused(tmp_path) -> None:
-    from meshdl.checkpoint import load_checkpoint
+    from meshdl.training.checkpoint import load_checkpoint
 
     config = load_run_config(mode="central", model={"rows": 6, "cols": 8, "hidden": 16},
                              train={"epochs": 1, "batch": 16})

@@ -15,10 +15,10 @@ import numpy as np
 from meshdl import CNN, ModelConfig
 from meshdl.edge.agent import EdgeMachine
 from meshdl.edge.remote import MqttEngine
-from meshdl.messages import EDGE, Kind, Message
 from meshdl.nodes.host import NodeHost, dataset_readings
-from meshdl.protocol import MeshSpec, Mode, Split
-from meshdl.topics import name_of, topic
+from meshdl.protocol.messages import EDGE, Kind, Message
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topics import name_of, topic
 from tests.helpers import noise_dataset
 
 CONFIG = ModelConfig(rows=4, cols=5, hidden=8)

@@ -33,7 +33,7 @@ from meshdl.cli import (
 )
 from meshdl.cli.common import err_console
 from meshdl.errors import MeshdlError, format_validation_error
-from meshdl.mqtt import quiet_abandoned_clients
+from meshdl.mqtt.session import quiet_abandoned_clients
 
 try:  # typer 0.29 carries its own copy of click
     from typer._click import exceptions as _click_errors

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
-from meshdl.bench import bench_kernels
+from meshdl.bench.kernels import bench_kernels
 from meshdl.cli.common import emit_json, err_console, out_console
 from meshdl.config import ModelConfig, load_run_config
+from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError
-from meshdl.sim.lounge import generate_lounge
 
 app = typer.Typer(help="Benchmarks (ratios against a reference measured in the same run).",
                   no_args_is_help=True)
@@ -58,7 +58,7 @@ def mesh(
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
 ) -> None:
     """A training run in the in-process virtual mesh vs the same run in central mode."""
-    from meshdl.bench_mesh import bench_mesh
+    from meshdl.bench.mesh import bench_mesh
 
     config = load_run_config(config_file, train={"epochs": epochs})
     with err_console.status("generating the synthetic lounge data set"):
@@ -93,7 +93,7 @@ def mqtt(
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
 ) -> None:
     """Epochs over a real broker with one node host, vs the broker's own throughput."""
-    from meshdl.bench_mqtt import bench_mqtt
+    from meshdl.bench.mqtt import bench_mqtt
 
     config = load_run_config(config_file, train={"epochs": epochs})
     data = generate_lounge(config.data)
@@ -124,7 +124,7 @@ def hostile(
     """The production setup (TLS, passwords, ACL, message keys, 1 MiB limit) trains over
     MQTT with two node hosts, clean and while a client with one node's password floods
     every topic it may write; vs the virtual mesh's parameters and the clean run's memory."""
-    from meshdl.bench_hostile import bench_hostile
+    from meshdl.bench.hostile import bench_hostile
 
     config = load_run_config(config_file, train={"epochs": epochs})
     data = generate_lounge(config.data)
@@ -166,7 +166,7 @@ def recipe(
     json_out: bool = typer.Option(False, "--json", help="Print the table as JSON on stdout."),
 ) -> None:
     """The training recipe over many data sets and seeds: mean, worst, collapsed runs."""
-    from meshdl.bench_recipe import bench_recipe
+    from meshdl.bench.recipe import bench_recipe
 
     config = load_run_config(config_file, mode=mode)
     result = bench_recipe(config, _seed_range(data_seeds, "--data-seeds"),
@@ -196,7 +196,7 @@ def sim(
 ) -> None:
     """Simulated time: one inference wave on a large mesh, and a training run against the
     plain virtual mesh's wall time."""
-    from meshdl.bench_sim import bench_large_wave, bench_training
+    from meshdl.bench.sim import bench_large_wave, bench_training
 
     err_console.print(f"one inference wave on a {rows} x {cols} mesh", highlight=False)
     result = {"large_wave": bench_large_wave(rows, cols, radio)}
@@ -234,7 +234,7 @@ def memory(
     """Peak memory of one wave with the memory plan and without (seed 002): the seed mesh
     at batch 100 and 1024, a 100 x 100 mesh; tracemalloc and the resident set, each
     measurement in a fresh process."""
-    from meshdl.bench_memory import LARGE_CASES, SEED_CASES, bench_memory
+    from meshdl.bench.memory import LARGE_CASES, SEED_CASES, bench_memory
 
     cases = SEED_CASES + (LARGE_CASES if large else [])
     result = bench_memory(cases, log=lambda text: err_console.print(text, highlight=False))
@@ -258,8 +258,8 @@ def compress(
 ) -> None:
     """Compression's wall time: training waves with each policy against the plain virtual
     mesh, and the encode + decode of one REDUCE and one PUSH."""
-    from meshdl.augment import training_data
-    from meshdl.bench_compress import bench_compress
+    from meshdl.bench.compress import bench_compress
+    from meshdl.data.augment import training_data
 
     config = load_run_config()
     with err_console.status("generating the synthetic lounge data set"):

@@ -3,14 +3,12 @@
 By default it runs the project's `deploy/mosquitto/local.conf` (loopback only, anonymous,
 nothing persisted); `--config` runs another file and `--port` moves the config's single
 listener to another port. Mosquitto's own log goes to the terminal; Ctrl+C (or SIGTERM)
-stops it cleanly. `find_tool` also serves `meshdl deploy` (mosquitto_passwd).
+stops it cleanly. The program is found by meshdl/mqtt/tools.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -20,22 +18,10 @@ import typer
 
 from meshdl.cli.common import err_console
 from meshdl.errors import MeshdlError, UsageError
+from meshdl.mqtt.tools import find_tool
 
-# Debian and Raspberry Pi OS install mosquitto in /usr/sbin, which is not on an ordinary
-# user's PATH; Homebrew uses its own sbin.
-SBIN_DIRS: tuple[str, ...] = ("/usr/sbin", "/usr/local/sbin", "/opt/homebrew/sbin")
-INSTALL_HINT = "install it with `sudo apt-get install mosquitto` (or run ./bootstrap --dev)"
 LOCAL_CONF = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "local.conf"
 _LISTENER = re.compile(r"^(\s*listener\s+)(\d+)(.*)$")
-
-
-def find_tool(name: str) -> str:
-    """The path of a Mosquitto program (PATH first, then the sbin directories)."""
-    found = shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN_DIRS))
-    if found is None:
-        raise MeshdlError(f"{name} not found (looked on PATH and in {', '.join(SBIN_DIRS)}); "
-                          f"{INSTALL_HINT}")
-    return found
 
 
 def register(app: typer.Typer) -> None:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import typer
 from rich.table import Table
 
 from meshdl.cli.common import emit_json, out_console, parse_cell
 from meshdl.config import ModelConfig
-from meshdl.data import Dataset
-from meshdl.model import CNN
-from meshdl.sim.mesh import MeshEngine
+from meshdl.sim.mesh import dry_wave
 
 
 def register(app: typer.Typer) -> None:
@@ -40,26 +37,6 @@ def cost(
         emit_json(report)
         return
     print_comm_summary(report, console=out_console)
-
-
-def dry_wave(config: ModelConfig, batch: int, edge_at: tuple[int, int],
-             auth: bool = False) -> dict[str, Any]:
-    """The "comm" report of one training wave over `batch` random maps."""
-    rng = np.random.default_rng(0)
-    X = rng.normal(20.0, 2.0, (batch, config.rows, config.cols)).astype(np.float32)
-    y = rng.integers(0, config.classes, batch)
-    engine = MeshEngine(Dataset(X, y, X[:1], y[:1], {"generator": "random"}), edge_at=edge_at,
-                        auth=auth)
-    model = CNN(config, seed=0)
-    model.set_normalization(20.0, 2.0)
-    try:
-        engine.loss_and_grads(model, np.arange(batch))
-        report = engine.report()
-    finally:
-        engine.close()
-    report["batch"] = batch
-    report["per_sample_bytes"] = report["total_bytes"] / batch
-    return report
 
 
 def print_comm_summary(comm: dict[str, Any], console: Any = None) -> None:

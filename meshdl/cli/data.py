@@ -1,7 +1,7 @@
 """`meshdl data`: make the synthetic lounge data set, and inspect data sets and sensor logs.
 
 `generate` writes a data set file and reports the statistics that say whether it is a
-fair test (`meshdl.data.dataset_stats`); `inspect` reads a data set, or a real sensor log
+fair test (`meshdl.data.datasets.dataset_stats`); `inspect` reads a data set, or a real sensor log
 (CSV, or an .npz holding `X`/`maps`) and reports what is in it, missing readings first.
 """
 
@@ -18,7 +18,7 @@ from rich.table import Table
 
 from meshdl.cli.common import emit_json, err_console
 from meshdl.config import DataConfig
-from meshdl.data import (
+from meshdl.data.datasets import (
     NEAR_BAND,
     Dataset,
     LogData,
@@ -28,8 +28,8 @@ from meshdl.data import (
     load_log,
     save_dataset,
 )
+from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError
-from meshdl.sim.lounge import generate_lounge
 
 app = typer.Typer(
     help="Generate the synthetic lounge data set; inspect data sets and sensor logs.",

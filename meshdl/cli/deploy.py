@@ -7,10 +7,10 @@ describes:
     DIR/acl                 Mosquitto acl_file: what each user may read and write
     DIR/secrets/<user>.env  the plain password of one user, for its systemd unit
     DIR/secrets/<user>.keys.json  the message keys of the cells the user acts for (and the
-                            edge's signing key, for `edge`): meshdl/auth.py
+                            edge's signing key, for `edge`): meshdl/protocol/auth.py
 
 Users: `edge`, one per cell (`r<row>c<col>`), one per node host (`--host NAME=CELLS`),
-and a read-only `monitor` (meshdl/acl.py has the rules). A mesh whose [parallel]
+and a read-only `monitor` (meshdl/mqtt/acl.py has the rules). A mesh whose [parallel]
 section trains it with other meshes lets its edge hear the parameter server's weights.
 
 `meshdl deploy central --mesh mesh.toml --central HOST:PORT --out DIR` provisions the
@@ -41,16 +41,16 @@ from typing import Any
 
 import typer
 
-from meshdl.acl import MeshUser, acl_text, format_cells, mesh_users, parse_host
-from meshdl.auth import KEY_BYTES, MeshKeys, PushKeys
-from meshdl.cli.broker import find_tool
 from meshdl.cli.common import emit_json, err_console
 from meshdl.config import load_run_config
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.messages import EDGE
-from meshdl.protocol import MeshSpec
-from meshdl.topics import name_of
-from meshdl.topology import Cell, Topology
+from meshdl.mqtt.acl import MeshUser, acl_text, format_cells, mesh_users, parse_host
+from meshdl.mqtt.tools import find_tool
+from meshdl.protocol.auth import KEY_BYTES, MeshKeys, PushKeys
+from meshdl.protocol.messages import EDGE
+from meshdl.protocol.spec import MeshSpec
+from meshdl.protocol.topics import name_of
+from meshdl.protocol.topology import Cell, Topology
 
 # The hash every Mosquitto 2.x broker reads: 2.1's mosquitto_passwd defaults to argon2id,
 # which a 2.0 broker (Debian 12, Raspberry Pi OS) cannot check.
@@ -148,8 +148,8 @@ def central(
     """Write the central broker's passwd and acl (the parameter server and one bridge per
     mesh), their secrets, the keys of the links between each mesh's edge and the
     parameter server, and each building's bridge configuration."""
-    from meshdl.acl import bridge_config, central_users
-    from meshdl.parallel import mesh_ids
+    from meshdl.mqtt.acl import bridge_config, central_users
+    from meshdl.training.parallel import mesh_ids
 
     cfg = load_run_config(mesh)
     if cfg.parallel.meshes < 2:

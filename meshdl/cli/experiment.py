@@ -28,7 +28,7 @@ from meshdl.cli.common import (
     parse_cell,
 )
 from meshdl.config import load_run_config
-from meshdl.data import load_dataset
+from meshdl.data.datasets import load_dataset
 from meshdl.errors import UsageError
 from meshdl.experiments import compression, delta, edge_vs_cloud, faults, meshes, sweep
 from meshdl.experiments.runner import (
@@ -40,8 +40,8 @@ from meshdl.experiments.runner import (
     summarize,
     write_run,
 )
-from meshdl.protocol import MeshSpec
-from meshdl.runs import new_run_dir
+from meshdl.protocol.spec import MeshSpec
+from meshdl.training.runs import new_run_dir
 
 app = typer.Typer(help="Experiments over a swept value and several seeds: tables, "
                   "plots and a summary in a run directory.", no_args_is_help=True)
@@ -169,7 +169,7 @@ def edge_vs_cloud_command(
 ) -> None:
     """One inference slot in the mesh against shipping the readings to the edge, per
     radio, under simulated time (the seeds draw the backoffs)."""
-    from meshdl.sim.radio import profile
+    from meshdl.sim.radio.profiles import profile
 
     if not radios or len(set(radios)) != len(radios):
         raise UsageError(f"--radio {' '.join(radios)}: distinct radio profiles")
@@ -289,10 +289,10 @@ def meshes_command(
     """Throughput in samples per simulated second, scaling efficiency and test accuracy
     of N meshes training one model, by sync mode, with and without a straggler mesh
     (long: each trial trains in N simulated meshes)."""
-    from meshdl.server.sync import Sync
-    from meshdl.sim.backhaul import backhaul_profile
-    from meshdl.sim.loss import FrameLoss
-    from meshdl.sim.radio import profile
+    from meshdl.sim.radio.backhaul import backhaul_profile
+    from meshdl.sim.radio.loss import FrameLoss
+    from meshdl.sim.radio.profiles import profile
+    from meshdl.sync import Sync
 
     _check_values("--counts", counts, 1)
     if any(n > 64 for n in counts):
@@ -367,7 +367,7 @@ def compression_command(
     """Test accuracy, REDUCE and edge -> server bytes per step and simulated seconds per
     epoch of each compression policy against the exact run, over training seeds (long:
     each trial trains in the virtual mesh)."""
-    from meshdl.sim.radio import profile
+    from meshdl.sim.radio.profiles import profile
 
     profile(radio)
     if data is not None:
@@ -428,7 +428,7 @@ def delta_command(
     if any(e < 0 for e in epsilons):
         raise UsageError("--epsilon: changes are at least 0")
     if model_path is not None:  # a missing or corrupt file fails here, before any trial
-        from meshdl.model import CNN
+        from meshdl.model.cnn import CNN
 
         trained = CNN.load(model_path).config
         rows, cols = rows or trained.rows, cols or trained.cols
@@ -470,9 +470,9 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
                       jobs: int, out: Path | None, json_out: bool, ray: str | None,
                       model: Record, train: Record) -> None:
     """Check a fault sweep, run its trials, write its run directory, print its table."""
-    from meshdl.nodes.deadlines import Policy
-    from meshdl.sim.loss import MAX_RATE, FrameLoss
-    from meshdl.sim.radio import profile
+    from meshdl.protocol.deadlines import Policy
+    from meshdl.sim.radio.loss import MAX_RATE, FrameLoss
+    from meshdl.sim.radio.profiles import profile
 
     flag, top = ("--rates", MAX_RATE) if name == "loss" else ("--fractions", 0.9)
     if not shares or len(set(shares)) != len(shares) or \

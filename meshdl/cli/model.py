@@ -12,9 +12,9 @@ from rich.table import Table
 
 from meshdl.cli.common import emit_json, err_console, out_console
 from meshdl.config import commented_config, load_run_config
-from meshdl.data import check_label_range, load_dataset, load_split
+from meshdl.data.datasets import check_label_range, load_dataset, load_split
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.model import CNN
+from meshdl.model.cnn import CNN
 
 
 def register(app: typer.Typer) -> None:
@@ -79,7 +79,7 @@ def infer(
 ) -> None:
     """Predict a data set with inference waves (the sensors' readings stay in the mesh)."""
     from meshdl.cli.common import parse_cell
-    from meshdl.training import EVAL_BATCH, engine_for
+    from meshdl.training.loop import EVAL_BATCH, engine_for
 
     if mode not in ("mesh", "central"):
         raise UsageError(f"--mode must be mesh or central, not {mode!r}")

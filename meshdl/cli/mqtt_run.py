@@ -19,18 +19,18 @@ from pathlib import Path
 
 import typer
 
-from meshdl.acl import parse_cells
 from meshdl.cli.common import err_console, out_console, parse_cell
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data import load_dataset
+from meshdl.data.datasets import load_dataset
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.mqtt import BrokerAddress, Session
+from meshdl.mqtt.acl import parse_cells
+from meshdl.mqtt.sdnotify import Notifier
+from meshdl.mqtt.session import BrokerAddress, Session
+from meshdl.mqtt.status import StatusRecord, parse_status
 from meshdl.nodes.serve import Readings, serve_cells
-from meshdl.protocol import MeshSpec
-from meshdl.sdnotify import Notifier
-from meshdl.status import StatusRecord, parse_status
-from meshdl.topics import name_of
-from meshdl.topology import Cell
+from meshdl.protocol.spec import MeshSpec
+from meshdl.protocol.topics import name_of
+from meshdl.protocol.topology import Cell
 
 node_app = typer.Typer(help="One sensor node (one cell) of a mesh over MQTT.",
                        no_args_is_help=True)
@@ -226,10 +226,11 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
     """Train: every batch is a wave through the node hosts; writes the run directory,
     with a checkpoint after every epoch (with --ps: this mesh's shard of every step,
     the server holding the model and its checkpoints)."""
-    from meshdl.checkpoint import load_checkpoint
     from meshdl.cli.common import emit_json
     from meshdl.edge.remote import MqttEngine
-    from meshdl.runs import (
+    from meshdl.training.checkpoint import load_checkpoint
+    from meshdl.training.loop import train
+    from meshdl.training.runs import (
         metrics_record,
         new_run_dir,
         single_class_warning,
@@ -237,7 +238,6 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
         with_resume_hint,
         write_run,
     )
-    from meshdl.training import train
 
     if resume is not None and out is not None and out != resume:
         raise UsageError("--resume RUN_DIR writes into RUN_DIR: drop --out")
@@ -303,18 +303,18 @@ def ps_run(broker: str = BROKER, mesh: Path = MESH,
     the model they train; a checkpoint after every epoch, model.npz at the end. With
     mesh.auth, every push must carry its mesh's tag (parallel.keys: the key file of
     `meshdl deploy central`)."""
-    from meshdl.augment import training_data
-    from meshdl.checkpoint import load_checkpoint
     from meshdl.cli.common import emit_json
-    from meshdl.parallel import mesh_ids
-    from meshdl.runs import (
+    from meshdl.data.augment import training_data
+    from meshdl.server.serve import EdgesSilent, ServerRun, serve
+    from meshdl.training.checkpoint import load_checkpoint
+    from meshdl.training.parallel import mesh_ids
+    from meshdl.training.runs import (
         metrics_record,
         new_run_dir,
         start_run,
         with_resume_hint,
         write_run,
     )
-    from meshdl.server.serve import EdgesSilent, ServerRun, serve
 
     if resume is not None and out is not None and out != resume:
         raise UsageError("--resume RUN_DIR writes into RUN_DIR: drop --out")
@@ -373,7 +373,7 @@ def edge_serve(broker: str = BROKER, mesh: Path = MESH,
     from meshdl.cli.common import emit_json
     from meshdl.edge.remote import MqttEngine
     from meshdl.edge.serve import serve
-    from meshdl.model import CNN
+    from meshdl.model.cnn import CNN
 
     config = load_run_config(mesh)
     model = CNN.load(model_file)

@@ -2,7 +2,7 @@
 
 For people debugging a deployment: which messages a cell waits for (and on which
 topics), which of its computations wait for which inputs, and what it sends, with the
-bytes at a given batch. Everything comes from the mesh spec alone (meshdl/protocol.py)
+bytes at a given batch. Everything comes from the mesh spec alone (meshdl/protocol/spec.py)
 and the node's own plan (`NodePlan`), the very objects a node runs on.
 """
 
@@ -30,12 +30,12 @@ from meshdl.cli.common import (
 )
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
-from meshdl.messages import ITEM_BYTES, Kind
 from meshdl.nodes.plan import NodePlan, Role
-from meshdl.payloads import BATCH_HEAD
-from meshdl.protocol import MeshSpec, Send
-from meshdl.topics import cell_of, name_of, topic
-from meshdl.topology import Cell
+from meshdl.protocol.messages import ITEM_BYTES, Kind
+from meshdl.protocol.payloads import BATCH_HEAD
+from meshdl.protocol.spec import MeshSpec, Send
+from meshdl.protocol.topics import cell_of, name_of, topic
+from meshdl.protocol.topology import Cell
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,6 @@
 """`meshdl radio list`: the radio profiles a simulation can use, with their sources.
 
-The built-in profiles come from sim/radios.toml; `--file` adds a user's `[[radio]]`
+The built-in profiles come from sim/radio/radios.toml; `--file` adds a user's `[[radio]]`
 tables (one named like a built-in replaces it). `--json` prints each profile's fields,
 so the output can be read back as a profile.
 """
@@ -17,7 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from meshdl.cli.common import emit_json, out_console
-from meshdl.sim.radio import RadioProfile, profiles
+from meshdl.sim.radio.profiles import RadioProfile, profiles
 
 app = typer.Typer(help="Radio profiles of the simulated mesh: figures and their sources.",
                   no_args_is_help=True)

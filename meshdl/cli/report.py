@@ -1,5 +1,5 @@
 """`meshdl report RUN_DIR`: a self-contained HTML report of a run directory
-(meshdl/report.py)."""
+(meshdl/report/page.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def report(
 ) -> None:
     """Write a self-contained HTML report (tables, plots, configuration, versions) that
     opens in a browser with no server."""
-    from meshdl.report import build_report
+    from meshdl.report.page import build_report
 
     page = build_report(run_dir)
     target = out or run_dir / "report.html"

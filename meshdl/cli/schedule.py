@@ -1,5 +1,5 @@
 """`meshdl schedule`: the per-layer compression plan that minimizes the simulated
-training step (seed 000), against greedy and every single compressor (sim/schedule.py)."""
+training step (seed 000), against greedy and every single compressor (sim/studies/schedule.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from meshdl.cli.common import (
     err_console,
     out_console,
 )
-from meshdl.compress.schedule import MAX_ERROR
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
+from meshdl.sim.studies.planner import MAX_ERROR
 
 
 def register(app: typer.Typer) -> None:
@@ -50,14 +50,14 @@ def schedule(
     compression and overlapped time) and the optimal, greedy and uniform plans, each
     with its predicted and simulated step time."""
     from meshdl.compress.compressors import parse_compressor
-    from meshdl.compress.schedule import CANDIDATES
-    from meshdl.sim.backhaul import backhaul_profile
-    from meshdl.sim.device import device, natural_device
-    from meshdl.sim.lounge import generate_lounge
-    from meshdl.sim.media import natural_medium
-    from meshdl.sim.radio import profile
-    from meshdl.sim.schedule import Setting
-    from meshdl.sim.schedule import schedule as build
+    from meshdl.data.lounge import generate_lounge
+    from meshdl.sim.radio.backhaul import backhaul_profile
+    from meshdl.sim.radio.device import device, natural_device
+    from meshdl.sim.radio.media import natural_medium
+    from meshdl.sim.radio.profiles import profile
+    from meshdl.sim.studies.planner import CANDIDATES
+    from meshdl.sim.studies.schedule import Setting
+    from meshdl.sim.studies.schedule import schedule as build
 
     chosen = tuple(dict.fromkeys(candidates or CANDIDATES))
     for spec in chosen:

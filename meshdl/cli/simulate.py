@@ -20,7 +20,6 @@ import numpy as np
 import typer
 from pydantic import ValidationError
 
-from meshdl.augment import originals, training_data
 from meshdl.cli.common import (
     ACTIVATIONS,
     BATCH,
@@ -39,28 +38,29 @@ from meshdl.cli.common import (
     parse_cell,
 )
 from meshdl.cli.train import Fit, fit_with_progress, plan_for
-from meshdl.compress.policy import PLAN
+from meshdl.compress.grammar import PLAN
 from meshdl.config import ModelConfig, RunConfig, load_run_config
-from meshdl.data import Dataset, load_dataset
+from meshdl.data.augment import originals, training_data
+from meshdl.data.datasets import Dataset, load_dataset
+from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError, format_validation_error
-from meshdl.model import CNN
-from meshdl.nodes.deadlines import DEFAULT_K, Policy
-from meshdl.protocol import Mode
-from meshdl.runs import metrics_record, new_run_dir, start_run, write_run
-from meshdl.sim import cloud, compare
-from meshdl.sim.backhaul import backhaul_profile
+from meshdl.model.cnn import CNN
+from meshdl.protocol.deadlines import DEFAULT_K, Policy
+from meshdl.protocol.spec import Mode
+from meshdl.protocol.topology import Cell, Topology
 from meshdl.sim.besteffort import BestEffort
-from meshdl.sim.dead import DeadCells
-from meshdl.sim.device import DeviceProfile, device, natural_device
-from meshdl.sim.loss import FrameLoss
-from meshdl.sim.lounge import generate_lounge
-from meshdl.sim.media import natural_medium
-from meshdl.sim.radio import RadioProfile, profile, profiles
+from meshdl.sim.faults.dead import DeadCells
+from meshdl.sim.faults.stragglers import Stragglers
+from meshdl.sim.radio.backhaul import backhaul_profile
+from meshdl.sim.radio.device import DeviceProfile, device, natural_device
+from meshdl.sim.radio.loss import FrameLoss
+from meshdl.sim.radio.media import natural_medium
+from meshdl.sim.radio.profiles import RadioProfile, profile, profiles
 from meshdl.sim.simulate import SimEngine, mesh_summary, plot_energy, sim_report, write_trace
-from meshdl.sim.stragglers import Stragglers
+from meshdl.sim.studies import cloud, compare
 from meshdl.sim.timed import TimedMesh
-from meshdl.topology import Cell, Topology
-from meshdl.training import normalization
+from meshdl.training.loop import normalization
+from meshdl.training.runs import metrics_record, new_run_dir, start_run, write_run
 
 app = typer.Typer(help="Run the mesh under simulated time: radios, devices, energy, and "
                   "the cloud-heavy baseline.", no_args_is_help=True)

@@ -10,7 +10,6 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshdl.checkpoint import Checkpoint
 from meshdl.cli.common import (
     ACTIVATIONS,
     BATCH,
@@ -29,17 +28,21 @@ from meshdl.cli.common import (
     parse_cell,
 )
 from meshdl.cli.cost import print_comm_summary
-from meshdl.compress.policy import PLAN
+from meshdl.compress.grammar import PLAN
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data import Dataset, load_dataset
+from meshdl.data.datasets import Dataset, load_dataset
+from meshdl.data.lounge import generate_lounge
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.model import CNN
-from meshdl.mqtt import BrokerAddress
+from meshdl.model.cnn import CNN
+from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
-from meshdl.parallel import train_parallel
-from meshdl.protocol import MeshSpec
-from meshdl.runs import (
+from meshdl.protocol.spec import MeshSpec
+from meshdl.training.checkpoint import Checkpoint
+from meshdl.training.loop import Engine, EpochMetrics, History
+from meshdl.training.loop import train as train_model
+from meshdl.training.parallel import train_parallel
+from meshdl.training.runs import (
     SYNTHETIC,
     RunDir,
     check_run_dir,
@@ -53,9 +56,6 @@ from meshdl.runs import (
     with_resume_hint,
     write_run,
 )
-from meshdl.sim.lounge import generate_lounge
-from meshdl.training import Engine, EpochMetrics, History
-from meshdl.training import train as train_model
 
 
 def register(app: typer.Typer) -> None:
@@ -226,13 +226,13 @@ PLAN_RADIO = "802.15.4"  # what `--compress plan` plans for in the virtual mesh
 
 
 def plan_for(config: RunConfig, dataset: Dataset, radio: str, backhaul: str) -> RunConfig:
-    """`--compress plan`: the run with the optimal plan for `radio` (sim/schedule.py),
+    """`--compress plan`: the run with the optimal plan for `radio` (sim/studies/schedule.py),
     said on stderr."""
-    from meshdl.augment import training_data
-    from meshdl.sim.backhaul import backhaul_profile
-    from meshdl.sim.media import natural_medium
-    from meshdl.sim.radio import profile
-    from meshdl.sim.schedule import resolve_plan
+    from meshdl.data.augment import training_data
+    from meshdl.sim.radio.backhaul import backhaul_profile
+    from meshdl.sim.radio.media import natural_medium
+    from meshdl.sim.radio.profiles import profile
+    from meshdl.sim.studies.schedule import resolve_plan
 
     with err_console.status(f"planning the compression for {radio}"):
         config, plan = resolve_plan(config, training_data(config.train, dataset),

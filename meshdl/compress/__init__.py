@@ -1,3 +1,3 @@
-"""Gradient and activation compression: compressors (compressors.py), error feedback
-(feedback.py), several layers in one payload and one sender's stream (codec.py), and
-the `--compress` policy that says which layer gets which (policy.py)."""
+"""Gradient compression: compressors (compressors.py), error feedback (feedback.py),
+several layers in one payload and one sender's stream (codec.py), the in-network sum
+(intsum.py), and the `--compress` policy that says which layer gets which (policy.py)."""

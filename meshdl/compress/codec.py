@@ -20,7 +20,7 @@ import numpy as np
 
 from meshdl.compress.compressors import ChannelState, Compressor, Segment, bad_payload
 from meshdl.compress.feedback import ErrorFeedback
-from meshdl.messages import CodecError
+from meshdl.errors import CodecError
 
 T = TypeVar("T")
 

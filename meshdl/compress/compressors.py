@@ -44,8 +44,8 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from meshdl.compress import kernels
-from meshdl.errors import UsageError
-from meshdl.messages import CodecError, CodecReason
+from meshdl.compress.grammar import INTSUM_LEVELS, RULES, Choice, parse_choice
+from meshdl.errors import CodecError, CodecReason
 
 FP16_MAX = 65504.0
 
@@ -134,7 +134,6 @@ class Compressor(ABC):
 
     name: ClassVar[str]
     lossless: ClassVar[bool] = False
-    takes: ClassVar[str] = ""  # what ARG means in NAME:ARG, for error messages
 
     def __init__(self, arg: float | None = None) -> None:
         self.arg = arg
@@ -145,7 +144,7 @@ class Compressor(ABC):
         return self.name if self.arg is None else f"{self.name}:{self.arg:g}"
 
     def applies_to(self, segment: Segment) -> bool:
-        return True
+        return Choice(self.name).applies_to(segment.kind)  # grammar.py's rule for the name
 
     @abstractmethod
     def nbytes(self, segment: Segment) -> int:
@@ -236,7 +235,7 @@ class TwoBit(Compressor):
     given, tau is the mean |x| of what is compressed (Hylo's threshold adapted to the
     layer's gradient magnitude)."""
 
-    name, takes = "2bit", "a fixed threshold tau > 0"
+    name = "2bit"
 
     def nbytes(self, segment: Segment) -> int:
         return 4 + (segment.size + 3) // 4
@@ -270,7 +269,7 @@ class MeanTwoBit(TwoBit):
     compressed (c = 1 is `2bit` without a tau). A larger c sends fewer, larger steps
     and drains a large residual in fewer messages."""
 
-    name, takes = "2bitmean", "a factor c > 0 of the mean |x|"
+    name = "2bitmean"
 
     @property
     def factor(self) -> float:
@@ -289,7 +288,7 @@ class Ternary(TwoBit):
     messages, which matters where each hop re-compresses a sum (the REDUCE up the
     tree). Same payload as 2-bit."""
 
-    name, takes = "ternary", ""
+    name = "ternary"
 
     def threshold(self, values: np.ndarray) -> np.float32:
         return np.float32(np.max(np.abs(values))) if values.size else np.float32(0)
@@ -320,7 +319,6 @@ def _index_dtype(units: int) -> str:
 class _Sparse(Compressor):
     """k chosen values with their indices (increasing)."""
 
-    takes = "a density in (0, 1]"
 
     def kept(self, segment: Segment) -> int:
         return _density_count(self.arg, segment.size)
@@ -376,10 +374,8 @@ class KernelTopK(Compressor):
     """Hylo's conv rule: the m kernels (one k x k filter slice per input and output
     channel) of largest L2 norm, with their indices; the bias dense."""
 
-    name, takes = "ktopk", "a density in (0, 1]"
+    name = "ktopk"
 
-    def applies_to(self, segment: Segment) -> bool:
-        return segment.kind == "conv"
 
     def kept(self, segment: Segment) -> int:
         return _density_count(self.arg, segment.kernels)
@@ -422,14 +418,12 @@ class PowerSGD(Compressor):
     are point to point (a tree link, the backhaul), so both factors go in one message
     rather than in the two all-reduce rounds of the data-centre form."""
 
-    name, takes = "powersgd", "a whole rank r >= 1"
+    name = "powersgd"
 
     def rank(self, segment: Segment) -> int:
         rows, cols = segment.matrix
         return max(1, min(int(self.arg or 1), rows, cols))
 
-    def applies_to(self, segment: Segment) -> bool:
-        return segment.kind in ("conv", "fc")
 
     def nbytes(self, segment: Segment) -> int:
         rows, cols = segment.matrix
@@ -463,20 +457,13 @@ class PowerSGD(Compressor):
         return 6 * rows * cols * self.rank(segment)  # M Q, M^T P, and P Q^T
 
 
-INTSUM_LEVELS = 7
-INTSUM_MAX_LEVELS = 127
-
-
 class IntSum(Int8):
     """`intsum[:L]`: conv layers summed in the network, each node's share in 2L + 1
     levels (L = 7 unless given). Where nothing is summed on the way (an edge's PUSH
     to the parameter server) the layer travels as int8."""
 
     name = "intsum"
-    takes = f"the levels either side of 0 of each node's share (1 to {INTSUM_MAX_LEVELS})"
 
-    def applies_to(self, segment: Segment) -> bool:
-        return segment.kind == "conv"
 
     @property
     def levels(self) -> int:
@@ -498,27 +485,15 @@ def _orthonormal(p: np.ndarray) -> np.ndarray:
 COMPRESSORS: dict[str, type[Compressor]] = {
     c.name: c for c in (Dense, Half, Int8, TwoBit, MeanTwoBit, Ternary, TopK, RandomK,
                         KernelTopK, PowerSGD, IntSum)}
+assert list(COMPRESSORS) == list(RULES), "grammar.RULES names the compressors, in order"
 
 
 def parse_compressor(spec: str) -> Compressor:
     """'topk:0.01' -> TopK(0.01); a UsageError naming the choices for anything else."""
-    name, _, arg_text = spec.strip().partition(":")
-    kind = COMPRESSORS.get(name)
-    if kind is None:
-        raise UsageError(f"unknown compressor {name!r}: one of {', '.join(COMPRESSORS)}")
-    if not arg_text:
-        return kind()
-    if not kind.takes:
-        raise UsageError(f"compressor {name} takes no argument (got {spec!r})")
-    try:
-        arg = float(arg_text)
-    except ValueError:
-        raise UsageError(f"compressor {name}: {arg_text!r} is not a number "
-                         f"({kind.takes})") from None
-    valid = {"2bit": 0 < arg < math.inf, "2bitmean": 0 < arg < math.inf,
-             "powersgd": arg >= 1 and arg == int(arg),
-             "intsum": 1 <= arg <= INTSUM_MAX_LEVELS and arg == int(arg)}.get(
-        name, 0 < arg <= 1)
-    if not valid:
-        raise UsageError(f"compressor {name}: {arg_text} is not {kind.takes}")
-    return kind(arg)
+    return compressor_of(parse_choice(spec))
+
+
+def compressor_of(choice: Choice) -> Compressor:
+    """The compressor a parsed name stands for."""
+    kind = COMPRESSORS[choice.name]
+    return kind() if choice.arg is None else kind(choice.arg)

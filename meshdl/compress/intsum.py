@@ -33,12 +33,9 @@ from numba import njit
 
 from meshdl.compress import kernels
 from meshdl.compress.compressors import Segment, bad_payload
+from meshdl.compress.grammar import MAX_LAYER_VALUES
 
 LAYER_HEAD = np.dtype([("peak", "<f4"), ("p", "u1"), ("nbytes", "<u2")])
-# A layer's code must fit its uint16 byte count whatever the values: the sender's best
-# Rice parameter writes no more than the largest one (31: one bit of quotient's end and
-# 31 of remainder a value, for any sum an int32 holds), so 16,000 values.
-MAX_LAYER_VALUES = 16_000
 
 
 class SumShare(NamedTuple):

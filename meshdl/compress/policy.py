@@ -24,7 +24,7 @@
     LAYER=NAME[:ARG],...   one compressor per layer (what `meshdl schedule` prints for
                            its plans), unnamed layers dense
     plan                   the optimal plan of `meshdl schedule` for the run's radio,
-                           found before the run starts (sim/schedule.py) and written
+                           found before the run starts (sim/studies/schedule.py) and written
                            into its configuration as LAYER=NAME,...
 
 A policy applies where gradients travel: the in-mesh REDUCE (the conv layers, summed up
@@ -35,30 +35,29 @@ to the parameter server (every layer).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
 from meshdl.compress.codec import VectorCodec
 from meshdl.compress.compressors import (
-    INTSUM_LEVELS,
-    INTSUM_MAX_LEVELS,
     Compressor,
     Dense,
     IntSum,
     KernelTopK,
     MeanTwoBit,
     Segment,
-    parse_compressor,
+    compressor_of,
 )
-from meshdl.compress.intsum import MAX_LAYER_VALUES, SumCodec
-from meshdl.config import ModelConfig
-from meshdl.errors import UsageError
-from meshdl.model import param_shapes
-
-HYLO_THRESHOLD = 64
-HYLO_FACTOR = 2.0  # tau = 2 x mean |x| for the fc layers (validated: module docstring)
-PLAN = "plan"  # resolved by sim/schedule.py before a run
+from meshdl.compress.grammar import (
+    HYLO_FACTOR,
+    HYLO_THRESHOLD,
+    INTSUM_LEVELS,
+    INTSUM_MAX_LEVELS,
+    hylo_args,
+    parse_policy,
+)
+from meshdl.compress.intsum import SumCodec
+from meshdl.config import ModelConfig, param_shapes
 
 
 def model_segments(model: ModelConfig) -> tuple[Segment, ...]:
@@ -82,48 +81,19 @@ class CompressionPolicy:
 
     @classmethod
     def parse(cls, spec: str, model: ModelConfig) -> CompressionPolicy:
+        """`spec` over `model`'s layers; a UsageError (grammar.py's) if impossible."""
         spec = spec.strip()
-        if spec == PLAN:
-            raise UsageError("--compress plan is resolved before a run starts (meshdl "
-                             "train and simulate do it); here it names no compressors")
         segments = model_segments(model)
-        names = [s.name for s in segments]
-        if spec in ("", "none"):
-            chosen = {}
-        elif "=" in spec:
-            chosen = {}
-            for entry in spec.split(","):
-                layer, _, compressor = entry.partition("=")
-                if layer.strip() not in names:
-                    raise UsageError(f"--compress: no layer {layer.strip()!r} in this model "
-                                     f"(layers: {', '.join(names)})")
-                chosen[layer.strip()] = parse_compressor(compressor)
-        elif spec == "hylo" or spec.startswith("hylo:"):
-            threshold, factor = _hylo_args(spec)
+        choices = parse_policy(spec, segments)
+        if choices is None:  # hylo[:T[:c]]
+            threshold, factor = hylo_args(spec)
             chosen = hylo(segments, threshold, factor)
             summed = tuple((s.name, INTSUM_LEVELS if s.name in chosen else INTSUM_MAX_LEVELS)
                            for s in segments if s.kind == "conv")
             by_layer = tuple((s.name, chosen.get(s.name) or Dense()) for s in segments)
             return cls(spec, by_layer, summed if any(s.name in chosen for s in segments
                                                       if s.kind == "conv") else ())
-        else:
-            compressor = parse_compressor(spec)
-            chosen = {s.name: compressor for s in segments if compressor.applies_to(s)}
-        for segment in segments:
-            compressor = chosen.get(segment.name)
-            if compressor is not None and not compressor.applies_to(segment):
-                raise UsageError(f"--compress: {compressor.spec} does not apply to "
-                                 f"{segment.name} (a {segment.kind} layer)")
-        summed = [s.name for s in segments if isinstance(chosen.get(s.name), IntSum)]
-        too_large = [s.name for s in segments if s.name in summed and
-                     s.size > MAX_LAYER_VALUES]
-        if too_large:
-            raise UsageError(f"--compress: intsum sums layers of at most {MAX_LAYER_VALUES:,} "
-                             f"values ({', '.join(too_large)} has more)")
-        conv = [s.name for s in segments if s.kind == "conv"]
-        if summed and summed != conv:
-            raise UsageError(f"--compress: intsum sums the REDUCE in the network, so it is "
-                             f"for every conv layer or none (here: {', '.join(summed)})")
+        chosen = {name: compressor_of(choice) for name, choice in choices.items()}
         by_layer = tuple((s.name, chosen.get(s.name) or Dense()) for s in segments)
         return cls(spec or "none", by_layer,
                    tuple((s.name, c.levels) for s in segments
@@ -167,25 +137,6 @@ def hylo(segments: tuple[Segment, ...], threshold: int = HYLO_THRESHOLD,
     return {s.name: KernelTopK(max(1, threshold * s.kernels // s.size) / s.kernels)
             if s.kind == "conv" else fc_rule
             for s in segments if s.size > threshold}
-
-
-def _hylo_args(spec: str) -> tuple[int, float]:
-    """'hylo' -> (64, 2.0); 'hylo:T' -> (T, 2.0); 'hylo:T:c' -> (T, c)."""
-    _, _, text = spec.partition(":")
-    threshold_text, _, factor_text = text.partition(":")
-    if threshold_text and not threshold_text.isdigit():
-        raise UsageError(f"--compress {spec}: the threshold is a whole number of parameters")
-    threshold = int(threshold_text) if threshold_text else HYLO_THRESHOLD
-    if not factor_text:
-        return threshold, HYLO_FACTOR
-    try:
-        factor = float(factor_text)
-    except ValueError:
-        factor = math.nan
-    if not (math.isfinite(factor) and factor > 0):
-        raise UsageError(f"--compress {spec}: the factor c of tau = c x mean |x| is a "
-                         "number above 0")
-    return threshold, factor
 
 
 def reduce_segments(model: ModelConfig) -> tuple[Segment, ...]:

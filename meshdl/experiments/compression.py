@@ -13,7 +13,7 @@ each mesh's PUSH to the server per step (the cluster's count of the bytes it pus
 Simulated time per epoch: the trained model's training waves under simulated time on
 the configured radio (`--sim-waves` of them; every wave of a run sends the same
 messages, so their mean times the steps of an epoch is the epoch), with the node
-device's time to compress and decompress (sim/device.py's rate over the compressors'
+device's time to compress and decompress (sim/radio/device.py's rate over the compressors'
 operation counts).
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from meshdl.experiments.runner import Record, Trial
-from meshdl.plots import pyplot, save_png
+from meshdl.report.plots import pyplot, save_png
 
 POLICIES = ("none", "hylo", "intsum", "plan", "none/int8")
 FIGURES = ("test_acc", "train_loss", "accuracy_cost", "reduce_bytes_per_step",
@@ -40,17 +40,17 @@ def parse_value(value: str) -> tuple[str, str]:
 
 def run(trial: Trial) -> Record:
     """Train under the trial's policy; accuracy, bytes per step, simulated step time."""
-    from meshdl.augment import training_data
-    from meshdl.compress.policy import PLAN
+    from meshdl.compress.grammar import PLAN
     from meshdl.config import RunConfig
+    from meshdl.data.augment import training_data
     from meshdl.experiments.sweep import dataset
-    from meshdl.parallel import train_parallel
-    from meshdl.sim.backhaul import backhaul_profile
-    from meshdl.sim.device import device, natural_device
-    from meshdl.sim.media import natural_medium
-    from meshdl.sim.radio import profile
-    from meshdl.sim.schedule import resolve_plan
+    from meshdl.sim.radio.backhaul import backhaul_profile
+    from meshdl.sim.radio.device import device, natural_device
+    from meshdl.sim.radio.media import natural_medium
+    from meshdl.sim.radio.profiles import profile
     from meshdl.sim.simulate import SimEngine
+    from meshdl.sim.studies.schedule import resolve_plan
+    from meshdl.training.parallel import train_parallel
 
     settings = trial.settings
     compress, activations = parse_value(trial.value)

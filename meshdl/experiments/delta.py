@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from meshdl.experiments.runner import Record, Trial
-from meshdl.plots import pyplot, save_png
+from meshdl.report.plots import pyplot, save_png
 
 EPSILONS = (0.0, 0.01, 0.05, 0.1, 0.25)
 FIGURES = ("halo_bytes_per_slot", "mesh_bytes_per_slot", "halo_ratio", "alerts",
@@ -27,9 +27,9 @@ def run(trial: Trial) -> Record:
     """One epsilon's day: bytes per slot and the alerts."""
     from meshdl.config import RunConfig
     from meshdl.experiments.sweep import dataset
-    from meshdl.model import CNN
+    from meshdl.model.cnn import CNN
     from meshdl.sim.mesh import MeshEngine
-    from meshdl.training import train
+    from meshdl.training.loop import train
 
     settings = trial.settings
     config = RunConfig.model_validate({"mode": "central", "model": settings["model"],

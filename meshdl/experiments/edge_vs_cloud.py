@@ -17,7 +17,7 @@ from pathlib import Path
 
 from meshdl.config import ModelConfig
 from meshdl.experiments.runner import Record, Trial
-from meshdl.plots import pyplot, save_png
+from meshdl.report.plots import pyplot, save_png
 
 RADIOS = ("802.15.4", "ble", "wifi", "lora-sf7")
 SIDES = ("mesh", "cloud_aggregated", "cloud_unaggregated")
@@ -27,10 +27,10 @@ FIGURES = tuple(f"{side}_{measure}" for side in SIDES for measure in MEASURES)
 
 def run(trial: Trial) -> Record:
     """One inference slot in the mesh and shipped, on the trial's radio."""
-    from meshdl.sim.compare import inference_slot
-    from meshdl.sim.device import device, natural_device
-    from meshdl.sim.media import natural_medium
-    from meshdl.sim.radio import profile
+    from meshdl.sim.radio.device import device, natural_device
+    from meshdl.sim.radio.media import natural_medium
+    from meshdl.sim.radio.profiles import profile
+    from meshdl.sim.studies.compare import inference_slot
 
     radio = trial.value
     medium = natural_medium(radio)

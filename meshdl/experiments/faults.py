@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from meshdl.experiments.runner import Record, Trial
-from meshdl.plots import pyplot, save_png
+from meshdl.report.plots import pyplot, save_png
 
 
 class FaultSweep(NamedTuple):
@@ -54,19 +54,19 @@ def values(shares: list[float], policies: list[str]) -> list[list[Any]]:
 
 def run(trial: Trial) -> Record:
     """Train under the trial's faults and policy; accuracies, time, energy, faults."""
-    from meshdl.augment import training_data
     from meshdl.config import RunConfig
+    from meshdl.data.augment import training_data
     from meshdl.experiments.sweep import dataset
-    from meshdl.nodes.deadlines import Policy
-    from meshdl.protocol import Mode
+    from meshdl.protocol.deadlines import Policy
+    from meshdl.protocol.spec import Mode
     from meshdl.sim.besteffort import BestEffort
-    from meshdl.sim.dead import DeadCells
-    from meshdl.sim.device import device, natural_device
-    from meshdl.sim.loss import FrameLoss
-    from meshdl.sim.media import natural_medium
-    from meshdl.sim.radio import profile
+    from meshdl.sim.faults.dead import DeadCells
+    from meshdl.sim.radio.device import device, natural_device
+    from meshdl.sim.radio.loss import FrameLoss
+    from meshdl.sim.radio.media import natural_medium
+    from meshdl.sim.radio.profiles import profile
     from meshdl.sim.simulate import SimEngine, sim_report
-    from meshdl.training import train
+    from meshdl.training.loop import train
 
     share, policy = trial.value
     settings = trial.settings

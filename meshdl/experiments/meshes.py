@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from meshdl.experiments.runner import Record, Trial
-from meshdl.plots import pyplot, save_png
+from meshdl.report.plots import pyplot, save_png
 
 MODES = ("bsp", "bsp+overlap", "ssp:2", "async")
 COUNTS = (1, 2, 4, 8, 16)
@@ -47,16 +47,16 @@ def values(counts: list[int], modes: list[str], straggler: bool) -> list[list[An
 
 def run(trial: Trial) -> Record:
     """Train on the trial's N meshes in its mode; accuracy, throughput, step times."""
-    from meshdl.augment import training_data
     from meshdl.config import RunConfig
+    from meshdl.data.augment import training_data
     from meshdl.experiments.sweep import dataset
-    from meshdl.parallel import train_parallel
-    from meshdl.sim.backhaul import backhaul_profile
-    from meshdl.sim.device import device, natural_device
-    from meshdl.sim.loss import FrameLoss
-    from meshdl.sim.media import natural_medium
-    from meshdl.sim.radio import profile
+    from meshdl.sim.radio.backhaul import backhaul_profile
+    from meshdl.sim.radio.device import device, natural_device
+    from meshdl.sim.radio.loss import FrameLoss
+    from meshdl.sim.radio.media import natural_medium
+    from meshdl.sim.radio.profiles import profile
     from meshdl.sim.simulate import SimEngine
+    from meshdl.training.parallel import train_parallel
 
     n, mode, straggler = trial.value
     settings = trial.settings

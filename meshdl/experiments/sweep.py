@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from meshdl.config import DataConfig, RunConfig, load_run_config
-from meshdl.data import Dataset
+from meshdl.data.datasets import Dataset
 from meshdl.experiments.runner import Record, Trial
-from meshdl.plots import pyplot, save_png
+from meshdl.report.plots import pyplot, save_png
 
 # Seed 001's single-machine runs (17 x 25, 2,400 / 561 maps, batch 100, 200 hidden
 # units, 5 filters, 20 epochs): train and test accuracy by filter size.
@@ -92,8 +92,8 @@ def fit_bytes(rows: list[Record]) -> Record:
 def run(trial: Trial) -> Record:
     """Train with one value and seed (where the sweep asks for accuracy); measure one
     mesh training wave of that network."""
-    from meshdl.cli.cost import dry_wave  # the virtual mesh: loaded where it runs
-    from meshdl.training import train
+    from meshdl.sim.mesh import dry_wave  # the virtual mesh: loaded where it runs
+    from meshdl.training.loop import train
 
     settings, seed = trial.settings, trial.seed
     config = trial_config(settings, trial.value, seed)
@@ -120,10 +120,10 @@ def run(trial: Trial) -> Record:
 def dataset(config: DataConfig, data_file: str | None) -> Dataset:
     """The data set, made once per process (every trial of a worker shares it)."""
     if data_file is not None:
-        from meshdl.data import load_dataset
+        from meshdl.data.datasets import load_dataset
 
         return load_dataset(Path(data_file))
-    from meshdl.sim.lounge import generate_lounge
+    from meshdl.data.lounge import generate_lounge
 
     return generate_lounge(config)
 

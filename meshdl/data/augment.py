@@ -1,0 +1,52 @@
+"""Mirror augmentation: the training maps flipped up-down, left-right and both.
+
+The label rule (some 4-neighbour pair differs by >= the threshold) is symmetric under
+both flips, so a mirrored map is a valid sample with the same label. Without mirrors the
+fc head only learns anomalies where the training period had them: on a data set whose
+test period puts a heat source somewhere new (data seeds 11 and 12 of the synthetic
+lounge) it misses even 5 °C steps there, and test accuracy stays near 92 %.
+
+Every holder of readings builds the same view (`training_data`): the training split
+becomes [original, up-down, left-right, both], 4 N maps, and the test split is untouched.
+An epoch still shows each original map once, in one orientation drawn at random
+(`training.batches`), so a run has as many waves as without mirrors. In the mesh, node
+(r, c) then also holds the logged readings of its mirror cells (R-1-r, c), (r, C-1-c) and
+(R-1-r, C-1-c): free when a data set is replayed; on live nodes it would be a one-time
+exchange of the training log, which nothing here counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshdl.config import TrainConfig
+from meshdl.data.datasets import Dataset
+
+ORIENTATIONS = 4  # as is, flipped up-down, flipped left-right, both
+_MARK = "augment"  # the meta key that says a data set already holds its mirrors
+
+
+def mirrored(data: Dataset) -> Dataset:
+    """`data` with the three mirror images of every training map appended, in that order."""
+    X, y = data.X_train, data.y_train
+    maps = np.concatenate([X, X[..., ::-1, :], X[..., ::-1], X[..., ::-1, ::-1]])
+    return Dataset(maps, np.tile(y, ORIENTATIONS), data.X_test, data.y_test,
+                   {**data.meta, _MARK: "mirror"})
+
+
+def training_data(config: TrainConfig, data: Dataset) -> Dataset:
+    """What a run with `config` trains on: `data`, with mirrors when it asks for them."""
+    if config.augment == "none" or data.meta.get(_MARK) == "mirror":
+        return data
+    return mirrored(data)
+
+
+def originals(data: Dataset) -> int:
+    """How many training maps of `data` (a `training_data` view) are not mirror images."""
+    n = len(data.y_train)
+    return n // ORIENTATIONS if data.meta.get(_MARK) == "mirror" else n
+
+
+def orientations(config: TrainConfig) -> int:
+    """Orientations an epoch draws each training map in: 4 with mirrors, else 1."""
+    return ORIENTATIONS if config.augment == "mirror" else 1

@@ -1,0 +1,163 @@
+"""Run directories: where one `meshdl train` leaves its model, config and metrics.
+
+A run directory holds `config.json` (the effective RunConfig and where the data came
+from; written first), `checkpoint.npz` (after every epoch, for `--resume`), and at the
+end `model.npz` (the model, PyTorch names) and `metrics.json`, whose schema users script
+against:
+    {"mode", "config", "epochs": [{"epoch", "train_loss", "train_acc", "test_acc"}],
+     "final": {"train_acc", "test_acc", "predicted_per_class": {"train", "test"},
+               "single_class"}, "wall_s"}
+Later modes add keys (the mesh adds "comm"); none is ever renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshdl.config import RunConfig
+from meshdl.errors import MeshdlError, UsageError
+from meshdl.model.cnn import CNN
+from meshdl.training.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
+from meshdl.training.loop import History
+
+
+def new_run_dir(root: Path = Path("runs"), name: str | None = None) -> Path:
+    """A fresh `runs/<timestamp>-<name>/` directory (suffixed if the name is taken)."""
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", name or "run").strip("-") or "run"
+    base = root / f"{datetime.now():%Y%m%d-%H%M%S}-{label}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True)
+    return path
+
+
+def metrics_record(config: RunConfig, history: History, extra: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """The metrics.json document of a finished run."""
+    return {
+        "mode": config.mode,
+        "config": config.model_dump(mode="json"),
+        "epochs": [asdict(e) for e in history.epochs],
+        "final": history.final,
+        "wall_s": round(history.wall_s, 3),
+        **({"comm": history.comm} if history.comm else {}),
+        **({"parallel": history.parallel} if history.parallel else {}),
+        **(extra or {}),
+    }
+
+
+def single_class_warning(final: dict[str, Any]) -> str | None:
+    """One line for a run that ended predicting one class for every sample, else None.
+
+    Such a model is no detector at all, whatever its accuracy (the majority share).
+    """
+    if not final.get("single_class"):
+        return None
+    counts = final["predicted_per_class"]
+    predicted = int(np.argmax(np.add(counts["train"], counts["test"])))
+    return (f"warning: the model predicts class {predicted} for every sample (a collapsed "
+            "run: it detects nothing); train again with another --seed or a lower --lr")
+
+
+# What a run leaves in its directory: a directory holding any of them holds a run.
+RUN_FILES = ("config.json", "metrics.json", "model.npz", CHECKPOINT)
+SYNTHETIC = "synthetic lounge"  # the data source of a run on the generated data set
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory this process may write a new run into."""
+
+    path: Path
+    created: bool  # made by this run: removed again if the run leaves nothing in it
+
+    def abandon(self) -> None:
+        """The run failed before its first checkpoint: take back its config.json, which
+        only said what to resume (there is nothing), and the directory if it made it.
+        Another run's `--out` then takes it again without --force."""
+        if (self.path / CHECKPOINT).exists():
+            return
+        (self.path / "config.json").unlink(missing_ok=True)
+        if self.created:
+            with contextlib.suppress(OSError):  # not empty: something else is in it
+                self.path.rmdir()
+
+
+def check_run_dir(out: Path, force: bool = False) -> list[str]:
+    """The run files in `out`, which a new run may write into; else one line
+    (`UsageError`): a file, or a directory holding a run (unless `force`)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a run directory")
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if found and not force:
+        raise UsageError(f"--out {out} holds a run already ({', '.join(found)}): choose "
+                         f"another --out, replace it with --force, or go on with it: "
+                         f"meshdl train --resume {out}")
+    return found
+
+
+def claim_run_dir(out: Path, force: bool = False) -> RunDir:
+    """`out` for a new run: refused as `check_run_dir` says (nothing changed), else made
+    if need be. `force` removes the run files already there first (a stale checkpoint
+    left beside a new config would be resumed into the wrong run); an empty directory,
+    or one holding other files only, is taken as it is."""
+    found = check_run_dir(out, force)
+    for name in found:
+        (out / name).unlink()
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    return RunDir(out, created)
+
+
+def data_source_of(data: Path | None) -> str:
+    """What config.json records as a run's data: the file's absolute path, so that
+    `--resume` finds it from any working directory, or the synthetic lounge."""
+    return SYNTHETIC if data is None else str(data.resolve())
+
+
+def start_run(out: Path, config: RunConfig, data_source: str) -> None:
+    """Write config.json into `out` before training: what `--resume` starts again from.
+    A data file's path is recorded absolute (`--resume` from any directory)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if data_source != SYNTHETIC:
+        data_source = data_source_of(Path(data_source))
+    record = {**config.model_dump(mode="json"), "data_source": data_source}
+    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def resumed_run(out: Path) -> tuple[RunConfig, str, Checkpoint]:
+    """The configuration, data source and last checkpoint of the run in `out`."""
+    try:
+        record = json.loads((out / "config.json").read_text())
+        source = record.pop("data_source")
+        config = RunConfig.model_validate(record)
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise MeshdlError(f"{out} holds no run to resume: config.json is missing or "
+                          f"unreadable ({exc})") from None
+    return config, source, load_checkpoint(out)
+
+
+def with_resume_hint(exc: MeshdlError, out: Path, command: str) -> MeshdlError:
+    """`exc`, saying how to go on when the run in `out` has a checkpoint to go on from."""
+    if not (out / CHECKPOINT).is_file():
+        return exc
+    return type(exc)(f"{exc}; the run can go on from its checkpoint (every update it "
+                     f"finished): {command} --resume {out}")
+
+
+def write_run(out: Path, config: RunConfig, model: CNN, metrics: dict[str, Any],
+              data_source: str) -> None:
+    """Write model.npz, config.json and metrics.json into `out`."""
+    start_run(out, config, data_source)
+    model.save(out / "model.npz")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=True) + "\n")
