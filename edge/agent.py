@@ -92,20 +92,20 @@ class WaveEngine:
 class EdgeMachine:
     """The edge of one mesh, holding the model whose head it runs."""
 
-    # The head's backward writes each input gradient over its dead input (the memory
-    # plan, `CNN.head_backward`); False only to measure it (`meshdl bench memory`).
-    memory_plan = True
-
     def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray],
                  first_step: int = 1, wave_timeout: float | None = None,
-                 session: int = 0, wave_cap: float | None = None) -> None:
+                 session: int = 0, wave_cap: float | None = None,
+                 memory_plan: bool = True) -> None:
         """`first_step` numbers the first wave; `session` (u16) names this edge run in
         every message of its waves: nodes follow the PARAMS of another session whatever
         its step, so an edge that restarts with a new session takes its mesh back even
         below its predecessor's steps. A wave that hears nothing of its own for
         `wave_timeout` (since its start or its GATHER), or is `wave_cap` old (default
-        WAVE_CAP_TIMEOUTS timeouts), is restarted by `tick`."""
+        WAVE_CAP_TIMEOUTS timeouts), is restarted by `tick`. `memory_plan`: the head's
+        backward writes each input gradient over its dead input (`CNN.head_backward`);
+        False only to measure it (`meshdl bench memory`) or to test without it."""
         self.spec = spec
+        self.memory_plan = memory_plan
         self.model = model
         # Checked once here, before any wave (over MQTT: before connecting): the loss
         # kernel indexes the logits with each label of a batch.

@@ -23,7 +23,7 @@ counted in `stats` and dropped; they never raise.
 
 from __future__ import annotations
 
-import sys
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 
@@ -85,13 +85,14 @@ KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
 class NodeMachine(BestEffortNode):
     """One cell of the mesh."""
 
-    # False: every field its own buffer in every wave, as before the memory plan (only
-    # to measure what the plan saves: `meshdl bench memory`).
-    memory_plan = True
-
-    def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray]) -> None:
-        """`readings[split]` is (samples, in_channels) float32: this sensor's own log."""
+    def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray],
+                 memory_plan: bool = True) -> None:
+        """`readings[split]` is (samples, in_channels) float32: this sensor's own log.
+        `memory_plan`: lay each wave's buffers out by the memory plan (nodes/memory.py);
+        False, every field its own buffer in every wave, as before the plan (only to
+        measure what the plan saves, `meshdl bench memory`, or to test without it)."""
         self.cell = cell
+        self.memory_plan = memory_plan  # read at each wave's start
         # Channel-major, as the node's activations are (channels, batch).
         self.readings = {split: np.ascontiguousarray(x.T, np.float32)
                          for split, x in readings.items()}
@@ -159,6 +160,7 @@ class NodeMachine(BestEffortNode):
         self._storage: list[np.ndarray] = []  # the field buffers of the last wave ...
         self._kept: list[np.ndarray | None] = []  # ... its kept activations ...
         self._owned: list[np.ndarray] = []  # ... the distinct arrays among them ...
+        self._lent: list[weakref.ref[np.ndarray]] = []  # ... payloads that view them ...
         self._memory: MemoryPlan | None = None  # ... their plan ...
         self._storage_key: tuple = ()  # ... and for which (batch, MemoryPlan)
         topo = spec.topology
@@ -323,11 +325,18 @@ class NodeMachine(BestEffortNode):
         long before a gradient comes; else, for this wave, the gradients get memory of
         their own."""
         wave.holding = False
-        if _outside_refs(self._owned, self._storage, self._kept) > 0:
+        if self._lent_out():
             self.stats["gradients_unshared"] += 1
             for index in self._memory.later:  # type: ignore[union-attr]
                 self._storage[index] = np.empty_like(self._storage[index])
             self._storage_key = ()  # the next wave lays its memory out afresh
+
+    def _lent_out(self) -> bool:
+        """Does a payload this node lent from its buffers (`_lend`) still live: sent
+        and in flight, or kept by a receiver? (Those gone are forgotten here.)"""
+        lent = self._lent
+        lent[:] = [ref for ref in lent if ref() is not None]
+        return bool(lent)
 
     def _release(self, wave: Wave) -> None:
         """This node's forward tasks are done: take the gradients that came before, and
@@ -643,10 +652,10 @@ class NodeMachine(BestEffortNode):
         memory = self.plan.memory[(wave.mode, self.policy is None)] if self.memory_plan \
             else self.plan.unplanned
         key = (wave.batch, memory)
-        if key != self._storage_key or \
-                _outside_refs(self._owned, self._storage, self._kept) > 0:
+        if key != self._storage_key or self._lent_out():
             self._owned = [np.empty((*shape, wave.batch), np.float32)
                            for shape in memory.arrays]
+            self._lent.clear()  # (they view the arrays of before)
             self._storage = [None if index is None else self._owned[index]  # type: ignore[misc]
                              for index in memory.fields]
             self._kept = [None if index is None else self._owned[index][0]
@@ -704,6 +713,8 @@ class NodeMachine(BestEffortNode):
                     dtype = BYTES
                 elif self.activation_codec is not None and kind in FORWARD_KINDS:
                     values, dtype = encode_activations(self.activation_codec, values), BYTES
+                elif type(rows) is slice:  # a view of the buffer: lent (`_lend`)
+                    values = _lend(values, self._lent)
                 out.append(seal(kind, mesh, step, cell, dst, values, layer, phase, self.seq,
                                 dtype, session))
             wave.tasks_done += 1
@@ -826,18 +837,17 @@ class NodeMachine(BestEffortNode):
         return self.wave.finished_at if self.wave else {}
 
 
-def _outside_refs(owned: list[np.ndarray], storage: list[np.ndarray],
-                  kept: list[np.ndarray | None]) -> int:
-    """References to the `owned` arrays besides those of the node's own lists: `storage`
-    may name one array for several fields (or None), and each of `kept` is a view of one.
-    Every view of an array holds one (numpy views refer to the array that owns the
-    memory)."""
-    entries = sum(1 for a in storage if any(a is o for o in owned)) + \
-        sum(1 for a in kept if a is not None)
-    return sum(sys.getrefcount(a) for a in owned) - len(owned) * _LISTED - entries
-
-
-_LISTED = sum(sys.getrefcount(a) for a in [np.empty(0)])  # an array only a list holds
+def _lend(view: np.ndarray, lent: list[weakref.ref[np.ndarray]]) -> np.ndarray:
+    """`view` (of a node's buffer) as a payload to send, noted in `lent`: in process the
+    receiver gets this very array, and may keep it, or views of it, for a while. The
+    payload is made over a memoryview of `view`, so that it is the base of every view
+    taken of it (numpy collapses a view's base to the first array that owns its memory
+    or stands on another object): while any of them lives, so does the payload, and its
+    weak reference in `lent` says so, on any Python (a lazy collector only keeps
+    buffers apart for longer)."""
+    payload = np.asarray(memoryview(view))
+    lent.append(weakref.ref(payload))
+    return payload
 
 
 def _scales_valid(scales: np.ndarray) -> bool:

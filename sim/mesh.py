@@ -11,32 +11,32 @@ same results (a test shows it) and counts the same bytes (the ledger sizes messa
 their headers) in less than half the time per wave. Bytes published from outside
 (`inject`) are always decoded and validated. A mesh whose spec authenticates (`auth`)
 always crosses as bytes: each party seals its messages with its own keys and opens what
-it receives, exactly as a node host does (meshdl/protocol/auth.py). `VirtualMesh.run_wave` is a
-coroutine so that the mesh can share an asyncio loop with other tasks; `MeshEngine`
-adapts it to the training loop's `Engine` protocol.
+it receives, exactly as a node host does (meshdl/protocol/auth.py). The parties (node
+hosts, edge, ledger) are built as for the mesh under simulated time (sim/parties.py).
+`VirtualMesh.run_wave`, as `TimedMesh.run_wave`, runs one wave to its end and returns
+its result (a plain call: nothing in it waits on anything outside the process);
+`MeshEngine` adapts it to the training loop's `Engine` protocol.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from meshdl.config import ModelConfig
-from meshdl.data.datasets import Dataset, cell_series
+from meshdl.data.datasets import Dataset
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
 from meshdl.limits import MAX_MESSAGE_BYTES
 from meshdl.model.cnn import CNN
 from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.host import NodeHost
-from meshdl.protocol.accounting import Ledger
 from meshdl.protocol.auth import Authenticator, MeshKeys
 from meshdl.protocol.messages import EDGE, Message
 from meshdl.protocol.spec import MeshSpec, Mode, Split
@@ -45,6 +45,7 @@ from meshdl.protocol.topology import Cell
 from meshdl.protocol.wire import Wire
 from meshdl.sim.broker import VirtualBroker
 from meshdl.sim.faults.chaos import Chaos, Forger
+from meshdl.sim.parties import MeshParties
 
 
 class VirtualMesh:
@@ -53,9 +54,10 @@ class VirtualMesh:
     def __init__(self, spec: MeshSpec, readings: dict[int, np.ndarray], model: CNN,
                  labels: dict[int, np.ndarray], max_rounds: int | None = None,
                  chaos: Chaos | None = None, wire: bool = False,
-                 keys: MeshKeys | None = None) -> None:
+                 keys: MeshKeys | None = None, memory_plan: bool = True) -> None:
         """`readings[split]` holds maps, (samples, [in_channels,] rows, cols): each node
-        gets its cell's. `keys`: those of an authenticating mesh (default: from seed 0)."""
+        gets its cell's. `keys`: those of an authenticating mesh (default: from seed 0).
+        `memory_plan`: see `MeshParties`."""
         self.spec = spec
         self.broker = VirtualBroker()
         self.chaos = chaos
@@ -72,18 +74,12 @@ class VirtualMesh:
                                       chaos.forger_cell, chaos.rng)
         if chaos is not None and chaos.shuffle:
             self.broker.shuffle = chaos.rng
-        self.ledger = Ledger(spec)
         topo = spec.topology
-        # One node host per cell, as one Raspberry Pi per cell: each receives through its
-        # own topics, checks them against the headers and isolates a failing cell, on the
-        # very path of a deployment (nodes/host.py).
-        self.hosts: dict[Cell, NodeHost] = {}
-        for cell in topo.cells():
-            self.hosts[cell] = NodeHost(spec, [cell], cell_readings(readings),
-                                        local_delivery=False)
-        self.nodes: dict[Cell, NodeMachine] = {
-            cell: host.nodes[cell] for cell, host in self.hosts.items()}
-        self.edge = EdgeMachine(spec, model, labels)
+        self.parties = MeshParties(spec, readings, model, labels, memory_plan)
+        self.ledger = self.parties.ledger
+        self.hosts: dict[Cell, NodeHost] = self.parties.hosts
+        self.nodes: dict[Cell, NodeMachine] = self.parties.nodes
+        self.edge: EdgeMachine = self.parties.edge  # (a test may put a new one here)
         self.wires = {party: Wire(spec.mesh_id, self.auth.get(party))
                       for party in [*topo.cells(), EDGE]}
         self.codec_errors: Counter[str] = Counter()
@@ -160,7 +156,7 @@ class VirtualMesh:
         """Publish raw bytes on a mesh topic (fault injection, tests)."""
         self.broker.publish(topic_, payload)
 
-    async def run_wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+    def run_wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         """One wave from the edge and back; raises MeshdlError if it does not complete."""
         self.send(self.edge.start(mode, split, indices))
         start_round = self.broker.round
@@ -171,8 +167,6 @@ class VirtualMesh:
             self.deliver_round()
             if self.gather_rounds is None and self.edge.trace is not None:
                 self.gather_rounds = self.broker.round - start_round  # the head ran
-            if self.broker.round % 8 == 0:
-                await asyncio.sleep(0)  # let other tasks of the loop run
         # Let the tail of the wave (e.g. the last REDUCE relays) settle for the counts.
         while not self.broker.idle:
             self.deliver_round()
@@ -248,8 +242,10 @@ class MeshEngine(WaveEngine):
                  params_via: str = "tree", max_message_bytes: int = MAX_MESSAGE_BYTES,
                  auth: bool = False, keys: MeshKeys | None = None,
                  compress: str = "none", activations: str = "float32",
-                 delta: float | None = None) -> None:
+                 delta: float | None = None, memory_plan: bool = True) -> None:
+        """`memory_plan`: see `MeshParties` (False only to measure or test without it)."""
         self.data = data
+        self.memory_plan = memory_plan
         self.compress, self.activations, self.delta = compress, activations, delta
         self.auth = auth
         self.keys = keys
@@ -261,27 +257,29 @@ class MeshEngine(WaveEngine):
         self.edge_at = edge_at
         self.mesh_id = mesh_id
         self.mesh: VirtualMesh | None = None
-        self._loop = asyncio.new_event_loop()
         self._threadpools = ThreadpoolController()  # found once: a lookup costs ~0.5 ms
 
-    def _mesh_for(self, model: CNN) -> VirtualMesh:
+    def mesh_for(self, model: CNN) -> VirtualMesh:
+        """The virtual mesh whose edge holds `model`: the last one, or a new one when
+        the model is another (tests reach into its parties through it)."""
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
                             self.max_message_bytes, self.auth, compress=self.compress,
                             activations=self.activations, delta=self.delta)
             readings, labels = by_split(self.data)
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
-                                    wire=self.wire, keys=self.keys)
+                                    wire=self.wire, keys=self.keys,
+                                    memory_plan=self.memory_plan)
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:
-        return self._mesh_for(model).spec
+        return self.mesh_for(model).spec
 
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
-        mesh = self._mesh_for(model)
+        mesh = self.mesh_for(model)
         # The nodes' products are tiny: BLAS threads would only add wake-up latency.
         with self._threadpools.limit(limits=1), cyclic_gc_paused():
-            return self._loop.run_until_complete(mesh.run_wave(mode, split, indices))
+            return mesh.run_wave(mode, split, indices)
 
     def report(self) -> dict[str, Any]:
         """The "comm" record: ledger counts plus the wave timing of the last wave."""
@@ -294,8 +292,7 @@ class MeshEngine(WaveEngine):
         return comm
 
     def close(self) -> None:
-        """Release the event loop the waves run on."""
-        self._loop.close()
+        """Nothing to release: no loop, no sockets."""
 
 
 def dry_wave(config: ModelConfig, batch: int, edge_at: tuple[int, int],
@@ -322,11 +319,6 @@ def by_split(data: Dataset) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray
     """A data set's maps and labels, keyed by the split a BATCH names."""
     return ({Split.TRAIN: data.X_train, Split.TEST: data.X_test},
             {Split.TRAIN: data.y_train, Split.TEST: data.y_test})
-
-
-def cell_readings(readings: dict[int, np.ndarray]) -> Callable[[Cell], dict[int, np.ndarray]]:
-    """A node host's readings: its cell's series of every split."""
-    return lambda cell: {split: cell_series(x, cell) for split, x in readings.items()}
 
 
 @contextlib.contextmanager

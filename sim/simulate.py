@@ -74,7 +74,9 @@ class SimEngine(WaveEngine):
         self.mesh: TimedMesh | None = None
         self._threadpools = ThreadpoolController()
 
-    def _mesh_for(self, model: CNN) -> TimedMesh:
+    def mesh_for(self, model: CNN) -> TimedMesh:
+        """The mesh whose edge holds `model`: the last one, or a new one when the model
+        is another."""
         if self.mesh is None or self.mesh.edge.model is not model:
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
                             self.max_message_bytes, dead=self.known_dead,
@@ -92,10 +94,10 @@ class SimEngine(WaveEngine):
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:
-        return self._mesh_for(model).spec
+        return self.mesh_for(model).spec
 
     def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
-        mesh = self._mesh_for(model)
+        mesh = self.mesh_for(model)
         # As the virtual mesh: tiny products need no BLAS threads, and a wave's many
         # short-lived objects form no cycles for the collector to find.
         with self._threadpools.limit(limits=1), cyclic_gc_paused():

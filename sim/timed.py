@@ -1,7 +1,8 @@
 """The mesh under simulated time: the virtual mesh's machines on a radio medium's clock.
 
-The same node machines (one `NodeHost` per cell, as in sim/mesh.py) and the same
-`EdgeMachine` take the same messages; only the transport and its clock change. Each
+The same node machines (one `NodeHost` per cell) and the same `EdgeMachine`, built as
+for the virtual mesh (sim/parties.py), take the same messages; only the transport and
+its clock change. Each
 party has one CPU and one radio:
 
     message arrives -> waits for the party's CPU -> handled at `now` (the machine's
@@ -36,8 +37,9 @@ import numpy as np
 from meshdl.edge.agent import EdgeMachine, WaveResult
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.model.cnn import CNN
+from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.host import NodeHost
-from meshdl.protocol.accounting import Ledger, message_items
+from meshdl.protocol.accounting import message_items
 from meshdl.protocol.deadlines import Margins
 from meshdl.protocol.messages import ALL, DTYPES, EDGE, Header, Kind, Message, payload_bytes
 from meshdl.protocol.spec import MeshSpec, Mode, Split
@@ -46,9 +48,9 @@ from meshdl.protocol.topology import Cell, Topology
 from meshdl.protocol.work import optimizer_work
 from meshdl.sim.besteffort import PROBE_WAVES, BestEffort, Offsets, latest, offsets_from
 from meshdl.sim.faults.stragglers import Stragglers
-from meshdl.sim.mesh import cell_readings
+from meshdl.sim.parties import MeshParties
 from meshdl.sim.radio.air import AirQueue
-from meshdl.sim.radio.clock import EventQueue
+from meshdl.sim.radio.clock import Clock, EventQueue
 from meshdl.sim.radio.device import DeviceProfile
 from meshdl.sim.radio.loss import FrameLoss
 from meshdl.sim.radio.media import (
@@ -154,7 +156,8 @@ class TimedMesh:
                  loss: FrameLoss | None = None,
                  stragglers: Stragglers | None = None,
                  best_effort: BestEffort | None = None, receipts: bool = False,
-                 attach: tuple[Cell, ...] = (), compiled: bool = True) -> None:
+                 attach: tuple[Cell, ...] = (), compiled: bool = True,
+                 memory_plan: bool = True) -> None:
         """`loss`: frames the links lose (sim/radio/loss.py); the link layer retries and the
         sender recovers what is still lost, so every message arrives and the results
         are the lossless run's (reliable mode), at the cost the trace shows.
@@ -167,7 +170,7 @@ class TimedMesh:
         `compiled`: run the loss-free medium's contention compiled (sim/radio/air.py: the same
         events, faster) where it can be: without lossy links, best effort or dead
         cells. A mesh whose nodes will be killed, or whose radios get their own backoff
-        streams, needs False."""
+        streams, needs False. `memory_plan`: see `MeshParties`."""
         if medium == "shared" and spec.params_via != "tree":
             raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
                              "'broadcast' needs the MQTT star (--medium star)")
@@ -183,21 +186,21 @@ class TimedMesh:
         members = [cell for cell in topo.cells() if cell in topo.members]  # not the dead
         self.slowdown = self.stragglers.pick(members)  # cell -> factor
         compiled = compiled and loss is None and best_effort is None and not spec.dead
-        self.queue = AirQueue() if compiled else EventQueue()
-        self.ledger = Ledger(spec)
+        self.queue: Clock = AirQueue() if compiled else EventQueue()
         self.trace: list[Sent] | None = [] if trace else None
         # With the trace: every message as its receiver took it (time, receiver, header).
         self.receipts: list[Receipt] | None = [] if trace or receipts else None
         self.seed, self.readings = seed, readings
         # Every cell has its host, the dead too: a cell that comes back takes part again
         # once the edge's PARAMS bring a plan with it (sim/faults/dead.py).
-        self.hosts = {cell: NodeHost(spec, [cell], cell_readings(readings),
-                                     local_delivery=False) for cell in topo.cells()}
+        self.parties = MeshParties(spec, readings, model, labels, memory_plan)
+        self.ledger = self.parties.ledger
+        self.hosts: dict[Cell, NodeHost] = self.parties.hosts
+        self.nodes: dict[Cell, NodeMachine] = self.parties.nodes
+        self.edge: EdgeMachine = self.parties.edge
         # Cells whose node is down, and since when: what reaches them is lost.
         self.down: dict[Cell, float] = dict.fromkeys(spec.dead, 0.0)
         self.retired: dict[Cell, Counter[str]] = {}  # the counts of nodes that crashed
-        self.nodes = {cell: host.nodes[cell] for cell, host in self.hosts.items()}
-        self.edge = EdgeMachine(spec, model, labels)
         self._topics = TopicNames(spec.mesh_id)
         # A broadcast's bytes, and each of its messages' own (see `_broadcast`).
         self._broadcast_sizes: dict[tuple, tuple[int, tuple[int, ...]]] = {}
@@ -295,7 +298,8 @@ class TimedMesh:
                 self.spec, self.readings, copy, self.edge.labels, self.radio,
                 self.medium_name, self.device, self.edge_device, self.seed,
                 broker_s=self.broker_s, stragglers=self.stragglers, receipts=True,
-                attach=self.attach, compiled=False)  # it kills and revives cells
+                attach=self.attach, compiled=False,  # it kills and revives cells
+                memory_plan=self.parties.memory_plan)
             self._probe.plans_change = True
         probe, model, spec = self._probe, self.edge.model, self.edge.spec
         probe.edge.replan(*spec.plan_key)  # the mesh as it is now, its dead down
@@ -348,8 +352,7 @@ class TimedMesh:
             usage.down[cell] = usage.down.get(cell, 0.0) + self.queue.now - max(
                 since, self._wave.start)
         self.retired.setdefault(cell, Counter()).update(self.nodes[cell].stats)
-        host = NodeHost(self.base_spec, [cell], cell_readings(self.readings),
-                        local_delivery=False)
+        host = self.parties.host_for(cell)  # of the configured mesh (`base_spec`)
         self.hosts[cell], self.nodes[cell] = host, host.nodes[cell]
         node = host.nodes[cell]
         node.heard_at, node.hello_after = self.queue.now, self.hello_after

@@ -14,10 +14,8 @@ from hypothesis import strategies as st
 from meshdl import CNN, ModelConfig, TrainConfig
 from meshdl.config import param_shapes
 from meshdl.data.datasets import Dataset
-from meshdl.edge.agent import EdgeMachine
 from meshdl.model.cnn import views
 from meshdl.model.optim import Optimizer, learning_rate
-from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol.accounting import Ledger, formula_halo_values, needed_halo_values
 from meshdl.protocol.spec import MeshSpec
 from meshdl.protocol.topology import window_offsets
@@ -42,7 +40,7 @@ def _dataset(config: ModelConfig, samples: int, seed: int) -> Dataset | SimpleNa
 def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optimizer: str,
                      seed: int = 0, chaos: Chaos | None = None,
                      wire: bool = True, params_via: str = "tree", auth: bool = False,
-                     **recipe: Any) -> MeshEngine:
+                     memory_plan: bool = True, **recipe: Any) -> MeshEngine:
     """Train a central and a mesh model side by side; parameters agree after every step.
 
     `wire`: every message crosses as bytes through the codec (as over MQTT), or as the
@@ -59,7 +57,7 @@ def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optim
     opt_c, opt_m = Optimizer(train, central.flat.size), Optimizer(train, mesh.flat.size)
     ref = CentralEngine(data)
     engine = MeshEngine(data, edge_at=edge_at, chaos=chaos, wire=wire, params_via=params_via,
-                        auth=auth)
+                        auth=auth, memory_plan=memory_plan)
     noise = np.zeros(central.flat.size, bool)  # gradients Adam amplifies float32 noise of
     for step in range(steps):
         idx = np.arange(step * batch, (step + 1) * batch)
@@ -160,12 +158,8 @@ def test_mesh_training_equals_central_training_after_every_step(setup, seed, wir
     """With the memory plan (nodes/memory.py: weight gradients above the first layer
     split by input cell, gradients over dead activations) and without it."""
     config, edge_at, batch, optimizer = setup
-    try:
-        NodeMachine.memory_plan = EdgeMachine.memory_plan = memory_plan
-        _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
-                         wire=wire, params_via=params_via, **recipe)
-    finally:
-        NodeMachine.memory_plan = EdgeMachine.memory_plan = True
+    _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
+                     wire=wire, params_via=params_via, memory_plan=memory_plan, **recipe)
 
 
 def test_messages_as_objects_or_as_bytes_give_bit_identical_steps() -> None:

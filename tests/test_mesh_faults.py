@@ -67,7 +67,7 @@ def test_forged_and_garbage_messages_are_rejected_without_effect(junk) -> None:
         model = CNN(CONFIG, seed=2)
         model.set_normalization(20.0, 3.0)
         engine = MeshEngine(data)
-        mesh = engine._mesh_for(model)
+        mesh = engine.mesh_for(model)
         mesh.send(mesh.edge.start(Mode.TRAIN, Split.TRAIN, np.arange(4)))
         if inject:  # garbage lands among the first wave's real messages
             cells = list(mesh.nodes)
@@ -136,7 +136,7 @@ def test_a_flood_of_far_future_messages_from_a_neighbour_does_not_stall_later_wa
     model = CNN(CONFIG, seed=2)
     model.set_normalization(20.0, 3.0)
     engine = MeshEngine(data)
-    mesh = engine._mesh_for(model)
+    mesh = engine.mesh_for(model)
     junk = encode(make(Kind.HALO, 1, 0xFFFFFFF0, (1, 3), (1, 4), np.zeros((1, 1, 4)),
                        layer=1))
     for _ in range(300):  # more than a node keeps for one neighbour
@@ -157,7 +157,7 @@ def _one_wave_inbox(cell) -> tuple[MeshSpec, dict, list]:
     data = _dataset(CONFIG, 4, seed=3)
     model = CNN(CONFIG, seed=4)
     model.set_normalization(20.0, 3.0)
-    mesh = MeshEngine(data)._mesh_for(model)
+    mesh = MeshEngine(data).mesh_for(model)
     received = []
     node = mesh.nodes[cell]
     handle = node.handle
@@ -252,7 +252,7 @@ def test_an_honest_wave_writes_its_gradients_over_the_forward_values() -> None:
 
     model = CNN(CONFIG, seed=4)
     model.set_normalization(20.0, 3.0)
-    mesh = MeshEngine(_dataset(CONFIG, 4, seed=3))._mesh_for(model)
+    mesh = MeshEngine(_dataset(CONFIG, 4, seed=3)).mesh_for(model)
     mesh.send(mesh.edge.start(Mode.TRAIN, Split.TRAIN, np.arange(4)))
     while mesh.edge.result is None:
         mesh.deliver_round()
@@ -281,7 +281,7 @@ def test_rejection_counters_stay_a_closed_set_under_varied_garbage() -> None:
 
     model = CNN(CONFIG, seed=2)
     model.set_normalization(20.0, 3.0)
-    mesh = MeshEngine(_dataset(CONFIG, 4, seed=1), wire=True)._mesh_for(model)
+    mesh = MeshEngine(_dataset(CONFIG, 4, seed=1), wire=True).mesh_for(model)
     name = topic(1, (1, 3), (1, 4), Kind.HALO)
     halo = encode(make(Kind.HALO, 1, 7, (1, 3), (1, 4), np.zeros((1, 1, 4)), layer=1))
     for k in range(1, 200):
@@ -308,7 +308,7 @@ def test_waves_are_planned_so_that_every_message_fits_the_size_limit() -> None:
     model.set_normalization(20.0, 3.0)
     spec = engine.spec_for(model)
     assert spec.max_batch == (1024 - HEADER_BYTES) // 4 // (3 * 3 * 2) == 13
-    mesh = engine._mesh_for(model)
+    mesh = engine.mesh_for(model)
     sizes, send = [], mesh.send
     mesh.send = lambda messages: (sizes.extend(map(wire_size, messages)), send(messages))
     np.testing.assert_allclose(engine.logits(model, "train", np.arange(50)),
@@ -362,7 +362,7 @@ def _mesh_and_reference(steps: int):
     for model in (mesh_model, central):
         model.set_normalization(20.0, 3.0)
     engine = MeshEngine(data)
-    return engine, engine._mesh_for(mesh_model), mesh_model, CentralEngine(data), central
+    return engine, engine.mesh_for(mesh_model), mesh_model, CentralEngine(data), central
 
 
 def _assert_wave_equals_central(engine, mesh_model, reference, central, step: int) -> None:

@@ -24,10 +24,11 @@ RELAY = (0, 1)  # relays its subtree's features: pooled and dpooled
 LEADER = (2, 2)  # leads a pooling block and relays features too
 
 
-def _node(cell: tuple[int, int] = CELL) -> tuple[NodeMachine, MeshSpec]:
+def _node(cell: tuple[int, int] = CELL,
+          memory_plan: bool = True) -> tuple[NodeMachine, MeshSpec]:
     spec = MeshSpec(1, CONFIG)
     readings = {Split.TRAIN: np.arange(8, dtype=np.float32).reshape(8, 1)}
-    return NodeMachine(spec, cell, readings), spec
+    return NodeMachine(spec, cell, readings, memory_plan=memory_plan), spec
 
 
 def _start_wave(node: NodeMachine, spec: MeshSpec, step: int, samples: list[int],
@@ -108,23 +109,19 @@ def test_best_effort_keeps_the_features_apart_from_the_gradients() -> None:
     assert all(k is None for k in node.wave.kept)
 
 
-def test_without_the_memory_plan_every_field_has_its_own_buffer(monkeypatch) -> None:
-    monkeypatch.setattr(NodeMachine, "memory_plan", False)
-    node, spec = _node(RELAY)
+def test_without_the_memory_plan_every_field_has_its_own_buffer() -> None:
+    node, spec = _node(RELAY, memory_plan=False)
     _start_wave(node, spec, 1, [0, 1], Mode.INFER)
     buffers = [_field_buffer(node, f) for f in node.plan.buffers]
     assert all(b is not None for b in buffers) and len({id(b) for b in buffers}) == len(buffers)
 
 
 @pytest.mark.parametrize("mode, at_most", [("train", 0.8), ("infer", 0.7)])
-def test_the_memory_plan_lowers_the_peak_a_wave_allocates(monkeypatch, mode, at_most) -> None:
+def test_the_memory_plan_lowers_the_peak_a_wave_allocates(mode, at_most) -> None:
     """tracemalloc over one wave of a 6 x 8 mesh (`meshdl bench memory` measures the
     seed's; the edge's head is in it too)."""
     from meshdl.bench.memory import MemoryCase, measure
-    from meshdl.edge.agent import EdgeMachine
 
-    monkeypatch.setattr(NodeMachine, "memory_plan", True)  # restored after the test
-    monkeypatch.setattr(EdgeMachine, "memory_plan", True)
     case = MemoryCase(6, 8, 64, mode)
     without, with_plan = measure(case, plan=False), measure(case, plan=True)
     assert with_plan["traced_peak_mb"] <= at_most * without["traced_peak_mb"]

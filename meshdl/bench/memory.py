@@ -18,7 +18,6 @@ tracemalloc on. Figures per measurement:
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import resource
@@ -30,10 +29,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from meshdl.config import ModelConfig
-from meshdl.edge.agent import EdgeMachine
 from meshdl.errors import MeshdlError
 from meshdl.model.cnn import CNN
-from meshdl.nodes.agent import NodeMachine
 from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.sim.mesh import VirtualMesh
 
@@ -57,8 +54,9 @@ WHOLE_BATCH_BYTES = 1 << 28
 LARGE_CASES = [MemoryCase(100, 100, 100, "train"), MemoryCase(100, 100, 100, "infer")]
 
 
-def _mesh(config: ModelConfig, batch: int, seed: int = 0) -> VirtualMesh:
-    """The virtual mesh of `config` with `batch` samples of random readings per split."""
+def _mesh(config: ModelConfig, batch: int, plan: bool, seed: int = 0) -> VirtualMesh:
+    """The virtual mesh of `config` with `batch` samples of random readings per split,
+    its nodes and edge with the memory plan or without (`plan`)."""
     rng = np.random.default_rng(seed)
     maps = rng.normal(20.0, 2.0, (batch, config.rows, config.cols)).astype(np.float32)
     labels = rng.integers(0, config.classes, batch)
@@ -69,11 +67,11 @@ def _mesh(config: ModelConfig, batch: int, seed: int = 0) -> VirtualMesh:
     # at 448 samples, a 100 x 100 mesh's at 20), as with a raised `max_message_bytes`.
     spec = MeshSpec(1, config, max_message_bytes=WHOLE_BATCH_BYTES)
     return VirtualMesh(spec, {Split.TRAIN: maps, Split.TEST: maps}, model,
-                       {Split.TRAIN: labels, Split.TEST: labels})
+                       {Split.TRAIN: labels, Split.TEST: labels}, memory_plan=plan)
 
 
 def _wave(mesh: VirtualMesh, mode: Mode, batch: int) -> None:
-    asyncio.run(mesh.run_wave(mode, Split.TRAIN, np.arange(batch)))
+    mesh.run_wave(mode, Split.TRAIN, np.arange(batch))
 
 
 def _rss_mb() -> float:
@@ -83,13 +81,12 @@ def _rss_mb() -> float:
 
 def measure(case: MemoryCase, plan: bool) -> dict[str, Any]:
     """One wave of `case` in this process, with or without the memory plan."""
-    NodeMachine.memory_plan = EdgeMachine.memory_plan = plan
     mode = Mode.TRAIN if case.mode == "train" else Mode.INFER
-    warm = _mesh(ModelConfig(rows=4, cols=4), 2)  # compiles (or loads) every kernel
+    warm = _mesh(ModelConfig(rows=4, cols=4), 2, plan)  # compiles (or loads) every kernel
     _wave(warm, Mode.TRAIN, 2)
     _wave(warm, Mode.INFER, 2)
     del warm
-    mesh = _mesh(ModelConfig(rows=case.rows, cols=case.cols), case.batch)
+    mesh = _mesh(ModelConfig(rows=case.rows, cols=case.cols), case.batch, plan)
     gc.collect()
     rss_before = _rss_mb()
     tracemalloc.start()

@@ -35,15 +35,21 @@ from meshdl.cli.common import err_console
 from meshdl.errors import MeshdlError, format_validation_error
 from meshdl.mqtt.session import quiet_abandoned_clients
 
-try:  # typer 0.29 carries its own copy of click
-    from typer._click import exceptions as _click_errors
-except ImportError:  # pragma: no cover - a typer on top of click
-    from click import exceptions as _click_errors
+# A usage error (a mistyped option, a missing argument): typer's own click copy raises
+# a typer.TyperException; a typer on top of click, a click.ClickException.
+try:
+    from click import ClickException as _ClickException
+except ImportError:  # pragma: no cover - click is typer's own
+    UsageFailure: tuple[type[Exception], ...] = (typer.TyperException,)
+else:
+    UsageFailure = (typer.TyperException, _ClickException)
 
-ClickException = _click_errors.ClickException
-# `meshdl data`: typer has printed the group's help already (click >= 8.2).
-_HELP_SHOWN = tuple(getattr(_click_errors, name) for name in ("NoArgsIsHelpError",)
-                    if hasattr(_click_errors, name))
+
+def _help_shown(exc: Exception) -> bool:
+    """`meshdl data`: typer has printed the group's help already (click >= 8.2); by
+    name, as typer itself tells it (its class is not public)."""
+    return type(exc).__name__ == "NoArgsIsHelpError"
+
 
 app = typer.Typer(
     name="meshdl",
@@ -108,9 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=args, prog_name="meshdl", standalone_mode=False)
         if isinstance(code, int) and code:  # a typer.Exit(code) comes back as its code
             sys.exit(code)
-    except _HELP_SHOWN as exc:
-        sys.exit(exc.exit_code)
-    except ClickException as exc:  # a mistyped option, a missing argument
+    except UsageFailure as exc:  # a mistyped option, a missing argument
+        if _help_shown(exc):
+            sys.exit(exc.exit_code)
         # The message repeats what the user typed: never rich markup.
         err_console.print(f"[bold red]error:[/] {escape(exc.format_message())} "
                           f"(see '{escape(_command_of(exc))} --help')", highlight=False,
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_code)
 
 
-def _command_of(exc: ClickException) -> str:
+def _command_of(exc: Exception) -> str:
     """The command a usage error is about, e.g. `meshdl train`."""
     ctx = getattr(exc, "ctx", None)
     return ctx.command_path if ctx is not None else "meshdl"

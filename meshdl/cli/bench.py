@@ -8,6 +8,17 @@ import typer
 
 from meshdl.bench.kernels import bench_kernels
 from meshdl.cli.common import emit_json, err_console, out_console
+from meshdl.cli.options import (
+    Cols,
+    Filters,
+    Hidden,
+    JsonFigures,
+    Kernel,
+    Optimizer,
+    Rows,
+    SeedConfig,
+    json_option,
+)
 from meshdl.config import ModelConfig, load_run_config
 from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError
@@ -18,16 +29,13 @@ app = typer.Typer(help="Benchmarks (ratios against a reference measured in the s
 
 @app.command("kernels")
 def kernels(
-    rows: int = typer.Option(17, "--rows"),
-    cols: int = typer.Option(25, "--cols"),
-    kernel: int = typer.Option(3, "--kernel"),
-    filters: int = typer.Option(5, "--filters"),
-    hidden: int = typer.Option(200, "--hidden"),
+    rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = 5,
+    hidden: Hidden = 200,
     batch: int = typer.Option(100, "--batch", min=1),
     repeats: int = typer.Option(200, "--repeats", min=1),
     threads: int = typer.Option(1, "--threads", min=1, help="Threads for both sides."),
-    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adam."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+    optimizer: Optimizer = "sgd",
+    json_out: JsonFigures = False,
 ) -> None:
     """One training step (forward, backward, update) in meshdl vs PyTorch CPU."""
     config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, hidden=hidden)
@@ -53,9 +61,8 @@ def kernels(
 def mesh(
     epochs: int | None = typer.Option(None, "--epochs", min=1, help="Default: the "
                                       "configuration's (the seed experiment: 20)."),
-    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
-                                            "(default: the seed experiment)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+    config_file: SeedConfig = None,
+    json_out: JsonFigures = False,
 ) -> None:
     """A training run in the in-process virtual mesh vs the same run in central mode."""
     from meshdl.bench.mesh import bench_mesh
@@ -84,13 +91,12 @@ def mqtt(
     epochs: int = typer.Option(1, "--epochs", min=1),
     broker: str | None = typer.Option(None, "--broker", help="A running broker (default: "
                                       "a private Mosquitto on a free port)."),
-    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
-                                            "(default: the seed experiment)."),
+    config_file: SeedConfig = None,
     via_broker: bool = typer.Option(False, "--via-broker", help="Every message of the mesh "
                                     "through the broker, as between separate nodes (by "
                                     "default the node host passes its cells' messages to "
                                     "each other in process)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+    json_out: JsonFigures = False,
 ) -> None:
     """Epochs over a real broker with one node host, vs the broker's own throughput."""
     from meshdl.bench.mqtt import bench_mqtt
@@ -117,9 +123,8 @@ def mqtt(
 @app.command("hostile")
 def hostile(
     epochs: int = typer.Option(2, "--epochs", min=1),
-    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
-                                            "(default: the seed experiment)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+    config_file: SeedConfig = None,
+    json_out: JsonFigures = False,
 ) -> None:
     """The production setup (TLS, passwords, ACL, message keys, 1 MiB limit) trains over
     MQTT with two node hosts, clean and while a client with one node's password floods
@@ -163,7 +168,7 @@ def recipe(
     mode: str = typer.Option("central", "--mode", help="central or mesh (slower)."),
     config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
                                             "(default: the default recipe)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the table as JSON on stdout."),
+    json_out: json_option("Print the table as JSON on stdout.") = False,
 ) -> None:
     """The training recipe over many data sets and seeds: mean, worst, collapsed runs."""
     from meshdl.bench.recipe import bench_recipe
@@ -192,7 +197,7 @@ def sim(
                                       "0: no training run)."),
     pairs: int = typer.Option(1, "--pairs", min=1, help="Training runs of each kind, one "
                               "after the other; the medians are reported."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+    json_out: JsonFigures = False,
 ) -> None:
     """Simulated time: one inference wave on a large mesh, and a training run against the
     plain virtual mesh's wall time."""
@@ -229,7 +234,7 @@ def sim(
 def memory(
     large: bool = typer.Option(True, "--large/--no-large", help="Also a 100 x 100 mesh "
                                "(batch 100; a few minutes)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+    json_out: JsonFigures = False,
 ) -> None:
     """Peak memory of one wave with the memory plan and without (seed 002): the seed mesh
     at batch 100 and 1024, a 100 x 100 mesh; tracemalloc and the resident set, each
@@ -254,7 +259,7 @@ def memory(
 def compress(
     waves: int = typer.Option(10, "--waves", min=1, help="Training waves of the seed "
                               "network per policy."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
+    json_out: JsonFigures = False,
 ) -> None:
     """Compression's wall time: training waves with each policy against the plain virtual
     mesh, and the encode + decode of one REDUCE and one PUSH."""

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from meshdl.cli.common import emit_json, out_console, parse_cell
+from meshdl.cli.options import Cols, ConvLayers, EdgeAt, Filters, JsonReport, Kernel, Pool, Rows
 from meshdl.config import ModelConfig
 from meshdl.sim.mesh import dry_wave
 
@@ -17,17 +18,13 @@ def register(app: typer.Typer) -> None:
 
 
 def cost(
-    rows: int = typer.Option(17, "--rows"),
-    cols: int = typer.Option(25, "--cols"),
-    kernel: int = typer.Option(3, "--kernel"),
-    filters: int = typer.Option(5, "--filters"),
-    conv_layers: int = typer.Option(2, "--conv-layers"),
-    pool: int = typer.Option(2, "--pool"),
+    rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = 5,
+    conv_layers: ConvLayers = 2, pool: Pool = 2,
     batch: int = typer.Option(100, "--batch", min=1, help="Samples in the wave."),
-    edge_at: str = typer.Option("0,0", "--edge-at", help="Border cell R,C of the edge."),
+    edge_at: EdgeAt = "0,0",
     auth: bool = typer.Option(False, "--auth", help="Every message with its link tag or "
                               "the edge's signature (mesh.auth)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    json_out: JsonReport = False,
 ) -> None:
     """Run one dry training wave on random data and report its communication cost."""
     config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters,

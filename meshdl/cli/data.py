@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshdl.cli.common import emit_json, err_console
+from meshdl.cli.options import Cols, JsonReport, Rows, json_option
 from meshdl.config import DataConfig
 from meshdl.data.datasets import (
     NEAR_BAND,
@@ -44,8 +45,8 @@ def generate(
     out: Path = typer.Option(
         Path("data/lounge.npz"), "--out", "-o", help="Data set file to write (dirs are created)."
     ),
-    rows: int = typer.Option(_DEFAULT.rows, help="Grid rows."),
-    cols: int = typer.Option(_DEFAULT.cols, help="Grid columns."),
+    rows: Rows = _DEFAULT.rows,
+    cols: Cols = _DEFAULT.cols,
     train: int = typer.Option(_DEFAULT.train, help="Training maps."),
     test: int = typer.Option(_DEFAULT.test, help="Test maps."),
     seed: int = typer.Option(_DEFAULT.seed, help="Random seed (the output is a function of it)."),
@@ -53,7 +54,7 @@ def generate(
         _DEFAULT.threshold, help="Anomaly: a 4-neighbour pair differs by >= this (°C)."
     ),
     slot_minutes: int = typer.Option(_DEFAULT.slot_minutes, help="Minutes per time slot."),
-    as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON on stdout."),
+    as_json: json_option("Print the statistics as JSON on stdout.") = False,
 ) -> None:
     """Simulate the lounge (one map per time slot) and write the labelled data set."""
     cfg = DataConfig(
@@ -96,7 +97,7 @@ def inspect(
     threshold: float | None = typer.Option(
         None, help="Label threshold in °C [default: the data set's own, else 3.0]."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    as_json: JsonReport = False,
 ) -> None:
     """Report what a data set or sensor log holds: classes, near-threshold maps, gaps."""
     if threshold is not None and threshold <= 0:

@@ -42,6 +42,7 @@ from typing import Any
 import typer
 
 from meshdl.cli.common import emit_json, err_console
+from meshdl.cli.options import KeysDir, json_option
 from meshdl.config import load_run_config
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.mqtt.acl import MeshUser, acl_text, format_cells, mesh_users, parse_host
@@ -74,11 +75,8 @@ def credentials(
                              "e.g. floor1=0-3,0-24 (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files (every "
                                                       "password and key changes)."),
-    keys_dir: Path = typer.Option(
-        Path("/etc/meshdl/secrets"), "--keys-dir",
-        help="Where the secrets files will be installed on the machines (the .env files "
-             "name the key files there)."),
-    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+    keys_dir: KeysDir = Path("/etc/meshdl/secrets"),
+    as_json: json_option("Print what was written as JSON.") = False,
 ) -> None:
     """Write the broker's password and ACL files and one secrets file per user."""
     cfg = load_run_config(mesh)
@@ -140,10 +138,7 @@ def central(
     out: Path = typer.Option(..., "--out", help="Directory for passwd, acl, secrets/ and "
                              "the bridge-<mesh>.conf files."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
-    keys_dir: Path = typer.Option(
-        Path("/etc/meshdl/secrets"), "--keys-dir",
-        help="Where the secrets files will be installed on the machines (the .env files "
-             "name the key files there)."),
+    keys_dir: KeysDir = Path("/etc/meshdl/secrets"),
 ) -> None:
     """Write the central broker's passwd and acl (the parameter server and one bridge per
     mesh), their secrets, the keys of the links between each mesh's edge and the

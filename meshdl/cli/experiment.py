@@ -1,32 +1,25 @@
 """`meshdl experiment NAME`: an experiment over a swept value and several seeds, written
-to a run directory (meshdl/experiments/runner.py says what it holds)."""
+to a run directory (meshdl/experiments/runner.py says what it holds).
+
+The sweeps that differ only in the network setting they sweep (filter-size, filters,
+hidden) are generated from one table, `TRAINING_SWEEPS`; every sweep's trial runner
+flags (--jobs, --out, --json, --ray) are one group, `RUNNER`."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Any, NamedTuple
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshdl.cli.common import (
-    BATCH,
-    COLS,
-    CONV_LAYERS,
-    EPOCHS,
-    FILTERS,
-    HIDDEN,
-    KERNEL,
-    LR,
-    POOL,
-    ROWS,
-    emit_json,
-    err_console,
-    out_console,
-    parse_cell,
-)
+from meshdl.cli.common import emit_json, err_console, out_console, parse_cell
+from meshdl.cli.flags import GRID, NETWORK, TRAINING, Flags, Group, grouped, overrides
+from meshdl.cli.options import Batch, Cols, Epochs, LabelledData, Lr, Rows, json_option
 from meshdl.config import load_run_config
 from meshdl.data.datasets import load_dataset
 from meshdl.errors import UsageError
@@ -47,125 +40,126 @@ app = typer.Typer(help="Experiments over a swept value and several seeds: tables
                   "plots and a summary in a run directory.", no_args_is_help=True)
 
 
-SEEDS = typer.Option(3, "--seeds", min=1, help="Seeds per value (0, 1, ...).")
-DATA = typer.Option(None, "--data", help="Data set .npz (default: the synthetic lounge).")
-JOBS = typer.Option(1, "--jobs", min=1, help="Trials at once, in worker processes (the "
-                    "same summary whatever the number).")
-OUT = typer.Option(None, "--out", help="Run directory (default: "
-                   "runs/<timestamp>-<experiment>/).")
-JSON = typer.Option(False, "--json", help="Print summary.json on stdout.")
-RAY = typer.Option(None, "--ray", metavar="[ADDRESS]", help="Run the trials as Ray "
-                   "tasks: on the cluster at ADDRESS, or with no address on a local one "
-                   "of --jobs CPUs (the extra meshdl[ray]).")
+Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Seeds per value (0, 1, ...).")]
+FaultSeeds = Annotated[int, typer.Option("--seeds", min=1, help="Fault seeds per value (0, "
+                                         "1, ...): which frames are lost, which nodes "
+                                         "dead.")]
+Radio = Annotated[str, typer.Option("--radio", help="Radio profile (its natural medium and "
+                                    "devices).")]
+Jobs = Annotated[int, typer.Option("--jobs", min=1, help="Trials at once, in worker "
+                                   "processes (the same summary whatever the number).")]
+Out = Annotated[Path | None, typer.Option("--out", help="Run directory (default: "
+                                          "runs/<timestamp>-<experiment>/).")]
+Ray = Annotated[str | None, typer.Option(
+    "--ray", metavar="[ADDRESS]", help="Run the trials as Ray tasks: on the cluster at "
+    "ADDRESS, or with no address on a local one of --jobs CPUs (the extra meshdl[ray]).")]
+JsonSummary = json_option("Print summary.json on stdout.")
+
+# How every sweep runs its trials and where it writes them: a `Runner`.
+RUNNER = Group.of(jobs=(Jobs, 1), out=Out, json_out=(JsonSummary, False), ray=Ray)
 
 
-@app.command("filter-size")
-def filter_size_command(
-    sizes: list[int] = typer.Option(list(sweep.SWEEPS["filter-size"].default), "--sizes",
-                                    help="Filter sizes k (repeat: --sizes 3 --sizes 5)."),
-    seeds: int = SEEDS, rows: int | None = ROWS, cols: int | None = COLS,
-    epochs: int | None = EPOCHS, batch: int | None = BATCH, lr: float | None = LR,
-    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
-    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
-    ray: str | None = RAY,
-) -> None:
-    """Accuracy and communication cost by filter size k, next to the source paper's."""
-    _check_values("--sizes", sizes, minimum=1)
-    _experiment("filter-size", sizes, seeds, data, jobs, out, json_out,
-                {"rows": rows, "cols": cols, "filters": filters, "conv_layers": conv_layers,
-                 "pool": pool, "hidden": hidden},
-                {"epochs": epochs, "batch": batch, "lr": lr}, ray=ray)
+class Runner(NamedTuple):
+    """The `RUNNER` flags."""
+
+    jobs: int
+    out: Path | None
+    json_out: bool
+    ray: str | None
 
 
-@app.command("filters")
-def filters_command(
-    values: list[int] = typer.Option(list(sweep.SWEEPS["filters"].default), "--values",
-                                     help="Filters per conv layer h (repeat)."),
-    seeds: int = SEEDS, rows: int | None = ROWS, cols: int | None = COLS,
-    epochs: int | None = EPOCHS, batch: int | None = BATCH, lr: float | None = LR,
-    kernel: int | None = KERNEL, conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
-    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
-    ray: str | None = RAY,
-) -> None:
-    """Accuracy and communication cost by the number of filters h (halos and gathered
-    features grow with h)."""
-    _check_values("--values", values, minimum=1)
-    _experiment("filters", values, seeds, data, jobs, out, json_out,
-                {"rows": rows, "cols": cols, "kernel": kernel, "conv_layers": conv_layers,
-                 "pool": pool, "hidden": hidden},
-                {"epochs": epochs, "batch": batch, "lr": lr}, ray=ray)
+class TrainingSweep(NamedTuple):
+    """A command sweeping one setting of the network that training answers to
+    (`sweep.SWEEPS`): its values' parameter, flag and help, and its own help."""
+
+    name: str
+    param: str
+    flag: str
+    help: str
+    doc: str
 
 
-@app.command("hidden")
-def hidden_command(
-    values: list[int] = typer.Option(list(sweep.SWEEPS["hidden"].default), "--values",
-                                     help="Hidden units of the head (repeat)."),
-    seeds: int = SEEDS, rows: int | None = ROWS, cols: int | None = COLS,
-    epochs: int | None = EPOCHS, batch: int | None = BATCH, lr: float | None = LR,
-    kernel: int | None = KERNEL, filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
-    data: Path | None = DATA, jobs: int = JOBS, out: Path | None = OUT,
-    json_out: bool = JSON, ray: str | None = RAY,
-) -> None:
-    """Accuracy by the head's hidden units: the edge's work, not the mesh's (the
-    network's traffic does not change)."""
-    _check_values("--values", values, minimum=1)
-    _experiment("hidden", values, seeds, data, jobs, out, json_out,
-                {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-                 "conv_layers": conv_layers, "pool": pool},
-                {"epochs": epochs, "batch": batch, "lr": lr}, ray=ray)
+TRAINING_SWEEPS = (
+    TrainingSweep("filter-size", "sizes", "--sizes", "Filter sizes k (repeat: --sizes 3 "
+                  "--sizes 5).", "Accuracy and communication cost by filter size k, next "
+                  "to the source paper's."),
+    TrainingSweep("filters", "values", "--values", "Filters per conv layer h (repeat).",
+                  "Accuracy and communication cost by the number of filters h (halos and "
+                  "gathered\nfeatures grow with h)."),
+    TrainingSweep("hidden", "values", "--values", "Hidden units of the head (repeat).",
+                  "Accuracy by the head's hidden units: the edge's work, not the mesh's "
+                  "(the\nnetwork's traffic does not change)."),
+)
+
+
+def _training_sweep(row: TrainingSweep) -> Callable[..., None]:
+    """The command of `row`: its values, the seeds, every network and training flag
+    but the swept one, the data and the runner's flags."""
+    swept = sweep.SWEEPS[row.name].setting.removeprefix("model.")
+
+    def command(seeds: int, grid: Flags, run: Flags, net: Flags, data: Path | None,
+                runner: Flags, **values: list[int]) -> None:
+        _check_values(row.flag, values[row.param], minimum=1)
+        _experiment(row.name, values[row.param], seeds, data, overrides(grid, run, net),
+                    Runner(**runner))
+
+    def param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                 annotation=annotation)
+
+    values = Annotated[list[int], typer.Option(row.flag, help=row.help)]
+    command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+        param(row.param, values, list(sweep.SWEEPS[row.name].default)),
+        param("seeds", Seeds, 3), param("grid", Flags, GRID), param("run", Flags, TRAINING),
+        param("net", Flags, NETWORK.without(swept)), param("data", LabelledData, None),
+        param("runner", Flags, RUNNER)])
+    command.__doc__ = row.doc
+    command.__name__ = f"{row.name.replace('-', '_')}_command"
+    return grouped(command)
+
+
+for _row in TRAINING_SWEEPS:
+    app.command(_row.name)(_training_sweep(_row))
 
 
 @app.command("grid")
+@grouped
 def grid_command(
     values: list[int] = typer.Option(list(sweep.SWEEPS["grid"].default), "--values",
                                      help="Grid sides n of n x n meshes (repeat; 100 "
                                      "takes a minute or two)."),
-    batch: int | None = BATCH, kernel: int | None = KERNEL, filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
-    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
-    ray: str | None = RAY,
+    batch: Batch = None, net: Flags = NETWORK.without("hidden"), runner: Flags = RUNNER,
 ) -> None:
     """How one training wave's cost grows with the mesh (n x n cells), with a line
     fitted to its bytes against the number of cells (cost only, one seed)."""
     _check_values("--values", values, minimum=1)
-    _experiment("grid", values, 1, None, jobs, out, json_out,
-                {"kernel": kernel, "filters": filters, "conv_layers": conv_layers,
-                 "pool": pool}, {"batch": batch}, ray=ray)
+    _experiment("grid", values, 1, None, overrides(net, batch=batch), Runner(**runner))
 
 
 @app.command("edge-position")
+@grouped
 def edge_position_command(
     cells: list[str] = typer.Option([",".join(map(str, c)) for c in
                                      sweep.SWEEPS["edge-position"].default], "--cells",
                                     help="Border cells R,C the edge is linked to (repeat)."),
-    rows: int | None = ROWS, cols: int | None = COLS, batch: int | None = BATCH,
-    kernel: int | None = KERNEL, filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
-    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
-    ray: str | None = RAY,
+    grid: Flags = GRID, batch: Batch = None, net: Flags = NETWORK.without("hidden"),
+    runner: Flags = RUNNER,
 ) -> None:
     """Where to attach the edge: one training wave's depth, busiest link and bytes by
     the edge's cell (what is learned does not depend on it: cost only, one seed)."""
     values = [list(parse_cell(cell)) for cell in cells]
     if len({tuple(v) for v in values}) != len(values):
         raise UsageError(f"--cells {' '.join(cells)}: distinct cells")
-    _experiment("edge-position", values, 1, None, jobs, out, json_out,
-                {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-                 "conv_layers": conv_layers, "pool": pool}, {"batch": batch}, ray=ray)
+    _experiment("edge-position", values, 1, None, overrides(grid, net, batch=batch),
+                Runner(**runner))
 
 
 @app.command("edge-vs-cloud")
+@grouped
 def edge_vs_cloud_command(
     radios: list[str] = typer.Option(list(edge_vs_cloud.RADIOS), "--radio",
                                      help="Radio profiles (repeat; see meshdl radio list)."),
-    seeds: int = SEEDS, rows: int | None = ROWS, cols: int | None = COLS,
-    kernel: int | None = KERNEL, filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS, pool: int | None = POOL,
-    hidden: int | None = HIDDEN, jobs: int = JOBS, out: Path | None = OUT,
-    json_out: bool = JSON, ray: str | None = RAY,
+    seeds: Seeds = 3, grid: Flags = GRID, net: Flags = NETWORK, runner: Flags = RUNNER,
 ) -> None:
     """One inference slot in the mesh against shipping the readings to the edge, per
     radio, under simulated time (the seeds draw the backoffs)."""
@@ -175,18 +169,15 @@ def edge_vs_cloud_command(
         raise UsageError(f"--radio {' '.join(radios)}: distinct radio profiles")
     for radio in radios:
         profile(radio)  # an unknown name fails here, naming the known ones
-    base = load_run_config(model={"rows": rows, "cols": cols, "kernel": kernel,
-                                  "filters": filters, "conv_layers": conv_layers,
-                                  "pool": pool, "hidden": hidden})
+    json_out = runner["json_out"]
+    base = load_run_config(**overrides(grid, net))
     settings: Record = {"experiment": "edge-vs-cloud", "model": base.model.model_dump()}
     trials = [Trial(i, radio, seed, settings) for i, (radio, seed) in
               enumerate((r, s) for r in radios for s in range(seeds))]
-    run_dir = _announce("edge-vs-cloud", trials, f"{len(radios)} radios x {seeds} seed(s), "
-                        "one inference slot each", jobs, ray, out)
-    records = _run_with_progress(
-        edge_vs_cloud.run, trials, jobs, ray, run_dir,
+    run_dir, records, rows_ = _run_sweep(
+        "edge-vs-cloud", trials, f"{len(radios)} radios x {seeds} seed(s), one inference "
+        "slot each", Runner(**runner), edge_vs_cloud.run, edge_vs_cloud.FIGURES,
         lambda record: f"{record['mesh_makespan_s']:.4g} s in the mesh")
-    rows_ = summarize(trials, records, edge_vs_cloud.FIGURES)
     summary = {"experiment": "edge-vs-cloud", "mode": "simulated time, one inference "
                "slot (batch 1) per trial", "values": radios, "seeds": seeds,
                "rows": rows_, "paper": []}
@@ -198,13 +189,8 @@ def edge_vs_cloud_command(
              json_out)
 
 
-FAULT_SEEDS = typer.Option(3, "--seeds", min=1, help="Fault seeds per value (0, 1, ...): "
-                           "which frames are lost, which nodes dead.")
-FAULT_RADIO = typer.Option("802.15.4", "--radio", help="Radio profile (its natural medium "
-                           "and devices).")
-
-
 @app.command("loss")
+@grouped
 def loss_command(
     rates: list[float] = typer.Option(list(faults.SWEEPS["loss"].default), "--rates",
                                       help="Shares of frames lost (repeat; 0 trains "
@@ -214,24 +200,18 @@ def loss_command(
                                        "reliable (repeat)."),
     burst: float | None = typer.Option(None, "--burst", help="Mean burst of lost frames "
                                        "(Gilbert-Elliott; default Bernoulli)."),
-    radio: str = FAULT_RADIO, seeds: int = FAULT_SEEDS,
-    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
-    batch: int | None = BATCH, lr: float | None = LR, kernel: int | None = KERNEL,
-    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
-    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
-    ray: str | None = RAY,
+    radio: Radio = "802.15.4", seeds: FaultSeeds = 3, grid: Flags = GRID,
+    run: Flags = TRAINING, net: Flags = NETWORK, data: LabelledData = None,
+    runner: Flags = RUNNER,
 ) -> None:
     """Test accuracy, time and energy of best-effort training by loss rate and fill-in
     policy, under simulated time (long: each trial trains in the simulated mesh)."""
-    _fault_experiment("loss", rates, policies, 0.0, burst, radio, seeds, data, jobs, out,
-                      json_out, ray,
-                      {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-                       "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
-                      {"epochs": epochs, "batch": batch, "lr": lr})
+    _fault_experiment("loss", rates, policies, 0.0, burst, radio, seeds, data,
+                      overrides(grid, run, net), Runner(**runner))
 
 
 @app.command("failures")
+@grouped
 def failures_command(
     fractions: list[float] = typer.Option(list(faults.SWEEPS["failures"].default),
                                           "--fractions", help="Shares of the nodes dead "
@@ -241,13 +221,9 @@ def failures_command(
                                        "effort's fill-ins: zero, last, neighbours "
                                        "(repeat)."),
     loss: float = typer.Option(0.0, "--loss", help="Share of frames lost besides."),
-    radio: str = FAULT_RADIO, seeds: int = FAULT_SEEDS,
-    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
-    batch: int | None = BATCH, lr: float | None = LR, kernel: int | None = KERNEL,
-    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
-    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
-    ray: str | None = RAY,
+    radio: Radio = "802.15.4", seeds: FaultSeeds = 3, grid: Flags = GRID,
+    run: Flags = TRAINING, net: Flags = NETWORK, data: LabelledData = None,
+    runner: Flags = RUNNER,
 ) -> None:
     """Test accuracy, time and energy of best-effort training by the share of dead
     nodes (random cells, found and planned around by the protocol) and fill-in policy,
@@ -255,14 +231,12 @@ def failures_command(
     if "reliable" in policies:
         raise UsageError("--policies reliable: dead nodes are found by missed deadlines, "
                          "which need best effort")
-    _fault_experiment("failures", fractions, policies, loss, None, radio, seeds, data, jobs,
-                      out, json_out, ray,
-                      {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-                       "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
-                      {"epochs": epochs, "batch": batch, "lr": lr})
+    _fault_experiment("failures", fractions, policies, loss, None, radio, seeds, data,
+                      overrides(grid, run, net), Runner(**runner))
 
 
 @app.command("meshes")
+@grouped
 def meshes_command(
     counts: list[int] = typer.Option(list(meshes.COUNTS), "--counts", help="Numbers of "
                                      "meshes N (repeat)."),
@@ -274,17 +248,13 @@ def meshes_command(
                                          "mesh's links lose this share of frames "
                                          "(reliable: same values, more time)."),
     backhaul: str = typer.Option("wifi", "--backhaul", help="wifi, ethernet or lte."),
-    radio: str = FAULT_RADIO,
+    radio: Radio = "802.15.4",
     seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per value (the straggler's "
                               "lost frames)."),
-    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
+    grid: Flags = GRID, epochs: Epochs = None,
     batch: int = typer.Option(meshes.DEFAULT_BATCH, "--batch", min=1, help="Samples per "
                               "mesh and step."),
-    lr: float | None = LR, kernel: int | None = KERNEL,
-    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
-    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
-    ray: str | None = RAY,
+    lr: Lr = None, net: Flags = NETWORK, data: LabelledData = None, runner: Flags = RUNNER,
 ) -> None:
     """Throughput in samples per simulated second, scaling efficiency and test accuracy
     of N meshes training one model, by sync mode, with and without a straggler mesh
@@ -308,13 +278,9 @@ def meshes_command(
     profile(radio)
     if straggler:
         FrameLoss(straggler_loss)
-    if data is not None:
-        grid = load_dataset(data)
-        rows, cols = rows or grid.rows, cols or grid.cols
-    base = load_run_config(mode="mesh", model={
-        "rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-        "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
-        train={"epochs": epochs, "batch": batch, "lr": lr})
+    json_out = runner["json_out"]
+    base = load_run_config(mode="mesh", **_with_data_grid(
+        overrides(grid, net, epochs=epochs, batch=batch, lr=lr), data))
     settings: Record = {
         "experiment": "meshes", "model": base.model.model_dump(),
         "train": base.train.model_dump(), "mesh": base.mesh.model_dump(mode="json"),
@@ -325,13 +291,11 @@ def meshes_command(
     # Without a straggler nothing is drawn: one seed; with one, its lost frames.
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in swept for s in range(seeds if v[2] else 1))]
-    run_dir = _announce("meshes", trials, f"{len(swept)} (N, mode, straggler) triples, "
-                        f"{base.train.epochs} epochs each", jobs, ray, out)
-    records = _run_with_progress(
-        meshes.run, trials, jobs, ray, run_dir,
+    run_dir, records, rows_ = _run_sweep(
+        "meshes", trials, f"{len(swept)} (N, mode, straggler) triples, "
+        f"{base.train.epochs} epochs each", Runner(**runner), meshes.run, meshes.FIGURES,
         lambda record: f"test {record['test_acc']:.4f}, "
         f"{record['samples_per_s']:.3g} samples/s, step {record['step_s']:,.1f} s")
-    rows_ = summarize(trials, records, meshes.FIGURES)
     batch_ = base.train.batch
     summary = {"experiment": "meshes", "mode": f"simulated time, {radio}, {backhaul} "
                f"backhaul, batch {batch_} per mesh, {base.train.epochs} epochs per trial",
@@ -346,6 +310,7 @@ def meshes_command(
 
 
 @app.command("compression")
+@grouped
 def compression_command(
     policies: list[str] = typer.Option(list(compression.POLICIES), "--policies",
                                        help="Gradient policy (as --compress), optionally "
@@ -353,16 +318,12 @@ def compression_command(
                                        "(repeat); none/float32 is always run."),
     meshes_: int = typer.Option(1, "--meshes", min=1, max=64, help="Meshes training "
                                 "one model (bsp), through the parameter server (1 too)."),
-    radio: str = FAULT_RADIO,
+    radio: Radio = "802.15.4",
     sim_waves: int = typer.Option(2, "--sim-waves", min=1, help="Training waves timed "
                                   "under simulated time per trial."),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Training seeds per policy."),
-    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
-    batch: int | None = BATCH, lr: float | None = LR, kernel: int | None = KERNEL,
-    filters: int | None = FILTERS, conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL, hidden: int | None = HIDDEN, data: Path | None = DATA,
-    jobs: int = JOBS, out: Path | None = OUT, json_out: bool = JSON,
-    ray: str | None = RAY,
+    grid: Flags = GRID, run: Flags = TRAINING, net: Flags = NETWORK,
+    data: LabelledData = None, runner: Flags = RUNNER,
 ) -> None:
     """Test accuracy, REDUCE and edge -> server bytes per step and simulated seconds per
     epoch of each compression policy against the exact run, over training seeds (long:
@@ -370,18 +331,14 @@ def compression_command(
     from meshdl.sim.radio.profiles import profile
 
     profile(radio)
-    if data is not None:
-        grid = load_dataset(data)
-        rows, cols = rows or grid.rows, cols or grid.cols
-    model = {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-             "conv_layers": conv_layers, "pool": pool, "hidden": hidden}
+    json_out = runner["json_out"]
+    flags = _with_data_grid(overrides(grid, net, run), data)
     swept = list(dict.fromkeys(["none", *policies]))
     for value in swept:  # an impossible policy fails here, before any trial
         gradient, activations = compression.parse_value(value)
-        load_run_config(mode="mesh", model=model, train={"epochs": epochs, "batch": batch},
+        load_run_config(mode="mesh", **flags,
                         mesh={"compress": gradient, "activations": activations})
-    base = load_run_config(mode="mesh", model=model,
-                           train={"epochs": epochs, "batch": batch, "lr": lr})
+    base = load_run_config(mode="mesh", **flags)
     settings: Record = {
         "experiment": "compression", "model": base.model.model_dump(),
         "train": base.train.model_dump(exclude={"seed"}),
@@ -391,13 +348,12 @@ def compression_command(
         "data_file": str(data.resolve()) if data is not None else None}
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in swept for s in range(seeds))]
-    run_dir = _announce("compression", trials, f"{len(swept)} policies x {seeds} seed(s), "
-                        f"{base.train.epochs} epochs each", jobs, ray, out)
-    records = _run_with_progress(
-        compression.run, trials, jobs, ray, run_dir,
+    run_dir, records, rows_ = _run_sweep(
+        "compression", trials, f"{len(swept)} policies x {seeds} seed(s), "
+        f"{base.train.epochs} epochs each", Runner(**runner), compression.run,
+        compression.FIGURES,
         lambda record: f"test {record['test_acc']:.4f}, "
         f"{record['gradient_bytes_per_step']:,.0f} gradient bytes a step")
-    rows_ = summarize(trials, records, compression.FIGURES)
     compression.add_costs(rows_, records)
     where = "one mesh" if meshes_ == 1 else f"{meshes_} meshes (bsp)"
     summary = {"experiment": "compression", "mode": f"virtual mesh, {where}, "
@@ -420,8 +376,8 @@ def delta_command(
     start: int = typer.Option(0, "--start", min=0, help="First test-period slot."),
     model_path: Path | None = typer.Option(None, "--model", help="model.npz to run "
                                            "(default: train one centrally first)."),
-    rows: int | None = ROWS, cols: int | None = COLS, epochs: int | None = EPOCHS,
-    data: Path | None = DATA, out: Path | None = OUT, json_out: bool = JSON,
+    rows: Rows = None, cols: Cols = None, epochs: Epochs = None,
+    data: LabelledData = None, out: Out = None, json_out: JsonSummary = False,
 ) -> None:
     """HALO bytes per slot of live inference with delta halos against whole halos, and
     the alerts that change, over a day of the lounge's test period."""
@@ -448,13 +404,11 @@ def delta_command(
         "data_file": str(data.resolve()) if data is not None else None}
     swept = [delta.FULL, *dict.fromkeys(epsilons)]
     trials = [Trial(i, value, 0, settings) for i, value in enumerate(swept)]
-    run_dir = _announce("delta", trials, f"{slots} slots of live inference each", 1,
-                        None, out)
-    records = _run_with_progress(
-        delta.run, trials, 1, None, run_dir,
+    run_dir, records, rows_ = _run_sweep(
+        "delta", trials, f"{slots} slots of live inference each",
+        Runner(1, out, json_out, None), delta.run, delta.FIGURES,
         lambda record: f"{record['halo_bytes_per_slot']:,.0f} HALO bytes a slot, "
         f"{record['alerts']} alerts")
-    rows_ = summarize(trials, records, delta.FIGURES)
     delta.add_reference(rows_, records)
     summary = {"experiment": "delta", "mode": f"virtual mesh, {slots} live slots from "
                f"test slot {start}, batch 1", "values": swept, "seeds": 1, "rows": rows_,
@@ -467,9 +421,9 @@ def delta_command(
 
 def _fault_experiment(name: str, shares: list[float], policies: list[str], loss: float,
                       burst: float | None, radio: str, seeds: int, data: Path | None,
-                      jobs: int, out: Path | None, json_out: bool, ray: str | None,
-                      model: Record, train: Record) -> None:
+                      flags: dict[str, Record], runner: Runner) -> None:
     """Check a fault sweep, run its trials, write its run directory, print its table."""
+    json_out = runner.json_out
     from meshdl.protocol.deadlines import Policy
     from meshdl.sim.radio.loss import MAX_RATE, FrameLoss
     from meshdl.sim.radio.profiles import profile
@@ -488,11 +442,7 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
     for rate in [*shares, loss] if name == "loss" else [loss]:
         if rate:
             FrameLoss(rate, burst)  # an impossible rate or burst fails here
-    if data is not None:
-        grid = load_dataset(data)
-        model = {**model, "rows": model["rows"] or grid.rows,
-                 "cols": model["cols"] or grid.cols}
-    base = load_run_config(mode="mesh", model=model, train=train)
+    base = load_run_config(mode="mesh", **_with_data_grid(flags, data))
     settings: Record = {
         "experiment": name, "model": base.model.model_dump(),
         "train": base.train.model_dump(), "mesh": base.mesh.model_dump(mode="json"),
@@ -502,13 +452,11 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
     # Without faults the fault seed draws nothing: the exact run once.
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in swept for s in range(1 if v[0] == 0 else seeds))]
-    run_dir = _announce(name, trials, f"{len(swept)} (share, policy) pairs x {seeds} "
-                        f"fault seed(s), {base.train.epochs} epochs each", jobs, ray, out)
-    records = _run_with_progress(
-        faults.run, trials, jobs, ray, run_dir,
+    run_dir, records, rows_ = _run_sweep(
+        name, trials, f"{len(swept)} (share, policy) pairs x {seeds} fault seed(s), "
+        f"{base.train.epochs} epochs each", runner, faults.run, faults.FIGURES,
         lambda record: f"test {record['test_acc']:.4f}, model {record['clean_test_acc']:.4f}"
         f", {record['seconds_per_epoch']:,.0f} s an epoch")
-    rows_ = summarize(trials, records, faults.FIGURES)
     summary = {"experiment": name, "mode": f"simulated time, {radio}, training "
                f"{base.train.epochs} epochs per trial", "values": swept, "seeds": seeds,
                "rows": rows_, "paper": []}
@@ -518,6 +466,17 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
              records, summary, faults.FIGURES, lambda: faults.plot(run_dir, name, rows_),
              faults.table(name, rows_), f"training {what}, mean over {seeds} fault "
              "seed(s)", json_out)
+
+
+def _run_sweep(name: str, trials: list[Trial], what: str, runner: Runner,
+               run: Callable[[Trial], Record], figures: tuple[str, ...],
+               describe: Callable[[Record], str]
+               ) -> tuple[Path, list[Record], list[Record]]:
+    """Announce a sweep, run its trials with `run` and summarize them: its run directory,
+    the trials' records and the summary's rows."""
+    run_dir = _announce(name, trials, what, runner.jobs, runner.ray, runner.out)
+    records = _run_with_progress(run, trials, runner.jobs, runner.ray, run_dir, describe)
+    return run_dir, records, summarize(trials, records, figures)
 
 
 def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs: int,
@@ -554,15 +513,22 @@ def _check_values(flag: str, values: list[int], minimum: int) -> None:
                          f"least {minimum}")
 
 
-def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: int,
-                out: Path | None, json_out: bool, model: Record, train: Record,
-                ray: str | None = None) -> None:
-    """Run one sweep's trials, write its run directory, print its table."""
-    if data is not None:  # its grid is the network's
+def _with_data_grid(flags: dict[str, Record], data: Path | None) -> dict[str, Record]:
+    """`flags` with the grid of the data set `data` (if any) where they leave it unset:
+    its grid is the network's."""
+    if data is not None:
         grid = load_dataset(data)
-        model = {**model, "rows": model.get("rows") or grid.rows,
-                 "cols": model.get("cols") or grid.cols}
-    base = load_run_config(mode="central", model=model, train=train)
+        model = flags.setdefault("model", {})
+        model["rows"] = model.get("rows") or grid.rows
+        model["cols"] = model.get("cols") or grid.cols
+    return flags
+
+
+def _experiment(name: str, values: list, seeds: int, data: Path | None,
+                flags: dict[str, Record], runner: Runner) -> None:
+    """Run one sweep's trials, write its run directory, print its table."""
+    json_out = runner.json_out
+    base = load_run_config(mode="central", **_with_data_grid(flags, data))
     settings: Record = {
         "experiment": name, "model": base.model.model_dump(),
         "train": base.train.model_dump(exclude={"seed"}),
@@ -582,13 +548,11 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None, jobs: in
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in values for s in range(seeds))]
     what = "training and one mesh wave" if sweep.SWEEPS[name].trains else "one mesh wave"
-    run_dir = _announce(name, trials, f"{len(values)} values x {seeds} seed(s), {what} "
-                        "each", jobs, ray, out)
-    records = _run_with_progress(
-        sweep.run, trials, jobs, ray, run_dir,
+    run_dir, records, rows = _run_sweep(
+        name, trials, f"{len(values)} values x {seeds} seed(s), {what} each", runner,
+        sweep.run, sweep.figures(name),
         lambda record: f"test {record['test_acc']:.4f}" if "test_acc" in record else
         f"{record['wave_bytes']:,} bytes a wave")
-    rows = summarize(trials, records, sweep.figures(name))
     summary = {"experiment": name, "setting": sweep.SWEEPS[name].setting,
                "mode": ("central (accuracy); " if sweep.SWEEPS[name].trains else "")
                + "one mesh training wave per value (cost)",

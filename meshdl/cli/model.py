@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from meshdl.cli.common import emit_json, err_console, out_console
+from meshdl.cli.options import Config, DataFile, EdgeAt, JsonReport, ModelFile, json_option
 from meshdl.config import commented_config, load_run_config
 from meshdl.data.datasets import check_label_range, load_dataset, load_split
 from meshdl.errors import MeshdlError, UsageError
@@ -27,10 +28,10 @@ def register(app: typer.Typer) -> None:
 
 
 def evaluate(
-    model_path: Path = typer.Argument(..., metavar="MODEL", help="A model.npz."),
-    data_path: Path = typer.Argument(..., metavar="DATA", help="A data set .npz."),
+    model_path: ModelFile,
+    data_path: DataFile,
     split: str = typer.Option("test", "--split", help="test, train or all."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    json_out: JsonReport = False,
 ) -> None:
     """Accuracy and confusion matrix of a saved model on a data set."""
     if split not in ("test", "train", "all"):
@@ -65,17 +66,17 @@ def evaluate(
 
 
 def infer(
-    model_path: Path = typer.Argument(..., metavar="MODEL", help="A model.npz."),
-    data_path: Path = typer.Argument(..., metavar="DATA", help="A data set .npz."),
+    model_path: ModelFile,
+    data_path: DataFile,
     mode: str = typer.Option("mesh", "--mode", help="mesh (inference waves in the virtual "
                              "mesh) or central."),
     split: str = typer.Option("test", "--split", help="test or train."),
-    edge_at: str = typer.Option("0,0", "--edge-at", help="Border cell R,C of the edge."),
+    edge_at: EdgeAt = "0,0",
     predictions: Path | None = typer.Option(
         None, "--predictions", help="Write each sample's prediction to this CSV file: "
         "sample, label (predicted), probability (of an anomaly, class 1, as the edge's "
         "alerts say; with more classes, of the label), true_label."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    json_out: JsonReport = False,
 ) -> None:
     """Predict a data set with inference waves (the sensors' readings stay in the mesh)."""
     from meshdl.cli.common import parse_cell
@@ -151,8 +152,8 @@ def classification_report(y: np.ndarray, predicted: np.ndarray, classes: int) ->
 
 
 def config_show(
-    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration file."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+    config_file: Config = None,
+    json_out: json_option("Print JSON on stdout.") = False,
 ) -> None:
     """The effective configuration: defaults < TOML file < MESHDL_* environment."""
     config = load_run_config(config_file)

@@ -20,6 +20,18 @@ from pathlib import Path
 import typer
 
 from meshdl.cli.common import err_console, out_console, parse_cell
+from meshdl.cli.options import (
+    Broker,
+    JsonMetrics,
+    MeshFile,
+    NodesTimeout,
+    ReplayData,
+    RunDirectory,
+    Sensor,
+    SlotSeconds,
+    TakeOver,
+    json_option,
+)
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data.datasets import load_dataset
 from meshdl.errors import MeshdlError, UsageError
@@ -40,19 +52,6 @@ edge_app = typer.Typer(help="The edge of a mesh over MQTT.", no_args_is_help=Tru
 ps_app = typer.Typer(help="The parameter server of several meshes training one model.",
                      no_args_is_help=True)
 
-BROKER = typer.Option(..., "--broker", help="mqtt://host[:port] or mqtts://host[:port].")
-MESH = typer.Option(..., "--mesh", help="The mesh file (TOML run configuration).")
-DATA = typer.Option(None, "--data", help="Data set .npz whose readings the cells replay "
-                    "(training and evaluation).")
-SENSOR = typer.Option(None, "--sensor", help="Live readings for `edge serve`: "
-                      "ds18b20:DIR, bme280[:BUS[:ADDR]], replay:LOG or synthetic[:SEED].")
-SLOT = typer.Option(60.0, "--slot-seconds", min=0.05, help="Length of a live time slot.")
-
-
-TAKE_OVER = typer.Option(False, "--take-over", help="Start even while another edge "
-                         "holds the mesh: that edge stops.")
-
-
 def register(app: typer.Typer) -> None:
     app.add_typer(node_app, name="node")
     app.add_typer(nodes_app, name="nodes")
@@ -63,8 +62,8 @@ def register(app: typer.Typer) -> None:
 
 @node_app.command("run")
 def node_run(cell: str = typer.Option(..., "--cell", help="This node's cell R,C."),
-             broker: str = BROKER, mesh: Path = MESH, data: Path | None = DATA,
-             sensor: str | None = SENSOR, slot_seconds: float = SLOT) -> None:
+             broker: Broker = ..., mesh: MeshFile = ..., data: ReplayData = None,
+             sensor: Sensor = None, slot_seconds: SlotSeconds = 60.0) -> None:
     """Serve one cell until stopped."""
     config = load_run_config(mesh)
     where = parse_cell(cell)
@@ -76,8 +75,8 @@ def node_run(cell: str = typer.Option(..., "--cell", help="This node's cell R,C.
 @nodes_app.command("run")
 def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges such as "
                                         "0-3,0-24 (inclusive), or 'all'."),
-              broker: str = BROKER, mesh: Path = MESH, data: Path | None = DATA,
-              sensor: str | None = SENSOR, slot_seconds: float = SLOT,
+              broker: Broker = ..., mesh: MeshFile = ..., data: ReplayData = None,
+              sensor: Sensor = None, slot_seconds: SlotSeconds = 60.0,
               name: str | None = typer.Option(None, "--name", help="Client name (default: "
                                               "the broker login, else host-<hostname>-<pid>)."
                                               ),
@@ -109,12 +108,11 @@ def select_cells(text: str, config: RunConfig) -> list[Cell]:
         raise UsageError(str(exc)) from None
 
 
-def doctor(broker: str = BROKER,
+def doctor(broker: Broker = ...,
            mesh: Path | None = typer.Option(None, "--mesh", help="Also check which cells "
                                             "have a node host online."),
            timeout: float = typer.Option(5.0, "--timeout", help="Seconds to wait."),
-           json_out: bool = typer.Option(False, "--json", help="Print findings as JSON.")
-           ) -> None:
+           json_out: json_option("Print findings as JSON.") = False) -> None:
     """Check the broker, the login and which clients are online (with --mesh: cells)."""
     address = BrokerAddress.parse(broker)
     config = load_run_config(mesh) if mesh else None
@@ -202,27 +200,25 @@ async def _doctor(address: BrokerAddress, config: RunConfig | None,
 
 
 @edge_app.command("run")
-def edge_run(broker: str = BROKER, mesh: Path = MESH,
+def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
              data: Path = typer.Option(..., "--data", help="Data set .npz (the edge uses "
                                        "its labels; the nodes hold the readings)."),
-             out: Path | None = typer.Option(None, "--out", help="Run directory."),
+             out: RunDirectory = None,
              resume: Path | None = typer.Option(None, "--resume", help="Continue the run "
                                                 "in this directory from its last "
                                                 "checkpoint (same mesh file and data)."),
              wave_timeout: float = typer.Option(10.0, "--wave-timeout", min=0.1,
                                                 help="Seconds before a wave is restarted."),
-             nodes_timeout: float = typer.Option(60.0, "--nodes-timeout", min=0.0,
-                                                 help="Seconds to wait for node hosts."),
+             nodes_timeout: NodesTimeout = 60.0,
              broker_patience: float = typer.Option(
                  120.0, "--broker-patience", min=0.0, help="Seconds to wait for the broker "
                  "when it is away; then a checkpoint of every finished update is saved and "
                  "the run stops (go on with --resume)."),
-             take_over: bool = TAKE_OVER,
+             take_over: TakeOver = False,
              ps: bool = typer.Option(False, "--ps", help="Train with the other meshes of "
                                      "the mesh file's parallel section, through the "
                                      "parameter server (`meshdl ps run`) on this broker."),
-             json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
-             ) -> None:
+             json_out: JsonMetrics = False) -> None:
     """Train: every batch is a wave through the node hosts; writes the run directory,
     with a checkpoint after every epoch (with --ps: this mesh's shard of every step,
     the server holding the model and its checkpoints)."""
@@ -285,10 +281,10 @@ def edge_run(broker: str = BROKER, mesh: Path = MESH,
 
 
 @ps_app.command("run")
-def ps_run(broker: str = BROKER, mesh: Path = MESH,
+def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
            data: Path = typer.Option(..., "--data", help="Data set .npz (its training "
                                      "maps set the epochs and the normalization)."),
-           out: Path | None = typer.Option(None, "--out", help="Run directory."),
+           out: RunDirectory = None,
            resume: Path | None = typer.Option(None, "--resume", help="Go on from the last "
                                               "checkpoint in this run directory."),
            broker_patience: float = typer.Option(120.0, "--broker-patience", min=0.0,
@@ -297,8 +293,7 @@ def ps_run(broker: str = BROKER, mesh: Path = MESH,
                600.0, "--edges-timeout", min=1.0, help="Seconds a mesh with steps left "
                "may send nothing (its edge resends every 5 s while it waits); then the "
                "server stops, naming the silent meshes (go on with --resume)."),
-           json_out: bool = typer.Option(False, "--json", help="Print metrics.json.")
-           ) -> None:
+           json_out: JsonMetrics = False) -> None:
     """Combine the pushes of the meshes of the mesh file's parallel section and update
     the model they train; a checkpoint after every epoch, model.npz at the end. With
     mesh.auth, every push must carry its mesh's tag (parallel.keys: the key file of
@@ -357,18 +352,18 @@ def ps_run(broker: str = BROKER, mesh: Path = MESH,
 
 
 @edge_app.command("serve")
-def edge_serve(broker: str = BROKER, mesh: Path = MESH,
+def edge_serve(broker: Broker = ..., mesh: MeshFile = ...,
                model_file: Path = typer.Option(..., "--model", help="model.npz to run."),
-               slot_seconds: float = SLOT,
+               slot_seconds: SlotSeconds = 60.0,
                slots: int = typer.Option(0, "--slots", min=0, help="Stop after this many "
                                          "slots (0: run until stopped)."),
                threshold: float = typer.Option(0.5, "--threshold", min=0.0, max=1.0,
                                                help="Probability from which a slot is an "
                                                "anomaly."),
-               nodes_timeout: float = typer.Option(60.0, "--nodes-timeout", min=0.0),
-               take_over: bool = TAKE_OVER,
-               json_out: bool = typer.Option(False, "--json", help="Print each alert as a "
-                                             "JSON line on stdout.")) -> None:
+               nodes_timeout: NodesTimeout = 60.0,
+               take_over: TakeOver = False,
+               json_out: json_option("Print each alert as a JSON line on stdout.") = False,
+               ) -> None:
     """Continuous inference: a wave per time slot on live readings; alerts published."""
     from meshdl.cli.common import emit_json
     from meshdl.edge.remote import MqttEngine

@@ -17,17 +17,9 @@ from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 
-from meshdl.cli.common import (
-    COLS,
-    CONV_LAYERS,
-    FILTERS,
-    KERNEL,
-    POOL,
-    ROWS,
-    emit_json,
-    out_console,
-    parse_cell,
-)
+from meshdl.cli.common import emit_json, out_console
+from meshdl.cli.flags import GRID, NETWORK, Flags, grouped, overrides
+from meshdl.cli.options import EdgeAt, json_option
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
 from meshdl.nodes.plan import NodePlan, Role
@@ -42,6 +34,7 @@ def register(app: typer.Typer) -> None:
     app.command("plan")(plan)
 
 
+@grouped
 def plan(
     cell: str = typer.Option(..., "--cell", help="The node: r<row>c<col> or R,C."),
     mesh: Path | None = typer.Option(None, "--mesh", "--config", help="The mesh file (TOML "
@@ -49,32 +42,22 @@ def plan(
     transport: str = typer.Option("mqtt", "--transport", help="mqtt (the edge publishes "
                                   "parameters to every node) or radio (they flood down "
                                   "the tree)."),
-    rows: int | None = ROWS,
-    cols: int | None = COLS,
-    kernel: int | None = KERNEL,
-    filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL,
-    edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C the edge "
-                                       "is linked to."),
+    grid: Flags = GRID,
+    net: Flags = NETWORK.without("hidden"),
+    edge_at: EdgeAt = None,
     auth: bool | None = typer.Option(None, "--auth/--no-auth", help="Every message with "
                                      "its link tag or the edge's signature (mesh.auth)."),
     batch: int | None = typer.Option(None, "--batch", min=1, help="Samples in the wave "
                                      "(default: the configuration's batch)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+    json_out: json_option("Print the plan as JSON on stdout.") = False,
 ) -> None:
     """What one node expects, computes and sends in a training wave."""
     if transport not in ("mqtt", "radio"):
         raise UsageError(f"--transport {transport}: expected mqtt or radio")
     # The flags `meshdl cost` takes, layered over the mesh file as `meshdl train` does:
     # the plan must be the one of the deployment being debugged, not of the defaults.
-    config = load_run_config(
-        mesh,
-        model={"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-               "conv_layers": conv_layers, "pool": pool},
-        train={"batch": batch},
-        mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "auth": auth},
-    )
+    config = load_run_config(mesh, **overrides(grid, net, batch=batch, edge_at=edge_at,
+                                               auth=auth))
     spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at,
                     "broadcast" if transport == "mqtt" else "tree",
                     config.mesh.max_message_bytes, config.mesh.auth)

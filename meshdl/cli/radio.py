@@ -17,6 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from meshdl.cli.common import emit_json, out_console
+from meshdl.cli.options import json_option
 from meshdl.sim.radio.profiles import RadioProfile, profiles
 
 app = typer.Typer(help="Radio profiles of the simulated mesh: figures and their sources.",
@@ -32,8 +33,7 @@ def _radio() -> None:
 def list_profiles(
     file: Path | None = typer.Option(None, "--file", help="A TOML file of \\[\\[radio]] tables; "
                                      "a profile named like a built-in replaces it."),
-    json_out: bool = typer.Option(False, "--json", help="Print the profiles as a JSON list "
-                                  "on stdout."),
+    json_out: json_option("Print the profiles as a JSON list on stdout.") = False,
 ) -> None:
     """List the radio profiles: built-in ones and those of --file."""
     known = profiles(file)

@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import typer
 
-from meshdl.cli.common import (
-    BATCH,
-    COLS,
-    FILTERS,
-    HIDDEN,
-    KERNEL,
-    ROWS,
-    emit_json,
-    err_console,
-    out_console,
-)
+from meshdl.cli.common import emit_json, err_console, out_console
+from meshdl.cli.flags import GRID, NETWORK, Flags, grouped, overrides
+from meshdl.cli.options import Batch, json_option
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
 from meshdl.sim.studies.planner import MAX_ERROR
@@ -25,6 +17,7 @@ def register(app: typer.Typer) -> None:
     app.command("schedule")(schedule)
 
 
+@grouped
 def schedule(
     radio: str = typer.Option("802.15.4", "--radio", help="Radio profile of the mesh."),
     backhaul: str = typer.Option("wifi", "--backhaul", help="With --meshes 2 or more: the "
@@ -41,10 +34,10 @@ def schedule(
                                                 "powersgd:2)."),
     waves: int = typer.Option(2, "--waves", min=1, help="Simulated training waves (steps "
                               "per mesh) per plan."),
-    rows: int | None = ROWS, cols: int | None = COLS, kernel: int | None = KERNEL,
-    filters: int | None = FILTERS, hidden: int | None = HIDDEN, batch: int | None = BATCH,
+    grid: Flags = GRID, net: Flags = NETWORK.only("kernel", "filters", "hidden"),
+    batch: Batch = None,
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and the backoffs."),
-    json_out: bool = typer.Option(False, "--json", help="Print the schedule as JSON."),
+    json_out: json_option("Print the schedule as JSON.") = False,
 ) -> None:
     """Options table (per layer and compressor: bytes, error, communication,
     compression and overlapped time) and the optimal, greedy and uniform plans, each
@@ -65,10 +58,7 @@ def schedule(
     if "none" not in chosen:
         raise UsageError("--candidate: none must be among the candidates (the dense plan "
                          "anchors the model)")
-    config = load_run_config(mode="mesh", model={"rows": rows, "cols": cols,
-                                                 "kernel": kernel, "filters": filters,
-                                                 "hidden": hidden},
-                             train={"batch": batch, "seed": seed})
+    config = load_run_config(mode="mesh", **overrides(grid, net, batch=batch, seed=seed))
     radio_profile = profile(radio)
     link = backhaul_profile(backhaul)
     with err_console.status("generating the synthetic lounge data set"):

@@ -14,28 +14,28 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import typer
 from pydantic import ValidationError
 
-from meshdl.cli.common import (
-    ACTIVATIONS,
-    BATCH,
-    COLS,
-    COMPRESS,
-    CONV_LAYERS,
-    EPOCHS,
-    FILTERS,
-    HIDDEN,
-    KERNEL,
-    LR,
-    POOL,
-    ROWS,
-    emit_json,
-    err_console,
-    parse_cell,
+from meshdl.cli.common import emit_json, err_console, parse_cell
+from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, Group, grouped, overrides
+from meshdl.cli.options import (
+    Cols,
+    ConvLayers,
+    EdgeAt,
+    Filters,
+    Hidden,
+    JsonSim,
+    Kernel,
+    LabelledData,
+    Meshes,
+    Pool,
+    RadioFile,
+    Rows,
+    json_option,
 )
 from meshdl.cli.train import Fit, fit_with_progress, plan_for
 from meshdl.compress.grammar import PLAN
@@ -65,44 +65,55 @@ from meshdl.training.runs import metrics_record, new_run_dir, start_run, write_r
 app = typer.Typer(help="Run the mesh under simulated time: radios, devices, energy, and "
                   "the cloud-heavy baseline.", no_args_is_help=True)
 
-DATA = typer.Option(None, "--data", help="Data set .npz (default: the synthetic lounge).")
-EDGE_AT = typer.Option(None, "--edge-at", help="Border cell R,C of the edge.")
-RADIO = typer.Option("802.15.4", "--radio", help="Radio profile (see meshdl radio list).")
-MEDIUM = typer.Option("shared", "--medium", help="shared (a radio mesh: one-hop "
-                      "neighbours share the air) or star (every node through an MQTT "
-                      "broker's access point).")
-DEVICE = typer.Option(None, "--device", help="Nodes' computer: cortex-m4, pi-zero-2w or "
-                      "pi4 (default: a Pi Zero 2 W on Wi-Fi, a Cortex-M4 on the low-power "
-                      "radios, as their motes carry).")
-EDGE_DEVICE = typer.Option("pi4", "--edge-device", help="The edge's computer.")
-RADIOS = typer.Option(None, "--radios", help="A TOML file of \\[\\[radio]] profiles.")
-LOSS = typer.Option(0.0, "--loss", help="Share of frames the links lose (0 <= P < 1). "
-                    "Reliable recovery: the link layer retries and senders recover what is "
-                    "still lost, so the results are the lossless run's, at the cost "
-                    "sim.json shows; best effort: what is still lost stays lost.")
-DEAD = typer.Option(0.0, "--dead", help="Share of the cells whose node is dead from the "
-                    "start (0 <= F < 1, picked by --fault-seed; never the edge's), for "
-                    "the protocol to find (best effort): the plan then goes around them "
-                    "and their readings are filled in by --policy.")
-ATTACH = typer.Option(None, "--attach", help="Another border cell R,C the edge may attach "
-                      "to when its own dies (repeat, in order of preference).")
-RECOVERY = typer.Option("reliable", "--recovery", help="reliable (every message arrives: "
-                        "exact) or best-effort (parties give up at deadlines and fill in "
-                        "what is missing by --policy).")
-POLICY = typer.Option("zero", "--policy", help="Best effort: what fills in a missing "
-                      "message: zero, last (its cells' last level) or neighbours (the "
-                      "mean of the neighbouring cells at hand).")
-PATIENCE = typer.Option(DEFAULT_K, "--patience", help="Best effort: how many mean "
-                        "deviations past a message's smoothed arrival time a party waits "
-                        "for it (RFC 6298's K).")
-BURST = typer.Option(None, "--burst", help="Mean burst of lost frames (Gilbert-Elliott "
-                     "links; default: each frame lost on its own, Bernoulli).")
-FAULT_SEED = typer.Option(0, "--fault-seed", help="Seed of the frames lost and of the "
-                          "stragglers picked.")
-STRAGGLERS = typer.Option(0.0, "--stragglers", help="Share of the cells whose CPU is "
-                          "slower than their device (0 to 1, picked by --fault-seed).")
-SLOWDOWN = typer.Option(10.0, "--straggler-slowdown", help="How many times slower a "
-                        "straggler computes.")
+# The simulated radio, devices and faults: what `simulate train` and `infer` share.
+Radio = Annotated[str, typer.Option("--radio", help="Radio profile (see meshdl radio "
+                                    "list).")]
+Medium = Annotated[str, typer.Option(
+    "--medium", help="shared (a radio mesh: one-hop neighbours share the air) or star "
+    "(every node through an MQTT broker's access point).")]
+NodeDevice = Annotated[str | None, typer.Option(
+    "--device", help="Nodes' computer: cortex-m4, pi-zero-2w or pi4 (default: a Pi Zero "
+    "2 W on Wi-Fi, a Cortex-M4 on the low-power radios, as their motes carry).")]
+EdgeDevice = Annotated[str, typer.Option("--edge-device", help="The edge's computer.")]
+Loss = Annotated[float, typer.Option(
+    "--loss", help="Share of frames the links lose (0 <= P < 1). Reliable recovery: the "
+    "link layer retries and senders recover what is still lost, so the results are the "
+    "lossless run's, at the cost sim.json shows; best effort: what is still lost stays "
+    "lost.")]
+Dead = Annotated[float, typer.Option(
+    "--dead", help="Share of the cells whose node is dead from the start (0 <= F < 1, "
+    "picked by --fault-seed; never the edge's), for the protocol to find (best effort): "
+    "the plan then goes around them and their readings are filled in by --policy.")]
+Attach = Annotated[list[str] | None, typer.Option(
+    "--attach", help="Another border cell R,C the edge may attach to when its own dies "
+    "(repeat, in order of preference).")]
+Recovery = Annotated[str, typer.Option(
+    "--recovery", help="reliable (every message arrives: exact) or best-effort (parties "
+    "give up at deadlines and fill in what is missing by --policy).")]
+FillIn = Annotated[str, typer.Option(
+    "--policy", help="Best effort: what fills in a missing message: zero, last (its "
+    "cells' last level) or neighbours (the mean of the neighbouring cells at hand).")]
+Patience = Annotated[float, typer.Option(
+    "--patience", help="Best effort: how many mean deviations past a message's smoothed "
+    "arrival time a party waits for it (RFC 6298's K).")]
+Burst = Annotated[float | None, typer.Option(
+    "--burst", help="Mean burst of lost frames (Gilbert-Elliott links; default: each "
+    "frame lost on its own, Bernoulli).")]
+FaultSeed = Annotated[int, typer.Option("--fault-seed", help="Seed of the frames lost and "
+                                        "of the stragglers picked.")]
+StragglerShare = Annotated[float, typer.Option(
+    "--stragglers", help="Share of the cells whose CPU is slower than their device (0 to "
+    "1, picked by --fault-seed).")]
+Slowdown = Annotated[float, typer.Option("--straggler-slowdown", help="How many times "
+                                         "slower a straggler computes.")]
+
+SIMULATED = Group.of(
+    radio=(Radio, "802.15.4"), medium=(Medium, "shared"), node_device=NodeDevice,
+    edge_device=(EdgeDevice, "pi4"), radios=RadioFile, loss=(Loss, 0.0), burst=Burst,
+    fault_seed=(FaultSeed, 0), stragglers=(StragglerShare, 0.0),
+    slowdown=(Slowdown, 10.0), dead=(Dead, 0.0), attach=Attach,
+    recovery=(Recovery, "reliable"), policy=(FillIn, "zero"),
+    patience=(Patience, DEFAULT_K))
 
 
 def _best_effort(recovery: str, policy: str, patience: float) -> BestEffort | None:
@@ -166,18 +177,31 @@ def _profiles(radio: str, medium: str, node: str | None, edge: str, radios: Path
     return chosen, device(node), device(edge)
 
 
-def _data_and_config(data: Path | None, config_file: Path | None, model: dict[str, Any],
-                     train: dict[str, Any], edge_at: str | None,
-                     parallel: dict[str, Any] | None = None, compress: str | None = None,
-                     activations: str | None = None) -> tuple[Dataset, RunConfig, str]:
+def _parties(sim: Flags, radio: str | None = None
+             ) -> tuple[RadioProfile, DeviceProfile, DeviceProfile]:
+    """The radio and the devices of the `SIMULATED` flags (on `radio` if given)."""
+    return _profiles(radio or sim["radio"], sim["medium"], sim["node_device"],
+                     sim["edge_device"], sim["radios"])
+
+
+def _faults(sim: Flags, config: RunConfig, fault_seed: int) -> dict[str, Any]:
+    """A mesh's faults and recovery as `SimEngine` takes them, drawn by `fault_seed`."""
+    recovery = sim["recovery"]
+    return {"loss": FrameLoss(sim["loss"], sim["burst"], fault_seed),
+            "stragglers": _stragglers(sim["stragglers"], sim["slowdown"], fault_seed),
+            "best_effort": _best_effort(recovery, sim["policy"], sim["patience"]),
+            "failing": _dead(sim["dead"], fault_seed, config, recovery),
+            "attach": _attach(sim["attach"], config, recovery)}
+
+
+def _data_and_config(data: Path | None, config_file: Path | None,
+                     flags: dict[str, dict[str, Any]]) -> tuple[Dataset, RunConfig, str]:
     dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
     if dataset is not None:  # a data file fixes the grid unless the flags say otherwise
-        model["rows"] = model["rows"] if model["rows"] is not None else dataset.rows
-        model["cols"] = model["cols"] if model["cols"] is not None else dataset.cols
-    config = load_run_config(config_file, mode="mesh", model=model, train=train,
-                             mesh={"edge_at": parse_cell(edge_at) if edge_at else None,
-                                   "compress": compress, "activations": activations},
-                             parallel=parallel)
+        model = flags.setdefault("model", {})
+        model["rows"] = model["rows"] if model.get("rows") is not None else dataset.rows
+        model["cols"] = model["cols"] if model.get("cols") is not None else dataset.cols
+    config = load_run_config(config_file, mode="mesh", **flags)
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
             dataset = generate_lounge(config.data)
@@ -185,35 +209,20 @@ def _data_and_config(data: Path | None, config_file: Path | None, model: dict[st
 
 
 @app.command("train")
+@grouped
 def simulate_train(
-    data: Path | None = DATA,
+    data: LabelledData = None,
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-simulate/)."),
     config_file: Path | None = typer.Option(None, "--config", help="TOML configuration."),
-    edge_at: str | None = EDGE_AT,
-    rows: int | None = ROWS,
-    cols: int | None = COLS,
-    kernel: int | None = KERNEL,
-    filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL,
-    hidden: int | None = HIDDEN,
-    epochs: int | None = EPOCHS,
-    batch: int | None = BATCH,
-    lr: float | None = LR,
+    edge_at: EdgeAt = None,
+    grid: Flags = GRID, net: Flags = NETWORK, run: Flags = TRAINING,
     seed: int | None = typer.Option(None, "--seed", help="Seed of init, batch order and "
                                     "the radios' backoffs."),
-    radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
-    edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
-    loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
-    stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
-    dead: float = DEAD, attach: list[str] | None = ATTACH,
-    recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
+    sim: Flags = SIMULATED,
     trace: bool = typer.Option(False, "--trace/--no-trace", help="Write trace.jsonl (one "
                                "line per transmission: long for long runs)."),
-    meshes: int | None = typer.Option(None, "--meshes", help="Meshes of this grid, each "
-                                      "with its edge, training one model through a "
-                                      "parameter server (--batch is each mesh's share)."),
+    meshes: Meshes = None,
     sync: str | None = typer.Option(None, "--sync", help="Several meshes: bsp, ssp:S or "
                                     "async."),
     overlap: bool | None = typer.Option(None, "--overlap/--no-overlap", help="Several "
@@ -224,18 +233,15 @@ def simulate_train(
     straggler_radio: str | None = typer.Option(None, "--straggler-radio", help="Several "
                                                "meshes: the last one runs on this radio "
                                                "(a straggler mesh)."),
-    compress: str | None = COMPRESS,
-    activations: str | None = ACTIVATIONS,
-    json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
+    traffic: Flags = TRAFFIC,
+    json_out: JsonSim = False,
 ) -> None:
     """Train in the mesh under simulated time; sim.json says what it took on the radio."""
-    radio_profile, node, edge = _profiles(radio, medium, node_device, edge_device, radios)
-    dataset, config, source = _data_and_config(
-        data, config_file,
-        {"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-         "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
-        {"epochs": epochs, "batch": batch, "lr": lr, "seed": seed}, edge_at,
-        {"meshes": meshes, "sync": sync, "overlap": overlap}, compress, activations)
+    radio_profile, node, edge = _parties(sim)
+    medium = sim["medium"]
+    dataset, config, source = _data_and_config(data, config_file, overrides(
+        grid, net, run, traffic, seed=seed, edge_at=edge_at, meshes=meshes, sync=sync,
+        overlap=overlap))
     if config.mesh.compress == PLAN:
         config = plan_for(config, dataset, radio_profile.name, backhaul)
     n_meshes = config.parallel.meshes
@@ -250,19 +256,14 @@ def simulate_train(
         on the straggler's radio, if any."""
         chosen, nodes = radio_profile, node
         if straggler_radio is not None and i == n_meshes - 1:
-            chosen, nodes, _ = _profiles(straggler_radio, medium, node_device,
-                                         edge_device, radios)
+            chosen, nodes, _ = _parties(sim, straggler_radio)
         return SimEngine(view, chosen, medium, nodes, edge, seed=config.train.seed + i,
                          trace=trace and i == 0, edge_at=config.mesh.edge_at,
                          mesh_id=config.mesh.mesh_id if n_meshes == 1 else
                          config.parallel.first_mesh_id + i,
                          params_via=_params_via(config, medium),
                          max_message_bytes=config.mesh.max_message_bytes,
-                         loss=FrameLoss(loss, burst, fault_seed + i),
-                         stragglers=_stragglers(stragglers, slowdown, fault_seed + i),
-                         best_effort=_best_effort(recovery, policy, patience),
-                         failing=_dead(dead, fault_seed + i, config, recovery),
-                         attach=_attach(attach, config, recovery),
+                         **_faults(sim, config, sim["fault_seed"] + i),
                          compress=config.mesh.compress,
                          activations=config.mesh.activations)
 
@@ -297,43 +298,35 @@ def simulate_train(
 
 
 @app.command("infer")
+@grouped
 def simulate_infer(
     model_path: Path | None = typer.Option(None, "--model", help="A trained model.npz "
                                            "(default: a fresh one; the cost of a wave "
                                            "does not depend on the weights)."),
-    data: Path | None = DATA,
+    data: LabelledData = None,
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-simulate-infer/)."),
-    edge_at: str | None = EDGE_AT,
-    rows: int | None = ROWS,
-    cols: int | None = COLS,
-    kernel: int | None = KERNEL,
-    filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL,
-    hidden: int | None = HIDDEN,
+    edge_at: EdgeAt = None,
+    grid: Flags = GRID,
+    net: Flags = NETWORK,
     batch: int = typer.Option(1, "--batch", help="Samples per wave (1: one time slot)."),
     waves: int = typer.Option(1, "--waves", help="Inference waves (time slots)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of a fresh model and of the "
                                     "radios' backoffs."),
-    radio: str = RADIO, medium: str = MEDIUM, node_device: str | None = DEVICE,
-    edge_device: str = EDGE_DEVICE, radios: Path | None = RADIOS,
-    loss: float = LOSS, burst: float | None = BURST, fault_seed: int = FAULT_SEED,
-    stragglers: float = STRAGGLERS, slowdown: float = SLOWDOWN,
-    dead: float = DEAD, attach: list[str] | None = ATTACH,
-    recovery: str = RECOVERY, policy: str = POLICY, patience: float = PATIENCE,
+    sim: Flags = SIMULATED,
     trace: bool = typer.Option(True, "--trace/--no-trace", help="Write trace.jsonl."),
-    json_out: bool = typer.Option(False, "--json", help="Print sim.json on stdout."),
+    json_out: JsonSim = False,
 ) -> None:
     """Inference waves under simulated time (one time slot each, by default)."""
     if batch < 1 or waves < 1:
         raise UsageError("--batch and --waves must be at least 1")
-    radio_profile, node, edge = _profiles(radio, medium, node_device, edge_device, radios)
+    radio_profile, node, edge = _parties(sim)
+    medium = sim["medium"]
     trained = CNN.load(model_path) if model_path else None
-    shape = trained.config.model_dump() if trained else {
-        "rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-        "conv_layers": conv_layers, "pool": pool, "hidden": hidden}
-    dataset, config, source = _data_and_config(data, None, shape, {"seed": seed}, edge_at)
+    flags = overrides(grid, net, seed=seed, edge_at=edge_at)
+    if trained:
+        flags["model"] = trained.config.model_dump()
+    dataset, config, source = _data_and_config(data, None, flags)
     model = trained or CNN(config.model, seed=config.train.seed)
     if trained is None:
         model.set_normalization(*normalization(dataset.X_train))
@@ -342,11 +335,7 @@ def simulate_infer(
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes,
-                       loss=FrameLoss(loss, burst, fault_seed),
-                       stragglers=_stragglers(stragglers, slowdown, fault_seed),
-                       best_effort=_best_effort(recovery, policy, patience),
-                       failing=_dead(dead, fault_seed, config, recovery),
-                       attach=_attach(attach, config, recovery))
+                       **_faults(sim, config, sim["fault_seed"]))
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")
@@ -423,13 +412,8 @@ def simulate_compare(
     radio: list[str] = typer.Option(None, "--radio", help="Radio profiles to compare "
                                     "(repeat; default: every one, Wi-Fi on the star, the "
                                     "others as a radio mesh)."),
-    rows: int = typer.Option(17, "--rows", help="Grid rows."),
-    cols: int = typer.Option(25, "--cols", help="Grid columns."),
-    kernel: int = typer.Option(3, "--kernel", help="Filter size k."),
-    filters: int = typer.Option(5, "--filters", help="Filters per conv layer."),
-    pool: int = typer.Option(2, "--pool", help="Max-pool size."),
-    conv_layers: int = typer.Option(2, "--conv-layers", help="Conv layers."),
-    hidden: int = typer.Option(200, "--hidden", help="Hidden FC units."),
+    rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = 5,
+    pool: Pool = 2, conv_layers: ConvLayers = 2, hidden: Hidden = 200,
     batch: int = typer.Option(1, "--batch", help="Samples of an inference slot."),
     train_samples: int = typer.Option(2400, "--train-samples", help="Training maps of "
                                       "an epoch (0: no epoch comparison)."),
@@ -440,8 +424,8 @@ def simulate_compare(
                                "network shapes (k 1/3, filters 1/2/5, pool 2/3/4, 1 or 2 "
                                "conv layers) on the first radio: where does the mesh win?"),
     seed: int = typer.Option(0, "--seed", help="Seed of the backoffs."),
-    radios: Path | None = RADIOS,
-    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    radios: RadioFile = None,
+    json_out: json_option("Print the comparison as JSON.") = False,
 ) -> None:
     """In-mesh computing against shipping every reading to the edge, measured."""
     known = profiles(radios)

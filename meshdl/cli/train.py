@@ -10,24 +10,10 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshdl.cli.common import (
-    ACTIVATIONS,
-    BATCH,
-    COLS,
-    COMPRESS,
-    CONV_LAYERS,
-    EPOCHS,
-    FILTERS,
-    HIDDEN,
-    KERNEL,
-    LR,
-    POOL,
-    ROWS,
-    emit_json,
-    err_console,
-    parse_cell,
-)
+from meshdl.cli.common import emit_json, err_console
 from meshdl.cli.cost import print_comm_summary
+from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, grouped, overrides
+from meshdl.cli.options import Config, JsonMetrics, Meshes, Optimizer
 from meshdl.compress.grammar import PLAN
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data.datasets import Dataset, load_dataset
@@ -62,13 +48,19 @@ def register(app: typer.Typer) -> None:
     app.command("train")(train)
 
 
+# What still applies to a run `--resume` continues: everything else is its own.
+_RESUMABLE = ("resume", "transport", "broker", "json_out")
+
+
+@grouped
 def train(
+    ctx: typer.Context,
     data: Path | None = typer.Option(None, "--data", help="Data set .npz (default: generate "
                                      "the synthetic lounge)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-<name>/)."),
     name: str | None = typer.Option(None, "--name", help="Label of the run directory."),
-    config_file: Path | None = typer.Option(None, "--config", help="TOML configuration file."),
+    config_file: Config = None,
     mode: str | None = typer.Option(None, "--mode", help="Where the network runs: mesh "
                                     "(the virtual mesh, default) or central."),
     edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C the edge "
@@ -81,17 +73,8 @@ def train(
     wire: bool | None = typer.Option(None, "--wire/--no-wire", help="Virtual mesh: pass "
                                      "every message through the binary codec, as over "
                                      "MQTT (slower, same results)."),
-    rows: int | None = ROWS,
-    cols: int | None = COLS,
-    kernel: int | None = KERNEL,
-    filters: int | None = FILTERS,
-    conv_layers: int | None = CONV_LAYERS,
-    pool: int | None = POOL,
-    hidden: int | None = HIDDEN,
-    epochs: int | None = EPOCHS,
-    batch: int | None = BATCH,
-    lr: float | None = LR,
-    optimizer: str | None = typer.Option(None, "--optimizer", help="sgd or adam."),
+    grid: Flags = GRID, net: Flags = NETWORK, run: Flags = TRAINING,
+    optimizer: Optimizer = None,
     warmup: float | None = typer.Option(None, "--warmup", help="Share of the updates over "
                                         "which the learning rate ramps up to --lr."),
     clip_norm: float | None = typer.Option(None, "--clip-norm", help="Shorten gradients "
@@ -99,9 +82,7 @@ def train(
     augment: str | None = typer.Option(None, "--augment", help="mirror (train on flipped "
                                        "maps too) or none."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of init and batch order."),
-    meshes: int | None = typer.Option(None, "--meshes", help="Meshes of this grid, each "
-                                      "with its edge, training one model through a "
-                                      "parameter server (--batch is each mesh's share)."),
+    meshes: Meshes = None,
     sync: str | None = typer.Option(None, "--sync", help="Several meshes: bsp (each step "
                                     "is one model's with batch N x --batch), ssp:S (a "
                                     "mesh at most S updates behind) or async."),
@@ -109,28 +90,18 @@ def train(
                                         "meshes: push the head's gradient while the mesh "
                                         "still runs the conv backward, and start each "
                                         "wave on the conv layers' new weights alone."),
-    compress: str | None = COMPRESS,
-    activations: str | None = ACTIVATIONS,
+    traffic: Flags = TRAFFIC,
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its last checkpoint, with its own "
                                        "configuration and data."),
     force: bool = typer.Option(False, "--force", help="Replace the run in --out (else a "
                                "directory holding a run is refused)."),
-    json_out: bool = typer.Option(False, "--json", help="Print metrics.json on stdout."),
+    json_out: JsonMetrics = False,
 ) -> None:
     """Train the CNN and write model.npz, config.json and metrics.json."""
     if resume is not None:
-        given = [flag for flag, value in (
-            ("--data", data), ("--out", out), ("--name", name), ("--config", config_file),
-            ("--mode", mode), ("--edge-at", edge_at), ("--rows", rows), ("--cols", cols),
-            ("--kernel", kernel), ("--filters", filters), ("--conv-layers", conv_layers),
-            ("--pool", pool), ("--hidden", hidden), ("--epochs", epochs), ("--batch", batch),
-            ("--lr", lr), ("--optimizer", optimizer), ("--warmup", warmup),
-            ("--clip-norm", clip_norm), ("--augment", augment), ("--seed", seed),
-            ("--wire/--no-wire", wire), ("--meshes", meshes), ("--sync", sync),
-            ("--overlap/--no-overlap", overlap), ("--compress", compress),
-            ("--activations", activations), ("--force", force or None))
-            if value is not None]
+        given = ["/".join(p.opts + p.secondary_opts) for p in ctx.command.params
+                 if p.name not in _RESUMABLE and ctx.params[p.name] != p.default]
         if given:
             raise UsageError(f"--resume continues the run as it was configured: drop "
                              f"{', '.join(given)}")
@@ -152,14 +123,9 @@ def train(
         # flags say otherwise (then they must agree with it).
         data_grid=None if dataset is None else (dataset.rows, dataset.cols),
         mode=mode,
-        model={"rows": rows, "cols": cols, "kernel": kernel, "filters": filters,
-               "conv_layers": conv_layers, "pool": pool, "hidden": hidden},
-        train={"epochs": epochs, "batch": batch, "lr": lr, "optimizer": optimizer,
-               "warmup_fraction": warmup, "clip_norm": clip_norm, "augment": augment,
-               "seed": seed},
-        mesh={"edge_at": parse_cell(edge_at) if edge_at else None, "wire": wire,
-              "compress": compress, "activations": activations},
-        parallel={"meshes": meshes, "sync": sync, "overlap": overlap},
+        **overrides(grid, net, run, traffic, optimizer=optimizer, warmup=warmup,
+                    clip_norm=clip_norm, augment=augment, seed=seed, edge_at=edge_at,
+                    wire=wire, meshes=meshes, sync=sync, overlap=overlap),
     )
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):

@@ -9,6 +9,13 @@ to Python only for what Python must do: an event scheduled with `at` (a CPU waki
 deadline) and a transmission's arrival at its receivers. `Medium.send` on a medium
 attached to an `AirQueue` hands the transmission over here.
 
+`AirQueue` is a clock in its own right (`Clock`, sim/radio/clock.py), not a subclass of
+the Python `EventQueue`: Python's events and the medium's must share one heap and one
+sequence counter to keep their order, so the heap lives here, compiled. Of the medium
+it reads only its public face for a compiled backend (`Medium.contention`, `hold_of`,
+`slot_of`, `count_sent`, `trace`, `deliver`), and only once per kind of transmission
+or per settling, never per event.
+
 Exactness is the point: one heap orders every event by (time, sequence) with one
 sequence counter, Python's events and the medium's alike; the backoffs are drawn from
 the medium's own seeded `random.Random`, in event order, through a buffer filled from
@@ -35,11 +42,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from numba import njit
 
-from meshdl.sim.radio.clock import Action, EventQueue
+from meshdl.sim.radio.clock import Action
 from meshdl.sim.radio.trace import Sent
 
 if TYPE_CHECKING:
-    from meshdl.sim.radio.media import Medium, Transmission
+    from meshdl.sim.radio.media import Medium, Sending, Transmission
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False}
 
@@ -316,17 +323,17 @@ def _run(i64: np.ndarray, f64: np.ndarray, stop: int, until: float) -> int:
 # ------------------------------------------------------------------ Python side
 class _Class(NamedTuple):
     """What the transmissions of one class are, for the figures and the trace: the
-    medium's `_Sending` key, and the slot's last bit and frames."""
+    medium's `Sending` key, and the slot's last bit and frames."""
 
-    key: tuple
+    key: Sending
     last_bit: float
     frames: int
 
 
-class AirQueue(EventQueue):
-    """An `EventQueue` whose heap is compiled, and which runs the loss-free contention
-    of a `Medium` attached to it (`attach`) without returning to Python. It keeps no
-    Python heap: every method of `EventQueue` is overridden here.
+class AirQueue:
+    """A clock (`Clock`: the same events in the same order as an `EventQueue`) whose
+    heap is compiled, and which runs the loss-free contention of a `Medium` attached to
+    it (`attach`) without returning to Python.
 
     What the medium's compiled part counted and traced reaches the medium's figures
     and trace when a run ends, when the medium changes accounts, and whenever a `Tally`
@@ -339,7 +346,7 @@ class AirQueue(EventQueue):
         room."""
         if room < 1 or draws < 2:
             raise ValueError("an AirQueue needs room for 1 entry and 2 draws at least")
-        self.now = now
+        self.now = now  # the clock, as of the last return to Python
         self._draws = draws
         self._layout = Layout({HEAP: room, CLASS: room, MEMBER: room, RADIO: 0, TX: room,
                                LOG: room, DRAW: 0, BUSY: 0, SENT: room})
@@ -350,32 +357,31 @@ class AirQueue(EventQueue):
         self._ids = count()
         self.medium: Medium | None = None
         self._carried: dict[int, Transmission] = {}
-        self._classes: dict[tuple, int] = {}
+        self._classes: dict[Sending, int] = {}
         self._class_list: list[_Class] = []
         self._radios: dict[Hashable, int] = {}
         self._draw: Callable[[], float] = lambda: 0.0
 
     # ------------------------------------------------------------- the medium
-    def attach(self, medium: Medium, parties: list[Hashable], members: int,
-               draw: Callable[[], float], access: float, unit: float, min_be: int,
-               max_be: int, takes_turns: bool, tracing: bool) -> None:
-        """Run `medium`'s loss-free contention here: its parties' radios, its channel
-        members (each free from the start), its figures."""
+    def attach(self, medium: Medium) -> None:
+        """Run `medium`'s loss-free contention here (`Medium.contention`): its
+        parties' radios, its channel members (each free from the start), its figures."""
         if self.medium is not None or self._layout.i64[HEAP_N]:
             raise ValueError("a medium attaches to an AirQueue once, before any event")
-        layout = self._layout.grown(RADIO, len(parties)).grown(BUSY, members) \
+        c = medium.contention()
+        layout = self._layout.grown(RADIO, len(c.parties)).grown(BUSY, c.members) \
             .grown(DRAW, self._draws)
         i64, f64 = layout.i64, layout.f64
-        i64[MIN_BE], i64[MAX_BE], i64[TAKES_TURNS], i64[TRACING] = min_be, max_be, takes_turns, \
-            tracing
-        f64[ACCESS], f64[UNIT] = access, unit
+        i64[MIN_BE], i64[MAX_BE], i64[TAKES_TURNS], i64[TRACING] = c.min_be, c.max_be, \
+            c.takes_turns, c.tracing
+        f64[ACCESS], f64[UNIT] = c.access, c.unit
         radios = layout.ints(RADIO).reshape(-1, 4)
         radios[:, R_HEAD], radios[:, R_TAIL] = -1, -1  # empty queues
         # Without a backoff unit nothing is drawn (the buffer of zeros only satisfies
         # the kernels' check), and the medium's generator is left untouched.
         self._layout, self.medium = layout, medium
-        self._draw = draw if unit else float
-        self._radios = {party: number for number, party in enumerate(parties)}
+        self._draw = c.draw if c.unit else float
+        self._radios = {party: number for number, party in enumerate(c.parties)}
         self._refill()
 
     def send(self, tx: Transmission) -> None:
@@ -395,11 +401,11 @@ class AirQueue(EventQueue):
                            carried):
             self._make_room()
 
-    def _add_class(self, key: tuple, tx: Transmission) -> int:
+    def _add_class(self, key: Sending, tx: Transmission) -> int:
         """A new class of transmission: its hold's members and its slot's times."""
         assert self.medium is not None
-        hold = tx.hold or self.medium._hold(tx)
-        slot = self.medium._slot_of(tx.size, tx.broadcast)
+        hold = tx.hold or self.medium.hold_of(tx)
+        slot = self.medium.slot_of(tx.size, tx.broadcast)
         class_no, first = int(self._layout.i64[CLASS_N]), int(self._layout.i64[MEMBER_N])
         if class_no == self._layout.capacity(CLASS):  # each class is sent at most once
             room = 2 * class_no  # between two settlings: SENT grows with it
@@ -461,9 +467,10 @@ class AirQueue(EventQueue):
         sent = layout.ints(SENT)[:int(layout.i64[SENT_N])]
         if len(sent):
             counts = layout.ints(CLASS).reshape(-1, 3)[:, C_COUNT]
-            unsettled, classes = self.medium._unsettled, self._class_list
-            for class_no, n in zip(sent.tolist(), counts[sent].tolist(), strict=True):
-                unsettled[classes[class_no].key] += n
+            classes = self._class_list
+            self.medium.count_sent(
+                [(classes[class_no].key, n)
+                 for class_no, n in zip(sent.tolist(), counts[sent].tolist(), strict=True)])
             counts[sent] = 0
             layout.i64[SENT_N] = 0
 
@@ -483,10 +490,12 @@ class AirQueue(EventQueue):
 
     # ------------------------------------------------------------- the clock
     @property
-    def events(self) -> int:  # type: ignore[override]
+    def events(self) -> int:
+        """Events run so far, the medium's own included."""
         return int(self._layout.i64[EVENTS])
 
     def at(self, time: float, action: Action, argument: Any = None) -> None:
+        """Run `action(argument)` at `time` (never before now)."""
         if time < self.now:
             raise ValueError(f"cannot schedule at {time} before now ({self.now})")
         key = next(self._ids)
@@ -495,6 +504,7 @@ class AirQueue(EventQueue):
             self._make_room()
 
     def advance_to(self, time: float) -> None:
+        """`EventQueue.advance_to`: nothing may be pending."""
         if self._layout.i64[HEAP_N] or time < self.now:
             raise ValueError(f"cannot advance to {time}: events pending or time past")
         self.now = self._layout.f64[NOW] = time
@@ -530,6 +540,7 @@ class AirQueue(EventQueue):
             self.settle()
 
     def run(self, limit: int) -> bool:
+        """Run events until none is left; False if `limit` events ran out first."""
         return self._events_until(self._stop(limit), math.inf)
 
     def run_until(self, done: Callable[[], bool], limit: int) -> bool:
@@ -546,5 +557,6 @@ class AirQueue(EventQueue):
         return min(self.events + limit, 2**62)  # the kernels count in int64
 
     def run_through(self, time: float) -> None:
+        """Run the events up to `time`, then move the clock to it."""
         self._events_until(2**62, time)
         self.now = self._layout.f64[NOW] = max(self.now, time)

@@ -14,13 +14,39 @@ from __future__ import annotations
 from collections.abc import Callable
 from heapq import heappop, heappush
 from itertools import count
-from typing import Any
+from typing import Any, Protocol
 
 Action = Callable[[Any], None]
 
 
+class Clock(Protocol):
+    """What the simulator's drivers ask of a clock. `EventQueue` is the one in Python;
+    sim/radio/air.py's `AirQueue` is another, whose heap is compiled and which also runs
+    a loss-free medium's contention (the same events in the same order)."""
+
+    now: float
+
+    @property
+    def events(self) -> int:
+        """Events run so far."""
+        ...
+
+    def at(self, time: float, action: Action, argument: Any = None) -> None: ...
+
+    def advance_to(self, time: float) -> None: ...
+
+    def __bool__(self) -> bool: ...
+
+    def run_through(self, time: float) -> None: ...
+
+    def run_until(self, done: Callable[[], bool], limit: int) -> bool: ...
+
+    def run(self, limit: int) -> bool: ...
+
+
 class EventQueue:
-    """The simulator's clock: `at` schedules, `run` advances `now` event by event."""
+    """The simulator's clock in Python: `at` schedules, `run` advances `now` event by
+    event."""
 
     def __init__(self, now: float = 0.0) -> None:
         self.now = now

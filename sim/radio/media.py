@@ -32,8 +32,10 @@ after T on air. The backoffs are drawn from one seeded generator, in event order
 same seed gives the same trace.
 
 On an `AirQueue` (sim/radio/air.py) a loss-free medium hands every transmission to the queue,
-which runs this same contention compiled, event for event; lossy links, nodes that go
-down and per-radio backoff streams need this module's Python path (`_python_only`).
+which runs this same contention compiled, event for event, through the medium's small
+public face for a compiled backend (`Medium.contention`, `hold_of`, `slot_of`,
+`count_sent`); lossy links, nodes that go down and per-radio backoff streams need this
+module's Python path (`_python_only`).
 
 Every transmission is one trace record (`Sent`): first bit on air to the last bit of the
 last frame, the message's bytes before framing and its frames. The radios' time in
@@ -53,7 +55,7 @@ from meshdl.errors import UsageError
 from meshdl.protocol.messages import EDGE, Kind
 from meshdl.protocol.topology import Topology
 from meshdl.sim.radio.air import AirQueue
-from meshdl.sim.radio.clock import EventQueue
+from meshdl.sim.radio.clock import Clock
 from meshdl.sim.radio.linklayer import MAX_RECOVERIES, send_frames
 from meshdl.sim.radio.loss import NO_LOSS, DownLinks, FrameLoss
 from meshdl.sim.radio.profiles import RadioProfile
@@ -81,7 +83,7 @@ class Transmission:
     # A broadcast's: each delivery's own bytes, what a receiver that missed it is sent
     # again (None: `size` each).
     sizes: tuple[int, ...] | None = None
-    hold: tuple[int, ...] = ()  # the numbers of the members it holds (`Medium._hold`)
+    hold: tuple[int, ...] = ()  # the numbers of the members it holds (`Medium.hold_of`)
     # Best effort: when its receivers stop waiting for it (None: they wait until it
     # comes); its lost frames are not taken up again after; and how often a lost frame
     # is taken up again at most (None: until it arrives).
@@ -109,17 +111,34 @@ class KindFigures(NamedTuple):
 
 # What a loss-free transmission was, for the figures (`Tally`): (src, receivers, kind,
 # layer, size, broadcast). A plain tuple: one is made on every transmission.
-_Sending = tuple[Party, tuple[Party, ...], Kind, int, int, bool]
+Sending = tuple[Party, tuple[Party, ...], Kind, int, int, bool]
 
 
-class _Slot(NamedTuple):
-    """A loss-free transmission of one size, from its first bit (`Medium._slot`)."""
+class Slot(NamedTuple):
+    """A loss-free transmission of one size, from its first bit (`Medium.slot_of`)."""
 
     channel: float  # held
     last_bit: float
     delivered: float  # received, plus the hop latency
     radio_free: float  # the sender may go on air again (channel, or duty cycle)
     frames: int
+
+
+class Contention(NamedTuple):
+    """A loss-free medium's contention, for a backend that runs it elsewhere
+    (`Medium.contention`): every radio, numbered in the order of `parties`; channel
+    members numbered 0 .. `members` - 1, each free from the start; the one backoff
+    stream; and the profile's figures the CCA uses."""
+
+    parties: list[Party]
+    members: int
+    draw: Callable[[], float]  # the next backoff draw, uniform in [0, 1)
+    access: float  # from the CCA to the first bit: the CCA and the turnaround
+    unit: float  # the backoff unit period (0: no backoff drawn)
+    min_be: int
+    max_be: int
+    takes_turns: bool  # a busy channel: queue for it (the star), or sense again
+    tracing: bool  # the medium keeps a trace
 
 
 @dataclass
@@ -147,7 +166,7 @@ class Tally:
         self._transmissions = 0
         self._frames = 0
         self._by_kind: Counter[tuple[Kind, int, str]] = Counter()
-        self.unsettled: Counter[_Sending] = Counter()
+        self.unsettled: Counter[Sending] = Counter()
 
     def add(self, src: Party, kind: Kind, layer: int, size: int, frames: int,
             tx: dict[Party, float], rx: dict[Party, float]) -> None:
@@ -224,7 +243,7 @@ class Medium:
     missed it), plus one for each time its sender finds its hold busy on the radio mesh
     (on the star it takes its turn at once)."""
 
-    def __init__(self, radio: RadioProfile, queue: EventQueue, seed: int, deliver: Deliver,
+    def __init__(self, radio: RadioProfile, queue: Clock, seed: int, deliver: Deliver,
                  trace: list[Sent] | None = None, loss: FrameLoss | None = None) -> None:
         self.radio = radio
         # Loss-free contention compiled (sim/radio/air.py), when the queue can run it.
@@ -251,7 +270,7 @@ class Medium:
         # hashed again on every look-up).
         self._busy: list[float] = []
         self._number: dict[Hashable, int] = {}
-        self._hold_numbers: dict[Hashable, tuple[int, ...]] = {}  # by `_hold`'s key
+        self._hold_numbers: dict[Hashable, tuple[int, ...]] = {}  # by `hold_of`'s key
         self.takes_turns = False  # a busy channel: sense again later, or queue for it
         # The figures, per account (`account`); transmissions count into the current one.
         self.tallies: dict[Hashable, Tally] = {}
@@ -260,7 +279,7 @@ class Medium:
         self._radios: dict[Party, _Radio] = {}
         self._channels: dict[Party, tuple[Hashable, ...]] = {}  # each medium fills it
         self._airtime: dict[tuple[int, bool], Airtime] = {}
-        self._slots: dict[tuple[int, bool], _Slot] = {}  # by (size, broadcast)
+        self._slots: dict[tuple[int, bool], Slot] = {}  # by (size, broadcast)
         # The profile's figures read on every transmission, looked up once. After its
         # CCA the radio turns from receiving to transmitting before the first bit.
         self._access = radio.cca_s + (radio.turnaround_s if radio.cca_s else 0.0)
@@ -276,10 +295,27 @@ class Medium:
         self._number = {member: number for number, member in enumerate(members)}
         self._busy = [0.0] * len(self._number)
         if isinstance(self.queue, AirQueue) and self.loss is None:
-            self.queue.attach(self, list(self._channels), len(self._number), self.rng.random,
-                              self._access, self._unit, self._min_be, self._max_be,
-                              self.takes_turns, self.trace is not None)
+            self.queue.attach(self)
             self._air = self.queue
+
+    # ------------------------------------------------- for a compiled backend
+    # What sim/radio/air.py runs of this medium, and all it reads of it: the settings of
+    # its contention (`contention`), each kind of transmission's hold and slot, worked
+    # out here once per kind (`hold_of`, `slot_of`), and, handed back, how many
+    # loss-free transmissions of each kind it made (`count_sent`), its trace records
+    # (`trace`) and its arrivals (`deliver`).
+    def contention(self) -> Contention:
+        """The loss-free contention's settings, as this medium runs it."""
+        return Contention(list(self._channels), len(self._number), self.rng.random,
+                          self._access, self._unit, self._min_be, self._max_be,
+                          self.takes_turns, self.trace is not None)
+
+    def count_sent(self, counts: Iterable[tuple[Sending, int]]) -> None:
+        """Loss-free transmissions made elsewhere, counted into the current account
+        (their figures are worked out when asked for, as for this medium's own)."""
+        unsettled = self._unsettled
+        for sending, n in counts:
+            unsettled[sending] += n
 
     @property
     def rng(self) -> Any:
@@ -316,7 +352,7 @@ class Medium:
             raise UsageError(f"{what} needs the Python medium: run the mesh on a plain "
                              "EventQueue (TimedMesh(compiled=False))")
 
-    def _hold(self, tx: Transmission) -> tuple[int, ...]:
+    def hold_of(self, tx: Transmission) -> tuple[int, ...]:
         """The numbers of the members `tx` holds: the sender's channel, and for an
         acknowledged unicast also the receiver's, where its ACKs are heard (worked out
         once per sender and receiver, and kept with `tx` for its further attempts)."""
@@ -385,7 +421,7 @@ class Medium:
             radio.active = False
             return
         now, busy, tx = self.queue.now, self._busy, radio.queue[0]
-        src, hold = tx.src, tx.hold or self._hold(tx)
+        src, hold = tx.src, tx.hold or self.hold_of(tx)
         free = max(map(busy.__getitem__, hold))
         if free > now:
             exponent = radio.backoff_exponent
@@ -401,7 +437,7 @@ class Medium:
         if self._loss is not None or (self.down and not self.down.isdisjoint(tx.receivers)):
             self._transmit_lossy(src, radio, tx, hold, now)
         else:  # loss-free: the hot path, its figures worked out later (`Tally`)
-            slot = self._slot_of(tx.size, tx.broadcast)
+            slot = self.slot_of(tx.size, tx.broadcast)
             t0 = now + self._access
             end = t0 + slot.channel
             for member in hold:
@@ -530,7 +566,7 @@ class Medium:
             air = self._airtime[key] = airtime(self.radio, size, acked)
         return air
 
-    def _slot_of(self, size: int, broadcast: bool) -> _Slot:
+    def slot_of(self, size: int, broadcast: bool) -> Slot:
         """The loss-free slot of a transmission of `size` bytes (cached)."""
         key = (size, broadcast)
         slot = self._slots.get(key)
@@ -538,10 +574,10 @@ class Medium:
             slot = self._slots[key] = self._slot(size, acked=not broadcast)
         return slot
 
-    def _slot(self, size: int, acked: bool) -> _Slot:
+    def _slot(self, size: int, acked: bool) -> Slot:
         air = self.airtime(size, acked)
         radio_free = max(air.channel, air.on_air + self.radio.off_time_s(air.on_air))
-        return _Slot(air.channel, air.last_bit, air.received + self._latency, radio_free,
+        return Slot(air.channel, air.last_bit, air.received + self._latency, radio_free,
                      air.frames)
 
 
@@ -590,7 +626,7 @@ def natural_medium(radio_name: str) -> MediumName:
     return "star" if radio_name == "wifi" else "shared"
 
 
-def medium_for(name: MediumName, topology: Topology, radio: RadioProfile, queue: EventQueue,
+def medium_for(name: MediumName, topology: Topology, radio: RadioProfile, queue: Clock,
                seed: int, deliver: Deliver, trace: list[Sent] | None = None,
                loss: FrameLoss | None = None,
                edge_links: Iterable[Party] = ()) -> Medium:
