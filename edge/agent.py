@@ -37,6 +37,17 @@ from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import head_work
 
+from .lifecycle import (
+    FINISHED,
+    GAVE_UP_GATHER,
+    GAVE_UP_REDUCE,
+    HEAD_RAN,
+    UNDER_WAY,
+    EdgeEvent,
+    EdgePhase,
+    next_phase,
+)
+
 # A wave still making progress is restarted anyway once it is this many wave timeouts
 # old: its idle timeout alone would let a trickle of messages hold it for ever.
 WAVE_CAP_TIMEOUTS = 3
@@ -90,7 +101,8 @@ class WaveEngine:
 
 
 class EdgeMachine:
-    """The edge of one mesh, holding the model whose head it runs."""
+    """The edge of one mesh, holding the model whose head it runs. Its wave moves
+    through the phases of edge/lifecycle.py, only by `_move`."""
 
     def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray],
                  first_step: int = 1, wave_timeout: float | None = None,
@@ -122,13 +134,15 @@ class EdgeMachine:
         self.started_at = 0.0
         self.heard_at = 0.0  # the current wave's start or its last message
         self.attempts = 0  # of the current request: 1, then 2, ... after each restart
+        self.phase = EdgePhase.IDLE
+        self.event: EdgeEvent | None = None  # the one that moved it there
         self._request: tuple[Mode, Split, np.ndarray] | None = None
         self.mode: Mode | None = None
         self.batch_labels: np.ndarray | None = None
-        self.trace: Trace | None = None
+        self.trace: Trace | None = None  # set once the head ran (phases HEAD_RAN)
         self.logits: np.ndarray | None = None
         self.loss: float | None = None
-        self.result: WaveResult | None = None
+        self._result: WaveResult | None = None
         self._adopt(spec)
         # Dead cells (best effort): reported, back, and the cells the edge can attach
         # to, in order of preference; off unless `watch_health`.
@@ -157,9 +171,25 @@ class EdgeMachine:
         self.backward_at = 0.0  # when this wave's SCATTER went
         self.last_level: dict[tuple[int, int], np.ndarray] = {}  # "last": block -> (h,)
         self._timed: Arrivals | None = None  # the current wave's kind's arrival times
-        self._gave_up: Kind | None = None  # what the current wave filled in
         self.learning: Learning | None = None  # deadlines from a first wave, waited out
         self._learnt: dict[int, float] | None = None
+
+    def _move(self, event: EdgeEvent) -> None:
+        """The one way the wave changes phase: by `event`, as EDGE_TRANSITIONS allows
+        (else `IllegalTransition`)."""
+        self.phase = next_phase(self.phase, event)
+        self.event = event
+
+    @property
+    def result(self) -> WaveResult | None:
+        """The current wave's result once it is DONE or SKIPPED, else None."""
+        return self._result if self.phase in FINISHED else None
+
+    @property
+    def _gave_up(self) -> Kind | None:
+        """What the current wave gave up waiting for (it times the late copy)."""
+        return Kind.GATHER if self.event in GAVE_UP_GATHER else \
+            Kind.REDUCE if self.event in GAVE_UP_REDUCE else None
 
     def _adopt(self, spec: MeshSpec) -> None:
         """Run the waves in `spec`'s mesh (its PARAMS say which, when it is not the
@@ -237,6 +267,7 @@ class EdgeMachine:
               now: float = 0.0) -> list[Message]:
         """Begin a new wave over samples `indices` of `split`; returns what to send."""
         self._request, self.attempts = (mode, split, np.asarray(indices)), 0
+        self._move(EdgeEvent.START)
         return self._begin(now)
 
     def tick(self, now: float) -> list[Message]:
@@ -247,7 +278,7 @@ class EdgeMachine:
         it: a step's gradients only leave the edge in a result. The timeout counts from
         the wave's last message, not its start: over a lossy link TCP may take long to
         deliver a wave that loses nothing, and restarting it would only start over."""
-        if self._request is None or self.result is not None:
+        if self.phase not in UNDER_WAY:
             return []
         if self._timed is not None:
             return self._overdue(now)
@@ -256,6 +287,7 @@ class EdgeMachine:
                 (self.wave_cap is None or now - self.started_at < self.wave_cap)):
             return []
         self.stats["restarted_waves"] += 1
+        self._move(EdgeEvent.RESTART)
         return self._begin(now)
 
     def set_deadlines(self, policy: Policy, mode: Mode, batch: int, gather: float,
@@ -274,9 +306,9 @@ class EdgeMachine:
 
     def next_deadline(self) -> float | None:
         """When the current wave next gives up on something, if it will."""
-        if self._timed is None or self.result is not None or self._request is None:
+        if self._timed is None or self.phase not in UNDER_WAY:
             return None
-        if self.trace is None:
+        if self.phase == EdgePhase.AWAITING_GATHER:
             return self.started_at + self.due_gather
         return self.backward_at + self.due_reduce
 
@@ -287,7 +319,7 @@ class EdgeMachine:
             return None
         if h.kind == Kind.GATHER:
             return self.started_at + self.due_gather
-        if h.kind == Kind.REDUCE and self.trace is not None:
+        if h.kind == Kind.REDUCE and self.phase in HEAD_RAN:
             return self.backward_at + self.due_reduce
         return None
 
@@ -296,7 +328,7 @@ class EdgeMachine:
         the first wave of a kind)."""
         index, seconds = (GATHER_ENTRY, now - self.started_at) if kind == Kind.GATHER else \
             (REDUCE_ENTRY, now - self.backward_at)
-        if kind == Kind.REDUCE and self.trace is None:
+        if kind == Kind.REDUCE and self.phase not in HEAD_RAN:
             return
         if self._learnt is not None:
             self._learnt[index] = seconds
@@ -324,14 +356,15 @@ class EdgeMachine:
         due = self.next_deadline()
         if due is None or now < due:
             return []
-        if self.trace is None:
-            self._gave_up = Kind.GATHER
+        if self.phase == EdgePhase.AWAITING_GATHER:
             if self.mode == Mode.TRAIN:
                 self.stats["skipped_steps"] += 1
-                self.result = WaveResult(self.step, Mode.TRAIN, np.empty((self.batch, 0)),
-                                         skipped=True)
+                self._result = WaveResult(self.step, Mode.TRAIN, np.empty((self.batch, 0)),
+                                          skipped=True)
+                self._move(EdgeEvent.GATHER_MISSED)
                 return []
             self.stats["filled_in:gather"] += 1
+            self._move(EdgeEvent.GATHER_FILLED)
             shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
             gathered = np.zeros(shape, np.float32)
             if self.policy == Policy.LAST:
@@ -340,25 +373,26 @@ class EdgeMachine:
                         gathered[row] = self.last_level[block][:, None]
             return self._head(gathered, now)
         self.stats["filled_in:reduce"] += 1
-        self._gave_up = Kind.REDUCE
         grads = self.model.grad_flat
         grads[: self.spec.conv_size] = 0.0
-        self.result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
+        self._result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
+        self._move(EdgeEvent.REDUCE_MISSED)
         return []
 
     def _begin(self, now: float) -> list[Message]:
+        """The current request's next attempt (after START or RESTART): its PARAMS and
+        BATCH under a new step."""
         self.weigh_health()
         self._weighed = False  # the next wave weighs what this one brings
         mode, split, indices = self._request
         self.attempts += 1
         self.started_at = self.heard_at = now
         self.step = (self.step + 1) & 0xFFFFFFFF  # the header's u32
-        self.mode, self.result, self.trace = mode, None, None
+        self.mode, self._result, self.trace = mode, None, None
         indices = np.asarray(indices, np.int32)
         self.batch = len(indices)
         self.batch_labels = self.labels[split][indices] if mode == Mode.TRAIN else None
         # Best effort: this kind of wave's arrival times, and the deadlines they give.
-        self._gave_up = None
         self._timed = self.arrivals.get((self.spec.plan_key, mode, self.batch)) \
             if self.policy else None
         if self._timed is None and self.learning is not None:  # from an earlier plan
@@ -389,7 +423,8 @@ class EdgeMachine:
         self.heard_from_mesh = True
         if h.kind == Kind.HEALTH:
             return self._health(message)
-        if h.step != self.step or h.session != self.session or self.result is not None:
+        if h.step != self.step or h.session != self.session or \
+                self.phase not in UNDER_WAY:
             if h.kind == self._gave_up and h.step == self.step and \
                     h.session == self.session:
                 self.stats["late"] += 1  # given up on already: it says how late
@@ -397,7 +432,7 @@ class EdgeMachine:
                 return []
             self.stats["stale"] += 1
             return []
-        if h.kind == Kind.GATHER and self.trace is None:
+        if h.kind == Kind.GATHER and self.phase == EdgePhase.AWAITING_GATHER:
             shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
             payload = read_or_count(
                 lambda: read_activations(self.spec.activation_codec, h, message.payload,
@@ -411,8 +446,10 @@ class EdgeMachine:
             if self.policy == Policy.LAST:
                 self.last_level.update(zip(self.gather_blocks, payload.mean(axis=2),
                                            strict=True))
+            self._move(EdgeEvent.GATHERED_TRAIN if self.mode == Mode.TRAIN else
+                       EdgeEvent.GATHERED_INFER)
             return self._head(payload, now)
-        if h.kind == Kind.REDUCE and self.trace is not None and self.mode == Mode.TRAIN:
+        if h.kind == Kind.REDUCE and self.phase == EdgePhase.AWAITING_REDUCE:
             payload = read_or_count(lambda: self.spec.read_reduce(h, message.payload),
                                     self.stats, "rejected:bad_shape")
             if payload is None:
@@ -427,7 +464,8 @@ class EdgeMachine:
                 self._arrival(Kind.REDUCE, now)
             grads = self.model.grad_flat
             grads[: self.spec.conv_size] = payload
-            self.result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
+            self._result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
+            self._move(EdgeEvent.REDUCED)
             if self._learnt is not None:
                 self._learnt_wave()
             return []
@@ -436,7 +474,8 @@ class EdgeMachine:
         return []
 
     def _head(self, gathered: np.ndarray, now: float) -> list[Message]:
-        """Pooled features -> logits; in training also loss and d(loss)/d(pooled)."""
+        """Pooled features -> logits; in training also loss and d(loss)/d(pooled).
+        The caller has moved the wave on (GATHERED_*, GATHER_FILLED)."""
         filters, batch = self.spec.model.filters, gathered.shape[2]
         prow, pcol = self.spec.topology.pooled_shape
         pooled = np.empty((filters, prow, pcol, batch), np.float32)
@@ -448,7 +487,7 @@ class EdgeMachine:
         self.trace = self.model.head_forward(pooled)
         self.logits = np.ascontiguousarray(self.trace.logits.T)
         if self.mode == Mode.INFER:
-            self.result = WaveResult(self.step, Mode.INFER, self.logits)
+            self._result = WaveResult(self.step, Mode.INFER, self.logits)
             if self._learnt is not None:
                 self._learnt_wave()
             return []

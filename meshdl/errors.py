@@ -77,3 +77,13 @@ def format_validation_error(exc: ValidationError) -> str:
         message = error["msg"].removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
+
+
+class IllegalTransition(Exception):
+    """A state machine was handed an event its transition table does not allow in its
+    phase (edge/lifecycle.py, nodes/lifecycle.py): a bug in the caller or the machine,
+    not in the input, so it is not a `MeshdlError` the CLI would print as one line."""
+
+    def __init__(self, machine: str, phase: Enum, event: Enum) -> None:
+        super().__init__(f"{machine}: event {event.name} is illegal in phase {phase.name}")
+        self.machine, self.phase, self.event = machine, phase, event

@@ -34,6 +34,7 @@ from meshdl.compress.intsum import SumChannel, add_shares
 from meshdl.nodes import compute
 from meshdl.nodes.besteffort import BestEffortNode
 from meshdl.nodes.delta import DeltaReceiver, DeltaSender
+from meshdl.nodes.lifecycle import NodeEvent, NodePhase, next_phase
 from meshdl.nodes.memory import MemoryPlan
 from meshdl.nodes.plan import (
     FILLED_IN,
@@ -156,6 +157,8 @@ class NodeMachine(BestEffortNode):
         self.mesh_id = spec.mesh_id
         self.layout = spec.params_layout  # where each layer's parameters sit in PARAMS
         self.params_size = self.layout.size
+        if self.wave is not None and self.wave.phase is not NodePhase.DONE:
+            self._move(self.wave, NodeEvent.SUPERSEDED)
         self.wave = None  # the PARAMS that brought the new plan start a new wave
         self._storage: list[np.ndarray] = []  # the field buffers of the last wave ...
         self._kept: list[np.ndarray | None] = []  # ... its kept activations ...
@@ -276,7 +279,7 @@ class NodeMachine(BestEffortNode):
                     now: float) -> list[Message]:
         """A neighbour's items for the current wave: stored in their slots, and what they
         complete runs (kept for later if the wave has not started yet)."""
-        if wave.mode is None:  # before this wave's BATCH: wait for it
+        if wave.phase is NodePhase.AWAITING_CONTROL:  # before its BATCH: wait for it
             return self._buffer(message, expect, "buffered_early")
         if wave.seen[expect.index]:
             if wave.seen[expect.index] == FILLED_IN:
@@ -363,11 +366,13 @@ class NodeMachine(BestEffortNode):
                 return self._buffer(message, expect, "buffered_future")
             if wave is not None and not self._finished(wave):
                 self.stats["abandoned_waves"] += 1
+                self._move(wave, NodeEvent.SUPERSEDED)
             if wave is not None and wave.schedule is not None:
                 self._judge(wave)
             if wave is not None and h.session != wave.session:
                 self.stats["resynchronised"] += 1
             self.wave = wave = Wave(h.step, h.session, self.plan)
+            wave.phase = NodePhase.AWAITING_CONTROL
             new_wave = True
         if h.step != wave.step:  # an earlier wave of this session
             self.stats["stale"] += 1
@@ -377,7 +382,7 @@ class NodeMachine(BestEffortNode):
                 return self._late(wave, expect, now)
             self.stats["duplicates"] += 1
             return []
-        started_before = wave.mode is not None
+        started_before = wave.phase is not NodePhase.AWAITING_CONTROL
         out: list[Message] = []
         if not self._accept(wave, message, expect, out, now):
             return []
@@ -387,7 +392,8 @@ class NodeMachine(BestEffortNode):
             self._took(wave, expect, now)
         if wave.ready:
             self._run_ready(wave, now, out)
-        if self.early and (new_wave or (not started_before and wave.mode is not None)):
+        if self.early and (new_wave or (not started_before and
+                                        wave.phase is not NodePhase.AWAITING_CONTROL)):
             for early in self._due(wave):
                 out.extend(self.handle(early, now))
         return out
@@ -545,7 +551,7 @@ class NodeMachine(BestEffortNode):
         h, payload = message.header, message.payload
         if expect.role.starts_wave:
             return self._accept_control(wave, message, expect, out, now)
-        if wave.mode is None:  # before this wave's BATCH: wait for it
+        if wave.phase is NodePhase.AWAITING_CONTROL:  # before its BATCH: wait for it
             self._buffer(message, expect, "buffered_early")
             return False
         if not wave.training:
@@ -603,6 +609,7 @@ class NodeMachine(BestEffortNode):
         mode, split, indices = BatchOrder.read(payload)
         wave.mode = MODES[mode]
         wave.training = wave.mode == Mode.TRAIN
+        self._move(wave, NodeEvent.STARTED)
         wave.batch = len(indices)
         wave.started_at = self.heard_at = now
         if self._suspects and self.parent is not None:  # dated by the wave judged
@@ -666,6 +673,8 @@ class NodeMachine(BestEffortNode):
         wave.by_input_cell = memory.by_input_cell
         wave.forward_left = self.plan.active[Mode.INFER]  # the tasks of every wave
         wave.holding = memory.shares and wave.forward_left > 0
+        if wave.training and wave.forward_left == 0:  # (a cell without forward tasks)
+            self._move(wave, NodeEvent.FORWARD_DONE)
 
     def record(self, split: int, index: int, values: np.ndarray | float | None) -> None:
         """Store this sensor's reading(s) of one sample (a live time slot), or NaN for a
@@ -674,6 +683,11 @@ class NodeMachine(BestEffortNode):
         column[...] = np.nan if values is None else values
 
     # ---------------------------------------------------------------- progress
+    def _move(self, wave: Wave, event: NodeEvent) -> None:
+        """The one way a wave changes phase: by `event`, as NODE_TRANSITIONS allows
+        (else `IllegalTransition`)."""
+        wave.phase = next_phase(wave.phase, event)
+
     def _arrived(self, wave: Wave, waiters: tuple[int, ...]) -> None:
         """A source came: `waiters` are the tasks that waited for it."""
         missing = wave.missing
@@ -684,7 +698,7 @@ class NodeMachine(BestEffortNode):
 
     def _run_ready(self, wave: Wave, now: float, out: list[Message]) -> None:
         """Run every task whose sources have arrived (running one may ready others)."""
-        if wave.mode is None:
+        if wave.phase is NodePhase.AWAITING_CONTROL:
             return
         jobs, buffers, training, ready = self.jobs, wave.buffers, wave.training, wave.ready
         mesh, step, session, cell = self.mesh_id, wave.step, wave.session, self.cell
@@ -720,15 +734,20 @@ class NodeMachine(BestEffortNode):
             wave.tasks_done += 1
             if not train_only:
                 wave.forward_left -= 1
-                if wave.forward_left == 0 and (wave.held or wave.deferred):
-                    self._release(wave)
+                if wave.forward_left == 0:
+                    if training:
+                        self._move(wave, NodeEvent.FORWARD_DONE)
+                    if wave.held or wave.deferred:
+                        self._release(wave)
         if wave.tasks_done == self.plan.active[wave.mode]:
+            if wave.phase is not NodePhase.DONE:
+                self._move(wave, NodeEvent.FINISHED)
             wave.finished_at.setdefault("finished", now)
             if wave.learnt is not None:
                 self._learnt(wave)
 
     def _finished(self, wave: Wave) -> bool:
-        return wave.mode is not None and wave.tasks_done == self.plan.active[wave.mode]
+        return wave.phase is NodePhase.DONE
 
     # ------------------------------------------------------------ computation
     def _conv_forward(self, wave: Wave, layer: int, out: list[Message]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from meshdl.config import ModelConfig
+from meshdl.protocol.kinds import Party, sent_by
 from meshdl.protocol.messages import HEADER_BYTES, ITEM_BYTES
 from meshdl.protocol.payloads import BATCH_HEAD
 from meshdl.protocol.spec import MeshSpec
@@ -79,3 +80,18 @@ def test_the_human_plan_goes_to_stdout_in_wave_order(cli, tmp_path) -> None:
     assert code == 0 and not err.strip(), err
     assert out.index("receives") < out.index("computes") < out.index("sends")
     assert "meshdl/7/r0c1/r1c1/halo" in out and "conv2" in out
+
+
+def test_the_plan_lists_a_nodes_kinds_from_the_protocols_table(cli, tmp_path) -> None:
+    report = _plan(cli, tmp_path, "--cell", "r0c0", "--transport", "radio")
+    rows = sent_by(Party.NODE)
+    assert [k["kind"] for k in report["kinds"]] == [row.kind.name for row in rows]
+    assert [{key: v for key, v in k.items() if key != "in_this_plan"}
+            for k in report["kinds"]] == [row.record() for row in rows]
+    sent = {m["kind"] for m in report["sends"]}
+    assert {k["kind"] for k in report["kinds"] if k["in_this_plan"]} == sent
+    assert {"PARAMS", "BATCH", "REDUCE"} <= sent and "HEALTH" not in sent
+    mesh = tmp_path / "mesh.toml"
+    code, out, err = cli("plan", "--config", mesh, "--cell", "r1c1")
+    assert code == 0, err
+    assert out.index("sends") < out.index("message kinds a node sends") < out.index("HEALTH")

@@ -2,8 +2,10 @@
 
 For people debugging a deployment: which messages a cell waits for (and on which
 topics), which of its computations wait for which inputs, and what it sends, with the
-bytes at a given batch. Everything comes from the mesh spec alone (meshdl/protocol/spec.py)
-and the node's own plan (`NodePlan`), the very objects a node runs on.
+bytes at a given batch; then every kind a node sends, as the protocol's table says
+(meshdl/protocol/kinds.py, PROTOCOL.md's "Message kinds"). Everything comes from the
+mesh spec alone (meshdl/protocol/spec.py) and the node's own plan (`NodePlan`), the very
+objects a node runs on.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from meshdl.cli.common import emit_json, out_console
 from meshdl.cli.flags import GRID, NETWORK, Flags, grouped, overrides
@@ -23,9 +26,10 @@ from meshdl.cli.options import EdgeAt, json_option
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
 from meshdl.nodes.plan import NodePlan, Role
+from meshdl.protocol.kinds import Party, sent_by
 from meshdl.protocol.messages import ITEM_BYTES, Kind
 from meshdl.protocol.payloads import BATCH_HEAD
-from meshdl.protocol.spec import MeshSpec, Send
+from meshdl.protocol.spec import FieldKind, MeshSpec, Send
 from meshdl.protocol.topics import cell_of, name_of, topic
 from meshdl.protocol.topology import Cell
 
@@ -117,9 +121,15 @@ def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
                                   batch, False, own=True))
     sends.append(_message(spec, Kind.REDUCE, 0, 0, cell, topo.parent[cell], 1, 0,
                           spec.conv_size, batch, True, own=True))
+    # Every kind a node sends, from the protocol's table (meshdl/protocol/kinds.py):
+    # whether this cell sends it in this plan's waves (HEALTH only when best effort
+    # finds silence).
+    planned = {m["kind"] for m in sends}
+    kinds = [{**row.record(), "in_this_plan": row.kind.name in planned}
+             for row in sent_by(Party.NODE)]
     return {"cell": name_of(cell), "mesh_id": spec.mesh_id, "batch": batch,
             "params_via": spec.params_via, "role": role, "receives": receives,
-            "computes": computes, "sends": sends}
+            "computes": computes, "sends": sends, "kinds": kinds}
 
 
 def _message(spec: MeshSpec, kind: Kind, layer: int, phase: int, src: Cell, dst: Cell,
@@ -140,7 +150,7 @@ def _source(source: Hashable) -> str:
         return f"{kind.name} layer {layer} phase {phase} from {name_of(src)}"
     field, item = source  # type: ignore[misc]
     what = " ".join(str(part) for part in field)
-    if field[0] in ("pooled", "dpooled"):  # an item of these is a pooling block
+    if field[0] in (FieldKind.POOLED, FieldKind.DPOOLED):  # items: pooling blocks
         return f"{what} of block {tuple(item)}"
     return f"{what} of {name_of(item)}"
 
@@ -187,6 +197,22 @@ def _print(report: dict[str, Any]) -> None:
     # PARAMS and REDUCE weigh the same at any batch; BATCH is 2 values plus 1 per sample.
     console.print("values/sample 0: a fixed-size message (PARAMS, REDUCE); bytes include "
                   f"the header, at batch {report['batch']}", highlight=False, soft_wrap=True)
+    console.print(_kinds(report["kinds"]))  # wrapped to the console: long sentences
+
+
+def _kinds(rows: list[dict[str, Any]]) -> Table:
+    """The protocol's rows of the kinds a node sends (PROTOCOL.md, "Message kinds")."""
+    table = Table(title="message kinds a node sends (PROTOCOL.md)")
+    for column in ("kind", "from -> to", "when", "payload", "class", "auth", "QoS",
+                   "this cell"):
+        table.add_column(column, no_wrap=column in ("kind", "class", "QoS"))
+    for k in rows:
+        route = f"{k['from']} -> {k['to']}" + (f" ({k['alternative']})"
+                                               if k["alternative"] else "")
+        payload = Text(k["payload"].replace("`", ""))  # plain: no Markdown, no markup
+        table.add_row(k["kind"], route, f"{k['phase']}: {k['when']}", payload, k["class"],
+                      k["auth"], str(k["qos"]), "yes" if k["in_this_plan"] else "")
+    return table
 
 
 def _messages(title: str, peer: str, rows: list[dict[str, Any]]) -> Table:

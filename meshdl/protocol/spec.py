@@ -1,20 +1,20 @@
 """The wave protocol's plan: who sends what to whom, derived from the mesh spec alone.
 
 A wave computes one batch. Each message carries the values of a list of *items* of a
-*field*: cells' activations ("a", layer), cells' output gradients ("dz", layer), blocks'
-pooled features ("pooled"), blocks' pooled gradients ("dpooled"), cells' routed
-max-pool gradients ("route"). The plan lists, for every cell and the edge, the messages
-it sends (`Send`: kind, layer, phase, destination, field, items) and so, by inversion,
-the messages it expects. A message is sent the moment all its items are known; this
-single rule makes the wave pipelined (no barrier between layers) and tolerant of any
-delivery order.
+*field* (`FieldKind`, with a conv layer where it has one): cells' activations
+(A, layer), cells' output gradients (DZ, layer), blocks' pooled features (POOLED),
+blocks' pooled gradients (DPOOLED), cells' routed max-pool gradients (ROUTE). The plan
+lists, for every cell and the edge, the messages it sends (`Send`: kind, layer, phase,
+destination, field, items) and so, by inversion, the messages it expects. A message
+is sent the moment all its items are known; this single rule makes the wave pipelined
+(no barrier between layers) and tolerant of any delivery order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from functools import cached_property
 from typing import Any, Literal
 
@@ -42,7 +42,18 @@ from meshdl.protocol.messages import (
 from meshdl.protocol.payloads import BATCH_HEAD, ParamsLayout
 from meshdl.protocol.topology import Cell, Topology, window_offsets
 
-Field = tuple[Hashable, ...]
+Field = tuple[Hashable, ...]  # (FieldKind,) or (FieldKind, layer)
+
+
+class FieldKind(StrEnum):
+    """What the items of a field are. Each equals (and hashes as) its string, so a field
+    written ("a", 1) elsewhere is the same key as (FieldKind.A, 1)."""
+
+    A = "a"  # cells' activations after conv `layer` (0: the input)
+    DZ = "dz"  # cells' d(loss)/d(output of conv `layer`)
+    POOLED = "pooled"  # blocks' pooled features
+    DPOOLED = "dpooled"  # blocks' d(loss)/d(pooled)
+    ROUTE = "route"  # cells' max-pool gradient, routed from their block's leader
 
 
 class Mode(IntEnum):
@@ -282,7 +293,7 @@ class MeshSpec:
         return codec.decode(payload)
 
     def channels(self, layer: int) -> int:
-        """Channels of activation ("a", layer): the input's for 0, filters after."""
+        """Channels of activation (A, layer): the input's for 0, filters after."""
         return self.model.in_channels if layer == 0 else self.model.filters
 
     # ------------------------------------------------------------------ plan
@@ -298,30 +309,30 @@ class MeshSpec:
             out = plan[cell]
             for layer in range(1, layers + 1):
                 for s in topo.strips_from(cell, before, after):
-                    out.append(Send(Kind.HALO, layer, s.phase, s.dst, ("a", layer - 1),
-                                    s.cells, False))
+                    out.append(Send(Kind.HALO, layer, s.phase, s.dst,
+                                    (FieldKind.A, layer - 1), s.cells, False))
             up = topo.block_parent(cell)
             if up is not None:
-                out.append(Send(Kind.POOL, layers, 0, up, ("a", layers),
+                out.append(Send(Kind.POOL, layers, 0, up, (FieldKind.A, layers),
                                 tuple(topo.block_subtree(cell)), False))
             blocks = tuple(topo.tree_blocks(cell))
             if blocks:
-                out.append(Send(Kind.GATHER, 0, 0, topo.parent[cell], ("pooled",), blocks,
-                                False))
+                out.append(Send(Kind.GATHER, 0, 0, topo.parent[cell], (FieldKind.POOLED,),
+                                blocks, False))
             for child in topo.children[cell]:
                 child_blocks = tuple(topo.tree_blocks(child))
                 if child_blocks:
-                    out.append(Send(Kind.SCATTER, 0, 0, child, ("dpooled",), child_blocks,
-                                    True))
+                    out.append(Send(Kind.SCATTER, 0, 0, child, (FieldKind.DPOOLED,),
+                                    child_blocks, True))
             for child in topo.block_children[cell]:
-                out.append(Send(Kind.ROUTE, layers, 0, child, ("route",),
+                out.append(Send(Kind.ROUTE, layers, 0, child, (FieldKind.ROUTE,),
                                 tuple(topo.block_subtree(child)), True))
             # The gradient exchange mirrors the window: (after, before).
             for layer in range(layers, 1, -1):
                 for s in topo.strips_from(cell, after, before):
-                    out.append(Send(Kind.GRAD_HALO, layer, s.phase, s.dst, ("dz", layer),
-                                    s.cells, True))
-        plan[EDGE].append(Send(Kind.SCATTER, 0, 0, topo.edge_at, ("dpooled",),
+                    out.append(Send(Kind.GRAD_HALO, layer, s.phase, s.dst,
+                                    (FieldKind.DZ, layer), s.cells, True))
+        plan[EDGE].append(Send(Kind.SCATTER, 0, 0, topo.edge_at, (FieldKind.DPOOLED,),
                                tuple(topo.tree_blocks(topo.edge_at)), True))
         return plan
 
@@ -337,6 +348,6 @@ class MeshSpec:
 
     def item_shape(self, f: Field, batch: int) -> tuple[int, int]:
         """Shape of one item's values: (channels, batch)."""
-        if f[0] == "a":
+        if f[0] == FieldKind.A:
             return self.channels(int(f[1])), batch
         return self.model.filters, batch
