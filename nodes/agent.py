@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable
 
 import numpy as np
 
 from meshdl.compress.codec import Channel, read_or_count
-from meshdl.compress.intsum import SumChannel, add_shares
+from meshdl.compress.intsum import SumChannel
 from meshdl.nodes import compute
 from meshdl.nodes.besteffort import BestEffortNode
 from meshdl.nodes.delta import DeltaReceiver, DeltaSender
@@ -49,6 +48,7 @@ from meshdl.nodes.plan import (
     SendJob,
     Wave,
 )
+from meshdl.nodes.steps import STEPS
 from meshdl.protocol.activations import (
     FORWARD_KINDS,
     activation_bytes,
@@ -223,18 +223,14 @@ class NodeMachine(BestEffortNode):
                                  for layer in range(1, layers + 1)]
         self.made_pooled = plan.waiting_for((("pooled",), self.block))
         self.made_route = [plan.waiting_for((("route",), c)) for c in self.block_cells]
-        steps: dict[str, Callable[[Wave, int, list[Message]], None]] = {
-            "conv": self._conv_forward, "pool": self._pool, "route": self._route,
-            "dz_top": self._dz_top, "grad": self._weight_grad, "dinput": self._input_grad,
-            "reduce": self._reduce}
         for task, train_only, rows in zip(plan.tasks, plan.train_only, plan.send_rows,
                                           strict=True):
             if isinstance(task, Send):
                 send = SendJob(task.kind, task.dst, *rows, task.layer, task.phase)
                 self.jobs.append(Job(train_only, send, None, 0, ""))
             else:
-                self.jobs.append(Job(train_only, None, steps[task.method], task.layer,
-                                     task.stage, node_work(spec, cell, task.method,
+                self.jobs.append(Job(train_only, None, STEPS[task.step], task.layer,
+                                     task.stage, node_work(spec, cell, task.step,
                                                            task.layer)))
 
     # ------------------------------------------------------------- messages in
@@ -372,7 +368,6 @@ class NodeMachine(BestEffortNode):
             if wave is not None and h.session != wave.session:
                 self.stats["resynchronised"] += 1
             self.wave = wave = Wave(h.step, h.session, self.plan)
-            wave.phase = NodePhase.AWAITING_CONTROL
             new_wave = True
         if h.step != wave.step:  # an earlier wave of this session
             self.stats["stale"] += 1
@@ -715,7 +710,7 @@ class NodeMachine(BestEffortNode):
                 self._take_shared_memory(wave)
             done[task] = 1
             if send is None:
-                run(wave, layer, out)
+                run(self, wave, layer, out)  # its step (nodes/steps.py)
                 wave.finished_at[stage] = now
                 self.flops += work.per_sample * wave.batch + work.per_wave
             else:
@@ -750,98 +745,7 @@ class NodeMachine(BestEffortNode):
         return wave.phase is NodePhase.DONE
 
     # ------------------------------------------------------------ computation
-    def _conv_forward(self, wave: Wave, layer: int, out: list[Message]) -> None:
-        if self.orphan_rows:
-            self._fill_orphans(wave, ("a", layer - 1))
-        z = wave.buffers[self.a[layer]][self.own_a[layer]]
-        inputs = wave.buffers[self.a[layer - 1]]
-        compute.conv_relu(inputs, self.conv_slots[layer], self.conv_taps,
-                          wave.weights[layer], wave.biases[layer], z)
-        kept = wave.kept[layer]
-        if kept is not None:  # its field's memory goes to gradients in the backward pass
-            kept[...] = z
-        self._arrived(wave, self.made_a[layer])
-
-    def _own_input(self, wave: Wave, layer: int) -> np.ndarray:
-        """This cell's activation a_layer, (channels, batch): kept apart, or in its field."""
-        kept = wave.kept[layer]
-        return kept if kept is not None else wave.buffers[self.a[layer]][self.own_a[layer]]
-
-    def _pool(self, wave: Wave, layers: int, out: list[Message]) -> None:
-        """The block's maximum and, for the backward pass, which member held it (the
-        first in row-major order, as PyTorch)."""
-        pooled = wave.buffers[self.pooled][self.pooled_slot]
-        wave.winners = np.empty(pooled.shape, np.uint8)  # a block has <= 64 cells
-        compute.max_pool(wave.buffers[self.a[layers]], self.block_slots, pooled, wave.winners)
-        self._arrived(wave, self.made_pooled)
-
-    def _route(self, wave: Wave, layers: int, out: list[Message]) -> None:
-        """Max-pool backward at the leader: each member gets the gradient where it won."""
-        grad = wave.buffers[self.dpooled][self.dpooled_slot]
-        compute.route_max(grad, wave.winners, self.route_slots, wave.buffers[self.route])
-        for made in self.made_route:
-            self._arrived(wave, made)
-
-    def _dz_top(self, wave: Wave, layers: int, out: list[Message]) -> None:
-        """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
-        if self.orphan_rows:
-            self._fill_orphans(wave, ("route",))
-        compute.relu_backward(self._own_input(wave, layers),
-                              wave.buffers[self.route][self.own_route],
-                              wave.buffers[self.dz[layers]][self.own_dz[layers]])
-        self._arrived(wave, self.made_dz[layers])
-
-    def _weight_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
-        """This cell's share of d(loss)/d(conv weights, bias): its output gradient times
-        its input window or, above the first layer under the memory plan, its input
-        times the output gradients around it (nodes/memory.py)."""
-        where = self.layout.layers[layer]
-        dweight = wave.grad[where.weight].reshape(where.kernel_shape)
-        if wave.by_input_cell and layer > 1:
-            if self.orphan_rows:
-                self._fill_orphans(wave, ("dz", layer))
-            compute.weight_grad_of_input(wave.buffers[self.dz[layer]], self.grad_slots[layer],
-                                         self.grad_taps, self.own_dz[layer],
-                                         self._own_input(wave, layer - 1), dweight,
-                                         wave.grad[where.bias])
-        else:
-            dz = wave.buffers[self.dz[layer]][self.own_dz[layer]]  # (h, B)
-            compute.weight_grad(dz, wave.buffers[self.a[layer - 1]], self.conv_slots[layer],
-                                self.conv_taps, dweight, wave.grad[where.bias])
-        self._arrived(wave, self.made_grad[layer])  # the reduce and dinput wait for it
-
-    def _input_grad(self, wave: Wave, layer: int, out: list[Message]) -> None:
-        """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
-        below = layer - 1
-        if self.orphan_rows:
-            self._fill_orphans(wave, ("dz", layer))
-        # Under the memory plan the first layer's output gradient is written over the
-        # activation it masks (`compute.input_grad` allows it).
-        compute.input_grad(wave.buffers[self.dz[layer]], self.grad_slots[layer],
-                           self.grad_taps, wave.weights[layer], self._own_input(wave, below),
-                           wave.buffers[self.dz[below]][self.own_dz[below]])
-        self._arrived(wave, self.made_dz[below])
-
-    def _reduce(self, wave: Wave, _: int, out: list[Message]) -> None:
-        """Own partial gradients plus the children's, as one message to the parent."""
-        total = wave.grad  # the own layers' shares, written in place by _weight_grad
-        if self.sum_channel is not None:
-            share = self.sum_channel.quantize(total, wave.params_vector[self.layout.scales])
-            for child in self.children:
-                add_shares(share, wave.reduce[child])
-            self.flops += self.spec.reduce_operations // 2  # the quantizing and encoding
-            out.append(self._message(wave, Kind.REDUCE, self.parent,
-                                     self.spec.reduce_sum.encode(share)))
-            return
-        # In process a child's payload is its own `wave.grad`, read-only here and never
-        # written again by the child: REDUCE is its wave's last task.
-        for child in self.children:
-            total += wave.reduce[child]
-        if self.reduce_channel is not None:  # compressed, the rest kept for next time
-            total = self.reduce_channel.send(total)
-            self.flops += self.spec.reduce_operations // 2  # the encoding
-        out.append(self._message(wave, Kind.REDUCE, self.parent, total))
-
+    # (the steps themselves: nodes/steps.py)
     def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,
                  layer: int = 0, phase: int = 0) -> Message:
         self.seq = (self.seq + 1) & 0xFFFFFFFF

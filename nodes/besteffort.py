@@ -152,7 +152,7 @@ class BestEffortNode:
         (with the next wave's start) until the edge's plan leaves it out."""
         heard: dict[Cell, bool] = {}
         for index, seen in enumerate(wave.seen):
-            expect, src = self.plan.expected[index], self.plan.keys[index][3]
+            expect, src = self.plan.expected[index], self.plan.keys[index].src
             if seen and src in self.neighbours and src != EDGE and \
                     not expect.role.starts_wave:
                 heard[src] = heard.get(src, False) or seen != FILLED_IN
@@ -269,9 +269,9 @@ class BestEffortNode:
     def _fill_in(self, wave: Wave, index: int) -> None:
         """Put values in place of a message that missed its deadline (the policy's for
         forward values, zeros for gradients), and go on as if it had come."""
-        expect, (kind, _, _, _) = self.plan.expected[index], self.plan.keys[index]
+        expect, key = self.plan.expected[index], self.plan.keys[index]
         if expect.role == Role.PARTIAL_GRADIENTS:
-            wave.reduce[self.plan.keys[index][3]] = self.spec.empty_reduce()
+            wave.reduce[key.src] = self.spec.empty_reduce()
         elif expect.role == ITEMS:
             f, items = self.plan.carries[index]
             wave.buffers[expect.buffer][expect.slots] = \
@@ -280,7 +280,7 @@ class BestEffortNode:
             return
         wave.seen[index] = FILLED_IN
         self.stats["filled_in"] += 1
-        self.stats[f"filled_in:{Kind(kind).name.lower()}"] += 1
+        self.stats[f"filled_in:{Kind(key.kind).name.lower()}"] += 1
         self._arrived(wave, expect.waiters)
 
     def _fill_orphans(self, wave: Wave, f: Field) -> None:

@@ -8,23 +8,46 @@ node machine (nodes/agent.py) runs it.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
-from enum import IntEnum
-from typing import NamedTuple
+from enum import IntEnum, IntFlag
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from meshdl.nodes.lifecycle import NodePhase
 from meshdl.nodes.memory import plan_memory, unplanned
 from meshdl.protocol.deadlines import Arrivals, Schedule
 from meshdl.protocol.messages import ITEM_BYTES, Kind, Message
 from meshdl.protocol.payloads import BATCH_HEAD
 from meshdl.protocol.spec import Field, MeshSpec, Mode, Send
 from meshdl.protocol.topology import Cell
-from meshdl.protocol.work import Work
+from meshdl.protocol.work import Step, Work
+
+if TYPE_CHECKING:
+    from meshdl.nodes.agent import NodeMachine
 
 Item = tuple[Field, Hashable]
 ACTIVATION_SCALE_BYTES = 4  # an int8 message's scale: above float32 for a single value
-Source = Hashable  # an inbox key (kind, layer, phase, src), or the item a computation makes
+Source = Hashable  # an inbox key (`InboxKey`), or the item a computation makes
 Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
+
+
+class InboxKey(NamedTuple):
+    """How a node knows a message of its plan: its header's kind, layer, phase and
+    source. Equal to (and hashes as) the plain tuple, so a header's four values look
+    one up without building it."""
+
+    kind: Kind
+    layer: int
+    phase: int
+    src: Cell
+
+
+class Seen(IntFlag):
+    """What became of a message of a wave (`Wave.seen`, per inbox key; 0: nothing yet)."""
+
+    RECEIVED = 1  # it came
+    FILLED_IN = 2  # its deadline passed: values were put in its place
+    LATE = RECEIVED | FILLED_IN  # it came after its deadline
 
 
 class Role(IntEnum):
@@ -44,7 +67,7 @@ class Role(IntEnum):
 class Computation(NamedTuple):
     """A task that runs one of this node's kernels."""
 
-    method: str  # the NodeMachine step: conv, pool, route, dz_top, grad, dinput, reduce
+    step: Step  # which computation (nodes/steps.py runs it)
     layer: int
     stage: str  # its name in the wave's timing ("conv1", "pool", ...)
 
@@ -61,18 +84,18 @@ class SendJob(NamedTuple):
 
 
 class Job(NamedTuple):
-    """One task of a node's plan, ready to run: a send, or a computation's method."""
+    """One task of a node's plan, ready to run: a send, or a computation's step."""
 
     train_only: bool
     send: SendJob | None
-    run: Callable[[Wave, int, list[Message]], None] | None
+    run: Callable[[NodeMachine, Wave, int, list[Message]], None] | None  # nodes/steps.py
     layer: int
     stage: str
     work: Work = Work(0)  # a computation's floating-point operations (meshdl/protocol/work.py)
 
 
 class Expect(NamedTuple):
-    """A message this node's plan receives, keyed by (kind, layer, phase, source)."""
+    """A message this node's plan receives, keyed by its `InboxKey`."""
 
     role: Role  # how `NodeMachine._accept` takes it
     dst: Cell  # the header's destination: this cell, or ALL for the edge's broadcasts
@@ -85,8 +108,8 @@ class Expect(NamedTuple):
     waiters: tuple[int, ...] = ()  # the tasks waiting for it
 
 
-# `Wave.seen`: a message came; its deadline passed; it came after its deadline.
-RECEIVED, FILLED_IN, LATE = 1, 2, 3
+# As plain ints for the hot path (a bytearray holds them), as `MODES` below.
+RECEIVED, FILLED_IN, LATE = int(Seen.RECEIVED), int(Seen.FILLED_IN), int(Seen.LATE)
 
 ITEMS = Role.ITEMS  # the hot path's comparison, without an attribute lookup
 MODES = tuple(Mode)  # by value, without the enum's lookup
@@ -115,7 +138,7 @@ class NodePlan:
         leads = topo.leader.get(block) == cell
         members = topo.pool_members(block)
         self.writer: dict[Item, Source] = {}
-        received = spec.expects[cell]
+        received = {InboxKey(*key): send for key, send in spec.expects[cell].items()}
         for key, send in received.items():
             self._write(send.field, send.items, key)
         # What this node computes itself: its cell's activations and output gradients; a
@@ -152,16 +175,16 @@ class NodePlan:
                       for items in fields.values()]  # per buffer: item -> slot
         self.buffer_channels = [spec.item_shape(f, 0)[0] for f in fields]
 
-        self.inbox: dict[tuple, Expect] = {
+        self.inbox: dict[InboxKey, Expect] = {
             key: Expect(Role.ITEMS, cell, len(send.items), spec.item_shape(send.field, 0)[0],
                         send.train_only, self.buffers[send.field],
                         self.rows(send.field, send.items))
             for key, send in received.items()}
         control, to = spec.control_source(cell), spec.control_destination or cell
-        self.inbox[(Kind.PARAMS, 0, 0, control)] = Expect(Role.PARAMETERS, to)
-        self.inbox[(Kind.BATCH, 0, 0, control)] = Expect(Role.SAMPLES, to)
+        self.inbox[InboxKey(Kind.PARAMS, 0, 0, control)] = Expect(Role.PARAMETERS, to)
+        self.inbox[InboxKey(Kind.BATCH, 0, 0, control)] = Expect(Role.SAMPLES, to)
         for child in topo.children[cell]:
-            key = (Kind.REDUCE, 0, 0, child)
+            key = InboxKey(Kind.REDUCE, 0, 0, child)
             self.inbox[key] = Expect(Role.PARTIAL_GRADIENTS, cell, train_only=True)
             self.writer[(("reduce",), child)] = key  # no buffer: REDUCE is a vector
 
@@ -174,15 +197,15 @@ class NodePlan:
         for layer in range(1, layers + 1):
             needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)
                      if (("a", layer - 1), c) not in orphaned]
-            tasks.append((Computation("conv", layer, f"conv{layer}"), needs, False))
+            tasks.append((Computation(Step.CONV, layer, f"conv{layer}"), needs, False))
         if leads:
             needs = [(("a", layers), c) for c in members]
-            tasks.append((Computation("pool", layers, "pool"), needs, False))
+            tasks.append((Computation(Step.POOL, layers, "pool"), needs, False))
             needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
-            tasks.append((Computation("route", layers, "route"), needs, True))
+            tasks.append((Computation(Step.ROUTE, layers, "route"), needs, True))
         needs = [(("route",), cell)] if cell in members else []
         needs.append((("a", layers), cell))  # ReLU's mask
-        tasks.append((Computation("dz_top", layers, "dz_top"), needs, True))
+        tasks.append((Computation(Step.DZ_TOP, layers, "dz_top"), needs, True))
         for layer in range(layers, 0, -1):
             # The weight gradient of a layer is taken either from this cell's output
             # gradient and input window or, above the first layer, from this cell's
@@ -192,13 +215,15 @@ class NodePlan:
             needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
             window = [(("dz", layer), c) for c in topo.window(cell, after, before)
                       if (("dz", layer), c) not in orphaned] if layer > 1 else []
-            tasks.append((Computation("grad", layer, f"grad{layer}"), needs + window, True))
+            grad = Computation(Step.WEIGHT_GRAD, layer, f"grad{layer}")
+            tasks.append((grad, needs + window, True))
             if layer > 1:
                 needs = [*window, (("a", layer - 1), cell), (("grad", layer), cell)]
-                tasks.append((Computation("dinput", layer, f"dinput{layer}"), needs, True))
+                dinput = Computation(Step.INPUT_GRAD, layer, f"dinput{layer}")
+                tasks.append((dinput, needs, True))
         needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
         needs += [(("reduce",), child) for child in topo.children[cell]]
-        tasks.append((Computation("reduce", 0, "reduce"), needs, True))
+        tasks.append((Computation(Step.REDUCE, 0, "reduce"), needs, True))
         for send in spec.sends[cell]:
             tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
 
@@ -312,6 +337,9 @@ class Wave:
     def __init__(self, step: int, session: int, plan: NodePlan) -> None:
         self.step = step
         self.session = session
+        # Where the wave is in its lifecycle (nodes/lifecycle.py): it begins when the
+        # first PARAMS of its step come; only `NodeMachine._move` changes it.
+        self.phase = NodePhase.AWAITING_CONTROL
         self.mode: Mode | None = None
         self.training = False
         self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
@@ -339,7 +367,7 @@ class Wave:
         self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
         self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)
         self.winners: np.ndarray | None = None  # leader: argmax over its block's cells
-        self.seen = bytearray(len(plan.inbox))  # per inbox key: RECEIVED or FILLED_IN
+        self.seen = bytearray(len(plan.inbox))  # per inbox key: 0 or a `Seen`
         self.done = bytearray(len(plan.tasks))  # per task: has run
         self.finished_at: dict[str, float] = {}
         # Best effort (meshdl/protocol/deadlines.py): this wave's deadlines, from when each phase
@@ -359,14 +387,14 @@ def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
              ) -> list[Item]:
     """The items a computation writes (grad and reduce write none: their results are
     the wave's gradient vector)."""
-    if task.method == "conv":
+    if task.step is Step.CONV:
         return [(("a", task.layer), cell)]
-    if task.method == "pool":
+    if task.step is Step.POOL:
         return [(("pooled",), block)]
-    if task.method == "route":
+    if task.step is Step.ROUTE:
         return [(("route",), c) for c in members]
-    if task.method == "dz_top":
+    if task.step is Step.DZ_TOP:
         return [(("dz", task.layer), cell)]
-    if task.method == "dinput":
+    if task.step is Step.INPUT_GRAD:
         return [(("dz", task.layer - 1), cell)]
     return []

@@ -106,7 +106,7 @@ def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
         if isinstance(task, Send):
             continue
         waits = [_source(s) for s, tasks in node.waiters.items() if index in tasks]
-        computes.append({"task": task.method, "layer": task.layer, "stage": task.stage,
+        computes.append({"task": task.step, "layer": task.layer, "stage": task.stage,
                          "train_only": node.train_only[index], "waits_for": waits})
     sends = [_message(spec, s.kind, s.layer, s.phase, cell, s.dst, len(s.items),
                       len(s.items) * spec.item_shape(s.field, 0)[0], 0, batch, s.train_only,

@@ -7,17 +7,31 @@ kernels in nodes/compute.py and meshdl/model/cnn.py at the sizes the plan gives,
 estimates; memory traffic and interpreter overhead are what a device profile's
 per-message cost stands for.
 
-`Work(per_sample, per_wave)`: most computations scale with the batch; adding the
-children's partial gradients (REDUCE) does not.
+`Step` names a node's computations; `Work(per_sample, per_wave)` counts one: most scale
+with the batch; adding the children's partial gradients (REDUCE) does not.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import NamedTuple
 
 from meshdl.config import ModelConfig
 from meshdl.protocol.spec import MeshSpec
 from meshdl.protocol.topology import Cell
+
+
+class Step(StrEnum):
+    """A node's computations, in a wave's order (nodes/steps.py runs them). Each equals
+    its string, the name `meshdl plan` prints."""
+
+    CONV = "conv"  # a conv layer's output at this cell, then ReLU
+    POOL = "pool"  # a leader: its block's maximum, and which member held it
+    ROUTE = "route"  # a leader: the pooled gradient back to each block member's maximum
+    DZ_TOP = "dz_top"  # the routed gradient through the last conv layer's ReLU
+    WEIGHT_GRAD = "grad"  # this cell's share of a conv layer's weight and bias gradient
+    INPUT_GRAD = "dinput"  # d(loss)/d(this cell's input to a conv layer above the first)
+    REDUCE = "reduce"  # own partial gradients plus the children's, to the tree parent
 
 
 class Work(NamedTuple):
@@ -30,27 +44,27 @@ class Work(NamedTuple):
         return self.per_sample * batch + self.per_wave
 
 
-def node_work(spec: MeshSpec, cell: Cell, method: str, layer: int) -> Work:
-    """Operations of one of `cell`'s computations (`Computation.method`, its layer)."""
+def node_work(spec: MeshSpec, cell: Cell, step: Step, layer: int) -> Work:
+    """Operations of one of `cell`'s computations (`step`, at conv layer `layer`)."""
     topo, h = spec.topology, spec.model.filters
     before, after = spec.offsets
-    if method == "conv":  # window x c_in x h multiply-adds, then bias and ReLU
+    if step == Step.CONV:  # window x c_in x h multiply-adds, then bias and ReLU
         taps = len(topo.window(cell, before, after))
         return Work(2 * taps * spec.channels(layer - 1) * h + 2 * h)
-    if method in ("pool", "route"):  # one comparison (or one copy) per member value
+    if step in (Step.POOL, Step.ROUTE):  # one comparison (or one copy) per member value
         return Work(len(topo.block_cells(topo.block_of(cell))) * h)
-    if method == "dz_top":  # ReLU's mask on the routed gradient
+    if step == Step.DZ_TOP:  # ReLU's mask on the routed gradient
         return Work(h)
-    if method == "grad":  # d(weights): dz x window multiply-adds; d(bias): dz summed
+    if step == Step.WEIGHT_GRAD:  # d(weights): dz x window multiply-adds; d(bias): dz summed
         taps = len(topo.window(cell, before, after))
         return Work(2 * taps * spec.channels(layer - 1) * h + h)
-    if method == "dinput":  # transposed convolution of the dz window, then ReLU's mask
+    if step == Step.INPUT_GRAD:  # transposed convolution of the dz window, then ReLU's mask
         taps = len(topo.window(cell, after, before))
         c_in = spec.channels(layer - 1)
         return Work(2 * taps * h * c_in + c_in)
-    if method == "reduce":  # each child's partial gradients added to this node's
+    if step == Step.REDUCE:  # each child's partial gradients added to this node's
         return Work(0, len(topo.children[cell]) * spec.conv_size)
-    raise ValueError(f"unknown computation {method!r}")
+    raise ValueError(f"unknown computation {step!r}")
 
 
 def head_work(model: ModelConfig, training: bool) -> Work:
