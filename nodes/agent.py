@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter, deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -234,42 +235,188 @@ class NodeMachine(BestEffortNode):
                                                            task.layer)))
 
     # ------------------------------------------------------------- messages in
+    # Every message goes through `handle`, and from there by its kind through
+    # `_HANDLERS` (below the class) to one `_on_<kind>` method:
+    #   HALO POOL GATHER SCATTER ROUTE GRAD_HALO  the current wave's: `_take_items`, at
+    #                                             once; else `_on_items` (another wave's)
+    #   PARAMS, BATCH, REDUCE  `_on_params` / `_on_batch` / `_on_reduce`: the payload
+    #                          checked and stored (`_store_params`, `_store_batch`,
+    #                          `_add_reduce`) inside the wave bookkeeping they share,
+    #                          `_accept`, which starts the wave (`_start_wave`)
+    #   HEALTH                 `_on_health`: relayed up the tree, no wave involved
+    # A message the plan does not receive ends in `_not_planned` (kept, or counted and
+    # dropped). Each kind has one role in the plan's inbox (`Expect.role`): HALO ..
+    # GRAD_HALO ITEMS, PARAMS PARAMETERS, BATCH SAMPLES, REDUCE PARTIAL_GRADIENTS.
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one decoded message; return the messages this node sends in response."""
         h = message.header
         expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
         wave = self.wave
+        # Most messages are a neighbour's items for the current wave: stored straight
+        # away, before the kind table (this is the hot path).
         if expect is not None and expect.role == ITEMS and wave is not None and \
                 h.step == wave.step and h.session == wave.session and \
                 h.mesh == self.mesh_id and h.dst == expect.dst:
-            return self._take_items(wave, message, expect, now)  # most messages
-        return self._handle_other(message, expect, now)
-
-    def _handle_other(self, message: Message, expect: Expect | None,
-                      now: float) -> list[Message]:
-        """Everything but a neighbour's items for the current wave: PARAMS (which may
-        bring another plan), HEALTH, what this plan does not expect, and the wave
-        events."""
-        h = message.header
-        if h.kind == Kind.PARAMS:
-            if not self._take_plan_from_params(message):
-                return []
-            expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))  # its plan's
-        elif h.kind == Kind.HEALTH:
-            return self._health(message)
-        if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
-            if self.plans_change and h.kind != Kind.PARAMS and \
-                    h.mesh == self.mesh_id and h.dst == self.cell and self._ahead(h) and \
-                    self._adjacent(h.src):
-                # Of a wave whose PARAMS, still to come, may bring another plan.
-                return self._keep(message, "buffered_unplanned")
-            self.stats[f"rejected:{self._reject_reason(message)}"] += 1
-            return []
-        wave = self.wave
-        if expect.role == ITEMS and wave is not None and h.step == wave.step and \
-                h.session == wave.session:
             return self._take_items(wave, message, expect, now)
-        return self._handle_wave_event(message, expect, now)
+        return _HANDLERS.get(h.kind, _ON_OTHER)(self, message, expect, now)
+
+    def _on_items(self, message: Message, expect: Expect | None,
+                  now: float) -> list[Message]:
+        """Items `handle` could not store: not this plan's, or of another wave than the
+        current one (any kind outside the table comes here too, and is not planned)."""
+        h = message.header
+        if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
+            return self._not_planned(message)
+        # `handle` stores those of the current wave, so these are of a later wave (or
+        # there is no wave yet) or of an earlier one.
+        if self._ahead(h):  # a neighbour is already in the next wave
+            return self._buffer(message, expect, "buffered_future")
+        self.stats["stale"] += 1
+        return []
+
+    def _on_params(self, message: Message, expect: Expect | None,
+                   now: float) -> list[Message]:
+        """PARAMS: may bring another plan (dead cells), and with BATCH start a wave."""
+        if not self._take_plan_from_params(message):
+            return []
+        h = message.header
+        # Looked up again: the plan just taken may hear its PARAMS from another sender.
+        expect = self.inbox.get((h.kind, h.layer, h.phase, h.src))
+        if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
+            return self._not_planned(message)
+        return self._accept(message, expect, now, self._store_params)
+
+    def _on_batch(self, message: Message, expect: Expect | None,
+                  now: float) -> list[Message]:
+        """BATCH: with PARAMS, starts a wave."""
+        h = message.header
+        if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
+            return self._not_planned(message)
+        return self._accept(message, expect, now, self._store_batch)
+
+    def _on_reduce(self, message: Message, expect: Expect | None,
+                   now: float) -> list[Message]:
+        """REDUCE: a tree child's partial gradients, added to this node's own."""
+        h = message.header
+        if expect is None or h.mesh != self.mesh_id or h.dst != expect.dst:
+            return self._not_planned(message)
+        return self._accept(message, expect, now, self._add_reduce)
+
+    def _on_health(self, message: Message, expect: Expect | None,
+                   now: float) -> list[Message]:
+        """HEALTH: never in the plan's inbox; relayed towards the edge (besteffort.py)."""
+        return self._health(message)
+
+    def _not_planned(self, message: Message) -> list[Message]:
+        """A message this node's plan does not receive (no inbox entry, another mesh, or
+        another destination than the plan's): kept when a later wave's PARAMS may bring
+        a plan that does, else counted by why and dropped."""
+        h = message.header
+        if self.plans_change and h.kind != Kind.PARAMS and \
+                h.mesh == self.mesh_id and h.dst == self.cell and self._ahead(h) and \
+                self._adjacent(h.src):
+            # Of a wave whose PARAMS, still to come, may bring another plan.
+            return self._keep(message, "buffered_unplanned")
+        self.stats[f"rejected:{self._reject_reason(message)}"] += 1
+        return []
+
+    def _accept(self, message: Message, expect: Expect, now: float,
+                store: Callable[[Wave, Message, Expect], bool]) -> list[Message]:
+        """The wave bookkeeping PARAMS, BATCH and REDUCE share: find (or, for PARAMS,
+        begin) the message's wave, drop what is stale or a duplicate, `store` its
+        payload (False: it did not fit, and `store` counted why), start the wave once
+        PARAMS and BATCH are both in, run what it readied, and replay the messages
+        that came early for a wave that just began or started."""
+        h = message.header
+        wave, new_wave = self.wave, False
+        # A later wave of this edge session, or any wave of another: an edge that
+        # restarted (new session, maybe lower steps) takes the mesh back with its PARAMS.
+        if wave is None or h.session != wave.session or newer(h.step, wave.step):
+            if expect.role != Role.PARAMETERS:  # a neighbour is already in the next wave
+                return self._buffer(message, expect, "buffered_future")
+            if wave is not None and not self._finished(wave):
+                self.stats["abandoned_waves"] += 1
+                self._move(wave, NodeEvent.SUPERSEDED)
+            if wave is not None and wave.schedule is not None:
+                self._judge(wave)
+            if wave is not None and h.session != wave.session:
+                self.stats["resynchronised"] += 1
+            self.wave = wave = Wave(h.step, h.session, self.plan)
+            new_wave = True
+        if h.step != wave.step:  # an earlier wave of this session
+            self.stats["stale"] += 1
+            return []
+        if wave.seen[expect.index]:
+            if wave.seen[expect.index] == FILLED_IN:
+                return self._late(wave, expect, now)
+            self.stats["duplicates"] += 1
+            return []
+        started_before = wave.phase is not NodePhase.AWAITING_CONTROL
+        out: list[Message] = []
+        if not store(wave, message, expect):
+            return []
+        # Started before the message is marked taken: `_start_wave` may turn timing on,
+        # and then this last control message is timed too.
+        if expect.role.starts_wave and wave.params_vector is not None and \
+                wave.batch_payload is not None:
+            self._start_wave(wave, out, now)
+        wave.seen[expect.index] = RECEIVED
+        self.stats["accepted"] += 1
+        if wave.timing:
+            self._took(wave, expect, now)
+        if wave.ready:
+            self._run_ready(wave, now, out)
+        if self.early and (new_wave or (not started_before and
+                                        wave.phase is not NodePhase.AWAITING_CONTROL)):
+            for early in self._due(wave):
+                out.extend(self.handle(early, now))
+        return out
+
+    def _store_params(self, wave: Wave, message: Message, expect: Expect) -> bool:
+        """PARAMS (from the tree parent or the edge) into `wave`, if they are valid."""
+        h, payload = message.header, message.payload
+        if h.dtype != FLOAT32 or not self._params_shaped(payload) or \
+                not compute.all_positive(payload[self.layout.std]) or \
+                not _scales_valid(payload[self.layout.scales]):
+            self.stats["rejected:bad_params"] += 1
+            return False
+        wave.params_payload, wave.params_vector = payload, payload[:self.params_size]
+        return True
+
+    def _store_batch(self, wave: Wave, message: Message, expect: Expect) -> bool:
+        """BATCH (from the tree parent or the edge) into `wave`, if it is valid and this
+        sensor has readings for its samples."""
+        h, payload = message.header, message.payload
+        if h.dtype != INT32 or not self._valid_batch(payload):
+            self.stats["rejected:bad_batch"] += 1
+            return False
+        _, split, indices = BatchOrder.read(payload)
+        if split == Split.LIVE and not np.isfinite(self.readings[split][:, indices]).all():
+            # The sensor gave nothing usable for that slot: never send a made-up
+            # number; the wave cannot finish and the edge reports the slot.
+            self.stats["rejected:no_reading"] += 1
+            return False
+        wave.batch_payload = payload
+        return True
+
+    def _add_reduce(self, wave: Wave, message: Message, expect: Expect) -> bool:
+        """A child's REDUCE into a started training wave; before the wave's BATCH it is
+        kept for later."""
+        h, payload = message.header, message.payload
+        if wave.phase is NodePhase.AWAITING_CONTROL:  # before its BATCH: wait for it
+            self._buffer(message, expect, "buffered_early")
+            return False
+        if not wave.training:
+            self.stats["rejected:unexpected"] += 1
+            return False
+        values = read_or_count(lambda: self.spec.read_reduce(h, payload), self.stats,
+                               "rejected:bad_reduce")
+        if values is None:
+            return False
+        self.flops += self.spec.reduce_operations // 2  # the decoding
+        wave.reduce[h.src] = values
+        self._arrived(wave, expect.waiters)
+        return True
 
     def _take_items(self, wave: Wave, message: Message, expect: Expect,
                     now: float) -> list[Message]:
@@ -348,50 +495,6 @@ class NodeMachine(BestEffortNode):
         wave.held.clear()
         wave.ready.extend(wave.deferred)
         wave.deferred.clear()
-
-    def _handle_wave_event(self, message: Message, expect: Expect,
-                           now: float) -> list[Message]:
-        """Everything but the current wave's items: control messages (which may begin a
-        wave), REDUCE, and messages of another wave."""
-        h = message.header
-        wave, new_wave = self.wave, False
-        # A later wave of this edge session, or any wave of another: an edge that
-        # restarted (new session, maybe lower steps) takes the mesh back with its PARAMS.
-        if wave is None or h.session != wave.session or newer(h.step, wave.step):
-            if expect.role != Role.PARAMETERS:  # a neighbour is already in the next wave
-                return self._buffer(message, expect, "buffered_future")
-            if wave is not None and not self._finished(wave):
-                self.stats["abandoned_waves"] += 1
-                self._move(wave, NodeEvent.SUPERSEDED)
-            if wave is not None and wave.schedule is not None:
-                self._judge(wave)
-            if wave is not None and h.session != wave.session:
-                self.stats["resynchronised"] += 1
-            self.wave = wave = Wave(h.step, h.session, self.plan)
-            new_wave = True
-        if h.step != wave.step:  # an earlier wave of this session
-            self.stats["stale"] += 1
-            return []
-        if wave.seen[expect.index]:
-            if wave.seen[expect.index] == FILLED_IN:
-                return self._late(wave, expect, now)
-            self.stats["duplicates"] += 1
-            return []
-        started_before = wave.phase is not NodePhase.AWAITING_CONTROL
-        out: list[Message] = []
-        if not self._accept(wave, message, expect, out, now):
-            return []
-        wave.seen[expect.index] = RECEIVED
-        self.stats["accepted"] += 1
-        if wave.timing:
-            self._took(wave, expect, now)
-        if wave.ready:
-            self._run_ready(wave, now, out)
-        if self.early and (new_wave or (not started_before and
-                                        wave.phase is not NodePhase.AWAITING_CONTROL)):
-            for early in self._due(wave):
-                out.extend(self.handle(early, now))
-        return out
 
     def _take_plan_from_params(self, message: Message) -> bool:
         """PARAMS say which mesh the wave runs in (`PlanTail`; none: the configured
@@ -540,54 +643,6 @@ class NodeMachine(BestEffortNode):
                 del self.early[src]
         return due
 
-    def _accept(self, wave: Wave, message: Message, expect: Expect,
-                out: list[Message], now: float) -> bool:
-        """Take a control or REDUCE message into the wave, or count why it does not fit."""
-        h, payload = message.header, message.payload
-        if expect.role.starts_wave:
-            return self._accept_control(wave, message, expect, out, now)
-        if wave.phase is NodePhase.AWAITING_CONTROL:  # before its BATCH: wait for it
-            self._buffer(message, expect, "buffered_early")
-            return False
-        if not wave.training:
-            self.stats["rejected:unexpected"] += 1
-            return False
-        values = read_or_count(lambda: self.spec.read_reduce(h, payload), self.stats,
-                               "rejected:bad_reduce")
-        if values is None:
-            return False
-        self.flops += self.spec.reduce_operations // 2  # the decoding
-        wave.reduce[h.src] = values
-        self._arrived(wave, expect.waiters)
-        return True
-
-    def _accept_control(self, wave: Wave, message: Message, expect: Expect,
-                        out: list[Message], now: float) -> bool:
-        """PARAMS and BATCH (from the tree parent or the edge): both in hand, the wave
-        starts."""
-        h, payload = message.header, message.payload
-        if expect.role == Role.PARAMETERS:
-            if h.dtype != FLOAT32 or not self._params_shaped(payload) or \
-                    not compute.all_positive(payload[self.layout.std]) or \
-                    not _scales_valid(payload[self.layout.scales]):
-                self.stats["rejected:bad_params"] += 1
-                return False
-            wave.params_payload, wave.params_vector = payload, payload[:self.params_size]
-        else:
-            if h.dtype != INT32 or not self._valid_batch(payload):
-                self.stats["rejected:bad_batch"] += 1
-                return False
-            _, split, indices = BatchOrder.read(payload)
-            if split == Split.LIVE and not np.isfinite(self.readings[split][:, indices]).all():
-                # The sensor gave nothing usable for that slot: never send a made-up
-                # number; the wave cannot finish and the edge reports the slot.
-                self.stats["rejected:no_reading"] += 1
-                return False
-            wave.batch_payload = payload
-        if wave.params_vector is not None and wave.batch_payload is not None:
-            self._start(wave, out, now)
-        return True
-
     def _valid_batch(self, payload: np.ndarray) -> bool:
         # No more samples than the messages of a wave can carry: a forged BATCH of
         # 100,000 indices would otherwise make every node allocate for them.
@@ -599,7 +654,10 @@ class NodeMachine(BestEffortNode):
             return False
         return compute.indices_within(indices, self.readings[split].shape[1])
 
-    def _start(self, wave: Wave, out: list[Message], now: float) -> None:
+    def _start_wave(self, wave: Wave, out: list[Message], now: float) -> None:
+        """PARAMS and BATCH both in: the wave's mode, weights and buffers; the HEALTH
+        report of the last wave judged; PARAMS and BATCH on to the tree children; and
+        this cell's own normalized readings, the first source of its tasks."""
         payload = wave.batch_payload
         mode, split, indices = BatchOrder.read(payload)
         wave.mode = MODES[mode]
@@ -781,3 +839,15 @@ def _scales_valid(scales: np.ndarray) -> bool:
 def _slots(cell: Cell, window: list[Cell], before: int, kernel: int) -> list[tuple[Cell, int]]:
     """Each window cell with its tap: the flat index into the k x k kernel positions."""
     return [(c, (c[0] - cell[0] + before) * kernel + c[1] - cell[1] + before) for c in window]
+
+
+# `NodeMachine.handle`'s dispatch, by message kind (one dict lookup on the slow path).
+_HANDLERS: dict[Kind, Callable[[NodeMachine, Message, Expect | None, float], list[Message]]] = {
+    Kind.PARAMS: NodeMachine._on_params,
+    Kind.BATCH: NodeMachine._on_batch,
+    Kind.REDUCE: NodeMachine._on_reduce,
+    Kind.HEALTH: NodeMachine._on_health,
+    **dict.fromkeys((Kind.HALO, Kind.POOL, Kind.GATHER, Kind.SCATTER, Kind.ROUTE,
+                     Kind.GRAD_HALO), NodeMachine._on_items),
+}
+_ON_OTHER = NodeMachine._on_items  # PUSH, WEIGHTS, unknown: never planned for a node

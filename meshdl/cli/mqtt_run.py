@@ -208,7 +208,8 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
                                                 "in this directory from its last "
                                                 "checkpoint (same mesh file and data)."),
              wave_timeout: float = typer.Option(10.0, "--wave-timeout", min=0.1,
-                                                help="Seconds before a wave is restarted."),
+                                                help="Seconds without a message of a wave before "
+                                                "it is restarted (3 times this at most)."),
              nodes_timeout: NodesTimeout = 60.0,
              broker_patience: float = typer.Option(
                  120.0, "--broker-patience", min=0.0, help="Seconds to wait for the broker "
