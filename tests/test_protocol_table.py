@@ -45,7 +45,13 @@ def test_the_rows_read_their_facts_from_where_they_are_defined() -> None:
         assert row.ledger_class.endswith("/convL") == (
             class_name(row.kind, 1) == f"{CLASS_OF[row.kind]}/conv1")
         assert row.signed == (row.kind in SIGNED_KINDS)
-        assert row.qos == QOS.get(row.kind, 0), row.kind  # as meshdl.mqtt publishes it
+
+
+def test_only_what_would_stall_a_wave_or_a_step_travels_at_qos_1() -> None:
+    # meshdl.mqtt publishes with the table's QoS. A lost PARAMS or BATCH stalls a whole
+    # wave, a lost PUSH or WEIGHTS every synchronous mesh; a wave's own messages stay at
+    # QoS 0 (a wave that loses one is restarted).
+    assert QOS == {Kind.PARAMS: 1, Kind.BATCH: 1, Kind.PUSH: 1, Kind.WEIGHTS: 1}
 
 
 def test_the_plans_sends_agree_with_the_table() -> None:

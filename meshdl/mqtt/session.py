@@ -41,12 +41,14 @@ from urllib.parse import unquote, urlsplit
 import aiomqtt
 
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.protocol.messages import Kind, Message
+from meshdl.protocol.kinds import KINDS
+from meshdl.protocol.messages import Message
 from meshdl.protocol.topics import TopicNames, check_id, status_topic
 from meshdl.protocol.wire import Wire
 
-# Every other kind: 0 (see the module's docstring).
-QOS = {Kind.PARAMS: 1, Kind.BATCH: 1, Kind.PUSH: 1, Kind.WEIGHTS: 1}
+# The kinds sent at QoS 1, from the protocol's table of kinds; every other kind: 0 (see
+# the module's docstring).
+QOS = {row.kind: row.qos for row in KINDS if row.qos}
 USER_ENV, PASSWORD_ENV = "MESHDL_MQTT_USER", "MESHDL_MQTT_PASSWORD"
 STOP_POLL_S = 0.1  # how often a wait for the broker looks whether to stop
 CLOSE_STEP_S = 0.5  # each of a closing session's goodbye and disconnect
