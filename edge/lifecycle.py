@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from meshdl.errors import IllegalTransition
+from meshdl.protocol.transitions import transition
 
 
 class EdgePhase(Enum):
@@ -76,7 +76,4 @@ del P, E
 def next_phase(phase: EdgePhase, event: EdgeEvent) -> EdgePhase:
     """The phase `event` moves the edge to from `phase`; `IllegalTransition` if the
     table has no such move."""
-    try:
-        return EDGE_TRANSITIONS[(phase, event)]
-    except KeyError:
-        raise IllegalTransition("edge", phase, event) from None
+    return transition(EDGE_TRANSITIONS, "edge", phase, event)

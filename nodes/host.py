@@ -42,13 +42,14 @@ class NodeHost:
     def __init__(self, spec: MeshSpec, cells: list[Cell],
                  readings: Callable[[Cell], dict[int, np.ndarray]],
                  clock: Callable[[], float] = lambda: 0.0,
-                 local_delivery: bool = True) -> None:
+                 local_delivery: bool = True, memory_plan: bool = True) -> None:
         topo = spec.topology
         for cell in cells:
             if not topo.inside(cell):
                 raise ValueError(f"cell {cell} is outside the {topo.rows} x {topo.cols} grid")
         self.spec = spec
-        self.nodes = {cell: NodeMachine(spec, cell, readings(cell)) for cell in cells}
+        self.nodes = {cell: NodeMachine(spec, cell, readings(cell), memory_plan=memory_plan)
+                      for cell in cells}
         compute.warm_up()
         self.clock = clock
         self.local_delivery = local_delivery

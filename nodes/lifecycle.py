@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from meshdl.errors import IllegalTransition
+from meshdl.protocol.transitions import transition
 
 
 class NodePhase(Enum):
@@ -51,9 +51,6 @@ del P, E
 
 
 def next_phase(phase: NodePhase, event: NodeEvent) -> NodePhase:
-    """The phase `event` moves a node's wave to from `phase`; `IllegalTransition` if
-    the table has no such move."""
-    try:
-        return NODE_TRANSITIONS[(phase, event)]
-    except KeyError:
-        raise IllegalTransition("node", phase, event) from None
+    """The phase `event` moves a node's wave to from `phase`; `IllegalTransition` if the
+    table has no such move."""
+    return transition(NODE_TRANSITIONS, "node", phase, event)

@@ -47,11 +47,8 @@ class MeshParties:
     def host_for(self, cell: Cell) -> NodeHost:
         """A new node host for `cell`, as it boots: the configured mesh, no wave yet
         (a node that crashed and comes back gets one too)."""
-        host = NodeHost(self.spec, [cell], cell_readings(self.readings),
-                        local_delivery=False)
-        for node in host.nodes.values():
-            node.memory_plan = self.memory_plan
-        return host
+        return NodeHost(self.spec, [cell], cell_readings(self.readings),
+                        local_delivery=False, memory_plan=self.memory_plan)
 
 
 def cell_readings(readings: dict[int, np.ndarray]) -> Callable[[Cell], dict[int, np.ndarray]]:
