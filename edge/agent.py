@@ -411,8 +411,9 @@ class EdgeMachine:
             tail = PlanTail(self.spec.edge_at, self.spec.dead).pack(self.spec.model.cols)
             params = np.concatenate([params, tail])
         batch = BatchOrder(mode, split, indices).pack()
-        to = self.spec.control_destination  # every node at once, or down the tree
-        return [self._message(Kind.PARAMS, params, to), self._message(Kind.BATCH, batch, to)]
+        # To every node at once, or into the tree at `edge_at` (`MeshSpec.relays`).
+        body = {Kind.PARAMS: params, Kind.BATCH: batch}
+        return [self._message(s.kind, body[s.kind], s.dst) for s in self.spec.relays[EDGE]]
 
     def handle(self, message: Message, now: float = 0.0) -> list[Message]:
         """Take one decoded message from the mesh; return what to send in response."""

@@ -665,12 +665,13 @@ class NodeMachine(BestEffortNode):
         self._move(wave, NodeEvent.STARTED)
         wave.batch = len(indices)
         wave.started_at = self.heard_at = now
-        if self._suspects and self.parent is not None:  # dated by the wave judged
+        if self._suspects and self.plan.health_to is not None:  # dated by the wave judged
             suspects = np.array([c[0] * self.spec.model.cols + c[1] + 1
                                  for c in self._suspects[:HEALTH_MAX]], np.int32)
             self.seq = (self.seq + 1) & 0xFFFFFFFF
             out.append(make(Kind.HEALTH, self.mesh_id, self._judged[0], self.cell,
-                            self.parent, suspects, seq=self.seq, session=self._judged[1]))
+                            self.plan.health_to, suspects, seq=self.seq,
+                            session=self._judged[1]))
         if self.policy is not None:
             key = (self.spec.plan_key, wave.mode, wave.batch)
             arrivals = self.arrivals.get(key)
@@ -694,9 +695,9 @@ class NodeMachine(BestEffortNode):
         self._field_buffers(wave)
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
-        for child in self.children if self.spec.params_via == "tree" else ():
-            out.append(self._message(wave, Kind.PARAMS, child, wave.params_payload))
-            out.append(self._message(wave, Kind.BATCH, child, payload))
+        for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
+            body = wave.params_payload if send.kind == Kind.PARAMS else payload
+            out.append(self._message(wave, send.kind, send.dst, body))
         compute.normalize(self.readings[split], indices, params[self.layout.mean],
                           params[self.layout.std], wave.buffers[self.a[0]][self.own_a[0]])
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std

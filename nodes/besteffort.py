@@ -173,12 +173,13 @@ class BestEffortNode:
         own = h.src[0] * self.spec.model.cols + h.src[1] + 1
         hello = payload.size == 1 and payload[0] == -own and \
             abs(h.src[0] - self.cell[0]) + abs(h.src[1] - self.cell[1]) == 1
-        if self.parent is None or not (hello or h.src in self.children):
+        up = self.plan.health_to
+        if up is None or not (hello or h.src in self.children):
             self.stats["rejected:bad_health"] += 1
             return []
         self.stats["health_relayed"] += 1
         self.seq = (self.seq + 1) & 0xFFFFFFFF
-        return [make(Kind.HEALTH, self.mesh_id, h.step, self.cell, self.parent, payload,
+        return [make(Kind.HEALTH, self.mesh_id, h.step, self.cell, up, payload,
                      seq=self.seq, session=h.session)]
 
     def _hello_due(self) -> float | None:

@@ -227,6 +227,13 @@ class NodePlan:
         for send in spec.sends[cell]:
             tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
 
+        # What this node sends besides items (`MeshSpec.relays`): PARAMS and BATCH on
+        # to its tree children as a wave starts, its REDUCE and HEALTH up the tree.
+        relays = spec.relays[cell]
+        self.forwards = [s for s in relays if s.kind in (Kind.PARAMS, Kind.BATCH)]
+        self.reduce_to = next(s.dst for s in relays if s.kind == Kind.REDUCE)
+        self.health_to: Cell | None = next(s.dst for s in relays if s.kind == Kind.HEALTH)
+
         self.tasks = [task for task, _, _ in tasks]
         # A send's values: (buffer, slots) of its items.
         self.send_rows: list[tuple[int, Rows] | None] = [
@@ -289,6 +296,7 @@ class NodePlan:
         self.inbox, self.keys, self.expected, self.carries = {}, [], [], []
         self.maker, self.orphans, self.tasks, self.send_rows = {}, {}, [], []
         self.train_only, self.waiters, self.needs_count = [], {}, []
+        self.forwards, self.reduce_to, self.health_to = [], None, None
         self.active = dict.fromkeys(Mode, 0)
         self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
         self.memory = {(mode, exact): plan_memory({}, [], mode, exact, 0)

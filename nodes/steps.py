@@ -109,14 +109,15 @@ def input_grad(node: NodeMachine, wave: Wave, layer: int, out: list[Message]) ->
 
 
 def reduce(node: NodeMachine, wave: Wave, _: int, out: list[Message]) -> None:
-    """Own partial gradients plus the children's, as one message to the parent."""
+    """Own partial gradients plus the children's, as one message up the tree (the
+    REDUCE row of `MeshSpec.relays`)."""
     total = wave.grad  # the own layers' shares, written in place by `weight_grad`
     if node.sum_channel is not None:
         share = node.sum_channel.quantize(total, wave.params_vector[node.layout.scales])
         for child in node.children:
             add_shares(share, wave.reduce[child])
         node.flops += node.spec.reduce_operations // 2  # the quantizing and encoding
-        out.append(node._message(wave, Kind.REDUCE, node.parent,
+        out.append(node._message(wave, Kind.REDUCE, node.plan.reduce_to,
                                  node.spec.reduce_sum.encode(share)))
         return
     # In process a child's payload is its own `wave.grad`, read-only here and never
@@ -126,7 +127,7 @@ def reduce(node: NodeMachine, wave: Wave, _: int, out: list[Message]) -> None:
     if node.reduce_channel is not None:  # compressed, the rest kept for next time
         total = node.reduce_channel.send(total)
         node.flops += node.spec.reduce_operations // 2  # the encoding
-    out.append(node._message(wave, Kind.REDUCE, node.parent, total))
+    out.append(node._message(wave, Kind.REDUCE, node.plan.reduce_to, total))
 
 
 STEPS: dict[Step, Run] = {

@@ -91,14 +91,8 @@ def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
     }
     receives = []
     for (kind, layer, phase, src), expect in node.inbox.items():
-        if expect.role == Role.ITEMS:
-            per_sample, fixed = expect.rows * expect.channels, 0
-        elif expect.role == Role.SAMPLES:
-            per_sample, fixed = 1, BATCH_HEAD
-        elif expect.role == Role.PARAMETERS:
-            per_sample, fixed = 0, spec.params_size
-        else:  # a child's REDUCE
-            per_sample, fixed = 0, spec.conv_size
+        per_sample, fixed = (expect.rows * expect.channels, 0) if expect.role == Role.ITEMS \
+            else _relay_values(spec, kind)
         receives.append(_message(spec, kind, layer, phase, src, expect.dst, expect.rows or 1,
                                  per_sample, fixed, batch, expect.train_only))
     computes = []
@@ -111,16 +105,11 @@ def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
     sends = [_message(spec, s.kind, s.layer, s.phase, cell, s.dst, len(s.items),
                       len(s.items) * spec.item_shape(s.field, 0)[0], 0, batch, s.train_only,
                       own=True) for s in spec.sends[cell]]
-    # `spec.sends` holds only the item-carrying messages: the node machine itself relays
-    # PARAMS and BATCH down the tree (radio) and sends its REDUCE last (NodeMachine).
-    if spec.params_via == "tree":
-        for child in topo.children[cell]:
-            sends.append(_message(spec, Kind.PARAMS, 0, 0, cell, child, 1, 0,
-                                  spec.params_size, batch, False, own=True))
-            sends.append(_message(spec, Kind.BATCH, 0, 0, cell, child, 1, 1, BATCH_HEAD,
-                                  batch, False, own=True))
-    sends.append(_message(spec, Kind.REDUCE, 0, 0, cell, topo.parent[cell], 1, 0,
-                          spec.conv_size, batch, True, own=True))
+    # Then the relays: PARAMS and BATCH on to the children (radio), the REDUCE up the
+    # tree; not HEALTH, which goes only when best effort finds silence.
+    sends += [_message(spec, s.kind, 0, 0, cell, s.dst, 1, *_relay_values(spec, s.kind),
+                       batch, s.train_only, own=True)
+              for s in spec.relays[cell] if not s.occasional]
     # Every kind a node sends, from the protocol's table (meshdl/protocol/kinds.py):
     # whether this cell sends it in this plan's waves (HEALTH only when best effort
     # finds silence).
@@ -141,6 +130,12 @@ def _message(spec: MeshSpec, kind: Kind, layer: int, phase: int, src: Cell, dst:
             "peer": name_of(dst if own else src), "topic": topic(spec.mesh_id, src, dst, kind),
             "items": items, "values_per_sample": per_sample,
             "bytes": spec.overhead(kind) + ITEM_BYTES * values, "train_only": train_only}
+
+
+def _relay_values(spec: MeshSpec, kind: Kind) -> tuple[int, int]:
+    """(per sample, fixed) values of a payload that carries no items."""
+    return {Kind.PARAMS: (0, spec.params_size), Kind.BATCH: (1, BATCH_HEAD),
+            Kind.REDUCE: (0, spec.conv_size)}[kind]
 
 
 def _source(source: Hashable) -> str:

@@ -73,7 +73,9 @@ LIVE_SLOTS = 64  # time slots a node keeps: a BATCH of LIVE indexes slot % LIVE_
 
 @dataclass(frozen=True)
 class Send:
-    """One message a node sends in a wave (items known -> message goes out)."""
+    """One message a party sends in a wave. An item-carrying one (`MeshSpec.sends`)
+    goes out once its items are known; a relay (`MeshSpec.relays`, no field, no items)
+    when its kind's row in meshdl/protocol/kinds.py says."""
 
     kind: Kind
     layer: int
@@ -82,6 +84,7 @@ class Send:
     field: Field
     items: tuple[Hashable, ...]
     train_only: bool
+    occasional: bool = False  # sent only when there is something to say (HEALTH)
 
 
 @dataclass(frozen=True)
@@ -197,10 +200,8 @@ class MeshSpec:
         """The pairs of parties that exchange link messages (each shares a key when the
         mesh authenticates): neighbours, and the edge with the cell it is linked to (its
         tree parent)."""
-        topo = self.topology
-        pairs = {link(src, s.dst) for src, sends in self.sends.items() for s in sends}
-        tree = {link(cell, topo.parent[cell]) for cell in topo.members}  # REDUCE
-        return frozenset(pairs | tree)
+        return frozenset(link(src, s.dst) for table in (self.sends, self.relays)
+                         for src, sends in table.items() for s in sends if s.dst != ALL)
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -334,6 +335,30 @@ class MeshSpec:
                                     (FieldKind.DZ, layer), s.cells, True))
         plan[EDGE].append(Send(Kind.SCATTER, 0, 0, topo.edge_at, (FieldKind.DPOOLED,),
                                tuple(topo.tree_blocks(topo.edge_at)), True))
+        return plan
+
+    @cached_property
+    def relays(self) -> dict[Cell, list[Send]]:
+        """The messages of a wave that carry no field's items, by sender: the edge's
+        PARAMS and BATCH (to every node at once, or to `edge_at`), each node's copies of
+        them for its tree children (radio), its REDUCE up the tree (training waves, its
+        last task) and its HEALTH report (best effort, when a neighbour went silent).
+        With `sends`, every message of a wave."""
+        topo = self.topology
+        empty: tuple[Hashable, ...] = ()
+        plan: dict[Cell, list[Send]] = {
+            cell: [] for cell in topo.cells() if cell in topo.members}
+        plan[EDGE] = [Send(kind, 0, 0, self.control_destination or self.edge_at, empty,
+                           empty, False) for kind in (Kind.PARAMS, Kind.BATCH)]
+        for cell, out in plan.items():
+            if cell == EDGE:
+                continue
+            for child in topo.children[cell] if self.params_via == "tree" else ():
+                out.append(Send(Kind.PARAMS, 0, 0, child, empty, empty, False))
+                out.append(Send(Kind.BATCH, 0, 0, child, empty, empty, False))
+            out.append(Send(Kind.REDUCE, 0, 0, topo.parent[cell], empty, empty, True))
+            out.append(Send(Kind.HEALTH, 0, 0, topo.parent[cell], empty, empty, False,
+                            occasional=True))
         return plan
 
     @cached_property
