@@ -32,7 +32,7 @@ import numpy as np
 from meshdl.compress.codec import Channel, read_or_count
 from meshdl.compress.intsum import SumChannel
 from meshdl.nodes import compute
-from meshdl.nodes.besteffort import BestEffortNode
+from meshdl.nodes.besteffort import BestEffort
 from meshdl.nodes.delta import DeltaReceiver, DeltaSender
 from meshdl.nodes.lifecycle import NodeEvent, NodePhase, next_phase
 from meshdl.nodes.memory import MemoryPlan
@@ -42,7 +42,6 @@ from meshdl.nodes.plan import (
     MODES,
     RECEIVED,
     Expect,
-    Item,
     Job,
     NodePlan,
     Role,
@@ -56,11 +55,7 @@ from meshdl.protocol.activations import (
     encode_activations,
     read_activations,
 )
-from meshdl.protocol.deadlines import (
-    Arrivals,
-    Learning,
-    Policy,
-)
+from meshdl.protocol.deadlines import Learning, Margins, Policy
 from meshdl.protocol.messages import (
     ALL,
     BYTES,
@@ -74,7 +69,7 @@ from meshdl.protocol.messages import (
     newer,
     seal,
 )
-from meshdl.protocol.payloads import BATCH_HEAD, HEALTH_MAX, BatchOrder, PlanTail
+from meshdl.protocol.payloads import BATCH_HEAD, BatchOrder, PlanTail
 from meshdl.protocol.spec import MeshSpec, Mode, Send, Split
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import node_work
@@ -84,7 +79,7 @@ KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
 
 
 
-class NodeMachine(BestEffortNode):
+class NodeMachine:
     """One cell of the mesh."""
 
     def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray],
@@ -104,28 +99,15 @@ class NodeMachine(BestEffortNode):
         self.early: dict[Cell, deque[Message]] = {}
         self.stats: Counter[str] = Counter()
         self.seq = 0
-        # Best effort (meshdl/protocol/deadlines.py): None waits for every message (exact);
-        # else arrival times per (plan, mode, batch), and what fills in a missed message.
-        self.policy: Policy | None = None
-        self.arrivals: dict[tuple, Arrivals] = {}
-        self.learning: Learning | None = None  # deadlines from a first wave, waited out
+        # Best effort (nodes/besteffort.py): deadlines, fill-ins, health and hello.
+        self.effort = BestEffort(self)
         # The mesh may be replanned (dead cells): a later wave's message of a shape this
         # plan does not expect is kept, for the plan its PARAMS will bring.
         self.plans_change = False
-        self.last_level: dict[Item, np.ndarray] = {}  # policy "last": (channels,) an item
         # Floating-point operations of every computation run so far: simulated time
         # turns them into CPU time on a device profile (sim/radio/device.py).
         self.flops = 0
         self._plans: dict[tuple, NodePlan] = {}  # by `MeshSpec.plan_key`, a few
-        # Dead neighbours (best effort): consecutive waves each gave nothing in, and
-        # the report for the edge; saying hello when no PARAMS came for `hello_after`
-        # seconds (None: never), as a node that booted or was left out does.
-        self.silent: Counter[Cell] = Counter()
-        self._suspects: list[Cell] = []
-        self._judged = (0, 0)  # the (step, session) of the wave they were found in
-        self.hello_after: float | None = None
-        self.heard_at = 0.0  # the last PARAMS taken, or the boot
-        self._hello_at: float | None = None
         # Compressed REDUCE (meshdl/compress): this node's stream up the tree, with the
         # error feedback that carries what one wave's message left out into the next.
         codec = spec.reduce_codec
@@ -174,11 +156,10 @@ class NodeMachine(BestEffortNode):
         self.neighbours = set(topo.neighbours(cell)) if cell in topo.members else set()
         self.children = topo.children.get(cell, [])
         self.jobs: list[Job] = []
-        self.silent.clear()  # a new plan: who is expected from starts afresh
+        self.effort.new_plan()
         for delta in (self.delta_out, self.delta_in):  # and delta halos from whole strips
             if delta is not None:
                 delta.reset()
-        self._suspects = []
         if cell not in topo.members:
             return
         layers = spec.model.conv_layers
@@ -233,6 +214,32 @@ class NodeMachine(BestEffortNode):
                 self.jobs.append(Job(train_only, None, STEPS[task.step], task.layer,
                                      task.stage, node_work(spec, cell, task.step,
                                                            task.layer)))
+
+    # ------------------------------------------------------------ best effort
+    # What a transport asks of the node's best effort (nodes/besteffort.py).
+    def set_deadlines(self, policy: Policy, mode: Mode, batch: int,
+                      first: dict[tuple, float], margins: Margins, k: float,
+                      spec: MeshSpec | None = None) -> None:
+        """See `BestEffort.set_deadlines`."""
+        self.effort.set_deadlines(policy, mode, batch, first, margins, k, spec)
+
+    def learn_deadlines(self, policy: Policy, learning: Learning) -> None:
+        """See `BestEffort.learn_deadlines`."""
+        self.effort.learn_deadlines(policy, learning)
+
+    def tick(self, now: float) -> list[Message]:
+        """Fill in every message whose deadline has passed, and say hello when due;
+        returns what this node sends in consequence."""
+        return self.effort.tick(now)
+
+    def next_deadline(self) -> float | None:
+        """When `tick` next has something to do, if ever."""
+        return self.effort.next_deadline()
+
+    def due(self, h: Header) -> float | None:
+        """When this node stops waiting for the message of header `h` (see
+        `BestEffort.due`)."""
+        return self.effort.due(h)
 
     # ------------------------------------------------------------- messages in
     # Every message goes through `handle`, and from there by its kind through
@@ -305,7 +312,7 @@ class NodeMachine(BestEffortNode):
     def _on_health(self, message: Message, expect: Expect | None,
                    now: float) -> list[Message]:
         """HEALTH: never in the plan's inbox; relayed towards the edge (besteffort.py)."""
-        return self._health(message)
+        return self.effort.relay_health(message)
 
     def _not_planned(self, message: Message) -> list[Message]:
         """A message this node's plan does not receive (no inbox entry, another mesh, or
@@ -338,7 +345,7 @@ class NodeMachine(BestEffortNode):
                 self.stats["abandoned_waves"] += 1
                 self._move(wave, NodeEvent.SUPERSEDED)
             if wave is not None and wave.schedule is not None:
-                self._judge(wave)
+                self.effort.judge(wave)
             if wave is not None and h.session != wave.session:
                 self.stats["resynchronised"] += 1
             self.wave = wave = Wave(h.step, h.session, self.plan)
@@ -348,7 +355,7 @@ class NodeMachine(BestEffortNode):
             return []
         if wave.seen[expect.index]:
             if wave.seen[expect.index] == FILLED_IN:
-                return self._late(wave, expect, now)
+                return self.effort.late(wave, expect, now)
             self.stats["duplicates"] += 1
             return []
         started_before = wave.phase is not NodePhase.AWAITING_CONTROL
@@ -363,7 +370,7 @@ class NodeMachine(BestEffortNode):
         wave.seen[expect.index] = RECEIVED
         self.stats["accepted"] += 1
         if wave.timing:
-            self._took(wave, expect, now)
+            self.effort.took(wave, expect, now)
         if wave.ready:
             self._run_ready(wave, now, out)
         if self.early and (new_wave or (not started_before and
@@ -426,7 +433,7 @@ class NodeMachine(BestEffortNode):
             return self._buffer(message, expect, "buffered_early")
         if wave.seen[expect.index]:
             if wave.seen[expect.index] == FILLED_IN:
-                return self._late(wave, expect, now)
+                return self.effort.late(wave, expect, now)
             self.stats["duplicates"] += 1
             return []
         if expect.train_only and not wave.training:
@@ -456,7 +463,7 @@ class NodeMachine(BestEffortNode):
             self._take_shared_memory(wave)
         wave.buffers[expect.buffer][expect.slots] = payload
         if wave.timing:
-            self._took(wave, expect, now)
+            self.effort.took(wave, expect, now)
         self._arrived(wave, expect.waiters)
         out: list[Message] = []
         if wave.ready:
@@ -664,30 +671,8 @@ class NodeMachine(BestEffortNode):
         wave.training = wave.mode == Mode.TRAIN
         self._move(wave, NodeEvent.STARTED)
         wave.batch = len(indices)
-        wave.started_at = self.heard_at = now
-        if self._suspects and self.plan.health_to is not None:  # dated by the wave judged
-            suspects = np.array([c[0] * self.spec.model.cols + c[1] + 1
-                                 for c in self._suspects[:HEALTH_MAX]], np.int32)
-            self.seq = (self.seq + 1) & 0xFFFFFFFF
-            out.append(make(Kind.HEALTH, self.mesh_id, self._judged[0], self.cell,
-                            self.plan.health_to, suspects, seq=self.seq,
-                            session=self._judged[1]))
-        if self.policy is not None:
-            key = (self.spec.plan_key, wave.mode, wave.batch)
-            arrivals = self.arrivals.get(key)
-            if arrivals is None and self.learning is not None:
-                arrivals = self._carried_over(wave.mode, wave.batch)
-                if arrivals is not None:
-                    self.arrivals[key] = arrivals
-            wave.arrivals = arrivals
-            if arrivals is None and self.learning is not None:
-                wave.learnt = {}  # this wave is waited out, and teaches the deadlines
-                wave.timing = True
-            if arrivals is not None:
-                wave.schedule = arrivals.schedule()
-                wave.timing = True
-                wave.after = {d.index: d.after for d in wave.schedule.forward}
-                wave.after.update((d.index, d.after) for d in wave.schedule.backward)
+        wave.started_at = now
+        self.effort.start(wave, now, out)  # best effort: HEALTH report, deadlines
         params = wave.params_vector
         for layer, where in self.layout.layers.items():
             wave.weights[layer] = params[where.weight].reshape(where.kernel_shape)
@@ -710,7 +695,7 @@ class NodeMachine(BestEffortNode):
         has not started that wave) or the batch size or the plan changed. Reuse matters:
         allocating and freeing them for every wave of every node costs about 8 % of a
         wave."""
-        memory = self.plan.memory[(wave.mode, self.policy is None)] if self.memory_plan \
+        memory = self.plan.memory[(wave.mode, self.effort.policy is None)] if self.memory_plan \
             else self.plan.unplanned
         key = (wave.batch, memory)
         if key != self._storage_key or self._lent_out():
@@ -798,7 +783,7 @@ class NodeMachine(BestEffortNode):
                 self._move(wave, NodeEvent.FINISHED)
             wave.finished_at.setdefault("finished", now)
             if wave.learnt is not None:
-                self._learnt(wave)
+                self.effort.learnt(wave)
 
     def _finished(self, wave: Wave) -> bool:
         return wave.phase is NodePhase.DONE

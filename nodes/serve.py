@@ -105,7 +105,7 @@ def best_effort(host: NodeHost, config: RunConfig) -> None:
     learning = Learning(config.mesh.patience, MQTT_LEAST_MARGIN_S)
     for node in host.nodes.values():
         node.learn_deadlines(Policy(config.mesh.policy), learning)
-        node.heard_at, node.hello_after = host.clock(), config.mesh.hello_after_s
+        node.effort.heard_at, node.effort.hello_after = host.clock(), config.mesh.hello_after_s
 
 
 def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,

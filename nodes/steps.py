@@ -31,7 +31,7 @@ Run = Callable[["NodeMachine", "Wave", int, list[Message]], None]
 def conv_forward(node: NodeMachine, wave: Wave, layer: int, out: list[Message]) -> None:
     """This cell's output of conv `layer` (then ReLU) from its input window."""
     if node.orphan_rows:
-        node._fill_orphans(wave, ("a", layer - 1))
+        node.effort.fill_orphans(wave, ("a", layer - 1))
     z = wave.buffers[node.a[layer]][node.own_a[layer]]
     inputs = wave.buffers[node.a[layer - 1]]
     compute.conv_relu(inputs, node.conv_slots[layer], node.conv_taps,
@@ -68,7 +68,7 @@ def route(node: NodeMachine, wave: Wave, layers: int, out: list[Message]) -> Non
 def dz_top(node: NodeMachine, wave: Wave, layers: int, out: list[Message]) -> None:
     """d(loss)/d(last conv's pre-activation): the routed gradient where ReLU passed."""
     if node.orphan_rows:
-        node._fill_orphans(wave, ("route",))
+        node.effort.fill_orphans(wave, ("route",))
     compute.relu_backward(own_input(node, wave, layers),
                           wave.buffers[node.route][node.own_route],
                           wave.buffers[node.dz[layers]][node.own_dz[layers]])
@@ -83,7 +83,7 @@ def weight_grad(node: NodeMachine, wave: Wave, layer: int, out: list[Message]) -
     dweight = wave.grad[where.weight].reshape(where.kernel_shape)
     if wave.by_input_cell and layer > 1:
         if node.orphan_rows:
-            node._fill_orphans(wave, ("dz", layer))
+            node.effort.fill_orphans(wave, ("dz", layer))
         compute.weight_grad_of_input(wave.buffers[node.dz[layer]], node.grad_slots[layer],
                                      node.grad_taps, node.own_dz[layer],
                                      own_input(node, wave, layer - 1), dweight,
@@ -99,7 +99,7 @@ def input_grad(node: NodeMachine, wave: Wave, layer: int, out: list[Message]) ->
     """d(loss)/d(this cell's input to `layer`): transposed convolution of the dz halo."""
     below = layer - 1
     if node.orphan_rows:
-        node._fill_orphans(wave, ("dz", layer))
+        node.effort.fill_orphans(wave, ("dz", layer))
     # Under the memory plan the first layer's output gradient is written over the
     # activation it masks (`compute.input_grad` allows it).
     compute.input_grad(wave.buffers[node.dz[layer]], node.grad_slots[layer],

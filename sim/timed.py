@@ -326,7 +326,7 @@ class TimedMesh:
         longest = max(w.end - w.start for w in probe.waves)
         self.hello_after = max(self.hello_after or 0.0, HELLO_WAVES * longest)
         for node in self.nodes.values():
-            node.hello_after = self.hello_after
+            node.effort.hello_after = self.hello_after
         self.edge.set_deadlines(policy, mode, batch, offsets.gather, offsets.reduce,
                                 margins, k, spec)
 
@@ -355,10 +355,10 @@ class TimedMesh:
         host = self.parties.host_for(cell)  # of the configured mesh (`base_spec`)
         self.hosts[cell], self.nodes[cell] = host, host.nodes[cell]
         node = host.nodes[cell]
-        node.heard_at, node.hello_after = self.queue.now, self.hello_after
+        node.effort.heard_at, node.effort.hello_after = self.queue.now, self.hello_after
         node.plans_change = self.plans_change
         if self.best_effort is not None:  # the deadlines it would have been given
-            node.policy = self.best_effort.policy
+            node.effort.policy = self.best_effort.policy
             for (plan, mode, batch), (offsets, margins) in self._calibrated.items():
                 if cell in offsets.nodes:
                     node.set_deadlines(self.best_effort.policy, mode, batch,

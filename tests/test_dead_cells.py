@@ -298,7 +298,7 @@ def test_a_neighbour_whose_messages_come_late_is_not_reported_silent() -> None:
         _halos(spec, node, step, 10.0 * step + 0.5, 1.0, but=MISSING)
         node.tick(10.0 * step + 9.0)  # (1, 0)'s halo filled in ...
         node.handle(make_halo(step), 10.0 * step + 9.5)  # ... and then it comes
-    assert node.stats["late"] == 3 and node.silent[(1, 0)] == 0
+    assert node.stats["late"] == 3 and node.effort.silent[(1, 0)] == 0
 
 
 def make_halo(step: int):
@@ -311,7 +311,7 @@ def test_a_node_taking_part_in_a_wave_never_says_hello_however_long_it_runs() ->
     from tests.test_best_effort import _node, _start
 
     spec, node = _node(Policy.ZERO)
-    node.hello_after = 1.0
+    node.effort.hello_after = 1.0
     assert node.next_deadline() == pytest.approx(1.0)  # booted, no wave: hello is due
     assert len(node.tick(1.0)) == 4 and node.stats["hellos"] == 1  # to each neighbour
     _start(spec, node, 1, now=2.0)

@@ -102,7 +102,7 @@ def test_an_exact_training_wave_writes_gradients_over_the_dead_forward_values() 
 def test_best_effort_keeps_the_features_apart_from_the_gradients() -> None:
     """A late GATHER may still come in after the SCATTER there."""
     node, spec = _node(RELAY)
-    node.policy = Policy.ZERO
+    node.effort.policy = Policy.ZERO
     _start_wave(node, spec, 1, [0, 1])
     buffers = [_field_buffer(node, f) for f in node.plan.buffers]
     assert len({id(b) for b in buffers}) == len(buffers)
