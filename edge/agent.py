@@ -31,13 +31,7 @@ from meshdl.protocol.deadlines import (
     Margins,
     Policy,
 )
-from meshdl.protocol.messages import EDGE, Header, Kind, Message, make, newer
-from meshdl.protocol.payloads import BatchOrder, PlanTail, health_entries
-from meshdl.protocol.spec import MeshSpec, Mode, Split
-from meshdl.protocol.topology import Cell
-from meshdl.protocol.work import head_work
-
-from .lifecycle import (
+from meshdl.protocol.lifecycle import (
     FINISHED,
     GAVE_UP_GATHER,
     GAVE_UP_REDUCE,
@@ -45,8 +39,13 @@ from .lifecycle import (
     UNDER_WAY,
     EdgeEvent,
     EdgePhase,
-    next_phase,
+    next_edge_phase,
 )
+from meshdl.protocol.messages import EDGE, Header, Kind, Message, make, newer
+from meshdl.protocol.payloads import BatchOrder, PlanTail, health_entries
+from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.topology import Cell
+from meshdl.protocol.work import head_work
 
 # A wave still making progress is restarted anyway once it is this many wave timeouts
 # old: its idle timeout alone would let a trickle of messages hold it for ever.
@@ -102,7 +101,7 @@ class WaveEngine:
 
 class EdgeMachine:
     """The edge of one mesh, holding the model whose head it runs. Its wave moves
-    through the phases of edge/lifecycle.py, only by `_move`."""
+    through the phases of meshdl/protocol/lifecycle.py, only by `_move`."""
 
     def __init__(self, spec: MeshSpec, model: CNN, labels: dict[int, np.ndarray],
                  first_step: int = 1, wave_timeout: float | None = None,
@@ -177,7 +176,7 @@ class EdgeMachine:
     def _move(self, event: EdgeEvent) -> None:
         """The one way the wave changes phase: by `event`, as EDGE_TRANSITIONS allows
         (else `IllegalTransition`)."""
-        self.phase = next_phase(self.phase, event)
+        self.phase = next_edge_phase(self.phase, event)
         self.event = event
 
     @property

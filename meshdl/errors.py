@@ -81,7 +81,7 @@ def format_validation_error(exc: ValidationError) -> str:
 
 class IllegalTransition(Exception):
     """A state machine was handed an event its transition table does not allow in its
-    phase (edge/lifecycle.py, nodes/lifecycle.py): a bug in the caller or the machine,
+    phase (meshdl/protocol/lifecycle.py): a bug in the caller or the machine,
     not in the input, so it is not a `MeshdlError` the CLI would print as one line."""
 
     def __init__(self, machine: str, phase: Enum, event: Enum) -> None:

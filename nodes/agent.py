@@ -34,7 +34,6 @@ from meshdl.compress.intsum import SumChannel
 from meshdl.nodes import compute
 from meshdl.nodes.besteffort import BestEffort
 from meshdl.nodes.delta import DeltaReceiver, DeltaSender
-from meshdl.nodes.lifecycle import NodeEvent, NodePhase, next_phase
 from meshdl.nodes.memory import MemoryPlan
 from meshdl.nodes.plan import (
     FILLED_IN,
@@ -56,6 +55,7 @@ from meshdl.protocol.activations import (
     read_activations,
 )
 from meshdl.protocol.deadlines import Learning, Margins, Policy
+from meshdl.protocol.lifecycle import NodeEvent, NodePhase, next_node_phase
 from meshdl.protocol.messages import (
     ALL,
     BYTES,
@@ -725,7 +725,7 @@ class NodeMachine:
     def _move(self, wave: Wave, event: NodeEvent) -> None:
         """The one way a wave changes phase: by `event`, as NODE_TRANSITIONS allows
         (else `IllegalTransition`)."""
-        wave.phase = next_phase(wave.phase, event)
+        wave.phase = next_node_phase(wave.phase, event)
 
     def _arrived(self, wave: Wave, waiters: tuple[int, ...]) -> None:
         """A source came: `waiters` are the tasks that waited for it."""

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from meshdl.nodes.lifecycle import NodePhase
 from meshdl.nodes.memory import GRADIENTS
 from meshdl.nodes.plan import (
     FILLED_IN,
@@ -39,6 +38,7 @@ from meshdl.protocol.deadlines import (
     Margins,
     Policy,
 )
+from meshdl.protocol.lifecycle import NodePhase
 from meshdl.protocol.messages import EDGE, Header, Kind, Message, make
 from meshdl.protocol.payloads import HEALTH_MAX, health_entries
 from meshdl.protocol.spec import Field, MeshSpec, Mode

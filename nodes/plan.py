@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from meshdl.nodes.lifecycle import NodePhase
 from meshdl.nodes.memory import plan_memory, unplanned
 from meshdl.protocol.deadlines import Arrivals, Schedule
+from meshdl.protocol.lifecycle import NodePhase
 from meshdl.protocol.messages import ITEM_BYTES, Kind, Message
 from meshdl.protocol.payloads import BATCH_HEAD
 from meshdl.protocol.spec import Field, MeshSpec, Mode, Send
@@ -345,7 +345,7 @@ class Wave:
     def __init__(self, step: int, session: int, plan: NodePlan) -> None:
         self.step = step
         self.session = session
-        # Where the wave is in its lifecycle (nodes/lifecycle.py): it begins when the
+        # Where the wave is in its lifecycle (meshdl/protocol/lifecycle.py): it begins when the
         # first PARAMS of its step come; only `NodeMachine._move` changes it.
         self.phase = NodePhase.AWAITING_CONTROL
         self.mode: Mode | None = None

@@ -1,4 +1,4 @@
-"""The wave lifecycles of the edge (edge/lifecycle.py) and of a node (nodes/lifecycle.py):
+"""The wave lifecycles of the edge and of a node (meshdl/protocol/lifecycle.py):
 one transition table each, walked by every kind of wave, and a typed error on an event
 the table does not allow."""
 
@@ -9,11 +9,18 @@ import pytest
 
 from meshdl.config import ModelConfig
 from meshdl.edge.agent import EdgeMachine
-from meshdl.edge.lifecycle import EDGE_TRANSITIONS, EdgeEvent, EdgePhase, next_phase
 from meshdl.errors import IllegalTransition
 from meshdl.model.cnn import CNN
-from meshdl.nodes.lifecycle import NODE_TRANSITIONS, NodeEvent, NodePhase
 from meshdl.protocol.deadlines import Margins, Policy
+from meshdl.protocol.lifecycle import (
+    EDGE_TRANSITIONS,
+    NODE_TRANSITIONS,
+    EdgeEvent,
+    EdgePhase,
+    NodeEvent,
+    NodePhase,
+    next_edge_phase,
+)
 from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.sim.mesh import VirtualMesh, by_split
 from tests.helpers import noise_dataset
@@ -151,7 +158,7 @@ def test_an_event_the_table_does_not_allow_raises_and_moves_nothing() -> None:
     assert edge.phase == P.AWAITING_GATHER
     for phase in (P.DONE, P.SKIPPED):
         with pytest.raises(IllegalTransition):
-            next_phase(phase, E.RESTART)  # a finished wave is not restarted
+            next_edge_phase(phase, E.RESTART)  # a finished wave is not restarted
 
 
 # ------------------------------------------------------------------------ a node

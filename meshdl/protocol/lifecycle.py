@@ -1,5 +1,21 @@
-"""The edge's wave lifecycle: its phases, the events that move it, and the one table of
-which event is legal in which phase (after h11's `_state.py`).
+"""The two wave lifecycles, after h11's `_state.py`: a node's and the edge's phases,
+the events that move them, and one transition table each; `IllegalTransition` for a move
+a table does not have.
+
+A node's wave (`nodes/agent.py`, `Wave.phase`, changed only by `NodeMachine._move`):
+
+    AWAITING_CONTROL --STARTED--> FORWARD         PARAMS and BATCH both in hand
+    FORWARD --FORWARD_DONE--> BACKWARD            training: this node's forward tasks ran
+    FORWARD --FINISHED--> DONE                    inference: every task ran
+    BACKWARD --FINISHED--> DONE                   training: every task ran
+    AWAITING_CONTROL | FORWARD | BACKWARD --SUPERSEDED--> ABANDONED
+                                                  a later wave's PARAMS, or a new plan
+
+A wave begins AWAITING_CONTROL when the first PARAMS of its step come (a node has no
+wave before, nor after a PARAMS that brings another plan). Messages that move nothing
+(items stored in their slots, duplicates, stale, early ones buffered) are not events.
+
+The edge (`edge/agent.py`, `EdgeMachine.phase`, changed only by `EdgeMachine._move`):
 
     IDLE --START--> AWAITING_GATHER          PARAMS and BATCH sent
     AWAITING_GATHER --GATHERED_TRAIN--> AWAITING_REDUCE   head ran, SCATTER sent
@@ -19,10 +35,60 @@ counts them and stays where it is.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TypeVar
 
-from meshdl.protocol.transitions import transition
+from meshdl.errors import IllegalTransition
+
+PhaseT = TypeVar("PhaseT", bound=Enum)
 
 
+def transition(table: dict[tuple[PhaseT, Enum], PhaseT], machine: str, phase: PhaseT,
+               event: Enum) -> PhaseT:
+    """The phase `event` moves `machine` to from `phase`, by `table`."""
+    try:
+        return table[(phase, event)]
+    except KeyError:
+        raise IllegalTransition(machine, phase, event) from None
+
+
+# ------------------------------------------------------------------ a node's wave
+class NodePhase(Enum):
+    AWAITING_CONTROL = "awaiting control"  # PARAMS or BATCH still to come
+    FORWARD = "forward"  # started: forward tasks still to run
+    BACKWARD = "backward"  # training: forward tasks done, backward ones to run
+    DONE = "done"  # every task of the wave's mode ran
+    ABANDONED = "abandoned"  # replaced before it was done
+
+
+class NodeEvent(Enum):
+    STARTED = "started"
+    FORWARD_DONE = "forward done"
+    FINISHED = "finished"
+    SUPERSEDED = "superseded"
+
+
+P, E = NodePhase, NodeEvent
+
+NODE_TRANSITIONS: dict[tuple[NodePhase, NodeEvent], NodePhase] = {
+    (P.AWAITING_CONTROL, E.STARTED): P.FORWARD,
+    (P.AWAITING_CONTROL, E.SUPERSEDED): P.ABANDONED,
+    (P.FORWARD, E.FORWARD_DONE): P.BACKWARD,
+    (P.FORWARD, E.FINISHED): P.DONE,
+    (P.FORWARD, E.SUPERSEDED): P.ABANDONED,
+    (P.BACKWARD, E.FINISHED): P.DONE,
+    (P.BACKWARD, E.SUPERSEDED): P.ABANDONED,
+}
+
+del P, E
+
+
+def next_node_phase(phase: NodePhase, event: NodeEvent) -> NodePhase:
+    """The phase `event` moves a node's wave to from `phase`; `IllegalTransition` if the
+    table has no such move."""
+    return transition(NODE_TRANSITIONS, "node", phase, event)
+
+
+# ---------------------------------------------------------------------- the edge
 class EdgePhase(Enum):
     IDLE = "idle"  # no wave asked for yet
     AWAITING_GATHER = "awaiting gather"  # the wave's PARAMS and BATCH are out
@@ -73,7 +139,7 @@ GAVE_UP_REDUCE = frozenset({E.REDUCE_MISSED})
 del P, E
 
 
-def next_phase(phase: EdgePhase, event: EdgeEvent) -> EdgePhase:
+def next_edge_phase(phase: EdgePhase, event: EdgeEvent) -> EdgePhase:
     """The phase `event` moves the edge to from `phase`; `IllegalTransition` if the
     table has no such move."""
     return transition(EDGE_TRANSITIONS, "edge", phase, event)
