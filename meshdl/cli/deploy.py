@@ -94,17 +94,7 @@ def credentials(
     keyed = [u for u in users if u.role != "monitor"]  # the monitor sends no messages
     targets = [out / "passwd", out / "acl", *(secrets_dir / f"{u.name}.env" for u in users),
                *(secrets_dir / f"{u.name}.keys.json" for u in keyed)]
-    existing = [path for path in targets if path.exists()]
-    if existing and not force:
-        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
-        raise MeshdlError(f"{existing[0]} exists{more}; pass --force to overwrite "
-                          "(every password changes)")
-
-    passwords = {u.name: secrets.token_urlsafe(PASSWORD_BYTES) for u in users}
-    out.mkdir(parents=True, exist_ok=True)
-    _ignore_in_git(out)
-    secrets_dir.mkdir(mode=0o700, exist_ok=True)
-    secrets_dir.chmod(0o700)
+    passwords = _fresh_passwords(users, targets, force, out, secrets_dir)
     header = (f"meshdl mesh {cfg.mesh.mesh_id}: {rows} x {cols} cells, edge at "
               f"{name_of(cfg.mesh.edge_at)}; written by `meshdl deploy credentials`")
     _write_private(out / "acl", acl_text(users, header))
@@ -161,15 +151,7 @@ def central(
                *(secrets_dir / f"{u.name}.env" for u in users),
                secrets_dir / SERVER_KEYS,
                *(secrets_dir / name for m in meshes for name in _push_files(m))]
-    existing = [path for path in targets if path.exists()]
-    if existing and not force:
-        raise MeshdlError(f"{existing[0]} exists; pass --force to overwrite (every "
-                          "password changes)")
-    passwords = {u.name: secrets.token_urlsafe(PASSWORD_BYTES) for u in users}
-    out.mkdir(parents=True, exist_ok=True)
-    _ignore_in_git(out)
-    secrets_dir.mkdir(mode=0o700, exist_ok=True)
-    secrets_dir.chmod(0o700)
+    passwords = _fresh_passwords(users, targets, force, out, secrets_dir)
     _write_private(out / "acl", acl_text(users, f"meshdl central broker of meshes "
                                          f"{', '.join(map(str, meshes))}; written by "
                                          "`meshdl deploy central`"))
@@ -213,6 +195,23 @@ def _push_env(key_file: Path, auth: bool = False) -> str:
     """The lines that give a process its push key file (and turn authentication on)."""
     return ("MESHDL_MESH__AUTH=true\n" if auth else "") + \
         f"MESHDL_PARALLEL__KEYS={key_file}\n"
+
+
+def _fresh_passwords(users: list[MeshUser], targets: list[Path], force: bool, out: Path,
+                     secrets_dir: Path) -> dict[str, str]:
+    """A new random password per user, once no file of `targets` would be overwritten
+    unasked; `out` and its private `secrets_dir` made ready for them."""
+    existing = [path for path in targets if path.exists()]
+    if existing and not force:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise MeshdlError(f"{existing[0]} exists{more}; pass --force to overwrite "
+                          "(every password changes)")
+    passwords = {u.name: secrets.token_urlsafe(PASSWORD_BYTES) for u in users}
+    out.mkdir(parents=True, exist_ok=True)
+    _ignore_in_git(out)
+    secrets_dir.mkdir(mode=0o700, exist_ok=True)
+    secrets_dir.chmod(0o700)
+    return passwords
 
 
 def _ignore_in_git(out: Path) -> None:
