@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import socket
 import warnings
 from dataclasses import replace
 from importlib.metadata import version
@@ -432,3 +433,17 @@ def test_infer_writes_each_samples_prediction_the_same_in_the_mesh_and_centrally
     hits = sum(r["label"] == r["true_label"] for r in rows)
     assert hits / len(rows) == report["accuracy"]
     assert [int(r["true_label"]) for r in rows] == load_dataset(small_data_file).y_test.tolist()
+
+
+def test_train_over_an_unreachable_broker_fails_at_once_without_starting_a_run(
+        cli, small_data_file, tmp_path, monkeypatch) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = []
+    monkeypatch.setattr(meshdl.cli.train, "_fit_over_mqtt", lambda *a: started.append(a))
+    code, _, err = cli("train", "--transport", "mqtt", "--broker", f"mqtt://127.0.0.1:{port}",
+                       "--data", small_data_file, "--epochs", "1", "--out", tmp_path / "run")
+    assert_one_line_error(code, err, 1, f"127.0.0.1:{port}", "meshdl broker")
+    assert err.startswith("error:")  # no progress bar, not even a blank line before it
+    assert started == [] and not (tmp_path / "run").exists()

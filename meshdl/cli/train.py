@@ -155,6 +155,8 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
     if config.mesh.compress == PLAN:
         config = plan_for(config, dataset, PLAN_RADIO, "wifi")
     address = BrokerAddress.parse(broker) if transport == "mqtt" else None
+    if address is not None:  # before a run directory or a progress bar
+        address.check_reachable()
     claimed = claim()
     run_dir = claimed.path
     try:

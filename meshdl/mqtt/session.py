@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import ssl
 import sys
 import time
@@ -89,6 +90,19 @@ class BrokerAddress:
     def __str__(self) -> str:  # never shows the password
         login = f"{self.username}@" if self.username else ""
         return f"{'mqtts' if self.tls else 'mqtt'}://{login}{self.host}:{self.port}"
+
+    def check_reachable(self, timeout_s: float = 5.0) -> None:
+        """Fail at once, in one line, when nothing listens at the broker's address (a
+        refused or unroutable connection, an unknown host): a one-shot command such as
+        `meshdl train --transport mqtt` must not start a run that cannot work. Services
+        (node hosts, `edge serve`) do not ask: they wait for a broker that comes later."""
+        try:
+            socket.create_connection((self.host, self.port), timeout=timeout_s).close()
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            hint = "; is it running? (`meshdl broker --port P` starts a local one)" \
+                if isinstance(exc, ConnectionRefusedError) else ""
+            raise MeshdlError(f"cannot reach the broker at {self}: {reason}{hint}") from None
 
 
 @dataclass(frozen=True)
