@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+
+import aiomqtt
 import numpy as np
 
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
+from meshdl.protocol.topics import alerts_topic
 
 # A small mesh file (the run configuration TOML): 3 x 4 cells, mesh 7, edge at (0, 0).
 SMALL_MESH_TOML = """\
@@ -18,8 +24,10 @@ mesh_id = 7
 edge_at = [0, 0]
 """
 
-# Two meshes (ids 1 and 2) of 4 x 5 cells training one model in bsp: format with mesh_id.
-TWO_MESHES_TOML = """
+
+def small_run_toml(batch: int) -> str:
+    """A 4 x 5 mesh's run: 40 training and 20 test maps (data seed 4), 2 epochs."""
+    return f"""
 [model]
 rows = 4
 cols = 5
@@ -32,8 +40,12 @@ seed = 4
 
 [train]
 epochs = 2
-batch = 5
+batch = {batch}
+"""
 
+
+# Two meshes (ids 1 and 2) of 4 x 5 cells training one model in bsp: format with mesh_id.
+TWO_MESHES_TOML = small_run_toml(5) + """
 [mesh]
 mesh_id = {mesh_id}
 
@@ -69,3 +81,21 @@ def normalized_model(config: ModelConfig) -> CNN:
     model = CNN(config, seed=3)
     model.set_normalization(20.0, 3.0)
     return model
+
+
+def retained_alert(host: str, port: int, mesh_id: int = 1) -> dict:
+    """The alert a late subscriber to a mesh's alerts topic gets (retained); {} if none
+    comes within 10 s. Read on a thread of its own, beside any event loop of the test."""
+    retained: dict = {}
+
+    async def first() -> None:
+        async with aiomqtt.Client(host, port) as client:
+            await client.subscribe(alerts_topic(mesh_id), qos=1)
+            async for message in client.messages:
+                retained.update(json.loads(message.payload))
+                return
+
+    reader = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(first(), 10)))
+    reader.start()
+    reader.join(15)
+    return retained

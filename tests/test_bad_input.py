@@ -5,15 +5,12 @@ that no room can have is an error for its own slot, never a confident alert."""
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import subprocess
 import sys
-import threading
 from dataclasses import replace
 from pathlib import Path
 
-import aiomqtt
 import numpy as np
 import pytest
 
@@ -31,9 +28,8 @@ from meshdl.nodes.live import LiveSampler
 from meshdl.nodes.sensors import ReplaySensor, SyntheticSensor, read_with_retry
 from meshdl.nodes.serve import BackgroundNodeHost, Readings
 from meshdl.protocol.spec import MeshSpec, Split
-from meshdl.protocol.topics import alerts_topic
 from meshdl.training.loop import train
-from tests.helpers import assert_one_line_error
+from tests.helpers import assert_one_line_error, retained_alert
 
 ROWS, COLS = 4, 5
 SUBPROCESS_TIMEOUT_S = 300  # a cold Numba cache compiles every kernel first
@@ -317,19 +313,7 @@ def test_live_inference_on_an_impossible_replayed_value_alerts_an_error(mosquitt
     for alert in alerts:
         assert "error" in alert and "probability" not in alert, alert
     assert set(host.sampler.last_errors) == {(1, 2)}  # the cell whose value is impossible
-    retained: dict = {}
-
-    async def last_alert() -> None:
-        async with aiomqtt.Client(mosquitto.host, mosquitto.port) as client:
-            await client.subscribe(alerts_topic(1), qos=1)
-            async for message in client.messages:
-                retained.update(json.loads(message.payload))
-                return
-
-    reader = threading.Thread(
-        target=lambda: asyncio.run(asyncio.wait_for(last_alert(), 10)))
-    reader.start()
-    reader.join(15)
+    retained = retained_alert(mosquitto.host, mosquitto.port)
     assert "error" in retained and "probability" not in retained
 
 

@@ -3,11 +3,6 @@ per slot; a node without a valid reading makes an error alert, never a made-up n
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
-
-import aiomqtt
 import numpy as np
 import pytest
 
@@ -18,7 +13,7 @@ from meshdl.model.cnn import CNN
 from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.sensors import SensorError, SyntheticSensor
 from meshdl.nodes.serve import BackgroundNodeHost, Readings
-from meshdl.protocol.topics import alerts_topic
+from tests.helpers import retained_alert
 
 SLOT_S = 1.0
 
@@ -40,15 +35,6 @@ def _serve_slots(broker, sensors, slots: int, wave_timeout: float,
     model.set_normalization(21.0, 2.0)
     address = BrokerAddress.parse(broker.url)
     cells = list(sensors)
-    retained: dict = {}
-
-    async def last_alert() -> None:
-        async with aiomqtt.Client(broker.host, broker.port) as client:
-            await client.subscribe(alerts_topic(1), qos=1)
-            async for message in client.messages:
-                retained.update(json.loads(message.payload))
-                return
-
     node_host = BackgroundNodeHost(config, cells, address,
                                    Readings(sensors=sensors, slot_s=SLOT_S))
     # A busy machine may make a read slow; a dead sensor is not that.
@@ -60,10 +46,7 @@ def _serve_slots(broker, sensors, slots: int, wave_timeout: float,
             alerts = serve(engine, model, SLOT_S, slots)
         finally:
             engine.close()
-    thread = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(last_alert(), 10)))
-    thread.start()
-    thread.join(15)
-    return alerts, retained
+    return alerts, retained_alert(broker.host, broker.port)
 
 
 def test_each_slot_gets_a_retained_alert_with_a_probability(mosquitto) -> None:

@@ -29,23 +29,10 @@ from meshdl.nodes.serve import BackgroundNodeHost
 from meshdl.protocol.messages import EDGE, Kind, encode, make
 from meshdl.protocol.topics import topic
 from meshdl.training.loop import train
+from tests.helpers import small_run_toml
 from tests.mosquitto import Mosquitto
 
-MESH_TOML = """
-[model]
-rows = 4
-cols = 5
-hidden = 8
-
-[data]
-train = 40
-test = 20
-seed = 4
-
-[train]
-epochs = 2
-batch = 10
-"""
+MESH_TOML = small_run_toml(10)
 
 
 @pytest.fixture(scope="module")
