@@ -20,6 +20,13 @@ every node host runs the same mesh (and replays the same data):
 - agreement: each node host's status record carries its mesh spec's summary and its
   data set's digest; the edge refuses, in one line naming the host and the fields that
   differ, to start waves with a host of another mesh or data.
+
+What the mesh sent is counted as the virtual mesh counts it (meshdl/protocol/accounting.py,
+the "comm" record of metrics.json: per class, `total_bytes`, `waves`): the edge's own
+messages as it sends them, and the nodes' by the plan: the node hosts' messages cross no
+link the edge sees (a host hands its own cells' messages over in process), but a wave
+sends exactly the rows of `MeshSpec.sends` and `MeshSpec.relays` (tests/test_walk.py),
+each of a size the plan fixes, so a finished wave adds them.
 """
 
 from __future__ import annotations
@@ -46,9 +53,23 @@ from meshdl.mqtt.sdnotify import Notifier, stop_task
 from meshdl.mqtt.session import BrokerAddress, Session, close_loop
 from meshdl.mqtt.status import StatusRecord, parse_status
 from meshdl.nodes.serve import MQTT_LEAST_MARGIN_S
+from meshdl.protocol.accounting import Ledger
+from meshdl.protocol.activations import FORWARD_KINDS, activation_bytes
 from meshdl.protocol.auth import Authenticator, authenticator_for
 from meshdl.protocol.deadlines import Learning, Policy
-from meshdl.protocol.messages import EDGE, SERVER, Kind, Message, decode, encode, make
+from meshdl.protocol.messages import (
+    BYTES,
+    EDGE,
+    FLOAT32,
+    PROTOCOL_VERSION,
+    SERVER,
+    Header,
+    Kind,
+    Message,
+    decode,
+    encode,
+    make,
+)
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.protocol.topics import (
     ROOT,
@@ -123,6 +144,10 @@ class MqttEngine(WaveEngine):
         self.since = 0.0  # when this edge took the mesh (its lease record says so)
         self.taken_over: StatusRecord | None = None  # the edge that took the mesh from us
         self.stats: Counter[str] = Counter()
+        # What the mesh sent, as the virtual mesh counts it (made with the first wave's
+        # edge), and the nodes' messages of a wave by the plan, by (spec, training, batch).
+        self.ledger: Ledger | None = None
+        self._planned: dict[tuple[int, bool, int], tuple[MeshSpec, list[Header]]] = {}
         self.systemd = systemd or Notifier({})
         self._keep_alive: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
@@ -165,12 +190,22 @@ class MqttEngine(WaveEngine):
         return self._run(model, Mode.INFER, Split.LIVE, np.array([slot % LIVE_SLOTS])).logits
 
     def report(self) -> dict[str, Any]:
-        """Transport counts: the broker carries the bytes, so this side counts messages;
-        and the cells the edge found dead (best effort)."""
+        """What the mesh sent, as the virtual mesh reports it (`total_bytes`, `waves`,
+        per class; the nodes' messages by the plan), then the transport's own counts:
+        the edge's connection, the machine's and the engine's, and the cells the edge
+        found dead (best effort)."""
         session = self.session.stats if self.session else Counter()
         edge = self.edge.stats if self.edge else Counter()
         dead = sorted(self.edge.spec.dead) if self.edge else []
-        return {"transport": "mqtt", "broker": str(self.address),
+        mesh = self.ledger.report() if self.ledger is not None else {}
+        if mesh:
+            # Where a payload's length depends on its values (intsum's REDUCE codes, a
+            # live HALO of changes only), the plan gives its bound, or its full size.
+            spec = self.edge.spec if self.edge else None
+            mesh["nodes_counted_by"] = "plan"
+            mesh["bytes_exact"] = spec is None or (spec.reduce_sum is None and
+                                                   spec.delta is None)
+        return {**mesh, "transport": "mqtt", "broker": str(self.address),
                 "edge": dict(edge), "session": dict(session), "engine": dict(self.stats),
                 "node_hosts": sorted(self.online),
                 "dead_cells": [name_of(cell) for cell in dead]}
@@ -231,6 +266,7 @@ class MqttEngine(WaveEngine):
             first = clock_step() if self.edge is None else self.edge.step + 1
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,
                                     wave_timeout=self.wave_timeout, session=self.edge_session)
+            self.ledger = self.ledger or Ledger(spec)
             if self.best_effort is not None:  # deadlines learnt; dead cells planned around
                 self.edge.learn_deadlines(*self.best_effort)
                 self.edge.watch_health = True
@@ -255,7 +291,7 @@ class MqttEngine(WaveEngine):
     async def _wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         session = await self._session()
         edge = self.edge
-        await session.send(edge.start(mode, split, indices, now=time.monotonic()))
+        await session.send(self._sent(edge.start(mode, split, indices, now=time.monotonic())))
 
         async def tick() -> None:
             self._check_still_ours()
@@ -263,10 +299,30 @@ class MqttEngine(WaveEngine):
             if again:
                 if edge.attempts > self.max_attempts:
                     raise MeshdlError(self._no_result(edge))
-                await session.send(again)  # (the edge machine counts the restart)
+                await session.send(self._sent(again))  # (the edge machine counts the restart)
 
         await session.run(self._handle, tick=tick, until=lambda: edge.result is not None)
+        self._count_nodes(edge.spec, mode == Mode.TRAIN, len(indices), edge.step)
         return edge.result
+
+    # ------------------------------------------------------------ counting
+    def _sent(self, messages: list[Message]) -> list[Message]:
+        """The edge's own messages, counted as sent."""
+        if self.ledger is not None:
+            self.ledger.record_all(messages)
+        return messages
+
+    def _count_nodes(self, spec: MeshSpec, training: bool, batch: int, step: int) -> None:
+        """A finished wave: the nodes sent the plan's messages (counted under the wave's
+        step, after the edge's own, as the ledger tallies wave by wave)."""
+        if self.ledger is None:
+            return
+        key = (id(spec), training, batch)
+        planned = self._planned.get(key)
+        if planned is None or planned[0] is not spec:
+            planned = self._planned[key] = (spec, node_messages(spec, training, batch))
+        self.ledger.record_all([Message(h._replace(step=step), None) for h in planned[1]])
+        self.ledger.tally()
 
     def _no_result(self, edge: EdgeMachine) -> str:
         """Why a wave may have got no result: what the broker said it refused, if it
@@ -329,7 +385,7 @@ class MqttEngine(WaveEngine):
         if not route.agrees_with(message.header):
             self.stats["rejected:topic_mismatch"] += 1
             return []
-        return self.edge.handle(message, time.monotonic())
+        return self._sent(self.edge.handle(message, time.monotonic()))
 
     async def _session(self) -> Session:
         """The connection, opened on first use; then every cell's host must be online,
@@ -489,3 +545,50 @@ class MqttEngine(WaveEngine):
             raise MeshdlError(f"{len(missing)} cells have no node host online after "
                               f"{self.nodes_timeout:g} s: {names}{more} "
                               f"(start them with `meshdl nodes run`){stale}")
+
+
+def node_messages(spec: MeshSpec, training: bool, batch: int) -> list[Header]:
+    """The headers of every message the nodes send in one wave of `batch` samples, by
+    the plan (`MeshSpec.sends` and `MeshSpec.relays`: forward rows, and in a training
+    wave the backward ones and the REDUCE up the tree), each of the shape and type the
+    node machines send (float32 items (cells, channels, batch), or a codec's bytes).
+    Not HEALTH, sent only when best effort finds silence; not PARAMS or BATCH, which
+    over MQTT only the edge sends (to every node at once)."""
+    headers = []
+    activations = spec.activation_codec
+    for src, rows in spec.sends.items():
+        if src == EDGE:
+            continue
+        for row in rows:
+            if row.train_only and not training:
+                continue
+            channels, _ = spec.item_shape(row.field, batch)
+            shape = (len(row.items), channels, batch)
+            dtype = FLOAT32
+            if activations is not None and row.kind in FORWARD_KINDS:
+                shape, dtype = (activation_bytes(activations, shape),), BYTES
+            headers.append(_header(spec, row.kind, row.layer, row.phase, src, row.dst,
+                                   shape, dtype))
+    if training:
+        for src, rows in spec.relays.items():
+            for row in rows:
+                if src != EDGE and row.kind == Kind.REDUCE:
+                    shape, dtype = _reduce_payload(spec, src)
+                    headers.append(_header(spec, row.kind, 0, 0, src, row.dst, shape, dtype))
+    return headers
+
+
+def _reduce_payload(spec: MeshSpec, src: Cell) -> tuple[tuple[int, ...], int]:
+    """(shape, dtype) of the REDUCE `src` sends: float32 partial gradients, a codec's
+    bytes, or intsum's codes (at most their bound: their length depends on the sums)."""
+    if spec.reduce_sum is not None:
+        return (spec.reduce_sum.max_nbytes(spec.topology.subtree_sizes.get(src, 1)),), BYTES
+    if spec.reduce_codec is not None:
+        return (spec.reduce_codec.nbytes,), BYTES
+    return (spec.conv_size,), FLOAT32
+
+
+def _header(spec: MeshSpec, kind: Kind, layer: int, phase: int, src: Cell, dst: Cell,
+            shape: tuple[int, ...], dtype: int) -> Header:
+    return Header(PROTOCOL_VERSION, kind, spec.mesh_id, 0, layer, phase, src, dst, 0, dtype,
+                  shape)

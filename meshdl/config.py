@@ -344,20 +344,36 @@ def _check_toml(path: Path) -> None:
         raise UsageError(f"{path}: not valid TOML ({exc})") from None
 
 
-def commented_config() -> str:
-    """A TOML file holding every setting at its default, each under its description: what
-    `meshdl config init` writes (made from the models, so it cannot drift from them)."""
+# Settings `config init` leaves out, each with the line said in their place: the data
+# set's grid is the model's unless a file sets one, so a mesh file names its grid once.
+FOLLOWS_MODEL = {("data", "rows"): "# rows, cols: the data set's grid; the [model] grid "
+                 "unless set here", ("data", "cols"): None}
+
+
+def commented_config(values: dict[str, dict[str, Any]] | None = None) -> str:
+    """A TOML file holding every setting, each under its description: what `meshdl
+    config init` writes (made from the models, so it cannot drift from them). Settings
+    are at their defaults but for `values` ({"model": {"rows": 6}}, checked first)."""
+    values = values or {}
+    RunConfig.model_validate(values)  # a ValidationError names a bad value
     lines = ["# meshdl configuration: defaults < this file < MESHDL_* environment < flags.",
              "# Every setting is at its default; delete what you do not change.", "",
              "# mesh: train in the virtual mesh; central: on one machine (the reference)",
              f"mode = {_toml_value(RunConfig.model_fields['mode'].default)}"]
+    if values:
+        lines[1] = "# Every setting is at its default, but for those given to `config init`."
     for section, model in (("model", ModelConfig), ("data", DataConfig),
                            ("train", TrainConfig), ("mesh", MeshConfig)):
         lines += ["", f"[{section}]"]
         for name, field in model.model_fields.items():
+            if (section, name) in FOLLOWS_MODEL:
+                said = FOLLOWS_MODEL[section, name]
+                lines += [said] if said else []
+                continue
             if field.description:
                 lines.append(f"# {field.description}")
-            value = field.get_default(call_default_factory=True)
+            value = values.get(section, {}).get(name, field.get_default(
+                call_default_factory=True))
             lines.append(f"# {name} =" if value is None else f"{name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
 

@@ -4,45 +4,39 @@ Conventions every command keeps: progress and messages go to stderr (rich), `--j
 prints the machine-readable result alone on stdout, and a failure is one line
 `error: ...` with exit code 1 (something failed) or 2 (the request itself is wrong).
 `meshdl --debug ...` shows the traceback instead.
+
+The command modules load Numba, numpy and the protocol, about a second: they are
+imported when the app is built, not with this package, so `meshdl --version` answers
+before any of them loads (`meshdl.cli.train` and the others still work as attributes,
+PEP 562).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-
-import typer
-from pydantic import ValidationError
-from rich.markup import escape
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from meshdl import __version__
-from meshdl.cli import (
-    bench,
-    broker,
-    cost,
-    data,
-    deploy,
-    experiment,
-    model,
-    mqtt_run,
-    plan,
-    radio,
-    report,
-    schedule,
-    simulate,
-    train,
-)
-from meshdl.cli.common import err_console
-from meshdl.errors import MeshdlError, format_validation_error
-from meshdl.mqtt.session import quiet_abandoned_clients
 
-# A usage error (a mistyped option, a missing argument): typer's own click copy raises
-# a typer.TyperException; a typer on top of click, a click.ClickException.
-try:
-    from click import ClickException as _ClickException
-except ImportError:  # pragma: no cover - click is typer's own
-    UsageFailure: tuple[type[Exception], ...] = (typer.TyperException,)
-else:
-    UsageFailure = (typer.TyperException, _ClickException)
+if TYPE_CHECKING:
+    import typer
+
+# The command modules, in no particular order: each registers its commands on the app.
+COMMAND_MODULES = ("bench", "broker", "cost", "data", "deploy", "experiment", "model",
+                   "mqtt_run", "plan", "radio", "report", "schedule", "simulate", "train")
+HELP_OPTIONS = ["-h", "--help"]
+
+
+def __getattr__(name: str) -> Any:
+    """`meshdl.cli.app` (built on first use) and the command modules, imported when
+    first asked for."""
+    if name == "app":
+        return build_app()
+    if name in COMMAND_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _help_shown(exc: Exception) -> bool:
@@ -51,42 +45,134 @@ def _help_shown(exc: Exception) -> bool:
     return type(exc).__name__ == "NoArgsIsHelpError"
 
 
-app = typer.Typer(
-    name="meshdl",
-    help="Train and run a CNN inside a mesh of sensor nodes.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-app.add_typer(data.app, name="data")
-app.add_typer(bench.app, name="bench")
-app.add_typer(deploy.app, name="deploy")
-app.add_typer(radio.app, name="radio")
-app.add_typer(simulate.app, name="simulate")
-app.add_typer(experiment.app, name="experiment")
-train.register(app)
-model.register(app)
-cost.register(app)
-plan.register(app)
-report.register(app)
-broker.register(app)
-mqtt_run.register(app)
-schedule.register(app)
-
-
 def _print_version(asked: bool) -> None:
+    import typer
+
     if asked:
         typer.echo(f"meshdl {__version__}")
         raise typer.Exit()
 
 
-@app.callback()
-def _global(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
-    _version: bool = typer.Option(False, "--version", callback=_print_version,
-                                  is_eager=True, help="Print meshdl's version and exit."),
-) -> None:
-    """meshdl: distributed deep learning inside a sensor mesh."""
+@cache
+def build_app() -> typer.Typer:
+    """The app with every command registered (imports every command module)."""
+    import typer
+
+    from meshdl.cli import (
+        bench,
+        broker,
+        cost,
+        data,
+        deploy,
+        experiment,
+        model,
+        mqtt_run,
+        plan,
+        radio,
+        report,
+        schedule,
+        simulate,
+        train,
+    )
+
+    app = typer.Typer(
+        name="meshdl",
+        help="Train and run a CNN inside a mesh of sensor nodes.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+        # Inherited by every sub-command's context: `meshdl train -h` too.
+        context_settings={"help_option_names": HELP_OPTIONS},
+    )
+    app.add_typer(data.app, name="data")
+    app.add_typer(bench.app, name="bench")
+    app.add_typer(deploy.app, name="deploy")
+    app.add_typer(radio.app, name="radio")
+    app.add_typer(simulate.app, name="simulate")
+    app.add_typer(experiment.app, name="experiment")
+    train.register(app)
+    model.register(app)
+    cost.register(app)
+    plan.register(app)
+    report.register(app)
+    broker.register(app)
+    mqtt_run.register(app)
+    schedule.register(app)
+
+    @app.callback()
+    def _global(
+        debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+        _version: bool = typer.Option(False, "--version", callback=_print_version,
+                                      is_eager=True, help="Print meshdl's version and exit."),
+    ) -> None:
+        """meshdl: distributed deep learning inside a sensor mesh."""
+
+    return app
+
+
+@cache
+def command() -> Any:
+    """The click command of the app, its help made readable (`tidy_help`); built once
+    (the commands' functions are looked up when they run, so patching a module's names
+    still takes effect)."""
+    import typer.main
+
+    root = typer.main.get_command(build_app())
+    tidy_help(root)
+    return root
+
+
+# ------------------------------------------------------------------------- help
+def tidy_help(cmd: Any) -> None:
+    """Help as a reader expects it, for every command below `cmd`, whoever declared it:
+    - a flag shows no value type (typer's panel prints `<bool>` for `--json`);
+    - an option of a few values shows them, `[mesh|central]`, not `<str>`;
+    - help texts are plain text: rich would take `[default: x]` or `[model]` for markup
+      and drop it ("Mosquitto config file ."), so brackets are escaped (texts already
+      escaped for rich, `\\[\\[radio]]`, are read as they render);
+    - a command's line in its group's list is its docstring's first paragraph on one
+      line (typer keeps the docstring's line breaks there: "that / opens")."""
+    # The help option is made when a context first asks for it (its names are the
+    # context's): made here, with the names every context inherits, to tidy it too.
+    help_option = cmd.get_help_option(_HelpNames())
+    for param in [*cmd.params, *([help_option] if help_option is not None else [])]:
+        if getattr(param, "help", None):
+            param.help = _plain_markup(param.help)
+        if param.metavar is None:
+            param.metavar = _metavar(param)
+    if cmd.help:
+        cmd.help = _plain_markup(cmd.help)
+    for sub in getattr(cmd, "commands", {}).values():
+        tidy_help(sub)
+        if sub.short_help is None and sub.help:  # (escaped by now)
+            sub.short_help = " ".join(sub.help.split("\n\n")[0].split())
+
+
+class _HelpNames:
+    """What `Command.get_help_option` reads of a context: the help option's names."""
+
+    help_option_names = HELP_OPTIONS
+
+
+def _plain_markup(text: str) -> str:
+    """`text`, meant as plain text, as rich markup that renders to it."""
+    from rich.markup import escape
+
+    return escape(text.replace("\\[", "["))
+
+
+def _metavar(param: Any) -> str | None:
+    """An option's: '' for a flag (nothing to show), '[a|b]' for a choice, else None
+    (typer's own). An argument's metavar is its name in the usage line: left alone."""
+    if getattr(param, "param_type_name", None) != "option":
+        return None
+    if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+        return ""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is not None and descriptor.is_choice and not descriptor.is_list \
+            and descriptor.choices:
+        return "[" + "|".join(str(c) for c in descriptor.choices) + "]"
+    return None
 
 
 # Options whose value may be left out, and what they then mean (`--ray` alone: a local
@@ -103,18 +189,36 @@ def _optional_values(args: list[str]) -> list[str]:
     return out
 
 
+def _asks_version(args: list[str]) -> bool:
+    """`meshdl [--debug] --version`: a global option, before any command's name."""
+    for arg in args:
+        if arg == "--version":
+            return True
+        if not arg.startswith("-"):
+            return False
+    return False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and turn every expected failure into one line."""
     args = _optional_values(sys.argv[1:] if argv is None else argv)
+    if _asks_version(args):  # before any command module is imported
+        sys.stdout.write(f"meshdl {__version__}\n")
+        return
+    from rich.markup import escape
+
+    from meshdl.cli.common import err_console
+    from meshdl.mqtt.session import quiet_abandoned_clients
+
     debug = "--debug" in args
     if not debug:
         quiet_abandoned_clients()
     try:
         # Not standalone: usage errors come back here to be said in one line.
-        code = app(args=args, prog_name="meshdl", standalone_mode=False)
+        code = command().main(args=args, prog_name="meshdl", standalone_mode=False)
         if isinstance(code, int) and code:  # a typer.Exit(code) comes back as its code
             sys.exit(code)
-    except UsageFailure as exc:  # a mistyped option, a missing argument
+    except _usage_failures() as exc:  # a mistyped option, a missing argument
         if _help_shown(exc):
             sys.exit(exc.exit_code)
         # The message repeats what the user typed: never rich markup.
@@ -131,6 +235,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_code)
 
 
+def _usage_failures() -> tuple[type[Exception], ...]:
+    """A usage error (a mistyped option, a missing argument): typer's own click copy
+    raises a typer.TyperException; a typer on top of click, a click.ClickException."""
+    import typer
+
+    try:
+        from click import ClickException
+    except ImportError:  # pragma: no cover - click is typer's own
+        return (typer.TyperException,)
+    return (typer.TyperException, ClickException)
+
+
 def _command_of(exc: Exception) -> str:
     """The command a usage error is about, e.g. `meshdl train`."""
     ctx = getattr(exc, "ctx", None)
@@ -139,6 +255,10 @@ def _command_of(exc: Exception) -> str:
 
 def _one_line(exc: Exception) -> tuple[str, int]:
     """The message and exit code for an exception a user may well cause."""
+    from pydantic import ValidationError
+
+    from meshdl.errors import MeshdlError, format_validation_error
+
     if isinstance(exc, MeshdlError):
         return str(exc), exc.exit_code
     if isinstance(exc, ValidationError):

@@ -10,34 +10,31 @@ from __future__ import annotations
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from meshdl.cli.common import emit_json, err_console
-from meshdl.cli.options import Cols, JsonReport, Rows, json_option
-from meshdl.config import DataConfig
-from meshdl.data.datasets import (
-    NEAR_BAND,
-    Dataset,
-    LogData,
-    dataset_from_log,
-    dataset_stats,
-    load_dataset,
-    load_log,
-    save_dataset,
-)
-from meshdl.data.lounge import generate_lounge
+from meshdl.cli.options import JsonReport, json_option
+from meshdl.config import DataConfig, load_run_config
 from meshdl.errors import UsageError
+
+# The data sets and the generator (numpy, Numba) load when a command runs, not for
+# `meshdl --help`.
+if TYPE_CHECKING:
+    from meshdl.data.datasets import Dataset, LogData
 
 app = typer.Typer(
     help="Generate the synthetic lounge data set; inspect data sets and sensor logs.",
     no_args_is_help=True,
 )
 
-_DEFAULT = DataConfig()
+
+def _help(text: str, field: str) -> str:
+    """An option's help with its default: the configuration's."""
+    return f"{text} (default: {DataConfig.model_fields[field].default:,}, or --config's)."
 
 
 @app.command()
@@ -45,27 +42,29 @@ def generate(
     out: Path = typer.Option(
         Path("data/lounge.npz"), "--out", "-o", help="Data set file to write (dirs are created)."
     ),
-    rows: Rows = _DEFAULT.rows,
-    cols: Cols = _DEFAULT.cols,
-    train: int = typer.Option(_DEFAULT.train, help="Training maps."),
-    test: int = typer.Option(_DEFAULT.test, help="Test maps."),
-    seed: int = typer.Option(_DEFAULT.seed, help="Random seed (the output is a function of it)."),
-    threshold: float = typer.Option(
-        _DEFAULT.threshold, help="Anomaly: a 4-neighbour pair differs by >= this (°C)."
-    ),
-    slot_minutes: int = typer.Option(_DEFAULT.slot_minutes, help="Minutes per time slot."),
+    config: Path | None = typer.Option(
+        None, "--config", help="A run configuration (the mesh file): its [data] section, "
+        "on its [model] grid unless [data] sets one; the flags below override it."),
+    rows: int | None = typer.Option(None, "--rows", help=_help("Grid rows", "rows")),
+    cols: int | None = typer.Option(None, "--cols", help=_help("Grid columns", "cols")),
+    train: int | None = typer.Option(None, help=_help("Training maps", "train")),
+    test: int | None = typer.Option(None, help=_help("Test maps", "test")),
+    seed: int | None = typer.Option(None, help=_help("Random seed: the same seed, the "
+                                                     "same data set", "seed")),
+    threshold: float | None = typer.Option(
+        None, help=_help("Anomaly: a 4-neighbour pair differs by >= this many °C",
+                         "threshold")),
+    slot_minutes: int | None = typer.Option(None, help=_help("Minutes per time slot",
+                                                             "slot_minutes")),
     as_json: json_option("Print the statistics as JSON on stdout.") = False,
 ) -> None:
     """Simulate the lounge (one map per time slot) and write the labelled data set."""
-    cfg = DataConfig(
-        rows=rows,
-        cols=cols,
-        train=train,
-        test=test,
-        seed=seed,
-        threshold=threshold,
-        slot_minutes=slot_minutes,
-    )
+    from meshdl.data.datasets import dataset_stats, save_dataset
+    from meshdl.data.lounge import generate_lounge
+
+    flags = {"rows": rows, "cols": cols, "train": train, "test": test, "seed": seed,
+             "threshold": threshold, "slot_minutes": slot_minutes}
+    cfg = data_config(config, flags)
     started = time.perf_counter()
     ds = generate_lounge(cfg)
     seconds = time.perf_counter() - started
@@ -89,17 +88,27 @@ def generate(
         )
 
 
+def data_config(config: Path | None, flags: dict[str, Any]) -> DataConfig:
+    """The data set to make: defaults, or the run configuration's [data] section (on its
+    model's grid; MESHDL_* environment included), then the flags that are set."""
+    base = DataConfig() if config is None else load_run_config(config).data
+    given = {name: value for name, value in flags.items() if value is not None}
+    return DataConfig(**{**base.model_dump(), **given})
+
+
 @app.command()
 def inspect(
     file: Path = typer.Argument(
         ..., help="A data set .npz, or a sensor log (.csv, or .npz with X or maps)."
     ),
     threshold: float | None = typer.Option(
-        None, help="Label threshold in °C [default: the data set's own, else 3.0]."
+        None, help="Label threshold in °C (default: the data set's own, else 3.0)."
     ),
     as_json: JsonReport = False,
 ) -> None:
     """Report what a data set or sensor log holds: classes, near-threshold maps, gaps."""
+    from meshdl.data.datasets import load_dataset, load_log
+
     if threshold is not None and threshold <= 0:
         raise UsageError(f"--threshold must be > 0, got {threshold:g}")
     if _is_dataset_file(file):
@@ -126,6 +135,8 @@ def _is_dataset_file(file: Path) -> bool:
 
 
 def _inspect_dataset(file: Path, ds: Dataset, threshold: float | None, as_json: bool) -> None:
+    from meshdl.data.datasets import dataset_stats
+
     stats = dataset_stats(ds, threshold)
     if as_json:
         emit_json({"path": str(file), "kind": "dataset", "meta": ds.meta, "stats": stats})
@@ -138,6 +149,8 @@ def _inspect_dataset(file: Path, ds: Dataset, threshold: float | None, as_json: 
 
 
 def _inspect_log(file: Path, log: LogData, threshold: float | None, as_json: bool) -> None:
+    from meshdl.data.datasets import dataset_from_log, dataset_stats
+
     summary = log.summary()
     thr = 3.0 if threshold is None else threshold
     stats = None
@@ -173,6 +186,8 @@ def _pct(value: float | None) -> str:
 
 
 def _one_line_stats(stats: dict[str, Any]) -> str:
+    from meshdl.data.datasets import NEAR_BAND
+
     train, test = stats["train"], stats["test"]
     return (
         f"positives {_pct(train['positive_fraction'])} / {_pct(test['positive_fraction'])} "

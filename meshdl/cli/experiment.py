@@ -3,27 +3,48 @@ to a run directory (meshdl/experiments/runner.py says what it holds).
 
 The sweeps that differ only in the network setting they sweep (filter-size, filters,
 hidden) are generated from one table, `TRAINING_SWEEPS`; every sweep's trial runner
-flags (--jobs, --out, --json, --ray) are one group, `RUNNER`."""
+flags (--jobs, --out, --json, --ray) are one group, `RUNNER`. A list flag repeats or
+takes a comma list (meshdl/cli/lists.py); the network and training flags show in
+`--help` the built-in configuration's value they leave (`_shown`)."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
 
 import typer
+from rich.cells import cell_len
+from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from meshdl.cli.common import emit_json, err_console, out_console, parse_cell
+from meshdl.cli.common import emit_json, err_console, out_console
 from meshdl.cli.flags import GRID, NETWORK, TRAINING, Flags, Group, grouped, overrides
+from meshdl.cli.lists import ListsCommand, list_option, number, pairs, whole, whole_value
 from meshdl.cli.options import Batch, Cols, Epochs, LabelledData, Lr, Rows, json_option
-from meshdl.config import load_run_config
+from meshdl.cli.sweep_progress import Estimate, Left, interrupted, taking
+from meshdl.config import RunConfig, load_run_config
 from meshdl.data.datasets import load_dataset
 from meshdl.errors import UsageError
 from meshdl.experiments import compression, delta, edge_vs_cloud, faults, meshes, sweep
+from meshdl.experiments.columns import (
+    Shown,
+    columns,
+    digits,
+    fixed,
+    ordered,
+    over,
+    percent,
+    said,
+    size,
+)
 from meshdl.experiments.runner import (
     Record,
     Trial,
@@ -55,6 +76,46 @@ Ray = Annotated[str | None, typer.Option(
     "ADDRESS, or with no address on a local one of --jobs CPUs (the extra meshdl[ray]).")]
 JsonSummary = json_option("Print summary.json on stdout.")
 
+# What an unset network or training flag leaves: the built-in configuration's value,
+# shown in --help (a sweep of hours should not hide that it trains 20 epochs on 17 x 25).
+_BUILT_IN = RunConfig()
+_SECTIONS = {**{name: "model" for name in ("rows", "cols", "kernel", "filters",
+                                           "conv_layers", "pool", "hidden")},
+             **{name: "train" for name in ("epochs", "batch", "lr")}}
+
+
+def _with_default(alias: Any, shown: str) -> Any:
+    """The option `alias` (an Annotated typer.Option) with `shown` as its default in
+    --help; the option itself (its flag, help, checks) is the shared one. In the help
+    text, as typer's `show_default` would put a text in parentheses: "[default: (20)]"."""
+    base, info, *_ = typing.get_args(alias)
+    info = copy.copy(info)
+    info.help = f"{info.help or ''} \\[default: {shown}]".strip()
+    return Annotated[base, info]
+
+
+def _default_of(name: str, grid_from: str | None) -> str:
+    value = getattr(getattr(_BUILT_IN, _SECTIONS[name]), name)
+    if grid_from and name in ("rows", "cols"):
+        return f"{value}, or {grid_from}'s grid"
+    return str(value)
+
+
+def _shown(group: Group, grid_from: str | None = None) -> Group:
+    """`group` with each option's built-in value in --help; rows and cols say that
+    `grid_from` (a --data set, a --model) sets them when given."""
+    return Group(tuple((name, _with_default(alias, _default_of(name, grid_from)), default)
+                       for name, alias, default in group.options))
+
+
+DATA_GRID = _shown(GRID, "the --data set")
+SHOWN_GRID, SHOWN_NETWORK, SHOWN_TRAINING = _shown(GRID), _shown(NETWORK), _shown(TRAINING)
+ShownBatch = _with_default(Batch, _default_of("batch", None))
+ShownEpochs = _with_default(Epochs, _default_of("epochs", None))
+ShownLr = _with_default(Lr, _default_of("lr", None))
+ModelRows = _with_default(Rows, _default_of("rows", "--model's or the --data set"))
+ModelCols = _with_default(Cols, _default_of("cols", "--model's or the --data set"))
+
 # How every sweep runs its trials and where it writes them: a `Runner`.
 RUNNER = Group.of(jobs=(Jobs, 1), out=Out, json_out=(JsonSummary, False), ray=Ray)
 
@@ -75,18 +136,21 @@ class TrainingSweep(NamedTuple):
     name: str
     param: str
     flag: str
+    metavar: str
     help: str
     doc: str
 
 
 TRAINING_SWEEPS = (
-    TrainingSweep("filter-size", "sizes", "--sizes", "Filter sizes k (repeat: --sizes 3 "
-                  "--sizes 5).", "Accuracy and communication cost by filter size k, next "
-                  "to the source paper's."),
-    TrainingSweep("filters", "values", "--values", "Filters per conv layer h (repeat).",
+    TrainingSweep("filter-size", "sizes", "--sizes", "K[,...]", "Filter sizes k.",
+                  "Accuracy and communication cost by filter size k, next to the source "
+                  "paper's."),
+    TrainingSweep("filters", "values", "--values", "H[,...]",
+                  "Filters per conv layer h.",
                   "Accuracy and communication cost by the number of filters h (halos and "
                   "gathered\nfeatures grow with h)."),
-    TrainingSweep("hidden", "values", "--values", "Hidden units of the head (repeat).",
+    TrainingSweep("hidden", "values", "--values", "UNITS[,...]",
+                  "Hidden units of the head.",
                   "Accuracy by the head's hidden units: the edge's work, not the mesh's "
                   "(the\nnetwork's traffic does not change)."),
 )
@@ -107,28 +171,39 @@ def _training_sweep(row: TrainingSweep) -> Callable[..., None]:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                  annotation=annotation)
 
-    values = Annotated[list[int], typer.Option(row.flag, help=row.help)]
+    values = list_option(row.flag, whole, sweep.SWEEPS[row.name].default, row.help,
+                         row.metavar)
     command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-        param(row.param, values, list(sweep.SWEEPS[row.name].default)),
-        param("seeds", Seeds, 3), param("grid", Flags, GRID), param("run", Flags, TRAINING),
-        param("net", Flags, NETWORK.without(swept)), param("data", LabelledData, None),
-        param("runner", Flags, RUNNER)])
+        param(row.param, list[str], values),
+        param("seeds", Seeds, 3), param("grid", Flags, DATA_GRID),
+        param("run", Flags, SHOWN_TRAINING), param("net", Flags, SHOWN_NETWORK.without(swept)),
+        param("data", LabelledData, None), param("runner", Flags, RUNNER)])
     command.__doc__ = row.doc
     command.__name__ = f"{row.name.replace('-', '_')}_command"
     return grouped(command)
 
 
 for _row in TRAINING_SWEEPS:
-    app.command(_row.name)(_training_sweep(_row))
+    app.command(_row.name, cls=ListsCommand)(_training_sweep(_row))
 
 
-@app.command("grid")
+def _cell(text: str) -> list[int]:
+    """'R,C' -> [R, C] (--cells)."""
+    try:
+        row, col = (int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError("expected a cell as ROW,COL (e.g. 0,0)") from None
+    return [row, col]
+
+
+@app.command("grid", cls=ListsCommand)
 @grouped
 def grid_command(
-    values: list[int] = typer.Option(list(sweep.SWEEPS["grid"].default), "--values",
-                                     help="Grid sides n of n x n meshes (repeat; 100 "
-                                     "takes a minute or two)."),
-    batch: Batch = None, net: Flags = NETWORK.without("hidden"), runner: Flags = RUNNER,
+    values: list[str] = list_option("--values", whole, sweep.SWEEPS["grid"].default,
+                                    "Grid sides n of n x n meshes (100 takes a minute or "
+                                    "two).", "N[,...]"),
+    batch: ShownBatch = None, net: Flags = SHOWN_NETWORK.without("hidden"),
+    runner: Flags = RUNNER,
 ) -> None:
     """How one training wave's cost grows with the mesh (n x n cells), with a line
     fitted to its bytes against the number of cells (cost only, one seed)."""
@@ -136,30 +211,35 @@ def grid_command(
     _experiment("grid", values, 1, None, overrides(net, batch=batch), Runner(**runner))
 
 
-@app.command("edge-position")
+@app.command("edge-position", cls=ListsCommand)
 @grouped
 def edge_position_command(
-    cells: list[str] = typer.Option([",".join(map(str, c)) for c in
-                                     sweep.SWEEPS["edge-position"].default], "--cells",
-                                    help="Border cells R,C the edge is linked to (repeat)."),
-    grid: Flags = GRID, batch: Batch = None, net: Flags = NETWORK.without("hidden"),
-    runner: Flags = RUNNER,
+    cells: list[str] = list_option("--cells", _cell, [",".join(map(str, c)) for c in
+                                   sweep.SWEEPS["edge-position"].default],
+                                   "Border cells R,C the edge is linked to "
+                                   "(a comma list: R,C,R,C...).", "R,C[,...]",
+                                   split=pairs),
+    grid: Flags = SHOWN_GRID, batch: ShownBatch = None,
+    net: Flags = SHOWN_NETWORK.without("hidden"), runner: Flags = RUNNER,
 ) -> None:
     """Where to attach the edge: one training wave's depth, busiest link and bytes by
     the edge's cell (what is learned does not depend on it: cost only, one seed)."""
-    values = [list(parse_cell(cell)) for cell in cells]
+    values: list[list[int]] = cells  # type: ignore[assignment]  # parsed by _cell
     if len({tuple(v) for v in values}) != len(values):
-        raise UsageError(f"--cells {' '.join(cells)}: distinct cells")
+        raise UsageError(f"--cells {' '.join(','.join(map(str, v)) for v in values)}: "
+                         "distinct cells")
     _experiment("edge-position", values, 1, None, overrides(grid, net, batch=batch),
                 Runner(**runner))
 
 
-@app.command("edge-vs-cloud")
+@app.command("edge-vs-cloud", cls=ListsCommand)
 @grouped
 def edge_vs_cloud_command(
-    radios: list[str] = typer.Option(list(edge_vs_cloud.RADIOS), "--radio",
-                                     help="Radio profiles (repeat; see meshdl radio list)."),
-    seeds: Seeds = 3, grid: Flags = GRID, net: Flags = NETWORK, runner: Flags = RUNNER,
+    radios: list[str] = list_option("--radio", str, edge_vs_cloud.RADIOS,
+                                    "Radio profiles (see meshdl radio list).",
+                                    "RADIO[,...]"),
+    seeds: Seeds = 3, grid: Flags = SHOWN_GRID, net: Flags = SHOWN_NETWORK,
+    runner: Flags = RUNNER,
 ) -> None:
     """One inference slot in the mesh against shipping the readings to the edge, per
     radio, under simulated time (the seeds draw the backoffs)."""
@@ -177,7 +257,8 @@ def edge_vs_cloud_command(
     run_dir, records, rows_ = _run_sweep(
         "edge-vs-cloud", trials, f"{len(radios)} radios x {seeds} seed(s), one inference "
         "slot each", Runner(**runner), edge_vs_cloud.run, edge_vs_cloud.FIGURES,
-        lambda record: f"{record['mesh_makespan_s']:.4g} s in the mesh")
+        lambda record: said(record, [("mesh_makespan_s", digits(4)),
+                                     ("mesh_bytes", size)]))
     summary = {"experiment": "edge-vs-cloud", "mode": "simulated time, one inference "
                "slot (batch 1) per trial", "values": radios, "seeds": seeds,
                "rows": rows_, "paper": []}
@@ -185,23 +266,23 @@ def edge_vs_cloud_command(
                        "seeds": list(range(seeds)), "settings": settings},
              records, summary, edge_vs_cloud.FIGURES,
              lambda: edge_vs_cloud.plot(run_dir, rows_), edge_vs_cloud.table(rows_),
-             f"one inference slot, mean over {seeds} seed(s); cloud: the better variant",
+             f"one inference slot, {over(seeds)}; cloud: the better variant",
              json_out)
 
 
-@app.command("loss")
+@app.command("loss", cls=ListsCommand)
 @grouped
 def loss_command(
-    rates: list[float] = typer.Option(list(faults.SWEEPS["loss"].default), "--rates",
-                                      help="Shares of frames lost (repeat; 0 trains "
-                                      "exactly, once)."),
-    policies: list[str] = typer.Option(list(faults.POLICIES), "--policies", help="Best "
-                                       "effort's fill-ins (zero, last, neighbours), or "
-                                       "reliable (repeat)."),
+    rates: list[str] = list_option("--rates", number, faults.SWEEPS["loss"].default,
+                                   "Shares of frames lost (0 trains exactly, once).",
+                                   "SHARE[,...]"),
+    policies: list[str] = list_option("--policies", str, faults.POLICIES, "Best effort's "
+                                      "fill-ins (zero, last, neighbours), or reliable.",
+                                      "POLICY[,...]"),
     burst: float | None = typer.Option(None, "--burst", help="Mean burst of lost frames "
                                        "(Gilbert-Elliott; default Bernoulli)."),
-    radio: Radio = "802.15.4", seeds: FaultSeeds = 3, grid: Flags = GRID,
-    run: Flags = TRAINING, net: Flags = NETWORK, data: LabelledData = None,
+    radio: Radio = "802.15.4", seeds: FaultSeeds = 3, grid: Flags = DATA_GRID,
+    run: Flags = SHOWN_TRAINING, net: Flags = SHOWN_NETWORK, data: LabelledData = None,
     runner: Flags = RUNNER,
 ) -> None:
     """Test accuracy, time and energy of best-effort training by loss rate and fill-in
@@ -210,19 +291,18 @@ def loss_command(
                       overrides(grid, run, net), Runner(**runner))
 
 
-@app.command("failures")
+@app.command("failures", cls=ListsCommand)
 @grouped
 def failures_command(
-    fractions: list[float] = typer.Option(list(faults.SWEEPS["failures"].default),
-                                          "--fractions", help="Shares of the nodes dead "
-                                          "from the start (repeat; 0 trains exactly, "
-                                          "once)."),
-    policies: list[str] = typer.Option(list(faults.POLICIES), "--policies", help="Best "
-                                       "effort's fill-ins: zero, last, neighbours "
-                                       "(repeat)."),
+    fractions: list[str] = list_option("--fractions", number,
+                                       faults.SWEEPS["failures"].default, "Shares of the "
+                                       "nodes dead from the start (0 trains exactly, "
+                                       "once).", "SHARE[,...]"),
+    policies: list[str] = list_option("--policies", str, faults.POLICIES, "Best effort's "
+                                      "fill-ins: zero, last, neighbours.", "POLICY[,...]"),
     loss: float = typer.Option(0.0, "--loss", help="Share of frames lost besides."),
-    radio: Radio = "802.15.4", seeds: FaultSeeds = 3, grid: Flags = GRID,
-    run: Flags = TRAINING, net: Flags = NETWORK, data: LabelledData = None,
+    radio: Radio = "802.15.4", seeds: FaultSeeds = 3, grid: Flags = DATA_GRID,
+    run: Flags = SHOWN_TRAINING, net: Flags = SHOWN_NETWORK, data: LabelledData = None,
     runner: Flags = RUNNER,
 ) -> None:
     """Test accuracy, time and energy of best-effort training by the share of dead
@@ -235,13 +315,13 @@ def failures_command(
                       overrides(grid, run, net), Runner(**runner))
 
 
-@app.command("meshes")
+@app.command("meshes", cls=ListsCommand)
 @grouped
 def meshes_command(
-    counts: list[int] = typer.Option(list(meshes.COUNTS), "--counts", help="Numbers of "
-                                     "meshes N (repeat)."),
-    modes: list[str] = typer.Option(list(meshes.MODES), "--modes", help="bsp, ssp:S, "
-                                    "async, each optionally +overlap (repeat)."),
+    counts: list[str] = list_option("--counts", whole, meshes.COUNTS, "Numbers of meshes "
+                                    "N.", "N[,...]"),
+    modes: list[str] = list_option("--modes", str, meshes.MODES, "bsp, ssp:S, async, each "
+                                   "optionally +overlap.", "MODE[,...]"),
     straggler: bool = typer.Option(True, "--straggler/--no-straggler", help="Also run "
                                    "each N >= 2 with a straggler mesh."),
     straggler_loss: float = typer.Option(0.3, "--straggler-loss", help="The straggler "
@@ -251,10 +331,11 @@ def meshes_command(
     radio: Radio = "802.15.4",
     seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per value (the straggler's "
                               "lost frames)."),
-    grid: Flags = GRID, epochs: Epochs = None,
+    grid: Flags = DATA_GRID, epochs: ShownEpochs = None,
     batch: int = typer.Option(meshes.DEFAULT_BATCH, "--batch", min=1, help="Samples per "
                               "mesh and step."),
-    lr: Lr = None, net: Flags = NETWORK, data: LabelledData = None, runner: Flags = RUNNER,
+    lr: ShownLr = None, net: Flags = SHOWN_NETWORK, data: LabelledData = None,
+    runner: Flags = RUNNER,
 ) -> None:
     """Throughput in samples per simulated second, scaling efficiency and test accuracy
     of N meshes training one model, by sync mode, with and without a straggler mesh
@@ -294,8 +375,8 @@ def meshes_command(
     run_dir, records, rows_ = _run_sweep(
         "meshes", trials, f"{len(swept)} (N, mode, straggler) triples, "
         f"{base.train.epochs} epochs each", Runner(**runner), meshes.run, meshes.FIGURES,
-        lambda record: f"test {record['test_acc']:.4f}, "
-        f"{record['samples_per_s']:.3g} samples/s, step {record['step_s']:,.1f} s")
+        lambda record: said(record, [("samples_per_s", digits(4)), ("step_s", fixed(1)),
+                                     ("test_acc", percent(2))]))
     batch_ = base.train.batch
     summary = {"experiment": "meshes", "mode": f"simulated time, {radio}, {backhaul} "
                f"backhaul, batch {batch_} per mesh, {base.train.epochs} epochs per trial",
@@ -306,23 +387,24 @@ def meshes_command(
                        "seeds": list(range(seeds)), "settings": settings},
              records, summary, meshes.FIGURES, lambda: meshes.plot(run_dir, rows_),
              meshes.table(rows_), f"several meshes: {batch_} samples per mesh and step",
-             json_out)
+             json_out, meshes.VARIABLES)
 
 
-@app.command("compression")
+@app.command("compression", cls=ListsCommand)
 @grouped
 def compression_command(
-    policies: list[str] = typer.Option(list(compression.POLICIES), "--policies",
-                                       help="Gradient policy (as --compress), optionally "
-                                       "/fp16 or /int8 for the forward activations "
-                                       "(repeat); none/float32 is always run."),
+    policies: list[str] = list_option("--policies", str, compression.POLICIES,
+                                      "Gradient policy (as --compress: it may hold commas), "
+                                      "optionally /fp16 or /int8 for the forward "
+                                      "activations; none/float32 is always run.", "POLICY",
+                                      split=whole_value),
     meshes_: int = typer.Option(1, "--meshes", min=1, max=64, help="Meshes training "
                                 "one model (bsp), through the parameter server (1 too)."),
     radio: Radio = "802.15.4",
     sim_waves: int = typer.Option(2, "--sim-waves", min=1, help="Training waves timed "
                                   "under simulated time per trial."),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Training seeds per policy."),
-    grid: Flags = GRID, run: Flags = TRAINING, net: Flags = NETWORK,
+    grid: Flags = DATA_GRID, run: Flags = SHOWN_TRAINING, net: Flags = SHOWN_NETWORK,
     data: LabelledData = None, runner: Flags = RUNNER,
 ) -> None:
     """Test accuracy, REDUCE and edge -> server bytes per step and simulated seconds per
@@ -352,8 +434,8 @@ def compression_command(
         "compression", trials, f"{len(swept)} policies x {seeds} seed(s), "
         f"{base.train.epochs} epochs each", Runner(**runner), compression.run,
         compression.FIGURES,
-        lambda record: f"test {record['test_acc']:.4f}, "
-        f"{record['gradient_bytes_per_step']:,.0f} gradient bytes a step")
+        lambda record: said(record, [("test_acc", percent(2)),
+                                     ("gradient_bytes_per_step", size)]))
     compression.add_costs(rows_, records)
     where = "one mesh" if meshes_ == 1 else f"{meshes_} meshes (bsp)"
     summary = {"experiment": "compression", "mode": f"virtual mesh, {where}, "
@@ -363,20 +445,20 @@ def compression_command(
                        "seeds": list(range(seeds)), "settings": settings},
              records, summary, compression.FIGURES,
              lambda: compression.plot(run_dir, rows_), compression.table(rows_),
-             f"compression: mean over {seeds} seed(s), {where}", json_out)
+             f"compression: {over(seeds)}, {where}", json_out)
 
 
-@app.command("delta")
+@app.command("delta", cls=ListsCommand)
 def delta_command(
-    epsilons: list[float] = typer.Option(list(delta.EPSILONS), "--epsilon", help="Change "
-                                         "below which a HALO cell is not sent again "
-                                         "(repeat; whole halos always run too)."),
+    epsilons: list[str] = list_option("--epsilon", number, delta.EPSILONS, "Change below "
+                                      "which a HALO cell is not sent again (whole halos "
+                                      "always run too).", "EPS[,...]"),
     slots: int = typer.Option(48, "--slots", min=1, help="Time slots of live inference "
                               "(48: a day of 30-minute slots)."),
     start: int = typer.Option(0, "--start", min=0, help="First test-period slot."),
     model_path: Path | None = typer.Option(None, "--model", help="model.npz to run "
                                            "(default: train one centrally first)."),
-    rows: Rows = None, cols: Cols = None, epochs: Epochs = None,
+    rows: ModelRows = None, cols: ModelCols = None, epochs: ShownEpochs = None,
     data: LabelledData = None, out: Out = None, json_out: JsonSummary = False,
 ) -> None:
     """HALO bytes per slot of live inference with delta halos against whole halos, and
@@ -407,8 +489,8 @@ def delta_command(
     run_dir, records, rows_ = _run_sweep(
         "delta", trials, f"{slots} slots of live inference each",
         Runner(1, out, json_out, None), delta.run, delta.FIGURES,
-        lambda record: f"{record['halo_bytes_per_slot']:,.0f} HALO bytes a slot, "
-        f"{record['alerts']} alerts")
+        lambda record: said(record, [("halo_bytes_per_slot", size),
+                                     ("alerts", fixed(0))]))
     delta.add_reference(rows_, records)
     summary = {"experiment": "delta", "mode": f"virtual mesh, {slots} live slots from "
                f"test slot {start}, batch 1", "values": swept, "seeds": 1, "rows": rows_,
@@ -455,8 +537,9 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
     run_dir, records, rows_ = _run_sweep(
         name, trials, f"{len(swept)} (share, policy) pairs x {seeds} fault seed(s), "
         f"{base.train.epochs} epochs each", runner, faults.run, faults.FIGURES,
-        lambda record: f"test {record['test_acc']:.4f}, model {record['clean_test_acc']:.4f}"
-        f", {record['seconds_per_epoch']:,.0f} s an epoch")
+        lambda record: said(record, [("test_acc", percent(2)),
+                                     ("clean_test_acc", percent(2)),
+                                     ("seconds_per_epoch", fixed(0))]))
     summary = {"experiment": name, "mode": f"simulated time, {radio}, training "
                f"{base.train.epochs} epochs per trial", "values": swept, "seeds": seeds,
                "rows": rows_, "paper": []}
@@ -464,8 +547,8 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
     _publish(run_dir, {"experiment": name, "values": swept, "seeds": list(range(seeds)),
                        "settings": settings},
              records, summary, faults.FIGURES, lambda: faults.plot(run_dir, name, rows_),
-             faults.table(name, rows_), f"training {what}, mean over {seeds} fault "
-             "seed(s)", json_out)
+             faults.table(name, rows_), f"training {what}, {over(seeds, 'fault seed')}",
+             json_out, faults.SWEEPS[name].variables)
 
 
 def _run_sweep(name: str, trials: list[Trial], what: str, runner: Runner,
@@ -482,29 +565,49 @@ def _run_sweep(name: str, trials: list[Trial], what: str, runner: Runner,
 def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs: int,
                        ray: str | None, run_dir: Path,
                        describe: Callable[[Record], str]) -> list[Record]:
-    """The trials' records, with one progress bar for the whole sweep on stderr and a
-    line for each trial as it finishes (the lines alone where stderr is no terminal).
-    Each finished trial goes to the run directory's journal at once: the same command
-    with `--out` of a sweep that was stopped runs only what it had not finished."""
+    """The trials' records, with one progress bar for the whole sweep on stderr (the
+    time left measured from the trials as they finish) and a line for each trial as it
+    finishes (the lines alone where stderr is no terminal). Each finished trial goes
+    to the run directory's journal at once: the same command with `--out` of a sweep
+    that was stopped runs only what it had not finished. Ctrl-C stops the trials and
+    says so in one line (exit 130)."""
     journal = run_dir / "journal.jsonl"
     finished = read_journal(journal)
     stamps: dict[str, str | None] = {}
     taken = sum(journal_key(trial, stamps) in finished for trial in trials)
     if taken:
-        err_console.print(f"taking {taken} of {len(trials)} trials from {journal}",
-                          highlight=False)
-    columns = (TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task("sweep", total=len(trials), completed=taken)
-        done = [taken]
+        err_console.print(taking(taken, len(trials), journal), highlight=False,
+                          soft_wrap=True)
+    estimate = Estimate(len(trials) - taken, 1 if ray is None and jobs <= 1 else jobs)
+    columns_ = (TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), Left(estimate))
+    done = [taken]
+    try:
+        # No bar where stderr is no terminal: its lines alone (a bar that is not drawn
+        # still ends in a blank line).
+        with Progress(*columns_, console=err_console, transient=True,
+                      disable=not err_console.is_terminal) as bar:
+            task = bar.add_task("sweep", total=len(trials), completed=taken)
 
-        def on_done(trial: Trial, record: Record) -> None:
-            done[0] += 1
-            bar.advance(task)
-            bar.console.print(f"trial {done[0]}/{len(trials)}: {trial.value} seed "
-                              f"{trial.seed}: {describe(record)}", highlight=False)
+            def on_done(trial: Trial, record: Record) -> None:
+                done[0] += 1
+                estimate.finished()
+                bar.advance(task)
+                left = "" if done[0] == len(trials) else f"; {estimate.said()}"
+                bar.console.print(f"trial {done[0]}/{len(trials)}: {_value(trial.value)} "
+                                  f"seed {trial.seed}: {describe(record)}{left}",
+                                  highlight=False, soft_wrap=True)
 
-        return run_trials(run, trials, jobs, on_done, ray=ray, journal=journal)
+            return run_trials(run, trials, jobs, on_done, ray=ray, journal=journal)
+    except KeyboardInterrupt:
+        err_console.print(interrupted(done[0], len(trials), run_dir), highlight=False,
+                          soft_wrap=True)  # one line, however long: a log's, a grep's
+        raise typer.Exit(130) from None
+
+
+def _value(value: Any) -> str:
+    """A swept value in a progress line: 0.1, zero (not [0.1, 'zero'])."""
+    return ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def _check_values(flag: str, values: list[int], minimum: int) -> None:
@@ -551,57 +654,78 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None,
     run_dir, records, rows = _run_sweep(
         name, trials, f"{len(values)} values x {seeds} seed(s), {what} each", runner,
         sweep.run, sweep.figures(name),
-        lambda record: f"test {record['test_acc']:.4f}" if "test_acc" in record else
-        f"{record['wave_bytes']:,} bytes a wave")
+        lambda record: said(record, [("test_acc", percent(1)), ("wave_bytes", size)]))
     summary = {"experiment": name, "setting": sweep.SWEEPS[name].setting,
                "mode": ("central (accuracy); " if sweep.SWEEPS[name].trains else "")
                + "one mesh training wave per value (cost)",
                "values": values, "seeds": seeds, "rows": rows,
                "paper": sweep.paper_rows(name, values),
                "seeds_differ": sweep.seeds_differ(records)}
-    title = f"{name}: mean ± std over {seeds} seed(s)" + (
+    title = f"{name}: {over(seeds)}" + (
         "; paper: seed 001's own data" if summary["paper"] else "")
     if name == "grid":
         fit = summary["fit"] = sweep.fit_bytes(rows)
         if fit["r2"] is not None:
-            title += (f"; bytes = {fit['bytes_per_cell']:,.0f} x cells + "
-                      f"{fit['intercept']:,.0f} (R² {fit['r2']:.4f})")
+            sign = "-" if fit["intercept"] < 0 else "+"
+            title += (f"; bytes = {fit['bytes_per_cell']:,.0f} x cells {sign} "
+                      f"{abs(fit['intercept']):,.0f} (R² {fit['r2']:.4f})")
     _publish(run_dir, {"experiment": name, "values": values, "seeds": list(range(seeds)),
                        "settings": settings},
              records, summary, sweep.figures(name),
              lambda: sweep.plot(run_dir, name, rows, summary["paper"]),
-             sweep.table(name, rows), title, json_out)
+             sweep.table(name, rows), title, json_out, sweep.variables(name))
 
 
 def _announce(name: str, trials: list[Trial], what: str, jobs: int, ray: str | None,
               out: Path | None) -> Path:
-    """The run directory of a sweep about to start, said on stderr with what it runs."""
+    """The run directory of a sweep about to start, said on stderr with what it runs:
+    how many trials, on what, and when the time they take will be known."""
     run_dir = out or new_run_dir(name=name)
     where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
-    err_console.print(f"{name}: {len(trials)} trials ({what}) on {where} -> {run_dir}",
-                      highlight=False)
+    err_console.print(f"{name}: {len(trials)} trials ({what}) on {where} -> {run_dir}; "
+                      "the time left shows once the first trial has finished",
+                      highlight=False, soft_wrap=True)
     return run_dir
 
 
 def _publish(run_dir: Path, config: Record, records: list[Record], summary: Record,
-             figures: tuple[str, ...], plot: Callable[[], list[Path]],
-             table: tuple[list[str], list[list[str]]], title: str, json_out: bool) -> None:
+             figures: tuple[str, ...], plot: Callable[[], list[Path]], table: Shown,
+             title: str, json_out: bool, variables: tuple[str, ...] = ("value",)) -> None:
     """Write the run directory and its plots; then print summary.json (`--json`) or the
-    table."""
-    write_run(run_dir, config, records, summary, figures)
+    table. summary.json keeps the printed table and every figure's title, in the
+    table's order (what `meshdl report` and other readers show); table.csv has the
+    same order, one column per swept variable (`variables`)."""
+    order = ordered(table.keys, figures)
+    summary["columns"] = columns(order)
+    summary["table"] = {"title": title, "header": table.header, "rows": table.rows}
+    write_run(run_dir, config, records, summary, order, variables)
     plots = plot()
     if json_out:
         emit_json(json.loads((run_dir / "summary.json").read_text()))
         return
-    header, body = table
-    printed = Table(title=title)
-    for column in header:
-        printed.add_column(column, justify="right")
-    for row in body:
-        printed.add_row(*row)
-    out_console.print(printed)
+    _print_table(table, title)
     err_console.print(f"wrote {run_dir}: summary.json, table.csv, trials.jsonl, "
                       f"{', '.join(p.name for p in plots)}", highlight=False)
+
+
+def _print_table(table: Shown, title: str) -> None:
+    """The table on stdout: within the console's width (80 columns in a log) where its
+    figures fit whole, titles wrapped; wider where they do not, rather than a number cut
+    or split over lines."""
+    printed = Table(title=title, show_edge=False)  # no outer edge: 4 columns more
+    for i, column in enumerate(table.header):
+        printed.add_column(column, justify="right", overflow="fold",
+                           min_width=max((cell_len(row[i]) for row in table.rows), default=1))
+    for row in table.rows:
+        printed.add_row(*(Text(cell, no_wrap=True) for cell in row))
+    console = out_console
+    wide = console.options.update_width(10_000)
+    needed = Measurement.get(console, wide, printed)
+    if needed.minimum > console.width:  # rich prints no wider than its console
+        console = Console(file=out_console.file, width=needed.maximum,
+                          no_color=out_console.no_color,
+                          force_terminal=out_console.is_terminal)
+    console.print(printed)
 
 
 def _check_border(cell: tuple[int, int], rows: int, cols: int) -> None:

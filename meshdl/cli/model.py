@@ -1,21 +1,33 @@
 """`meshdl evaluate`, `meshdl infer` and `meshdl config show|init`: look at a trained model,
-or at a configuration, or write one to start from."""
+or at a configuration, or write one to start from.
+
+numpy, the model (Numba) and the data sets are imported by the commands that use them,
+not with the module: `meshdl --help` builds every command's options and runs none.
+"""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
 import typer
-from rich.table import Table
 
 from meshdl.cli.common import emit_json, err_console, out_console
-from meshdl.cli.options import Config, DataFile, EdgeAt, JsonReport, ModelFile, json_option
-from meshdl.config import commented_config, load_run_config
-from meshdl.data.datasets import check_label_range, load_dataset, load_split
+from meshdl.cli.options import (
+    Cols,
+    Config,
+    DataFile,
+    EdgeAt,
+    JsonReport,
+    ModelFile,
+    Rows,
+    json_option,
+)
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.model.cnn import CNN
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def register(app: typer.Typer) -> None:
@@ -30,12 +42,17 @@ def register(app: typer.Typer) -> None:
 def evaluate(
     model_path: ModelFile,
     data_path: DataFile,
-    split: str = typer.Option("test", "--split", help="test, train or all."),
+    split: Literal["test", "train", "all"] = typer.Option("test", "--split",
+                                                          help="The samples to evaluate."),
     json_out: JsonReport = False,
 ) -> None:
     """Accuracy and confusion matrix of a saved model on a data set."""
-    if split not in ("test", "train", "all"):
-        raise UsageError(f"--split must be test, train or all, not {split!r}")
+    import numpy as np
+    from rich.table import Table
+
+    from meshdl.data.datasets import check_label_range, load_split
+    from meshdl.model.cnn import CNN
+
     model = CNN.load(model_path)
     # Only the splits asked for are read: a gap in the other one is no reason to refuse.
     names = ("train", "test") if split == "all" else (split,)
@@ -68,9 +85,10 @@ def evaluate(
 def infer(
     model_path: ModelFile,
     data_path: DataFile,
-    mode: str = typer.Option("mesh", "--mode", help="mesh (inference waves in the virtual "
-                             "mesh) or central."),
-    split: str = typer.Option("test", "--split", help="test or train."),
+    mode: Literal["mesh", "central"] = typer.Option(
+        "mesh", "--mode", help="mesh (inference waves in the virtual mesh) or central."),
+    split: Literal["test", "train"] = typer.Option("test", "--split",
+                                                   help="The samples to predict."),
     edge_at: EdgeAt = "0,0",
     predictions: Path | None = typer.Option(
         None, "--predictions", help="Write each sample's prediction to this CSV file: "
@@ -79,13 +97,14 @@ def infer(
     json_out: JsonReport = False,
 ) -> None:
     """Predict a data set with inference waves (the sensors' readings stay in the mesh)."""
+    import numpy as np
+
     from meshdl.cli.common import parse_cell
+    from meshdl.config import load_run_config
+    from meshdl.data.datasets import check_label_range, load_dataset
+    from meshdl.model.cnn import CNN
     from meshdl.training.loop import EVAL_BATCH, engine_for
 
-    if mode not in ("mesh", "central"):
-        raise UsageError(f"--mode must be mesh or central, not {mode!r}")
-    if split not in ("test", "train"):
-        raise UsageError(f"--split must be test or train, not {split!r}")
     model = CNN.load(model_path)
     data = load_dataset(data_path)
     if (data.rows, data.cols) != (model.config.rows, model.config.cols):
@@ -122,6 +141,8 @@ def infer(
 def write_predictions(path: Path, logits: np.ndarray, y: np.ndarray) -> None:
     """One CSV line per sample: its index, predicted label, that prediction's probability
     (an anomaly's for two classes) and the true label."""
+    import numpy as np
+
     z = logits.astype(np.float64)
     p = np.exp(z - z.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
@@ -137,6 +158,8 @@ def write_predictions(path: Path, logits: np.ndarray, y: np.ndarray) -> None:
 
 def classification_report(y: np.ndarray, predicted: np.ndarray, classes: int) -> dict:
     """Accuracy, confusion matrix (rows: true class) and per-class precision/recall."""
+    import numpy as np
+
     confusion = np.zeros((classes, classes), np.int64)
     np.add.at(confusion, (y, predicted), 1)
     total = int(confusion.sum())
@@ -156,6 +179,10 @@ def config_show(
     json_out: json_option("Print JSON on stdout.") = False,
 ) -> None:
     """The effective configuration: defaults < TOML file < MESHDL_* environment."""
+    from rich.table import Table
+
+    from meshdl.config import load_run_config
+
     config = load_run_config(config_file)
     if json_out:
         emit_json(config.model_dump(mode="json"))
@@ -175,13 +202,21 @@ def config_show(
 def config_init(
     path: Path = typer.Argument(..., metavar="FILE", help="The TOML file to write, e.g. "
                                 "mesh.toml."),
+    rows: Rows = None,
+    cols: Cols = None,
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
 ) -> None:
-    """Write a commented configuration file with every setting at its default: the mesh
-    file `--mesh` and `--config` read (edit, then check with `meshdl config show`)."""
+    """Write a commented configuration file with every setting at its default, the grid
+    at --rows x --cols if given: the mesh file `--mesh` and `--config` read (edit, then
+    check with `meshdl config show`). The grid is written once, under [model]."""
+    from meshdl.config import commented_config
+
     if path.exists() and not force:
         raise MeshdlError(f"{path} exists; pass --force to overwrite it")
+    grid = {axis: n for axis, n in (("rows", rows), ("cols", cols)) if n is not None}
+    text = commented_config({"model": grid} if grid else None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(commented_config())
-    err_console.print(f"wrote {path}: every setting at its default; `meshdl config show "
-                      f"--config {path}` shows what a run will use", highlight=False)
+    path.write_text(text)
+    but = "".join(f", {axis} {n}" for axis, n in grid.items())
+    err_console.print(f"wrote {path}: every setting at its default{but}; `meshdl config "
+                      f"show --config {path}` shows what a run will use", highlight=False)

@@ -206,7 +206,13 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
              out: RunDirectory = None,
              resume: Path | None = typer.Option(None, "--resume", help="Continue the run "
                                                 "in this directory from its last "
-                                                "checkpoint (same mesh file and data)."),
+                                                "checkpoint (same mesh file and data; "
+                                                "metrics.json then covers the whole run). "
+                                                "A finished run is left as it is; a mesh "
+                                                "file with more epochs extends it if its "
+                                                "learning rate does not depend on its "
+                                                "length (schedule = \"constant\", "
+                                                "warmup_fraction = 0)."),
              wave_timeout: float = typer.Option(10.0, "--wave-timeout", min=0.1,
                                                 help="Seconds without a message of a wave before "
                                                 "it is restarted (3 times this at most)."),
@@ -226,10 +232,13 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.cli.common import emit_json
     from meshdl.edge.remote import MqttEngine
     from meshdl.training.checkpoint import load_checkpoint
-    from meshdl.training.loop import train
+    from meshdl.training.loop import check_same_run, train
     from meshdl.training.runs import (
+        finished_metrics,
+        interrupted,
         metrics_record,
         new_run_dir,
+        nothing_to_resume,
         single_class_warning,
         start_run,
         with_resume_hint,
@@ -245,8 +254,19 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     if ps and config.parallel.meshes < 2:
         raise UsageError(f"--ps: {mesh} trains one mesh alone; its [parallel] section "
                          "says how many meshes train together (meshes = N)")
-    dataset = load_dataset(data)
+    # How to go on from a checkpoint: the address as printed, never the password.
+    command = (f"meshdl edge run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
+               f"--data {data}")
     checkpoint = load_checkpoint(resume) if resume is not None else None
+    if checkpoint is not None:
+        check_same_run(checkpoint.config, config)  # (or more epochs): before connecting
+        if (done := finished_metrics(resume, config, checkpoint)) is not None:
+            err_console.print(nothing_to_resume(resume, config, command), highlight=False,
+                              soft_wrap=True)
+            if json_out:
+                emit_json(done)
+            return
+    dataset = load_dataset(data)
     run_dir = resume or out or new_run_dir(name="mqtt")
     start_run(run_dir, config, str(data))
     engine = MqttEngine.for_run(config, dataset, BrokerAddress.parse(broker),
@@ -263,9 +283,10 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
             model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
                                    resume=checkpoint)
     except MeshdlError as exc:
-        command = (f"meshdl edge run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
-                   f"--data {data}")  # the address as printed: never the password
         raise with_resume_hint(exc, run_dir, command) from None
+    except KeyboardInterrupt:  # Ctrl-C: where the run stands (exit code 130 still)
+        err_console.print(interrupted(run_dir, command), highlight=False, soft_wrap=True)
+        raise
     finally:
         engine.close()
     metrics = metrics_record(config, history)

@@ -10,7 +10,7 @@ its own, named for what it means there. Options of one command stay in that comm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -27,14 +27,15 @@ Hidden = Annotated[int | None, typer.Option("--hidden", help="Hidden FC units.")
 Epochs = Annotated[int | None, typer.Option("--epochs", help="Training epochs.")]
 Batch = Annotated[int | None, typer.Option("--batch", help="Batch size.")]
 Lr = Annotated[float | None, typer.Option("--lr", help="Learning rate.")]
-Optimizer = Annotated[str | None, typer.Option("--optimizer", help="sgd or adam.")]
+Optimizer = Annotated[Literal["sgd", "adam"] | None, typer.Option("--optimizer",
+                                                                  help="The optimizer.")]
 
 # What travels between the parties (MeshConfig) and how several meshes train together.
-EdgeAt = Annotated[str | None, typer.Option("--edge-at", help="Border cell R,C of the "
-                                            "edge.")]
+EdgeAt = Annotated[str | None, typer.Option("--edge-at", metavar="R,C",
+                                            help="Border cell R,C of the edge.")]
 Auth = Annotated[bool | None, typer.Option("--auth", help="Every message with its link tag "
                                            "or the edge's signature (mesh.auth).")]
-Activations = Annotated[str | None, typer.Option(
+Activations = Annotated[Literal["float32", "fp16", "int8"] | None, typer.Option(
     "--activations", help="Forward activations between nodes (HALO, POOL, GATHER): "
     "float32, or lossy fp16 or int8.")]
 Compress = Annotated[str | None, typer.Option(
@@ -58,7 +59,7 @@ KeysDir = Annotated[Path, typer.Option(
     "--keys-dir", help="Where the secrets files will be installed on the machines (the "
     ".env files name the key files there).")]
 RadioFile = Annotated[Path | None, typer.Option("--radios", help="A TOML file of "
-                                                "\\[\\[radio]] profiles.")]
+                                                "[[radio]] profiles.")]
 ModelFile = Annotated[Path, typer.Argument(metavar="MODEL", help="A model.npz.")]
 DataFile = Annotated[Path, typer.Argument(metavar="DATA", help="A data set .npz.")]
 

@@ -16,12 +16,14 @@ def register(app: typer.Typer) -> None:
 
 def report(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A run directory of meshdl "
-                                   "experiment, train or simulate."),
+                                   "experiment, train, simulate train or infer, edge run "
+                                   "or ps run (finished or not)."),
     out: Path | None = typer.Option(None, "--out", help="The HTML file (default: "
                                     "RUN_DIR/report.html)."),
 ) -> None:
     """Write a self-contained HTML report (tables, plots, configuration, versions) that
-    opens in a browser with no server."""
+    opens in a browser with no server; a simulated run's sets the mesh beside the
+    cloud-heavy baseline and names its dead cells."""
     from meshdl.report.page import build_report
 
     page = build_report(run_dir)

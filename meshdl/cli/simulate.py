@@ -56,7 +56,14 @@ from meshdl.sim.radio.device import DeviceProfile, device, natural_device
 from meshdl.sim.radio.loss import FrameLoss
 from meshdl.sim.radio.media import natural_medium
 from meshdl.sim.radio.profiles import RadioProfile, profile, profiles
-from meshdl.sim.simulate import SimEngine, mesh_summary, plot_energy, sim_report, write_trace
+from meshdl.sim.simulate import (
+    SimEngine,
+    mesh_summary,
+    plot_energy,
+    run_makespan,
+    sim_report,
+    write_trace,
+)
 from meshdl.sim.studies import cloud, compare
 from meshdl.sim.timed import TimedMesh
 from meshdl.training.loop import normalization
@@ -373,6 +380,9 @@ def _finish(run_dir: Path, mesh: TimedMesh, mode: Mode, baseline: dict[str, Any]
     record = {"cloud_heavy": main, **{f"cloud_heavy_{v}": b for v, b in baseline.items()},
               "lossless_links": True}  # whatever --loss says of the mesh's
     report = {**sim_report(mesh, mode, record, epochs), **(extra or {})}
+    if "parallel" in report:  # several meshes: the headline is the whole run's time
+        report["makespan_s"] = run_makespan(report["makespan_s"], report["parallel"],
+                                            epochs)
     (run_dir / "sim.json").write_text(json.dumps(report, indent=2) + "\n")
     if trace and mesh.trace is not None:
         write_trace(mesh.trace, run_dir / "trace.jsonl")
@@ -405,6 +415,29 @@ def _say(report: dict[str, Any], run_dir: Path) -> None:
         f"{cloud_heavy['energy_j']['total']:.4g} J, hottest node "
         f"{cloud_heavy['energy_j']['max_node']:.4g} J, {cloud_heavy['bytes']:,} bytes "
         f"(in-mesh: {sum(report['bytes'].values()):,} bytes)", highlight=False)
+    if line := dead_cells_line(report["faults"]):
+        err_console.print(line, highlight=False)
+
+
+def dead_cells_line(faults: dict[str, Any]) -> str | None:
+    """The nodes that were down, the ones the edge found and planned around, and where
+    it ended attached, in one line (None when every node was up)."""
+    down, found = faults.get("down_cells", []), faults.get("dead_cells", [])
+    if not down and not found:
+        return None
+    line = f"dead cells: {', '.join(down) or 'none down at the end'}"
+    if found == down:
+        line += " (found and planned around)"
+    else:
+        missed = [cell for cell in down if cell not in found]
+        line += f"; planned around: {', '.join(found) or 'none'}"
+        if missed:
+            line += f"; not found by the end: {', '.join(missed)}"
+    if faults.get("cut_off_cells"):
+        line += f"; cut off: {', '.join(faults['cut_off_cells'])}"
+    if faults.get("edge_at"):
+        line += f"; edge at {faults['edge_at']}"
+    return line
 
 
 @app.command("compare")

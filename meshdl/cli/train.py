@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshdl.cli.common import emit_json, err_console
 from meshdl.cli.cost import print_comm_summary
-from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, grouped, overrides
+from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, Group, grouped, overrides
 from meshdl.cli.options import Config, JsonMetrics, Meshes, Optimizer
 from meshdl.compress.grammar import PLAN
 from meshdl.config import RunConfig, load_run_config
@@ -34,11 +36,15 @@ from meshdl.training.runs import (
     check_run_dir,
     claim_run_dir,
     data_source_of,
+    finished_metrics,
+    interrupted,
     metrics_record,
     new_run_dir,
+    nothing_to_resume,
     resumed_run,
     single_class_warning,
     start_run,
+    with_epochs,
     with_resume_hint,
     write_run,
 )
@@ -48,11 +54,55 @@ def register(app: typer.Typer) -> None:
     app.command("train")(train)
 
 
-# What still applies to a run `--resume` continues: everything else is its own.
-_RESUMABLE = ("resume", "transport", "broker", "json_out")
+# What still applies to a run `--resume` continues (--epochs: more of them, where its
+# learning rate allows): everything else is its own.
+_RESUMABLE = ("resume", "transport", "broker", "json_out", "epochs")
+
+# When a run may be extended (loop.extension_refusal), said where --resume and --epochs
+# are described.
+_EXTENSION_RULE = ("A finished run is left as it is; with --epochs N (more than it has) "
+                   "it trains on to N epochs, if its learning rate does not depend on its "
+                   "length: schedule = \"constant\" and --warmup 0 (the default cosine "
+                   "decay with warm-up spans exactly the run's epochs, so such a run is "
+                   "refused).")
+
+
+def _with_help(alias: Any, more: str) -> Any:
+    """An Annotated option alias (cli/options.py) with `more` added to its help."""
+    info = copy.copy(alias.__metadata__[0])
+    info.help = f"{info.help} {more}"
+    return Annotated[alias.__origin__, info]
+
+
+_MORE_EPOCHS = ("With --resume: more epochs than the run has extend it, where its learning "
+                "rate allows (see --resume).")
+_TRAINING = Group(tuple((name, _with_help(alias, _MORE_EPOCHS) if name == "epochs"
+                         else alias, default) for name, alias, default in TRAINING.options))
+
+
+class _Said(KeyboardInterrupt):
+    """Ctrl-C whose line (where the run stands, how to go on) is said already."""
+
+
+def _said_on_interrupt(command: Callable[..., None]) -> Callable[..., None]:
+    """`command`, saying one line on Ctrl-C before its run began (data being read or
+    made, a plan computed); `_run` says its own once the run has a directory. Exit code
+    130 either way (typer's, for an interrupted command)."""
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except _Said:
+            raise
+        except KeyboardInterrupt:
+            err_console.print("interrupted before training began: nothing was written",
+                              highlight=False)
+            raise
+    return run
 
 
 @grouped
+@_said_on_interrupt
 def train(
     ctx: typer.Context,
     data: Path | None = typer.Option(None, "--data", help="Data set .npz (default: generate "
@@ -73,7 +123,7 @@ def train(
     wire: bool | None = typer.Option(None, "--wire/--no-wire", help="Virtual mesh: pass "
                                      "every message through the binary codec, as over "
                                      "MQTT (slower, same results)."),
-    grid: Flags = GRID, net: Flags = NETWORK, run: Flags = TRAINING,
+    grid: Flags = GRID, net: Flags = NETWORK, run: Flags = _TRAINING,
     optimizer: Optimizer = None,
     warmup: float | None = typer.Option(None, "--warmup", help="Share of the updates over "
                                         "which the learning rate ramps up to --lr."),
@@ -93,7 +143,8 @@ def train(
     traffic: Flags = TRAFFIC,
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this "
                                        "directory from its last checkpoint, with its own "
-                                       "configuration and data."),
+                                       "configuration and data; metrics.json then covers "
+                                       "the whole run. " + _EXTENSION_RULE),
     force: bool = typer.Option(False, "--force", help="Replace the run in --out (else a "
                                "directory holding a run is refused)."),
     json_out: JsonMetrics = False,
@@ -106,10 +157,19 @@ def train(
             raise UsageError(f"--resume continues the run as it was configured: drop "
                              f"{', '.join(given)}")
         config, source, checkpoint = resumed_run(resume)
+        config = with_epochs(config, run["epochs"])
+        if (done := finished_metrics(resume, config, checkpoint)) is not None:
+            err_console.print(nothing_to_resume(resume, config, _go_on_command(
+                transport, broker)), highlight=False, soft_wrap=True)
+            if json_out:
+                emit_json(done)
+            return
         dataset = (generate_lounge(config.data) if source == SYNTHETIC
                    else load_dataset(Path(source)))
+        extended = "" if checkpoint.config["train"]["epochs"] == config.train.epochs else \
+            f" (extended from {checkpoint.config['train']['epochs']})"
         err_console.print(f"resuming {resume} after epoch {checkpoint.epochs_done} of "
-                          f"{config.train.epochs}", highlight=False)
+                          f"{config.train.epochs}{extended}", highlight=False)
         # Its own directory: it holds a checkpoint, so a failure takes nothing back.
         _run(config, dataset, source, lambda: RunDir(resume, created=False), checkpoint,
              transport, broker, json_out)
@@ -159,6 +219,7 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
         address.check_reachable()
     claimed = claim()
     run_dir = claimed.path
+    command = _go_on_command(transport, broker)
     try:
         start_run(run_dir, config, source)
         fit = Fit(checkpoints=run_dir, resume=checkpoint)
@@ -168,8 +229,12 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
             model, history = _fit_over_mqtt(config, dataset, address, fit)
     except MeshdlError as exc:  # a broker away too long, a diverged run: say how to go on
         claimed.abandon()
-        raise with_resume_hint(exc, run_dir, "meshdl train") from None
-    except BaseException:  # interrupted, or a bug: no config.json without a checkpoint
+        raise with_resume_hint(exc, run_dir, command) from None
+    except KeyboardInterrupt:  # Ctrl-C: say where the run stands (exit code 130 still)
+        claimed.abandon()
+        err_console.print(interrupted(run_dir, command), highlight=False, soft_wrap=True)
+        raise _Said from None
+    except BaseException:  # a bug: no config.json without a checkpoint
         claimed.abandon()
         raise
     metrics = metrics_record(config, history)
@@ -188,6 +253,14 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
         err_console.print(warning, style="yellow", highlight=False)
     if json_out:
         emit_json(metrics)
+
+
+def _go_on_command(transport: str, broker: str | None) -> str:
+    """The command that resumes a run as it was trained (over MQTT: through the same
+    broker, its address as printed: never a password)."""
+    if transport != "mqtt" or not broker:
+        return "meshdl train"
+    return f"meshdl train --transport mqtt --broker {BrokerAddress.parse(broker)}"
 
 
 PLAN_RADIO = "802.15.4"  # what `--compress plan` plans for in the virtual mesh
@@ -241,7 +314,9 @@ def fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
     columns = (TextColumn("epoch {task.fields[epoch]}/" + str(epochs)), BarColumn(),
                MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.4f}"),
                TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as bar:
+    # No bar off a terminal: it would only leave a blank line where it stopped.
+    with Progress(*columns, console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as bar:
         task = bar.add_task("train", total=None, epoch=1, loss=float("nan"))
 
         def on_step(epoch: int, step: int, steps: int, loss: float) -> None:

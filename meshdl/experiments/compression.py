@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meshdl.experiments.columns import Shown, figures_table, fixed, percent, size
 from meshdl.experiments.runner import Record, Trial
 from meshdl.report.plots import pyplot, save_png
 
@@ -147,20 +148,25 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
     return [path]
 
 
-def table(rows: list[Record]) -> tuple[list[str], list[list[str]]]:
-    header = ["policy", "test acc", "cost (pt)", "REDUCE B/step", "PUSH B/step",
-              "gradient ratio", "forward B/step", "s/epoch"]
-    body = []
-    for row in rows:
-        cost, ratio = row.get("accuracy_cost"), row.get("gradient_ratio")
-        body.append([row["value"], f"{_mean(row['test_acc']):.4f}",
-                     "" if cost is None else f"{cost['mean']:+.2f}",
-                     f"{_mean(row['reduce_bytes_per_step']):,.0f}",
-                     f"{_mean(row['push_bytes_per_step']):,.0f}",
-                     "" if ratio is None else f"{ratio['mean']:.1f}x",
-                     f"{_mean(row['forward_bytes_per_step']):,.0f}",
-                     f"{_mean(row['epoch_s']):,.0f}"])
-    return header, body
+def table(rows: list[Record]) -> Shown:
+    """The printed table: the policy, its test accuracy and what it cost in points
+    against the exact run, the bytes a step (REDUCE, PUSH, forward activations), how
+    many times fewer gradient bytes, and simulated seconds per epoch."""
+    return figures_table(rows, [("policy", str)],
+                         [("test_acc", percent(2)), ("accuracy_cost", _signed),
+                          ("reduce_bytes_per_step", size), ("push_bytes_per_step", size),
+                          ("gradient_ratio", _times), ("forward_bytes_per_step", size),
+                          ("epoch_s", fixed(0))])
+
+
+def _signed(mean: float, std: float | None) -> str:
+    """Points of accuracy the policy cost: +0.35 (lost), -0.18 (gained)."""
+    return fixed(2)(mean, std).replace(f"{mean:,.2f}", f"{mean:+,.2f}", 1)
+
+
+def _times(mean: float, std: float | None) -> str:
+    """How many times fewer gradient bytes: 3.2x."""
+    return fixed(1)(mean, std).replace(f"{mean:,.1f}", f"{mean:,.1f}x", 1)
 
 
 def _mean(figure: dict[str, float] | None) -> float:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meshdl.experiments.columns import Shown, figures_table, fixed, percent, size
 from meshdl.experiments.runner import Record, Trial
 from meshdl.report.plots import pyplot, save_png
 
@@ -85,10 +86,10 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
     return [path]
 
 
-def table(rows: list[Record]) -> tuple[list[str], list[list[str]]]:
-    header = ["epsilon", "HALO B/slot", "of full", "mesh B/slot", "alerts", "changed"]
-    body = [[str(row["value"]), f"{row['halo_bytes_per_slot']['mean']:,.0f}",
-             f"{row['halo_ratio']['mean']:.1%}", f"{row['mesh_bytes_per_slot']['mean']:,.0f}",
-             f"{row['alerts']['mean']:.0f}", f"{row['alerts_changed']['mean']:.0f}"]
-            for row in rows]
-    return header, body
+def table(rows: list[Record]) -> Shown:
+    """The printed table: per epsilon the HALO bytes a slot and their share of whole
+    halos', the mesh's bytes a slot, the alerts and those that changed."""
+    return figures_table(rows, [("epsilon", str)],
+                         [("halo_bytes_per_slot", size), ("halo_ratio", percent(1)),
+                          ("mesh_bytes_per_slot", size), ("alerts", fixed(0)),
+                          ("alerts_changed", fixed(0))])

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshdl.config import ModelConfig
+from meshdl.experiments.columns import Format, Shown, digits, size, spread, title
 from meshdl.experiments.runner import Record, Trial
 from meshdl.report.plots import pyplot, save_png
 
@@ -73,22 +74,31 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
     return [path]
 
 
-def table(rows: list[Record]) -> tuple[list[str], list[list[str]]]:
+# The printed measures: bytes, makespan and energy, each in the mesh and shipped.
+SHOWN: tuple[tuple[str, Format], ...] = (("bytes", size), ("makespan_s", digits(4)),
+                                         ("energy_j", digits(4)))
+
+
+def table(rows: list[Record]) -> Shown:
     """Per radio: bytes, makespan and energy in the mesh against the better cloud
-    variant for each."""
-    header = ["radio", "mesh kB", "cloud kB", "mesh s", "cloud s", "mesh J", "cloud J"]
+    variant for each (mean over the seeds, ± std where they differ)."""
+    header = ["radio"] + [title(f"{side}_{measure}") for measure, _ in SHOWN
+                          for side in ("mesh", "cloud")]
     out = []
     for row in rows:
         cells = [str(row["value"])]
-        for measure, scale, fmt in (("bytes", 1e-3, "{:,.1f}"), ("makespan_s", 1, "{:.3g}"),
-                                    ("energy_j", 1, "{:.4g}")):
-            mesh = _mean(row.get(f"mesh_{measure}"))
-            cloud = min(v for v in (_mean(row.get(f"cloud_aggregated_{measure}")),
-                                    _mean(row.get(f"cloud_unaggregated_{measure}")))
-                        if v is not None)
-            cells += [fmt.format(mesh * scale), fmt.format(cloud * scale)]
+        for measure, show in SHOWN:
+            mesh = row.get(f"mesh_{measure}")
+            cloud = min((f for f in (row.get(f"cloud_aggregated_{measure}"),
+                                     row.get(f"cloud_unaggregated_{measure}"))
+                         if f is not None), key=lambda f: f["mean"])
+            cells += [_shown(mesh, show, row["seeds"]), _shown(cloud, show, row["seeds"])]
         out.append(cells)
-    return header, out
+    return Shown(header, out, [f"mesh_{measure}" for measure, _ in SHOWN])
+
+
+def _shown(figure: Record | None, show: Format, seeds: int) -> str:
+    return "" if figure is None else show(figure["mean"], spread(figure, seeds))
 
 
 def _mean(figure: dict[str, float] | None) -> float | None:

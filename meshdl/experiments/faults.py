@@ -23,19 +23,24 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from meshdl.experiments.columns import Shown, figures_table, fixed, percent
 from meshdl.experiments.runner import Record, Trial
 from meshdl.report.plots import pyplot, save_png
 
 
 class FaultSweep(NamedTuple):
-    """One fault experiment: what it sweeps, its axis, and its shares by default."""
+    """One fault experiment: what it sweeps, its axis, its shares by default, and its
+    swept variables' names in table.csv."""
 
     axis: str
     default: tuple[float, ...]
+    variables: tuple[str, str]
 
 
-SWEEPS = {"loss": FaultSweep("frames lost (%)", (0.0, 0.05, 0.1, 0.2, 0.3)),
-          "failures": FaultSweep("nodes dead (%)", (0.0, 0.05, 0.1, 0.2))}
+SWEEPS = {"loss": FaultSweep("frames lost (%)", (0.0, 0.05, 0.1, 0.2, 0.3),
+                             ("loss", "policy")),
+          "failures": FaultSweep("nodes dead (%)", (0.0, 0.05, 0.1, 0.2),
+                                 ("dead", "policy"))}
 POLICIES = ("zero", "last", "neighbours")
 EXACT = "exact"  # the 0 % trials: no loss, nothing to fill in
 FIGURES = ("test_acc", "clean_test_acc", "train_loss", "seconds_per_epoch",
@@ -145,21 +150,14 @@ def plot(out: Path, name: str, rows: list[Record]) -> list[Path]:
     return [path]
 
 
-def table(name: str, rows: list[Record]) -> tuple[list[str], list[list[str]]]:
-    header = ["loss %" if name == "loss" else "dead %", "policy", "test acc", "model acc",
-              "s/epoch", "J/epoch", "filled/wave", "skipped"]
-    body = []
-    for row in rows:
-        rate, policy = row["value"]
-        cells = [f"{100 * rate:g}", policy]
-        for name, fmt in (("test_acc", "{:.4f}"), ("clean_test_acc", "{:.4f}"),
-                          ("seconds_per_epoch", "{:,.0f}"), ("energy_j_per_epoch", "{:,.0f}"),
-                          ("substituted_per_wave", "{:.1f}"), ("skipped_steps", "{:.1f}")):
-            mean = _mean(row.get(name))
-            cells.append("" if mean is None else fmt.format(mean))
-        body.append(cells)
-    return header, body
-
-
-def _mean(figure: dict[str, float] | None) -> float | None:
-    return None if figure is None else figure["mean"]
+def table(name: str, rows: list[Record]) -> Shown:
+    """The printed table: the share and policy, the seeds, the accuracies (through the
+    mesh, the headline, then the trained model's on clean readings), time and energy
+    of an epoch, fill-ins a wave, and the skipped steps (loss) or dead found
+    (failures)."""
+    last = ("skipped_steps", fixed(1)) if name == "loss" else ("dead_found", fixed(1))
+    shares = ("loss %" if name == "loss" else "dead %", lambda value: f"{100 * value[0]:g}")
+    return figures_table(rows, [shares, ("policy", lambda value: str(value[1]))],
+                         [("test_acc", percent(2)), ("clean_test_acc", percent(2)),
+                          ("seconds_per_epoch", fixed(0)), ("energy_j_per_epoch", fixed(0)),
+                          ("substituted_per_wave", fixed(1)), last], seeds_column=True)

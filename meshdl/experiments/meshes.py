@@ -23,11 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from meshdl.experiments import columns
+from meshdl.experiments.columns import Shown, digits, figures_table, fixed, percent
 from meshdl.experiments.runner import Record, Trial
 from meshdl.report.plots import pyplot, save_png
 
 MODES = ("bsp", "bsp+overlap", "ssp:2", "async")
 COUNTS = (1, 2, 4, 8, 16)
+VARIABLES = ("meshes", "mode", "straggler")  # table.csv's columns of a swept value
 FIGURES = ("test_acc", "train_loss", "samples_per_s", "step_s", "compute_s",
            "communication_s", "ideal_step_s", "staleness_max", "staleness_mean",
            "waited_share", "updates", "backhaul_bytes", "epoch_s")
@@ -162,21 +165,20 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
     return [path]
 
 
-def table(rows: list[Record]) -> tuple[list[str], list[list[str]]]:
-    header = ["N", "mode", "straggler", "samples/s", "efficiency", "step s", "ideal s",
-              "staleness max", "test acc"]
+def table(rows: list[Record]) -> Shown:
+    """The printed table: N, mode and straggler; throughput and its scaling
+    efficiency (the question), step times, staleness and the test accuracy."""
+    out = figures_table(rows, [("N", lambda v: str(v[0])), ("mode", lambda v: str(v[1])),
+                               ("straggler", lambda v: "yes" if v[2] else "")],
+                        [("samples_per_s", digits(4)), ("step_s", fixed(1)),
+                         ("ideal_step_s", fixed(1)), ("staleness_max", fixed(0)),
+                         ("test_acc", percent(2))])
     efficiency = efficiencies(rows)
-    body = []
-    for row in rows:
-        n, mode, straggler = row["value"]
-        step = _mean(row["step_s"])
-        eff = efficiency.get((n, mode, straggler))
-        body.append([str(n), mode, "yes" if straggler else "",
-                     f"{_mean(row['samples_per_s']):.3f}",
-                     "" if eff is None else f"{eff:.3f}", f"{step:,.1f}",
-                     f"{_mean(row['ideal_step_s']):,.1f}",
-                     f"{_mean(row['staleness_max']):g}", f"{_mean(row['test_acc']):.4f}"])
-    return header, body
+    out.header.insert(4, columns.title("efficiency"))
+    for row, cells in zip(rows, out.rows, strict=True):
+        eff = efficiency.get(tuple(row["value"]))
+        cells.insert(4, "" if eff is None else f"{eff:.3f}")
+    return out
 
 
 def _mean(figure: dict[str, float] | None) -> float | None:

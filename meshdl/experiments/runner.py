@@ -23,6 +23,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -78,15 +79,38 @@ def run_trials(run: Callable[[Trial], Record], trials: Sequence[Trial], jobs: in
         # locks) and loads the compiled kernels from Numba's cache.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
-                                 initializer=exit_with_parent,
+                                 initializer=start_worker,
                                  initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(run, trial): trial for trial in trials}
-            for future in as_completed(futures):
-                trial = futures[future]
-                records[trial.index] = future.result()
-                if on_done:
-                    on_done(trial, records[trial.index])
+            try:
+                for future in as_completed(futures):
+                    trial = futures[future]
+                    records[trial.index] = future.result()
+                    if on_done:
+                        on_done(trial, records[trial.index])
+            except BaseException:  # Ctrl-C, or a trial that failed: stop the others now
+                stop_workers(pool)
+                raise
     return [record for record in records if record is not None]
+
+
+def start_worker(parent: int) -> None:
+    """In a worker: leave Ctrl-C to the sweep (the terminal sends it to the workers too:
+    each would print its own traceback, and a pool worker goes on to its next trial
+    after one), and end with the sweep's process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent(parent)
+
+
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End a pool's trials now: queued ones are cancelled, running ones killed (a pool
+    shutting down waits for every running trial, minutes each). The pool keeps its
+    processes private; without them, the workers end with the sweep (exit_with_parent)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown
+    pool.shutdown(wait=False, cancel_futures=True)  # forgets them
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
 
 
 def read_journal(path: Path) -> dict[str, Record]:
@@ -236,9 +260,11 @@ def _mean_std(values: Sequence[float]) -> dict[str, float] | None:
 
 
 def write_run(out: Path, config: Record, records: Sequence[Record], summary: Record,
-              columns: Sequence[str]) -> None:
-    """config.json, trials.jsonl, summary.json and table.csv (means and deviations of
-    `columns`) in `out`."""
+              columns: Sequence[str], variables: Sequence[str] = ("value",)) -> None:
+    """config.json, trials.jsonl, summary.json and table.csv in `out`. table.csv has one
+    column per swept variable (`variables`: a list value is split into them, so that a
+    spreadsheet sorts and filters by each), the seeds, then the mean and deviation of
+    each of `columns` in that order (no deviation for one seed)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     with (out / "trials.jsonl").open("w") as lines:
@@ -247,15 +273,28 @@ def write_run(out: Path, config: Record, records: Sequence[Record], summary: Rec
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     with (out / "table.csv").open("w", newline="") as table:
         writer = csv.writer(table)
-        writer.writerow(["value", "seeds", *(f"{c}_{s}" for c in columns
-                                             for s in ("mean", "std"))])
+        writer.writerow([*variables, "seeds", *(f"{c}_{s}" for c in columns
+                                                for s in ("mean", "std"))])
         for row in summary["rows"]:
             cells = []
             for column in columns:
                 figure = row.get(column)
-                cells += ["", ""] if figure is None else [_number(figure["mean"]),
-                                                          _number(figure["std"])]
-            writer.writerow([row["value"], row["seeds"], *cells])
+                if figure is None:
+                    cells += ["", ""]
+                    continue
+                cells += [_number(figure["mean"]),
+                          _number(figure["std"]) if row["seeds"] >= 2 else ""]
+            writer.writerow([*_split(row["value"], variables), row["seeds"], *cells])
+
+
+def _split(value: Any, variables: Sequence[str]) -> list[Any]:
+    """A swept value as its variables' cells: [0.1, "zero"] -> 0.1, zero."""
+    if len(variables) == 1:
+        return [value]
+    parts = list(value)
+    if len(parts) != len(variables):
+        raise ValueError(f"swept value {value!r} is not one of {', '.join(variables)}")
+    return parts
 
 
 def _number(value: float) -> str:

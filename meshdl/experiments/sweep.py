@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from meshdl.config import DataConfig, RunConfig, load_run_config
 from meshdl.data.datasets import Dataset
+from meshdl.experiments.columns import Shown, figures_table, fixed, percent, size
 from meshdl.experiments.runner import Record, Trial
 from meshdl.report.plots import pyplot, save_png
 
@@ -42,20 +43,27 @@ class Sweep(NamedTuple):
     axis: str  # the plots' x label
     trains: bool  # accuracy too (else the cost only)
     default: tuple[Any, ...]
+    heading: str  # the swept value's title in a table
 
 
 SWEEPS = {
-    "filter-size": Sweep("model.kernel", "filter size k", True, (3, 4, 5, 6)),
-    "filters": Sweep("model.filters", "filters per conv layer h", True, (1, 2, 5, 8)),
-    "hidden": Sweep("model.hidden", "hidden units", True, (50, 100, 200, 400)),
+    "filter-size": Sweep("model.kernel", "filter size k", True, (3, 4, 5, 6), "k"),
+    "filters": Sweep("model.filters", "filters per conv layer h", True, (1, 2, 5, 8), "h"),
+    "hidden": Sweep("model.hidden", "hidden units", True, (50, 100, 200, 400),
+                    "hidden units"),
     "edge-position": Sweep("mesh.edge_at", "the edge's cell", False,
-                           ((0, 0), (0, 12), (8, 0), (16, 24))),
-    "grid": Sweep("model.grid", "grid n x n", False, (5, 10, 20, 40)),
+                           ((0, 0), (0, 12), (8, 0), (16, 24)), "edge at"),
+    "grid": Sweep("model.grid", "grid n x n", False, (5, 10, 20, 40), "n x n"),
 }
 
 
 def figures(name: str) -> tuple[str, ...]:
     return (ACCURACY if SWEEPS[name].trains else ()) + COST
+
+
+def variables(name: str) -> tuple[str, ...]:
+    """table.csv's columns of a swept value: a cell's row and column, else the value."""
+    return ("edge_row", "edge_col") if name == "edge-position" else ("value",)
 
 
 def trial_config(settings: Record, value: Any, seed: int) -> RunConfig:
@@ -197,33 +205,28 @@ def seeds_differ(records: list[Record]) -> bool:
         {_label(r["value"]) for r in records})
 
 
-def table(name: str, rows: list[Record]) -> tuple[list[str], list[list[str]]]:
-    """The printed table: the value, accuracies (mean ± std; the paper's train/test)
-    where the sweep trains, halo values sent per sample against the formula, MB per
-    training wave, and for the cost-only sweeps its rounds and busiest link
-    (summary.json and table.csv have every figure)."""
-    trains = SWEEPS[name].trains  # then no room for the wave's depth on 80 columns
-    header = ["value", *(["train %", "test %"] if trains else []),
-              *(["paper %"] if name == "filter-size" else []),
-              "halo sent", "(k²-1)mnc", "MB/wave", *([] if trains else ["rounds",
-                                                                      "busiest kB"])]
-    out = []
-    for row in rows:
-        paper = PAPER.get(row["value"]) if name == "filter-size" else None
-        cells = [_label(row["value"])]
-        if trains:
-            cells += [_pm(row["train_acc"], 100), _pm(row["test_acc"], 100)]
-        if name == "filter-size":
-            cells.append(f"{paper[0] * 100:.1f}/{paper[1] * 100:.1f}" if paper else "-")
-        cells += [f"{row['halo_transmitted']['mean']:,.0f}",
-                  f"{row['halo_formula']['mean']:,.0f}",
-                  f"{row['wave_bytes']['mean'] / 1e6:.1f}"]
-        if not trains:
-            cells += [f"{row['wave_rounds']['mean']:.0f}",
-                      f"{row['busiest_link_bytes']['mean'] / 1e3:,.0f}"]
-        out.append(cells)
-    return header, out
+def table(name: str, rows: list[Record]) -> Shown:
+    """The printed table: the value, then where the sweep trains the test accuracy
+    first (the headline), the train accuracy and the paper's; the halo values sent per
+    sample against the formula and the bytes of a training wave; for the cost-only
+    sweeps the wave's rounds and busiest link (no room for them on 80 columns beside
+    the accuracies; summary.json and table.csv have every figure)."""
+    trains = SWEEPS[name].trains
+    shown = [*([("test_acc", percent(1)), ("train_acc", percent(1))] if trains else []),
+             ("halo_transmitted", fixed(0)), ("halo_formula", fixed(0)),
+             ("wave_bytes", size),
+             *([] if trains else [("wave_rounds", fixed(0)), ("busiest_link_bytes", size)])]
+    out = figures_table(rows, [(SWEEPS[name].heading, _cell_label)], shown)
+    if name == "filter-size":  # the paper's own, in our columns' order
+        out.header.insert(3, "paper test/train %")
+        for row, cells in zip(rows, out.rows, strict=True):
+            paper = PAPER.get(row["value"])
+            cells.insert(3, f"{paper[1] * 100:.1f}/{paper[0] * 100:.1f}" if paper else "-")
+    return out
 
 
-def _pm(figure: dict[str, float], scale: float) -> str:
-    return f"{figure['mean'] * scale:.1f}±{figure['std'] * scale:.1f}"
+def _cell_label(value: Any) -> str:
+    """A swept value as a table shows it: a cell as r0c12, a number as it is."""
+    if isinstance(value, (list, tuple)):
+        return f"r{value[0]}c{value[1]}"
+    return str(value)

@@ -1,11 +1,17 @@
 """`meshdl report RUN_DIR`: one self-contained HTML page for a run directory, to open in a
 browser with no server: every plot embedded as a data URI, nothing fetched.
 
-It knows three kinds of run directory by what they hold:
-- an experiment's (`summary.json` with "experiment"): its table, plots and trials;
-- a training run's (`metrics.json`): the training curves (drawn here), the final
-  accuracies and the communication table;
-- a simulated run's (`sim.json` too): makespans, energy and the energy heat map.
+It knows every run directory the CLI writes by what it holds:
+- an experiment's (`summary.json` with "experiment"): its table, plots and trials; one
+  stopped before its summary (`journal.jsonl`): the trials it has;
+- a training run's (`metrics.json`: `meshdl train`, `simulate train`, `edge run`,
+  `ps run`): the training curves (drawn here), the final accuracies, the
+  communication table, the meshes of a data-parallel run and the dead cells found;
+- a simulated run's (`sim.json`: `simulate train`, and `simulate infer`, which writes no
+  metrics.json): makespans, energy, the cloud-heavy baseline next to the mesh (in the
+  mesh, or in the cloud?), the faults and dead cells, and the energy heat map;
+- a run that has not finished (`config.json` alone, perhaps a checkpoint): what it is
+  and how to go on.
 Each page also shows the configuration, the software versions and, when meshdl runs
 from a git checkout, its commit.
 """
@@ -24,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from meshdl.errors import UsageError
-from meshdl.report.plots import pyplot, save_png
+from meshdl.report.numbers import figure as number
+from meshdl.report.plots import integer_ticks, pyplot, save_png
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
@@ -41,15 +48,7 @@ def build_report(run_dir: Path) -> str:
     """The HTML page of `run_dir` (a `UsageError` if it is no run directory)."""
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: not a directory")
-    summary = _json(run_dir / "summary.json")
-    metrics = _json(run_dir / "metrics.json")
-    if summary is not None and "experiment" in summary:
-        title, body = _experiment(run_dir, summary)
-    elif metrics is not None:
-        title, body = _training(run_dir, metrics)
-    else:
-        raise UsageError(f"{run_dir}: no summary.json or metrics.json: not a run "
-                         "directory of meshdl experiment, train or simulate")
+    title, body = _page(run_dir)
     config = _json(run_dir / "config.json")
     if config is not None:
         body.append(_section("Configuration", f"<pre>{_escape(json.dumps(config, indent=2))}"
@@ -62,14 +61,38 @@ def build_report(run_dir: Path) -> str:
 
 
 # ------------------------------------------------------------------ run kinds
+def _page(run_dir: Path) -> tuple[str, list[str]]:
+    """The title and sections of `run_dir`, by the files it holds (module docstring)."""
+    summary = _json(run_dir / "summary.json")
+    if summary is not None and "experiment" in summary:
+        return _experiment(run_dir, summary)
+    metrics = _json(run_dir / "metrics.json")
+    if metrics is not None:
+        return _training(run_dir, metrics)
+    sim = _json(run_dir / "sim.json")
+    if sim is not None:
+        return "meshdl simulate run", _simulated(run_dir, sim)
+    if (run_dir / "journal.jsonl").is_file():
+        return _stopped_experiment(run_dir)
+    if (run_dir / "config.json").is_file():
+        return _unfinished(run_dir)
+    raise UsageError(f"{run_dir}: no summary.json, metrics.json, sim.json or config.json: "
+                     "not a run directory of meshdl experiment, train, simulate, edge run "
+                     "or ps run")
+
+
 def _experiment(run_dir: Path, summary: dict[str, Any]) -> tuple[str, list[str]]:
     name = summary["experiment"]
     rows = summary.get("rows", [])
-    figures = [key for key in (rows[0] if rows else {}) if key not in ("value", "seeds")]
+    figures = sorted((key for key in (rows[0] if rows else {})
+                      if key not in ("value", "seeds")), key=_leading)
     table = _table(["value", "seeds", *figures],
                    ([row["value"], row["seeds"],
-                     *(_mean_std(row.get(f)) for f in figures)] for row in rows))
-    body = [_section(f"Summary ({summary.get('seeds', '?')} seeds each, mean ± std)",
+                     *(_mean_std(row.get(f), row.get("seeds", 1)) for f in figures)]
+                    for row in rows))
+    seeds = summary.get("seeds", "?")
+    how = "mean ± std" if not isinstance(seeds, int) or seeds > 1 else "one seed"
+    body = [_section(f"Summary ({seeds} seeds each, {how})",
                      f"<p>{_escape(str(summary.get('mode', '')))}</p>{table}")]
     paper = summary.get("paper")
     if paper:
@@ -78,6 +101,14 @@ def _experiment(run_dir: Path, summary: dict[str, Any]) -> tuple[str, list[str]]
                              _table(keys, ([p[k] for k in keys] for p in paper))))
     body.append(_section("Plots", "".join(_image(p) for p in sorted(run_dir.glob("*.png")))))
     return f"meshdl experiment {name}", body
+
+
+# An experiment's headline figures, first in its table (the others in their order).
+_LEADING = ("test_acc", "train_acc", "clean_test_acc")
+
+
+def _leading(figure_name: str) -> int:
+    return _LEADING.index(figure_name) if figure_name in _LEADING else len(_LEADING)
 
 
 def _training(run_dir: Path, metrics: dict[str, Any]) -> tuple[str, list[str]]:
@@ -96,35 +127,184 @@ def _training(run_dir: Path, metrics: dict[str, Any]) -> tuple[str, list[str]]:
                 for name, c in comm["classes"].items())
         body.append(_section("Communication per run", _table(
             ["class", "values", "messages", "bytes"], rows)))
+    if comm.get("dead_cells"):  # an MQTT run's edge found them
+        body.append(_section("Dead cells", _table(
+            ["figure", "value"], [["planned around", ", ".join(comm["dead_cells"])]])))
     sim = metrics.get("sim") or _json(run_dir / "sim.json")
+    if metrics.get("parallel") and not sim:  # sim.json shows its own, with the meshes
+        body.append(_section("Several meshes", _table(
+            ["figure", "value"], _flat(metrics["parallel"]))))
     if sim:
-        body.append(_section("Under simulated time", _table(["figure", "value"], [
-            ["radio", sim.get("radio", {}).get("name")], ["medium", sim.get("medium")],
-            ["device", sim.get("device")],
-            ["makespan, total (s)", sim.get("makespan_s", {}).get("total")],
-            ["energy, total (J)", sim.get("energy_j", {}).get("total")],
-            ["energy, hottest node (J)", sim.get("energy_j", {}).get("max_node")]])))
-        images = [p for p in (run_dir / "energy.png",) if p.is_file()]
-        if images:
-            body.append(_section("Energy per node", "".join(_image(p) for p in images)))
+        body += _simulated(run_dir, sim)
     kind = "simulate" if sim else "train"
     return f"meshdl {kind} run", body
 
 
+def _simulated(run_dir: Path, sim: dict[str, Any]) -> list[str]:
+    """What a run under simulated time took, against the cloud-heavy baseline, with
+    its faults and (several meshes) its meshes."""
+    span, energy = sim.get("makespan_s", {}), sim.get("energy_j", {})
+    waves = sim.get("waves")
+    rows = [["mode", f"{sim.get('mode')}, {waves} wave{'' if waves == 1 else 's'}"],
+            ["radio", sim.get("radio", {}).get("name")], ["medium", sim.get("medium")],
+            ["device", sim.get("device")],
+            ["makespan, total (s)", span.get("total")],
+            ["makespan, a wave (s)", span.get("per_wave_mean")],
+            ["energy, total (J)", energy.get("total")],
+            ["energy, hottest node (J)", energy.get("max_node")],
+            ["hottest node", energy.get("max_node_cell")]]
+    if "first_mesh_waves" in span:
+        rows.insert(5, ["makespan, the first mesh's waves (s)", span["first_mesh_waves"]])
+    if "accuracy" in sim:
+        rows.append(["accuracy of the waves", sim["accuracy"]])
+    body = [_section("Under simulated time", _table(["figure", "value"], rows))]
+    if sim.get("baseline"):
+        body.append(_section("In the mesh, or in the cloud?", _against_cloud(sim)))
+    faults = sim.get("faults") or {}
+    if _faulty(faults):
+        body.append(_section("Faults and dead cells", _table(
+            ["figure", "value"], _fault_rows(faults))))
+    if sim.get("meshes"):
+        keys = ["mesh_id", "radio", "waves", "makespan_s", "energy_j", "frames", "bytes"]
+        body.append(_section("Several meshes", _table(
+            ["mesh", "radio", "waves", "makespan (s)", "energy (J)", "frames", "bytes"],
+            ([m.get(k) for k in keys] for m in sim["meshes"]))
+            + _table(["figure", "value"], _flat(sim.get("parallel") or {}))))
+    images = [p for p in (run_dir / "energy.png",) if p.is_file()]
+    if images:
+        body.append(_section("Energy per node", "".join(_image(p) for p in images)))
+    return body
+
+
+def _against_cloud(sim: dict[str, Any]) -> str:
+    """The mesh next to each cloud-heavy variant on the same radio (every reading
+    shipped to the edge, which computes everything), and a sentence of the answer."""
+    energy, span = sim.get("energy_j", {}), sim.get("makespan_s", {})
+    # Several meshes: the baseline ships and trains the first mesh's steps, whose
+    # waves, energy and bytes the mesh's figures are.
+    mesh = {"makespan_s": span.get("first_mesh_waves", span.get("total")),
+            "energy": energy.get("total"), "hottest": energy.get("max_node"),
+            "ideal": (energy.get("ideal_mac") or {}).get("total"),
+            "bytes": sum((sim.get("bytes") or {}).values())}
+    rows = [["in the mesh", *mesh.values()]]
+    variants = {k.removeprefix("cloud_heavy_"): v for k, v in sim["baseline"].items()
+                if k.startswith("cloud_heavy_") and isinstance(v, dict)}
+    for variant, cloud in variants.items():
+        cloud_energy = cloud.get("energy_j", {})
+        rows.append([f"cloud-heavy, {variant}", cloud.get("makespan_s"),
+                     cloud_energy.get("total"), cloud_energy.get("max_node"),
+                     (cloud_energy.get("ideal_mac") or {}).get("total"), cloud.get("bytes")])
+    table = _table(["", "makespan (s)", "energy (J)", "hottest node (J)",
+                    "energy, ideal MAC (J)", "bytes"], rows)
+    main = sim["baseline"].get("cloud_heavy")
+    return f"<p>{_escape(_verdict(mesh, main))}</p>{table}" if main else table
+
+
+def _verdict(mesh: dict[str, Any], cloud: dict[str, Any]) -> str:
+    """"The mesh takes 5.7 times the time ..." against the main cloud-heavy variant."""
+    cloud_energy = cloud.get("energy_j", {})
+    pairs = (("time", mesh["makespan_s"], cloud.get("makespan_s")),
+             ("energy", mesh["energy"], cloud_energy.get("total")),
+             ("hottest node's energy", mesh["hottest"], cloud_energy.get("max_node")),
+             ("bytes", mesh["bytes"], cloud.get("bytes")))
+    said = [f"{number(ours / theirs, 3)} times the {what}" for what, ours, theirs in pairs
+            if ours is not None and theirs]
+    cheaper = [what for what, ours, theirs in pairs
+               if ours is not None and theirs is not None and ours < theirs]
+    return (f"Against the cloud-heavy baseline ({cloud.get('variant')}: every reading "
+            f"shipped to the edge, which computes everything), the mesh takes "
+            f"{', '.join(said)}; it is cheaper in "
+            f"{', '.join(cheaper) if cheaper else 'none of them'}.")
+
+
+def _faulty(faults: dict[str, Any]) -> bool:
+    """Whether a run's faults are worth a section: anything lost, down or slow."""
+    return bool(faults.get("recovery") == "best-effort" or faults.get("lost")
+                or faults.get("down_cells") or faults.get("dead_cells")
+                or faults.get("stragglers"))
+
+
+def _fault_rows(faults: dict[str, Any]) -> list[list[Any]]:
+    down, found = faults.get("down_cells", []), faults.get("dead_cells", [])
+    rows = [["recovery", faults.get("recovery")], ["policy", faults.get("policy")],
+            ["dead cells (down at the end)", ", ".join(down) or "none"],
+            ["found and planned around", ", ".join(found) or "none"],
+            ["not found by the end", ", ".join(c for c in down if c not in found) or "none"],
+            ["cut off", ", ".join(faults.get("cut_off_cells", [])) or "none"],
+            ["edge attached at", faults.get("edge_at")]]
+    for key, label in (("absent_filled", "values of absent cells filled in"),
+                       ("substituted", "messages filled in at deadlines"),
+                       ("skipped_steps", "steps skipped"), ("lost", "frames lost"),
+                       ("messages_lost", "messages given up")):
+        rows.append([label, faults.get(key)])
+    if faults.get("stragglers"):
+        rows.append(["stragglers", f"{', '.join(faults['stragglers'])} (x "
+                                   f"{faults.get('straggler_slowdown')})"])
+    return rows
+
+
+def _flat(record: dict[str, Any]) -> list[list[Any]]:
+    """A record's figures one level deep ("staleness max"), lists and long texts left
+    out: the table of a data-parallel run's "parallel"."""
+    rows = []
+    for key, value in record.items():
+        if isinstance(value, dict):
+            rows += [[f"{key} {k}", v] for k, v in value.items()
+                     if isinstance(v, (int, float, bool)) or
+                     (isinstance(v, str) and len(v) < 40)]
+        elif isinstance(value, (int, float, bool, str)):
+            rows.append([key, value])
+    return rows
+
+
 def _curves(epochs: list[dict[str, Any]]) -> bytes:
     """Loss and accuracies by epoch, as a PNG."""
+    buffer = io.BytesIO()
+    save_png(curves_figure(epochs), buffer)
+    return buffer.getvalue()
+
+
+def curves_figure(epochs: list[dict[str, Any]]) -> Any:
+    """Loss and accuracies by epoch, on whole epochs (a figure a run's epochs lack,
+    a parameter server's test accuracy before its first evaluation, is left out)."""
     plt = pyplot()
-    xs = [e["epoch"] for e in epochs]
     figure, (loss, accuracy) = plt.subplots(1, 2, figsize=(9, 3.5), dpi=100)
-    loss.plot(xs, [e["train_loss"] for e in epochs], marker="o")
+    _series(loss, epochs, "train_loss", None)
     loss.set(xlabel="epoch", ylabel="training loss")
     for key, label in (("train_acc", "train"), ("test_acc", "test")):
-        accuracy.plot(xs, [e[key] * 100 for e in epochs], marker="o", label=label)
+        _series(accuracy, epochs, key, label, scale=100)
     accuracy.set(xlabel="epoch", ylabel="accuracy (%)")
     accuracy.legend()
-    buffer = io.BytesIO()
-    save_png(figure, buffer)
-    return buffer.getvalue()
+    for panel in (loss, accuracy):
+        integer_ticks(panel.xaxis)
+    return figure
+
+
+def _series(axes: Any, epochs: list[dict[str, Any]], key: str, label: str | None,
+            scale: float = 1.0) -> None:
+    points = [(e["epoch"], e[key] * scale) for e in epochs if e.get(key) is not None]
+    if points:
+        axes.plot(*zip(*points, strict=True), marker="o", label=label)
+
+
+def _stopped_experiment(run_dir: Path) -> tuple[str, list[str]]:
+    """An experiment stopped before its summary: how many trials it journaled."""
+    lines = (run_dir / "journal.jsonl").read_text(encoding="utf-8").splitlines()
+    done = sum(1 for line in lines if line.strip().endswith("}"))
+    return "meshdl experiment (stopped)", [_section("Not finished", _paragraph(
+        f"The experiment stopped before its summary: {done} trials are in its "
+        "journal.jsonl. Run the same command with the same --out to go on; it takes "
+        "the journaled trials as they are."))]
+
+
+def _unfinished(run_dir: Path) -> tuple[str, list[str]]:
+    """A run directory whose run has not finished (or is still running)."""
+    checkpoint = (run_dir / "checkpoint.npz").is_file()
+    text = ("The run has not finished: there is no metrics.json yet. "
+            + (f"Its last epoch's checkpoint is here: go on with the command that "
+               f"started it and --resume {run_dir}."
+               if checkpoint else "It left no checkpoint (no epoch finished)."))
+    return "meshdl run (not finished)", [_section("Not finished", _paragraph(text))]
 
 
 # ------------------------------------------------------------------ pieces
@@ -149,14 +329,23 @@ def _table(header: list[str], rows: Iterable[list[Any]]) -> str:
             f"<tbody>{body}</tbody></table></div>")
 
 
+def _paragraph(text: str) -> str:
+    return f"<p>{_escape(text)}</p>"
+
+
 def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return number(value)
     return "" if value is None else str(value)
 
 
-def _mean_std(figure: dict[str, float] | None) -> str:
-    return "" if figure is None else f"{figure['mean']:.6g} ± {figure['std']:.2g}"
+def _mean_std(figure: dict[str, float] | None, seeds: int = 2) -> str:
+    """Mean ± standard deviation; the mean alone from one seed (its ± 0 says nothing)."""
+    if figure is None:
+        return ""
+    if seeds < 2:
+        return number(figure["mean"])
+    return f"{number(figure['mean'])} ± {number(figure['std'], 2)}"
 
 
 def _image(path: Path) -> str:

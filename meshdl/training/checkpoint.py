@@ -7,7 +7,10 @@ edge's patience, node hosts gone); `meshdl train --resume RUN_DIR` (or `meshdl e
 the position in the run (epochs done, and updates done of the next epoch with their
 loss and hits so far), the state of the generator that draws the next epoch's batch
 order, the metrics of the epochs done, and the run's configuration, which the resumed
-run must match. As the batches are drawn again from the saved generator state, a run
+run must match. It also carries what the run did so far for its metrics.json, which
+outlives the process: wall time, the engine's "comm" counts (and, of several meshes,
+the "parallel" record) summed over every stretch the run was trained in, and where it
+was resumed from before. As the batches are drawn again from the saved generator state, a run
 stopped anywhere and resumed ends with exactly the parameters of a run never stopped
 (a run killed outright computes its interrupted epoch again).
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,14 @@ class Checkpoint:
     epoch_correct: int = 0  # ... and correctly classified samples
     epoch_skipped: int = 0  # best effort: steps of it skipped (no update) ...
     epoch_skipped_samples: int = 0  # ... and their samples
+    # What the run did up to this checkpoint, earlier stretches included (a run resumed
+    # from here adds its own): seconds trained, the engine's "comm" report and the
+    # "parallel" one, summed (meshdl/training/cumulative.py), and the points it was
+    # resumed from ({"epochs_done", "steps_done", "wall_s"} each).
+    wall_s: float = 0.0
+    comm: dict[str, Any] = field(default_factory=dict)
+    parallel: dict[str, Any] = field(default_factory=dict)
+    resumed_from: list[dict[str, Any]] = field(default_factory=list)
 
 
 def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> Path:
@@ -58,7 +69,9 @@ def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> Path:
             "steps_done": checkpoint.steps_done, "epoch_loss": checkpoint.epoch_loss,
             "epoch_correct": checkpoint.epoch_correct,
             "epoch_skipped": checkpoint.epoch_skipped,
-            "epoch_skipped_samples": checkpoint.epoch_skipped_samples}
+            "epoch_skipped_samples": checkpoint.epoch_skipped_samples,
+            "wall_s": checkpoint.wall_s, "comm": checkpoint.comm,
+            "parallel": checkpoint.parallel, "resumed_from": checkpoint.resumed_from}
     partial = path.with_name(f".{CHECKPOINT}.{os.getpid()}.partial")
     with partial.open("wb") as out:
         np.savez(out, params=checkpoint.params,
@@ -89,12 +102,21 @@ def load_checkpoint(folder: Path) -> Checkpoint:
                                 epoch_correct=int(meta.get("epoch_correct", 0)),
                                 epoch_skipped=int(meta.get("epoch_skipped", 0)),
                                 epoch_skipped_samples=int(
-                                    meta.get("epoch_skipped_samples", 0)))
+                                    meta.get("epoch_skipped_samples", 0)),
+                                # absent from the checkpoints of earlier versions
+                                wall_s=float(meta.get("wall_s", 0.0)),
+                                comm=meta.get("comm", {}),
+                                parallel=meta.get("parallel", {}),
+                                resumed_from=meta.get("resumed_from", []))
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
         raise MeshdlError(f"{path} is not a readable checkpoint ({exc})") from None
     if checkpoint.params.dtype != np.float32 or checkpoint.params.ndim != 1 or \
             set(optimizer) != {"steps", "first_moment", "second_moment"} or \
             not isinstance(checkpoint.config, dict) or checkpoint.epochs_done < 0 or \
+            not isinstance(checkpoint.comm, dict) or \
+            not isinstance(checkpoint.parallel, dict) or \
+            not isinstance(checkpoint.resumed_from, list) or \
+            not all(isinstance(point, dict) for point in checkpoint.resumed_from) or \
             checkpoint.steps_done < 0 or checkpoint.epochs_done + checkpoint.steps_done < 1:
         raise MeshdlError(f"{path} is not a checkpoint of this version of meshdl")
     return checkpoint

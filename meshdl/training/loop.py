@@ -17,13 +17,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from meshdl.config import RunConfig
+from meshdl.config import RunConfig, TrainConfig
 from meshdl.data.augment import orientations, originals, training_data
 from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError, NonFiniteError, StepSkipped, UsageError
 from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer, learning_rate
 from meshdl.training.checkpoint import Checkpoint, save_checkpoint
+from meshdl.training.cumulative import SoFar, add_comm
 
 
 class Engine(Protocol):
@@ -91,12 +92,17 @@ class EpochMetrics:
 
 @dataclass
 class History:
+    """A run's record, every stretch of it: a run resumed from a checkpoint starts with
+    what the checkpoint carries (`restore`) and adds its own."""
+
     epochs: list[EpochMetrics] = field(default_factory=list)
     final: dict[str, Any] = field(default_factory=dict)  # see `final_metrics`
     wall_s: float = 0.0
     comm: dict[str, Any] = field(default_factory=dict)  # the engine's network report
     # Several meshes (meshdl/training/parallel.py): the server's and each mesh's figures.
     parallel: dict[str, Any] = field(default_factory=dict)
+    # Each time the run went on from a checkpoint: where (`resume_point`).
+    resumed_from: list[dict[str, Any]] = field(default_factory=list)
 
 
 ProgressFn = Callable[[int, int, int, float], None]  # (epoch, step, steps_per_epoch, loss)
@@ -171,7 +177,9 @@ def train(
     """Fit a fresh model to `data` as `config` says; returns the model and its history.
 
     `checkpoints`: a folder to write a checkpoint into after every epoch; `resume`: one
-    to go on from (same configuration), ending where the uninterrupted run would."""
+    to go on from (same configuration, or more epochs where `extension_refusal` allows),
+    ending where the uninterrupted run would. The history is the whole run's: a resumed
+    run's counts, wall time and epochs include those before its checkpoint."""
     if (data.rows, data.cols) != (config.model.rows, config.model.cols):
         raise UsageError(
             f"data grid {data.rows} x {data.cols} does not match model grid "
@@ -204,6 +212,15 @@ def train(
         within = (0, 0.0, 0, 0, 0) if resume is None else \
             (resume.steps_done, resume.epoch_loss, resume.epoch_correct,
              resume.epoch_skipped, resume.epoch_skipped_samples)
+
+        def keep(batch_order: dict[str, Any], **position: Any) -> None:
+            """A checkpoint of the run up to here, its earlier stretches included."""
+            if checkpoints is not None:
+                so_far = SoFar(history.wall_s + time.perf_counter() - started,
+                               add_comm(history.comm, engine.report()))
+                save_checkpoint(checkpoints, checkpoint_of(
+                    config, model, optimizer, history, batch_order, **position,
+                    so_far=so_far))
         for epoch in range(len(history.epochs) + 1, tc.epochs + 1):
             epoch_start = rng.bit_generator.state  # draws this epoch's batches again
             epoch_batches = batches(n_train, tc.batch, rng, orientations(tc))
@@ -226,11 +243,9 @@ def train(
                 except NonFiniteError:
                     loss = float("nan")
                 except MeshdlError:  # the engine gave up: keep what is done, exactly
-                    if checkpoints is not None and applied + epoch > 1:
-                        save_checkpoint(checkpoints, checkpoint_of(
-                            config, model, optimizer, history, epoch_start,
-                            steps_done=applied, loss_sum=loss_sum, correct=correct,
-                            skipped=(skipped, skipped_samples)))
+                    if applied + epoch > 1:
+                        keep(epoch_start, steps_done=applied, loss_sum=loss_sum,
+                             correct=correct, skipped=(skipped, skipped_samples))
                     raise
                 else:
                     with np.errstate(over="ignore", invalid="ignore"):  # as above
@@ -254,11 +269,8 @@ def train(
                 with np.errstate(over="ignore", invalid="ignore"):
                     test_pred = predictions(engine, model, "test", n_test)
             except MeshdlError:  # every update of the epoch done, its evaluation not
-                if checkpoints is not None:
-                    save_checkpoint(checkpoints, checkpoint_of(
-                        config, model, optimizer, history, epoch_start,
-                        steps_done=applied, loss_sum=loss_sum, correct=correct,
-                        skipped=(skipped, skipped_samples)))
+                keep(epoch_start, steps_done=applied, loss_sum=loss_sum, correct=correct,
+                     skipped=(skipped, skipped_samples))
                 raise
             learned = n_train - skipped_samples  # none, if every step was skipped
             history.epochs.append(EpochMetrics(
@@ -268,9 +280,7 @@ def train(
                 test_acc=float(np.mean(test_pred == data.y_test)) if n_test else float("nan"),
                 skipped_steps=skipped,
             ))
-            if checkpoints is not None:
-                save_checkpoint(checkpoints, checkpoint_of(config, model, optimizer, history,
-                                                         rng.bit_generator.state))
+            keep(rng.bit_generator.state)
             if on_epoch is not None:
                 on_epoch(history.epochs[-1])
         with np.errstate(over="ignore", invalid="ignore"):  # as each epoch's
@@ -279,35 +289,92 @@ def train(
             train_pred = predictions(engine, model, "train", n_train)
         history.final = final_metrics(config.model.classes, train_pred,
                                       data.y_train[:n_train], test_pred, data.y_test)
-        history.comm = engine.report()
+        history.comm = add_comm(history.comm, engine.report())
     finally:
         if created:  # an engine given by the caller is the caller's to close
             engine.close()
-    history.wall_s = time.perf_counter() - started
+    history.wall_s += time.perf_counter() - started
     return model, history
 
 
 def checkpoint_of(config: RunConfig, model: CNN, optimizer: Optimizer, history: History,
                 batch_order: dict[str, Any], steps_done: int = 0, loss_sum: float = 0.0,
-                correct: int = 0, skipped: tuple[int, int] = (0, 0)) -> Checkpoint:
+                correct: int = 0, skipped: tuple[int, int] = (0, 0),
+                so_far: SoFar | None = None) -> Checkpoint:
     """The run's state after the epochs in `history` and `steps_done` updates of the
-    next, whose batches `batch_order` (a generator state) draws."""
+    next, whose batches `batch_order` (a generator state) draws; `so_far`: the whole
+    run's wall time and counts up to here, for the metrics of the run resumed from it."""
+    so_far = so_far or SoFar()
     return Checkpoint(config=config.model_dump(mode="json"), epochs_done=len(history.epochs),
                       params=model.flat.copy(), optimizer=optimizer.state_dict(),
                       batch_order=batch_order, epochs=[asdict(e) for e in history.epochs],
                       steps_done=steps_done, epoch_loss=loss_sum, epoch_correct=correct,
-                      epoch_skipped=skipped[0], epoch_skipped_samples=skipped[1])
+                      epoch_skipped=skipped[0], epoch_skipped_samples=skipped[1],
+                      wall_s=so_far.wall_s, comm=so_far.comm, parallel=so_far.parallel,
+                      resumed_from=list(history.resumed_from))
+
+
+def extension_refusal(train: TrainConfig, epochs_before: int) -> str | None:
+    """Why a run of `epochs_before` epochs may not go on to `train.epochs`, or None.
+
+    A run goes on to more epochs only if it then is the run it would have been had it
+    been started with them: every update's learning rate must not depend on the run's
+    total of updates. The warm-up's length and the cosine decay do (a cosine run ends
+    at a learning rate near 0, and its updates so far followed a decay over the shorter
+    run); a constant learning rate without warm-up does not."""
+    if train.epochs <= epochs_before:
+        return (f"the run has {epochs_before} epochs already: a resumed run goes on to "
+                "more epochs only")
+    if train.schedule == "constant" and train.warmup_fraction == 0:
+        return None
+    shape = " and ".join(
+        part for part in (f"a warm-up over {train.warmup_fraction:g} of them"
+                          if train.warmup_fraction else "",
+                          "a cosine decay to 0" if train.schedule == "cosine" else "")
+        if part)
+    return (f"its learning rate follows its {epochs_before} epochs ({shape}), so more "
+            "epochs would not be the run started with them; only a run with a constant "
+            "learning rate and no warm-up (schedule = \"constant\", --warmup 0) goes on "
+            f"to more epochs (else train a new run with --epochs {train.epochs})")
+
+
+def resume_point(checkpoint: Checkpoint) -> dict[str, Any]:
+    """metrics.json's record of one resume: where the run went on from (epochs done and
+    updates done of the next), the epochs it then had, and its wall time so far."""
+    return {"epochs_done": checkpoint.epochs_done, "steps_done": checkpoint.steps_done,
+            "epochs_planned": int(checkpoint.config.get("train", {}).get("epochs", 0)),
+            "wall_s": round(checkpoint.wall_s, 3)}
 
 
 def restore(checkpoint: Checkpoint, config: RunConfig, model: CNN, optimizer: Optimizer,
              rng: np.random.Generator, history: History) -> None:
-    """Put a run's saved state into its freshly made parts."""
-    if checkpoint.config != config.model_dump(mode="json"):
-        raise MeshdlError("the checkpoint was written by a run with another configuration; "
-                          "resume it with its own (the run directory's config.json)")
+    """Put a run's saved state into its freshly made parts, and its record so far into
+    `history` (to which the resumed stretch adds its own)."""
+    check_same_run(checkpoint.config, config)
     if checkpoint.params.shape != model.flat.shape:
         raise MeshdlError("the checkpoint's parameters do not fit this model")
     model.flat[...] = checkpoint.params
     optimizer.load_state_dict(checkpoint.optimizer)
     rng.bit_generator.state = checkpoint.batch_order  # draws the next epoch's batches
     history.epochs = [EpochMetrics(**e) for e in checkpoint.epochs]
+    history.wall_s, history.comm = checkpoint.wall_s, dict(checkpoint.comm)
+    history.parallel = dict(checkpoint.parallel)
+    history.resumed_from = [*checkpoint.resumed_from, resume_point(checkpoint)]
+
+
+def check_same_run(saved: dict[str, Any], config: RunConfig) -> None:
+    """The checkpoint's run is `config`'s, or `config` is it with more epochs where
+    `extension_refusal` allows; else MeshdlError saying which."""
+    now = config.model_dump(mode="json")
+    if saved == now:
+        return
+    before = saved.get("train", {}).get("epochs") if isinstance(saved.get("train"), dict) \
+        else None
+    if isinstance(before, int) and saved == {**now, "train": {**now["train"],
+                                                                "epochs": before}}:
+        if (why := extension_refusal(config.train, before)) is not None:
+            raise MeshdlError(f"the checkpoint's run cannot go on to {config.train.epochs} "
+                              f"epochs: {why}")
+        return
+    raise MeshdlError("the checkpoint was written by a run with another configuration; "
+                      "resume it with its own (the run directory's config.json)")

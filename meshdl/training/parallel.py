@@ -31,6 +31,7 @@ from meshdl.sim.cluster import Cluster, UpdateFn, WaveShape
 from meshdl.sim.radio.backhaul import INSTANT, Backhaul, BackhaulProfile
 from meshdl.sync import Sync
 from meshdl.training.checkpoint import Checkpoint, save_checkpoint
+from meshdl.training.cumulative import SoFar, add_comm, add_counts
 from meshdl.training.loop import (
     Engine,
     EpochFn,
@@ -163,9 +164,15 @@ def train_parallel(
                 test_acc=float(np.mean(test_pred == data.y_test)) if n_test else float("nan"),
                 skipped_steps=figures.skipped,
             ))
-            if checkpoints is not None:
+            if checkpoints is not None:  # with the whole run's figures so far
+                so_far = SoFar(history.wall_s + time.perf_counter() - started,
+                               add_comm(history.comm, engines[0].report()),
+                               whole_parallel(history.parallel, parallel_report(
+                                   sync, server, cluster, time_unit,
+                                   [engine.report() for engine in engines])))
                 save_checkpoint(checkpoints, checkpoint_of(config, model, optimizer, history,
-                                                           rng.bit_generator.state))
+                                                           rng.bit_generator.state,
+                                                           so_far=so_far))
             if on_epoch is not None:
                 on_epoch(history.epochs[-1])
         if len(test_pred) != n_test:  # resumed after the last epoch: nothing ran
@@ -174,14 +181,14 @@ def train_parallel(
                                       predictions(engines[0], workers[0].model, "train",
                                                   n_train),
                                       data.y_train[:n_train], test_pred, data.y_test)
-        history.comm = engines[0].report()
-        history.parallel = parallel_report(sync, server, cluster, time_unit,
-                                           [engine.report() for engine in engines])
+        history.comm = add_comm(history.comm, engines[0].report())
+        history.parallel = whole_parallel(history.parallel, parallel_report(
+            sync, server, cluster, time_unit, [engine.report() for engine in engines]))
     finally:
         if created:
             for engine in engines:
                 engine.close()
-    history.wall_s = time.perf_counter() - started
+    history.wall_s += time.perf_counter() - started
     return model, history
 
 
@@ -189,34 +196,15 @@ def parallel_report(sync: Sync, server: ParameterServer, cluster: Cluster, time_
                     comms: list[dict[str, Any]]) -> dict[str, Any]:
     """metrics.json's "parallel": the server's updates and staleness, and each mesh's
     steps, time and traffic on the cluster's clock."""
-    taken = sum(server.staleness.values())
-    elapsed = cluster.queue.now
-    samples = sum(f.samples for f in cluster.figures)
-    steps = max((f.steps for f in cluster.figures), default=0)
-    # A step's compute (a mesh's wave) and communication (its share of the busiest
-    # backhaul bottleneck, plus a round trip); overlapped perfectly, a step would take
-    # the longer of the two.
-    compute = float(np.mean([f.busy / f.steps for f in cluster.figures if f.steps])) \
-        if steps else 0.0
-    communication = cluster.backhaul.busiest_s / steps + \
-        2 * cluster.backhaul.profile.latency_s if steps else 0.0
-    return {
+    return with_figures({
         "meshes": len(cluster.workers),
         "sync": str(sync),
         "overlap": cluster.overlap,
         "backhaul": cluster.backhaul.report(),
         "updates": server.version,
-        "staleness": {
-            "max": max(server.staleness, default=0),
-            "mean": sum(k * n for k, n in server.staleness.items()) / taken if taken else 0.0,
-            "histogram": {str(k): n for k, n in sorted(server.staleness.items())},
-        },
+        "staleness": {"histogram": {str(k): n for k, n in sorted(server.staleness.items())}},
         "time_unit": time_unit,
-        "elapsed": elapsed,
-        "step": {"mean": elapsed / steps if steps else 0.0, "compute": compute,
-                 "communication": communication,
-                 "ideal": max(compute, communication)},
-        "samples_per_time": samples / elapsed if elapsed else float("nan"),
+        "elapsed": cluster.queue.now,
         "server": dict(sorted(server.stats.items())),
         "per_mesh": [
             {"mesh_id": worker.mesh_id, **asdict(figures),
@@ -225,7 +213,55 @@ def parallel_report(sync: Sync, server: ParameterServer, cluster: Cluster, time_
                  k.startswith("rejected") for k in worker.stats) else {})}
             for worker, figures, comm in zip(cluster.workers, cluster.figures, comms,
                                              strict=True)],
+    })
+
+
+def with_figures(counts: dict[str, Any]) -> dict[str, Any]:
+    """The "parallel" record of `counts` (`parallel_report`'s counts alone, or those of
+    several stretches of a run added), with the figures derived from them: staleness
+    max and mean, a step's mean, compute and communication time, samples per time."""
+    histogram = counts["staleness"]["histogram"]
+    taken = sum(histogram.values())
+    elapsed = counts["elapsed"]
+    meshes = counts["per_mesh"]
+    samples = sum(m["samples"] for m in meshes)
+    steps = max((m["steps"] for m in meshes), default=0)
+    # A step's compute (a mesh's wave) and communication (its share of the busiest
+    # backhaul bottleneck, plus a round trip); overlapped perfectly, a step would take
+    # the longer of the two.
+    compute = float(np.mean([m["busy"] / m["steps"] for m in meshes if m["steps"]])) \
+        if steps else 0.0
+    backhaul = counts["backhaul"]
+    communication = backhaul["busiest_link_s"] / steps + 2 * backhaul["latency_s"] \
+        if steps else 0.0
+    return {
+        **{key: counts[key] for key in ("meshes", "sync", "overlap", "backhaul", "updates")},
+        "staleness": {
+            "max": max(map(int, histogram), default=0),
+            "mean": sum(int(k) * n for k, n in histogram.items()) / taken if taken else 0.0,
+            "histogram": histogram,
+        },
+        "time_unit": counts["time_unit"],
+        "elapsed": elapsed,
+        "step": {"mean": elapsed / steps if steps else 0.0, "compute": compute,
+                 "communication": communication,
+                 "ideal": max(compute, communication)},
+        "samples_per_time": samples / elapsed if elapsed else float("nan"),
+        "server": counts["server"],
+        "per_mesh": meshes,
     }
+
+
+# Keys of the "parallel" record that describe the run rather than count what it did.
+PARALLEL_DESCRIPTIONS = frozenset({"meshes", "sync", "overlap", "time_unit", "name",
+                                   "source", "latency_s", "mesh_id"})
+
+
+def whole_parallel(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The "parallel" record of two stretches of one run, `before` and then `after`."""
+    if not before:
+        return after
+    return with_figures(add_counts(before, after, PARALLEL_DESCRIPTIONS))
 
 
 def _replica(model: CNN) -> CNN:

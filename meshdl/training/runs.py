@@ -7,7 +7,10 @@ against:
     {"mode", "config", "epochs": [{"epoch", "train_loss", "train_acc", "test_acc"}],
      "final": {"train_acc", "test_acc", "predicted_per_class": {"train", "test"},
                "single_class"}, "wall_s"}
-Later modes add keys (the mesh adds "comm"); none is ever renamed.
+Later modes add keys (the mesh adds "comm"); none is ever renamed. A run resumed from its
+checkpoint keeps the whole run: every epoch, "wall_s" and "comm" summed over the
+stretches it was trained in, and "resumed_from": [{"epochs_done", "steps_done",
+"epochs_planned", "wall_s"}], one record per resume (training/cumulative.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from meshdl.config import RunConfig
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.model.cnn import CNN
 from meshdl.training.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
-from meshdl.training.loop import History
+from meshdl.training.loop import History, extension_refusal
 
 
 def new_run_dir(root: Path = Path("runs"), name: str | None = None) -> Path:
@@ -50,6 +53,7 @@ def metrics_record(config: RunConfig, history: History, extra: dict[str, Any] | 
         "epochs": [asdict(e) for e in history.epochs],
         "final": history.final,
         "wall_s": round(history.wall_s, 3),
+        **({"resumed_from": history.resumed_from} if history.resumed_from else {}),
         **({"comm": history.comm} if history.comm else {}),
         **({"parallel": history.parallel} if history.parallel else {}),
         **(extra or {}),
@@ -145,6 +149,59 @@ def resumed_run(out: Path) -> tuple[RunConfig, str, Checkpoint]:
         raise MeshdlError(f"{out} holds no run to resume: config.json is missing or "
                           f"unreadable ({exc})") from None
     return config, source, load_checkpoint(out)
+
+
+def with_epochs(config: RunConfig, epochs: int | None) -> RunConfig:
+    """The run `config` resumed with `--epochs epochs` (None: as it is): the same run
+    with more epochs, where `loop.extension_refusal` allows; else one line saying why."""
+    if epochs is None or epochs == config.train.epochs:
+        return config
+    record = config.model_dump(mode="json")
+    extended = RunConfig.model_validate({**record, "train": {**record["train"],
+                                                             "epochs": epochs}})
+    why = extension_refusal(extended.train, config.train.epochs)
+    if why is not None:
+        raise UsageError(f"--epochs {epochs} with --resume: {why}; or drop --epochs")
+    return extended
+
+
+def finished_metrics(out: Path, config: RunConfig, checkpoint: Checkpoint
+                     ) -> dict[str, Any] | None:
+    """The metrics.json of the run in `out` if it has trained all of `config`'s epochs
+    and written it (a resume then has nothing to do), else None."""
+    if checkpoint.epochs_done < config.train.epochs or checkpoint.steps_done:
+        return None
+    try:
+        return json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):  # stopped before writing it: the resume writes it
+        return None
+
+
+def nothing_to_resume(out: Path, config: RunConfig, command: str) -> str:
+    """The one line of `--resume` on a finished run, which leaves it as it is; with how
+    to train it for more epochs, where it can be."""
+    tc = config.train
+    more = tc.model_copy(update={"epochs": tc.epochs + 1})
+    further = (f"for more epochs: {command} --resume {out} --epochs N"
+               if extension_refusal(more, tc.epochs) is None else
+               "its learning-rate schedule spans exactly those epochs, so it cannot be "
+               "extended: train a new run with more --epochs")
+    return (f"not resuming {out}: it has trained all its {tc.epochs} epochs (metrics.json "
+            f"left as it is); {further}")
+
+
+def interrupted(out: Path, command: str) -> str:
+    """The one line of a run stopped by Ctrl-C: where its checkpoint stands, and the
+    command that goes on from it."""
+    try:
+        checkpoint = load_checkpoint(out)
+    except MeshdlError:
+        return "interrupted before the first epoch ended: no checkpoint to go on from"
+    done, steps = checkpoint.epochs_done, checkpoint.steps_done
+    where = f"epoch {done}" if not steps else \
+        f"{steps} updates of epoch {done + 1}" if not done else \
+        f"epoch {done} and {steps} updates of epoch {done + 1}"
+    return f"interrupted after {where}; go on with: {command} --resume {out}"
 
 
 def with_resume_hint(exc: MeshdlError, out: Path, command: str) -> MeshdlError:
