@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 
 import aiomqtt
 import numpy as np
+import pytest
 
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
@@ -99,3 +101,20 @@ def retained_alert(host: str, port: int, mesh_id: int = 1) -> dict:
     reader.start()
     reader.join(15)
     return retained
+
+
+INTERRUPTED = 130  # a shell's code for a process stopped by SIGINT
+
+
+def interrupt_at(monkeypatch: pytest.MonkeyPatch, update: int) -> None:
+    """Press Ctrl-C at the run's `update`-th update (from 1), before it is applied."""
+    import meshdl.training.loop as loop
+
+    real, calls = loop.learning_rate, itertools.count(1)
+
+    def pressed(*args):
+        if next(calls) == update:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(loop, "learning_rate", pressed)

@@ -8,7 +8,6 @@ user pressing it mid-epoch would (no signal, no timing)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import shlex
 from collections.abc import Callable
@@ -21,23 +20,7 @@ from meshdl.data.datasets import save_dataset
 from meshdl.data.lounge import generate_lounge
 from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
-from tests.helpers import small_run_toml
-
-INTERRUPTED = 130  # a shell's code for a process stopped by SIGINT
-
-
-def interrupt_at(monkeypatch: pytest.MonkeyPatch, update: int) -> None:
-    """Press Ctrl-C at the run's `update`-th update (from 1), before it is applied."""
-    import meshdl.training.loop as loop
-
-    real, calls = loop.learning_rate, itertools.count(1)
-
-    def pressed(*args):
-        if next(calls) == update:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(loop, "learning_rate", pressed)
+from tests.helpers import INTERRUPTED, interrupt_at, small_run_toml
 
 
 def _lines(err: str) -> list[str]:

@@ -17,7 +17,7 @@ from meshdl import CNN, load_run_config
 from meshdl.config import DataConfig
 from meshdl.data.datasets import save_dataset
 from meshdl.data.lounge import generate_lounge
-from tests.helpers import assert_one_line_error
+from tests.helpers import INTERRUPTED, assert_one_line_error, interrupt_at
 
 RUN_FILES = ("config.json", "metrics.json", "model.npz", "checkpoint.npz")
 
@@ -122,8 +122,12 @@ def test_resume_from_another_working_directory_finds_the_data(cli, tiny_data, tm
     here.mkdir()
     (here / "d.npz").write_bytes(tiny_data.read_bytes())
     monkeypatch.chdir(here)
-    code, _, err = _train(cli, "d.npz", "--out", tmp_path / "run")
-    assert code == 0, err
+    # Stopped in its second epoch: the resume has epochs left, so it reads the data.
+    interrupt_at(monkeypatch, 2)
+    code, _, err = _train(cli, "d.npz", "--out", tmp_path / "run", "--epochs", "2",
+                          "--batch", "16")
+    monkeypatch.undo()  # (the directory too: the data is found by the recorded path)
+    assert code == INTERRUPTED, err
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())["data_source"]
     assert recorded == str(here / "d.npz")
     elsewhere = tmp_path / "elsewhere"

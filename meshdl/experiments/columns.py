@@ -11,9 +11,10 @@ their unit (B, kB, MB, GB: powers of 1000).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
+
+from meshdl.report.numbers import figure
 
 Record = dict[str, Any]
 # A mean and its deviation (None: fewer than two seeds) as one table cell.
@@ -91,21 +92,10 @@ def digits(count: int) -> Format:
     """`count` significant digits of the mean (1.121e+04 -> 11,210); the deviation to
     the same decimals."""
     def show(mean: float, std: float | None) -> str:
-        text = significant(float(mean), count)
+        text = figure(float(mean), count)
         return _pm(text, None if std is None else _like(std, text))
 
     return show
-
-
-def significant(value: float, count: int) -> str:
-    """`value` to `count` significant digits, thousands separated, never in e-notation:
-    11210.5 -> "11,210" (4), 0.2496 -> "0.2496", 26.80 -> "26.8" (3)."""
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    rounded = round(value, count - 1 - math.floor(math.log10(abs(value))))
-    decimals = max(0, count - 1 - math.floor(math.log10(abs(rounded)))) if rounded else 0
-    text = f"{rounded:,.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text  # 26.80: no more said
 
 
 _UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"))
@@ -115,7 +105,7 @@ def size(mean: float, std: float | None) -> str:
     """Bytes in the unit of the mean, three significant digits: 26,812,345 -> "26.8
     MB"; with a deviation "26.8 ± 0.1 MB"."""
     divisor, unit = next(((d, u) for d, u in _UNITS if abs(mean) >= d), (1.0, "B"))
-    text = significant(float(mean) / divisor, 3)
+    text = figure(float(mean) / divisor, 3)
     return f"{_pm(text, None if std is None else _like(std / divisor, text))} {unit}"
 
 

@@ -20,6 +20,7 @@ from meshdl.config import ModelConfig
 from meshdl.model.cnn import CNN
 from meshdl.protocol.messages import EDGE, Kind
 from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.report.numbers import figure
 from meshdl.sim.radio.device import DeviceProfile
 from meshdl.sim.radio.energy import energy_record
 from meshdl.sim.radio.media import MediumName
@@ -182,7 +183,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def _row(radio: str, what: str, f: dict[str, Any]) -> str:
     params = f" ({f['params_bytes']:,})" if "params_bytes" in f else ""
-    return (f"| {radio} | {what} | {f['bytes']:,}{params} | {f['makespan_s']:.4g} | "
-            f"{f['max_node_airtime_s']:.4g} ({f['max_node_airtime_cell']}) | "
-            f"{f['energy_j']:.4g} | {f['max_node_j']:.4g} | {f['ideal_mac_j']:.4g} | "
-            f"{f['ideal_mac_max_node_j']:.4g} |")
+    return (f"| {radio} | {what} | {f['bytes']:,}{params} | {figure(f['makespan_s'])} | "
+            f"{figure(f['max_node_airtime_s'])} ({f['max_node_airtime_cell']}) | "
+            f"{figure(f['energy_j'])} | {figure(f['max_node_j'])} | "
+            f"{figure(f['ideal_mac_j'])} | {figure(f['ideal_mac_max_node_j'])} |")
