@@ -21,6 +21,11 @@ its mesh's step holds: it deals the same shards from the same seed as the edges.
 
 A server whose meshes have all stopped pushing does not wait for ever: `serve` gives
 up once one that has steps left has been silent for `edges_timeout_s`, naming it.
+
+A run stopped and resumed reports the whole run, as `train` does (issue 33, item 2):
+each checkpoint carries the server's wall time and "parallel" counts so far, every
+stretch's (meshdl/training/cumulative.py), and the stretch that ends the run adds its
+own; the time a stopped server spent after its last checkpoint is lost with it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +54,7 @@ from meshdl.protocol.wire import Wire
 from meshdl.server.machine import ParameterServer
 from meshdl.sync import Sync
 from meshdl.training.checkpoint import Checkpoint, save_checkpoint
+from meshdl.training.cumulative import SoFar, add_counts
 from meshdl.training.loop import (
     EpochFn,
     EpochMetrics,
@@ -60,6 +67,10 @@ from meshdl.training.loop import (
 from meshdl.training.parallel import epoch_shards, mesh_ids
 
 SERVER_CLIENT = "ps"  # its status topic, under the first mesh
+# Keys of the server's "parallel" record that describe the run or where it stands
+# rather than count what a stretch did: the later stretch's value stands. (`updates` is
+# the server's version, which a resumed server takes up from its checkpoint.)
+SERVER_DESCRIPTIONS = frozenset({"meshes", "sync", "session", "updates"})
 
 
 class ServerRun:
@@ -101,18 +112,37 @@ class ServerRun:
         if resume is not None:
             restore(resume, config, self.model, self.optimizer, self.rng, self.history)
             self.server.resume_at(len(self.history.epochs) * self.steps)
+        # The earlier stretches' figures, to which this one's add up.
+        self.before = SoFar(self.history.wall_s, parallel=dict(self.history.parallel))
         self.stats: Counter[str] = Counter()
         self.started = time.perf_counter()
+        # When the last epoch was applied: the run's clock stops there (a resumed run
+        # with nothing left to train adds nothing).
+        self.ended: float | None = self.started if self.done else None
 
-    def report(self) -> dict[str, object]:
-        """metrics.json's "parallel" of the server: updates, staleness, what it counted."""
+    def report(self) -> dict[str, Any]:
+        """metrics.json's "parallel" of the server, the whole run's (every stretch):
+        updates, staleness, what it counted, seconds served."""
+        return self.so_far().parallel
+
+    def so_far(self) -> SoFar:
+        """The whole run's wall time and "parallel" record up to now (up to the last
+        epoch's end, once it has ended)."""
+        now = time.perf_counter() if self.ended is None else self.ended
+        stretch = self._stretch_report(now - self.started)
+        whole = _in_order(add_counts(self.before.parallel, stretch, SERVER_DESCRIPTIONS)) \
+            if self.before.parallel else stretch
+        return SoFar(self.before.wall_s + now - self.started, parallel=whole)
+
+    def _stretch_report(self, wall_s: float) -> dict[str, Any]:
+        """The "parallel" record of this stretch alone (this process's server)."""
         server = self.server
         return {"meshes": len(server.meshes), "sync": str(self.sync),
                 "updates": server.version, "session": server.session,
                 "staleness": {str(k): n for k, n in sorted(server.staleness.items())},
                 "server": dict(sorted(server.stats.items())),
                 "connection": dict(sorted(self.stats.items())),
-                "wall_s": time.perf_counter() - self.started}
+                "wall_s": wall_s}
 
     @property
     def done(self) -> bool:
@@ -165,12 +195,28 @@ class ServerRun:
                 train_acc=figures.correct / learned if learned else float("nan"),
                 test_acc=float("nan"),  # the edges evaluate, in their meshes
                 skipped_steps=figures.skipped))
+            if self.done:
+                self.ended = time.perf_counter()
+            # The history holds the whole run's figures up to here: what metrics.json
+            # reports once the run is over, what the checkpoint carries over to a resume.
+            so_far = self.so_far()
+            self.history.wall_s, self.history.parallel = so_far.wall_s, so_far.parallel
             if self.checkpoints is not None:
                 save_checkpoint(self.checkpoints, checkpoint_of(
                     self.config, self.model, self.optimizer, self.history,
-                    self.rng.bit_generator.state))
+                    self.rng.bit_generator.state, so_far=so_far))
             if self.on_epoch is not None:
                 self.on_epoch(self.history.epochs[-1])
+
+
+def _in_order(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with its counts listed as a stretch lists them (stretches added key by
+    key list first the keys of the earlier): staleness by number, the rest by name."""
+    staleness = record.get("staleness", {})
+    return {**record,
+            "staleness": dict(sorted(staleness.items(), key=lambda kv: int(kv[0]))),
+            **{key: dict(sorted(record.get(key, {}).items()))
+               for key in ("server", "connection")}}
 
 
 class EdgesSilent(MeshdlError):

@@ -298,18 +298,52 @@ def test_edge_position_writes_the_edges_row_and_column_apart(tmp_path) -> None:
     assert [(r["edge_row"], r["edge_col"]) for r in rows] == [("0", "0"), ("0", "4")]
 
 
+# A table's column headings people read as figures' names: a figure's title, a swept
+# variable's heading, the seeds.
+VARIABLES = {"seeds", "policy", "loss %", "dead %", "radio", "N", "mode", "straggler",
+             "epsilon"}
+
+
+def _headers(doc: Path) -> list[list[str]]:
+    """The column headings of every table of `doc`, table by table."""
+    lines = doc.read_text().splitlines()
+    return [[cell.strip() for cell in lines[i].strip().strip("|").split("|")]
+            for i in range(len(lines) - 1)
+            if lines[i].startswith("|") and re.match(r"\|\s*-", lines[i + 1])]
+
+
+def _known() -> set[str]:
+    from meshdl.experiments.columns import TITLES
+    from meshdl.experiments.sweep import SWEEPS
+
+    return {*TITLES.values(), *(s.heading for s in SWEEPS.values()), *VARIABLES}
+
+
 def test_the_docs_tables_use_the_figures_titles() -> None:
     """docs/experiments.md names each figure as the console does: every column of its
     tables is a figure's title, a swept variable's heading, or the seeds (the first
     table lists the run directory's files)."""
-    from meshdl.experiments.columns import TITLES
-    from meshdl.experiments.sweep import SWEEPS
-
-    known = {*TITLES.values(), *(s.heading for s in SWEEPS.values()), "seeds", "policy",
-             "loss %", "dead %", "radio", "N", "mode", "straggler", "epsilon",
-             "paper test/train %", "file", "what"}
-    lines = DOCS.read_text().splitlines()
-    headers = [lines[i] for i in range(len(lines) - 1)
-               if lines[i].startswith("|") and re.match(r"\|\s*-", lines[i + 1])]
-    titles = {cell.strip() for line in headers for cell in line.strip().strip("|").split("|")}
+    known = _known() | {"paper test/train %", "file", "what"}
+    headers = _headers(DOCS)
+    titles = {cell for header in headers for cell in header}
     assert len(headers) > 5 and titles <= known, titles - known
+
+
+@pytest.mark.parametrize(("doc", "tables", "derived"), [
+    ("parallel.md", 3, {"exposed, hidden by overlap"}), ("compression.md", 3, set())])
+def test_the_parallel_and_compression_docs_name_figures_by_their_titles(
+        doc, tables, derived) -> None:
+    """docs/parallel.md and docs/compression.md name an experiment's figures as its
+    table does. Their experiments' tables (those whose first column is a swept
+    variable: N, mode, policy, epsilon) head each column with a figure's title, a
+    variable, a mode whose figures the column holds ("bsp+overlap"), or a title for one
+    mode ("step s, bsp"); `derived` are figures of the doc's own, said in its text.
+    Tables of other things (compressors, radios, plans) keep their own headings."""
+    from meshdl.experiments.meshes import MODES
+
+    known = _known() | set(MODES)
+    ours = [h for h in _headers(DOCS.parent / doc) if h[0] in VARIABLES]
+    strays = {cell for header in ours for cell in header[1:] if cell not in known | derived
+              and not (cell.rpartition(", ")[0] in known and cell.rpartition(", ")[2]
+                       in MODES)}
+    assert len(ours) == tables and not strays, strays

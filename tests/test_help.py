@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -61,6 +62,24 @@ def test_flags_show_no_value_type_and_a_few_values_show_as_choices(helps) -> Non
     for path, option, values in choices:
         line = next(line for line in helps[path].splitlines() if f" {option} " in line)
         assert values in line, line
+
+
+@pytest.mark.parametrize(("path", "option", "values"), [
+    ("train", "--mode", "[mesh|central]"), ("train", "--transport", "[virtual|mqtt]"),
+    ("train", "--augment", "[mirror|none]"), ("train", "--edge-at", "R,C"),
+    ("simulate train", "--medium", "[shared|star]"),
+    ("simulate train", "--device", "[cortex-m4|pi-zero-2w|pi4]"),
+    ("simulate infer", "--edge-device", "[cortex-m4|pi-zero-2w|pi4]"),
+    ("simulate infer", "--recovery", "[reliable|best-effort]"),
+    ("simulate train", "--policy", "[zero|last|neighbours]"),
+    ("simulate train", "--backhaul", "[wifi|ethernet|lte]"),
+    ("experiment meshes", "--backhaul", "[wifi|ethernet|lte]"),
+    ("bench recipe", "--mode", "[central|mesh]"),
+    ("schedule", "--backhaul", "[wifi|ethernet|lte]"), ("plan", "--transport", "[mqtt|radio]")])
+def test_an_option_of_a_few_fixed_values_shows_them_in_help(helps, path, option,
+                                                             values) -> None:
+    line = next(line for line in helps[path].splitlines() if f" {option} " in line)
+    assert re.search(f" {re.escape(option)} +{re.escape(values)} ", line), line
 
 
 def test_every_help_text_is_shown_whole(helps) -> None:

@@ -41,7 +41,7 @@ def _images(page: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("run", "plots", "needles"), [
-    ("experiment", 2, ["meshdl experiment filter-size", "halo_transmitted", "0.944"]),
+    ("experiment", 2, ["meshdl experiment filter-size", "halo sent", "94.4"]),
     ("train", 1, ["meshdl train run", "Training curves", "halo/conv1", "test_acc"]),
     ("simulate", 2, ["meshdl simulate run", "Under simulated time", "802.15.4",
                      "Energy per node"])])

@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     from rich.markup import escape
 
     from meshdl.cli.common import err_console
-    from meshdl.mqtt.session import quiet_abandoned_clients
+    from meshdl.mqtt.quiet import quiet_abandoned_clients
 
     debug = "--debug" in args
     if not debug:

@@ -1,12 +1,15 @@
-"""`meshdl bench ...`: speed against a reference measured in the same run."""
+"""`meshdl bench ...`: speed against a reference measured in the same run.
+
+Each benchmark loads what it measures (Numba kernels, the mesh, the data generator)
+when it runs, not for `meshdl --help`."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
-from meshdl.bench.kernels import bench_kernels
 from meshdl.cli.common import emit_json, err_console, out_console
 from meshdl.cli.options import (
     Cols,
@@ -20,7 +23,6 @@ from meshdl.cli.options import (
     json_option,
 )
 from meshdl.config import ModelConfig, load_run_config
-from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError
 
 app = typer.Typer(help="Benchmarks (ratios against a reference measured in the same run).",
@@ -38,6 +40,8 @@ def kernels(
     json_out: JsonFigures = False,
 ) -> None:
     """One training step (forward, backward, update) in meshdl vs PyTorch CPU."""
+    from meshdl.bench.kernels import bench_kernels
+
     config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, hidden=hidden)
     result = bench_kernels(config, batch=batch, repeats=repeats, threads=threads,
                            optimizer=optimizer)
@@ -66,6 +70,7 @@ def mesh(
 ) -> None:
     """A training run in the in-process virtual mesh vs the same run in central mode."""
     from meshdl.bench.mesh import bench_mesh
+    from meshdl.data.lounge import generate_lounge
 
     config = load_run_config(config_file, train={"epochs": epochs})
     with err_console.status("generating the synthetic lounge data set"):
@@ -100,6 +105,7 @@ def mqtt(
 ) -> None:
     """Epochs over a real broker with one node host, vs the broker's own throughput."""
     from meshdl.bench.mqtt import bench_mqtt
+    from meshdl.data.lounge import generate_lounge
 
     config = load_run_config(config_file, train={"epochs": epochs})
     data = generate_lounge(config.data)
@@ -130,6 +136,7 @@ def hostile(
     MQTT with two node hosts, clean and while a client with one node's password floods
     every topic it may write; vs the virtual mesh's parameters and the clean run's memory."""
     from meshdl.bench.hostile import bench_hostile
+    from meshdl.data.lounge import generate_lounge
 
     config = load_run_config(config_file, train={"epochs": epochs})
     data = generate_lounge(config.data)
@@ -165,7 +172,8 @@ def recipe(
                                    "`meshdl data generate --seed` makes them: 0-9, 3,7."),
     train_seeds: str = typer.Option("0-2", "--train-seeds", help="Training seeds per "
                                     "data set."),
-    mode: str = typer.Option("central", "--mode", help="central or mesh (slower)."),
+    mode: Literal["central", "mesh"] = typer.Option("central", "--mode", help="Where the "
+                                                    "network runs (mesh: slower)."),
     config_file: Path | None = typer.Option(None, "--config", help="TOML configuration "
                                             "(default: the default recipe)."),
     json_out: json_option("Print the table as JSON on stdout.") = False,
@@ -202,6 +210,7 @@ def sim(
     """Simulated time: one inference wave on a large mesh, and a training run against the
     plain virtual mesh's wall time."""
     from meshdl.bench.sim import bench_large_wave, bench_training
+    from meshdl.data.lounge import generate_lounge
 
     err_console.print(f"one inference wave on a {rows} x {cols} mesh", highlight=False)
     result = {"large_wave": bench_large_wave(rows, cols, radio)}
@@ -265,6 +274,7 @@ def compress(
     mesh, and the encode + decode of one REDUCE and one PUSH."""
     from meshdl.bench.compress import bench_compress
     from meshdl.data.augment import training_data
+    from meshdl.data.lounge import generate_lounge
 
     config = load_run_config()
     with err_console.status("generating the synthetic lounge data set"):

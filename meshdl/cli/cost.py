@@ -5,12 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from meshdl.cli.common import emit_json, out_console, parse_cell
 from meshdl.cli.options import Cols, ConvLayers, EdgeAt, Filters, JsonReport, Kernel, Pool, Rows
 from meshdl.config import ModelConfig
-from meshdl.sim.mesh import dry_wave
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +25,8 @@ def cost(
     json_out: JsonReport = False,
 ) -> None:
     """Run one dry training wave on random data and report its communication cost."""
+    from meshdl.sim.mesh import dry_wave  # the virtual mesh: when the command runs
+
     config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters,
                          conv_layers=conv_layers, pool=pool, hidden=8)
     report = dry_wave(config, batch, parse_cell(edge_at), auth)
@@ -38,6 +38,8 @@ def cost(
 
 def print_comm_summary(comm: dict[str, Any], console: Any = None) -> None:
     """Tables of a "comm" report: classes, halo against the formula, wave depth."""
+    from rich.table import Table
+
     from meshdl.cli.common import err_console
 
     console = console or err_console

@@ -37,7 +37,7 @@ import os
 import secrets
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -45,13 +45,13 @@ from meshdl.cli.common import emit_json, err_console
 from meshdl.cli.options import KeysDir, json_option
 from meshdl.config import load_run_config
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.mqtt.acl import MeshUser, acl_text, format_cells, mesh_users, parse_host
 from meshdl.mqtt.tools import find_tool
-from meshdl.protocol.auth import KEY_BYTES, MeshKeys, PushKeys
-from meshdl.protocol.messages import EDGE
-from meshdl.protocol.spec import MeshSpec
-from meshdl.protocol.topics import name_of
-from meshdl.protocol.topology import Cell, Topology
+
+# The ACL rules and the message keys need the protocol (and it Numba): loaded when a
+# command runs, not for `meshdl --help`.
+if TYPE_CHECKING:
+    from meshdl.mqtt.acl import MeshUser
+    from meshdl.protocol.topology import Cell
 
 # The hash every Mosquitto 2.x broker reads: 2.1's mosquitto_passwd defaults to argon2id,
 # which a 2.0 broker (Debian 12, Raspberry Pi OS) cannot check.
@@ -79,6 +79,13 @@ def credentials(
     as_json: json_option("Print what was written as JSON.") = False,
 ) -> None:
     """Write the broker's password and ACL files and one secrets file per user."""
+    from meshdl.mqtt.acl import acl_text, mesh_users
+    from meshdl.protocol.auth import KEY_BYTES, MeshKeys
+    from meshdl.protocol.messages import EDGE
+    from meshdl.protocol.spec import MeshSpec
+    from meshdl.protocol.topics import name_of
+    from meshdl.protocol.topology import Topology
+
     cfg = load_run_config(mesh)
     rows, cols = cfg.model.rows, cfg.model.cols
     topology = Topology(rows, cols, cfg.mesh.edge_at, cfg.model.pool)
@@ -133,7 +140,8 @@ def central(
     """Write the central broker's passwd and acl (the parameter server and one bridge per
     mesh), their secrets, the keys of the links between each mesh's edge and the
     parameter server, and each building's bridge configuration."""
-    from meshdl.mqtt.acl import bridge_config, central_users
+    from meshdl.mqtt.acl import acl_text, bridge_config, central_users
+    from meshdl.protocol.auth import PushKeys
     from meshdl.training.parallel import mesh_ids
 
     cfg = load_run_config(mesh)
@@ -224,6 +232,8 @@ def _ignore_in_git(out: Path) -> None:
 
 
 def _parse_hosts(specs: list[str], rows: int, cols: int) -> dict[str, list[Cell]]:
+    from meshdl.mqtt.acl import parse_host
+
     hosts: dict[str, list[Cell]] = {}
     for spec in specs:
         try:
@@ -271,6 +281,8 @@ def _hash_passwords(tool: str, path: Path, passwords: dict[str, str]) -> None:
 def _env_text(user: MeshUser, password: str, mesh_id: int, key_file: Path | None) -> str:
     """A systemd EnvironmentFile: the user's broker login, which cells it acts for, and
     its message keys."""
+    from meshdl.mqtt.acl import format_cells
+
     who = {"edge": "the edge", "monitor": "the read-only monitor",
            "server": "the parameter server"}.get(user.role, f"{user.role} {user.name}")
     lines = [

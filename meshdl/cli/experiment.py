@@ -28,12 +28,19 @@ from rich.text import Text
 from meshdl.cli.common import emit_json, err_console, out_console
 from meshdl.cli.flags import GRID, NETWORK, TRAINING, Flags, Group, grouped, overrides
 from meshdl.cli.lists import ListsCommand, list_option, number, pairs, whole, whole_value
-from meshdl.cli.options import Batch, Cols, Epochs, LabelledData, Lr, Rows, json_option
+from meshdl.cli.options import (
+    BackhaulName,
+    Batch,
+    Cols,
+    Epochs,
+    LabelledData,
+    Lr,
+    Rows,
+    json_option,
+)
 from meshdl.cli.sweep_progress import Estimate, Left, interrupted, taking
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data.datasets import load_dataset
 from meshdl.errors import UsageError
-from meshdl.experiments import compression, delta, edge_vs_cloud, faults, meshes, sweep
 from meshdl.experiments.columns import (
     Shown,
     columns,
@@ -54,8 +61,21 @@ from meshdl.experiments.runner import (
     summarize,
     write_run,
 )
-from meshdl.protocol.spec import MeshSpec
-from meshdl.training.runs import new_run_dir
+
+# The experiments themselves (numpy, the mesh, the simulator) load when a sweep runs,
+# not for `meshdl --help`; the default values --help shows are written below, and
+# tests/test_cli_startup.py checks that they are the experiments' own.
+GRID_SIDES = (5, 10, 20, 40)  # sweep.SWEEPS["grid"].default
+EDGE_CELLS = ((0, 0), (0, 12), (8, 0), (16, 24))  # sweep.SWEEPS["edge-position"].default
+RADIOS = ("802.15.4", "ble", "wifi", "lora-sf7")  # edge_vs_cloud.RADIOS
+LOSS_RATES = (0.0, 0.05, 0.1, 0.2, 0.3)  # faults.SWEEPS["loss"].default
+DEAD_SHARES = (0.0, 0.05, 0.1, 0.2)  # faults.SWEEPS["failures"].default
+FILL_INS = ("zero", "last", "neighbours")  # faults.POLICIES
+MESH_COUNTS = (1, 2, 4, 8, 16)  # meshes.COUNTS
+SYNC_MODES = ("bsp", "bsp+overlap", "ssp:2", "async")  # meshes.MODES
+MESH_BATCH = 50  # meshes.DEFAULT_BATCH
+COMPRESSIONS = ("none", "hylo", "intsum", "plan", "none/int8")  # compression.POLICIES
+EPSILONS = (0.0, 0.01, 0.05, 0.1, 0.25)  # delta.EPSILONS
 
 app = typer.Typer(help="Experiments over a swept value and several seeds: tables, "
                   "plots and a summary in a run directory.", no_args_is_help=True)
@@ -131,9 +151,12 @@ class Runner(NamedTuple):
 
 class TrainingSweep(NamedTuple):
     """A command sweeping one setting of the network that training answers to
-    (`sweep.SWEEPS`): its values' parameter, flag and help, and its own help."""
+    (`sweep.SWEEPS`): the [model] field it sweeps and its default values (the sweep's
+    own), its values' parameter, flag and help, and its own help."""
 
     name: str
+    setting: str
+    default: tuple[int, ...]
     param: str
     flag: str
     metavar: str
@@ -142,15 +165,16 @@ class TrainingSweep(NamedTuple):
 
 
 TRAINING_SWEEPS = (
-    TrainingSweep("filter-size", "sizes", "--sizes", "K[,...]", "Filter sizes k.",
+    TrainingSweep("filter-size", "kernel", (3, 4, 5, 6), "sizes", "--sizes", "K[,...]",
+                  "Filter sizes k.",
                   "Accuracy and communication cost by filter size k, next to the source "
                   "paper's."),
-    TrainingSweep("filters", "values", "--values", "H[,...]",
+    TrainingSweep("filters", "filters", (1, 2, 5, 8), "values", "--values", "H[,...]",
                   "Filters per conv layer h.",
                   "Accuracy and communication cost by the number of filters h (halos and "
                   "gathered\nfeatures grow with h)."),
-    TrainingSweep("hidden", "values", "--values", "UNITS[,...]",
-                  "Hidden units of the head.",
+    TrainingSweep("hidden", "hidden", (50, 100, 200, 400), "values", "--values",
+                  "UNITS[,...]", "Hidden units of the head.",
                   "Accuracy by the head's hidden units: the edge's work, not the mesh's "
                   "(the\nnetwork's traffic does not change)."),
 )
@@ -159,8 +183,6 @@ TRAINING_SWEEPS = (
 def _training_sweep(row: TrainingSweep) -> Callable[..., None]:
     """The command of `row`: its values, the seeds, every network and training flag
     but the swept one, the data and the runner's flags."""
-    swept = sweep.SWEEPS[row.name].setting.removeprefix("model.")
-
     def command(seeds: int, grid: Flags, run: Flags, net: Flags, data: Path | None,
                 runner: Flags, **values: list[int]) -> None:
         _check_values(row.flag, values[row.param], minimum=1)
@@ -171,12 +193,12 @@ def _training_sweep(row: TrainingSweep) -> Callable[..., None]:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                  annotation=annotation)
 
-    values = list_option(row.flag, whole, sweep.SWEEPS[row.name].default, row.help,
-                         row.metavar)
+    values = list_option(row.flag, whole, row.default, row.help, row.metavar)
     command.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
         param(row.param, list[str], values),
         param("seeds", Seeds, 3), param("grid", Flags, DATA_GRID),
-        param("run", Flags, SHOWN_TRAINING), param("net", Flags, SHOWN_NETWORK.without(swept)),
+        param("run", Flags, SHOWN_TRAINING),
+        param("net", Flags, SHOWN_NETWORK.without(row.setting)),
         param("data", LabelledData, None), param("runner", Flags, RUNNER)])
     command.__doc__ = row.doc
     command.__name__ = f"{row.name.replace('-', '_')}_command"
@@ -199,7 +221,7 @@ def _cell(text: str) -> list[int]:
 @app.command("grid", cls=ListsCommand)
 @grouped
 def grid_command(
-    values: list[str] = list_option("--values", whole, sweep.SWEEPS["grid"].default,
+    values: list[str] = list_option("--values", whole, GRID_SIDES,
                                     "Grid sides n of n x n meshes (100 takes a minute or "
                                     "two).", "N[,...]"),
     batch: ShownBatch = None, net: Flags = SHOWN_NETWORK.without("hidden"),
@@ -214,8 +236,8 @@ def grid_command(
 @app.command("edge-position", cls=ListsCommand)
 @grouped
 def edge_position_command(
-    cells: list[str] = list_option("--cells", _cell, [",".join(map(str, c)) for c in
-                                   sweep.SWEEPS["edge-position"].default],
+    cells: list[str] = list_option("--cells", _cell, [",".join(map(str, c))
+                                                      for c in EDGE_CELLS],
                                    "Border cells R,C the edge is linked to "
                                    "(a comma list: R,C,R,C...).", "R,C[,...]",
                                    split=pairs),
@@ -235,7 +257,7 @@ def edge_position_command(
 @app.command("edge-vs-cloud", cls=ListsCommand)
 @grouped
 def edge_vs_cloud_command(
-    radios: list[str] = list_option("--radio", str, edge_vs_cloud.RADIOS,
+    radios: list[str] = list_option("--radio", str, RADIOS,
                                     "Radio profiles (see meshdl radio list).",
                                     "RADIO[,...]"),
     seeds: Seeds = 3, grid: Flags = SHOWN_GRID, net: Flags = SHOWN_NETWORK,
@@ -243,6 +265,7 @@ def edge_vs_cloud_command(
 ) -> None:
     """One inference slot in the mesh against shipping the readings to the edge, per
     radio, under simulated time (the seeds draw the backoffs)."""
+    from meshdl.experiments import edge_vs_cloud
     from meshdl.sim.radio.profiles import profile
 
     if not radios or len(set(radios)) != len(radios):
@@ -273,10 +296,10 @@ def edge_vs_cloud_command(
 @app.command("loss", cls=ListsCommand)
 @grouped
 def loss_command(
-    rates: list[str] = list_option("--rates", number, faults.SWEEPS["loss"].default,
+    rates: list[str] = list_option("--rates", number, LOSS_RATES,
                                    "Shares of frames lost (0 trains exactly, once).",
                                    "SHARE[,...]"),
-    policies: list[str] = list_option("--policies", str, faults.POLICIES, "Best effort's "
+    policies: list[str] = list_option("--policies", str, FILL_INS, "Best effort's "
                                       "fill-ins (zero, last, neighbours), or reliable.",
                                       "POLICY[,...]"),
     burst: float | None = typer.Option(None, "--burst", help="Mean burst of lost frames "
@@ -295,10 +318,10 @@ def loss_command(
 @grouped
 def failures_command(
     fractions: list[str] = list_option("--fractions", number,
-                                       faults.SWEEPS["failures"].default, "Shares of the "
+                                       DEAD_SHARES, "Shares of the "
                                        "nodes dead from the start (0 trains exactly, "
                                        "once).", "SHARE[,...]"),
-    policies: list[str] = list_option("--policies", str, faults.POLICIES, "Best effort's "
+    policies: list[str] = list_option("--policies", str, FILL_INS, "Best effort's "
                                       "fill-ins: zero, last, neighbours.", "POLICY[,...]"),
     loss: float = typer.Option(0.0, "--loss", help="Share of frames lost besides."),
     radio: Radio = "802.15.4", seeds: FaultSeeds = 3, grid: Flags = DATA_GRID,
@@ -318,21 +341,22 @@ def failures_command(
 @app.command("meshes", cls=ListsCommand)
 @grouped
 def meshes_command(
-    counts: list[str] = list_option("--counts", whole, meshes.COUNTS, "Numbers of meshes "
+    counts: list[str] = list_option("--counts", whole, MESH_COUNTS, "Numbers of meshes "
                                     "N.", "N[,...]"),
-    modes: list[str] = list_option("--modes", str, meshes.MODES, "bsp, ssp:S, async, each "
+    modes: list[str] = list_option("--modes", str, SYNC_MODES, "bsp, ssp:S, async, each "
                                    "optionally +overlap.", "MODE[,...]"),
     straggler: bool = typer.Option(True, "--straggler/--no-straggler", help="Also run "
                                    "each N >= 2 with a straggler mesh."),
     straggler_loss: float = typer.Option(0.3, "--straggler-loss", help="The straggler "
                                          "mesh's links lose this share of frames "
                                          "(reliable: same values, more time)."),
-    backhaul: str = typer.Option("wifi", "--backhaul", help="wifi, ethernet or lte."),
+    backhaul: BackhaulName = typer.Option("wifi", "--backhaul", help="The edges' link to "
+                                          "the parameter server."),
     radio: Radio = "802.15.4",
     seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per value (the straggler's "
                               "lost frames)."),
     grid: Flags = DATA_GRID, epochs: ShownEpochs = None,
-    batch: int = typer.Option(meshes.DEFAULT_BATCH, "--batch", min=1, help="Samples per "
+    batch: int = typer.Option(MESH_BATCH, "--batch", min=1, help="Samples per "
                               "mesh and step."),
     lr: ShownLr = None, net: Flags = SHOWN_NETWORK, data: LabelledData = None,
     runner: Flags = RUNNER,
@@ -340,7 +364,7 @@ def meshes_command(
     """Throughput in samples per simulated second, scaling efficiency and test accuracy
     of N meshes training one model, by sync mode, with and without a straggler mesh
     (long: each trial trains in N simulated meshes)."""
-    from meshdl.sim.radio.backhaul import backhaul_profile
+    from meshdl.experiments import meshes
     from meshdl.sim.radio.loss import FrameLoss
     from meshdl.sim.radio.profiles import profile
     from meshdl.sync import Sync
@@ -355,7 +379,6 @@ def meshes_command(
         Sync.parse(sync)
         if plus and extra != "overlap":
             raise UsageError(f"--modes {mode}: expected MODE or MODE+overlap")
-    backhaul_profile(backhaul)
     profile(radio)
     if straggler:
         FrameLoss(straggler_loss)
@@ -393,7 +416,7 @@ def meshes_command(
 @app.command("compression", cls=ListsCommand)
 @grouped
 def compression_command(
-    policies: list[str] = list_option("--policies", str, compression.POLICIES,
+    policies: list[str] = list_option("--policies", str, COMPRESSIONS,
                                       "Gradient policy (as --compress: it may hold commas), "
                                       "optionally /fp16 or /int8 for the forward "
                                       "activations; none/float32 is always run.", "POLICY",
@@ -410,6 +433,7 @@ def compression_command(
     """Test accuracy, REDUCE and edge -> server bytes per step and simulated seconds per
     epoch of each compression policy against the exact run, over training seeds (long:
     each trial trains in the virtual mesh)."""
+    from meshdl.experiments import compression
     from meshdl.sim.radio.profiles import profile
 
     profile(radio)
@@ -450,7 +474,7 @@ def compression_command(
 
 @app.command("delta", cls=ListsCommand)
 def delta_command(
-    epsilons: list[str] = list_option("--epsilon", number, delta.EPSILONS, "Change below "
+    epsilons: list[str] = list_option("--epsilon", number, EPSILONS, "Change below "
                                       "which a HALO cell is not sent again (whole halos "
                                       "always run too).", "EPS[,...]"),
     slots: int = typer.Option(48, "--slots", min=1, help="Time slots of live inference "
@@ -463,6 +487,9 @@ def delta_command(
 ) -> None:
     """HALO bytes per slot of live inference with delta halos against whole halos, and
     the alerts that change, over a day of the lounge's test period."""
+    from meshdl.data.datasets import load_dataset
+    from meshdl.experiments import delta
+
     if any(e < 0 for e in epsilons):
         raise UsageError("--epsilon: changes are at least 0")
     if model_path is not None:  # a missing or corrupt file fails here, before any trial
@@ -505,10 +532,12 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
                       burst: float | None, radio: str, seeds: int, data: Path | None,
                       flags: dict[str, Record], runner: Runner) -> None:
     """Check a fault sweep, run its trials, write its run directory, print its table."""
-    json_out = runner.json_out
+    from meshdl.experiments import faults
     from meshdl.protocol.deadlines import Policy
     from meshdl.sim.radio.loss import MAX_RATE, FrameLoss
     from meshdl.sim.radio.profiles import profile
+
+    json_out = runner.json_out
 
     flag, top = ("--rates", MAX_RATE) if name == "loss" else ("--fractions", 0.9)
     if not shares or len(set(shares)) != len(shares) or \
@@ -619,6 +648,8 @@ def _check_values(flag: str, values: list[int], minimum: int) -> None:
 def _with_data_grid(flags: dict[str, Record], data: Path | None) -> dict[str, Record]:
     """`flags` with the grid of the data set `data` (if any) where they leave it unset:
     its grid is the network's."""
+    from meshdl.data.datasets import load_dataset
+
     if data is not None:
         grid = load_dataset(data)
         model = flags.setdefault("model", {})
@@ -630,6 +661,9 @@ def _with_data_grid(flags: dict[str, Record], data: Path | None) -> dict[str, Re
 def _experiment(name: str, values: list, seeds: int, data: Path | None,
                 flags: dict[str, Record], runner: Runner) -> None:
     """Run one sweep's trials, write its run directory, print its table."""
+    from meshdl.experiments import sweep
+    from meshdl.protocol.spec import MeshSpec
+
     json_out = runner.json_out
     base = load_run_config(mode="central", **_with_data_grid(flags, data))
     settings: Record = {
@@ -680,6 +714,8 @@ def _announce(name: str, trials: list[Trial], what: str, jobs: int, ray: str | N
               out: Path | None) -> Path:
     """The run directory of a sweep about to start, said on stderr with what it runs:
     how many trials, on what, and when the time they take will be known."""
+    from meshdl.training.runs import new_run_dir
+
     run_dir = out or new_run_dir(name=name)
     where = f"Ray ({ray})" if ray else f"{jobs} job(s)"
     err_console.print(f"{name}: {len(trials)} trials ({what}) on {where} -> {run_dir}; "

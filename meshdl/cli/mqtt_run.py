@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -33,16 +34,14 @@ from meshdl.cli.options import (
     json_option,
 )
 from meshdl.config import RunConfig, load_run_config
-from meshdl.data.datasets import load_dataset
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.mqtt.acl import parse_cells
-from meshdl.mqtt.sdnotify import Notifier
-from meshdl.mqtt.session import BrokerAddress, Session
-from meshdl.mqtt.status import StatusRecord, parse_status
-from meshdl.nodes.serve import Readings, serve_cells
-from meshdl.protocol.spec import MeshSpec
-from meshdl.protocol.topics import name_of
-from meshdl.protocol.topology import Cell
+
+# The broker session, the node hosts, the edge and the protocol (Numba behind them) load
+# when a command runs, not for `meshdl --help`.
+if TYPE_CHECKING:
+    from meshdl.mqtt.session import BrokerAddress
+    from meshdl.mqtt.status import StatusRecord
+    from meshdl.protocol.topology import Cell
 
 node_app = typer.Typer(help="One sensor node (one cell) of a mesh over MQTT.",
                        no_args_is_help=True)
@@ -65,6 +64,10 @@ def node_run(cell: str = typer.Option(..., "--cell", help="This node's cell R,C.
              broker: Broker = ..., mesh: MeshFile = ..., data: ReplayData = None,
              sensor: Sensor = None, slot_seconds: SlotSeconds = 60.0) -> None:
     """Serve one cell until stopped."""
+    from meshdl.mqtt.session import BrokerAddress
+    from meshdl.nodes.serve import Readings, serve_cells
+    from meshdl.protocol.topics import name_of
+
     config = load_run_config(mesh)
     where = parse_cell(cell)
     readings = Readings.choose(config, [where], data, sensor, slot_seconds)
@@ -85,6 +88,9 @@ def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges s
                                               "too (as separate nodes would), instead of in "
                                               "process.")) -> None:
     """Serve many cells over one connection until stopped."""
+    from meshdl.mqtt.session import BrokerAddress
+    from meshdl.nodes.serve import Readings, serve_cells
+
     config = load_run_config(mesh)
     served = select_cells(cells, config)
     address = BrokerAddress.parse(broker)
@@ -99,6 +105,8 @@ def _say(line: str) -> None:
 
 
 def select_cells(text: str, config: RunConfig) -> list[Cell]:
+    from meshdl.mqtt.acl import parse_cells
+
     rows, cols = config.model.rows, config.model.cols
     if text == "all":
         return [(r, c) for r in range(rows) for c in range(cols)]
@@ -114,6 +122,8 @@ def doctor(broker: Broker = ...,
            timeout: float = typer.Option(5.0, "--timeout", help="Seconds to wait."),
            json_out: json_option("Print findings as JSON.") = False) -> None:
     """Check the broker, the login and which clients are online (with --mesh: cells)."""
+    from meshdl.mqtt.session import BrokerAddress
+
     address = BrokerAddress.parse(broker)
     config = load_run_config(mesh) if mesh else None
     findings = asyncio.run(_doctor(address, config, timeout))
@@ -128,6 +138,11 @@ def doctor(broker: Broker = ...,
 
 async def _doctor(address: BrokerAddress, config: RunConfig | None,
                   timeout: float) -> dict:
+    from meshdl.mqtt.session import Session
+    from meshdl.mqtt.status import parse_status
+    from meshdl.protocol.spec import MeshSpec
+    from meshdl.protocol.topics import name_of
+
     mesh_id = config.mesh.mesh_id if config else 1
     online: dict[str, StatusRecord] = {}
     malformed: set[str] = set()  # clients whose status topic holds no valid record
@@ -230,7 +245,10 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     with a checkpoint after every epoch (with --ps: this mesh's shard of every step,
     the server holding the model and its checkpoints)."""
     from meshdl.cli.common import emit_json
+    from meshdl.data.datasets import load_dataset
     from meshdl.edge.remote import MqttEngine
+    from meshdl.mqtt.sdnotify import Notifier
+    from meshdl.mqtt.session import BrokerAddress
     from meshdl.training.checkpoint import load_checkpoint
     from meshdl.training.loop import check_same_run, train
     from meshdl.training.runs import (
@@ -322,12 +340,17 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     `meshdl deploy central`)."""
     from meshdl.cli.common import emit_json
     from meshdl.data.augment import training_data
+    from meshdl.data.datasets import load_dataset
+    from meshdl.mqtt.session import BrokerAddress
     from meshdl.server.serve import EdgesSilent, ServerRun, serve
     from meshdl.training.checkpoint import load_checkpoint
+    from meshdl.training.loop import check_same_run
     from meshdl.training.parallel import mesh_ids
     from meshdl.training.runs import (
+        finished_metrics,
         metrics_record,
         new_run_dir,
+        nothing_to_resume,
         start_run,
         with_resume_hint,
         write_run,
@@ -339,8 +362,19 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     if config.parallel.meshes < 2:
         raise UsageError(f"{mesh}: its [parallel] section trains one mesh (meshes = 1); "
                          "a parameter server combines two or more")
-    dataset = load_dataset(data)
+    # How to go on from a checkpoint: the address as printed, never the password.
+    command = (f"meshdl ps run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
+               f"--data {data}")
     checkpoint = load_checkpoint(resume) if resume is not None else None
+    if checkpoint is not None:
+        check_same_run(checkpoint.config, config)  # before config.json is written again
+        if (done := finished_metrics(resume, config, checkpoint)) is not None:
+            err_console.print(nothing_to_resume(resume, config, command), highlight=False,
+                              soft_wrap=True)
+            if json_out:
+                emit_json(done)
+            return
+    dataset = load_dataset(data)
     run_dir = resume or out or new_run_dir(name="ps")
     start_run(run_dir, config, str(data))
 
@@ -357,14 +391,11 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
         asyncio.run(serve(run, BrokerAddress.parse(broker),
                           connect_timeout_s=broker_patience, edges_timeout_s=edges_timeout))
     except EdgesSilent as exc:
-        command = (f"meshdl ps run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
-                   f"--data {data}")  # the address as printed: never the password
         raise with_resume_hint(exc, run_dir, command) from None
     except KeyboardInterrupt:
         raise MeshdlError(f"stopped; go on with `meshdl ps run ... --resume {run_dir}` "
                           "(from the last epoch's checkpoint)") from None
-    history = run.history
-    history.parallel = run.report()
+    history = run.history  # the whole run's: epochs, wall time, "parallel" (every stretch)
     metrics = metrics_record(config, history)
     write_run(run_dir, config, run.model, metrics, str(data))
     err_console.print(f"parameter server done: {run.server.version} updates, "
@@ -391,6 +422,8 @@ def edge_serve(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.edge.remote import MqttEngine
     from meshdl.edge.serve import serve
     from meshdl.model.cnn import CNN
+    from meshdl.mqtt.sdnotify import Notifier
+    from meshdl.mqtt.session import BrokerAddress
 
     config = load_run_config(mesh)
     model = CNN.load(model_file)

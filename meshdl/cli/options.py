@@ -46,6 +46,9 @@ Meshes = Annotated[int | None, typer.Option(
     "--meshes", help="Meshes of this grid, each with its edge, training one model "
     "through a parameter server (--batch is each mesh's share).")]
 
+# The links between the meshes' edges and the parameter server (sim/radio/backhauls.toml).
+BackhaulName = Literal["wifi", "ethernet", "lte"]
+
 # Files and directories.
 Config = Annotated[Path | None, typer.Option("--config", help="TOML configuration file.")]
 SeedConfig = Annotated[Path | None, typer.Option("--config", help="TOML configuration "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from rich.console import Console, RenderableType
@@ -25,13 +25,13 @@ from meshdl.cli.flags import GRID, NETWORK, Flags, grouped, overrides
 from meshdl.cli.options import EdgeAt, json_option
 from meshdl.config import load_run_config
 from meshdl.errors import UsageError
-from meshdl.nodes.plan import NodePlan, Role
-from meshdl.protocol.kinds import Party, sent_by
-from meshdl.protocol.messages import ITEM_BYTES, Kind
-from meshdl.protocol.payloads import BATCH_HEAD
-from meshdl.protocol.spec import FieldKind, MeshSpec, Send
-from meshdl.protocol.topics import cell_of, name_of, topic
-from meshdl.protocol.topology import Cell
+
+# The protocol and the node's plan (Numba kernels behind them) load when the command
+# runs, not for `meshdl --help`.
+if TYPE_CHECKING:
+    from meshdl.protocol.messages import Kind
+    from meshdl.protocol.spec import MeshSpec
+    from meshdl.protocol.topology import Cell
 
 
 def register(app: typer.Typer) -> None:
@@ -43,9 +43,9 @@ def plan(
     cell: str = typer.Option(..., "--cell", help="The node: r<row>c<col> or R,C."),
     mesh: Path | None = typer.Option(None, "--mesh", "--config", help="The mesh file (TOML "
                                      "run configuration; default: the seed experiment)."),
-    transport: str = typer.Option("mqtt", "--transport", help="mqtt (the edge publishes "
-                                  "parameters to every node) or radio (they flood down "
-                                  "the tree)."),
+    transport: Literal["mqtt", "radio"] = typer.Option(
+        "mqtt", "--transport", help="mqtt (the edge publishes parameters to every node) or "
+        "radio (they flood down the tree)."),
     grid: Flags = GRID,
     net: Flags = NETWORK.without("hidden"),
     edge_at: EdgeAt = None,
@@ -56,8 +56,8 @@ def plan(
     json_out: json_option("Print the plan as JSON on stdout.") = False,
 ) -> None:
     """What one node expects, computes and sends in a training wave."""
-    if transport not in ("mqtt", "radio"):
-        raise UsageError(f"--transport {transport}: expected mqtt or radio")
+    from meshdl.protocol.spec import MeshSpec
+
     # The flags `meshdl cost` takes, layered over the mesh file as `meshdl train` does:
     # the plan must be the one of the deployment being debugged, not of the defaults.
     config = load_run_config(mesh, **overrides(grid, net, batch=batch, edge_at=edge_at,
@@ -75,6 +75,11 @@ def plan(
 
 def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
     """The plan of `cell` as plain data: role, receives, computes, sends."""
+    from meshdl.nodes.plan import NodePlan, Role
+    from meshdl.protocol.kinds import Party, sent_by
+    from meshdl.protocol.spec import Send
+    from meshdl.protocol.topics import name_of
+
     topo = spec.topology
     node = NodePlan(spec, cell)
     block = topo.block_of(cell)
@@ -125,6 +130,9 @@ def _message(spec: MeshSpec, kind: Kind, layer: int, phase: int, src: Cell, dst:
              items: int, per_sample: int, fixed: int, batch: int, train_only: bool,
              own: bool = False) -> dict[str, Any]:
     """One message of the plan: `own` for what the cell sends (the peer is `dst`)."""
+    from meshdl.protocol.messages import ITEM_BYTES
+    from meshdl.protocol.topics import name_of, topic
+
     values = per_sample * batch + fixed
     return {"kind": kind.name, "layer": layer, "phase": phase,
             "peer": name_of(dst if own else src), "topic": topic(spec.mesh_id, src, dst, kind),
@@ -134,12 +142,19 @@ def _message(spec: MeshSpec, kind: Kind, layer: int, phase: int, src: Cell, dst:
 
 def _relay_values(spec: MeshSpec, kind: Kind) -> tuple[int, int]:
     """(per sample, fixed) values of a payload that carries no items."""
+    from meshdl.protocol.messages import Kind
+    from meshdl.protocol.payloads import BATCH_HEAD
+
     return {Kind.PARAMS: (0, spec.params_size), Kind.BATCH: (1, BATCH_HEAD),
             Kind.REDUCE: (0, spec.conv_size)}[kind]
 
 
 def _source(source: Hashable) -> str:
     """A task's input in words: a message of the plan, or what a computation makes."""
+    from meshdl.protocol.messages import Kind
+    from meshdl.protocol.spec import FieldKind
+    from meshdl.protocol.topics import name_of
+
     if isinstance(source, tuple) and len(source) == 4 and isinstance(source[0], Kind):
         kind, layer, phase, src = source
         return f"{kind.name} layer {layer} phase {phase} from {name_of(src)}"
@@ -152,6 +167,8 @@ def _source(source: Hashable) -> str:
 
 def _parse_cell(text: str, spec: MeshSpec) -> Cell:
     """`r1c1` (as in topics) or `1,1` (as in --edge-at), inside the grid; else exit 2."""
+    from meshdl.protocol.topics import cell_of
+
     try:
         if text.startswith("r"):
             cell = cell_of(text)

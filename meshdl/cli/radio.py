@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -18,7 +19,9 @@ from rich.table import Table
 
 from meshdl.cli.common import emit_json, out_console
 from meshdl.cli.options import json_option
-from meshdl.sim.radio.profiles import RadioProfile, profiles
+
+if TYPE_CHECKING:  # the simulator's radios load when the command runs, not for --help
+    from meshdl.sim.radio.profiles import RadioProfile
 
 app = typer.Typer(help="Radio profiles of the simulated mesh: figures and their sources.",
                   no_args_is_help=True)
@@ -36,6 +39,8 @@ def list_profiles(
     json_out: json_option("Print the profiles as a JSON list on stdout.") = False,
 ) -> None:
     """List the radio profiles: built-in ones and those of --file."""
+    from meshdl.sim.radio.profiles import profiles
+
     known = profiles(file)
     if json_out:
         emit_json([radio.model_dump() for radio in known.values()])

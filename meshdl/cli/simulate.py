@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import numpy as np
 import typer
 from pydantic import ValidationError
 
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, Group, grouped, overrides
 from meshdl.cli.options import (
+    BackhaulName,
     Cols,
     ConvLayers,
     EdgeAt,
@@ -40,34 +40,28 @@ from meshdl.cli.options import (
 from meshdl.cli.train import Fit, fit_with_progress, plan_for
 from meshdl.compress.grammar import PLAN
 from meshdl.config import ModelConfig, RunConfig, load_run_config
-from meshdl.data.augment import originals, training_data
-from meshdl.data.datasets import Dataset, load_dataset
-from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError, format_validation_error
-from meshdl.model.cnn import CNN
-from meshdl.protocol.deadlines import DEFAULT_K, Policy
-from meshdl.protocol.spec import Mode
-from meshdl.protocol.topology import Cell, Topology
-from meshdl.sim.besteffort import BestEffort
-from meshdl.sim.faults.dead import DeadCells
-from meshdl.sim.faults.stragglers import Stragglers
-from meshdl.sim.radio.backhaul import backhaul_profile
-from meshdl.sim.radio.device import DeviceProfile, device, natural_device
-from meshdl.sim.radio.loss import FrameLoss
-from meshdl.sim.radio.media import natural_medium
-from meshdl.sim.radio.profiles import RadioProfile, profile, profiles
-from meshdl.sim.simulate import (
-    SimEngine,
-    mesh_summary,
-    plot_energy,
-    run_makespan,
-    sim_report,
-    write_trace,
-)
-from meshdl.sim.studies import cloud, compare
-from meshdl.sim.timed import TimedMesh
-from meshdl.training.loop import normalization
-from meshdl.training.runs import metrics_record, new_run_dir, start_run, write_run
+
+# The simulator, the model, the data and the protocol (numpy, Numba: most of a second)
+# load when a command runs, not for `meshdl --help`.
+if TYPE_CHECKING:
+    from meshdl.data.datasets import Dataset
+    from meshdl.protocol.spec import Mode
+    from meshdl.protocol.topology import Cell
+    from meshdl.sim.besteffort import BestEffort
+    from meshdl.sim.faults.stragglers import Stragglers
+    from meshdl.sim.radio.device import DeviceProfile
+    from meshdl.sim.radio.profiles import RadioProfile
+    from meshdl.sim.timed import TimedMesh
+
+# Values --help shows, written here so that it need not load the simulator: the
+# protocol's (protocol/deadlines.py DEFAULT_K, Policy) and the simulator's (built-in
+# devices, media), which tests/test_cli_startup.py checks these agree with.
+PATIENCE = 4.0
+DeviceName = Literal["cortex-m4", "pi-zero-2w", "pi4"]
+MediumName = Literal["shared", "star"]
+RecoveryName = Literal["reliable", "best-effort"]
+PolicyName = Literal["zero", "last", "neighbours"]
 
 app = typer.Typer(help="Run the mesh under simulated time: radios, devices, energy, and "
                   "the cloud-heavy baseline.", no_args_is_help=True)
@@ -75,13 +69,13 @@ app = typer.Typer(help="Run the mesh under simulated time: radios, devices, ener
 # The simulated radio, devices and faults: what `simulate train` and `infer` share.
 Radio = Annotated[str, typer.Option("--radio", help="Radio profile (see meshdl radio "
                                     "list).")]
-Medium = Annotated[str, typer.Option(
+Medium = Annotated[MediumName, typer.Option(
     "--medium", help="shared (a radio mesh: one-hop neighbours share the air) or star "
     "(every node through an MQTT broker's access point).")]
-NodeDevice = Annotated[str | None, typer.Option(
-    "--device", help="Nodes' computer: cortex-m4, pi-zero-2w or pi4 (default: a Pi Zero "
-    "2 W on Wi-Fi, a Cortex-M4 on the low-power radios, as their motes carry).")]
-EdgeDevice = Annotated[str, typer.Option("--edge-device", help="The edge's computer.")]
+NodeDevice = Annotated[DeviceName | None, typer.Option(
+    "--device", help="Nodes' computer (default: a Pi Zero 2 W on Wi-Fi, a Cortex-M4 on "
+    "the low-power radios, as their motes carry).")]
+EdgeDevice = Annotated[DeviceName, typer.Option("--edge-device", help="The edge's computer.")]
 Loss = Annotated[float, typer.Option(
     "--loss", help="Share of frames the links lose (0 <= P < 1). Reliable recovery: the "
     "link layer retries and senders recover what is still lost, so the results are the "
@@ -94,10 +88,10 @@ Dead = Annotated[float, typer.Option(
 Attach = Annotated[list[str] | None, typer.Option(
     "--attach", help="Another border cell R,C the edge may attach to when its own dies "
     "(repeat, in order of preference).")]
-Recovery = Annotated[str, typer.Option(
+Recovery = Annotated[RecoveryName, typer.Option(
     "--recovery", help="reliable (every message arrives: exact) or best-effort (parties "
     "give up at deadlines and fill in what is missing by --policy).")]
-FillIn = Annotated[str, typer.Option(
+FillIn = Annotated[PolicyName, typer.Option(
     "--policy", help="Best effort: what fills in a missing message: zero, last (its "
     "cells' last level) or neighbours (the mean of the neighbouring cells at hand).")]
 Patience = Annotated[float, typer.Option(
@@ -120,14 +114,13 @@ SIMULATED = Group.of(
     fault_seed=(FaultSeed, 0), stragglers=(StragglerShare, 0.0),
     slowdown=(Slowdown, 10.0), dead=(Dead, 0.0), attach=Attach,
     recovery=(Recovery, "reliable"), policy=(FillIn, "zero"),
-    patience=(Patience, DEFAULT_K))
+    patience=(Patience, PATIENCE))
 
 
 def _best_effort(recovery: str, policy: str, patience: float) -> BestEffort | None:
-    if recovery not in ("reliable", "best-effort"):
-        raise UsageError(f"--recovery must be reliable or best-effort, not {recovery!r}")
-    if policy not in tuple(Policy):
-        raise UsageError(f"--policy must be one of {', '.join(Policy)}, not {policy!r}")
+    from meshdl.protocol.deadlines import DEFAULT_K, Policy
+    from meshdl.sim.besteffort import BestEffort
+
     if recovery == "reliable":
         if policy != Policy.ZERO or patience != DEFAULT_K:
             raise UsageError("--policy and --patience are for --recovery best-effort "
@@ -137,6 +130,8 @@ def _best_effort(recovery: str, policy: str, patience: float) -> BestEffort | No
 
 
 def _dead(fraction: float, seed: int, config: RunConfig, recovery: str) -> frozenset[Cell]:
+    from meshdl.sim.faults.dead import DeadCells
+
     if fraction and recovery != "best-effort":
         raise UsageError(f"--dead {fraction}: dead nodes are found by missed deadlines, "
                          "which need --recovery best-effort (reliable recovery would "
@@ -150,6 +145,8 @@ def _dead(fraction: float, seed: int, config: RunConfig, recovery: str) -> froze
 
 
 def _attach(cells: list[str] | None, config: RunConfig, recovery: str) -> tuple[Cell, ...]:
+    from meshdl.protocol.topology import Topology
+
     chosen = tuple(parse_cell(cell) for cell in cells or ())
     if chosen and recovery != "best-effort":
         raise UsageError("--attach: the edge finds its cell dead by missed deadlines, "
@@ -163,6 +160,8 @@ def _attach(cells: list[str] | None, config: RunConfig, recovery: str) -> tuple[
 
 
 def _stragglers(fraction: float, slowdown: float, seed: int) -> Stragglers:
+    from meshdl.sim.faults.stragglers import Stragglers
+
     try:
         return Stragglers(fraction=fraction, slowdown=slowdown, seed=seed)
     except ValidationError as exc:
@@ -177,8 +176,9 @@ def _simulate() -> None:
 
 def _profiles(radio: str, medium: str, node: str | None, edge: str, radios: Path | None
               ) -> tuple[RadioProfile, DeviceProfile, DeviceProfile]:
-    if medium not in ("shared", "star"):
-        raise UsageError(f"--medium must be shared or star, not {medium!r}")
+    from meshdl.sim.radio.device import device, natural_device
+    from meshdl.sim.radio.profiles import profile
+
     chosen = profile(radio, radios)
     node = node or natural_device(chosen.name)
     return chosen, device(node), device(edge)
@@ -193,6 +193,8 @@ def _parties(sim: Flags, radio: str | None = None
 
 def _faults(sim: Flags, config: RunConfig, fault_seed: int) -> dict[str, Any]:
     """A mesh's faults and recovery as `SimEngine` takes them, drawn by `fault_seed`."""
+    from meshdl.sim.radio.loss import FrameLoss
+
     recovery = sim["recovery"]
     return {"loss": FrameLoss(sim["loss"], sim["burst"], fault_seed),
             "stragglers": _stragglers(sim["stragglers"], sim["slowdown"], fault_seed),
@@ -203,6 +205,9 @@ def _faults(sim: Flags, config: RunConfig, fault_seed: int) -> dict[str, Any]:
 
 def _data_and_config(data: Path | None, config_file: Path | None,
                      flags: dict[str, dict[str, Any]]) -> tuple[Dataset, RunConfig, str]:
+    from meshdl.data.datasets import load_dataset
+    from meshdl.data.lounge import generate_lounge
+
     dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
     if dataset is not None:  # a data file fixes the grid unless the flags say otherwise
         model = flags.setdefault("model", {})
@@ -235,8 +240,8 @@ def simulate_train(
     overlap: bool | None = typer.Option(None, "--overlap/--no-overlap", help="Several "
                                         "meshes: layer-wise overlap of the backhaul "
                                         "with the waves."),
-    backhaul: str = typer.Option("wifi", "--backhaul", help="Several meshes: the edges' "
-                                 "link to the server: wifi, ethernet or lte."),
+    backhaul: BackhaulName = typer.Option("wifi", "--backhaul", help="Several meshes: the "
+                                          "edges' link to the server."),
     straggler_radio: str | None = typer.Option(None, "--straggler-radio", help="Several "
                                                "meshes: the last one runs on this radio "
                                                "(a straggler mesh)."),
@@ -244,6 +249,14 @@ def simulate_train(
     json_out: JsonSim = False,
 ) -> None:
     """Train in the mesh under simulated time; sim.json says what it took on the radio."""
+    from meshdl.data.augment import originals, training_data
+    from meshdl.model.cnn import CNN
+    from meshdl.protocol.spec import Mode
+    from meshdl.sim.radio.backhaul import backhaul_profile
+    from meshdl.sim.simulate import SimEngine, mesh_summary
+    from meshdl.sim.studies import cloud, compare
+    from meshdl.training.runs import metrics_record, new_run_dir, start_run, write_run
+
     radio_profile, node, edge = _parties(sim)
     medium = sim["medium"]
     dataset, config, source = _data_and_config(data, config_file, overrides(
@@ -325,6 +338,15 @@ def simulate_infer(
     json_out: JsonSim = False,
 ) -> None:
     """Inference waves under simulated time (one time slot each, by default)."""
+    import numpy as np
+
+    from meshdl.model.cnn import CNN
+    from meshdl.protocol.spec import Mode
+    from meshdl.sim.simulate import SimEngine
+    from meshdl.sim.studies import cloud, compare
+    from meshdl.training.loop import normalization
+    from meshdl.training.runs import new_run_dir, start_run
+
     if batch < 1 or waves < 1:
         raise UsageError("--batch and --waves must be at least 1")
     radio_profile, node, edge = _parties(sim)
@@ -376,6 +398,8 @@ def _finish(run_dir: Path, mesh: TimedMesh, mode: Mode, baseline: dict[str, Any]
             trace: bool, extra: dict[str, Any] | None = None, epochs: int | None = None
             ) -> dict[str, Any]:
     """Write sim.json, trace.jsonl and energy.png; return sim.json's content."""
+    from meshdl.sim.simulate import plot_energy, run_makespan, sim_report, write_trace
+
     main = baseline["aggregated" if "aggregated" in baseline else "unaggregated"]
     record = {"cloud_heavy": main, **{f"cloud_heavy_{v}": b for v, b in baseline.items()},
               "lossless_links": True}  # whatever --loss says of the mesh's
@@ -461,6 +485,10 @@ def simulate_compare(
     json_out: json_option("Print the comparison as JSON.") = False,
 ) -> None:
     """In-mesh computing against shipping every reading to the edge, measured."""
+    from meshdl.sim.radio.media import natural_medium
+    from meshdl.sim.radio.profiles import profiles
+    from meshdl.sim.studies import compare
+
     known = profiles(radios)
     names = radio or list(known)
     model = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, pool=pool,

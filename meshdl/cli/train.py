@@ -7,47 +7,26 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshdl.cli.common import emit_json, err_console
-from meshdl.cli.cost import print_comm_summary
 from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, Group, grouped, overrides
-from meshdl.cli.options import Config, JsonMetrics, Meshes, Optimizer
+from meshdl.cli.options import Config, EdgeAt, JsonMetrics, Meshes, Optimizer
 from meshdl.compress.grammar import PLAN
-from meshdl.config import RunConfig, load_run_config
-from meshdl.data.datasets import Dataset, load_dataset
-from meshdl.data.lounge import generate_lounge
-from meshdl.edge.remote import MqttEngine
+from meshdl.config import DataConfig, RunConfig, load_run_config
 from meshdl.errors import MeshdlError, UsageError
-from meshdl.model.cnn import CNN
-from meshdl.mqtt.session import BrokerAddress
-from meshdl.nodes.serve import BackgroundNodeHost
-from meshdl.protocol.spec import MeshSpec
-from meshdl.training.checkpoint import Checkpoint
-from meshdl.training.loop import Engine, EpochMetrics, History
-from meshdl.training.loop import train as train_model
-from meshdl.training.parallel import train_parallel
-from meshdl.training.runs import (
-    SYNTHETIC,
-    RunDir,
-    check_run_dir,
-    claim_run_dir,
-    data_source_of,
-    finished_metrics,
-    interrupted,
-    metrics_record,
-    new_run_dir,
-    nothing_to_resume,
-    resumed_run,
-    single_class_warning,
-    start_run,
-    with_epochs,
-    with_resume_hint,
-    write_run,
-)
+
+# The data, the model, the training loop, the mesh's machines and the protocol (numpy,
+# Numba: most of a second) load when a command runs, not for `meshdl --help`.
+if TYPE_CHECKING:
+    from meshdl.data.datasets import Dataset
+    from meshdl.model.cnn import CNN
+    from meshdl.mqtt.session import BrokerAddress
+    from meshdl.training.checkpoint import Checkpoint
+    from meshdl.training.loop import Engine, EpochMetrics, History
+    from meshdl.training.runs import RunDir
 
 
 def register(app: typer.Typer) -> None:
@@ -111,13 +90,13 @@ def train(
                                     "runs/<timestamp>-<name>/)."),
     name: str | None = typer.Option(None, "--name", help="Label of the run directory."),
     config_file: Config = None,
-    mode: str | None = typer.Option(None, "--mode", help="Where the network runs: mesh "
-                                    "(the virtual mesh, default) or central."),
-    edge_at: str | None = typer.Option(None, "--edge-at", help="Border cell R,C the edge "
-                                       "is linked to (mesh mode)."),
-    transport: str = typer.Option("virtual", "--transport", help="Mesh mode: the "
-                                  "in-process virtual mesh, or mqtt (the edge here and "
-                                  "one node host for every cell, through --broker)."),
+    mode: Literal["mesh", "central"] | None = typer.Option(
+        None, "--mode", help="Where the network runs: mesh (the virtual mesh, default) or "
+        "central."),
+    edge_at: EdgeAt = None,
+    transport: Literal["virtual", "mqtt"] = typer.Option(
+        "virtual", "--transport", help="Mesh mode: the in-process virtual mesh, or mqtt "
+        "(the edge here and one node host for every cell, through --broker)."),
     broker: str | None = typer.Option(None, "--broker", help="With --transport mqtt: "
                                       "mqtt://host[:port]."),
     wire: bool | None = typer.Option(None, "--wire/--no-wire", help="Virtual mesh: pass "
@@ -129,8 +108,8 @@ def train(
                                         "which the learning rate ramps up to --lr."),
     clip_norm: float | None = typer.Option(None, "--clip-norm", help="Shorten gradients "
                                            "to this global L2 norm (0: never)."),
-    augment: str | None = typer.Option(None, "--augment", help="mirror (train on flipped "
-                                       "maps too) or none."),
+    augment: Literal["mirror", "none"] | None = typer.Option(
+        None, "--augment", help="mirror (train on flipped maps too) or none."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of init and batch order."),
     meshes: Meshes = None,
     sync: str | None = typer.Option(None, "--sync", help="Several meshes: bsp (each step "
@@ -150,6 +129,20 @@ def train(
     json_out: JsonMetrics = False,
 ) -> None:
     """Train the CNN and write model.npz, config.json and metrics.json."""
+    from meshdl.data.datasets import load_dataset
+    from meshdl.training.runs import (
+        SYNTHETIC,
+        RunDir,
+        check_run_dir,
+        claim_run_dir,
+        data_source_of,
+        finished_metrics,
+        new_run_dir,
+        nothing_to_resume,
+        resumed_run,
+        with_epochs,
+    )
+
     if resume is not None:
         given = ["/".join(p.opts + p.secondary_opts) for p in ctx.command.params
                  if p.name not in _RESUMABLE and ctx.params[p.name] != p.default]
@@ -204,6 +197,16 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
          json_out: bool) -> None:
     """Train (from `checkpoint`, if any), checkpointing into the run directory `claim()`
     gives once every check has passed (a refused run writes nothing); then report."""
+    from meshdl.mqtt.session import BrokerAddress
+    from meshdl.training.runs import (
+        interrupted,
+        metrics_record,
+        single_class_warning,
+        start_run,
+        with_resume_hint,
+        write_run,
+    )
+
     if transport not in ("virtual", "mqtt") or (transport == "mqtt" and config.mode != "mesh"):
         raise UsageError(f"--transport {transport!r}: expected virtual or mqtt (mesh mode)")
     if transport == "mqtt" and not broker:
@@ -258,12 +261,22 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
 def _go_on_command(transport: str, broker: str | None) -> str:
     """The command that resumes a run as it was trained (over MQTT: through the same
     broker, its address as printed: never a password)."""
+    from meshdl.mqtt.session import BrokerAddress
+
     if transport != "mqtt" or not broker:
         return "meshdl train"
     return f"meshdl train --transport mqtt --broker {BrokerAddress.parse(broker)}"
 
 
 PLAN_RADIO = "802.15.4"  # what `--compress plan` plans for in the virtual mesh
+
+
+def generate_lounge(config: DataConfig) -> Dataset:
+    """The synthetic lounge data set (meshdl/data/lounge.py), its generator loaded when
+    first used; a name of this module, so that a test can replace it."""
+    from meshdl.data.lounge import generate_lounge as generate
+
+    return generate(config)
 
 
 def plan_for(config: RunConfig, dataset: Dataset, radio: str, backhaul: str) -> RunConfig:
@@ -295,6 +308,10 @@ class Fit:
 def _fit_over_mqtt(config: RunConfig, dataset: Dataset, address: BrokerAddress,
                    fit: Fit) -> tuple[CNN, History]:
     """The edge in this process, and a node host for every cell on a thread beside it."""
+    from meshdl.edge.remote import MqttEngine
+    from meshdl.nodes.serve import BackgroundNodeHost
+    from meshdl.protocol.spec import MeshSpec
+
     cells = list(MeshSpec(config.mesh.mesh_id, config.model).topology.cells())
     with BackgroundNodeHost(config, cells, address, dataset):
         engine = MqttEngine.for_run(config, dataset, address)
@@ -310,6 +327,18 @@ def fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
     when stderr is not a terminal: a CI log or `| tee` sees the run go); the
     communication summary comes after the epochs. Several meshes train through
     `train_parallel`, which `parallel` options go to (engines, clock, backhaul)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from meshdl.cli.cost import print_comm_summary
+    from meshdl.training.loop import train as train_model
+    from meshdl.training.parallel import train_parallel
+
     epochs = config.train.epochs
     columns = (TextColumn("epoch {task.fields[epoch]}/" + str(epochs)), BarColumn(),
                MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.4f}"),

@@ -25,6 +25,7 @@ import numpy as np
 
 from meshdl.experiments.columns import Shown, figures_table, fixed, percent, size
 from meshdl.experiments.runner import Record, Trial
+from meshdl.report.numbers import figure as number
 from meshdl.report.plots import pyplot, save_png
 
 POLICIES = ("none", "hylo", "intsum", "plan", "none/int8")
@@ -126,22 +127,23 @@ def add_costs(rows: list[Record], records: list[Record]) -> None:
 
 def plot(out: Path, rows: list[Record]) -> list[Path]:
     """compression.png: test accuracy against gradient bytes per step (log), and
-    simulated seconds per epoch, one point per policy."""
+    simulated seconds per epoch, one colour per policy (the legend below the panels,
+    off the data)."""
     plt = pyplot()
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.8), dpi=100, layout="constrained")
     for index, row in enumerate(rows):
         colour = f"C{index}"
-        acc, grad = _mean(row["test_acc"]), _mean(row["gradient_bytes_per_step"])
-        axes[0].errorbar([grad], [acc], yerr=[row["test_acc"]["std"]], fmt="o",
-                         color=colour, label=row["value"])
+        acc, grad = 100 * _mean(row["test_acc"]), _mean(row["gradient_bytes_per_step"])
+        axes[0].errorbar([grad], [acc], yerr=[100 * row["test_acc"]["std"]], fmt="o",
+                         capsize=3, color=colour, label=row["value"])
         axes[1].bar([index], [_mean(row["epoch_s"])], color=colour)
     axes[0].set_xscale("log")
-    axes[0].set_xlabel("REDUCE + PUSH bytes per step (one mesh)")
-    axes[0].set_ylabel("test accuracy")
-    axes[0].legend(fontsize=7)
-    axes[1].set_xticks(range(len(rows)), [row["value"] for row in rows], rotation=20,
-                       fontsize=7)
-    axes[1].set_ylabel("simulated seconds per epoch")
+    axes[0].set(xlabel="REDUCE + PUSH bytes per step (one mesh)",
+                ylabel="test accuracy (%)", title="accuracy against gradient bytes")
+    axes[1].set_xticks(range(len(rows)), [row["value"] for row in rows], rotation=20)
+    axes[1].set(xlabel="policy", ylabel="simulated s per epoch", title="time")
+    axes[1].yaxis.set_major_formatter(lambda value, _: number(value, 6))  # 6,000 s
+    figure.legend(loc="outside lower center", ncols=min(len(rows), 4))
     figure.suptitle("gradient and activation compression on the seed experiment")
     path = out / "compression.png"
     save_png(figure, path)

@@ -16,6 +16,7 @@ import numpy as np
 
 from meshdl.experiments.columns import Shown, figures_table, fixed, percent, size
 from meshdl.experiments.runner import Record, Trial
+from meshdl.report.numbers import figure as number
 from meshdl.report.plots import pyplot, save_png
 
 EPSILONS = (0.0, 0.01, 0.05, 0.1, 0.25)
@@ -69,6 +70,8 @@ def add_reference(rows: list[Record], records: list[Record]) -> None:
 
 
 def plot(out: Path, rows: list[Record]) -> list[Path]:
+    """delta.png: the HALO bytes a slot per epsilon, each bar with the alerts it
+    changed against whole halos."""
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(6.5, 4), dpi=100)
     labels = [str(row["value"]) for row in rows]
@@ -76,8 +79,11 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
     axis.set_xticks(range(len(rows)), labels)
     axis.set_xlabel("epsilon (°C after normalization: whole halos = full)")
     axis.set_ylabel("HALO bytes per slot")
+    axis.yaxis.set_major_formatter(lambda value, _: number(value, 6))  # 200,000 bytes
+    axis.margins(y=0.12)  # room above the bars for their notes, inside the frame
     for i, row in enumerate(rows):
-        axis.annotate(f"{row['alerts_changed']['mean']:.0f} alerts changed",
+        changed = round(row["alerts_changed"]["mean"])
+        axis.annotate(f"{changed} alert{'' if changed == 1 else 's'} changed",
                       (i, row["halo_bytes_per_slot"]["mean"]), ha="center", va="bottom",
                       fontsize=7)
     figure.suptitle("live inference over a day: delta halos")

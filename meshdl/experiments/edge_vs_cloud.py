@@ -47,27 +47,30 @@ def run(trial: Trial) -> Record:
     return record
 
 
+# edge-vs-cloud.png's panels: the measure, the panel's title and its y label.
+_PANELS = (("bytes", "bytes", "bytes per slot"), ("makespan_s", "time", "makespan (s)"),
+           ("energy_j", "energy", "nodes' energy, always-on (J)"))
+
+
 def plot(out: Path, rows: list[Record]) -> list[Path]:
     """edge-vs-cloud.png: bytes, makespan and the nodes' energy per radio, in the mesh
-    and shipped (log scales: LoRa's duty cycle stretches its times a thousandfold)."""
+    and shipped (log scales: LoRa's duty cycle stretches its times a thousandfold); the
+    legend below the panels, off the bars."""
     plt = pyplot()
     radios = [row["value"] for row in rows]
-    figure, axes = plt.subplots(1, 3, figsize=(12, 4), dpi=100)
+    figure, axes = plt.subplots(1, 3, figsize=(12, 4.6), dpi=100, layout="constrained")
     width = 0.27
-    for panel, (measure, label) in zip(axes, (("bytes", "bytes a slot"),
-                                              ("makespan_s", "makespan (s)"),
-                                              ("energy_j", "nodes' energy, always-on (J)")),
-                                       strict=True):
+    for panel, (measure, heading, ylabel) in zip(axes, _PANELS, strict=True):
         for i, side in enumerate(SIDES):
             values = [_mean(row.get(f"{side}_{measure}")) for row in rows]
             xs = [r + (i - 1) * width for r in range(len(rows))]
             kept = [(x, v) for x, v in zip(xs, values, strict=True) if v is not None]
             panel.bar([x for x, _ in kept], [v for _, v in kept], width,
-                      label=side.replace("_", " "))
+                      label=side.replace("_", " ") if panel is axes[0] else None)
         panel.set_yscale("log")
         panel.set_xticks(range(len(rows)), radios)
-        panel.set_title(label)
-    axes[0].legend(fontsize=8)
+        panel.set(xlabel="radio", ylabel=ylabel, title=heading)
+    figure.legend(loc="outside lower center", ncols=len(SIDES))
     figure.suptitle("one inference slot: in the mesh or shipped to the edge")
     path = out / "edge-vs-cloud.png"
     save_png(figure, path)

@@ -25,6 +25,7 @@ import numpy as np
 
 from meshdl.experiments.columns import Shown, figures_table, fixed, percent
 from meshdl.experiments.runner import Record, Trial
+from meshdl.report.numbers import figure as number
 from meshdl.report.plots import pyplot, save_png
 
 
@@ -115,39 +116,55 @@ def run(trial: Trial) -> Record:
     }
 
 
+# NAME.png's panels: each figure drawn, its scale, its line, and the panel it is on.
+_LINES = (("test_acc", 100.0, "-o", 0), ("clean_test_acc", 100.0, ":x", 0),
+          ("seconds_per_epoch", 1.0, "-o", 1), ("energy_j_per_epoch", 1.0, "-o", 2))
+_PANELS = (("accuracy", "test accuracy (%)"), ("time", "simulated s per epoch"),
+           ("energy", "nodes' J per epoch"))
+
+
 def plot(out: Path, name: str, rows: list[Record]) -> list[Path]:
     """NAME.png: accuracy (through the mesh, and of the trained model) and the time and
-    energy of an epoch against the share of faults, one line per policy from the exact
-    run."""
+    energy of an epoch against the share of faults, one colour per policy from the
+    exact run; the legend below the panels, off the data."""
     plt = pyplot()
     exact = [row for row in rows if row["value"][1] == EXACT]
     policies = list(dict.fromkeys(row["value"][1] for row in rows
                                   if row["value"][1] != EXACT))
-    figure, axes = plt.subplots(1, 3, figsize=(14, 4), dpi=100)
-    for policy in policies:
+    figure, axes = plt.subplots(1, 3, figsize=(14, 4.6), dpi=100, layout="constrained")
+    for index, policy in enumerate(policies):
         series = sorted(exact + [row for row in rows if row["value"][1] == policy],
                         key=lambda row: row["value"][0])
         rates = [100 * row["value"][0] for row in series]
-        for panel, figure_name, style in ((0, "test_acc", "-o"), (0, "clean_test_acc", ":x"),
-                                          (1, "seconds_per_epoch", "-o"),
-                                          (2, "energy_j_per_epoch", "-o")):
+        for figure_name, scale, style, panel in _LINES:
             kept = [(r, row[figure_name]) for r, row in zip(rates, series, strict=True)
                     if row.get(figure_name) is not None]
-            label = policy if figure_name != "clean_test_acc" else f"{policy}, trained model"
-            axes[panel].errorbar([r for r, _ in kept], [f["mean"] for _, f in kept],
-                                 yerr=[f["std"] for _, f in kept], fmt=style, capsize=3,
-                                 label=label)  # one standard deviation over fault seeds
-    for panel, title in zip(axes, ("test accuracy (dotted: the trained model, clean)",
-                                   "simulated seconds per epoch", "nodes' joules per epoch"),
-                            strict=True):
-        panel.set_xlabel(SWEEPS[name].axis)
-        panel.set_title(title, fontsize=9)
-    axes[0].legend(fontsize=7)
+            # One standard deviation over the fault seeds; one colour per policy in
+            # every panel.
+            axes[panel].errorbar([r for r, _ in kept], [f["mean"] * scale for _, f in kept],
+                                 yerr=[f["std"] * scale for _, f in kept], fmt=style,
+                                 capsize=3, color=f"C{index}")
+    for panel, (title, ylabel) in zip(axes, _PANELS, strict=True):
+        panel.set(xlabel=SWEEPS[name].axis, ylabel=ylabel, title=title)
+    for panel in axes[1:]:  # 11,000 J, thousands separated as in the table
+        panel.yaxis.set_major_formatter(lambda value, _: number(value, 6))
+    handles = _legend(plt, policies)
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
     figure.suptitle("training over lossy links" if name == "loss" else
                     "training with dead nodes")
     path = out / f"{name}.png"
     save_png(figure, path)
     return [path]
+
+
+def _legend(plt: Any, policies: list[str]) -> list[Any]:
+    """The legend's entries: a colour per policy, then what the two accuracies' lines
+    are (solid: through the mesh; dotted: the trained model on clean readings)."""
+    line = plt.Line2D
+    return ([line([], [], color=f"C{i}", marker="o", label=p) for i, p in enumerate(policies)]
+            + [line([], [], color="black", linestyle="-", label="test: through the mesh"),
+               line([], [], color="black", linestyle=":", marker="x",
+                    label="clean test: the trained model")])
 
 
 def table(name: str, rows: list[Record]) -> Shown:

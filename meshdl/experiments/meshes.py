@@ -122,14 +122,21 @@ def efficiencies(rows: list[Record]) -> dict[tuple[int, str, bool], float]:
     return out
 
 
+# meshes.png's panels: title and y label.
+_PANELS = (("throughput", "training samples per simulated second"),
+           ("scaling efficiency", "throughput / (N x one mesh's)"),
+           ("accuracy", "test accuracy (%)"))
+
+
 def plot(out: Path, rows: list[Record]) -> list[Path]:
     """meshes.png: throughput (samples per simulated second, with the ideal N times one
-    mesh), scaling efficiency and test accuracy against N; one line per mode, dashed
-    with a straggler."""
+    mesh), scaling efficiency and test accuracy against N; one colour per mode, dashed
+    with a straggler; the legend below the panels, off the data."""
     plt = pyplot()
     efficiency = efficiencies(rows)
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), dpi=100)
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.8), dpi=100, layout="constrained")
     modes = list(dict.fromkeys(row["value"][1] for row in rows))
+    stragglers = False
     for index, mode in enumerate(modes):
         colour = f"C{index}"
         for straggler, style in ((False, "-o"), (True, "--x")):
@@ -138,31 +145,50 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
                             key=lambda row: row["value"][0])
             if not any(row["value"][2] == straggler for row in series):
                 continue
+            stragglers |= straggler
             counts = [row["value"][0] for row in series]
-            label = f"{mode}{', straggler' if straggler else ''}"
             axes[0].plot(counts, [_mean(row["samples_per_s"]) for row in series],
-                         style, color=colour, label=label)
+                         style, color=colour)
             axes[1].plot(counts, [efficiency.get(tuple(row["value"]), np.nan)
-                                  for row in series], style, color=colour, label=label)
-            axes[2].plot(counts, [_mean(row["test_acc"]) for row in series], style,
-                         color=colour, label=label)
+                                  for row in series], style, color=colour)
+            axes[2].plot(counts, [_percent(row.get("test_acc")) for row in series],
+                         style, color=colour)
     single = [row for row in rows if row["value"][0] == 1]
+    top = max(row["value"][0] for row in rows)
     if single:
         one = max(_mean(row["samples_per_s"]) for row in single)
-        top = max(row["value"][0] for row in rows)
-        axes[0].plot([1, top], [one, top * one], ":", color="grey", label="ideal (N x one)")
-    for axis, title in zip(axes, ("training samples per simulated second",
-                                  "scaling efficiency (throughput / N x one mesh's)",
-                                  "test accuracy"), strict=True):
-        axis.set_xscale("log", base=2)
-        axis.set_xlabel("meshes N")
-        axis.set_title(title, fontsize=9)
+        axes[0].plot([1, top], [one, top * one], ":", color="grey")
     axes[1].axhline(0.9, color="grey", linestyle=":", linewidth=1)
-    axes[0].legend(fontsize=7)
+    counts = sorted({row["value"][0] for row in rows})
+    for axis, (title, ylabel) in zip(axes, _PANELS, strict=True):
+        axis.set_xscale("log", base=2)
+        # Whole meshes, as numbers (not 2^3): the N the sweep ran.
+        axis.set_xticks(counts, [str(n) for n in counts])
+        axis.minorticks_off()
+        axis.set(xlabel="meshes N", ylabel=ylabel, title=title)
+    handles = _legend(plt, modes, stragglers, bool(single))
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
     figure.suptitle("several meshes training one model")
     path = out / "meshes.png"
     save_png(figure, path)
     return [path]
+
+
+def _legend(plt: Any, modes: list[str], stragglers: bool, ideal: bool) -> list[Any]:
+    """The legend's entries: a colour per mode, then what the dashed line (a straggler)
+    and the dotted one (N times one mesh's throughput) are."""
+    line = plt.Line2D
+    handles = [line([], [], color=f"C{i}", marker="o", label=m) for i, m in enumerate(modes)]
+    if stragglers:
+        handles.append(line([], [], color="black", linestyle="--", marker="x",
+                            label="with a straggler"))
+    if ideal:
+        handles.append(line([], [], color="grey", linestyle=":", label="ideal (N x one)"))
+    return handles
+
+
+def _percent(figure: Record | None) -> float:
+    return np.nan if figure is None else 100.0 * figure["mean"]
 
 
 def table(rows: list[Record]) -> Shown:

@@ -25,6 +25,7 @@ from meshdl.config import DataConfig, RunConfig, load_run_config
 from meshdl.data.datasets import Dataset
 from meshdl.experiments.columns import Shown, figures_table, fixed, percent, size
 from meshdl.experiments.runner import Record, Trial
+from meshdl.report.numbers import figure as number
 from meshdl.report.plots import pyplot, save_png
 
 # Seed 001's single-machine runs (17 x 25, 2,400 / 561 maps, batch 100, 200 hidden
@@ -158,7 +159,7 @@ def plot(out: Path, name: str, rows: list[Record], paper: list[Record]) -> list[
 
     written = []
     if SWEEPS[name].trains:
-        figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+        figure, axes = plt.subplots(figsize=(6, 4.8), dpi=100, layout="constrained")
         for key, label in (("train_acc", "train"), ("test_acc", "test")):
             mean, std = series(key, 100)
             axes.errorbar(xs, mean, yerr=std, marker="o", capsize=4, label=f"{label} (ours)")
@@ -170,11 +171,11 @@ def plot(out: Path, name: str, rows: list[Record], paper: list[Record]) -> list[
         axes.set(xlabel=axis, ylabel="accuracy (%)", title=f"accuracy by {axis} "
                  "(mean ± std over seeds)")
         axes.set_xticks(xs, labels)
-        axes.legend(fontsize=8)
+        figure.legend(loc="outside lower center", ncols=2)  # below, off the points
         save_png(figure, out / "accuracy.png")
         written.append(out / "accuracy.png")
 
-    figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+    figure, axes = plt.subplots(figsize=(6, 4.8), dpi=100, layout="constrained")
     for key, label, style in (("halo_needed", "needed", "-o"),
                               ("halo_transmitted", "transmitted", ":s"),
                               ("halo_formula", "(k²-1)·m·n·c_in", "-^")):
@@ -183,11 +184,13 @@ def plot(out: Path, name: str, rows: list[Record], paper: list[Record]) -> list[
     axes.set(xlabel=axis, ylabel="halo values per sample (all conv layers)",
              title=f"cost by {axis}")
     axes.set_xticks(xs, labels)
+    axes.yaxis.set_major_formatter(lambda value, _: number(value, 6))  # 5,500 values
     twin = axes.twinx()
     mean, _ = series("wave_bytes", 1e-6)
-    twin.plot(xs, mean, color="black", linestyle="--", marker="x")
-    twin.set_ylabel("MB per training wave (dashed)")
-    axes.legend(fontsize=8, loc="upper left")
+    twin.plot(xs, mean, color="black", linestyle="--", marker="x",
+              label="a training wave's MB (right)")
+    twin.set_ylabel("MB per training wave")
+    figure.legend(loc="outside lower center", ncols=2)  # both axes' lines, below
     save_png(figure, out / "cost.png")
     written.append(out / "cost.png")
     return written

@@ -82,7 +82,53 @@ def _page(run_dir: Path) -> tuple[str, list[str]]:
 
 
 def _experiment(run_dir: Path, summary: dict[str, Any]) -> tuple[str, list[str]]:
+    """An experiment's table, its plots, and (folded) every figure it has."""
     name = summary["experiment"]
+    printed = summary.get("table")
+    body = _printed(summary, printed) if printed else _raw_summary(summary)
+    body.append(_section("Plots", "".join(_image(p) for p in sorted(run_dir.glob("*.png")))))
+    return f"meshdl experiment {name}", body
+
+
+def _printed(summary: dict[str, Any], printed: dict[str, Any]) -> list[str]:
+    """The table as the console printed it (summary.json's "table": its titles, its
+    order, `±` where it put one), then every figure of summary.json under its title
+    ("columns"), folded: the console leaves some out for width. The titles come from
+    the summary, not from meshdl.experiments, which the report layer may not import."""
+    caption = "; ".join(str(t) for t in (printed.get("title"), summary.get("mode")) if t)
+    body = [_section("Summary", _paragraph(caption)
+                     + _table(printed["header"], printed["rows"]))]
+    columns = summary.get("columns") or []
+    rows = summary.get("rows") or []
+    if columns and rows:
+        every = _table(["value", "seeds", *(c["title"] for c in columns)],
+                       ([_value(row.get("value")), row.get("seeds"),
+                         *(_mean_std(_scaled(row.get(c["key"]), c["title"]),
+                                     row.get("seeds", 1)) for c in columns)]
+                        for row in rows))
+        body.append(_section("Every figure", "<details><summary>summary.json's figures, "
+                             "mean ± std over the seeds</summary>" + every + "</details>"))
+    return body
+
+
+def _scaled(figure: dict[str, float] | None, title: str) -> dict[str, float] | None:
+    """A figure as its title says: a share (0.9712, kept so in summary.json) in percent
+    under a title in % ("test %": 97.12), as the console's table shows it."""
+    if figure is None or not title.endswith("%"):
+        return figure
+    return {k: 100.0 * v for k, v in figure.items() if k in ("mean", "std")}
+
+
+def _value(value: Any) -> str:
+    """A swept value: 0.1, r0c12's [0, 12] as "0, 12", [0.1, "zero"] as "0.1, zero"."""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_cell(v) for v in value)
+    return _cell(value)
+
+
+def _raw_summary(summary: dict[str, Any]) -> list[str]:
+    """A summary.json from before "table" and "columns": its figures by their keys, the
+    headline ones first, and the source paper's figures."""
     rows = summary.get("rows", [])
     figures = sorted((key for key in (rows[0] if rows else {})
                       if key not in ("value", "seeds")), key=_leading)
@@ -99,8 +145,7 @@ def _experiment(run_dir: Path, summary: dict[str, Any]) -> tuple[str, list[str]]
         keys = ["value", *(k for k in paper[0] if k != "value")]
         body.append(_section("The source paper's figures (its own data)",
                              _table(keys, ([p[k] for k in keys] for p in paper))))
-    body.append(_section("Plots", "".join(_image(p) for p in sorted(run_dir.glob("*.png")))))
-    return f"meshdl experiment {name}", body
+    return body
 
 
 # An experiment's headline figures, first in its table (the others in their order).
@@ -340,10 +385,11 @@ def _cell(value: Any) -> str:
 
 
 def _mean_std(figure: dict[str, float] | None, seeds: int = 2) -> str:
-    """Mean ± standard deviation; the mean alone from one seed (its ± 0 says nothing)."""
+    """Mean ± standard deviation; the mean alone from one seed or seeds that agree
+    (their ± 0 says nothing)."""
     if figure is None:
         return ""
-    if seeds < 2:
+    if seeds < 2 or not figure.get("std"):
         return number(figure["mean"])
     return f"{number(figure['mean'])} ± {number(figure['std'], 2)}"
 

@@ -182,7 +182,10 @@ def nothing_to_resume(out: Path, config: RunConfig, command: str) -> str:
     to train it for more epochs, where it can be."""
     tc = config.train
     more = tc.model_copy(update={"epochs": tc.epochs + 1})
-    further = (f"for more epochs: {command} --resume {out} --epochs N"
+    # `train` takes --epochs; `edge run` and `ps run` take the epochs of their mesh file.
+    longer = "--epochs N" if command.startswith("meshdl train") else \
+        "and a mesh file of more epochs ([train] epochs)"
+    further = (f"for more epochs: {command} --resume {out} {longer}"
                if extension_refusal(more, tc.epochs) is None else
                "its learning-rate schedule spans exactly those epochs, so it cannot be "
                "extended: train a new run with more --epochs")
