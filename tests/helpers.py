@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import json
 import threading
+from typing import Any
 
 import aiomqtt
 import numpy as np
@@ -106,15 +108,29 @@ def retained_alert(host: str, port: int, mesh_id: int = 1) -> dict:
 INTERRUPTED = 130  # a shell's code for a process stopped by SIGINT
 
 
-def interrupt_at(monkeypatch: pytest.MonkeyPatch, update: int) -> None:
-    """Press Ctrl-C at the run's `update`-th update (from 1), before it is applied."""
-    import meshdl.training.loop as loop
-
-    real, calls = loop.learning_rate, itertools.count(1)
+def interrupt_at(monkeypatch: pytest.MonkeyPatch, update: int,
+                 module: str = "meshdl.training.loop") -> None:
+    """Press Ctrl-C at the run's `update`-th update (from 1), before it is applied, where
+    `module` asks its learning rate (the loop of one mesh, or the server of several)."""
+    where = importlib.import_module(module)
+    real, calls = where.learning_rate, itertools.count(1)
 
     def pressed(*args):
         if next(calls) == update:
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(loop, "learning_rate", pressed)
+    monkeypatch.setattr(where, "learning_rate", pressed)
+
+
+def saved_figures(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Any]:
+    """The figures `module` saves (through its `save_png`), each kept once saved."""
+    saved: list[Any] = []
+    real = module.save_png
+
+    def keep(figure: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        real(figure, target, *args, **kwargs)
+        saved.append(figure)
+
+    monkeypatch.setattr(module, "save_png", keep)
+    return saved

@@ -14,6 +14,7 @@ import pytest
 
 from meshdl.experiments import compression, delta, edge_vs_cloud, faults, meshes, sweep
 from meshdl.report.plots import min_font_pt
+from tests.helpers import saved_figures
 
 Record = dict[str, Any]
 
@@ -97,14 +98,7 @@ PLOTS: dict[str, tuple[Any, Callable[[Path], Any]]] = {
 def _saved(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> list[Any]:
     """The figures experiment `name`'s plot saves, after saving them (laid out)."""
     module, draw = PLOTS[name]
-    saved: list[Any] = []
-    real = module.save_png
-
-    def keep(figure: Any, target: Any, *args: Any, **kwargs: Any) -> None:
-        real(figure, target, *args, **kwargs)
-        saved.append(figure)
-
-    monkeypatch.setattr(module, "save_png", keep)
+    saved = saved_figures(monkeypatch, module)
     draw(tmp_path)
     assert saved
     return saved

@@ -17,24 +17,12 @@ from meshdl.experiments import faults
 from meshdl.report import page
 from meshdl.report.page import build_report
 from meshdl.sim import simulate
+from tests.helpers import saved_figures
 
 ROWS, COLS = 6, 8
 DEAD = ("r2c1", "r3c1", "r0c3")
 # The report's column is 60em: 960 px at 16 px an em; a wider PNG shows shrunk there.
 REPORT_PX, MIN_TEXT_PX = 960, 11.0
-
-
-def _capture(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Any]:
-    """The figures `module` saves (through its `save_png`), after they are saved."""
-    saved: list[Any] = []
-    real = module.save_png
-
-    def keep(figure: Any, target: Any, *args: Any, **kwargs: Any) -> None:
-        real(figure, target, *args, **kwargs)
-        saved.append(figure)
-
-    monkeypatch.setattr(module, "save_png", keep)
-    return saved
 
 
 def _sim_report(dead: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -50,7 +38,7 @@ def _sim_report(dead: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def _energy_figure(monkeypatch, tmp_path: Path, dead: tuple[str, ...] = ()) -> Any:
-    saved = _capture(monkeypatch, simulate)
+    saved = saved_figures(monkeypatch, simulate)
     simulate.plot_energy(_sim_report(dead), ROWS, COLS, tmp_path / "energy.png")
     assert (tmp_path / "energy.png").read_bytes().startswith(b"\x89PNG")
     return saved[0]
@@ -122,7 +110,7 @@ def test_training_curves_tick_whole_epochs(monkeypatch, tmp_path, n) -> None:
               for e in range(1, n + 1)]
     (tmp_path / "metrics.json").write_text(json.dumps(
         {"mode": "mesh", "epochs": epochs, "final": {"test_acc": 0.6}}))
-    saved = _capture(monkeypatch, page)
+    saved = saved_figures(monkeypatch, page)
     build_report(tmp_path)
     (figure,) = saved
     _drawn(figure)
@@ -149,7 +137,7 @@ def _fault_rows() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", ["failures", "loss"])
 def test_fault_sweep_legends_and_labels_read_at_the_reports_width(
         monkeypatch, tmp_path, name) -> None:
-    saved = _capture(monkeypatch, faults)
+    saved = saved_figures(monkeypatch, faults)
     faults.plot(tmp_path, name, _fault_rows())
     (figure,) = saved
     dpi = 100  # save_png's

@@ -6,7 +6,6 @@ refused in one line where it does."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -21,25 +20,7 @@ from meshdl.errors import MeshdlError
 from meshdl.model.cnn import CNN
 from meshdl.training.checkpoint import load_checkpoint
 from meshdl.training.loop import train
-from tests.helpers import assert_one_line_error
-
-INTERRUPTED = 130
-
-
-def _interrupt_at(monkeypatch: pytest.MonkeyPatch, module: str, update: int) -> None:
-    """Ctrl-C at the run's `update`-th update (from 1), where `module` asks its learning
-    rate (the loop of one mesh, or the server of several)."""
-    import importlib
-
-    where = importlib.import_module(module)
-    real, calls = where.learning_rate, itertools.count(1)
-
-    def pressed(*args):
-        if next(calls) == update:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(where, "learning_rate", pressed)
+from tests.helpers import INTERRUPTED, assert_one_line_error, interrupt_at
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +62,8 @@ def test_a_resumed_run_keeps_every_epoch_and_the_whole_runs_counts(
     assert _train(cli, tiny_data, tmp_path / "whole", *flags)[0] == 0
     whole = _metrics(tmp_path / "whole")
     run = tmp_path / "run"
-    _interrupt_at(monkeypatch, "meshdl.training.loop" if meshes == 1 else
-                  "meshdl.training.parallel", 3 if meshes == 1 else 2)
+    interrupt_at(monkeypatch, 3 if meshes == 1 else 2,
+                 "meshdl.training.loop" if meshes == 1 else "meshdl.training.parallel")
     assert _train(cli, tiny_data, run, *flags)[0] == INTERRUPTED
     before = load_checkpoint(run)
     assert before.epochs_done == 1
@@ -113,10 +94,10 @@ def test_a_resumed_run_keeps_every_epoch_and_the_whole_runs_counts(
 def test_a_run_resumed_twice_lists_both_points_it_went_on_from(cli, tiny_data, tmp_path,
                                                                monkeypatch) -> None:
     run = tmp_path / "run"
-    _interrupt_at(monkeypatch, "meshdl.training.loop", 3)
+    interrupt_at(monkeypatch, 3)
     assert _train(cli, tiny_data, run, "--epochs", "3", "--mode", "central")[0] == \
         INTERRUPTED
-    _interrupt_at(monkeypatch, "meshdl.training.loop", 3)  # epoch 3's first update
+    interrupt_at(monkeypatch, 3)  # epoch 3's first update
     assert cli("train", "--resume", run)[0] == INTERRUPTED
     monkeypatch.undo()
     assert cli("train", "--resume", run)[0] == 0

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from meshdl.mqtt.session import BrokerAddress
     from meshdl.mqtt.status import StatusRecord
     from meshdl.protocol.topology import Cell
+    from meshdl.training.checkpoint import Checkpoint
 
 node_app = typer.Typer(help="One sensor node (one cell) of a mesh over MQTT.",
                        no_args_is_help=True)
@@ -250,13 +251,11 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.mqtt.sdnotify import Notifier
     from meshdl.mqtt.session import BrokerAddress
     from meshdl.training.checkpoint import load_checkpoint
-    from meshdl.training.loop import check_same_run, train
+    from meshdl.training.loop import train
     from meshdl.training.runs import (
-        finished_metrics,
         interrupted,
         metrics_record,
         new_run_dir,
-        nothing_to_resume,
         single_class_warning,
         start_run,
         with_resume_hint,
@@ -276,14 +275,8 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     command = (f"meshdl edge run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
                f"--data {data}")
     checkpoint = load_checkpoint(resume) if resume is not None else None
-    if checkpoint is not None:
-        check_same_run(checkpoint.config, config)  # (or more epochs): before connecting
-        if (done := finished_metrics(resume, config, checkpoint)) is not None:
-            err_console.print(nothing_to_resume(resume, config, command), highlight=False,
-                              soft_wrap=True)
-            if json_out:
-                emit_json(done)
-            return
+    if checkpoint is not None and _finished(resume, config, checkpoint, command, json_out):
+        return
     dataset = load_dataset(data)
     run_dir = resume or out or new_run_dir(name="mqtt")
     start_run(run_dir, config, str(data))
@@ -344,13 +337,10 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.mqtt.session import BrokerAddress
     from meshdl.server.serve import EdgesSilent, ServerRun, serve
     from meshdl.training.checkpoint import load_checkpoint
-    from meshdl.training.loop import check_same_run
     from meshdl.training.parallel import mesh_ids
     from meshdl.training.runs import (
-        finished_metrics,
         metrics_record,
         new_run_dir,
-        nothing_to_resume,
         start_run,
         with_resume_hint,
         write_run,
@@ -366,14 +356,8 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     command = (f"meshdl ps run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
                f"--data {data}")
     checkpoint = load_checkpoint(resume) if resume is not None else None
-    if checkpoint is not None:
-        check_same_run(checkpoint.config, config)  # before config.json is written again
-        if (done := finished_metrics(resume, config, checkpoint)) is not None:
-            err_console.print(nothing_to_resume(resume, config, command), highlight=False,
-                              soft_wrap=True)
-            if json_out:
-                emit_json(done)
-            return
+    if checkpoint is not None and _finished(resume, config, checkpoint, command, json_out):
+        return
     dataset = load_dataset(data)
     run_dir = resume or out or new_run_dir(name="ps")
     start_run(run_dir, config, str(data))
@@ -451,3 +435,23 @@ def edge_serve(broker: Broker = ..., mesh: MeshFile = ...,
         pass
     finally:
         engine.close()
+
+
+def _finished(resume: Path, config: RunConfig, checkpoint: Checkpoint, command: str,
+              json_out: bool) -> bool:
+    """`--resume` of `resume`: the same run (or more epochs of it), checked before
+    anything connects or config.json is written again; True, said in one line and the
+    run left as it is, when it has trained all its epochs."""
+    from meshdl.cli.common import emit_json
+    from meshdl.training.loop import check_same_run
+    from meshdl.training.runs import finished_metrics, nothing_to_resume
+
+    check_same_run(checkpoint.config, config)
+    done = finished_metrics(resume, config, checkpoint)
+    if done is None:
+        return False
+    err_console.print(nothing_to_resume(resume, config, command), highlight=False,
+                      soft_wrap=True)
+    if json_out:
+        emit_json(done)
+    return True
