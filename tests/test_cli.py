@@ -447,3 +447,19 @@ def test_train_over_an_unreachable_broker_fails_at_once_without_starting_a_run(
     assert_one_line_error(code, err, 1, f"127.0.0.1:{port}", "meshdl broker")
     assert err.startswith("error:")  # no progress bar, not even a blank line before it
     assert started == [] and not (tmp_path / "run").exists()
+
+
+def test_the_summary_of_an_mqtt_run_says_nothing_of_wave_depth_it_cannot_see(
+        cli, small_data_file, tmp_path) -> None:
+    from rich.console import Console
+
+    from meshdl.cli.cost import print_comm_summary
+
+    code, out, err = _train(cli, small_data_file, tmp_path / "run")
+    assert code == 0, err
+    comm = json.loads(out)["comm"]
+    del comm["wave_depth"]  # over MQTT the edge sees no rounds inside the mesh
+    console = Console(record=True, width=200)
+    print_comm_summary(comm, console)
+    text = console.export_text()
+    assert "busiest link" in text and "None" not in text and "depth" not in text

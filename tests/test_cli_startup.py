@@ -126,3 +126,4 @@ def test_a_value_not_among_the_choices_is_a_one_line_usage_error(cli, args) -> N
     code, out, err = cli(*args)
     assert_one_line_error(code, err, 2, args[-2], repr(args[-1]))
     assert out == ""
+    assert "Value error" not in err  # pydantic's prefix, not a word for the user

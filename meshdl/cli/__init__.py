@@ -222,7 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         if _help_shown(exc):
             sys.exit(exc.exit_code)
         # The message repeats what the user typed: never rich markup.
-        err_console.print(f"[bold red]error:[/] {escape(exc.format_message())} "
+        # (A value typer checks through pydantic comes prefixed "Value error, ".)
+        message = exc.format_message().replace("Value error, ", "")
+        err_console.print(f"[bold red]error:[/] {escape(message)} "
                           f"(see '{escape(_command_of(exc))} --help')", highlight=False,
                           soft_wrap=True)
         sys.exit(exc.exit_code)

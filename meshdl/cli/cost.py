@@ -65,14 +65,16 @@ def print_comm_summary(comm: dict[str, Any], console: Any = None) -> None:
         extent = (f"forward wave {depth.get('forward_s') or 0:.4g} s (mesh diameter "
                   f"{depth.get('diameter')}, edge to far corner "
                   f"{depth.get('edge_hops_to_far_corner')} hops); whole wave "
-                  f"{depth.get('wave_s') or 0:.4g} s")
-    else:
+                  f"{depth.get('wave_s') or 0:.4g} s; ")
+    elif "wave_rounds" in depth:  # the virtual mesh delivers in rounds
         extent = (f"forward wave depth {depth.get('forward_rounds', 0):.0f} rounds (mesh "
                   f"diameter {depth.get('diameter')}, edge to far corner "
                   f"{depth.get('edge_hops_to_far_corner')} hops); whole wave "
-                  f"{depth.get('wave_rounds')} rounds")
+                  f"{depth.get('wave_rounds')} rounds; ")
+    else:  # over MQTT nobody sees the rounds or the time of a wave inside the mesh
+        extent = ""
     console.print(
-        f"{extent}; busiest link "
+        f"{extent}busiest link "
         f"{busiest.get('link')} ({busiest.get('bytes', 0) / waves:,.0f} bytes per wave). "
         "Needed < formula because windows reaching past the border read zeros that "
         "nobody sends.", highlight=False)
