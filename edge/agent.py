@@ -18,7 +18,7 @@ import numpy as np
 from meshdl.compress.codec import read_or_count
 from meshdl.compress.intsum import SharedScales
 from meshdl.data.datasets import check_label_range
-from meshdl.errors import StepSkipped, UsageError
+from meshdl.errors import MeshdlError, StepSkipped, UsageError
 from meshdl.model import kernels
 from meshdl.model.cnn import CNN, Trace
 from meshdl.protocol.activations import read_activations
@@ -43,7 +43,7 @@ from meshdl.protocol.lifecycle import (
 )
 from meshdl.protocol.messages import EDGE, Header, Kind, Message, make, newer
 from meshdl.protocol.payloads import BatchOrder, PlanTail, health_entries
-from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import head_work
 
@@ -154,6 +154,7 @@ class EdgeMachine:
         self.plan_since = first_step & 0xFFFFFFFF  # the first wave of the current plan
         self.stats: Counter[str] = Counter()
         self.seq = 0
+        self.sent_params: np.ndarray | None = None  # the last PARAMS' (scheduled slots)
         # Floating-point operations of the head so far (simulated time's CPU time).
         self.flops = 0
         # Under intsum (compress/intsum.py): the scales it sends with PARAMS, learnt
@@ -269,6 +270,22 @@ class EdgeMachine:
         self._move(EdgeEvent.START)
         return self._begin(now)
 
+    def start_slot(self, slot: int, now: float = 0.0) -> list[Message]:
+        """Live inference on a schedule: the wave of time slot `slot`, which every node
+        starts by its own clock on the parameters it cached (`NodeMachine.begin_slot`).
+        Nothing goes out: the edge only waits for the slot's GATHER. Its step is the slot
+        number, as the nodes number it. The nodes hold the parameters of this edge's last
+        PARAMS: if the model changed since, a wave with PARAMS must carry the new ones
+        first (`start`), else `MeshdlError`."""
+        if self.sent_params is None or not np.array_equal(self._params(), self.sent_params):
+            raise MeshdlError("the nodes do not hold this model's parameters: start a wave "
+                              "with PARAMS before scheduled slots")
+        self._request, self.attempts = (Mode.INFER, Split.LIVE,
+                                        np.array([slot % LIVE_SLOTS], np.int32)), 0
+        self._move(EdgeEvent.START)
+        self._begin(now, step=slot & 0xFFFFFFFF)
+        return []
+
     def tick(self, now: float) -> list[Message]:
         """Best effort: give up on what missed its deadline. Else restart the current
         wave if nothing of it came for `wave_timeout`, or it is `wave_cap` old (messages
@@ -378,15 +395,20 @@ class EdgeMachine:
         self._move(EdgeEvent.REDUCE_MISSED)
         return []
 
-    def _begin(self, now: float) -> list[Message]:
+    def _params(self) -> np.ndarray:
+        """The PARAMS payload of the model as it is (without the plan's tail)."""
+        return self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
+                                            self.model.norm_std, self.wave_scales)
+
+    def _begin(self, now: float, step: int | None = None) -> list[Message]:
         """The current request's next attempt (after START or RESTART): its PARAMS and
-        BATCH under a new step."""
+        BATCH under a new step; a scheduled slot's (`step` given) sends nothing."""
         self.weigh_health()
         self._weighed = False  # the next wave weighs what this one brings
         mode, split, indices = self._request
         self.attempts += 1
         self.started_at = self.heard_at = now
-        self.step = (self.step + 1) & 0xFFFFFFFF  # the header's u32
+        self.step = (self.step + 1) & 0xFFFFFFFF if step is None else step  # the header's u32
         self.mode, self._result, self.trace = mode, None, None
         indices = np.asarray(indices, np.int32)
         self.batch = len(indices)
@@ -402,10 +424,12 @@ class EdgeMachine:
         if self._timed is not None:
             self.due_gather = self._timed.deadline(GATHER_ENTRY)
             self.due_reduce = self._timed.deadline(REDUCE_ENTRY) if mode == Mode.TRAIN else 0.0
+        if step is not None:  # a scheduled slot: the nodes start it on their own
+            return []
         if self.sum_scales is not None:
             self.wave_scales = self.sum_scales.scales
-        params = self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
-                                              self.model.norm_std, self.wave_scales)
+        params = self._params()
+        self.sent_params = params
         if self.spec.planned:  # the mesh the wave runs in, for every node to plan it
             tail = PlanTail(self.spec.edge_at, self.spec.dead).pack(self.spec.model.cols)
             params = np.concatenate([params, tail])

@@ -26,6 +26,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -70,13 +71,23 @@ from meshdl.protocol.messages import (
     seal,
 )
 from meshdl.protocol.payloads import BATCH_HEAD, BatchOrder, PlanTail
-from meshdl.protocol.spec import MeshSpec, Mode, Send, Split
+from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Send, Split
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import node_work
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
 
+
+
+class CachedParams(NamedTuple):
+    """The parameters a node keeps for scheduled slots: the PARAMS payload of the wave
+    (edge session and step: the version) that last brought them."""
+
+    session: int
+    step: int
+    payload: np.ndarray  # the whole PARAMS payload (read-only, as received)
+    vector: np.ndarray  # its conv weights, mean and std (`MeshSpec.params_layout`)
 
 
 class NodeMachine:
@@ -120,6 +131,8 @@ class NodeMachine:
         # Live inference: HALOs as changes since the last wave (nodes/delta.py).
         self.delta_out = None if spec.delta is None else DeltaSender(spec.delta)
         self.delta_in = None if spec.delta is None else DeltaReceiver()
+        # The parameters of the last wave that brought them, for scheduled slots.
+        self.cached: CachedParams | None = None
         self._adopt(spec)
 
     def _plan_for(self, spec: MeshSpec) -> NodePlan:
@@ -341,14 +354,7 @@ class NodeMachine:
         if wave is None or h.session != wave.session or newer(h.step, wave.step):
             if expect.role != Role.PARAMETERS:  # a neighbour is already in the next wave
                 return self._buffer(message, expect, "buffered_future")
-            if wave is not None and not self._finished(wave):
-                self.stats["abandoned_waves"] += 1
-                self._move(wave, NodeEvent.SUPERSEDED)
-            if wave is not None and wave.schedule is not None:
-                self.effort.judge(wave)
-            if wave is not None and h.session != wave.session:
-                self.stats["resynchronised"] += 1
-            self.wave = wave = Wave(h.step, h.session, self.plan)
+            wave = self._new_wave(h.step, h.session)
             new_wave = True
         if h.step != wave.step:  # an earlier wave of this session
             self.stats["stale"] += 1
@@ -375,6 +381,57 @@ class NodeMachine:
             self._run_ready(wave, now, out)
         if self.early and (new_wave or (not started_before and
                                         wave.phase is not NodePhase.AWAITING_CONTROL)):
+            for early in self._due(wave):
+                out.extend(self.handle(early, now))
+        return out
+
+    def _new_wave(self, step: int, session: int) -> Wave:
+        """Leave the current wave (superseded if unfinished) for wave `step` of `session`."""
+        wave = self.wave
+        if wave is not None and not self._finished(wave):
+            self.stats["abandoned_waves"] += 1
+            self._move(wave, NodeEvent.SUPERSEDED)
+        if wave is not None and wave.schedule is not None:
+            self.effort.judge(wave)
+        if wave is not None and session != wave.session:
+            self.stats["resynchronised"] += 1
+        self.wave = Wave(step, session, self.plan)
+        return self.wave
+
+    # ---------------------------------------------------------- scheduled slots
+    # Live inference on a schedule: the parameters come once and are cached; every time
+    # slot's wave then starts at the slot boundary by each node's own clock, with no
+    # PARAMS and no BATCH on the air (PROTOCOL.md, "Scheduled slots").
+    def begin_slot(self, slot: int, now: float = 0.0) -> list[Message]:
+        """Start the inference wave of time slot `slot` on the cached parameters: its step
+        is the slot number, its one sample the slot's place in the LIVE ring. Returns what
+        this node sends (its first halo strips; the messages its neighbours sent before
+        this node's clock reached the slot, kept until now, are taken too)."""
+        cached = self.cached
+        if cached is None or self.cell not in self.spec.topology.members:
+            self.stats["rejected:slot_without_params"] += 1
+            return []
+        step, wave = slot & 0xFFFFFFFF, self.wave
+        if wave is not None and wave.session == cached.session and \
+                not newer(step, wave.step):
+            self.stats["rejected:stale_slot"] += 1  # this slot, or a later one, began
+            return []
+        batch = BatchOrder(Mode.INFER, Split.LIVE, np.array([slot % LIVE_SLOTS])).pack()
+        if not self._valid_batch(batch) or \
+                not np.isfinite(self.readings[Split.LIVE][:, slot % LIVE_SLOTS]).all():
+            # No usable reading for the slot: never a made-up number (as `_store_batch`).
+            self.stats["rejected:no_reading"] += 1
+            return []
+        wave = self._new_wave(step, cached.session)
+        wave.scheduled = True
+        wave.params_payload, wave.params_vector = cached.payload, cached.vector
+        wave.batch_payload = batch
+        out: list[Message] = []
+        self._start_wave(wave, out, now)
+        self.stats["scheduled_slots"] += 1
+        if wave.ready:
+            self._run_ready(wave, now, out)
+        if self.early:
             for early in self._due(wave):
                 out.extend(self.handle(early, now))
         return out
@@ -680,9 +737,13 @@ class NodeMachine:
         self._field_buffers(wave)
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
-        for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
-            body = wave.params_payload if send.kind == Kind.PARAMS else payload
-            out.append(self._message(wave, send.kind, send.dst, body))
+        if not wave.scheduled:
+            # Kept for the scheduled slots to come: the last parameters this node had.
+            self.cached = CachedParams(wave.session, wave.step, wave.params_payload,
+                                       params)
+            for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
+                body = wave.params_payload if send.kind == Kind.PARAMS else payload
+                out.append(self._message(wave, send.kind, send.dst, body))
         compute.normalize(self.readings[split], indices, params[self.layout.mean],
                           params[self.layout.std], wave.buffers[self.a[0]][self.own_a[0]])
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std

@@ -350,6 +350,7 @@ class Wave:
         self.phase = NodePhase.AWAITING_CONTROL
         self.mode: Mode | None = None
         self.training = False
+        self.scheduled = False  # started by the node's clock on cached parameters
         self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
         self.params_payload: np.ndarray | None = None  # all of it (the plan's tail too)
         self.batch_payload: np.ndarray | None = None

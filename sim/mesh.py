@@ -159,6 +159,19 @@ class VirtualMesh:
     def run_wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         """One wave from the edge and back; raises MeshdlError if it does not complete."""
         self.send(self.edge.start(mode, split, indices))
+        return self._finish_wave(mode)
+
+    def run_slot(self, slot: int) -> WaveResult:
+        """One scheduled slot of live inference: every node starts it on the parameters
+        it cached (a wave with PARAMS must have brought them), all in the same round."""
+        out = self.edge.start_slot(slot)
+        for node in self.nodes.values():
+            out.extend(node.begin_slot(slot))
+        self.send(out)
+        return self._finish_wave(Mode.INFER)
+
+    def _finish_wave(self, mode: Mode) -> WaveResult:
+        """Deliver rounds until the edge has the wave's result, then the wave's tail."""
         start_round = self.broker.round
         self.gather_rounds = None
         while self.edge.result is None:

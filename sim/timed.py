@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -241,14 +242,58 @@ class TimedMesh:
         queue, edge = self.queue, self.edge
         self._wave = WaveTiming(mode, queue.now)
         # The medium counts this wave's transmissions into the mode's own account.
-        tally = self.medium.account(mode)
-        usage = self.usage.setdefault(mode, Usage(radio=tally))
+        usage = self.usage.setdefault(mode, Usage(radio=self.medium.account(mode)))
         before = self._cpu_seconds()
         if self.best_effort is not None:
             edge.weigh_health()  # the plan of this wave, maybe without cells found dead
             if (edge.spec.plan_key, mode, len(indices)) not in self._calibrated:
                 self._calibrate(mode, split, indices)
         self._handled(EDGE, edge.start(mode, split, indices, queue.now), queue.now)
+        return self._run_out(mode, usage, before)
+
+    def run_slot(self, slot: int, clock_errors: Mapping[Cell, float] | None = None
+                 ) -> WaveResult:
+        """One scheduled slot of live inference (reliable mode): the edge waits for the
+        slot's GATHER and sends nothing; each node starts the slot on its cached
+        parameters when its own clock reaches the boundary, `clock_errors[cell]` seconds
+        after the edge's (negative: before; the wave starts with the earliest clock)."""
+        if self.best_effort is not None:
+            raise UsageError("scheduled slots run in reliable mode")
+        queue, errors = self.queue, clock_errors or {}
+        earliest = min(0.0, *errors.values()) if errors else 0.0
+        self._wave = WaveTiming(Mode.INFER, queue.now)
+        usage = self.usage.setdefault(Mode.INFER, Usage(radio=self.medium.account(Mode.INFER)))
+        before = self._cpu_seconds()
+        self._handled(EDGE, self.edge.start_slot(slot, queue.now - earliest), queue.now)
+        for cell in self.nodes:
+            if cell not in self.down:
+                queue.at(queue.now + errors.get(cell, 0.0) - earliest, self._begin_slot,
+                         (cell, slot))
+        return self._run_out(Mode.INFER, usage, before)
+
+    def _begin_slot(self, cell_slot: tuple[Cell, int]) -> None:
+        """A node's clock reaches the slot boundary: it starts the slot once its CPU is
+        free (a timer interrupt costs what a message's bookkeeping does)."""
+        cell, slot = cell_slot
+        cpu, now = self.cpus[cell], self.queue.now
+        if cell in self.down:
+            return
+        if cpu.free_at > now:
+            self.queue.at(cpu.free_at, self._begin_slot, cell_slot)
+            return
+        node = self.nodes[cell]
+        before = node.flops
+        out = node.begin_slot(slot, now)
+        seconds = self._per_message_s + (node.flops - before) / self._flops_per_s
+        if self.slowdown:
+            seconds *= self.slowdown.get(cell, 1.0)
+        cpu.seconds += seconds
+        cpu.free_at = now + seconds
+        self._handled(cell, out, now + seconds)
+
+    def _run_out(self, mode: Mode, usage: Usage, before: dict[Party, float]) -> WaveResult:
+        """Run the started wave to its end; count its seconds and what it used."""
+        queue, edge = self.queue, self.edge
         if self.best_effort is not None:
             self._arm(EDGE)
         if self.best_effort is None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -386,6 +388,94 @@ def simulate_infer(
     _say(report, run_dir)
     if json_out:
         emit_json(report)
+
+
+MacChoice = Literal["always-on", "ideal", "lpl", "tsch"]
+BatteryName = Literal["2xAA", "2xAA-lithium", "cr2032"]
+
+
+@app.command("live")
+@grouped
+def simulate_live(
+    model_path: Path | None = typer.Option(None, "--model", help="A trained model.npz "
+                                           "(default: a fresh one)."),
+    data: LabelledData = None,
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
+                                    "runs/<timestamp>-simulate-live/)."),
+    edge_at: EdgeAt = None,
+    grid: Flags = GRID,
+    net: Flags = NETWORK,
+    slots: int = typer.Option(48, "--slots", help="Time slots of live inference (the first "
+                              "brings the parameters)."),
+    slot_seconds: float = typer.Option(1800.0, "--slot-seconds", help="Seconds from one "
+                                       "slot to the next."),
+    mac: MacChoice = typer.Option("lpl", "--mac", help="The radios' MAC: always-on, ideal "
+                                  "(asleep whenever not sending or receiving: a floor), lpl "
+                                  "(ContikiMAC low-power listening) or tsch (6TiSCH "
+                                  "minimal)."),
+    battery: BatteryName = typer.Option("2xAA", "--battery", help="Each node's battery."),
+    delta: float | None = typer.Option(None, "--delta", help="Suppress changes up to EPS: "
+                                       "delta halos in the mesh, send-on-delta readings "
+                                       "in the cloud (both report the alerts it costs)."),
+    timed_slots: int = typer.Option(48, "--timed-slots", help="Slots timed event by "
+                                    "event when slots repeat (no --delta, no --loss); the "
+                                    "others are priced as they are."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of a fresh model, of the "
+                                    "radios' backoffs and of the clocks' drifts."),
+    sim: Flags = SIMULATED,
+    json_out: JsonSim = False,
+) -> None:
+    """Live inference slot after slot, the real time between them: bytes, joules and
+    battery lifetime of the mesh against the cloud-heavy baseline."""
+    from meshdl.model.cnn import CNN
+    from meshdl.sim import live
+    from meshdl.training.loop import normalization
+    from meshdl.training.runs import new_run_dir, start_run
+
+    if sim["recovery"] != "reliable" or sim["dead"]:
+        raise UsageError("live slots run in reliable mode: no --recovery best-effort, no "
+                         "--dead")
+    radio_profile, node, edge = _parties(sim)
+    trained = CNN.load(model_path) if model_path else None
+    flags = overrides(grid, net, seed=seed, edge_at=edge_at)
+    if trained:
+        flags["model"] = trained.config.model_dump()
+    dataset, config, source = _data_and_config(data, None, flags)
+    model = trained or CNN(config.model, seed=config.train.seed)
+    if trained is None:
+        model.set_normalization(*normalization(dataset.X_train))
+    settings = live.settings_for(slots, slot_seconds, mac, battery, delta, timed_slots,
+                                 config.train.seed, sim)
+    run_dir = out or new_run_dir(name="simulate-live")
+    start_run(run_dir, config, source)
+    with _live_progress(slots) as say:
+        report = live.simulate(dataset, model, config, radio_profile, sim["medium"], node,
+                               edge, settings, say)
+    live.write(report, run_dir)
+    err_console.print(live.summary_line(report, run_dir), highlight=False, soft_wrap=True)
+    if json_out:
+        emit_json(report)
+
+
+@contextmanager
+def _live_progress(slots: int) -> Iterator[Callable[[int], None]]:
+    """`say(done)`: a bar on a terminal; elsewhere a line at every tenth of the slots."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("slots"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as bar:
+        task = bar.add_task("slots", total=slots)
+        step = max(1, slots // 10)
+        said = [0]
+
+        def say(done: int) -> None:
+            bar.update(task, completed=done)
+            if not err_console.is_terminal and (done - said[0] >= step or done == slots):
+                said[0] = done
+                err_console.print(f"slot {done}/{slots}", highlight=False)
+
+        yield say
 
 
 def _params_via(config: RunConfig, medium: str) -> str:

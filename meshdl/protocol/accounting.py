@@ -6,7 +6,11 @@ Two media are counted side by side for every message sent:
   node sends in the same wave, of the same kind, layer and phase, go out once, carrying
   the union of their items.
 All links are one hop, so a message is one hop transmission. Bytes include the header
-and, when the mesh authenticates its messages, each one's tag or signature.
+and, when the mesh authenticates its messages, each one's tag or signature. Two header
+encodings are counted: `bytes` with the mesh's own (`MeshSpec.header`: the 48-byte
+header of messages.py unless it says otherwise), `compact_bytes` with the 8-byte header
+a radio stack sends beside its MAC frame (meshdl/protocol/compact.py), for the same
+messages and transmissions.
 The analytical side: per conv layer and per sample, `needed` is what nodes must obtain
 (their window inside the grid minus their own cell, times input channels), next to the
 seed paper's formula (k^2 - 1) * m * n * c_in, which assumes every cell has a full
@@ -162,6 +166,8 @@ class Ledger:
             figures[name, "values"] += values
             figures[name, "bytes"] += self.spec.overhead(kind) + \
                 DTYPES[dtype].itemsize * values
+            figures[name, "compact_bytes"] += self.spec.overhead(kind, "compact") + \
+                DTYPES[dtype].itemsize * values
         return figures
 
     def sent_by(self, kind: Kind) -> dict[Cell, tuple[int, int]]:
@@ -192,11 +198,13 @@ class Ledger:
         for (src, dst, kind, layer, _, shape, dtype), sent in self._totals.items():
             values = math.prod(shape)  # of a compressed payload: its bytes
             size = self.spec.overhead(kind) + DTYPES[dtype].itemsize * values  # tags too
+            compact = size - self.spec.overhead(kind) + self.spec.overhead(kind, "compact")
             count = sent * cells if dst == ALL else sent  # a broker delivers to every node
             counts = unicast[class_name(kind, layer)]
             counts["values"] += values * count
             counts["messages"] += count
             counts["bytes"] += size * count
+            counts["compact_bytes"] += compact * count
             # A broadcast crosses the edge's own link once; the broker fans it out.
             link = (name_of(src), name_of(dst))
             links[link] += size * sent
@@ -226,6 +234,9 @@ class Ledger:
             "broadcast_transmissions": sum(n for (_, f), n in self._broadcast.items()
                                            if f == "transmissions"),
             "broadcast_bytes": sum(n for (_, f), n in self._broadcast.items() if f == "bytes"),
+            "total_compact_bytes": sum(c["compact_bytes"] for c in unicast.values()),
+            "broadcast_compact_bytes": sum(n for (_, f), n in self._broadcast.items()
+                                           if f == "compact_bytes"),
             "busiest_link": None if busiest is None else {
                 "link": f"{busiest[0]}->{busiest[1]}", "bytes": links[busiest],
                 "messages": link_messages[busiest]},

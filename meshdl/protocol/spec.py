@@ -29,6 +29,7 @@ from meshdl.errors import UsageError
 from meshdl.limits import MAX_MESSAGE_BYTES
 from meshdl.protocol.activations import activation_compressor
 from meshdl.protocol.auth import link, tag_bytes
+from meshdl.protocol.compact import COMPACT_HEADER_BYTES, HeaderFormat
 from meshdl.protocol.messages import (
     ALL,
     BYTES,
@@ -117,6 +118,10 @@ class MeshSpec:
     # Live inference: HALOs carry only the cells that changed by more than this since
     # the last wave (nodes/delta.py); None sends every value.
     delta: float | None = None
+    # Each message's header: the 48 bytes of messages.py, or the 8 a radio stack needs
+    # beside its MAC frame (meshdl/protocol/compact.py). What is counted as sent (bytes,
+    # airtime) follows it; the ledger reports both.
+    header: HeaderFormat = "full"
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -153,7 +158,7 @@ class MeshSpec:
             spec = MeshSpec(self.mesh_id, self.model, edge_at, self.params_via,
                             self.max_message_bytes, self.auth, frozenset(dead),
                             self.home or self.edge_at, self.compress, self.activations,
-                            self.delta)
+                            self.delta, self.header)
             spec.__dict__["_replans"] = replans  # one family of plans
         replans[(edge_at, dead)] = spec
         return spec
@@ -190,10 +195,18 @@ class MeshSpec:
             BATCH_HEAD
         return min(values // self.values_per_sample, indices)
 
-    def overhead(self, kind: Kind) -> int:
-        """Bytes of a message of `kind` besides its values: the header, and the tag or
-        signature when the mesh authenticates its messages."""
-        return HEADER_BYTES + (tag_bytes(kind) if self.auth else 0)
+    def overhead(self, kind: Kind, header: HeaderFormat | None = None) -> int:
+        """Bytes of a message of `kind` besides its values: the header (this mesh's, or
+        the `header` format given), and the tag or signature when the mesh authenticates
+        its messages."""
+        form = self.header if header is None else header
+        if form == "compact":
+            size = COMPACT_HEADER_BYTES
+        elif form == "full":
+            size = HEADER_BYTES
+        else:
+            raise UsageError(f"mesh header: {form!r} is neither 'full' nor 'compact'")
+        return size + (tag_bytes(kind) if self.auth else 0)
 
     @cached_property
     def links(self) -> frozenset[tuple[Cell, Cell]]:
@@ -215,7 +228,7 @@ class MeshSpec:
                 "edge_at": list(self.edge_at), "params_via": self.params_via,
                 "max_message_bytes": self.max_message_bytes, "auth": self.auth,
                 "compress": self.compress, "activations": self.activations,
-                "delta": self.delta}
+                "delta": self.delta, "header": self.header}
 
     def differences(self, summary: dict[str, Any]) -> list[str]:
         """"kernel 5 (here 3)" for each field of another agent's `summary` that differs."""

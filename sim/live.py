@@ -1,0 +1,512 @@
+"""`meshdl simulate live`: slot after slot of live inference with the real time between
+them, and how long the nodes' batteries last, in the mesh and in the cloud.
+
+The mesh runs live inference as a deployment would: the edge's first wave brings the
+parameters (PARAMS and BATCH, flooded down the tree: the *install*), every node caches
+them, and every later slot's wave starts at the slot boundary by each node's own clock
+(`NodeMachine.begin_slot`), with nothing from the edge on the air. The nodes' readings
+are a data set's maps replayed in time order, one per slot. On a radio mesh messages
+carry the compact header (meshdl/protocol/compact.py). Each slot is a wave of the very
+node and edge machines under simulated time (sim/timed.py), its transmissions counted
+per node and priced under a MAC (sim/radio/mac.py) over the whole slot; batteries
+(sim/radio/battery.py) turn each node's average power into years.
+
+Clocks. Each node's crystal is off by a fixed drift drawn in +-`drift_ppm`; it is
+resynchronised by every slot's wave, so at the next boundary it is off by drift times
+the slot length (under TSCH, whose keep-alives hold every clock within the guard time,
+by at most the guard). A node that starts early sends its halos to neighbours that have
+not started yet: they keep them until their own clock gets there.
+
+Repetition, and what it allows. Without `--delta` and without loss, a scheduled slot
+sends exactly the same messages (kinds, sizes, senders, receivers) whatever the readings:
+the plan fixes them. Only `timed_slots` slots are then timed event by event (their
+figures are checked to be equal, slot for slot, or the run stops); the others are priced
+as they are, and their values are computed by the same node machines on the in-process
+transport, one wave for up to LIVE_SLOTS slots of the ring at once (a wave's samples never
+mix: tests/test_scheduled_slots.py), which is what makes a year of slots take minutes.
+With `--delta` or loss every slot is timed.
+
+The cloud-heavy baseline ships each slot's readings up the same tree (aggregated), with
+the same compact header, MAC, device, battery and value precision; under `--delta` its
+nodes send on delta (sim/studies/sendondelta.py), the edge computing on the last values
+it got. Both sides report what suppression costs in alerts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from meshdl.data.datasets import Dataset
+from meshdl.errors import MeshdlError, UsageError
+from meshdl.model.cnn import CNN
+from meshdl.protocol.accounting import class_name
+from meshdl.protocol.messages import Kind
+from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
+from meshdl.protocol.topics import name_of
+from meshdl.protocol.topology import Cell
+from meshdl.sim.mesh import VirtualMesh, cyclic_gc_paused
+from meshdl.sim.radio.battery import Battery, battery, lifetime_years
+from meshdl.sim.radio.device import DeviceProfile
+from meshdl.sim.radio.loss import FrameLoss
+from meshdl.sim.radio.mac import (
+    MACS,
+    MacName,
+    MacParams,
+    RadioUse,
+    mac_energy,
+    radio_use,
+    unsupported_reason,
+)
+from meshdl.sim.radio.media import MediumName
+from meshdl.sim.radio.profiles import RadioProfile
+from meshdl.sim.radio.trace import Party
+from meshdl.sim.studies.cloud import Shipped, ship_readings
+from meshdl.sim.studies.sendondelta import send_on_delta, senders_of
+from meshdl.sim.timed import TimedMesh
+
+# Slots are numbered by the clock, as live nodes number them (Unix time // slot length,
+# meshdl/nodes/live.py): a run's first slot is the one that begins at this instant.
+EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+# A 32.768 kHz tuning-fork crystal's frequency tolerance at 25 C (e.g. Abracon ABS07,
+# Epson FC-135: +-20 ppm), the clock of a mote's sleep timer.
+DRIFT_PPM = 20.0
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """What a live run simulates (the CLI's flags)."""
+
+    slots: int = 48
+    slot_s: float = 1800.0
+    mac: MacName = "lpl"
+    battery: Battery | None = None  # None: sim/radio/battery.py's default
+    delta: float | None = None  # delta halos in the mesh, send-on-delta in the cloud
+    timed_slots: int = 48  # slots timed event by event when slots repeat (see above)
+    drift_ppm: float = DRIFT_PPM
+    seed: int = 0
+    loss: FrameLoss | None = None
+    mac_params: MacParams = field(default_factory=MacParams)
+
+
+class SlotCost(NamedTuple):
+    """What one slot cost: bytes and frames on air (by message class too), each party's
+    radio use and seconds of computing, and how long its wave took."""
+
+    bytes: int
+    frames: int
+    by_class: dict[str, int]
+    use: dict[Party, RadioUse]
+    cpu_s: dict[Party, float]
+    makespan_s: float
+
+
+@dataclass
+class Side:
+    """One side of the comparison (the mesh, or the cloud): its slots' costs and alerts.
+    `repeats[i]` says how many slots cost what `costs[i]` did."""
+
+    costs: list[SlotCost] = field(default_factory=list)
+    repeats: list[float] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    install: SlotCost | None = None  # the mesh's first slot, which brings the parameters
+
+    def add(self, cost: SlotCost, repeat: float = 1.0) -> None:
+        self.costs.append(cost)
+        self.repeats.append(repeat)
+
+    @property
+    def slots(self) -> float:
+        return sum(self.repeats)
+
+    def mean(self, figure: Callable[[SlotCost], float]) -> float:
+        return sum(figure(c) * n for c, n in zip(self.costs, self.repeats, strict=True)) / \
+            max(self.slots, 1)
+
+
+def node_joules(cost: SlotCost, party: Party, mac: MacName, radio: RadioProfile,
+                device: DeviceProfile, slot_s: float, params: MacParams) -> float:
+    """One node's joules over one slot: its radio under `mac` and its processor
+    (computing, then idle the rest of the slot)."""
+    use = cost.use.get(party, RadioUse(0.0, 0.0, 0, 0, 0, 0, 0))
+    cpu = cost.cpu_s.get(party, 0.0)
+    return mac_energy(mac, radio, use, slot_s, params).total_j + cpu * device.cpu_w + \
+        max(slot_s - cpu, 0.0) * device.idle_w
+
+
+def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
+                 device: DeviceProfile, settings: LiveSettings, battery: Battery
+                 ) -> dict[str, Any]:
+    """sim.json's figures of one side: per slot (the mesh's install apart), and each
+    node's lifetime on `battery` at its mean power."""
+    slot_s = settings.slot_s
+    per_node = {cell: side.mean(lambda c, cell=cell: node_joules(
+        c, cell, mac, radio, device, slot_s, settings.mac_params)) for cell in cells}
+    years = {cell: lifetime_years(battery, joules / slot_s) for cell, joules in per_node.items()}
+    hottest = max(per_node, key=per_node.__getitem__)
+    first = min(years, key=years.__getitem__)
+    by_class: dict[str, float] = {}
+    for cost, n in zip(side.costs, side.repeats, strict=True):
+        for name, size in cost.by_class.items():
+            by_class[name] = by_class.get(name, 0.0) + size * n / max(side.slots, 1)
+    return {
+        "bytes_per_slot": side.mean(lambda c: c.bytes),
+        "frames_per_slot": side.mean(lambda c: c.frames),
+        "bytes_per_slot_by_class": dict(sorted(by_class.items())),
+        "hottest_node_j_per_slot": per_node[hottest],
+        "hottest_cell": name_of(hottest),
+        "mean_node_j_per_slot": float(np.mean(list(per_node.values()))),
+        "first_death_years": years[first],
+        "median_years": float(np.median(list(years.values()))),
+        "first_cell": name_of(first),
+        "makespan_s": {"mean": side.mean(lambda c: c.makespan_s),
+                       "max": max((c.makespan_s for c in side.costs), default=0.0)},
+    }
+
+
+def labels_of(logits: np.ndarray, threshold: float = 0.5) -> list[int]:
+    """Alert labels as `edge serve` gives them: softmax probability of class 1 at least
+    `threshold` (edge/serve.py)."""
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return [int(p >= threshold) for p in z[:, 1] / z.sum(axis=1)]
+
+
+class LiveMesh:
+    """The mesh side of a live run: a timed mesh whose nodes sample a series of maps,
+    and, for slots that repeat, the same machines in process for their values."""
+
+    def __init__(self, spec: MeshSpec, model: CNN, radio: RadioProfile, medium: MediumName,
+                 device: DeviceProfile, edge_device: DeviceProfile,
+                 settings: LiveSettings) -> None:
+        self.spec, self.model, self.settings = spec, model, settings
+        self.radio = radio
+        empty = np.full((LIVE_SLOTS, spec.model.in_channels, spec.model.rows, spec.model.cols),
+                        np.nan, np.float32)
+        self.timed = TimedMesh(spec, {Split.LIVE: empty}, model, {}, radio, medium, device,
+                               edge_device, settings.seed, trace=True, loss=settings.loss)
+        self.cells = [cell for cell in spec.topology.cells() if cell in spec.topology.members]
+        rng = np.random.default_rng(settings.seed)
+        drift = rng.uniform(-settings.drift_ppm, settings.drift_ppm, len(self.cells)) * 1e-6
+        self.drift = dict(zip(self.cells, drift.tolist(), strict=True))
+        self.first_slot = int(EPOCH.timestamp() // settings.slot_s)
+        self._virtual: VirtualMesh | None = None
+
+    # ------------------------------------------------------------------ slots
+    def clock_errors(self) -> dict[Cell, float]:
+        """How far each node's clock is off at a slot boundary (see the module's
+        docstring)."""
+        settings = self.settings
+        errors = {cell: d * settings.slot_s for cell, d in self.drift.items()}
+        if settings.mac == "tsch":
+            guard = settings.mac_params.tsch_guard_s
+            errors = {cell: max(-guard, min(guard, e)) for cell, e in errors.items()}
+        return errors
+
+    def sample(self, nodes: Mapping[Cell, Any], reading: np.ndarray, slot: int) -> None:
+        """Every node reads its sensor at the boundary of `slot` (a run's slot index):
+        `reading` is that slot's map, ([channels,] rows, cols)."""
+        at = (self.first_slot + slot) % LIVE_SLOTS
+        values = reading.reshape(-1, *reading.shape[-2:])
+        for (r, c), node in nodes.items():
+            node.record(Split.LIVE, at, values[:, r, c])
+
+    def timed_slot(self, series: np.ndarray, slot: int) -> tuple[SlotCost, np.ndarray]:
+        """Run slot `slot` on the event clock: the install (slot 0) or a scheduled one."""
+        timed = self.timed
+        self.sample(timed.nodes, series[slot], slot)
+        trace_from = len(timed.trace)
+        tally = timed.medium.account(Mode.INFER)
+        tx, rx = dict(tally.times.tx), dict(tally.times.rx)
+        kinds = tally.by_kind
+        cpu = {party: c.seconds for party, c in timed.cpus.items()}
+        start = timed.queue.now
+        if slot == 0:
+            ring = np.array([self.first_slot % LIVE_SLOTS])
+            result = timed.run_wave(Mode.INFER, Split.LIVE, ring)
+        else:
+            result = timed.run_slot(self.first_slot + slot, self.clock_errors())
+        # The next slot begins slot_s after this one (the radio idles between).
+        timed.queue.advance_to(start + self.settings.slot_s)
+        after = timed.medium.account(Mode.INFER)
+        sent = timed.trace[trace_from:]
+        del timed.trace[:]  # a year of traces would not fit: each slot's is used here
+        tx_slot = _grown(after.times.tx, tx)
+        rx_slot = _grown(after.times.rx, rx)
+        by_class: dict[str, int] = {}
+        frames = 0
+        for (kind, layer), figures in after.by_kind.items():
+            old = kinds.get((kind, layer))
+            size = figures.bytes - (old.bytes if old else 0)
+            frames += figures.frames - (old.frames if old else 0)
+            if size:
+                name = class_name(Kind(kind), layer)
+                by_class[name] = by_class.get(name, 0) + size
+        cost = SlotCost(sum(by_class.values()), frames, by_class,
+                        radio_use(sent, self.radio, tx_slot, rx_slot),
+                        _grown({p: c.seconds for p, c in timed.cpus.items()}, cpu),
+                        timed.waves[-1].end - timed.waves[-1].start)
+        return cost, result.logits
+
+    def logits_in_process(self, series: np.ndarray, slots: range) -> np.ndarray:
+        """Logits of `slots` computed by the same node machines in process, as many
+        slots of the ring per wave as one wave may carry (their samples never mix)."""
+        if self._virtual is None:
+            empty = np.full((LIVE_SLOTS, self.spec.model.in_channels, self.spec.model.rows,
+                             self.spec.model.cols), np.nan, np.float32)
+            self._virtual = VirtualMesh(self.spec, {Split.LIVE: empty}, self.model, {})
+        virtual = self._virtual
+        chunk = max(1, min(LIVE_SLOTS, self.spec.max_batch))
+        out = []
+        for first in range(slots.start, slots.stop, chunk):
+            block = range(first, min(first + chunk, slots.stop))
+            for slot in block:
+                self.sample(virtual.nodes, series[slot], slot)
+            ring = np.array([(self.first_slot + s) % LIVE_SLOTS for s in block])
+            out.append(virtual.run_wave(Mode.INFER, Split.LIVE, ring).logits)
+        return np.concatenate(out) if out else np.zeros((0, self.spec.model.classes))
+
+
+def _grown(after: Mapping[Party, float], before: Mapping[Party, float]) -> dict[Party, float]:
+    """What each party's figure grew by."""
+    return {p: v - before.get(p, 0.0) for p, v in after.items() if v - before.get(p, 0.0)}
+
+
+def same_traffic(a: SlotCost, b: SlotCost) -> bool:
+    """Did two slots send the same (bytes and frames per class, every party's counts)?"""
+    return a.bytes == b.bytes and a.frames == b.frames and a.by_class == b.by_class and \
+        {p: u[2:] for p, u in a.use.items()} == {p: u[2:] for p, u in b.use.items()}
+
+
+def run_mesh(live: LiveMesh, series: np.ndarray, say: Callable[[int], None]) -> Side:
+    """Every slot of the mesh side; the repeating shortcut where it holds."""
+    settings = live.settings
+    side = Side()
+    repeat = settings.delta is None and settings.loss is None
+    timed = settings.slots if not repeat else min(settings.slots, max(settings.timed_slots, 2))
+    logits = []
+    with cyclic_gc_paused():
+        for slot in range(timed):
+            cost, slot_logits = live.timed_slot(series, slot)
+            logits.append(slot_logits)
+            if slot == 0:
+                side.install = cost
+            else:
+                if repeat and side.costs and not same_traffic(cost, side.costs[0]):
+                    raise MeshdlError(f"slot {slot} sent other messages than slot 1: slots "
+                                      "do not repeat, time them all (--timed-slots)")
+                side.add(cost)
+            say(slot + 1)
+        rest = range(timed, settings.slots)
+        if len(rest):
+            # Priced as the timed scheduled slots (equal in traffic, checked above; they
+            # differ only in their backoffs' timing), each standing for as many.
+            side.repeats = [(settings.slots - 1) / len(side.costs)] * len(side.costs)
+            for first in range(rest.start, rest.stop, 1024):
+                block = range(first, min(first + 1024, rest.stop))
+                logits.append(live.logits_in_process(series, block))
+                say(block.stop)
+    side.labels = labels_of(np.concatenate(logits))
+    return side
+
+
+def readings_series(data: Dataset, slots: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """A reading per slot: the data set's test maps in time order, from the start again
+    when the run is longer."""
+    maps = data.X_test
+    if not len(maps):
+        raise UsageError("the data set has no test maps to replay")
+    index = np.arange(slots) % len(maps)
+    return np.ascontiguousarray(maps[index], np.float32), {
+        "split": "test", "maps": len(maps), "wrapped": slots > len(maps)}
+
+
+def slot_stamp(first_slot: int, slot_s: float) -> str:
+    return datetime.fromtimestamp(first_slot * slot_s, timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+
+
+def years_of(seconds: float) -> float:
+    return seconds / (365.25 * 86400)
+
+
+def check_settings(settings: LiveSettings, radio: RadioProfile | None = None) -> None:
+    if settings.slots < 1:
+        raise UsageError("--slots must be at least 1")
+    if not math.isfinite(settings.slot_s) or settings.slot_s <= 0:
+        raise UsageError("--slot-seconds must be positive")
+    if settings.delta is not None and (not math.isfinite(settings.delta) or
+                                       settings.delta < 0):
+        raise UsageError("--delta must be at least 0")
+    why = None if radio is None else unsupported_reason(settings.mac, radio,
+                                                        settings.mac_params)
+    if why is not None:
+        raise UsageError(f"--mac {settings.mac}: {why}")
+
+
+
+def settings_for(slots: int, slot_s: float, mac: MacName, battery_name: str,
+                 delta: float | None, timed_slots: int, seed: int,
+                 sim: Mapping[str, Any]) -> LiveSettings:
+    """The settings of the CLI's flags (`sim`: `meshdl simulate`'s radio and fault
+    flags), checked."""
+    settings = LiveSettings(slots=slots, slot_s=slot_s, mac=mac, battery=battery(battery_name),
+                            delta=delta, timed_slots=timed_slots, seed=seed,
+                            loss=FrameLoss(sim["loss"], sim["burst"], sim["fault_seed"])
+                            if sim["loss"] else None)
+    check_settings(settings)
+    return settings
+
+
+def cloud_cost(shipped: Shipped, radio: RadioProfile, cells: list[Cell]) -> SlotCost:
+    """What one slot of the baseline cost (its readings shipped, with their trace)."""
+    assert shipped.trace is not None
+    return SlotCost(shipped.bytes, shipped.frames, {"readings": shipped.bytes},
+                    radio_use(shipped.trace, radio, shipped.times.tx, shipped.times.rx),
+                    {cell: shipped.cpu_s.get(cell, 0.0) for cell in cells},
+                    shipped.makespan_s)
+
+
+def run_cloud(spec: MeshSpec, model: CNN, series: np.ndarray, radio: RadioProfile,
+              medium: MediumName, device: DeviceProfile, edge_device: DeviceProfile,
+              settings: LiveSettings, cells: list[Cell]) -> tuple[Side, list[int]]:
+    """The cloud-heavy baseline over the same slots, as lean as the mesh: the same
+    header, MAC, devices and float32 values. Up the tree aggregated on a radio mesh
+    (each node one message with its subtree's readings), published through the broker
+    on the star. Under `--delta` the nodes send on delta and the edge computes on what
+    it holds; else every slot ships every reading, the same messages every time."""
+    variant = "aggregated" if medium == "shared" else "unaggregated"
+    header = spec.overhead(Kind.HALO)  # the mesh's own, compact on a radio mesh
+
+    def ship(senders: frozenset[Cell] | None) -> SlotCost:
+        shipped = ship_readings(spec, radio, medium, device, edge_device, 1, variant,
+                                settings.seed, header_bytes=header, senders=senders,
+                                traced=True)
+        return cloud_cost(shipped, radio, cells)
+
+    side = Side()
+    if settings.delta is None:
+        side.add(ship(None), settings.slots)
+        return side, central_labels(model, series)
+    # Channels last: a cell's values together.
+    flat = np.moveaxis(series.reshape(len(series), -1, spec.model.rows * spec.model.cols),
+                       1, 2)
+    sod = send_on_delta(flat, settings.delta)
+    rows, cols = spec.model.rows, spec.model.cols
+    for slot in range(len(series)):
+        side.add(ship(senders_of(sod.sends[slot], rows, cols)))
+    held = np.moveaxis(sod.held, 2, 1).reshape(series.shape)
+    return side, central_labels(model, held)
+
+
+def central_labels(model: CNN, series: np.ndarray, chunk: int = 1024) -> list[int]:
+    """Central inference on the same readings, as alerts."""
+    labels: list[int] = []
+    for first in range(0, len(series), chunk):
+        labels += labels_of(model.forward(series[first:first + chunk]))
+    return labels
+
+
+def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
+             medium: MediumName, device: DeviceProfile, edge_device: DeviceProfile,
+             settings: LiveSettings, say: Callable[[int], None] = lambda _: None
+             ) -> dict[str, Any]:
+    """A live run, mesh and cloud, as sim.json records it."""
+    check_settings(settings, radio)
+    header = "compact" if medium == "shared" else "full"  # TCP/IP is not the constraint
+    spec = MeshSpec(config.mesh.mesh_id, model.config, config.mesh.edge_at,
+                    "tree" if medium == "shared" else "broadcast",
+                    config.mesh.max_message_bytes, delta=settings.delta, header=header)
+    series, readings = readings_series(data, settings.slots)
+    live = LiveMesh(spec, model, radio, medium, device, edge_device, settings)
+    mesh = run_mesh(live, series, say)
+    central = central_labels(model, series)
+    cloud_side, cloud_labels = run_cloud(spec, model, series, radio, medium, device,
+                                         edge_device, settings, live.cells)
+    bat = settings.battery or battery("2xAA")
+    summaries = {mac: {"mesh": side_summary(mesh, live.cells, mac, radio, device, settings,
+                                            bat),
+                       "cloud": side_summary(cloud_side, live.cells, mac, radio, device,
+                                             settings, bat)}
+                 for mac in MACS if unsupported_reason(mac, radio, settings.mac_params) is None}
+    chosen = summaries[settings.mac]
+    install = mesh.install
+    # Parameters (PARAMS and BATCH) on the air after the first slot: a scheduled slot
+    # carries none, as its counts show.
+    params = round(sum(cost.by_class.get("params", 0) * n
+                       for cost, n in zip(mesh.costs, mesh.repeats, strict=True)))
+    report: dict[str, Any] = {
+        "slots": settings.slots,
+        "slot_seconds": settings.slot_s,
+        "first_slot": slot_stamp(live.first_slot, settings.slot_s),
+        "timed_slots": len(mesh.costs) + 1 if mesh.costs else 1,
+        "radio": radio.model_dump(), "medium": medium, "device": device.name,
+        "edge_device": edge_device.name,
+        "header_bytes": spec.overhead(Kind.HALO),
+        "mac": settings.mac,
+        "mac_params": settings.mac_params.model_dump(),
+        "battery": bat.model_dump(),
+        "delta": settings.delta,
+        "loss": None if settings.loss is None else {
+            "rate": settings.loss.rate, "burst": settings.loss.burst,
+            "seed": settings.loss.seed},
+        "clock": {"drift_ppm": settings.drift_ppm,
+                  "max_error_s": max(abs(e) for e in live.clock_errors().values())},
+        "readings": readings,
+        "alerts_equal_central": mesh.labels == central,
+        "alerts": {"central_positive": sum(central),
+                   "mesh_positive": sum(mesh.labels),
+                   "cloud_positive": sum(cloud_labels),
+                   "mesh_differ_from_central": _differ(mesh.labels, central),
+                   "cloud_differ_from_central": _differ(cloud_labels, central)},
+        "mesh": {**chosen["mesh"], "params_bytes": params,
+                 "install_bytes": 0 if install is None else install.bytes,
+                 "install_makespan_s": 0.0 if install is None else install.makespan_s},
+        "cloud": {**chosen["cloud"], "variant": "aggregated" if medium == "shared"
+                  else "unaggregated"},
+        "macs": summaries,
+    }
+    report["alert_series"] = {"mesh": mesh.labels, "central": central, "cloud": cloud_labels}
+    return report
+
+
+def _differ(a: list[int], b: list[int]) -> int:
+    return sum(x != y for x, y in zip(a, b, strict=True))
+
+
+def write(report: dict[str, Any], run_dir: Path) -> None:
+    """sim.json (without the per-slot series) and alerts.jsonl: one line per slot, the
+    mesh's, the cloud's and central inference's alert labels."""
+    series = report["alert_series"]
+    record = {k: v for k, v in report.items() if k != "alert_series"}
+    (run_dir / "sim.json").write_text(json.dumps(record, indent=2) + "\n")
+    first = datetime.strptime(report["first_slot"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=timezone.utc).timestamp()
+    with (run_dir / "alerts.jsonl").open("w") as out:
+        for slot, (mesh, central, cloud) in enumerate(zip(
+                series["mesh"], series["central"], series["cloud"], strict=True)):
+            stamp = datetime.fromtimestamp(first + slot * report["slot_seconds"],
+                                           timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            out.write(json.dumps({"slot": slot, "timestamp": stamp, "mesh": mesh,
+                                  "cloud": cloud, "central": central}) + "\n")
+
+
+def summary_line(report: dict[str, Any], run_dir: Path) -> str:
+    """The comparison in one line."""
+    mesh, cloud = report["mesh"], report["cloud"]
+    return (f"{report['slots']} slots of {report['slot_seconds']:g} s on "
+            f"{report['radio']['name']} ({report['medium']}, {report['mac']}): mesh "
+            f"{mesh['bytes_per_slot']:,.0f} B/slot, hottest {mesh['hottest_cell']} "
+            f"{mesh['hottest_node_j_per_slot']:.4g} J/slot, first death "
+            f"{mesh['first_death_years']:.3g} y ({mesh['first_cell']}); cloud "
+            f"{cloud['bytes_per_slot']:,.0f} B/slot, hottest "
+            f"{cloud['hottest_node_j_per_slot']:.4g} J/slot, first death "
+            f"{cloud['first_death_years']:.3g} y ({cloud['first_cell']}); alerts equal "
+            f"central: {report['alerts_equal_central']} -> {run_dir}")

@@ -1,0 +1,156 @@
+"""Live inference on a schedule: the parameters sent once and cached, every slot's wave
+started by the nodes' own clocks with no PARAMS and no BATCH; its predictions are those
+of today's flooded waves and of central inference, and nothing else changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshdl import ModelConfig
+from meshdl.errors import MeshdlError
+from meshdl.protocol.messages import Kind
+from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
+from meshdl.sim.mesh import VirtualMesh
+from meshdl.sim.radio.device import device
+from meshdl.sim.radio.loss import FrameLoss
+from meshdl.sim.radio.profiles import profile
+from meshdl.sim.timed import TimedMesh
+from tests.helpers import noise_dataset, normalized_model
+
+# Slots are numbered by the clock (Unix time // slot length, `meshdl.nodes.live`), far
+# past the few waves that brought the parameters.
+FIRST_SLOT = 29_478_210
+CONFIG = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=8, conv_layers=2, pool=2)
+
+
+def live_mesh(config: ModelConfig = CONFIG) -> tuple[VirtualMesh, np.ndarray]:
+    """A virtual mesh whose nodes have an empty LIVE ring, and a series of readings."""
+    data = noise_dataset(config, samples=40)
+    empty = np.full((LIVE_SLOTS, config.rows, config.cols), np.nan, np.float32)
+    readings = {Split.TRAIN: data.X_train, Split.TEST: data.X_test, Split.LIVE: empty}
+    labels = {Split.TRAIN: data.y_train, Split.TEST: data.y_test}
+    mesh = VirtualMesh(MeshSpec(1, config), readings, normalized_model(config), labels)
+    return mesh, data.X_train
+
+
+def sample(mesh: VirtualMesh | TimedMesh, series: np.ndarray, slot: int) -> None:
+    """Every node reads its sensor at the boundary of slot FIRST_SLOT + `slot`
+    (`LiveSampler` does it live)."""
+    for (r, c), node in mesh.nodes.items():
+        node.record(Split.LIVE, (FIRST_SLOT + slot) % LIVE_SLOTS, series[slot, r, c])
+
+
+def ring(slot: int) -> np.ndarray:
+    return np.array([(FIRST_SLOT + slot) % LIVE_SLOTS])
+
+
+def test_scheduled_slots_predict_what_flooded_waves_and_central_inference_predict() -> None:
+    mesh, series = live_mesh()
+    flooded_mesh, _ = live_mesh()
+    slots = 12
+    scheduled, flooded = [], []
+    for slot in range(slots):
+        sample(mesh, series, slot)
+        sample(flooded_mesh, series, slot)
+        result = mesh.run_wave(Mode.INFER, Split.LIVE, ring(slot)) \
+            if slot == 0 else mesh.run_slot(FIRST_SLOT + slot)
+        scheduled.append(result.logits)
+        flooded.append(flooded_mesh.run_wave(Mode.INFER, Split.LIVE, ring(slot)).logits)
+    central = mesh.edge.model.forward(series[:slots])
+    assert np.array_equal(np.concatenate(scheduled), np.concatenate(flooded))
+    np.testing.assert_allclose(np.concatenate(scheduled), central, rtol=1e-5, atol=1e-5)
+    assert sum(node.stats["scheduled_slots"] for node in mesh.nodes.values()) == \
+        (slots - 1) * len(mesh.nodes)
+
+
+def test_a_scheduled_slot_sends_no_params_and_no_batch() -> None:
+    mesh, series = live_mesh()
+    sample(mesh, series, 0)
+    mesh.run_wave(Mode.INFER, Split.LIVE, ring(0))
+    sent: list[Kind] = []
+    record = mesh.ledger.record
+    mesh.ledger.record = lambda message: (sent.append(message.header.kind), record(message))
+    sample(mesh, series, 1)
+    mesh.run_slot(FIRST_SLOT + 1)
+    assert Kind.PARAMS not in sent and Kind.BATCH not in sent
+    assert {Kind.HALO, Kind.POOL, Kind.GATHER} <= set(sent)
+
+
+def test_the_edge_refuses_a_slot_once_its_model_changed_since_the_last_params() -> None:
+    mesh, series = live_mesh()
+    sample(mesh, series, 0)
+    mesh.run_wave(Mode.INFER, Split.LIVE, ring(0))
+    mesh.edge.model.flat[0] += 1.0
+    with pytest.raises(MeshdlError, match="PARAMS before scheduled slots"):
+        mesh.edge.start_slot(FIRST_SLOT + 1)
+
+
+def test_a_node_without_cached_params_or_reading_starts_no_slot() -> None:
+    mesh, series = live_mesh()
+    node = mesh.nodes[(2, 2)]
+    assert node.begin_slot(FIRST_SLOT + 1) == []
+    assert node.stats["rejected:slot_without_params"] == 1
+    sample(mesh, series, 0)
+    mesh.run_wave(Mode.INFER, Split.LIVE, ring(0))
+    # Slot 1 was never sampled: its reading is missing, so no made-up number goes out.
+    assert node.begin_slot(FIRST_SLOT + 1) == []
+    assert node.stats["rejected:no_reading"] == 1
+    sample(mesh, series, 1)
+    assert node.begin_slot(FIRST_SLOT + 1) != []
+    assert node.begin_slot(FIRST_SLOT + 1) == []  # a slot starts once
+    assert node.stats["rejected:stale_slot"] == 1
+
+
+def test_training_waves_after_scheduled_slots_train_as_before() -> None:
+    """Scheduled slots leave training alone: the gradient of a training wave after them
+    is the central one."""
+    mesh, series = live_mesh()
+    for slot in range(3):
+        sample(mesh, series, slot)
+        if slot == 0:
+            mesh.run_wave(Mode.INFER, Split.LIVE, ring(0))
+        else:
+            mesh.run_slot(FIRST_SLOT + slot)
+    indices = np.arange(4)
+    result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, indices)
+    data = noise_dataset(CONFIG, samples=40)
+    central = normalized_model(CONFIG)  # the same parameters, never in a mesh
+    central.gradient_pass(data.X_train[indices], data.y_train[indices])
+    np.testing.assert_allclose(result.grads, central.grad_flat, rtol=1e-4, atol=1e-6)
+
+
+def timed_live_mesh(loss: float = 0.0) -> tuple[TimedMesh, np.ndarray]:
+    data = noise_dataset(CONFIG, samples=40)
+    empty = np.full((LIVE_SLOTS, CONFIG.rows, CONFIG.cols), np.nan, np.float32)
+    mesh = TimedMesh(MeshSpec(1, CONFIG), {Split.TEST: data.X_test, Split.LIVE: empty},
+                     normalized_model(CONFIG), {Split.TEST: data.y_test},
+                     profile("802.15.4"), "shared", device("cortex-m4"), device("pi4"),
+                     seed=2, trace=True, loss=FrameLoss(loss, None, 5) if loss else None)
+    return mesh, data.X_train
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.1])
+def test_scheduled_slots_under_simulated_time_and_drifting_clocks_predict_as_flooded_waves(
+        loss: float) -> None:
+    """Nodes whose clocks are off by up to +-40 ms start their slots apart: a neighbour's
+    halo that comes before a node's slot waits for it. Under 10 % frame loss (reliable
+    mode) too, every slot's logits are the flooded waves' of the virtual mesh."""
+    timed, series = timed_live_mesh(loss)
+    virtual, _ = live_mesh()
+    rng = np.random.default_rng(4)
+    for slot in range(5):
+        sample(timed, series, slot)
+        sample(virtual, series, slot)
+        flooded = virtual.run_wave(Mode.INFER, Split.LIVE, ring(slot)).logits
+        if slot == 0:
+            got = timed.run_wave(Mode.INFER, Split.LIVE, ring(slot)).logits
+            timed.trace.clear()
+        else:
+            errors = {cell: float(rng.uniform(-0.04, 0.04)) for cell in timed.nodes}
+            got = timed.run_slot(FIRST_SLOT + slot, errors).logits
+        assert np.array_equal(got, flooded)
+    sent = {Kind(s.kind) for s in timed.trace}
+    assert Kind.PARAMS not in sent and Kind.BATCH not in sent
+    early = sum(node.stats["buffered_future"] for node in timed.nodes.values())
+    assert early > 0  # some halos did come before their receiver's clock reached the slot
