@@ -80,6 +80,9 @@ EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 DRIFT_PPM = 20.0
 
 
+IDLE = RadioUse(0.0, 0.0, 0, 0, 0, 0, 0)  # a party that neither sent nor took anything
+
+
 @dataclass(frozen=True)
 class LiveSettings:
     """What a live run simulates (the CLI's flags)."""
@@ -135,7 +138,7 @@ def node_joules(cost: SlotCost, party: Party, mac: MacName, radio: RadioProfile,
                 device: DeviceProfile, slot_s: float, params: MacParams) -> float:
     """One node's joules over one slot: its radio under `mac` and its processor
     (computing, then idle the rest of the slot)."""
-    use = cost.use.get(party, RadioUse(0.0, 0.0, 0, 0, 0, 0, 0))
+    use = cost.use.get(party, IDLE)
     cpu = cost.cpu_s.get(party, 0.0)
     return mac_energy(mac, radio, use, slot_s, params).total_j + cpu * device.cpu_w + \
         max(slot_s - cpu, 0.0) * device.idle_w
@@ -150,6 +153,12 @@ def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfil
     per_node = {cell: side.mean(lambda c, cell=cell: node_joules(
         c, cell, mac, radio, device, slot_s, settings.mac_params)) for cell in cells}
     years = {cell: lifetime_years(battery, joules / slot_s) for cell, joules in per_node.items()}
+    # Seconds on air a slot under the MAC (its strobes, long preambles, beacons too):
+    # what a duty-cycle rule (LoRa in EU868) limits.
+    on_air = {cell: side.mean(lambda c, cell=cell: mac_energy(
+        mac, radio, c.use.get(cell, IDLE), slot_s, settings.mac_params).tx_j / radio.tx_w)
+        for cell in cells}
+    busiest = max(on_air, key=on_air.__getitem__)
     hottest = max(per_node, key=per_node.__getitem__)
     first = min(years, key=years.__getitem__)
     by_class: dict[str, float] = {}
@@ -166,6 +175,9 @@ def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfil
         "first_death_years": years[first],
         "median_years": float(np.median(list(years.values()))),
         "first_cell": name_of(first),
+        "max_tx_share": on_air[busiest] / slot_s,
+        "max_tx_share_cell": name_of(busiest),
+        "within_duty_cycle": on_air[busiest] <= radio.duty_cycle * slot_s,
         "makespan_s": {"mean": side.mean(lambda c: c.makespan_s),
                        "max": max((c.makespan_s for c in side.costs), default=0.0)},
     }
@@ -352,16 +364,26 @@ def check_settings(settings: LiveSettings, radio: RadioProfile | None = None) ->
 
 
 
-def settings_for(slots: int, slot_s: float, mac: MacName, battery_name: str,
+def natural_mac(radio: RadioProfile, params: MacParams) -> MacName:
+    """The duty-cycled MAC a radio runs by default: low-power listening where it has it,
+    else its scheduled MAC, else none (always on: Wi-Fi's power save is not modelled)."""
+    for mac in ("lpl", "tsch"):
+        if unsupported_reason(mac, radio, params) is None:
+            return mac
+    return "always-on"
+
+
+def settings_for(slots: int, slot_s: float, mac: MacName | None, battery_name: str,
                  delta: float | None, timed_slots: int, seed: int,
-                 sim: Mapping[str, Any]) -> LiveSettings:
+                 sim: Mapping[str, Any], radio: RadioProfile) -> LiveSettings:
     """The settings of the CLI's flags (`sim`: `meshdl simulate`'s radio and fault
-    flags), checked."""
+    flags), checked against `radio`."""
+    mac = mac or natural_mac(radio, MacParams())
     settings = LiveSettings(slots=slots, slot_s=slot_s, mac=mac, battery=battery(battery_name),
                             delta=delta, timed_slots=timed_slots, seed=seed,
                             loss=FrameLoss(sim["loss"], sim["burst"], sim["fault_seed"])
                             if sim["loss"] else None)
-    check_settings(settings)
+    check_settings(settings, radio)
     return settings
 
 

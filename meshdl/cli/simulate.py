@@ -409,10 +409,11 @@ def simulate_live(
                               "brings the parameters)."),
     slot_seconds: float = typer.Option(1800.0, "--slot-seconds", help="Seconds from one "
                                        "slot to the next."),
-    mac: MacChoice = typer.Option("lpl", "--mac", help="The radios' MAC: always-on, ideal "
-                                  "(asleep whenever not sending or receiving: a floor), lpl "
-                                  "(ContikiMAC low-power listening) or tsch (6TiSCH "
-                                  "minimal)."),
+    mac: MacChoice | None = typer.Option(
+        None, "--mac", help="The radios' MAC: always-on, ideal (asleep whenever not "
+        "sending or receiving: a floor), lpl (low-power listening: ContikiMAC; LoRa's "
+        "preamble sampling) or tsch (6TiSCH minimal; BLE's connection events). Default: "
+        "lpl where the radio has it, else tsch, else always-on."),
     battery: BatteryName = typer.Option("2xAA", "--battery", help="Each node's battery."),
     delta: float | None = typer.Option(None, "--delta", help="Suppress changes up to EPS: "
                                        "delta halos in the mesh, send-on-delta readings "
@@ -445,7 +446,7 @@ def simulate_live(
     if trained is None:
         model.set_normalization(*normalization(dataset.X_train))
     settings = live.settings_for(slots, slot_seconds, mac, battery, delta, timed_slots,
-                                 config.train.seed, sim)
+                                 config.train.seed, sim, radio_profile)
     run_dir = out or new_run_dir(name="simulate-live")
     start_run(run_dir, config, source)
     with _live_progress(slots) as say:
