@@ -42,7 +42,7 @@ from meshdl.protocol.lifecycle import (
     next_edge_phase,
 )
 from meshdl.protocol.messages import EDGE, Header, Kind, Message, make, newer
-from meshdl.protocol.payloads import BatchOrder, PlanTail, health_entries
+from meshdl.protocol.payloads import REPAIR, BatchOrder, PlanTail, health_entries
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import head_work
@@ -154,7 +154,11 @@ class EdgeMachine:
         self.plan_since = first_step & 0xFFFFFFFF  # the first wave of the current plan
         self.stats: Counter[str] = Counter()
         self.seq = 0
-        self.sent_params: np.ndarray | None = None  # the last PARAMS' (scheduled slots)
+        # The last PARAMS sent (scheduled slots, and their repair): the parameters, the
+        # whole payload (the plan's tail too) and the wave's step.
+        self.sent_params: np.ndarray | None = None
+        self.sent_payload: np.ndarray | None = None
+        self.sent_step = 0
         # Floating-point operations of the head so far (simulated time's CPU time).
         self.flops = 0
         # Under intsum (compress/intsum.py): the scales it sends with PARAMS, learnt
@@ -213,6 +217,15 @@ class EdgeMachine:
             self.stats["rejected:bad_health"] += 1
             return []
         self.heard_from_mesh = True
+        if h.phase == REPAIR and entries == [(self.spec.edge_at, True)] and \
+                self.sent_payload is not None:
+            # The cell it is linked to booted after the parameters came: they again,
+            # to it alone (nodes/agent.py, "Repair").
+            self.stats["params_repairs_sent"] += 1
+            self.seq += 1
+            return [make(Kind.PARAMS, self.spec.mesh_id, self.sent_step, EDGE,
+                         self.spec.edge_at, self.sent_payload, phase=REPAIR,
+                         seq=self.seq & 0xFFFFFFFF, session=self.session)]
         # Silence found in a wave of an older plan says nothing of this one (a cell cut
         # off behind a dead one then has a parent now).
         current = h.session == self.session and not newer(self.plan_since, h.step)
@@ -264,11 +277,12 @@ class EdgeMachine:
             self.stats["replanned"] += 1
 
     def start(self, mode: Mode, split: Split, indices: np.ndarray,
-              now: float = 0.0) -> list[Message]:
-        """Begin a new wave over samples `indices` of `split`; returns what to send."""
+              now: float = 0.0, step: int | None = None) -> list[Message]:
+        """Begin a new wave over samples `indices` of `split`; returns what to send.
+        `step`: the wave's number (a live slot's PARAMS: the slot's); default the next."""
         self._request, self.attempts = (mode, split, np.asarray(indices)), 0
         self._move(EdgeEvent.START)
-        return self._begin(now)
+        return self._begin(now, step)
 
     def start_slot(self, slot: int, now: float = 0.0) -> list[Message]:
         """Live inference on a schedule: the wave of time slot `slot`, which every node
@@ -283,7 +297,7 @@ class EdgeMachine:
         self._request, self.attempts = (Mode.INFER, Split.LIVE,
                                         np.array([slot % LIVE_SLOTS], np.int32)), 0
         self._move(EdgeEvent.START)
-        self._begin(now, step=slot & 0xFFFFFFFF)
+        self._begin(now, slot & 0xFFFFFFFF, scheduled=True)
         return []
 
     def tick(self, now: float) -> list[Message]:
@@ -400,9 +414,10 @@ class EdgeMachine:
         return self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
                                             self.model.norm_std, self.wave_scales)
 
-    def _begin(self, now: float, step: int | None = None) -> list[Message]:
+    def _begin(self, now: float, step: int | None = None,
+               scheduled: bool = False) -> list[Message]:
         """The current request's next attempt (after START or RESTART): its PARAMS and
-        BATCH under a new step; a scheduled slot's (`step` given) sends nothing."""
+        BATCH under a new step (or `step`); a scheduled slot's sends nothing."""
         self.weigh_health()
         self._weighed = False  # the next wave weighs what this one brings
         mode, split, indices = self._request
@@ -424,15 +439,16 @@ class EdgeMachine:
         if self._timed is not None:
             self.due_gather = self._timed.deadline(GATHER_ENTRY)
             self.due_reduce = self._timed.deadline(REDUCE_ENTRY) if mode == Mode.TRAIN else 0.0
-        if step is not None:  # a scheduled slot: the nodes start it on their own
+        if scheduled:  # the nodes start it on their own
             return []
         if self.sum_scales is not None:
             self.wave_scales = self.sum_scales.scales
         params = self._params()
-        self.sent_params = params
+        self.sent_params, self.sent_step = params, self.step
         if self.spec.planned:  # the mesh the wave runs in, for every node to plan it
             tail = PlanTail(self.spec.edge_at, self.spec.dead).pack(self.spec.model.cols)
             params = np.concatenate([params, tail])
+        self.sent_payload = params
         batch = BatchOrder(mode, split, indices).pack()
         # To every node at once, or into the tree at `edge_at` (`MeshSpec.relays`).
         body = {Kind.PARAMS: params, Kind.BATCH: batch}

@@ -9,6 +9,12 @@ last message, so that a slow but moving wave goes on) is restarted under a new s
 number, at most `max_attempts` times; the optimizer only ever sees a finished wave's
 gradients, so a retried step is applied once.
 
+Live inference (`live_logits`, `meshdl edge serve`) runs on scheduled slots: the first
+slot's wave brings the parameters (PARAMS and BATCH to every node, which cache them), and
+every later slot's wave is started by the node hosts' clocks, the edge only waiting for
+its GATHER; it sends the parameters again only when a slot gave no result or the model
+changed (`_slot`).
+
 Before its first wave the edge also makes sure it is the only edge of the mesh and that
 every node host runs the same mesh (and replays the same data):
 - the lease: the edge's retained status topic (`meshdl/<mesh>/status/edge`) says which
@@ -57,6 +63,7 @@ from meshdl.protocol.accounting import Ledger
 from meshdl.protocol.activations import FORWARD_KINDS, activation_bytes
 from meshdl.protocol.auth import Authenticator, authenticator_for
 from meshdl.protocol.deadlines import Learning, Policy
+from meshdl.protocol.lifecycle import UNDER_WAY
 from meshdl.protocol.messages import (
     BYTES,
     EDGE,
@@ -162,6 +169,11 @@ class MqttEngine(WaveEngine):
         # (edge/data_parallel.py); None: this edge trains alone.
         self.on_weights: Callable[[Message], None] | None = None
         self._weights_topic = weights_topic(mesh_id)
+        # Live inference on scheduled slots (`live_logits`): the PARAMS the edge last sent
+        # into the mesh (what the nodes cache), and whether a slot gave a result on them
+        # since (else the next slot sends them again).
+        self._slot_params: np.ndarray | None = None
+        self._params_held = False
 
     @classmethod
     def for_run(cls, config: RunConfig, data: Dataset | None, broker: str | BrokerAddress,
@@ -185,9 +197,17 @@ class MqttEngine(WaveEngine):
         return engine
 
     # ------------------------------------------------------------- the engine
-    def live_logits(self, model: CNN, slot: int) -> np.ndarray:
-        """(1, classes) logits of the nodes' live readings of time slot `slot`."""
-        return self._run(model, Mode.INFER, Split.LIVE, np.array([slot % LIVE_SLOTS])).logits
+    def live_logits(self, model: CNN, slot: int, begins_in: float = 0.0) -> np.ndarray:
+        """(1, classes) logits of the nodes' live readings of time slot `slot`, whose wave
+        the node hosts start by their clocks in `begins_in` seconds (halfway through the
+        slot: `meshdl.nodes.live.SlotStarter`). The edge listens from now on; it sends
+        PARAMS and BATCH (then, not before: the readings must be in) only when the nodes
+        may not hold the model's parameters (see `_slot`)."""
+        self._edge_for(model)
+        with self._threadpools.limit(limits=1):  # as `_run`
+            result = self._loop.run_until_complete(self._slot(slot, begins_in))
+        self._say_dead()
+        return result.logits
 
     def report(self) -> dict[str, Any]:
         """What the mesh sent, as the virtual mesh reports it (`total_bytes`, `waves`,
@@ -281,12 +301,16 @@ class MqttEngine(WaveEngine):
         # same order there and here, and a run gives the same bytes on any machine.
         with self._threadpools.limit(limits=1):
             result = self._loop.run_until_complete(self._wave(mode, split, indices))
+        self._say_dead()
+        return result
+
+    def _say_dead(self) -> None:
+        """Say so when the cells the edge plans around changed (best effort)."""
         dead = self.edge.spec.dead
         if dead != self._dead_said:
             self._dead_said = dead
             self.say(f"wave {self.edge.step}: planning around dead cells "
                      f"{', '.join(name_of(c) for c in sorted(dead)) or '(none)'}")
-        return result
 
     async def _wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
         session = await self._session()
@@ -304,6 +328,80 @@ class MqttEngine(WaveEngine):
         await session.run(self._handle, tick=tick, until=lambda: edge.result is not None)
         self._count_nodes(edge.spec, mode == Mode.TRAIN, len(indices), edge.step)
         return edge.result
+
+    # --------------------------------------------------------- scheduled slots
+    async def _slot(self, slot: int, begins_in: float) -> WaveResult:
+        """The wave of live slot `slot`. When the last slot gave a result on the model's
+        parameters as they are, the nodes hold them: the slot is scheduled, and the edge
+        only waits for its GATHER (`EdgeMachine.start_slot`). Otherwise (the first slot,
+        a slot after one that gave none, or the model changed) the edge sends PARAMS and
+        BATCH of the slot, under its number, when the nodes start it. A slot that hears
+        nothing for `wave_timeout` after that (or is the wave cap old) gets them again,
+        under the same number, up to `max_attempts` sends in all: the nodes that started
+        it go on (`SlotStarter` keeps them from starting it twice), the others (a host
+        that just started) start it, and their messages complete the wave."""
+        session = await self._session()
+        edge = self.edge
+        begins = time.monotonic() + max(begins_in, 0.0)
+        held, self._params_held = self._params_held, False  # until this slot's result
+        if not (held and self._listen(edge, slot)):
+            await session.run(self._handle, until=lambda: time.monotonic() >= begins)
+            await self._send_params(session, edge, slot)
+        attempts = 1
+
+        async def tick() -> None:
+            nonlocal attempts
+            self._check_still_ours()
+            now = time.monotonic()
+            if edge.next_deadline() is not None:  # best effort: fills in, never sends again
+                edge.tick(now)
+                return
+            if not self._stalled(edge, begins, now):
+                return
+            attempts += 1
+            if attempts > self.max_attempts:
+                raise MeshdlError(self._no_result(edge))
+            self.stats["slot_params_resent"] += 1
+            await self._send_params(session, edge, slot)
+
+        await session.run(self._handle, tick=tick, until=lambda: edge.result is not None)
+        self._params_held = True
+        self._count_nodes(edge.spec, False, 1, edge.step)
+        return edge.result
+
+    def _listen(self, edge: EdgeMachine, slot: int) -> bool:
+        """Wait for slot `slot`'s GATHER from the nodes' cached parameters; False if
+        they are not the model's (it changed since its PARAMS went out)."""
+        try:
+            edge.start_slot(slot, time.monotonic())
+        except MeshdlError:
+            return False
+        self.stats["scheduled_slots"] += 1
+        return True
+
+    async def _send_params(self, session: Session, edge: EdgeMachine, slot: int) -> None:
+        """PARAMS and BATCH of slot `slot`'s sample, to every node, under the slot's
+        number. Parameters other than those sent before: the nodes that started the slot
+        on the old ones compute it on them (they forget them for the next slot), so its
+        result could mix both: `MeshdlError`, the slot gives none."""
+        await session.send(self._sent(edge.start(Mode.INFER, Split.LIVE,
+                                                 np.array([slot % LIVE_SLOTS]),
+                                                 time.monotonic(), step=slot & 0xFFFFFFFF)))
+        self.stats["slot_params_sent"] += 1
+        before, self._slot_params = self._slot_params, edge.sent_params
+        if before is not None and not np.array_equal(before, edge.sent_params):
+            raise MeshdlError(f"slot {slot}: the model changed; its parameters went out "
+                              "with this slot, whose result could mix them with the last "
+                              "ones: the next slot computes on them")
+
+    def _stalled(self, edge: EdgeMachine, begins: float, now: float) -> bool:
+        """Nothing of the slot's wave for `wave_timeout` since the nodes started it, the
+        edge sent it or last heard of it, or it is the edge's wave cap old: when
+        `EdgeMachine.tick` would restart a wave."""
+        if edge.phase not in UNDER_WAY:
+            return False
+        return now - max(edge.heard_at, begins) >= self.wave_timeout or (
+            edge.wave_cap is not None and now - max(edge.started_at, begins) >= edge.wave_cap)
 
     # ------------------------------------------------------------ counting
     def _sent(self, messages: list[Message]) -> list[Message]:

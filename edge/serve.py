@@ -2,8 +2,12 @@
 and an alert for each on the mesh's alerts topic.
 
 Nodes sample their sensors at the start of every slot (`meshdl.nodes.live`); halfway
-through the slot the edge starts an inference wave over that slot, turns the logits into
-the probability of an anomaly and publishes a retained JSON alert:
+through the slot each node host starts the slot's inference wave on the parameters its
+cells cached, by its own clock (scheduled slots: the edge sends PARAMS and BATCH with the
+first slot, and again only after a slot without a result or a change of model:
+`MqttEngine.live_logits`). The edge listens for the slot's GATHER from a little before
+then (`LISTEN_AHEAD_S`), turns the logits into the probability of an anomaly and
+publishes a retained JSON alert:
 
     {"timestamp": "2026-11-21T21:30:00Z", "slot": 29478210, "probability": 0.93,
      "label": 1}
@@ -26,6 +30,13 @@ from meshdl.errors import MeshdlError
 from meshdl.model.cnn import CNN
 from meshdl.protocol.topics import alerts_topic
 
+# How long before the node hosts start a slot's wave (halfway through the slot, by their
+# clocks) the edge listens for it, at most a quarter of a slot: the GATHER of a host whose
+# clock runs ahead must not come before the edge waits for it. NTP keeps clocks "within
+# tens of milliseconds over the public Internet", asymmetric routes and congestion cause
+# "errors of 100 ms or more" (Wikipedia, "Network Time Protocol"); 1 s is ten times that.
+LISTEN_AHEAD_S = 1.0
+
 
 def anomaly_probability(logits: np.ndarray) -> float:
     """Softmax probability of class 1 (anomalous) of one sample's logits."""
@@ -47,7 +58,8 @@ def slot_alert(slot: int, slot_s: float, logits: np.ndarray | None, threshold: f
 def serve(engine: MqttEngine, model: CNN, slot_s: float, slots: int | None = None,
           threshold: float = 0.5, clock: Callable[[], float] = time.time,
           on_alert: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run one inference wave per slot (forever, or `slots` of them) and publish alerts."""
+    """Serve one slot's inference wave after another (forever, or `slots` of them) and
+    publish alerts."""
     alerts = []
     done = 0
     try:  # connected, node hosts online: then the slots begin
@@ -64,9 +76,10 @@ def serve(engine: MqttEngine, model: CNN, slot_s: float, slots: int | None = Non
         if now > start:
             slot += 1
             start += slot_s
-        engine.idle(start - clock())
+        engine.idle(start - min(LISTEN_AHEAD_S, slot_s / 4) - clock())
         try:
-            alert = slot_alert(slot, slot_s, engine.live_logits(model, slot), threshold)
+            logits = engine.live_logits(model, slot, begins_in=start - clock())
+            alert = slot_alert(slot, slot_s, logits, threshold)
         except MeshdlError as exc:
             alert = slot_alert(slot, slot_s, None, threshold, str(exc))
         engine.run_coroutine(engine.session.publish_record(alerts_topic(engine.mesh_id),

@@ -70,7 +70,7 @@ from meshdl.protocol.messages import (
     newer,
     seal,
 )
-from meshdl.protocol.payloads import BATCH_HEAD, BatchOrder, PlanTail
+from meshdl.protocol.payloads import BATCH_HEAD, REPAIR, BatchOrder, PlanTail
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Send, Split
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import node_work
@@ -133,6 +133,8 @@ class NodeMachine:
         self.delta_in = None if spec.delta is None else DeltaReceiver()
         # The parameters of the last wave that brought them, for scheduled slots.
         self.cached: CachedParams | None = None
+        self.pending_slot: int | None = None  # a slot waiting for repaired parameters
+        self.asking: set[Cell] = set()  # tree children waiting for them too
         self._adopt(spec)
 
     def _plan_for(self, spec: MeshSpec) -> NodePlan:
@@ -296,7 +298,10 @@ class NodeMachine:
 
     def _on_params(self, message: Message, expect: Expect | None,
                    now: float) -> list[Message]:
-        """PARAMS: may bring another plan (dead cells), and with BATCH start a wave."""
+        """PARAMS: may bring another plan (dead cells), and with BATCH start a wave; or,
+        from the tree parent, repair a missing cache (`_take_repair`)."""
+        if message.header.phase == REPAIR:
+            return self._take_repair(message, now)
         if not self._take_plan_from_params(message):
             return []
         h = message.header
@@ -324,7 +329,10 @@ class NodeMachine:
 
     def _on_health(self, message: Message, expect: Expect | None,
                    now: float) -> list[Message]:
-        """HEALTH: never in the plan's inbox; relayed towards the edge (besteffort.py)."""
+        """HEALTH: never in the plan's inbox; relayed towards the edge (besteffort.py),
+        unless it is a tree child's ask for parameters (`_answer_repair`)."""
+        if message.header.phase == REPAIR:
+            return self._answer_repair(message)
         return self.effort.relay_health(message)
 
     def _not_planned(self, message: Message) -> list[Message]:
@@ -363,6 +371,13 @@ class NodeMachine:
             if wave.seen[expect.index] == FILLED_IN:
                 return self.effort.late(wave, expect, now)
             self.stats["duplicates"] += 1
+            if wave.scheduled and h.kind == Kind.PARAMS and self.cached is not None and \
+                    not np.array_equal(message.payload, self.cached.payload):
+                # The edge resent a slot this node began on its own, with other
+                # parameters (its model changed): they are not taken mid-slot, and the
+                # stale ones go, so that the next slot asks for the new (`begin_slot`).
+                self.cached = None
+                self.stats["params_changed"] += 1
             return []
         started_before = wave.phase is not NodePhase.AWAITING_CONTROL
         out: list[Message] = []
@@ -410,7 +425,7 @@ class NodeMachine:
         cached = self.cached
         if cached is None or self.cell not in self.spec.topology.members:
             self.stats["rejected:slot_without_params"] += 1
-            return []
+            return self._ask_for_params(slot)
         step, wave = slot & 0xFFFFFFFF, self.wave
         if wave is not None and wave.session == cached.session and \
                 not newer(step, wave.step):
@@ -424,6 +439,10 @@ class NodeMachine:
             return []
         wave = self._new_wave(step, cached.session)
         wave.scheduled = True
+        for (kind, *_), expect in self.inbox.items():  # as if they came: a copy that
+            if kind in (Kind.PARAMS, Kind.BATCH):  # does (the edge resent the slot) is
+                wave.seen[expect.index] = RECEIVED  # a duplicate
+
         wave.params_payload, wave.params_vector = cached.payload, cached.vector
         wave.batch_payload = batch
         out: list[Message] = []
@@ -435,6 +454,70 @@ class NodeMachine:
             for early in self._due(wave):
                 out.extend(self.handle(early, now))
         return out
+
+    # Repair: a node that reaches a slot without parameters (it booted after they came)
+    # asks its tree parent for them with a hello (HEALTH, phase REPAIR); the parent
+    # answers with the PARAMS it cached (phase REPAIR: not a wave's), or, holding none
+    # itself, asks its own parent and answers once repaired; the edge answers the cell it
+    # is linked to with the ones it sent. One message each way per link, where a flood
+    # would reach every node: Trickle's polite repair (RFC 6206).
+    def _ask_for_params(self, slot: int) -> list[Message]:
+        """The hello that asks for parameters, once per slot."""
+        up = self.plan.health_to if self.cell in self.spec.topology.members else None
+        if up is None or self.pending_slot == slot:
+            return []
+        self.pending_slot = slot
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        own = self.cell[0] * self.spec.model.cols + self.cell[1] + 1
+        return [make(Kind.HEALTH, self.mesh_id, slot & 0xFFFFFFFF, self.cell, up,
+                     np.array([-own], np.int32), phase=REPAIR, seq=self.seq)]
+
+    def _answer_repair(self, message: Message) -> list[Message]:
+        """A tree child's hello asking for parameters: this node's cached PARAMS; when it
+        holds none, the child waits for this node's own repair (`_take_repair`)."""
+        h = message.header
+        own = h.src[0] * self.spec.model.cols + h.src[1] + 1
+        if h.src not in self.children or h.dst != self.cell or h.mesh != self.mesh_id or \
+                message.payload.shape != (1,) or message.payload[0] != -own:
+            self.stats["rejected:bad_health"] += 1
+            return []
+        if self.cached is None:
+            self.asking.add(h.src)
+            return []
+        return self._repairs([h.src])
+
+    def _repairs(self, children: list[Cell]) -> list[Message]:
+        """The cached PARAMS, to each of `children` alone."""
+        cached, out = self.cached, []
+        assert cached is not None
+        for child in children:
+            self.stats["params_repairs_sent"] += 1
+            self.seq = (self.seq + 1) & 0xFFFFFFFF
+            out.append(make(Kind.PARAMS, self.mesh_id, cached.step, self.cell, child,
+                            cached.payload, phase=REPAIR, seq=self.seq,
+                            session=cached.session))
+        return out
+
+    def _take_repair(self, message: Message, now: float) -> list[Message]:
+        """PARAMS of a repair from the tree parent: cached (never over newer ones), and
+        the slot that waited for them started."""
+        h, payload, cached = message.header, message.payload, self.cached
+        if h.src != self.parent or h.dst != self.cell or h.mesh != self.mesh_id or \
+                h.dtype != FLOAT32 or not self._params_shaped(payload) or \
+                not compute.all_positive(payload[self.layout.std]) or \
+                not _scales_valid(payload[self.layout.scales]):
+            self.stats["rejected:bad_params"] += 1
+            return []
+        if cached is not None and cached.session == h.session and \
+                not newer(h.step, cached.step):
+            self.stats["stale"] += 1
+            return []
+        self.cached = CachedParams(h.session, h.step, payload, payload[:self.params_size])
+        self.stats["params_repaired"] += 1
+        out = self._repairs(sorted(self.asking))  # the children that asked meanwhile
+        self.asking.clear()
+        slot, self.pending_slot = self.pending_slot, None
+        return out if slot is None else out + self.begin_slot(slot, now)
 
     def _store_params(self, wave: Wave, message: Message, expect: Expect) -> bool:
         """PARAMS (from the tree parent or the edge) into `wave`, if they are valid."""

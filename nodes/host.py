@@ -137,6 +137,25 @@ class NodeHost:
             return []
         return self._isolated(node, node.handle, message, now)
 
+    def begin_slot(self, slot: int, now: float | None = None) -> list[Message]:
+        """Start time slot `slot`'s wave (`NodeMachine.begin_slot`) in every hosted cell
+        that is not in it already (the edge's PARAMS may have started it); returns what
+        goes to the edge and other hosts' cells (what the cells send one another is handed
+        over here, as `handle` does). `now`: the transport's time (default: the host's
+        clock)."""
+        now = self.clock() if now is None else now
+        out: list[Message] = []
+        for cell, node in self.nodes.items():
+            wave, cached = node.wave, node.cached
+            if cell in self.failed or (wave is not None and cached is not None and
+                                       wave.session == cached.session and
+                                       wave.step == slot & 0xFFFFFFFF):
+                continue
+            # A cell's failure stays in the cell, as for a message.
+            out.extend(self._isolated(node, node.begin_slot, slot, now))
+        self.stats["slots_begun"] += 1
+        return self._deliver_locally(out, now) if self.local_delivery else out
+
     def _isolated(self, node: NodeMachine, call: Callable[..., list[Message]],
                   *args: Any) -> list[Message]:
         """`call(*args)` of one cell's machine; if it raises (a bug, whatever the input),

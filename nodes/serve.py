@@ -5,7 +5,10 @@
 --transport mqtt`, tests). The loop: connect (waiting for the broker as long as it
 takes), announce the host on its status topic with what the edge checks (cells, mesh
 spec, data digest), hand every received message to `NodeHost.handle` and publish what
-the cells send, until stopped; then say what was received, sent and rejected.
+the cells send, until stopped; then say what was received, sent and rejected. With live
+sensors it also samples them at the start of every slot and, halfway through it, starts
+the slot's wave on its cells' cached parameters (`meshdl.nodes.live`: `LiveSampler`,
+`SlotStarter`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from meshdl.errors import MeshdlError, UsageError
 from meshdl.mqtt.sdnotify import Notifier, stop_task
 from meshdl.mqtt.session import BrokerAddress, Session
 from meshdl.nodes.host import NodeHost, dataset_readings
-from meshdl.nodes.live import LiveSampler, live_ring
+from meshdl.nodes.live import LiveSampler, SlotStarter, live_ring
 from meshdl.nodes.sensors import Sensor, sensor_from_spec
 from meshdl.protocol.auth import Authenticator, authenticator_for
 from meshdl.protocol.deadlines import Learning, Policy
@@ -150,6 +153,8 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
                       status_extra=lambda: rejections(host),
                       sign_status=None if auth is None else auth.sign_status)
     sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
+    # Live: every slot's wave starts here, by this host's clock (scheduled slots).
+    starter = None if sampler is None else SlotStarter(host, sampler)
     keep_alive = systemd.start_keep_alive()
     systemd.ready(f"connecting to {address}")
     try:
@@ -158,12 +163,14 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
                        f"{address} as {client}")
             say(serving)
             systemd.status(serving)
-            async def tick() -> None:  # best effort: the cells' deadlines
-                out = host.tick(time.monotonic())
+            async def tick() -> None:  # a slot to start; best effort: the cells' deadlines
+                out = [] if starter is None else starter.begin()
+                out += host.tick(time.monotonic())
                 if out:
                     await session.send(out)
 
-            await session.run(host.handle, tick=tick, until=stop.is_set)
+            await session.run(host.handle, tick=tick,
+                              until=stop.is_set)
     finally:
         stop.set()
         systemd.stopping()

@@ -46,7 +46,7 @@ def test_sim_json_holds_what_the_issue_promises(seed_like: dict, tmp_path: Path)
     assert seed_like["slots"] == 6 and seed_like["mac"] == "lpl"
     assert seed_like["battery"]["name"] == "2xAA"
     for side in ("mesh", "cloud"):
-        assert SIDE_KEYS <= set(seed_like[side])
+        assert set(seed_like[side]) >= SIDE_KEYS
         figures = seed_like[side]
         assert 0 < figures["first_death_years"] <= figures["median_years"]
     # Compact radio headers: 8 bytes where the MQTT-era header had 48.
@@ -60,12 +60,18 @@ def test_sim_json_holds_what_the_issue_promises(seed_like: dict, tmp_path: Path)
         assert joules["ideal"] < joules["lpl"] < joules["always-on"]
 
 
-def test_alerts_jsonl_has_one_line_per_slot(tmp_path: Path) -> None:
+def test_alerts_jsonl_has_one_line_per_slot_and_the_report_puts_mesh_against_cloud(
+        tmp_path: Path) -> None:
     _live(tmp_path / "run", "--rows", "4", "--cols", "5", "--slots", "3")
     lines = (tmp_path / "run" / "alerts.jsonl").read_text().splitlines()
     assert [json.loads(line)["slot"] for line in lines] == [0, 1, 2]
     assert json.loads(lines[1])["timestamp"] == "2026-01-01T00:30:00Z"
-    assert {"mesh", "cloud", "central"} <= set(json.loads(lines[0]))
+    assert set(json.loads(lines[0])) >= {"mesh", "cloud", "central"}
+    code, _, err = _meshdl("report", tmp_path / "run")
+    assert code == 0, err
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "MAC lpl (the run&#x27;s)" in page or "MAC lpl (the run's)" in page
+    assert page.count("first death (years)") == 4  # one table per MAC of 802.15.4
 
 
 def test_another_shape_under_ten_percent_frame_loss_alerts_as_central(tmp_path: Path) -> None:

@@ -89,8 +89,11 @@ def test_the_edge_refuses_a_slot_once_its_model_changed_since_the_last_params() 
 def test_a_node_without_cached_params_or_reading_starts_no_slot() -> None:
     mesh, series = live_mesh()
     node = mesh.nodes[(2, 2)]
+    # Without parameters it asks its tree parent for them (once per slot), and waits.
+    asked = node.begin_slot(FIRST_SLOT + 1)
+    assert [(m.header.kind, m.header.dst) for m in asked] == [(Kind.HEALTH, node.parent)]
     assert node.begin_slot(FIRST_SLOT + 1) == []
-    assert node.stats["rejected:slot_without_params"] == 1
+    assert node.stats["rejected:slot_without_params"] == 2
     sample(mesh, series, 0)
     mesh.run_wave(Mode.INFER, Split.LIVE, ring(0))
     # Slot 1 was never sampled: its reading is missing, so no made-up number goes out.
@@ -120,13 +123,14 @@ def test_training_waves_after_scheduled_slots_train_as_before() -> None:
     np.testing.assert_allclose(result.grads, central.grad_flat, rtol=1e-4, atol=1e-6)
 
 
-def timed_live_mesh(loss: float = 0.0) -> tuple[TimedMesh, np.ndarray]:
+def timed_live_mesh(loss: float = 0.0, compiled: bool = True) -> tuple[TimedMesh, np.ndarray]:
     data = noise_dataset(CONFIG, samples=40)
     empty = np.full((LIVE_SLOTS, CONFIG.rows, CONFIG.cols), np.nan, np.float32)
     mesh = TimedMesh(MeshSpec(1, CONFIG), {Split.TEST: data.X_test, Split.LIVE: empty},
                      normalized_model(CONFIG), {Split.TEST: data.y_test},
                      profile("802.15.4"), "shared", device("cortex-m4"), device("pi4"),
-                     seed=2, trace=True, loss=FrameLoss(loss, None, 5) if loss else None)
+                     seed=2, trace=True, loss=FrameLoss(loss, None, 5) if loss else None,
+                     compiled=compiled)
     return mesh, data.X_train
 
 
@@ -154,3 +158,32 @@ def test_scheduled_slots_under_simulated_time_and_drifting_clocks_predict_as_flo
     assert Kind.PARAMS not in sent and Kind.BATCH not in sent
     early = sum(node.stats["buffered_future"] for node in timed.nodes.values())
     assert early > 0  # some halos did come before their receiver's clock reached the slot
+
+
+@pytest.mark.parametrize("cell", [(2, 3), (0, 0)])
+def test_a_node_that_booted_after_the_parameters_gets_them_from_its_parent_alone(
+        cell: tuple[int, int]) -> None:
+    """A node that crashed and came back has no parameters: at the next slot it asks its
+    tree parent (the edge, for the cell the edge is linked to), which sends its cached
+    PARAMS to it alone; the slot then completes with the flooded waves' logits."""
+    timed, series = timed_live_mesh(compiled=False)  # (nodes go down)
+    virtual, _ = live_mesh()
+    for slot in range(3):
+        sample(timed, series, slot)
+        sample(virtual, series, slot)
+        flooded = virtual.run_wave(Mode.INFER, Split.LIVE, ring(slot)).logits
+        if slot == 0:
+            got = timed.run_wave(Mode.INFER, Split.LIVE, ring(slot)).logits
+        else:
+            if slot == 2:
+                timed.kill(cell)
+                timed.revive(cell)
+                sample(timed, series, slot)  # it reads its sensor as it boots
+                timed.trace.clear()
+            got = timed.run_slot(FIRST_SLOT + slot).logits
+        assert np.array_equal(got, flooded)
+    repair = [(Kind(s.kind), s.src, s.receivers) for s in timed.trace
+              if s.kind in (Kind.HEALTH, Kind.PARAMS)]
+    parent = timed.nodes[cell].parent
+    assert repair == [(Kind.HEALTH, cell, (parent,)), (Kind.PARAMS, parent, (cell,))]
+    assert timed.nodes[cell].stats["params_repaired"] == 1

@@ -429,7 +429,7 @@ def simulate_live(
     """Live inference slot after slot, the real time between them: bytes, joules and
     battery lifetime of the mesh against the cloud-heavy baseline."""
     from meshdl.model.cnn import CNN
-    from meshdl.sim import live
+    from meshdl.sim.studies import live
     from meshdl.training.loop import normalization
     from meshdl.training.runs import new_run_dir, start_run
 

@@ -70,6 +70,9 @@ class PlanTail(NamedTuple):
 
 
 HEALTH_MAX = 64  # cells one HEALTH may name
+# The phase of a hello that asks for parameters (a node reached a scheduled slot without
+# them), and of the PARAMS answering it: not a wave's (PROTOCOL.md, "Scheduled slots").
+REPAIR = 1
 
 
 def health_entries(payload: np.ndarray, rows: int, cols: int

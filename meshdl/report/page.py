@@ -70,6 +70,8 @@ def _page(run_dir: Path) -> tuple[str, list[str]]:
     if metrics is not None:
         return _training(run_dir, metrics)
     sim = _json(run_dir / "sim.json")
+    if sim is not None and "slots" in sim and "macs" in sim:
+        return "meshdl simulate live", _live(sim)
     if sim is not None:
         return "meshdl simulate run", _simulated(run_dir, sim)
     if (run_dir / "journal.jsonl").is_file():
@@ -218,6 +220,42 @@ def _simulated(run_dir: Path, sim: dict[str, Any]) -> list[str]:
     images = [p for p in (run_dir / "energy.png",) if p.is_file()]
     if images:
         body.append(_section("Energy per node", "".join(_image(p) for p in images)))
+    return body
+
+
+LIVE_FIGURES = (("bytes on air a slot", "bytes_per_slot"),
+                ("frames a slot", "frames_per_slot"),
+                ("hottest node, J a slot", "hottest_node_j_per_slot"),
+                ("hottest node", "hottest_cell"),
+                ("first death (years)", "first_death_years"),
+                ("first to die", "first_cell"),
+                ("median node (years)", "median_years"))
+
+
+def _live(sim: dict[str, Any]) -> list[str]:
+    """A live run (`simulate live`): its slots, then the mesh against the cloud-heavy
+    baseline under the run's MAC and under every other MAC the radio has."""
+    alerts = sim.get("alerts", {})
+    mesh = sim.get("mesh", {})
+    rows = [["slots", f"{sim.get('slots')} of {sim.get('slot_seconds')} s, from "
+                      f"{sim.get('first_slot')}"],
+            ["radio", f"{sim.get('radio', {}).get('name')} ({sim.get('medium')}), "
+                      f"{sim.get('device')} nodes, {sim.get('header_bytes')}-byte headers"],
+            ["MAC", sim.get("mac")], ["battery", sim.get("battery", {}).get("name")],
+            ["delta", sim.get("delta") if sim.get("delta") is not None else "off"],
+            ["alerts equal central inference", sim.get("alerts_equal_central")],
+            ["alerts differing (mesh, cloud)",
+             f"{alerts.get('mesh_differ_from_central')}, "
+             f"{alerts.get('cloud_differ_from_central')}"],
+            ["parameter bytes after the first slot", mesh.get("params_bytes")],
+            ["first slot (parameters sent), bytes", mesh.get("install_bytes")]]
+    body = [_section("Live inference", _table(["figure", "value"], rows))]
+    for mac, sides in (sim.get("macs") or {}).items():
+        table = _table(["", "in the mesh", "cloud-heavy"],
+                       ([label, sides["mesh"].get(key), sides["cloud"].get(key)]
+                        for label, key in LIVE_FIGURES))
+        chosen = " (the run's)" if mac == sim.get("mac") else ""
+        body.append(_section(f"In the mesh, or in the cloud? MAC {mac}{chosen}", table))
     return body
 
 

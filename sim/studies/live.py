@@ -180,6 +180,8 @@ def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfil
         "within_duty_cycle": on_air[busiest] <= radio.duty_cycle * slot_s,
         "makespan_s": {"mean": side.mean(lambda c: c.makespan_s),
                        "max": max((c.makespan_s for c in side.costs), default=0.0)},
+        # A slot's wave must be over before the next slot begins.
+        "fits_slot": max((c.makespan_s for c in side.costs), default=0.0) <= slot_s,
     }
 
 
@@ -245,8 +247,9 @@ class LiveMesh:
             result = timed.run_wave(Mode.INFER, Split.LIVE, ring)
         else:
             result = timed.run_slot(self.first_slot + slot, self.clock_errors())
-        # The next slot begins slot_s after this one (the radio idles between).
-        timed.queue.advance_to(start + self.settings.slot_s)
+        # The next slot begins slot_s after this one (the radio idles between), or when
+        # this one's wave is over, if it overran its slot (`fits_slot` says so).
+        timed.queue.advance_to(max(start + self.settings.slot_s, timed.queue.now))
         after = timed.medium.account(Mode.INFER)
         sent = timed.trace[trace_from:]
         del timed.trace[:]  # a year of traces would not fit: each slot's is used here
