@@ -159,6 +159,7 @@ class EdgeMachine:
         self.sent_params: np.ndarray | None = None
         self.sent_payload: np.ndarray | None = None
         self.sent_step = 0
+        self.repaired_step: int | None = None  # the slot of the last repair answered
         # Floating-point operations of the head so far (simulated time's CPU time).
         self.flops = 0
         # Under intsum (compress/intsum.py): the scales it sends with PARAMS, learnt
@@ -217,15 +218,11 @@ class EdgeMachine:
             self.stats["rejected:bad_health"] += 1
             return []
         self.heard_from_mesh = True
-        if h.phase == REPAIR and entries == [(self.spec.edge_at, True)] and \
-                self.sent_payload is not None:
-            # The cell it is linked to booted after the parameters came: they again,
-            # to it alone (nodes/agent.py, "Repair").
-            self.stats["params_repairs_sent"] += 1
-            self.seq += 1
-            return [make(Kind.PARAMS, self.spec.mesh_id, self.sent_step, EDGE,
-                         self.spec.edge_at, self.sent_payload, phase=REPAIR,
-                         seq=self.seq & 0xFFFFFFFF, session=self.session)]
+        if h.phase == REPAIR:  # only the cell it is linked to asks the edge, for itself
+            if entries != [(self.spec.edge_at, True)]:
+                self.stats["rejected:bad_health"] += 1
+                return []
+            return self._repair(h)
         # Silence found in a wave of an older plan says nothing of this one (a cell cut
         # off behind a dead one then has a parent now).
         current = h.session == self.session and not newer(self.plan_since, h.step)
@@ -238,6 +235,21 @@ class EdgeMachine:
                 self.stats["stale_health"] += 1
         self.stats["health_reports"] += 1
         return []
+
+    def _repair(self, h: Header) -> list[Message]:
+        """The cell it is linked to booted after the parameters came and asks for them
+        (its HEALTH's only entry, checked by `_health`, names it: nodes/agent.py,
+        "Repair"): the PARAMS it last sent, to it alone; once per slot, and not while
+        they are on their way in a flood of that very slot."""
+        if self.sent_payload is None or h.step in (self.repaired_step, self.sent_step):
+            self.stats["repair_not_answered"] += 1
+            return []
+        self.repaired_step = h.step
+        self.stats["params_repairs_sent"] += 1
+        self.seq += 1
+        return [make(Kind.PARAMS, self.spec.mesh_id, self.sent_step, EDGE, self.spec.edge_at,
+                     self.sent_payload, phase=REPAIR, seq=self.seq & 0xFFFFFFFF,
+                     session=self.session)]
 
     def weigh_health(self) -> None:
         """Before a wave (once; `_begin` does it if the transport has not): take the

@@ -499,25 +499,42 @@ class NodeMachine:
         return out
 
     def _take_repair(self, message: Message, now: float) -> list[Message]:
-        """PARAMS of a repair from the tree parent: cached (never over newer ones), and
-        the slot that waited for them started."""
-        h, payload, cached = message.header, message.payload, self.cached
+        """PARAMS of a repair from the tree parent, asked for and still missing: cached,
+        then the children that asked meanwhile answered and the waiting slot started.
+        Parameters of another plan than this node's are not taken (the edge's next
+        flood brings that plan)."""
+        h, payload = message.header, message.payload
         if h.src != self.parent or h.dst != self.cell or h.mesh != self.mesh_id or \
                 h.dtype != FLOAT32 or not self._params_shaped(payload) or \
                 not compute.all_positive(payload[self.layout.std]) or \
-                not _scales_valid(payload[self.layout.scales]):
+                not _scales_valid(payload[self.layout.scales]) or \
+                not self._of_this_plan(payload):
             self.stats["rejected:bad_params"] += 1
             return []
-        if cached is not None and cached.session == h.session and \
-                not newer(h.step, cached.step):
-            self.stats["stale"] += 1
+        if self.pending_slot is None or self.cached is not None:
+            # Not asked for, or a flood brought the parameters first.
+            self.stats["rejected:unasked_repair"] += 1
             return []
         self.cached = CachedParams(h.session, h.step, payload, payload[:self.params_size])
         self.stats["params_repaired"] += 1
-        out = self._repairs(sorted(self.asking))  # the children that asked meanwhile
+        slot = self.pending_slot
+        return self._repaired() + self.begin_slot(slot, now)
+
+    def _repaired(self) -> list[Message]:
+        """The parameters are in: answer the children that asked for them, and ask no
+        more."""
+        out = self._repairs(sorted(self.asking))
         self.asking.clear()
-        slot, self.pending_slot = self.pending_slot, None
-        return out if slot is None else out + self.begin_slot(slot, now)
+        self.pending_slot = None
+        return out
+
+    def _of_this_plan(self, payload: np.ndarray) -> bool:
+        """Do PARAMS say this node's plan (no tail: the configured one)?"""
+        spec = self.spec
+        if payload.size == self.params_size:
+            return spec.plan_key == (spec.home or spec.edge_at, frozenset())
+        tail = PlanTail.read(payload[self.params_size:], spec.model.rows, spec.model.cols)
+        return tail is not None and (tail.edge_at, tail.dead) == spec.plan_key
 
     def _store_params(self, wave: Wave, message: Message, expect: Expect) -> bool:
         """PARAMS (from the tree parent or the edge) into `wave`, if they are valid."""
@@ -824,6 +841,8 @@ class NodeMachine:
             # Kept for the scheduled slots to come: the last parameters this node had.
             self.cached = CachedParams(wave.session, wave.step, wave.params_payload,
                                        params)
+            if self.asking or self.pending_slot is not None:  # it had asked for them
+                out.extend(self._repaired())
             for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
                 body = wave.params_payload if send.kind == Kind.PARAMS else payload
                 out.append(self._message(wave, send.kind, send.dst, body))

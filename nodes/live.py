@@ -17,17 +17,13 @@ Scheduled slots (`SlotStarter`). The edge sends the parameters once, with the fi
 slot's wave (PARAMS and BATCH, to every node); each node caches them
 (`NodeMachine.cached`). Halfway through every later slot, once the sampler has stored
 that slot's readings, the host starts the slot's wave on each of its cells
-(`NodeMachine.begin_slot`: step = slot number, no PARAMS, no BATCH) and publishes what
+(`NodeHost.begin_slot`: step = slot number, no PARAMS, no BATCH) and publishes what
 they send; the edge only waits for the slot's GATHER (`meshdl edge serve`). A cell
-without parameters (its host just started, or it missed them) cannot start: it asks its
-tree parent for them (PROTOCOL.md, "Repair"), and when the slot stalls all the same the
-edge sends PARAMS and BATCH of that very slot again (same step). Cells
-that had started the slot must not start it twice, which the node machine would refuse
-by raising (and the host would isolate the cell), so the starter counts the edge's
-PARAMS and BATCH of a slot a cell began as taken (`NodeMachine` then counts them as
-duplicates). They bring what the cell began with unless the edge's model changed: then
-the cell forgets its cached parameters, so that the next slot makes the edge send the
-new ones (the edge uses no result of the slot that brought them).
+without parameters (its host just started) cannot start: it asks its tree parent for
+them (PROTOCOL.md, "Scheduled slots"), and when the slot stalls all the same the edge
+sends PARAMS and BATCH of that very slot again (same step): a cell that began the slot
+counts them as duplicates, and forgets its cached parameters if they differ (the edge's
+model changed), so that the next slot asks for the new ones.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import pytest
 
 from meshdl import ModelConfig
 from meshdl.errors import MeshdlError
-from meshdl.protocol.messages import Kind
+from meshdl.protocol.messages import EDGE, Kind, Message, make
+from meshdl.protocol.payloads import REPAIR
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.sim.mesh import VirtualMesh
 from meshdl.sim.radio.device import device
@@ -187,3 +188,76 @@ def test_a_node_that_booted_after_the_parameters_gets_them_from_its_parent_alone
     parent = timed.nodes[cell].parent
     assert repair == [(Kind.HEALTH, cell, (parent,)), (Kind.PARAMS, parent, (cell,))]
     assert timed.nodes[cell].stats["params_repaired"] == 1
+
+
+def _repair_params(mesh: VirtualMesh, src: tuple[int, int], dst: tuple[int, int]) -> Message:
+    cached = mesh.nodes[(0, 0)].cached
+    assert cached is not None
+    return make(Kind.PARAMS, 1, cached.step, src, dst, cached.payload, phase=REPAIR,
+                session=cached.session)
+
+
+def test_repair_params_come_only_from_the_tree_parent_and_only_when_asked_for() -> None:
+    mesh, series = live_mesh()
+    sample(mesh, series, 0)
+    mesh.run_wave(Mode.INFER, Split.LIVE, ring(0))
+    node = mesh.nodes[(2, 3)]
+    node.cached = None  # as a node that booted after the parameters came
+    not_parent = next(n for n in node.neighbours if n != node.parent)
+    assert node.handle(_repair_params(mesh, not_parent, node.cell)) == []
+    assert node.stats["rejected:bad_params"] == 1
+    assert node.handle(_repair_params(mesh, node.parent, node.cell)) == []  # not asked
+    assert node.stats["rejected:unasked_repair"] == 1 and node.cached is None
+    sample(mesh, series, 1)
+    node.begin_slot(FIRST_SLOT + 1)  # asks
+    assert node.handle(_repair_params(mesh, node.parent, node.cell)) != []
+    assert node.cached is not None and node.stats["params_repaired"] == 1
+
+
+def test_an_ask_for_parameters_is_answered_only_for_a_tree_child_and_once_a_slot_by_the_edge(
+        ) -> None:
+    mesh, series = live_mesh()
+    sample(mesh, series, 0)
+    mesh.run_wave(Mode.INFER, Split.LIVE, ring(0))
+    parent = mesh.nodes[(1, 1)]
+    stranger = next(n for n in parent.neighbours if n not in parent.children)
+    own = stranger[0] * CONFIG.cols + stranger[1] + 1
+    ask = make(Kind.HEALTH, 1, FIRST_SLOT + 1, stranger, parent.cell,
+               np.array([-own], np.int32), phase=REPAIR)
+    assert parent.handle(ask) == []
+    assert parent.stats["rejected:bad_health"] == 1
+    # The edge answers the cell it is linked to, for itself, once per slot.
+    edge, at = mesh.edge, mesh.spec.edge_at
+    ask = make(Kind.HEALTH, 1, FIRST_SLOT + 1, at, EDGE,
+               np.array([-(at[0] * CONFIG.cols + at[1] + 1)], np.int32), phase=REPAIR)
+    answer = edge.handle(ask)
+    assert [(m.header.kind, m.header.dst, m.header.phase) for m in answer] == \
+        [(Kind.PARAMS, at, REPAIR)]
+    assert edge.handle(ask) == []  # the same slot again: not answered twice
+    other = make(Kind.HEALTH, 1, FIRST_SLOT + 2, at, EDGE, np.array([-7], np.int32),
+                 phase=REPAIR)
+    assert edge.handle(other) == []  # an ask that names another cell
+    assert edge.stats["rejected:bad_health"] == 1
+
+
+def test_a_flood_that_overtakes_an_ask_answers_the_children_that_asked_and_asks_no_more(
+        ) -> None:
+    """Over MQTT the first slot's PARAMS may come just after the nodes' clocks started
+    it: the asks then wait in vain, unless the flood clears them."""
+    mesh, series = live_mesh()
+    sample(mesh, series, 0)
+    node = mesh.nodes[(1, 1)]
+    child = node.children[0]
+    asked = node.begin_slot(FIRST_SLOT)  # no parameters yet: it asks
+    assert [m.header.kind for m in asked] == [Kind.HEALTH]
+    own = child[0] * CONFIG.cols + child[1] + 1
+    node.handle(make(Kind.HEALTH, 1, FIRST_SLOT, child, node.cell,
+                     np.array([-own], np.int32), phase=REPAIR))
+    assert node.asking == {child}
+    sent: list[Message] = []
+    record = mesh.ledger.record
+    mesh.ledger.record = lambda message: (sent.append(message), record(message))
+    mesh.run_wave(Mode.INFER, Split.LIVE, ring(0))
+    assert node.asking == set() and node.pending_slot is None
+    assert [(m.header.src, m.header.dst) for m in sent
+            if m.header.kind == Kind.PARAMS and m.header.phase == REPAIR] == [(node.cell, child)]

@@ -414,9 +414,10 @@ def edge_serve(broker: Broker = ..., mesh: MeshFile = ...,
     if (model.config.rows, model.config.cols) != (config.model.rows, config.model.cols):
         raise UsageError(f"{model_file} is a {model.config.rows} x {model.config.cols} model, "
                          f"the mesh is {config.model.rows} x {config.model.cols}")
-    # A slot's wave must end (or fail) before the next slot's starts.
+    # A slot's wave starts halfway through the slot and must end (or fail) before the
+    # next slot's: silent for a quarter of a slot, it gets its PARAMS and BATCH once more.
     engine = MqttEngine.for_run(config, None, BrokerAddress.parse(broker),
-                                wave_timeout=slot_seconds / 2, max_attempts=1,
+                                wave_timeout=slot_seconds / 4, max_attempts=2,
                                 nodes_timeout=nodes_timeout, connect_timeout_s=None,
                                 systemd=Notifier(), take_over=take_over)
 

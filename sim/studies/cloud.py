@@ -50,6 +50,7 @@ from meshdl.sim.radio.air import AirQueue
 from meshdl.sim.radio.clock import Clock, EventQueue
 from meshdl.sim.radio.device import DeviceProfile
 from meshdl.sim.radio.energy import energy_record
+from meshdl.sim.radio.loss import FrameLoss
 from meshdl.sim.radio.media import BROKER, Medium, MediumName, RadioTimes, Transmission, medium_for
 from meshdl.sim.radio.profiles import RadioProfile
 from meshdl.sim.radio.trace import Party, Sent
@@ -108,13 +109,16 @@ def ship_readings(spec: MeshSpec, radio: RadioProfile, medium: MediumName,
                   device: DeviceProfile, edge_device: DeviceProfile, samples: int,
                   variant: Variant = "aggregated", seed: int = 0, *,
                   header_bytes: int = HEADER_BYTES, senders: frozenset[Cell] | None = None,
-                  traced: bool = False, compiled: bool = True) -> Shipped:
+                  traced: bool = False, compiled: bool = True,
+                  loss: FrameLoss | None = None) -> Shipped:
     """Time and cost of bringing `samples` readings of every node (of `senders` only,
     when given: live cells of the grid) to the edge, in messages of a `header_bytes`
     header. `traced`: keep the medium's trace (`Shipped.trace`). `compiled`: False runs
-    the Python medium (the same figures, slower)."""
+    the Python medium (the same figures, slower). `loss`: frames the links lose, the
+    link layer and the senders recovering them as in the mesh's reliable mode."""
     return _Shipping(spec, radio, medium, device, edge_device, samples, variant, seed,
-                     header_bytes, senders, [] if traced else None, compiled).run()
+                     header_bytes, senders, [] if traced else None,
+                     compiled and loss is None, loss).run()
 
 
 class _Shipping:
@@ -125,7 +129,7 @@ class _Shipping:
                  device: DeviceProfile, edge_device: DeviceProfile, samples: int,
                  variant: Variant, seed: int, header_bytes: int,
                  senders: frozenset[Cell] | None, trace: list[Sent] | None,
-                 compiled: bool) -> None:
+                 compiled: bool, loss: FrameLoss | None = None) -> None:
         self.spec, self.radio, self.device, self.edge_device = spec, radio, device, \
             edge_device
         self.medium_name, self.variant = medium, variant
@@ -141,7 +145,7 @@ class _Shipping:
         self.senders = _senders(topo, self.cells, senders)
         air = Topology(topo.rows, topo.cols, topo.edge_at, topo.pool)
         self.medium: Medium = medium_for(medium, air, radio, self.queue, seed, self._arrive,
-                                         trace)
+                                         trace, loss)
         # Each node relays its children's messages as they come (unaggregated, the
         # star), or waits for those of its children that have readings to send and
         # then sends its subtree's (aggregated).

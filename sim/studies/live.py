@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -99,6 +99,24 @@ class LiveSettings:
     mac_params: MacParams = field(default_factory=MacParams)
 
 
+def with_links(use: dict[Party, RadioUse], links: Mapping[Party, int]
+               ) -> dict[Party, RadioUse]:
+    """Each party's radio use with the links its MAC keeps up (a scheduled MAC's
+    connections): those of the plan, whether or not a slot used them all (a party
+    that sent and took nothing still keeps its links up)."""
+    every = {**dict.fromkeys(links, IDLE), **use}
+    return {party: u._replace(links=links.get(party, u.links)) for party, u in every.items()}
+
+
+def plan_links(pairs: Iterable[tuple[Party, Party]]) -> dict[Party, int]:
+    """How many radio links each party has, of `pairs` (each link once)."""
+    count: dict[Party, int] = {}
+    for a, b in pairs:
+        count[a] = count.get(a, 0) + 1
+        count[b] = count.get(b, 0) + 1
+    return count
+
+
 class SlotCost(NamedTuple):
     """What one slot cost: bytes and frames on air (by message class too), each party's
     radio use and seconds of computing, and how long its wave took."""
@@ -109,6 +127,20 @@ class SlotCost(NamedTuple):
     use: dict[Party, RadioUse]
     cpu_s: dict[Party, float]
     makespan_s: float
+
+
+class TimedSlot(NamedTuple):
+    """A slot run on the event clock: what it cost, and the edge's logits."""
+
+    cost: SlotCost
+    logits: np.ndarray
+
+
+class CloudRun(NamedTuple):
+    """The cloud-heavy baseline over a run's slots: its side, and its alert labels."""
+
+    side: Side
+    labels: list[int]
 
 
 @dataclass
@@ -166,8 +198,8 @@ def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfil
         for name, size in cost.by_class.items():
             by_class[name] = by_class.get(name, 0.0) + size * n / max(side.slots, 1)
     return {
-        "bytes_per_slot": side.mean(lambda c: c.bytes),
-        "frames_per_slot": side.mean(lambda c: c.frames),
+        "bytes_per_slot": round(side.mean(lambda c: c.bytes), 3),
+        "frames_per_slot": round(side.mean(lambda c: c.frames), 3),
         "bytes_per_slot_by_class": dict(sorted(by_class.items())),
         "hottest_node_j_per_slot": per_node[hottest],
         "hottest_cell": name_of(hottest),
@@ -211,6 +243,8 @@ class LiveMesh:
         drift = rng.uniform(-settings.drift_ppm, settings.drift_ppm, len(self.cells)) * 1e-6
         self.drift = dict(zip(self.cells, drift.tolist(), strict=True))
         self.first_slot = int(EPOCH.timestamp() // settings.slot_s)
+        # The links of the plan: neighbours that exchange halos, tree parent and children.
+        self.links = plan_links(link for link in spec.links)
         self._virtual: VirtualMesh | None = None
 
     # ------------------------------------------------------------------ slots
@@ -232,7 +266,7 @@ class LiveMesh:
         for (r, c), node in nodes.items():
             node.record(Split.LIVE, at, values[:, r, c])
 
-    def timed_slot(self, series: np.ndarray, slot: int) -> tuple[SlotCost, np.ndarray]:
+    def timed_slot(self, series: np.ndarray, slot: int) -> TimedSlot:
         """Run slot `slot` on the event clock: the install (slot 0) or a scheduled one."""
         timed = self.timed
         self.sample(timed.nodes, series[slot], slot)
@@ -243,8 +277,10 @@ class LiveMesh:
         cpu = {party: c.seconds for party, c in timed.cpus.items()}
         start = timed.queue.now
         if slot == 0:
+            # Numbered as the slot, as every live wave (a scheduled slot's step must be
+            # later than the install's, and near it: compact headers widen 24 bits).
             ring = np.array([self.first_slot % LIVE_SLOTS])
-            result = timed.run_wave(Mode.INFER, Split.LIVE, ring)
+            result = timed.run_wave(Mode.INFER, Split.LIVE, ring, step=self.first_slot)
         else:
             result = timed.run_slot(self.first_slot + slot, self.clock_errors())
         # The next slot begins slot_s after this one (the radio idles between), or when
@@ -264,11 +300,11 @@ class LiveMesh:
             if size:
                 name = class_name(Kind(kind), layer)
                 by_class[name] = by_class.get(name, 0) + size
-        cost = SlotCost(sum(by_class.values()), frames, by_class,
-                        radio_use(sent, self.radio, tx_slot, rx_slot),
+        use = with_links(radio_use(sent, self.radio, tx_slot, rx_slot), self.links)
+        cost = SlotCost(sum(by_class.values()), frames, by_class, use,
                         _grown({p: c.seconds for p, c in timed.cpus.items()}, cpu),
                         timed.waves[-1].end - timed.waves[-1].start)
-        return cost, result.logits
+        return TimedSlot(cost, result.logits)
 
     def logits_in_process(self, series: np.ndarray, slots: range) -> np.ndarray:
         """Logits of `slots` computed by the same node machines in process, as many
@@ -348,13 +384,10 @@ def slot_stamp(first_slot: int, slot_s: float) -> str:
         "%Y-%m-%dT%H:%M:%SZ")
 
 
-def years_of(seconds: float) -> float:
-    return seconds / (365.25 * 86400)
-
-
 def check_settings(settings: LiveSettings, radio: RadioProfile | None = None) -> None:
-    if settings.slots < 1:
-        raise UsageError("--slots must be at least 1")
+    if settings.slots < 2:
+        raise UsageError("--slots must be at least 2: the first brings the parameters, "
+                         "the others are live slots")
     if not math.isfinite(settings.slot_s) or settings.slot_s <= 0:
         raise UsageError("--slot-seconds must be positive")
     if settings.delta is not None and (not math.isfinite(settings.delta) or
@@ -364,7 +397,6 @@ def check_settings(settings: LiveSettings, radio: RadioProfile | None = None) ->
                                                         settings.mac_params)
     if why is not None:
         raise UsageError(f"--mac {settings.mac}: {why}")
-
 
 
 def natural_mac(radio: RadioProfile, params: MacParams) -> MacName:
@@ -390,45 +422,52 @@ def settings_for(slots: int, slot_s: float, mac: MacName | None, battery_name: s
     return settings
 
 
-def cloud_cost(shipped: Shipped, radio: RadioProfile, cells: list[Cell]) -> SlotCost:
+def cloud_cost(shipped: Shipped, radio: RadioProfile, cells: list[Cell],
+               links: Mapping[Party, int]) -> SlotCost:
     """What one slot of the baseline cost (its readings shipped, with their trace)."""
-    assert shipped.trace is not None
+    use = radio_use(shipped.trace or [], radio, shipped.times.tx, shipped.times.rx)
     return SlotCost(shipped.bytes, shipped.frames, {"readings": shipped.bytes},
-                    radio_use(shipped.trace, radio, shipped.times.tx, shipped.times.rx),
+                    with_links(use, links),
                     {cell: shipped.cpu_s.get(cell, 0.0) for cell in cells},
                     shipped.makespan_s)
 
 
 def run_cloud(spec: MeshSpec, model: CNN, series: np.ndarray, radio: RadioProfile,
               medium: MediumName, device: DeviceProfile, edge_device: DeviceProfile,
-              settings: LiveSettings, cells: list[Cell]) -> tuple[Side, list[int]]:
+              settings: LiveSettings, cells: list[Cell]) -> CloudRun:
     """The cloud-heavy baseline over the same slots, as lean as the mesh: the same
     header, MAC, devices and float32 values. Up the tree aggregated on a radio mesh
     (each node one message with its subtree's readings), published through the broker
     on the star. Under `--delta` the nodes send on delta and the edge computes on what
-    it holds; else every slot ships every reading, the same messages every time."""
+    it holds; else every slot ships every reading, the same messages every time. As the
+    mesh's install, its first slot (every reading, under --delta too) is left out of the
+    per-slot figures. Under --loss its links lose frames as the mesh's do."""
     variant = "aggregated" if medium == "shared" else "unaggregated"
     header = spec.overhead(Kind.HALO)  # the mesh's own, compact on a radio mesh
+    topo = spec.topology
+    # A scheduled MAC keeps up the tree's links (a node's parent and children).
+    links = plan_links((cell, parent) for cell, parent in topo.parent.items()
+                       if cell in topo.members)
 
     def ship(senders: frozenset[Cell] | None) -> SlotCost:
         shipped = ship_readings(spec, radio, medium, device, edge_device, 1, variant,
                                 settings.seed, header_bytes=header, senders=senders,
-                                traced=True)
-        return cloud_cost(shipped, radio, cells)
+                                traced=True, loss=settings.loss)
+        return cloud_cost(shipped, radio, cells, links)
 
     side = Side()
     if settings.delta is None:
-        side.add(ship(None), settings.slots)
-        return side, central_labels(model, series)
+        side.add(ship(None), settings.slots - 1)
+        return CloudRun(side, central_labels(model, series))
     # Channels last: a cell's values together.
     flat = np.moveaxis(series.reshape(len(series), -1, spec.model.rows * spec.model.cols),
                        1, 2)
     sod = send_on_delta(flat, settings.delta)
     rows, cols = spec.model.rows, spec.model.cols
-    for slot in range(len(series)):
+    for slot in range(1, len(series)):
         side.add(ship(senders_of(sod.sends[slot], rows, cols)))
     held = np.moveaxis(sod.held, 2, 1).reshape(series.shape)
-    return side, central_labels(model, held)
+    return CloudRun(side, central_labels(model, held))
 
 
 def central_labels(model: CNN, series: np.ndarray, chunk: int = 1024) -> list[int]:
