@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from meshdl.protocol.compact import COMPACT_HEADER_BYTES
 from tests.helpers import assert_one_line_error
 from tests.test_cli_simulate import _meshdl
 
@@ -49,8 +50,8 @@ def test_sim_json_holds_what_the_issue_promises(seed_like: dict, tmp_path: Path)
         assert set(seed_like[side]) >= SIDE_KEYS
         figures = seed_like[side]
         assert 0 < figures["first_death_years"] <= figures["median_years"]
-    # Compact radio headers: 8 bytes where the MQTT-era header had 48.
-    assert seed_like["header_bytes"] == 8
+    # Compact radio headers: 6 bytes where the MQTT-era header had 48.
+    assert seed_like["header_bytes"] == COMPACT_HEADER_BYTES == 6
     # Every MAC the radio has, priced on the same traffic.
     assert set(seed_like["macs"]) == {"always-on", "ideal", "lpl", "tsch"}
     macs = seed_like["macs"]

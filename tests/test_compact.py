@@ -1,8 +1,10 @@
 """The compact header (meshdl/protocol/compact.py): every message of real waves comes back
-from its 8 bytes, the MAC frame's addresses and the receiver's plan exactly as sent
-(seq aside, which the MAC numbers itself); steps wrap as serial numbers; malformed bytes
-are refused by reason; and a mesh with compact headers sends, counts and simulates 40
-bytes less per message, its values unchanged."""
+from its 6 bytes, the MAC frame's addresses and the receiver's plan exactly as sent
+(seq aside, which the MAC numbers itself); steps wrap as serial numbers over 16 bits;
+what 5 layer bits and 3 version bits cannot say is refused or cut as documented; payloads
+6 bytes in come back aligned; malformed bytes are refused by reason; and a mesh with
+compact headers sends, counts and simulates 42 bytes less per message, its values
+unchanged."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from meshdl.protocol.accounting import Ledger, class_name
 from meshdl.protocol.compact import (
     ANY,
     COMPACT_HEADER_BYTES,
+    MAX_LAYER,
     MAX_STEP_GAP,
     CompactContext,
     cell_at,
@@ -101,13 +104,33 @@ def test_every_message_of_a_wave_comes_back_from_the_compact_header(settings, mo
         assert back.payload.tobytes() == message.payload.tobytes()
 
 
-def test_the_compact_header_is_at_most_8_bytes_and_keeps_the_parameter_version() -> None:
-    assert COMPACT_HEADER_BYTES <= 8
+def test_the_compact_header_is_6_bytes() -> None:
+    assert COMPACT_HEADER_BYTES == 6
+    assert SAVED == 42
+
+
+def test_the_header_carries_the_parameter_versions_low_3_bits_beside_the_layer() -> None:
     params = make(Kind.PARAMS, 3, 7, EDGE, (0, 0), np.arange(5, dtype=np.float32), session=9)
-    data = encode_compact(params, version=201)
-    assert read_compact_header(data).version == 201
-    assert read_compact_header(data)._replace(version=0) == \
-        read_compact_header(encode_compact(params))
+    plain = read_compact_header(encode_compact(params))
+    for version, low in ((7, 7), (8, 0), (201, 201 % 8), (2**40 + 5, 5)):
+        header = read_compact_header(encode_compact(params, version=version))
+        assert header.version == low
+        assert header._replace(version=0) == plain  # nothing else moved
+    # The version's bits sit above the layer's: the highest layer keeps the highest version.
+    top = read_compact_header(encode_compact(params._replace(
+        header=params.header._replace(layer=MAX_LAYER)), version=7))
+    assert (top.layer, top.version) == (31, 7)
+    assert encode_compact(params, version=5)[1] == 5 << 5  # layer 0 in bits 0-4
+
+
+def test_a_payload_6_bytes_in_comes_back_aligned_and_read_only() -> None:
+    spec, message = _halo(7)
+    data = encode_compact(message)
+    # CPython keeps a bytes object's data 16-byte aligned, so its float32s 6 bytes in are not.
+    assert np.frombuffer(data, np.float32, offset=COMPACT_HEADER_BYTES).flags.aligned is False
+    back = decode_compact(data, _context(spec, message))
+    assert back.payload.flags.aligned and not back.payload.flags.writeable
+    assert back.payload.tobytes() == message.payload.tobytes()
 
 
 def test_every_party_has_a_short_address_and_back() -> None:
@@ -150,9 +173,11 @@ def _halo(step: int, session: int = 5) -> tuple[MeshSpec, Message]:
 
 
 @pytest.mark.parametrize(("sent", "current"), [
-    (0x10002, 0xFFFF), (0xFFFF, 0x10001),  # across 2**16: within the low bits
-    (0x1000001, 0xFFFFFF), (0xFFFFFE, 0x1000003),  # across 2**24: the low bits wrap
+    (0x102, 0xFF), (0xFF, 0x101),  # across 2**8: within the low bits
+    (0x10002, 0xFFFF), (0xFFFE, 0x10003),  # across 2**16: the low bits wrap
+    (0x3FFFF, 0x40000 + MAX_STEP_GAP - 1),  # as far back as allowed, across 2**18
     (1, 0xFFFFFFFF), (0xFFFFFFFE, 2),  # across 2**32: the step itself wraps
+    (MAX_STEP_GAP - 1, 0xFFFFFFFF),  # as far ahead as allowed, across 2**32
 ])
 def test_a_step_is_widened_back_across_wraps(sent, current) -> None:
     spec, message = _halo(sent)
@@ -176,9 +201,16 @@ def test_a_step_too_far_from_the_receivers_is_refused_in_its_session() -> None:
     with pytest.raises(CodecError) as refused:
         decode_compact(data, _context(spec, message, near - 1))
     assert refused.value.reason == CodecReason.INVALID_HEADER
-    # Another session (an edge that restarted) starts wherever its edge says.
-    other = _context(spec, message, near - 1)._replace(session=6)
-    assert decode_compact(data, other).header.step % (1 << 24) == 5_000_000 % (1 << 24)
+    ahead = 5_000_000 + MAX_STEP_GAP  # ... either way
+    assert decode_compact(data, _context(spec, message, ahead)).header.step == 5_000_000
+    with pytest.raises(CodecError):
+        decode_compact(data, _context(spec, message, ahead + 1))
+    # Another session (an edge that restarted) starts wherever its edge says: only the
+    # step's low 16 bits are its edge's, the rest the receiver's.
+    far = 5_000_000 + 40_000
+    other = _context(spec, message, far)._replace(session=6)
+    step = decode_compact(data, other).header.step
+    assert step % (1 << 16) == 5_000_000 % (1 << 16) and step != 5_000_000
 
 
 # ------------------------------------------------------------------ refusals
@@ -225,8 +257,12 @@ def test_what_the_compact_form_cannot_say_is_not_encoded() -> None:
     _, message = _halo(1)
     with pytest.raises(ValueError):
         encode_compact(message._replace(header=message.header._replace(phase=2)))
+    encode_compact(message._replace(header=message.header._replace(layer=31)))
+    for layer in (32, 255):  # 5 bits: 32 would read back as layer 0
+        with pytest.raises(ValueError, match="layer"):
+            encode_compact(message._replace(header=message.header._replace(layer=layer)))
     with pytest.raises(ValueError):
-        encode_compact(message, version=256)
+        encode_compact(message, version=-1)
 
 
 # ------------------------------------------------------------------ the spec
@@ -280,7 +316,7 @@ def _timed_wave(header: str, mode: Mode) -> tuple[TimedMesh, WaveResult]:
 
 
 @pytest.mark.parametrize("mode", [Mode.INFER, Mode.TRAIN])
-def test_the_simulated_radio_sends_40_bytes_less_per_transmission(mode) -> None:
+def test_the_simulated_radio_sends_42_bytes_less_per_transmission(mode) -> None:
     (full, full_result), (compact, compact_result) = (_timed_wave("full", mode),
                                                       _timed_wave("compact", mode))
     sent = {}
@@ -295,7 +331,7 @@ def test_the_simulated_radio_sends_40_bytes_less_per_transmission(mode) -> None:
     assert sent["full"][0] == sent["compact"][0]  # the same transmissions ...
     (_, full_size, count), (_, compact_size, _) = sent["full"], sent["compact"]
     assert set(full_size) >= {"params", "halo/conv1", "gather"}
-    for name in full_size:  # ... each 40 bytes lighter
+    for name in full_size:  # ... each 42 bytes lighter
         assert compact_size[name] == full_size[name] - SAVED * count[name], name
     assert compact.queue.now < full.queue.now  # and the wave is over sooner
     assert compact_result.logits.tobytes() == full_result.logits.tobytes()  # the values

@@ -1,5 +1,5 @@
 """Compact message headers for radio meshes: the 48-byte header of messages.py cut to
-the 8 bytes a message needs once the 802.15.4 frame and the receiver's plan say the rest.
+the 6 bytes a message needs once the 802.15.4 frame and the receiver's plan say the rest.
 
 Model. A radio stack does not send an application's headers as they are: 6LoWPAN header
 compression (RFC 6282) elides every field the link layer or a context both ends share
@@ -26,23 +26,49 @@ receiver's current wave gives the step's high bits. What is left, little-endian:
              bits 4-5  dtype: 0 float32, 1 int32, 2 bytes (3 invalid)
              bit  6    phase: 0 row strips, 1 column strips
              bit  7    reserved, 0 (a receiver rejects 1: a later format)
-    byte 1             layer (u8, as in the full header)
-    bytes 2-4          step: its low 24 bits
-    bytes 5-6          session (u16, whole: sessions are random draws, edge/remote.py,
+    byte 1   bits 0-4  layer (0-31)
+             bits 5-7  parameter version: its low 3 bits
+    bytes 2-3          step: its low 16 bits (u16)
+    bytes 4-5          session (u16, whole: sessions are random draws, edge/remote.py,
                        so their low bits could not be widened back)
-    byte 7             parameter version (u8: parameters cached by version; 0 unused)
 
-then the payload's bytes, as in messages.py (C order; never pickled). The 8-byte header
-keeps a payload read in place aligned for its 4-byte values.
+then the payload's bytes, as in messages.py (C order; never pickled). Why each cut from
+the full header's u8 layer, u32 step and u8 version is safe:
 
-Steps are widened back as messages.newer compares them (RFC 1982), over 24 bits: to the
-step nearest the receiver's own whose low 24 bits match. Within the receiver's session a
-step more than `MAX_STEP_GAP` waves away is rejected: an honest sender is a wave or two
-apart, so such a step is garbage (a node away for 2**22 waves of one session, 48 days at
-a wave a second, waits for its edge's next session). A message of another session (an
-edge that restarted) starts wherever its edge says, as with the full header: its step is
-widened without that check, so only its low 24 bits are the edge's; every party widens
-the steps it receives against its own, so the high bits never need to cross the air.
+- layer, 5 bits: a mesh's model has at most 16 conv layers (config.py, ModelConfig.
+  conv_layers, le=16), and a radio message's layer numbers one of them (or is 0). PUSH
+  and WEIGHTS, whose layer may number a part of the parameters, go between edge and
+  parameter server on the backhaul, never on a radio. `encode_compact` refuses a layer
+  above 31 (ValueError) rather than send another one.
+- parameter version, 3 bits: a node keeps one set of parameters (nodes/agent.py,
+  CachedParams), ordered by their PARAMS' session and step, not by this field; the field
+  only tells a receiver whether a sender's parameters are the ones it holds, which 3 bits
+  do unless a multiple of 8 versions went by unseen (live inference changes its model
+  rarely: PROTOCOL.md, "Scheduled slots"). `encode_compact` takes the whole version and
+  sends its low 3 bits.
+- step, 16 bits: widened back below; see the limits there.
+
+The payload starts at byte 6, so a payload read in place from the received bytes is no
+longer aligned for its 4-byte values: `decode_compact` reads it in place when it is
+aligned (bytes, dtype u1, always are) and otherwise copies it, as messages.decode does
+for a misaligned buffer, into an aligned read-only array. The copy costs a payload's
+bytes once per message, against 2 bytes on the air for every message.
+
+Steps are widened back as messages.newer compares them (RFC 1982), over 16 bits: to the
+step nearest the receiver's own whose low 16 bits match. Within the receiver's session a
+step more than `MAX_STEP_GAP` (2**14) waves away is rejected: an honest sender is a wave
+or two apart (a live slot's wave is numbered as its slot, the install's too:
+sim/studies/live.py), so such a step is garbage. 2**14 waves are 341 days of half-hour
+live slots, but only 4.5 hours of training waves a second apart: a node that misses
+that many waves of one session refuses that session's messages until its edge's next
+one. A node that misses 2**16 - 2**14 or more may instead widen a sender's step to one
+of its own past waves or to its current one: the price of a step cut to 16 bits (the
+full header's u32 has no such limit below 2**31).
+
+A message of another session (an edge that restarted) starts wherever its edge says, as
+with the full header: its step is widened without that check, so only its low 16 bits
+are the edge's; every party widens the steps it receives against its own, so the high
+bits never need to cross the air.
 """
 
 from __future__ import annotations
@@ -74,11 +100,14 @@ if TYPE_CHECKING:
 
 HeaderFormat = Literal["full", "compact"]  # `MeshSpec.header`
 
-_HEAD = struct.Struct("<BBHBHB")  # byte 0, layer, step bits 0-15, step bits 16-23, session, version
-COMPACT_HEADER_BYTES = _HEAD.size  # 8
+_HEAD = struct.Struct("<BBHH")  # kind/dtype/phase, layer/version, step's low bits, session
+COMPACT_HEADER_BYTES = _HEAD.size  # 6
 _KIND_MASK, _DTYPE_SHIFT, _PHASE_BIT, _RESERVED_BIT = 0x0F, 4, 0x40, 0x80
+LAYER_BITS, VERSION_BITS = 5, 3  # byte 1: layer in bits 0-4, version in bits 5-7
+MAX_LAYER = (1 << LAYER_BITS) - 1  # 31
+_VERSION_MASK = (1 << VERSION_BITS) - 1
 
-STEP_BITS = 24
+STEP_BITS = 16
 _STEP_MASK = (1 << STEP_BITS) - 1
 _HALF = 1 << (STEP_BITS - 1)
 MAX_STEP_GAP = 1 << (STEP_BITS - 2)  # waves either way, within the receiver's session
@@ -131,7 +160,7 @@ class CompactHeader(NamedTuple):
     layer: int
     step_low: int  # the step's low `STEP_BITS` bits
     session: int
-    version: int  # of the parameters (0: unused)
+    version: int  # of the parameters: its low `VERSION_BITS` bits
 
 
 class CompactContext(NamedTuple):
@@ -150,18 +179,22 @@ class CompactContext(NamedTuple):
 
 def encode_compact(message: Message, version: int = 0) -> bytes:
     """A message's bytes with the compact header; `version`: of the parameters it
-    carries, for receivers that cache them. What the compact form cannot say is a
-    ValueError: a phase above 1, or a compressed payload of more than one dimension."""
+    carries, for receivers that cache them (its low `VERSION_BITS` bits are sent). What
+    the compact form cannot say is a ValueError: a phase above 1, a layer above
+    `MAX_LAYER`, a negative version, or a compressed payload of more than one dimension."""
     h = message.header
     if not 0 <= h.phase <= 1:
         raise ValueError(f"phase {h.phase}: the compact header has one bit for it")
-    if not 0 <= version <= 0xFF:
-        raise ValueError(f"parameter version {version} is not a byte")
+    if h.layer > MAX_LAYER:
+        raise ValueError(f"layer {h.layer}: the compact header has {LAYER_BITS} bits for it "
+                         f"(a radio mesh's model has at most 16 conv layers)")
+    if version < 0:
+        raise ValueError(f"parameter version {version} is negative")
     if h.dtype == BYTES and message.payload.ndim != 1:
         raise ValueError("a compressed payload travels as its bytes: one dimension")
     first = int(h.kind) | h.dtype << _DTYPE_SHIFT | h.phase * _PHASE_BIT
-    step = h.step & _STEP_MASK
-    return _HEAD.pack(first, h.layer, step & 0xFFFF, step >> 16, h.session, version) + \
+    second = h.layer | (version & _VERSION_MASK) << LAYER_BITS
+    return _HEAD.pack(first, second, h.step & _STEP_MASK, h.session) + \
         message.payload.tobytes()
 
 
@@ -170,7 +203,7 @@ def read_compact_header(data: bytes) -> CompactHeader:
     if len(data) < COMPACT_HEADER_BYTES:
         raise CodecError(CodecReason.TRUNCATED, f"truncated message: {len(data)} bytes, "
                                                 f"header alone is {COMPACT_HEADER_BYTES}")
-    first, layer, low, high, session, version = _HEAD.unpack_from(data)
+    first, second, step_low, session = _HEAD.unpack_from(data)
     if first & _RESERVED_BIT:
         raise CodecError(CodecReason.INVALID_HEADER, "reserved bit set: not this format")
     try:
@@ -181,8 +214,8 @@ def read_compact_header(data: bytes) -> CompactHeader:
     dtype = (first >> _DTYPE_SHIFT) & 0x3
     if dtype not in DTYPES:
         raise CodecError(CodecReason.INVALID_HEADER, f"unknown dtype {dtype}")
-    return CompactHeader(kind, dtype, int(bool(first & _PHASE_BIT)), layer, low | high << 16,
-                         session, version)
+    return CompactHeader(kind, dtype, int(bool(first & _PHASE_BIT)), second & MAX_LAYER,
+                         step_low, session, second >> LAYER_BITS)
 
 
 def widen_step(low: int, near: int) -> int:
@@ -225,8 +258,9 @@ def decode_compact(data: bytes, context: CompactContext,
         raise CodecError(CodecReason.PAYLOAD_SIZE,
                          f"payload of {size} bytes, shape {shape} of {dtype} does not fit")
     flat = np.frombuffer(data, dtype, offset=COMPACT_HEADER_BYTES)
-    if not flat.flags.aligned:  # bytes at an odd address (a slice of a larger buffer)
+    if not flat.flags.aligned:  # 4-byte values 6 bytes into the buffer: copy them aligned
         flat = flat.copy()
+        flat.setflags(write=False)  # read-only, as a payload read in place
     if c.dtype == FLOAT32 and not all_finite(flat):
         raise CodecError(CodecReason.NOT_FINITE, "payload holds NaN or inf")
     return seal(c.kind, context.mesh, step, context.src, context.dst, flat.reshape(shape),

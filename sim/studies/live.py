@@ -278,7 +278,7 @@ class LiveMesh:
         start = timed.queue.now
         if slot == 0:
             # Numbered as the slot, as every live wave (a scheduled slot's step must be
-            # later than the install's, and near it: compact headers widen 24 bits).
+            # later than the install's, and near it: compact headers widen 16 bits).
             ring = np.array([self.first_slot % LIVE_SLOTS])
             result = timed.run_wave(Mode.INFER, Split.LIVE, ring, step=self.first_slot)
         else:
