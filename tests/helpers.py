@@ -134,3 +134,17 @@ def saved_figures(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Any]:
 
     monkeypatch.setattr(module, "save_png", keep)
     return saved
+
+
+def recorded_sends(mesh: Any) -> list[Any]:
+    """A list that fills with every message the virtual mesh `mesh` sends from now on,
+    as it was sent (its `send` wrapped)."""
+    sent: list[Any] = []
+    send = mesh.send
+
+    def recording(messages: list[Any]) -> None:
+        sent.extend(messages)
+        send(messages)
+
+    mesh.send = recording
+    return sent

@@ -41,6 +41,7 @@ from meshdl.sim.mesh import VirtualMesh
 from meshdl.sim.radio.device import device
 from meshdl.sim.radio.profiles import profile
 from meshdl.sim.timed import TimedMesh
+from tests.helpers import recorded_sends
 
 CONFIG = ModelConfig(rows=4, cols=5, kernel=3, filters=2, hidden=8)
 BATCH = 2
@@ -57,14 +58,7 @@ def _wave_messages(spec: MeshSpec, mode: Mode) -> list[Message]:
     data = _data()
     mesh = VirtualMesh(spec, {Split.TRAIN: data.X_train, Split.TEST: data.X_test},
                        CNN(CONFIG, seed=0), {Split.TRAIN: data.y_train, Split.TEST: data.y_test})
-    sent: list[Message] = []
-    send = mesh.send
-
-    def recording(messages: list[Message]) -> None:
-        sent.extend(messages)
-        send(messages)
-
-    mesh.send = recording  # type: ignore[method-assign]
+    sent = recorded_sends(mesh)
     mesh.run_wave(mode, Split.TRAIN, np.arange(BATCH))
     return sent
 

@@ -12,8 +12,9 @@ import pytest
 
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
-from meshdl.protocol.messages import EDGE, Kind, Message
+from meshdl.protocol.messages import EDGE, Kind
 from meshdl.sim.mesh import MeshEngine
+from tests.helpers import recorded_sends
 
 ROOT = Path(__file__).resolve().parents[1]
 WALK = (ROOT / "docs" / "walk.md").read_text()
@@ -49,14 +50,7 @@ def test_a_training_wave_sends_exactly_the_rows_of_the_plan(params_via: str) -> 
     model = CNN(config, seed=0)
     model.set_normalization(20.0, 2.0)
     mesh = engine.mesh_for(model)
-    sent: list[Message] = []
-    send = mesh.send
-
-    def recording(messages: list[Message]) -> None:
-        sent.extend(messages)
-        send(messages)
-
-    mesh.send = recording  # type: ignore[method-assign]
+    sent = recorded_sends(mesh)
     engine.loss_and_grads(model, np.arange(6))
     spec = mesh.spec
     rows = {(src, s.kind, s.layer, s.phase, s.dst) for table in (spec.sends, spec.relays)

@@ -48,6 +48,7 @@ from meshdl.errors import UsageError, format_validation_error
 # load when a command runs, not for `meshdl --help`.
 if TYPE_CHECKING:
     from meshdl.data.datasets import Dataset
+    from meshdl.model.cnn import CNN
     from meshdl.protocol.spec import Mode
     from meshdl.protocol.topology import Cell
     from meshdl.sim.besteffort import BestEffort
@@ -342,25 +343,17 @@ def simulate_infer(
     """Inference waves under simulated time (one time slot each, by default)."""
     import numpy as np
 
-    from meshdl.model.cnn import CNN
     from meshdl.protocol.spec import Mode
     from meshdl.sim.simulate import SimEngine
     from meshdl.sim.studies import cloud, compare
-    from meshdl.training.loop import normalization
     from meshdl.training.runs import new_run_dir, start_run
 
     if batch < 1 or waves < 1:
         raise UsageError("--batch and --waves must be at least 1")
     radio_profile, node, edge = _parties(sim)
     medium = sim["medium"]
-    trained = CNN.load(model_path) if model_path else None
-    flags = overrides(grid, net, seed=seed, edge_at=edge_at)
-    if trained:
-        flags["model"] = trained.config.model_dump()
-    dataset, config, source = _data_and_config(data, None, flags)
-    model = trained or CNN(config.model, seed=config.train.seed)
-    if trained is None:
-        model.set_normalization(*normalization(dataset.X_train))
+    model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
+                                                     edge_at)
     run_dir = out or new_run_dir(name="simulate-infer")
     engine = SimEngine(dataset, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
@@ -428,23 +421,15 @@ def simulate_live(
 ) -> None:
     """Live inference slot after slot, the real time between them: bytes, joules and
     battery lifetime of the mesh against the cloud-heavy baseline."""
-    from meshdl.model.cnn import CNN
     from meshdl.sim.studies import live
-    from meshdl.training.loop import normalization
     from meshdl.training.runs import new_run_dir, start_run
 
     if sim["recovery"] != "reliable" or sim["dead"]:
         raise UsageError("live slots run in reliable mode: no --recovery best-effort, no "
                          "--dead")
     radio_profile, node, edge = _parties(sim)
-    trained = CNN.load(model_path) if model_path else None
-    flags = overrides(grid, net, seed=seed, edge_at=edge_at)
-    if trained:
-        flags["model"] = trained.config.model_dump()
-    dataset, config, source = _data_and_config(data, None, flags)
-    model = trained or CNN(config.model, seed=config.train.seed)
-    if trained is None:
-        model.set_normalization(*normalization(dataset.X_train))
+    model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
+                                                     edge_at)
     settings = live.settings_for(slots, slot_seconds, mac, battery, delta, timed_slots,
                                  config.train.seed, sim, radio_profile)
     run_dir = out or new_run_dir(name="simulate-live")
@@ -477,6 +462,26 @@ def _live_progress(slots: int) -> Iterator[Callable[[int], None]]:
                 err_console.print(f"slot {done}/{slots}", highlight=False)
 
         yield say
+
+
+def _model_and_data(model_path: Path | None, data: Path | None, grid: Flags, net: Flags,
+                    seed: int | None, edge_at: str | None
+                    ) -> tuple[CNN, Dataset, RunConfig, str]:
+    """The model an inference run computes with (a trained one, whose shape fixes the
+    grid, or a fresh one normalizing as the data), its data set, configuration and the
+    data's source."""
+    from meshdl.model.cnn import CNN
+    from meshdl.training.loop import normalization
+
+    trained = CNN.load(model_path) if model_path else None
+    flags = overrides(grid, net, seed=seed, edge_at=edge_at)
+    if trained:
+        flags["model"] = trained.config.model_dump()
+    dataset, config, source = _data_and_config(data, None, flags)
+    model = trained or CNN(config.model, seed=config.train.seed)
+    if trained is None:
+        model.set_normalization(*normalization(dataset.X_train))
+    return model, dataset, config, source
 
 
 def _params_via(config: RunConfig, medium: str) -> str:
