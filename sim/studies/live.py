@@ -11,11 +11,12 @@ node and edge machines under simulated time (sim/timed.py), its transmissions co
 per node and priced under a MAC (sim/radio/mac.py) over the whole slot; batteries
 (sim/radio/battery.py) turn each node's average power into years.
 
-Clocks. Each node's crystal is off by a fixed drift drawn in +-`drift_ppm`; it is
-resynchronised by every slot's wave, so at the next boundary it is off by drift times
-the slot length (under TSCH, whose keep-alives hold every clock within the guard time,
-by at most the guard). A node that starts early sends its halos to neighbours that have
-not started yet: they keep them until their own clock gets there.
+Clocks. Each node's crystal is off by a fixed drift drawn in +-`drift_ppm`; we assume
+every slot's wave resynchronises it (its frames carry the time, as TSCH's do; not
+priced), so at the next boundary it is off by drift times the slot length (under TSCH,
+whose keep-alives hold every clock within the guard time, by at most the guard). A node
+that starts early sends its halos to neighbours that have not started yet: they keep
+them until their own clock gets there.
 
 Repetition, and what it allows. Without `--delta` and without loss, a scheduled slot
 sends exactly the same messages (kinds, sizes, senders, receivers) whatever the readings:
@@ -23,7 +24,7 @@ the plan fixes them. Only `timed_slots` slots are then timed event by event (the
 figures are checked to be equal, slot for slot, or the run stops); the others are priced
 as they are, and their values are computed by the same node machines on the in-process
 transport, one wave for up to LIVE_SLOTS slots of the ring at once (a wave's samples never
-mix: tests/test_scheduled_slots.py), which is what makes a year of slots take minutes.
+mix: tests/test_scheduled_slots.py), which is what makes a year of slots take a minute.
 With `--delta` or loss every slot is timed.
 
 The cloud-heavy baseline ships each slot's readings up the same tree (aggregated), with
