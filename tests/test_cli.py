@@ -246,6 +246,24 @@ def test_bench_kernels_reports_a_step_time(cli) -> None:
             result["torch"]["median_ms"] / result["meshdl"]["median_ms"])
 
 
+def test_bench_kernels_busy_runs_cpu_bound_processes_beside_and_stops_them() -> None:
+    """`--busy N`: N spinning processes hold cores while both sides are timed, and none
+    outlives the benchmark."""
+    from meshdl.bench.kernels import busy_cores
+
+    with busy_cores(2) as spinners:
+        assert len(spinners) == 2
+        assert all(spinner.poll() is None for spinner in spinners)  # still spinning
+    assert all(spinner.poll() is not None for spinner in spinners)
+
+
+def test_bench_kernels_reports_busy_cores(cli) -> None:
+    code, out, err = cli("bench", "kernels", "--rows", "5", "--cols", "5", "--hidden", "8",
+                         "--batch", "4", "--repeats", "3", "--busy", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["busy_cores"] == 1
+
+
 def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(
         cli, small_data_file, tmp_path) -> None:
     import signal

@@ -7,8 +7,11 @@ number of threads, with the same initial parameters and the same batch.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -80,9 +83,35 @@ def torch_step(model: CNN, train: TrainConfig, X: np.ndarray, y: np.ndarray
     return torch.__version__, step
 
 
+@contextlib.contextmanager
+def busy_cores(count: int) -> Iterator[list[subprocess.Popen]]:
+    """`count` CPU-bound processes running beside what the block times (another user's
+    job holding cores), stopped when it ends; the block gets them."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                for _ in range(count)]
+    try:
+        time.sleep(0.2)  # running, not starting, when the timing begins
+        yield spinners
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait(timeout=10)
+
+
 def bench_kernels(config: ModelConfig, batch: int = 100, repeats: int = 200,
-                  threads: int = 1, optimizer: str = "sgd") -> dict[str, Any]:
-    """Time one training step in meshdl and in PyTorch (when importable), same threads."""
+                  threads: int = 1, optimizer: str = "sgd", busy: int = 0) -> dict[str, Any]:
+    """Time one training step in meshdl and in PyTorch (when importable), same threads;
+    `busy`: with that many CPU-bound processes beside both (`busy_cores`)."""
+    with busy_cores(busy):
+        result = _bench_kernels(config, batch, repeats, threads, optimizer)
+    result["busy_cores"] = busy
+    return result
+
+
+def _bench_kernels(config: ModelConfig, batch: int, repeats: int, threads: int,
+                   optimizer: str) -> dict[str, Any]:
     train = TrainConfig(batch=batch, optimizer=optimizer, lr=0.01)
     X, y = _batch(config, batch, seed=0)
     started = time.perf_counter()

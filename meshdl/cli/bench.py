@@ -37,6 +37,8 @@ def kernels(
     repeats: int = typer.Option(200, "--repeats", min=1),
     threads: int = typer.Option(1, "--threads", min=1, help="Threads for both sides."),
     optimizer: Optimizer = "sgd",
+    busy: int = typer.Option(0, "--busy", min=0, help="CPU-bound processes running beside "
+                             "both sides (1 on a 2-core machine: the other core busy)."),
     json_out: JsonFigures = False,
 ) -> None:
     """One training step (forward, backward, update) in meshdl vs PyTorch CPU."""
@@ -44,13 +46,14 @@ def kernels(
 
     config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, hidden=hidden)
     result = bench_kernels(config, batch=batch, repeats=repeats, threads=threads,
-                           optimizer=optimizer)
+                           optimizer=optimizer, busy=busy)
     if json_out:
         emit_json(result)
         return
     ours = result["meshdl"]
     out_console.print(f"meshdl  one step: median {ours['median_ms']:.3f} ms, min "
-                      f"{ours['min_ms']:.3f} ms ({threads} thread(s), batch {batch}; first "
+                      f"{ours['min_ms']:.3f} ms ({threads} thread(s), batch {batch}"
+                      f"{f', {busy} busy core(s)' if busy else ''}; first "
                       f"call incl. compile/cache load {ours['first_call_s']:.2f} s)")
     if result["torch"] is None:
         out_console.print("PyTorch is not installed: no reference (pip install torch==2.13.0)")

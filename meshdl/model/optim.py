@@ -55,13 +55,16 @@ class Optimizer:
         self.steps = 0
         self.first_moment = np.zeros(size, np.float32)  # SGD velocity, or Adam's m
         self.second_moment = np.zeros(size if config.optimizer == "adam" else 0, np.float32)
+        # The gradient widened to float64 for its norm, kept from step to step: two fresh
+        # megabyte-sized copies a step cost more page faults than the whole update.
+        self._wide = np.empty(size, np.float64)
 
     def step(self, params: np.ndarray, grads: np.ndarray, lr: float | None = None) -> None:
         """One update: params -= f(grads, state), at `lr` (default: the configured one)."""
         cfg = self.config
         lr = cfg.lr if lr is None else lr
         self.steps += 1
-        scale = clip_scale(grads, cfg.clip_norm)
+        scale = clip_scale(grads, cfg.clip_norm, self._wide)
         if cfg.optimizer == "sgd":
             _sgd_step(params, grads, scale, self.first_moment, lr, cfg.momentum,
                       cfg.weight_decay, self.steps == 1)
@@ -83,15 +86,20 @@ class Optimizer:
         self.second_moment[...] = state["second_moment"]
 
 
-def clip_scale(grads: np.ndarray, max_norm: float) -> float:
+def clip_scale(grads: np.ndarray, max_norm: float, wide: np.ndarray | None = None) -> float:
     """The factor that shortens `grads` to global L2 norm `max_norm` (1 when it is shorter).
 
     PyTorch's `clip_grad_norm_(params, max_norm)`, over the whole flat gradient: in the
     mesh the edge holds that vector after the reduction, so the norm is the same one.
+    The norm is taken in float64 (BLAS's dot); `wide`, a float64 array of the gradient's
+    shape, holds the widened copy (else a new one is made).
     """
     if max_norm <= 0.0:
         return 1.0
-    norm = float(np.sqrt(np.dot(grads.astype(np.float64), grads.astype(np.float64))))
+    if wide is None or wide.shape != grads.shape:
+        wide = np.empty(grads.shape, np.float64)
+    np.copyto(wide, grads)
+    norm = float(np.sqrt(np.dot(wide, wide)))
     return min(1.0, max_norm / (norm + 1e-6))
 
 
