@@ -841,8 +841,11 @@ class NodeMachine:
             # Kept for the scheduled slots to come: the last parameters this node had.
             self.cached = CachedParams(wave.session, wave.step, wave.params_payload,
                                        params)
-            if self.asking or self.pending_slot is not None:  # it had asked for them
-                out.extend(self._repaired())
+            # Asks for parameters this flood overtook are void: the children that asked
+            # get the flood too (from this node down the tree, or from the edge's
+            # broadcast), so none is answered and none waits.
+            self.asking.clear()
+            self.pending_slot = None
             for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
                 body = wave.params_payload if send.kind == Kind.PARAMS else payload
                 out.append(self._message(wave, send.kind, send.dst, body))

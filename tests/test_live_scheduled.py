@@ -26,7 +26,7 @@ from meshdl.nodes.sensors import SensorError
 from meshdl.nodes.serve import BackgroundNodeHost, Readings, host_spec
 from meshdl.protocol.messages import ALL, EDGE, Kind, Message
 from meshdl.protocol.spec import LIVE_SLOTS, Mode, Split
-from meshdl.protocol.topics import TopicNames, topic
+from meshdl.protocol.topics import ROOT, TopicNames
 from meshdl.protocol.topology import Cell
 
 ROWS, COLS = 3, 4
@@ -265,7 +265,8 @@ def _assert_central(model: CNN, alerts: list[dict]) -> None:
 def test_edge_serve_sends_the_params_once_and_alerts_as_central_inference(mosquitto) -> None:
     config, model = _config(), _model()
     address = BrokerAddress.parse(mosquitto.url)
-    params = topic(config.mesh.mesh_id, EDGE, ALL, Kind.PARAMS)
+    # Every PARAMS the broker carries, the edge's and any a node sends another host's.
+    params = f"{ROOT}/{config.mesh.mesh_id}/+/+/{Kind.PARAMS.name.lower()}"
     with Published(mosquitto.host, mosquitto.port, params) as published, \
             _host(config, TOP, address, "host-top") as top, \
             _host(config, BOTTOM, address, "host-bottom") as bottom:
