@@ -55,5 +55,7 @@ def test_any_mix_of_loss_and_stragglers_finishes_the_wave_with_the_fault_free_re
                          Stragglers(fraction=straggling, slowdown=slowdown, seed=seed), seed)
     assert np.array_equal(faulty, clean)  # run_wave raised if the wave had hung
     assert np.isfinite(mesh.queue.now)
-    if rate >= 0.2:  # hundreds of frames: some were lost, and the link layer saw to it
+    # Over a hundred frames at 20 % loss or more, some were lost (all kept 0.8**100, one
+    # in 5e9) and the link layer saw to it; a 1 x 2 wave sends ten, which may all pass.
+    if rate >= 0.2 and mesh.medium.frames >= 100:
         assert mesh.medium.faults["frames_lost"] > 0
