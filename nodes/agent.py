@@ -426,9 +426,7 @@ class NodeMachine:
         if cached is None or self.cell not in self.spec.topology.members:
             self.stats["rejected:slot_without_params"] += 1
             return self._ask_for_params(slot)
-        step, wave = slot & 0xFFFFFFFF, self.wave
-        if wave is not None and wave.session == cached.session and \
-                not newer(step, wave.step):
+        if self.began(slot):
             self.stats["rejected:stale_slot"] += 1  # this slot, or a later one, began
             return []
         batch = BatchOrder(Mode.INFER, Split.LIVE, np.array([slot % LIVE_SLOTS])).pack()
@@ -437,7 +435,7 @@ class NodeMachine:
             # No usable reading for the slot: never a made-up number (as `_store_batch`).
             self.stats["rejected:no_reading"] += 1
             return []
-        wave = self._new_wave(step, cached.session)
+        wave = self._new_wave(slot & 0xFFFFFFFF, cached.session)
         wave.scheduled = True
         for (kind, *_), expect in self.inbox.items():  # as if they came: a copy that
             if kind in (Kind.PARAMS, Kind.BATCH):  # does (the edge resent the slot) is
@@ -461,6 +459,13 @@ class NodeMachine:
     # itself, asks its own parent and answers once repaired; the edge answers the cell it
     # is linked to with the ones it sent. One message each way per link, where a flood
     # would reach every node: Trickle's polite repair (RFC 6206).
+    def began(self, slot: int) -> bool:
+        """Is this node in the wave of `slot`, or a later one, on its cached parameters'
+        edge session (started by its clock, or by that slot's PARAMS and BATCH)?"""
+        wave, cached = self.wave, self.cached
+        return wave is not None and cached is not None and wave.session == cached.session \
+            and not newer(slot & 0xFFFFFFFF, wave.step)
+
     def _ask_for_params(self, slot: int) -> list[Message]:
         """The hello that asks for parameters, once per slot."""
         up = self.plan.health_to if self.cell in self.spec.topology.members else None

@@ -146,10 +146,7 @@ class NodeHost:
         now = self.clock() if now is None else now
         out: list[Message] = []
         for cell, node in self.nodes.items():
-            wave, cached = node.wave, node.cached
-            if cell in self.failed or (wave is not None and cached is not None and
-                                       wave.session == cached.session and
-                                       wave.step == slot & 0xFFFFFFFF):
+            if cell in self.failed or node.began(slot):
                 continue
             # A cell's failure stays in the cell, as for a message.
             out.extend(self._isolated(node, node.begin_slot, slot, now))

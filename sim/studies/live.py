@@ -167,14 +167,22 @@ class Side:
             max(self.slots, 1)
 
 
-def node_joules(cost: SlotCost, party: Party, mac: MacName, radio: RadioProfile,
-                device: DeviceProfile, slot_s: float, params: MacParams) -> float:
-    """One node's joules over one slot: its radio under `mac` and its processor
-    (computing, then idle the rest of the slot)."""
-    use = cost.use.get(party, IDLE)
+class NodeSlot(NamedTuple):
+    """One node over one slot: its joules (radio under the MAC, processor computing then
+    idle) and its seconds on air under the MAC (strobes, long preambles, beacons too:
+    what a duty-cycle rule, LoRa's in EU868, limits)."""
+
+    joules: float
+    on_air_s: float
+
+
+def node_slot(cost: SlotCost, party: Party, mac: MacName, radio: RadioProfile,
+              device: DeviceProfile, slot_s: float, params: MacParams) -> NodeSlot:
+    """What one node's slot of `cost` takes under `mac` (priced once for both)."""
     cpu = cost.cpu_s.get(party, 0.0)
-    return mac_energy(mac, radio, use, slot_s, params).total_j + cpu * device.cpu_w + \
-        max(slot_s - cpu, 0.0) * device.idle_w
+    radio_j = mac_energy(mac, radio, cost.use.get(party, IDLE), slot_s, params)
+    return NodeSlot(radio_j.total_j + cpu * device.cpu_w + max(slot_s - cpu, 0.0) *
+                    device.idle_w, radio_j.tx_j / radio.tx_w)
 
 
 def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
@@ -182,15 +190,15 @@ def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfil
                  ) -> dict[str, Any]:
     """sim.json's figures of one side: per slot (the mesh's install apart), and each
     node's lifetime on `battery` at its mean power."""
-    slot_s = settings.slot_s
-    per_node = {cell: side.mean(lambda c, cell=cell: node_joules(
-        c, cell, mac, radio, device, slot_s, settings.mac_params)) for cell in cells}
+    slot_s, share = settings.slot_s, max(side.slots, 1)
+    per_node: dict[Cell, float] = {}
+    on_air: dict[Cell, float] = {}
+    for cell in cells:
+        slots = [(node_slot(c, cell, mac, radio, device, slot_s, settings.mac_params), n)
+                 for c, n in zip(side.costs, side.repeats, strict=True)]
+        per_node[cell] = sum(s.joules * n for s, n in slots) / share
+        on_air[cell] = sum(s.on_air_s * n for s, n in slots) / share
     years = {cell: lifetime_years(battery, joules / slot_s) for cell, joules in per_node.items()}
-    # Seconds on air a slot under the MAC (its strobes, long preambles, beacons too):
-    # what a duty-cycle rule (LoRa in EU868) limits.
-    on_air = {cell: side.mean(lambda c, cell=cell: mac_energy(
-        mac, radio, c.use.get(cell, IDLE), slot_s, settings.mac_params).tx_j / radio.tx_w)
-        for cell in cells}
     busiest = max(on_air, key=on_air.__getitem__)
     hottest = max(per_node, key=per_node.__getitem__)
     first = min(years, key=years.__getitem__)
@@ -413,7 +421,7 @@ def settings_for(slots: int, slot_s: float, mac: MacName | None, battery_name: s
                  delta: float | None, timed_slots: int, seed: int,
                  sim: Mapping[str, Any], radio: RadioProfile) -> LiveSettings:
     """The settings of the CLI's flags (`sim`: `meshdl simulate`'s radio and fault
-    flags), checked against `radio`."""
+    flags; `radio` chooses the default MAC), checked before anything is written."""
     mac = mac or natural_mac(radio, MacParams())
     settings = LiveSettings(slots=slots, slot_s=slot_s, mac=mac, battery=battery(battery_name),
                             delta=delta, timed_slots=timed_slots, seed=seed,
