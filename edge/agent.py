@@ -42,7 +42,7 @@ from meshdl.protocol.lifecycle import (
     next_edge_phase,
 )
 from meshdl.protocol.messages import EDGE, Header, Kind, Message, make, newer
-from meshdl.protocol.payloads import REPAIR, BatchOrder, PlanTail, health_entries
+from meshdl.protocol.payloads import NO_CELLS, REPAIR, BatchOrder, PlanTail, health_entries
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import head_work
@@ -70,22 +70,24 @@ class WaveEngine:
     """The training loop's `Engine` for a mesh, whatever carries its messages: every
     batch is one wave of an `EdgeMachine`. Subclasses say how a wave runs (`_run`)."""
 
-    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray,
+             failout: np.ndarray | None = None) -> WaveResult:
         raise NotImplementedError
 
     def spec_for(self, model: CNN) -> MeshSpec:
         """The mesh `model` runs in."""
         raise NotImplementedError
 
-    def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
-                                                                       np.ndarray]:
+    def loss_and_grads(self, model: CNN, indices: np.ndarray,
+                       failout: np.ndarray | None = None
+                       ) -> tuple[float, np.ndarray, np.ndarray]:
         spec = self.spec_for(model)
         if len(indices) > spec.max_batch:  # one step is one wave: it cannot be cut
             raise UsageError(
                 f"a training batch of {len(indices)} samples needs messages above the "
                 f"mesh's max_message_bytes ({spec.max_message_bytes}): at most "
                 f"{spec.max_batch} samples fit (lower --batch or raise the limit)")
-        result = self._run(model, Mode.TRAIN, Split.TRAIN, indices)
+        result = self._run(model, Mode.TRAIN, Split.TRAIN, indices, failout)
         if result.skipped:
             raise StepSkipped(f"wave {result.step}: no pooled features by the deadline")
         return result.loss, result.logits, result.grads
@@ -135,7 +137,7 @@ class EdgeMachine:
         self.attempts = 0  # of the current request: 1, then 2, ... after each restart
         self.phase = EdgePhase.IDLE
         self.event: EdgeEvent | None = None  # the one that moved it there
-        self._request: tuple[Mode, Split, np.ndarray] | None = None
+        self._request: BatchOrder | None = None
         self.mode: Mode | None = None
         self.batch_labels: np.ndarray | None = None
         self.trace: Trace | None = None  # set once the head ran (phases HEAD_RAN)
@@ -200,10 +202,13 @@ class EdgeMachine:
         """Run the waves in `spec`'s mesh (its PARAMS say which, when it is not the
         configured one): which blocks its GATHER brings, which it never can."""
         self.spec = spec
-        self.gather_blocks = spec.topology.tree_blocks(spec.edge_at)
+        # Under global pooling one item comes, the whole mesh's maxima: the one feature
+        # "block" (0, 0).
+        self.gather_blocks = [(0, 0)] if spec.model.global_pool else \
+            spec.topology.tree_blocks(spec.edge_at)
         # Blocks without a live member (meshdl/protocol/topology.py): no features come for them;
         # the head reads the policy's (zeros without one).
-        prow, pcol = spec.topology.pooled_shape
+        prow, pcol = spec.model.pooled_shape
         gathered = set(self.gather_blocks)
         self.absent_blocks = [(i, j) for i in range(prow) for j in range(pcol)
                               if (i, j) not in gathered]
@@ -289,10 +294,14 @@ class EdgeMachine:
             self.stats["replanned"] += 1
 
     def start(self, mode: Mode, split: Split, indices: np.ndarray,
-              now: float = 0.0, step: int | None = None) -> list[Message]:
+              now: float = 0.0, step: int | None = None,
+              failout: np.ndarray | None = None) -> list[Message]:
         """Begin a new wave over samples `indices` of `split`; returns what to send.
-        `step`: the wave's number (a live slot's PARAMS: the slot's); default the next."""
-        self._request, self.attempts = (mode, split, np.asarray(indices)), 0
+        `step`: the wave's number (a live slot's PARAMS: the slot's); default the next.
+        `failout` (training): cell numbers (row x cols + col, increasing) that act dead
+        in the wave."""
+        cells = NO_CELLS if failout is None else np.asarray(failout, np.int32)
+        self._request, self.attempts = BatchOrder(mode, split, np.asarray(indices), cells), 0
         self._move(EdgeEvent.START)
         return self._begin(now, step)
 
@@ -306,8 +315,8 @@ class EdgeMachine:
         if self.sent_params is None or not np.array_equal(self._params(), self.sent_params):
             raise MeshdlError("the nodes do not hold this model's parameters: start a wave "
                               "with PARAMS before scheduled slots")
-        self._request, self.attempts = (Mode.INFER, Split.LIVE,
-                                        np.array([slot % LIVE_SLOTS], np.int32)), 0
+        self._request, self.attempts = BatchOrder(Mode.INFER, Split.LIVE,
+                                                  np.array([slot % LIVE_SLOTS], np.int32)), 0
         self._move(EdgeEvent.START)
         self._begin(now, slot & 0xFFFFFFFF, scheduled=True)
         return []
@@ -432,7 +441,7 @@ class EdgeMachine:
         BATCH under a new step (or `step`); a scheduled slot's sends nothing."""
         self.weigh_health()
         self._weighed = False  # the next wave weighs what this one brings
-        mode, split, indices = self._request
+        mode, split, indices, failout = self._request
         self.attempts += 1
         self.started_at = self.heard_at = now
         self.step = (self.step + 1) & 0xFFFFFFFF if step is None else step  # the header's u32
@@ -461,7 +470,7 @@ class EdgeMachine:
             tail = PlanTail(self.spec.edge_at, self.spec.dead).pack(self.spec.model.cols)
             params = np.concatenate([params, tail])
         self.sent_payload = params
-        batch = BatchOrder(mode, split, indices).pack()
+        batch = BatchOrder(mode, split, indices, failout).pack()
         # To every node at once, or into the tree at `edge_at` (`MeshSpec.relays`).
         body = {Kind.PARAMS: params, Kind.BATCH: batch}
         return [self._message(s.kind, body[s.kind], s.dst) for s in self.spec.relays[EDGE]]
@@ -529,7 +538,7 @@ class EdgeMachine:
         """Pooled features -> logits; in training also loss and d(loss)/d(pooled).
         The caller has moved the wave on (GATHERED_*, GATHER_FILLED)."""
         filters, batch = self.spec.model.filters, gathered.shape[2]
-        prow, pcol = self.spec.topology.pooled_shape
+        prow, pcol = self.spec.model.pooled_shape
         pooled = np.empty((filters, prow, pcol, batch), np.float32)
         for (i, j), values in zip(self.gather_blocks, gathered, strict=True):
             pooled[:, i, j] = values

@@ -295,12 +295,13 @@ class MqttEngine(WaveEngine):
     def spec_for(self, model: CNN) -> MeshSpec:
         return self._edge_for(model).spec
 
-    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray,
+             failout: np.ndarray | None = None) -> WaveResult:
         self._edge_for(model)
         # One BLAS thread, as in the virtual mesh: the head's products then sum in the
         # same order there and here, and a run gives the same bytes on any machine.
         with self._threadpools.limit(limits=1):
-            result = self._loop.run_until_complete(self._wave(mode, split, indices))
+            result = self._loop.run_until_complete(self._wave(mode, split, indices, failout))
         self._say_dead()
         return result
 
@@ -312,10 +313,12 @@ class MqttEngine(WaveEngine):
             self.say(f"wave {self.edge.step}: planning around dead cells "
                      f"{', '.join(name_of(c) for c in sorted(dead)) or '(none)'}")
 
-    async def _wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+    async def _wave(self, mode: Mode, split: Split, indices: np.ndarray,
+                    failout: np.ndarray | None = None) -> WaveResult:
         session = await self._session()
         edge = self.edge
-        await session.send(self._sent(edge.start(mode, split, indices, now=time.monotonic())))
+        await session.send(self._sent(edge.start(mode, split, indices, now=time.monotonic(),
+                                                 failout=failout)))
 
         async def tick() -> None:
             self._check_still_ours()
@@ -520,7 +523,7 @@ class MqttEngine(WaveEngine):
         decode(encode(make(Kind.GATHER, self.mesh_id, 0, spec.edge_at, EDGE,
                            np.zeros((1, 1, 1), np.float32))))
         model = self.edge.model
-        rows, cols = spec.topology.pooled_shape
+        rows, cols = spec.model.pooled_shape
         trace = model.head_forward(np.zeros((model.config.filters, rows, cols, 1), np.float32))
         model.head_backward(trace, np.zeros_like(trace.logits))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -38,8 +38,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+GLOBAL = "global"  # `pool`: the maximum of each channel over the whole grid
+PoolSize = Annotated[int, Field(ge=1, le=8)] | Literal["global"]
+
+
 class ModelConfig(_Strict):
-    """The seed network: conv(k,h) -> ReLU -> ... -> max-pool -> FC(hidden) -> ReLU -> FC."""
+    """The seed network: conv(k,h) -> ReLU -> ... -> max-pool -> FC(hidden) -> ReLU -> FC.
+
+    With `pool = "global"` the pooling is the maximum of each channel over the whole
+    grid (PyTorch's `AdaptiveMaxPool2d(1)`): fc1 reads `filters` features whatever the
+    grid, so a model trained on one grid runs on any, and the mesh computes the pooling
+    by aggregation up its tree (one message per node, TAG's MAX).
+    """
 
     rows: int = Field(17, ge=1, le=4096, description="grid rows (sensor nodes per column)")
     cols: int = Field(25, ge=1, le=4096, description="grid columns")
@@ -47,7 +57,8 @@ class ModelConfig(_Strict):
     kernel: int = Field(3, ge=1, description="convolution filter size k (odd or even)")
     filters: int = Field(5, ge=1, le=1024, description="filters h per conv layer")
     conv_layers: int = Field(2, ge=1, le=16, description="number of conv + ReLU layers")
-    pool: int = Field(2, ge=1, le=8, description="max-pool window and stride (ceil mode)")
+    pool: PoolSize = Field(2, description="max-pool window and stride (ceil mode), or "
+                           "'global': each channel's maximum over the whole grid")
     hidden: int = Field(200, ge=1, le=65536, description="units of the hidden FC layer")
     classes: int = Field(2, ge=2, le=1024, description="output classes")
 
@@ -60,9 +71,22 @@ class ModelConfig(_Strict):
         return self
 
     @property
+    def global_pool(self) -> bool:
+        """Is the pooling each channel's maximum over the whole grid?"""
+        return self.pool == GLOBAL
+
+    @property
+    def window(self) -> int:
+        """The max-pool window of a windowed pooling; 1 (no windows) for global pooling."""
+        return 1 if self.pool == GLOBAL else int(self.pool)
+
+    @property
     def pooled_shape(self) -> tuple[int, int]:
-        """Rows and columns after ceil-mode pooling (17 x 25 with pool 2 -> 9 x 13)."""
-        return math.ceil(self.rows / self.pool), math.ceil(self.cols / self.pool)
+        """Rows and columns after pooling (17 x 25 with pool 2, ceil mode -> 9 x 13;
+        global -> 1 x 1)."""
+        if self.global_pool:
+            return 1, 1
+        return math.ceil(self.rows / self.window), math.ceil(self.cols / self.window)
 
     @property
     def features(self) -> int:
@@ -143,6 +167,10 @@ class TrainConfig(_Strict):
         "up-down and/or left-right at random (the label rule is symmetric under both)")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    failout: float = Field(
+        0.0, ge=0, lt=1, allow_inf_nan=False, description="failout: the share of the "
+        "cells that act dead in each training step (no reading, no output: the zeros "
+        "best effort fills in), drawn anew for every update from the seed")
     seed: int = Field(0, ge=0, description="seeds parameter init and batch shuffling")
 
 

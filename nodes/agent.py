@@ -71,7 +71,7 @@ from meshdl.protocol.messages import (
     seal,
 )
 from meshdl.protocol.payloads import BATCH_HEAD, REPAIR, BatchOrder, PlanTail
-from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Send, Split
+from meshdl.protocol.spec import LIVE_SLOTS, Field, MeshSpec, Mode, Send, Split
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import node_work
 
@@ -165,6 +165,7 @@ class NodeMachine:
         self._memory: MemoryPlan | None = None  # ... their plan ...
         self._storage_key: tuple = ()  # ... and for which (batch, MemoryPlan)
         topo = spec.topology
+        self.number = cell[0] * spec.model.cols + cell[1]  # as BATCH and WINNER name it
         self.plan = plan = self._plan_for(spec)
         self.inbox = plan.inbox
         self.parent = topo.parent.get(cell)
@@ -210,6 +211,8 @@ class NodeMachine:
             self.dpooled_slot = plan.slot(("dpooled",), self.block)
             self.route_slots = np.array([plan.slot(("route",), c)
                                          for c in self.block_cells], np.intp)
+        if spec.model.global_pool:  # its subtree's maxima from its own and its children's
+            self._adopt_aggregation(plan, topo.children[cell])
         self.route = plan.buffers[("route",)]
         self.own_route = plan.slot(("route",), cell)
         # The tasks waiting for each of this node's computations.
@@ -218,8 +221,14 @@ class NodeMachine:
                                for layer in range(1, layers + 1)]
         self.made_grad = [()] + [plan.waiting_for((("grad", layer), cell))
                                  for layer in range(1, layers + 1)]
-        self.made_pooled = plan.waiting_for((("pooled",), self.block))
-        self.made_route = [plan.waiting_for((("route",), c)) for c in self.block_cells]
+        if spec.model.global_pool:
+            self.made_pooled = plan.waiting_for((("pooled",), cell))
+            self.made_winner = plan.waiting_for((("winner",), cell))
+            self.made_route = [plan.waiting_for((("route",), cell))] + [
+                plan.waiting_for((("dpooled",), c)) for c in topo.children[cell]]
+        else:
+            self.made_pooled = plan.waiting_for((("pooled",), self.block))
+            self.made_route = [plan.waiting_for((("route",), c)) for c in self.block_cells]
         for task, train_only, rows in zip(plan.tasks, plan.train_only, plan.send_rows,
                                           strict=True):
             if isinstance(task, Send):
@@ -229,6 +238,22 @@ class NodeMachine:
                 self.jobs.append(Job(train_only, None, STEPS[task.step], task.layer,
                                      task.stage, node_work(spec, cell, task.step,
                                                            task.layer)))
+
+    def _adopt_aggregation(self, plan: NodePlan, children: list[Cell]) -> None:
+        """Global pooling's slots: of this cell's subtree maxima, first cells and pooled
+        gradient, and of its children's (`steps.aggregate`, `winners`, `split`)."""
+        def slots(f: Field, items: list[Cell]) -> np.ndarray:
+            return np.array([plan.slot(f, c) for c in items], np.intp)
+
+        cell = self.cell
+        self.pooled, self.winner = plan.buffers[("pooled",)], plan.buffers[("winner",)]
+        self.dpooled = plan.buffers[("dpooled",)]
+        self.pooled_slot = plan.slot(("pooled",), cell)
+        self.winner_slot = plan.slot(("winner",), cell)
+        self.dpooled_slot = plan.slot(("dpooled",), cell)
+        self.child_pooled = slots(("pooled",), children)
+        self.child_winner = slots(("winner",), children)
+        self.child_dpooled = slots(("dpooled",), children)
 
     # ------------------------------------------------------------ best effort
     # What a transport asks of the node's best effort (nodes/besteffort.py).
@@ -559,7 +584,7 @@ class NodeMachine:
         if h.dtype != INT32 or not self._valid_batch(payload):
             self.stats["rejected:bad_batch"] += 1
             return False
-        _, split, indices = BatchOrder.read(payload)
+        _, split, indices, _ = BatchOrder.read(payload)
         if split == Split.LIVE and not np.isfinite(self.readings[split][:, indices]).all():
             # The sensor gave nothing usable for that slot: never send a made-up
             # number; the wave cannot finish and the edge reports the slot.
@@ -773,7 +798,7 @@ class NodeMachine:
             return h.dtype == FLOAT32 and shape == (self.spec.conv_size,)
         if expect.role == Role.SAMPLES:
             return h.dtype == INT32 and len(shape) == 1 and \
-                BATCH_HEAD < shape[0] <= self.spec.max_batch + BATCH_HEAD
+                BATCH_HEAD < shape[0] <= self.spec.max_batch_values
         return h.dtype == FLOAT32 and self._params_shaped(message.payload)
 
     def _compressed_batch(self, size: int, expect: Expect) -> int | None:
@@ -816,20 +841,25 @@ class NodeMachine:
         # No more samples than the messages of a wave can carry: a forged BATCH of
         # 100,000 indices would otherwise make every node allocate for them.
         if payload.ndim != 1 or \
-                not BATCH_HEAD < payload.size <= self.spec.max_batch + BATCH_HEAD:
+                not BATCH_HEAD < payload.size <= self.spec.max_batch_values:
             return False
-        mode, split, indices = BatchOrder.read(payload)
-        if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings:
+        order = BatchOrder.read(payload)
+        mode, split, indices = order.mode, order.split, order.indices
+        if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings or \
+                not 0 < indices.size <= self.spec.max_batch:
             return False
-        return compute.indices_within(indices, self.readings[split].shape[1])
+        return order.valid_failout(self.spec.model.rows * self.spec.model.cols) and \
+            compute.indices_within(indices, self.readings[split].shape[1])
 
     def _start_wave(self, wave: Wave, out: list[Message], now: float) -> None:
         """PARAMS and BATCH both in: the wave's mode, weights and buffers; the HEALTH
         report of the last wave judged; PARAMS and BATCH on to the tree children; and
         this cell's own normalized readings, the first source of its tasks."""
         payload = wave.batch_payload
-        mode, split, indices = BatchOrder.read(payload)
+        mode, split, indices, failout = BatchOrder.read(payload)
         wave.mode = MODES[mode]
+        # Failout: this cell acts dead in this training wave (`steps.conv_forward`).
+        wave.failed_out = bool(failout.size) and self.number in failout
         wave.training = wave.mode == Mode.TRAIN
         self._move(wave, NodeEvent.STARTED)
         wave.batch = len(indices)
@@ -854,8 +884,11 @@ class NodeMachine:
             for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
                 body = wave.params_payload if send.kind == Kind.PARAMS else payload
                 out.append(self._message(wave, send.kind, send.dst, body))
+        own = wave.buffers[self.a[0]][self.own_a[0]]
         compute.normalize(self.readings[split], indices, params[self.layout.mean],
-                          params[self.layout.std], wave.buffers[self.a[0]][self.own_a[0]])
+                          params[self.layout.std], own)
+        if wave.failed_out:  # no reading: the zeros of a filled-in one
+            own[...] = 0.0
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
         self._arrived(wave, self.made_a[0])
 

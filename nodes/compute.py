@@ -166,6 +166,63 @@ def route_max(grad: np.ndarray, winners: np.ndarray, slots: np.ndarray,
 
 
 @njit(**_JIT)
+def aggregate_max(own: np.ndarray, values: np.ndarray, slots: np.ndarray, out: np.ndarray,
+                  source: np.ndarray) -> None:
+    """Global pooling at a node: out[h, j] = the maximum of its own value own[h, j] and
+    its children's subtree maxima values[slots[t], h, j]; source[h, j] = 0 where its
+    own holds it, t + 1 where child t does (the first in that order: `first_winners`
+    settles ties)."""
+    for h in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            best = own[h, j]
+            src = 0
+            for t in range(len(slots)):
+                x = values[slots[t], h, j]
+                if x > best:
+                    best = x
+                    src = t + 1
+            out[h, j] = best
+            source[h, j] = src
+
+
+@njit(**_JIT)
+def first_winners(number: float, own: np.ndarray, maxima: np.ndarray, values: np.ndarray,
+                  slots: np.ndarray, numbers: np.ndarray, number_slots: np.ndarray,
+                  out: np.ndarray, source: np.ndarray) -> None:
+    """Which cell of the subtree holds each maximum first in row-major order (PyTorch's
+    tie rule): among the sources equal to the maximum, its own cell (`number`, row x
+    cols + col) or child t's first cell numbers[number_slots[t]], the lowest. out gets
+    it; source[h, j] its source, as `aggregate_max` numbers them."""
+    for h in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            best = maxima[h, j]
+            first = np.inf
+            src = 0
+            if own[h, j] == best:
+                first = number
+            for t in range(len(slots)):
+                if values[slots[t], h, j] == best and numbers[number_slots[t], h, j] < first:
+                    first = numbers[number_slots[t], h, j]
+                    src = t + 1
+            out[h, j] = first
+            source[h, j] = src
+
+
+@njit(**_JIT)
+def split_max(grad: np.ndarray, source: np.ndarray, own: np.ndarray, out: np.ndarray,
+              slots: np.ndarray) -> None:
+    """Global pooling backward at a node: the gradient of each maximum to the source
+    that won it, this cell (own) or child t (out[slots[t]]); 0 to the others."""
+    for h in range(grad.shape[0]):
+        for j in range(grad.shape[1]):
+            g = grad[h, j]
+            src = source[h, j]
+            own[h, j] = g if src == 0 else 0.0
+            for t in range(len(slots)):
+                out[slots[t], h, j] = g if src == t + 1 else 0.0
+
+
+@njit(**_JIT)
 def relu_backward(activation: np.ndarray, grad: np.ndarray, out: np.ndarray) -> None:
     """out = grad where the ReLU passed (activation > 0), else 0, even for a NaN grad
     (as the central model's ReLU backward does)."""
@@ -211,6 +268,9 @@ def warm_up() -> None:
     winners = np.zeros((1, 1), np.uint8)  # as `steps.pool` keeps them
     max_pool(values, slots, out, winners)
     route_max(out, winners, slots, values)
+    aggregate_max(out, values, slots, out, winners)
+    first_winners(0.0, out, out, values, slots, values, slots, out, winners)
+    split_max(out, winners, out, values, slots)
     relu_backward(out, out, out)
     weight_grad(out, values, slots, taps, np.zeros((1, 1, 1), np.float32),
                 np.zeros(1, np.float32))

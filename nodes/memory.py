@@ -4,8 +4,9 @@ overwritten rather than a new one allocated).
 A wave's values live in one (slots, channels, batch) array per field (nodes/plan.py). The
 plan says which fields may share an array, from the order in which the wave writes and
 reads them:
-  - An inference wave never touches a gradient field (dz, route, dpooled): they get no
-    memory. In the seed mesh that is half of a node's buffers.
+  - An inference wave never touches a gradient field (dz, route, dpooled), nor under
+    global pooling the winners: they get no memory. In the seed mesh that is half of a
+    node's buffers.
   - In an exact training wave the gradients coming down the tree (dpooled) take the
     memory of the features that went up (pooled). A SCATTER comes only after the edge had
     every GATHER, so after this node sent its pooled values on, and nothing reads them
@@ -47,6 +48,7 @@ from typing import NamedTuple
 from meshdl.protocol.spec import Field, Mode
 
 GRADIENTS = ("dz", "route", "dpooled")  # fields filled with zeros whatever the policy
+TRAINING = (*GRADIENTS, "winner")  # fields only a training wave touches
 
 
 class MemoryPlan(NamedTuple):
@@ -84,7 +86,7 @@ def plan_memory(buffers: dict[Field, int], shapes: list[tuple[int, int]], mode: 
     kept: list[int | None] = [None] * (layers + 1)
     if mode == Mode.INFER:
         for f, index in buffers.items():
-            if f[0] in GRADIENTS:
+            if f[0] in TRAINING:
                 fields[index] = None
         return _allocated(arrays, fields, kept, by_input_cell=False, later=())
     if exact:
@@ -99,7 +101,9 @@ def _share(buffers: dict[Field, int], shapes: list[tuple[int, int]], layers: int
            kept: list[int | None]) -> None:
     """An exact training wave's sharing (the module's rules), in `fields` and `kept`;
     kept activations get arrays of their own, appended to `arrays`."""
-    if ("pooled",) in buffers and ("dpooled",) in buffers:
+    # Not under global pooling: there the SCATTER may come before the tie-breaking
+    # (`Step.WINNERS`) has read the subtree maxima, which the edge does not wait for.
+    if ("pooled",) in buffers and ("dpooled",) in buffers and ("winner",) not in buffers:
         pooled, dpooled = buffers[("pooled",)], buffers[("dpooled",)]
         if shapes[pooled] == shapes[dpooled]:  # the same blocks: those of the subtree
             fields[dpooled] = pooled

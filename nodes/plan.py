@@ -17,7 +17,6 @@ from meshdl.nodes.memory import plan_memory, unplanned
 from meshdl.protocol.deadlines import Arrivals, Schedule
 from meshdl.protocol.lifecycle import NodePhase
 from meshdl.protocol.messages import ITEM_BYTES, Kind, Message
-from meshdl.protocol.payloads import BATCH_HEAD
 from meshdl.protocol.spec import Field, MeshSpec, Mode, Send
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import Step, Work
@@ -134,9 +133,14 @@ class NodePlan:
             self._empty()
             return
         before, after = spec.offsets
+        # Windowed pooling: the cell's block, whether it leads it, the members it pools.
+        # Global pooling (`aggregates`): every cell pools its subtree, its tree children's
+        # maxima with its own values.
+        aggregates = spec.model.global_pool
+        children = topo.children[cell]
         block = topo.block_of(cell)
-        leads = topo.leader.get(block) == cell
-        members = topo.pool_members(block)
+        leads = topo.leader.get(block) == cell and not aggregates
+        members = [cell] if aggregates else topo.pool_members(block)
         self.writer: dict[Item, Source] = {}
         received = {InboxKey(*key): send for key, send in spec.expects[cell].items()}
         for key, send in received.items():
@@ -150,6 +154,11 @@ class NodePlan:
         if leads:
             self._write(("pooled",), [block])
             self._write(("route",), members)
+        if aggregates:  # its subtree's maxima, their first cells, and the routing down
+            self._write(("pooled",), [cell])
+            self._write(("winner",), [cell])
+            self._write(("route",), [cell])
+            self._write(("dpooled",), children)
         # Window cells whose values no message brings (absent cells, or relayed only
         # through them): orphans, filled in before the kernel that reads them.
         self.orphans: dict[Field, list[Hashable]] = {}
@@ -203,6 +212,13 @@ class NodePlan:
             tasks.append((Computation(Step.POOL, layers, "pool"), needs, False))
             needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
             tasks.append((Computation(Step.ROUTE, layers, "route"), needs, True))
+        if aggregates:
+            needs = [(("a", layers), cell), *((("pooled",), c) for c in children)]
+            tasks.append((Computation(Step.AGGREGATE, layers, "pool"), needs, False))
+            needs = [(("pooled",), cell), *((("winner",), c) for c in children)]
+            tasks.append((Computation(Step.WINNERS, layers, "winners"), needs, True))
+            needs = [(("dpooled",), cell), (("winner",), cell)]  # and which source won
+            tasks.append((Computation(Step.SPLIT, layers, "route"), needs, True))
         needs = [(("route",), cell)] if cell in members else []
         needs.append((("a", layers), cell))  # ReLU's mask
         tasks.append((Computation(Step.DZ_TOP, layers, "dz_top"), needs, True))
@@ -262,7 +278,7 @@ class NodePlan:
         self.maker: dict[Item, int] = {}
         for index, (task, _, _) in enumerate(tasks):
             if isinstance(task, Computation):
-                for item in _made_by(task, cell, block, members):
+                for item in _made_by(task, cell, block, members, children):
                     self.maker[item] = index
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
@@ -274,7 +290,7 @@ class NodePlan:
             values = {Role.ITEMS: expect.rows * expect.channels * spec.max_batch,
                       Role.PARTIAL_GRADIENTS: spec.conv_size,
                       Role.PARAMETERS: spec.params_size,
-                      Role.SAMPLES: spec.max_batch + BATCH_HEAD}[expect.role]
+                      Role.SAMPLES: spec.max_batch_values}[expect.role]
             size = ITEM_BYTES * values + ACTIVATION_SCALE_BYTES
             if expect.role == Role.PARTIAL_GRADIENTS and spec.reduce_codec is not None:
                 size = max(size, spec.reduce_codec.nbytes)  # top-k: more than float32
@@ -351,6 +367,7 @@ class Wave:
         self.mode: Mode | None = None
         self.training = False
         self.scheduled = False  # started by the node's clock on cached parameters
+        self.failed_out = False  # failout: this cell acts dead in this training wave
         self.params_vector: np.ndarray | None = None  # PARAMS: conv weights, mean, std
         self.params_payload: np.ndarray | None = None  # all of it (the plan's tail too)
         self.batch_payload: np.ndarray | None = None
@@ -392,8 +409,8 @@ class Wave:
         self.next_forward = self.next_backward = 0
 
 
-def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
-             ) -> list[Item]:
+def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell],
+             children: list[Cell]) -> list[Item]:
     """The items a computation writes (grad and reduce write none: their results are
     the wave's gradient vector)."""
     if task.step is Step.CONV:
@@ -402,6 +419,12 @@ def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell]
         return [(("pooled",), block)]
     if task.step is Step.ROUTE:
         return [(("route",), c) for c in members]
+    if task.step is Step.AGGREGATE:
+        return [(("pooled",), cell)]
+    if task.step is Step.WINNERS:
+        return [(("winner",), cell)]
+    if task.step is Step.SPLIT:
+        return [(("route",), cell), *((("dpooled",), c) for c in children)]
     if task.step is Step.DZ_TOP:
         return [(("dz", task.layer), cell)]
     if task.step is Step.INPUT_GRAD:

@@ -36,6 +36,8 @@ def conv_forward(node: NodeMachine, wave: Wave, layer: int, out: list[Message]) 
     inputs = wave.buffers[node.a[layer - 1]]
     compute.conv_relu(inputs, node.conv_slots[layer], node.conv_taps,
                       wave.weights[layer], wave.biases[layer], z)
+    if wave.failed_out:  # failout: a dead cell has no output (the zeros filled in)
+        z[...] = 0.0
     kept = wave.kept[layer]
     if kept is not None:  # its field's memory goes to gradients in the backward pass
         kept[...] = z
@@ -61,6 +63,37 @@ def route(node: NodeMachine, wave: Wave, layers: int, out: list[Message]) -> Non
     """Max-pool backward at the leader: each member gets the gradient where it won."""
     grad = wave.buffers[node.dpooled][node.dpooled_slot]
     compute.route_max(grad, wave.winners, node.route_slots, wave.buffers[node.route])
+    for made in node.made_route:
+        node._arrived(wave, made)
+
+
+def aggregate(node: NodeMachine, wave: Wave, layers: int, out: list[Message]) -> None:
+    """Global pooling: the maximum of this cell's last activation and its children's
+    subtree maxima, and which of them held it (ties settled by `winners`)."""
+    pooled = wave.buffers[node.pooled]
+    maxima = pooled[node.pooled_slot]
+    wave.winners = np.empty(maxima.shape, np.uint8)  # 0 itself, t + 1 child t (<= 4)
+    compute.aggregate_max(own_input(node, wave, layers), pooled, node.child_pooled, maxima,
+                          wave.winners)
+    node._arrived(wave, node.made_pooled)
+
+
+def winners(node: NodeMachine, wave: Wave, layers: int, out: list[Message]) -> None:
+    """Global pooling, training: the first cell of the subtree holding each maximum,
+    from the children's; the source that holds it wins the gradient."""
+    pooled, numbers = wave.buffers[node.pooled], wave.buffers[node.winner]
+    compute.first_winners(float(node.number), own_input(node, wave, layers),
+                          pooled[node.pooled_slot], pooled, node.child_pooled, numbers,
+                          node.child_winner, numbers[node.winner_slot], wave.winners)
+    node._arrived(wave, node.made_winner)
+
+
+def split(node: NodeMachine, wave: Wave, layers: int, out: list[Message]) -> None:
+    """Global pooling backward: each maximum's gradient to the source that won it, this
+    cell (its routed gradient) or a tree child (its SCATTER)."""
+    dpooled = wave.buffers[node.dpooled]
+    compute.split_max(dpooled[node.dpooled_slot], wave.winners,
+                      wave.buffers[node.route][node.own_route], dpooled, node.child_dpooled)
     for made in node.made_route:
         node._arrived(wave, made)
 
@@ -134,6 +167,9 @@ STEPS: dict[Step, Run] = {
     Step.CONV: conv_forward,
     Step.POOL: pool,
     Step.ROUTE: route,
+    Step.AGGREGATE: aggregate,
+    Step.WINNERS: winners,
+    Step.SPLIT: split,
     Step.DZ_TOP: dz_top,
     Step.WEIGHT_GRAD: weight_grad,
     Step.INPUT_GRAD: input_grad,

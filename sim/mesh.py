@@ -156,9 +156,11 @@ class VirtualMesh:
         """Publish raw bytes on a mesh topic (fault injection, tests)."""
         self.broker.publish(topic_, payload)
 
-    def run_wave(self, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
-        """One wave from the edge and back; raises MeshdlError if it does not complete."""
-        self.send(self.edge.start(mode, split, indices))
+    def run_wave(self, mode: Mode, split: Split, indices: np.ndarray,
+                 failout: np.ndarray | None = None) -> WaveResult:
+        """One wave from the edge and back (`failout`: cells acting dead in it); raises
+        MeshdlError if it does not complete."""
+        self.send(self.edge.start(mode, split, indices, failout=failout))
         return self._finish_wave(mode)
 
     def run_slot(self, slot: int) -> WaveResult:
@@ -288,11 +290,12 @@ class MeshEngine(WaveEngine):
     def spec_for(self, model: CNN) -> MeshSpec:
         return self.mesh_for(model).spec
 
-    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray,
+             failout: np.ndarray | None = None) -> WaveResult:
         mesh = self.mesh_for(model)
         # The nodes' products are tiny: BLAS threads would only add wake-up latency.
         with self._threadpools.limit(limits=1), cyclic_gc_paused():
-            return mesh.run_wave(mode, split, indices)
+            return mesh.run_wave(mode, split, indices, failout)
 
     def report(self) -> dict[str, Any]:
         """The "comm" record: ledger counts plus the wave timing of the last wave."""

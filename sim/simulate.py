@@ -96,12 +96,13 @@ class SimEngine(WaveEngine):
     def spec_for(self, model: CNN) -> MeshSpec:
         return self.mesh_for(model).spec
 
-    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray) -> WaveResult:
+    def _run(self, model: CNN, mode: Mode, split: Split, indices: np.ndarray,
+             failout: np.ndarray | None = None) -> WaveResult:
         mesh = self.mesh_for(model)
         # As the virtual mesh: tiny products need no BLAS threads, and a wave's many
         # short-lived objects form no cycles for the collector to find.
         with self._threadpools.limit(limits=1), cyclic_gc_paused():
-            return mesh.run_wave(mode, split, indices)
+            return mesh.run_wave(mode, split, indices, failout)
 
     @property
     def last_wave_shape(self) -> WaveShape:

@@ -238,9 +238,9 @@ class TimedMesh:
 
     # ---------------------------------------------------------------- waves
     def run_wave(self, mode: Mode, split: Split, indices: np.ndarray,
-                 step: int | None = None) -> WaveResult:
-        """One wave from the edge and back, in simulated time (`step`: its number, as
-        `EdgeMachine.start` takes it)."""
+                 failout: np.ndarray | None = None, step: int | None = None) -> WaveResult:
+        """One wave from the edge and back, in simulated time (`failout` and `step`, its
+        number, as `EdgeMachine.start` takes them)."""
         queue, edge = self.queue, self.edge
         self._wave = WaveTiming(mode, queue.now)
         # The medium counts this wave's transmissions into the mode's own account.
@@ -250,7 +250,8 @@ class TimedMesh:
             edge.weigh_health()  # the plan of this wave, maybe without cells found dead
             if (edge.spec.plan_key, mode, len(indices)) not in self._calibrated:
                 self._calibrate(mode, split, indices)
-        self._handled(EDGE, edge.start(mode, split, indices, queue.now, step), queue.now)
+        self._handled(EDGE, edge.start(mode, split, indices, queue.now, step, failout),
+                      queue.now)
         return self._run_out(mode, usage, before)
 
     def run_slot(self, slot: int, clock_errors: Mapping[Cell, float] | None = None

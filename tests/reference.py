@@ -30,21 +30,27 @@ def maxpool_ceil(x: np.ndarray, size: int) -> np.ndarray:
     return padded.reshape(B, C, ph, size, pw, size).max(axis=(3, 5))
 
 
-def logits(params: dict[str, np.ndarray], config: ModelConfig, x: np.ndarray) -> np.ndarray:
-    """Logits (B, classes) of normalized input x (B,Ci,H,W), all in float64."""
-    a = x.astype(np.float64)
+def logits(params: dict[str, np.ndarray], config: ModelConfig, x: np.ndarray,
+           dead: np.ndarray | None = None) -> np.ndarray:
+    """Logits (B, classes) of normalized input x (B,Ci,H,W), all in float64; `dead`
+    (failout): a (H, W) mask of cells whose input and outputs are 0."""
+    keep = 1.0 if dead is None else ~dead
+    a = x.astype(np.float64) * keep
     for layer in range(1, config.conv_layers + 1):
         a = np.maximum(conv_same(a, params[f"conv{layer}.weight"], params[f"conv{layer}.bias"]),
-                       0.0)
-    features = maxpool_ceil(a, config.pool).reshape(len(x), -1)
+                       0.0) * keep
+    if config.global_pool:
+        features = a.max(axis=(2, 3))
+    else:
+        features = maxpool_ceil(a, config.pool).reshape(len(x), -1)
     hidden = np.maximum(features @ params["fc1.weight"].T + params["fc1.bias"], 0.0)
     return hidden @ params["fc2.weight"].T + params["fc2.bias"]
 
 
 def loss(params: dict[str, np.ndarray], config: ModelConfig, x: np.ndarray,
-         y: np.ndarray) -> float:
+         y: np.ndarray, dead: np.ndarray | None = None) -> float:
     """Mean softmax cross-entropy."""
-    z = logits(params, config, x)
+    z = logits(params, config, x, dead)
     z = z - z.max(axis=1, keepdims=True)
     log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     return float(-log_probs[np.arange(len(y)), y].mean())

@@ -21,15 +21,20 @@ from meshdl.protocol.spec import MeshSpec
 from meshdl.protocol.topology import window_offsets
 from meshdl.sim.faults.chaos import Chaos
 from meshdl.sim.mesh import MeshEngine
+from meshdl.training.failout import failout_cells
 from meshdl.training.loop import CentralEngine
 
 
-def _dataset(config: ModelConfig, samples: int, seed: int) -> Dataset | SimpleNamespace:
+def _dataset(config: ModelConfig, samples: int, seed: int, levels: int = 0
+             ) -> Dataset | SimpleNamespace:
     """Random maps; several input channels need (N, c, rows, cols), which the engines
-    take but a temperature Dataset does not hold."""
+    take but a temperature Dataset does not hold. `levels`: readings take only that
+    many values, so that windows repeat and maxima tie."""
     rng = np.random.default_rng(seed)
     shape = (samples, config.in_channels, config.rows, config.cols)
     X = rng.normal(20.0, 3.0, shape).astype(np.float32)
+    if levels:
+        X = (20.0 + 3.0 * rng.integers(0, levels, shape)).astype(np.float32)
     y = rng.integers(0, config.classes, samples)
     half = max(1, samples // 2)
     if config.in_channels > 1:
@@ -40,7 +45,8 @@ def _dataset(config: ModelConfig, samples: int, seed: int) -> Dataset | SimpleNa
 def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optimizer: str,
                      seed: int = 0, chaos: Chaos | None = None,
                      wire: bool = True, params_via: str = "tree", auth: bool = False,
-                     memory_plan: bool = True, **recipe: Any) -> MeshEngine:
+                     memory_plan: bool = True, levels: int = 0, failout: float = 0.0,
+                     **recipe: Any) -> MeshEngine:
     """Train a central and a mesh model side by side; parameters agree after every step.
 
     `wire`: every message crosses as bytes through the codec (as over MQTT), or as the
@@ -48,7 +54,7 @@ def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optim
     opened with its parties' keys (meshdl/protocol/auth.py). `recipe`: TrainConfig fields beyond
     the optimizer (warm-up, clipping), at their defaults unless given; the learning
     rate follows the schedule over `steps` updates as in `training.train`."""
-    data = _dataset(config, batch * steps, seed)
+    data = _dataset(config, batch * steps, seed, levels)
     train = TrainConfig(optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 0.01,
                         **recipe)
     central, mesh = CNN(config, seed=seed), CNN(config, seed=seed)
@@ -61,8 +67,9 @@ def _assert_lockstep(config: ModelConfig, edge_at, batch: int, steps: int, optim
     noise = np.zeros(central.flat.size, bool)  # gradients Adam amplifies float32 noise of
     for step in range(steps):
         idx = np.arange(step * batch, (step + 1) * batch)
-        loss_c, logits_c, grads_c = ref.loss_and_grads(central, idx)
-        loss_m, logits_m, grads_m = engine.loss_and_grads(mesh, idx)
+        dead = failout_cells(config.rows, config.cols, failout, seed, step)
+        loss_c, logits_c, grads_c = ref.loss_and_grads(central, idx, dead)
+        loss_m, logits_m, grads_m = engine.loss_and_grads(mesh, idx, dead)
         assert loss_m == pytest.approx(loss_c, rel=1e-5, abs=1e-6)
         np.testing.assert_allclose(logits_m, logits_c, rtol=1e-4, atol=1e-5)
         # Adam's first step moves a weight by lr * g / (|g| + eps): a summation-order
@@ -131,7 +138,8 @@ def mesh_setups(draw):
     cols = draw(st.integers(1, 7))
     kernel = draw(st.integers(1, min(5, max(rows, cols))))
     config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=draw(st.integers(1, 3)),
-                         conv_layers=draw(st.integers(1, 3)), pool=draw(st.integers(1, 3)),
+                         conv_layers=draw(st.integers(1, 3)),
+                         pool=draw(st.sampled_from([1, 2, 3, "global"])),
                          in_channels=draw(st.integers(1, 2)), hidden=draw(st.integers(1, 8)),
                          classes=draw(st.integers(2, 3)))
     border = [(r, c) for r in range(rows) for c in range(cols)
@@ -151,15 +159,43 @@ recipes = st.fixed_dictionaries({
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setup=mesh_setups(), seed=st.integers(0, 1000), wire=st.booleans(),
        params_via=st.sampled_from(["tree", "broadcast"]), recipe=recipes,
-       memory_plan=st.booleans())
+       memory_plan=st.booleans(), failout=st.sampled_from([0.0, 0.0, 0.2, 0.5]))
 def test_mesh_training_equals_central_training_after_every_step(setup, seed, wire,
                                                                  params_via, recipe,
-                                                                 memory_plan) -> None:
+                                                                 memory_plan, failout) -> None:
     """With the memory plan (nodes/memory.py: weight gradients above the first layer
-    split by input cell, gradients over dead activations) and without it."""
+    split by input cell, gradients over dead activations) and without it; with cells
+    failing out of each step (the same in both) and without."""
     config, edge_at, batch, optimizer = setup
     _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
-                     wire=wire, params_via=params_via, memory_plan=memory_plan, **recipe)
+                     wire=wire, params_via=params_via, memory_plan=memory_plan,
+                     failout=failout, **recipe)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=mesh_setups(), seed=st.integers(0, 1000), levels=st.integers(1, 3),
+       memory_plan=st.booleans())
+def test_global_pooling_in_the_mesh_equals_central_training_when_readings_repeat(
+        setup, seed, levels, memory_plan) -> None:
+    """Readings of one to three values: windows repeat, so maxima tie between cells
+    (with equal windows; the test below makes different windows tie)."""
+    config, edge_at, batch, optimizer = setup
+    config = config.model_copy(update={"pool": "global"})
+    _assert_lockstep(config, edge_at, batch, steps=3, optimizer=optimizer, seed=seed,
+                     memory_plan=memory_plan, levels=levels)
+
+
+@pytest.mark.parametrize("edge_at", [(0, 0), (16, 24), (8, 0)])
+def test_seed_grid_with_global_pooling_trains_identically_in_the_mesh(edge_at) -> None:
+    _assert_lockstep(ModelConfig(pool="global"), edge_at, batch=20, steps=2,
+                     optimizer="adam")
+
+
+@pytest.mark.parametrize("pool", [2, "global"])
+def test_seed_grid_with_a_fifth_of_the_cells_failing_out_trains_identically_in_the_mesh(
+        pool) -> None:
+    _assert_lockstep(ModelConfig(pool=pool), (0, 0), batch=20, steps=2, optimizer="adam",
+                     failout=0.2)
 
 
 def test_messages_as_objects_or_as_bytes_give_bit_identical_steps() -> None:
@@ -317,3 +353,32 @@ def test_the_ledger_counts_a_run_as_the_sum_of_its_waves() -> None:
         for figure in ("values", "messages", "bytes"):
             assert counts[figure] == sum(n * part["classes"].get(name, {}).get(figure, 0)
                                          for n, part in zip(expected, parts, strict=True))
+
+
+@pytest.mark.parametrize("edge_at", [(0, 0), (2, 2), (0, 1), (1, 0)])
+def test_global_pooling_gives_a_tie_between_different_windows_to_the_first_cell(
+        edge_at) -> None:
+    """Two cells of each map hold the same maximum from different input channels
+    ((2, 0) and (0, 2) under equal weights), so which cell wins shows in conv1's weight
+    gradient; over many placements the two subtrees, and a cell and its own tree
+    ancestor, tie both ways round."""
+    config = ModelConfig(rows=3, cols=3, in_channels=2, kernel=1, conv_layers=1, filters=2,
+                         pool="global", hidden=4)
+    rng = np.random.default_rng(3)
+    samples = 24
+    X = np.zeros((samples, 2, 3, 3), np.float32)
+    for sample in range(samples):
+        first, second = rng.choice(9, size=2, replace=False)
+        X[sample, 0].flat[first] = 2.0
+        X[sample, 1].flat[second] = 2.0
+    y = rng.integers(0, 2, samples)
+    data = SimpleNamespace(X_train=X, y_train=y, X_test=X, y_test=y)
+    central, mesh = CNN(config, seed=1), CNN(config, seed=1)
+    for model in (central, mesh):
+        model.params["conv1.weight"][0] = 1.0  # filter 0: the two channels alike
+        model.params["conv1.bias"][0] = 0.0
+    for index in range(samples):  # one map a step: each tie decides a whole gradient
+        _, _, grads_c = CentralEngine(data).loss_and_grads(central, np.array([index]))
+        _, _, grads_m = MeshEngine(data, edge_at=edge_at).loss_and_grads(
+            mesh, np.array([index]))
+        np.testing.assert_allclose(grads_m, grads_c, rtol=1e-5, atol=1e-7)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from meshdl import CNN, ModelConfig
+from meshdl.model.cnn import views
+from meshdl.training.failout import failout_cells
 from tests import reference
 
 CONFIGS = {
@@ -20,6 +22,11 @@ CONFIGS = {
                                             filters=2, pool=1, hidden=10), 3),
     "one-by-one-grid": (ModelConfig(rows=1, cols=1, kernel=1, filters=2, hidden=4), 6),
     "one-row": (ModelConfig(rows=1, cols=7, kernel=3, filters=2, hidden=5), 2),
+    "global-pool-seed": (ModelConfig(pool="global"), 100),
+    "global-pool-k4-three-layers": (ModelConfig(rows=5, cols=7, kernel=4, conv_layers=3,
+                                                filters=3, pool="global", hidden=9), 4),
+    "global-pool-one-cell": (ModelConfig(rows=1, cols=1, kernel=1, filters=2, pool="global",
+                                         hidden=4), 3),
 }
 
 
@@ -42,11 +49,33 @@ def test_forward_matches_float64_reference(name: str) -> None:
     assert loss == pytest.approx(reference.loss(params64, config, X, y), rel=1e-5)
 
 
+@pytest.mark.parametrize("name", ["seed-batch-100", "three-conv-layers-pool1",
+                                  "global-pool-k4-three-layers"])
+def test_failed_out_cells_give_the_reference_with_their_values_zeroed(name: str) -> None:
+    config, batch = CONFIGS[name]
+    model, X, y = _problem(config, batch)
+    failout = failout_cells(config.rows, config.cols, 0.3, seed=4, update=0)
+    dead = np.zeros((config.rows, config.cols), bool)
+    dead.flat[failout] = True
+    params64 = {k: v.astype(np.float64) for k, v in model.params.items()}
+    loss, _ = model.gradient_pass(X, y, failout)
+    assert loss == pytest.approx(reference.loss(params64, config, X, y, dead), rel=1e-5)
+    _assert_finite_differences(model, config, X, y, dead)
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_gradients_match_finite_differences(name: str) -> None:
     config, batch = CONFIGS[name]
     model, X, y = _problem(config, batch)
-    _, grads = model.loss_and_grads(X, y)
+    model.gradient_pass(X, y)
+    _assert_finite_differences(model, config, X, y, None)
+
+
+def _assert_finite_differences(model: CNN, config: ModelConfig, X: np.ndarray,
+                               y: np.ndarray, dead: np.ndarray | None) -> None:
+    """The gradient of the model's last pass against the reference's central
+    differences, at a dozen picks per parameter."""
+    grads = {name: g.copy() for name, g in views(model.grad_flat, model.shapes).items()}
     params64 = {k: v.astype(np.float64) for k, v in model.params.items()}
     rng = np.random.default_rng(7)
     eps = 1e-7  # small: fewer ReLU kinks crossed; float64 keeps round-off at ~1e-9
@@ -57,9 +86,9 @@ def test_gradients_match_finite_differences(name: str) -> None:
         for n, j in enumerate(picks):
             saved = flat[j]
             flat[j] = saved + eps
-            up = reference.loss(params64, config, X, y)
+            up = reference.loss(params64, config, X, y, dead)
             flat[j] = saved - eps
-            down = reference.loss(params64, config, X, y)
+            down = reference.loss(params64, config, X, y, dead)
             flat[j] = saved
             numeric[n] = (up - down) / (2 * eps)
         analytic = grads[pname].reshape(-1)[picks].astype(np.float64)

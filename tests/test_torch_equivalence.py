@@ -107,3 +107,26 @@ def test_learning_rate_schedule_matches_pytorch_schedulers(warmup: int, schedule
         scheduler.step()
     ours = [learning_rate(train, step, total) for step in range(total)]
     np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("first", [(0, 1), (1, 0)])
+def test_global_pooling_sends_a_tied_maximum_gradient_to_the_first_cell_as_pytorch(
+        first: tuple[int, int]) -> None:
+    """Two cells hold the same maximum, made from different input channels: which
+    cell got the gradient shows in conv1.weight's gradient."""
+    config = ModelConfig(rows=2, cols=2, in_channels=2, kernel=1, conv_layers=1, filters=2,
+                         pool="global", hidden=3)
+    model = CNN(config, seed=3)
+    model.params["conv1.weight"][...] = [[[[1.0]], [[1.0]]], [[[0.5]], [[-1.0]]]]
+    model.params["conv1.bias"][...] = 0.0
+    X = np.zeros((1, 2, 2, 2), np.float32)
+    X[0, 0][first] = 2.0  # channel 0 at one cell ...
+    X[0, 1][tuple(1 - i for i in first)] = 2.0  # ... channel 1 at the other: both sum 2
+    y = np.array([1])
+    _, grads = model.loss_and_grads(X, y)
+    net = _torch_net(model)
+    torch.nn.functional.cross_entropy(net(torch.from_numpy(X).double()),
+                                      torch.from_numpy(y)).backward()
+    ref = dict(net.named_parameters())["conv1.weight"].grad.numpy()
+    assert ref[0, 0, 0, 0] != ref[0, 1, 0, 0]  # the tie was broken one way
+    np.testing.assert_allclose(grads["conv1.weight"], ref, rtol=1e-5, atol=1e-7)

@@ -101,7 +101,7 @@ JsonSummary = json_option("Print summary.json on stdout.")
 _BUILT_IN = RunConfig()
 _SECTIONS = {**{name: "model" for name in ("rows", "cols", "kernel", "filters",
                                            "conv_layers", "pool", "hidden")},
-             **{name: "train" for name in ("epochs", "batch", "lr")}}
+             **{name: "train" for name in ("epochs", "batch", "lr", "failout")}}
 
 
 def _with_default(alias: Any, shown: str) -> Any:

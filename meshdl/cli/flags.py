@@ -25,6 +25,7 @@ from meshdl.cli.options import (
     Compress,
     ConvLayers,
     Epochs,
+    Failout,
     Filters,
     Hidden,
     Kernel,
@@ -63,7 +64,7 @@ class Group:
 GRID = Group.of(rows=Rows, cols=Cols)
 NETWORK = Group.of(kernel=Kernel, filters=Filters, conv_layers=ConvLayers, pool=Pool,
                    hidden=Hidden)
-TRAINING = Group.of(epochs=Epochs, batch=Batch, lr=Lr)
+TRAINING = Group.of(epochs=Epochs, batch=Batch, lr=Lr, failout=Failout)
 TRAFFIC = Group.of(compress=Compress, activations=Activations)
 
 
@@ -99,7 +100,7 @@ _FIELDS = {
     **{name: ("model", name) for name in ("rows", "cols", "kernel", "filters",
                                            "conv_layers", "pool", "hidden")},
     **{name: ("train", name) for name in ("epochs", "batch", "lr", "optimizer",
-                                           "clip_norm", "augment", "seed")},
+                                           "clip_norm", "augment", "seed", "failout")},
     "warmup": ("train", "warmup_fraction"),
     **{name: ("mesh", name) for name in ("edge_at", "wire", "compress", "activations",
                                           "auth")},

@@ -24,7 +24,7 @@ from meshdl.cli.options import (
     Rows,
     json_option,
 )
-from meshdl.errors import MeshdlError, UsageError
+from meshdl.errors import MeshdlError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,10 +62,7 @@ def evaluate(
         check_label_range(labels, model.config.classes, f"y_{part}", str(data_path))
     X = np.concatenate([x for x, _ in parts])
     y = np.concatenate([t for _, t in parts])
-    rows, cols = X.shape[1:]
-    if (rows, cols) != (model.config.rows, model.config.cols):
-        raise UsageError(f"the data grid {rows} x {cols} does not match the model's "
-                         f"{model.config.rows} x {model.config.cols}")
+    model = model.on_grid(*X.shape[1:])  # global pooling: any grid; else the model's
     predicted = np.concatenate([model.predict(X[i : i + 500]) for i in range(0, len(X), 500)])
     report = classification_report(y, predicted, model.config.classes)
     report.update({"model": str(model_path), "data": str(data_path), "split": split})
@@ -107,9 +104,7 @@ def infer(
 
     model = CNN.load(model_path)
     data = load_dataset(data_path)
-    if (data.rows, data.cols) != (model.config.rows, model.config.cols):
-        raise UsageError(f"the data grid {data.rows} x {data.cols} does not match the model's "
-                         f"{model.config.rows} x {model.config.cols}")
+    model = model.on_grid(data.rows, data.cols)  # global pooling: any grid
     y = data.y_test if split == "test" else data.y_train
     check_label_range(y, model.config.classes, f"y_{split}", str(data_path))  # before waves
     config = load_run_config(mode=mode, model=model.config.model_dump(),

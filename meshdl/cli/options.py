@@ -20,13 +20,30 @@ Cols = Annotated[int | None, typer.Option("--cols", help="Grid columns.")]
 Kernel = Annotated[int | None, typer.Option("--kernel", help="Filter size k.")]
 Filters = Annotated[int | None, typer.Option("--filters", help="Filters per conv layer.")]
 ConvLayers = Annotated[int | None, typer.Option("--conv-layers", help="Conv layers.")]
-Pool = Annotated[int | None, typer.Option("--pool", help="Max-pool size.")]
+
+
+def _pool(value: str | int | None) -> int | str | None:
+    """--pool N (a max-pool window) or --pool global (each channel's grid maximum)."""
+    if value is None or isinstance(value, int) or value == "global":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is neither a window size nor 'global'") from None
+
+
+Pool = Annotated[str | None, typer.Option(
+    "--pool", metavar="N|global", parser=_pool,
+    help="Max-pool size, or global: each channel's maximum over the grid.")]
 Hidden = Annotated[int | None, typer.Option("--hidden", help="Hidden FC units.")]
 
 # The training run (TrainConfig).
 Epochs = Annotated[int | None, typer.Option("--epochs", help="Training epochs.")]
 Batch = Annotated[int | None, typer.Option("--batch", help="Batch size.")]
 Lr = Annotated[float | None, typer.Option("--lr", help="Learning rate.")]
+Failout = Annotated[float | None, typer.Option(
+    "--failout", min=0.0, max=0.99, help="Share of the cells that act dead in each "
+    "training step (no reading, no output), drawn anew every step.")]
 Optimizer = Annotated[Literal["sgd", "adam"] | None, typer.Option("--optimizer",
                                                                   help="The optimizer.")]
 

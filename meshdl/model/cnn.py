@@ -3,6 +3,9 @@
     conv1(k,h) -> ReLU -> ... -> convL(k,h) -> ReLU -> max-pool (ceil) -> flatten (c,row,col)
     -> fc1(hidden) -> ReLU -> fc2(classes) -> softmax cross-entropy (mean over the batch)
 
+With `pool = "global"` the max-pool is each channel's maximum over the grid
+(meshdl/model/globalpool.py) and fc1 reads `filters` features.
+
 Parameter names and shapes are PyTorch's (`conv1.weight (h, c_in, k, k)` ... `fc2.bias`),
 so `model.npz` loads into an equivalent `torch.nn.Sequential` directly. All parameters
 live in one flat float32 vector (`model.flat`) that `model.params` views by name: the
@@ -26,6 +29,7 @@ from meshdl.config import ModelConfig, param_shapes
 from meshdl.data.npzfile import read_npz
 from meshdl.errors import ModelFileError, UsageError
 from meshdl.model import kernels
+from meshdl.model.globalpool import GlobalPlanes
 
 
 def views(flat: np.ndarray, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
@@ -56,7 +60,7 @@ class Trace:
 
     activations: list[np.ndarray]  # input (normalized), then relu(conv_l) for each layer
     pooled: np.ndarray  # (h, PH, PW, B)
-    winners: np.ndarray  # window index of each pooled max, int8
+    winners: np.ndarray  # window index of each pooled max, int8 (global: cell number, int32)
     hidden: np.ndarray  # relu(fc1), (hidden, B)
     logits: np.ndarray  # (classes, B)
     planes: kernels.ConvPlanes | None = None  # the conv stack's buffers, for conv_backward
@@ -109,13 +113,19 @@ class CNN:
         return x
 
     # ---------------------------------------------------------------- forward
-    def forward_trace(self, x: np.ndarray) -> Trace:
-        """Forward pass on batch-last, normalized input (c,rows,cols,B), keeping a trace."""
+    def forward_trace(self, x: np.ndarray, failout: np.ndarray | None = None) -> Trace:
+        """Forward pass on batch-last, normalized input (c,rows,cols,B), keeping a trace.
+        `failout`: cells (row x cols + col) with no reading and no output, zeros in every
+        layer (meshdl/training/failout.py)."""
         cfg, p = self.config, self.params
         planes = self._planes(x.shape[-1])
         layers = range(1, cfg.conv_layers + 1)
         weights = [p[f"conv{n}.weight"] for n in layers]
-        planes.forward(x, weights, [p[f"conv{n}.bias"] for n in layers])
+        dead = None
+        if failout is not None and len(failout):
+            dead = np.divmod(np.asarray(failout, np.intp), cfg.cols)
+            x[:, dead[0], dead[1]] = 0.0
+        planes.forward(x, weights, [p[f"conv{n}.bias"] for n in layers], dead)
         trace = self.head_forward(planes.pooled)
         trace.activations, trace.winners, trace.planes = list(planes.views), planes.winners, planes
         return trace
@@ -126,8 +136,13 @@ class CNN:
         planes = cache.pop(batch, None)
         if planes is None:
             cfg = self.config
-            planes = kernels.ConvPlanes(cfg.rows, cfg.cols, batch, cfg.kernel, cfg.in_channels,
-                                        cfg.filters, cfg.conv_layers, cfg.pool)
+            if cfg.global_pool:
+                planes = GlobalPlanes(cfg.rows, cfg.cols, batch, cfg.kernel, cfg.in_channels,
+                                      cfg.filters, cfg.conv_layers)
+            else:
+                planes = kernels.ConvPlanes(cfg.rows, cfg.cols, batch, cfg.kernel,
+                                            cfg.in_channels, cfg.filters, cfg.conv_layers,
+                                            cfg.window)
             while len(cache) >= 3:  # e.g. training batch, last partial batch, evaluation
                 cache.pop(next(iter(cache)))
         cache[batch] = planes  # most recently used last
@@ -151,15 +166,17 @@ class CNN:
         loss, _ = self.gradient_pass(X, y)
         return loss, self._grads
 
-    def gradient_pass(self, X: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-        """Forward and backward of one batch: (loss, logits (B, classes)).
+    def gradient_pass(self, X: np.ndarray, y: np.ndarray, failout: np.ndarray | None = None
+                      ) -> tuple[float, np.ndarray]:
+        """Forward and backward of one batch: (loss, logits (B, classes)); `failout`: the
+        cells acting dead in it (`forward_trace`).
 
         Fills `grad_flat` (the flat gradient, laid out like `flat`), which the next call
         overwrites.
         """
         x = self.to_batch_last(X)
         labels = self.check_labels(y, x.shape[-1])
-        trace = self.forward_trace(x)
+        trace = self.forward_trace(x, failout)
         dlogits = np.empty_like(trace.logits)
         loss = kernels.softmax_cross_entropy(trace.logits, labels, dlogits)
         dfeatures = self.head_backward(trace, dlogits)
@@ -239,6 +256,22 @@ class CNN:
             [g[f"conv{n}.weight"] for n in layers],
             [g[f"conv{n}.bias"] for n in layers],
         )
+
+    def on_grid(self, rows: int, cols: int) -> CNN:
+        """This model for a grid of `rows` x `cols`: under global pooling the same
+        parameters fit any grid (fc1 reads one feature per filter); a windowed pooling's
+        fc1 reads the grid's blocks, so UsageError there unless the grid is this one."""
+        cfg = self.config
+        if (rows, cols) == (cfg.rows, cfg.cols):
+            return self
+        if not cfg.global_pool:
+            raise UsageError(f"the model's fc1 reads the pooled blocks of its "
+                             f"{cfg.rows} x {cfg.cols} grid: it cannot run on {rows} x {cols} "
+                             "(a model with pool = 'global' runs on any grid)")
+        other = CNN(cfg.model_copy(update={"rows": rows, "cols": cols}))
+        other.flat[...] = self.flat
+        other.norm_mean, other.norm_std = self.norm_mean.copy(), self.norm_std.copy()
+        return other
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:

@@ -709,8 +709,11 @@ class ConvPlanes:
         """Layer `layer`'s ReLU output (the input for 0) as a (C, rows, cols, B) view."""
         return self.views[layer]
 
-    def forward(self, x: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray]) -> None:
-        """Conv + ReLU layers then max-pool of x (Ci, rows, cols, B) into `pooled`, `winners`."""
+    def forward(self, x: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray],
+                dead: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Conv + ReLU layers then max-pool of x (Ci, rows, cols, B) into `pooled`, `winners`.
+        `dead` (failout): (rows, cols) of cells whose every layer's output is 0; their
+        ReLU then passes no gradient back either."""
         geo, base = self.geometry, self.act_base
         self.views[0][...] = x
         for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
@@ -722,8 +725,22 @@ class ConvPlanes:
                              out, base, True, self.dsums)
             if self.multi_row:
                 zero_overhang(self.acts[layer + 1], base, *self.grid_args)
-        maxpool_forward_planes(self.acts[-1], base, geo.row_stride, geo.batch, self.pool,
-                               self.pooled, self.winners)
+            if dead is not None:
+                self.views[layer + 1][:, dead[0], dead[1]] = 0.0
+        self._pool()
+
+    def _pool(self) -> None:
+        """The last layer's ReLU output, max-pooled into `pooled`, `winners`."""
+        geo = self.geometry
+        maxpool_forward_planes(self.acts[-1], self.act_base, geo.row_stride, geo.batch,
+                               self.pool, self.pooled, self.winners)
+
+    def _route(self, dpooled: np.ndarray, dz: np.ndarray, dbias: np.ndarray) -> None:
+        """d(pooled) routed to the winners through the ReLU, into gradient planes `dz`
+        (every grid cell written); dbias = its sum per channel."""
+        geo = self.geometry
+        maxpool_relu_backward_planes(dpooled, self.pooled, self.winners, self.pool, dz,
+                                     self.grad_base, geo.row_stride, geo.batch, dbias)
 
     def backward(
         self, dpooled: np.ndarray, weights: list[np.ndarray],
@@ -739,9 +756,7 @@ class ConvPlanes:
         k = weights[0].shape[-1]
         dz, below = self.grads
         dpooled = np.ascontiguousarray(dpooled, dtype=np.float32)
-        maxpool_relu_backward_planes(dpooled, self.pooled, self.winners,
-                                     self.pool, dz, grad_base, geo.row_stride, geo.batch,
-                                     dbiases[-1])
+        self._route(dpooled, dz, dbiases[-1])
         for layer in range(self.layers - 1, -1, -1):
             dw = self.dweights[layer]
             conv_weight_grad(self.acts[layer], dz, grad_base, dw, self.blocks,

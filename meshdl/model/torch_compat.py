@@ -35,7 +35,8 @@ def torch_sequential(config: ModelConfig) -> Any:
         c_in = config.in_channels if layer == 1 else config.filters
         layers[f"conv{layer}"] = nn.Conv2d(c_in, config.filters, config.kernel, padding="same")
         layers[f"relu{layer}"] = nn.ReLU()
-    layers["pool"] = nn.MaxPool2d(config.pool, ceil_mode=True)
+    layers["pool"] = nn.AdaptiveMaxPool2d(1) if config.global_pool else \
+        nn.MaxPool2d(config.window, ceil_mode=True)
     layers["flatten"] = nn.Flatten()
     layers["fc1"] = nn.Linear(config.features, config.hidden)
     layers["fc1_relu"] = nn.ReLU()

@@ -11,7 +11,9 @@
                      under intsum the subtree's sums (meshdl/compress/intsum.py)
     HEALTH  int32    cells a node found silent, +(n + 1), or back, -(n + 1) (a hello),
                      n = row x cols + col
-    BATCH   int32    mode, split, then one sample index per sample of the wave
+    BATCH   int32    mode, split, then one sample index per sample of the wave, then
+                     (failout, training) the cells that act dead in it, -(n + 1) each
+                     in increasing order of n
     PUSH    float32  based_on, samples, correct, loss, then the gradient of every
                      parameter (the model's flat order), the mean over the samples;
                      compressed (bytes): the same four as float32, then the
@@ -134,21 +136,42 @@ class ParamsLayout:
         return np.concatenate([conv[: self.conv_size], mean, std, scales]).astype(np.float32)
 
 
+NO_CELLS = np.empty(0, np.int32)
+
+
 class BatchOrder(NamedTuple):
-    """What a BATCH says: the wave's mode, the split its samples come from, which ones."""
+    """What a BATCH says: the wave's mode, the split its samples come from, which ones,
+    and (failout) the cells that act dead in the wave: no reading, no output
+    (nodes/steps.py), as numbers n = row x cols + col. They travel as -(n + 1), as
+    HEALTH's cells, after the indices, which are never negative."""
 
     mode: int
     split: int
     indices: np.ndarray  # int32, a view of the payload
+    failout: np.ndarray = NO_CELLS  # int32 cell numbers, increasing
 
     def pack(self) -> np.ndarray:
         return np.concatenate([np.array([self.mode, self.split], np.int32),
-                               np.asarray(self.indices, np.int32)])
+                               np.asarray(self.indices, np.int32),
+                               -1 - np.asarray(self.failout, np.int32)])
 
     @classmethod
     def read(cls, payload: np.ndarray) -> BatchOrder:
-        """The fields of a BATCH payload of at least 3 values (checked by the reader)."""
-        return cls(int(payload[0]), int(payload[1]), payload[2:])
+        """The fields of a BATCH payload of at least 3 values (checked by the reader;
+        `valid_failout` checks the cells)."""
+        rest = payload[2:]
+        negative = np.flatnonzero(rest < 0)
+        cut = int(negative[0]) if negative.size else rest.size
+        return cls(int(payload[0]), int(payload[1]), rest[:cut], -1 - rest[cut:])
+
+    def valid_failout(self, cells: int) -> bool:
+        """Are the failout cells inside a grid of `cells`, increasing, in a training
+        wave (the negatives all after the indices: none left among the indices)?"""
+        f = self.failout
+        if not f.size:
+            return True
+        return self.mode == 0 and bool(f[0] >= 0) and bool(f[-1] < cells) and \
+            bool(np.all(np.diff(f) > 0))
 
 
 BATCH_HEAD = 2  # values of a BATCH before its indices (mode, split)

@@ -55,6 +55,8 @@ class FieldKind(StrEnum):
     POOLED = "pooled"  # blocks' pooled features
     DPOOLED = "dpooled"  # blocks' d(loss)/d(pooled)
     ROUTE = "route"  # cells' max-pool gradient, routed from their block's leader
+    # Global pooling: the items are subtrees, known by their root cell.
+    WINNER = "winner"  # subtrees' first cells holding each pooled maximum (row x cols + col)
 
 
 class Mode(IntEnum):
@@ -125,7 +127,7 @@ class MeshSpec:
     topology: Topology = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.pool,
+        topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.window,
                         frozenset(self.dead))
         object.__setattr__(self, "topology", topo)
         params = self.overhead(Kind.PARAMS) + ITEM_BYTES * self.params_size
@@ -194,6 +196,12 @@ class MeshSpec:
         indices = (self.max_message_bytes - self.overhead(Kind.BATCH)) // ITEM_BYTES - \
             BATCH_HEAD
         return min(values // self.values_per_sample, indices)
+
+    @property
+    def max_batch_values(self) -> int:
+        """The most values a BATCH holds: mode, split, `max_batch` indices and (failout)
+        up to every cell of the grid."""
+        return BATCH_HEAD + self.max_batch + self.model.rows * self.model.cols
 
     def overhead(self, kind: Kind, header: HeaderFormat | None = None) -> int:
         """Bytes of a message of `kind` besides its values: the header (this mesh's, or
@@ -318,37 +326,61 @@ class MeshSpec:
         before, after = self.offsets
         members = [cell for cell in topo.cells() if cell in topo.members]
         plan: dict[Cell, list[Send]] = {cell: [] for cell in members}
-        plan[EDGE] = []
+        pooling = self._aggregation_sends if self.model.global_pool else self._block_sends
         for cell in members:
             out = plan[cell]
             for layer in range(1, layers + 1):
                 for s in topo.strips_from(cell, before, after):
                     out.append(Send(Kind.HALO, layer, s.phase, s.dst,
                                     (FieldKind.A, layer - 1), s.cells, False))
-            up = topo.block_parent(cell)
-            if up is not None:
-                out.append(Send(Kind.POOL, layers, 0, up, (FieldKind.A, layers),
-                                tuple(topo.block_subtree(cell)), False))
-            blocks = tuple(topo.tree_blocks(cell))
-            if blocks:
-                out.append(Send(Kind.GATHER, 0, 0, topo.parent[cell], (FieldKind.POOLED,),
-                                blocks, False))
-            for child in topo.children[cell]:
-                child_blocks = tuple(topo.tree_blocks(child))
-                if child_blocks:
-                    out.append(Send(Kind.SCATTER, 0, 0, child, (FieldKind.DPOOLED,),
-                                    child_blocks, True))
-            for child in topo.block_children[cell]:
-                out.append(Send(Kind.ROUTE, layers, 0, child, (FieldKind.ROUTE,),
-                                tuple(topo.block_subtree(child)), True))
+            out.extend(pooling(cell))
             # The gradient exchange mirrors the window: (after, before).
             for layer in range(layers, 1, -1):
                 for s in topo.strips_from(cell, after, before):
                     out.append(Send(Kind.GRAD_HALO, layer, s.phase, s.dst,
                                     (FieldKind.DZ, layer), s.cells, True))
-        plan[EDGE].append(Send(Kind.SCATTER, 0, 0, topo.edge_at, (FieldKind.DPOOLED,),
-                               tuple(topo.tree_blocks(topo.edge_at)), True))
+        root_items = (topo.edge_at,) if self.model.global_pool else \
+            tuple(topo.tree_blocks(topo.edge_at))
+        plan[EDGE] = [Send(Kind.SCATTER, 0, 0, topo.edge_at, (FieldKind.DPOOLED,), root_items,
+                           True)]
         return plan
+
+    def _block_sends(self, cell: Cell) -> list[Send]:
+        """Windowed max-pooling: a cell's last conv output towards its block's leader
+        (POOL), the pooled blocks of its subtree to its tree parent (GATHER), and back
+        down their gradients (SCATTER) and the leader's routed ones (ROUTE)."""
+        topo, layers, out = self.topology, self.model.conv_layers, []
+        up = topo.block_parent(cell)
+        if up is not None:
+            out.append(Send(Kind.POOL, layers, 0, up, (FieldKind.A, layers),
+                            tuple(topo.block_subtree(cell)), False))
+        blocks = tuple(topo.tree_blocks(cell))
+        if blocks:
+            out.append(Send(Kind.GATHER, 0, 0, topo.parent[cell], (FieldKind.POOLED,),
+                            blocks, False))
+        for child in topo.children[cell]:
+            child_blocks = tuple(topo.tree_blocks(child))
+            if child_blocks:
+                out.append(Send(Kind.SCATTER, 0, 0, child, (FieldKind.DPOOLED,),
+                                child_blocks, True))
+        for child in topo.block_children[cell]:
+            out.append(Send(Kind.ROUTE, layers, 0, child, (FieldKind.ROUTE,),
+                            tuple(topo.block_subtree(child)), True))
+        return out
+
+    def _aggregation_sends(self, cell: Cell) -> list[Send]:
+        """Global pooling, TAG's MAX up the tree: one GATHER to the tree parent with the
+        maximum of the cell's subtree (per channel and sample); in training a second
+        (phase 1) with the first cell holding each maximum, which ties need (not to the
+        edge: it routes nothing), and SCATTER down to each child with the gradient of
+        what its subtree won."""
+        topo, parent = self.topology, self.topology.parent[cell]
+        out = [Send(Kind.GATHER, 0, 0, parent, (FieldKind.POOLED,), (cell,), False)]
+        if parent != EDGE:
+            out.append(Send(Kind.GATHER, 0, 1, parent, (FieldKind.WINNER,), (cell,), True))
+        out.extend(Send(Kind.SCATTER, 0, 0, child, (FieldKind.DPOOLED,), (child,), True)
+                   for child in topo.children[cell])
+        return out
 
     @cached_property
     def relays(self) -> dict[Cell, list[Send]]:

@@ -28,6 +28,10 @@ class Step(StrEnum):
     CONV = "conv"  # a conv layer's output at this cell, then ReLU
     POOL = "pool"  # a leader: its block's maximum, and which member held it
     ROUTE = "route"  # a leader: the pooled gradient back to each block member's maximum
+    # Global pooling: every node, over its own values and its tree children's.
+    AGGREGATE = "aggregate"  # its subtree's maximum, and which source held it
+    WINNERS = "winners"  # the first cell holding each maximum (ties, as PyTorch)
+    SPLIT = "split"  # the pooled gradient to the source that won: itself or a child
     DZ_TOP = "dz_top"  # the routed gradient through the last conv layer's ReLU
     WEIGHT_GRAD = "grad"  # this cell's share of a conv layer's weight and bias gradient
     INPUT_GRAD = "dinput"  # d(loss)/d(this cell's input to a conv layer above the first)
@@ -53,6 +57,8 @@ def node_work(spec: MeshSpec, cell: Cell, step: Step, layer: int) -> Work:
         return Work(2 * taps * spec.channels(layer - 1) * h + 2 * h)
     if step in (Step.POOL, Step.ROUTE):  # one comparison (or one copy) per member value
         return Work(len(topo.block_cells(topo.block_of(cell))) * h)
+    if step in (Step.AGGREGATE, Step.WINNERS, Step.SPLIT):  # one per source value
+        return Work((1 + len(topo.children[cell])) * h)
     if step == Step.DZ_TOP:  # ReLU's mask on the routed gradient
         return Work(h)
     if step == Step.WEIGHT_GRAD:  # d(weights): dz x window multiply-adds; d(bias): dz summed

@@ -25,6 +25,7 @@ from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer, learning_rate
 from meshdl.training.checkpoint import Checkpoint, save_checkpoint
 from meshdl.training.cumulative import SoFar, add_comm
+from meshdl.training.failout import failout_cells
 
 
 class Engine(Protocol):
@@ -32,8 +33,9 @@ class Engine(Protocol):
 
     train_samples: int  # maps of the training split it holds (mirrors included)
 
-    def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
-                                                                       np.ndarray]: ...
+    def loss_and_grads(self, model: CNN, indices: np.ndarray,
+                       failout: np.ndarray | None = None
+                       ) -> tuple[float, np.ndarray, np.ndarray]: ...
 
     def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray: ...
 
@@ -49,10 +51,11 @@ class CentralEngine:
         self.splits = {"train": (data.X_train, data.y_train), "test": (data.X_test, data.y_test)}
         self.train_samples = len(data.y_train)
 
-    def loss_and_grads(self, model: CNN, indices: np.ndarray) -> tuple[float, np.ndarray,
-                                                                       np.ndarray]:
+    def loss_and_grads(self, model: CNN, indices: np.ndarray,
+                       failout: np.ndarray | None = None
+                       ) -> tuple[float, np.ndarray, np.ndarray]:
         X, y = self.splits["train"]
-        loss, logits = model.gradient_pass(X[indices], y[indices])
+        loss, logits = model.gradient_pass(X[indices], y[indices], failout)
         return loss, logits, model.grad_flat
 
     def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
@@ -206,7 +209,8 @@ def train(
             restore(resume, config, model, optimizer, rng, history)
         n_train, n_test = originals(data), len(data.y_test)
         test_pred = np.empty(0, np.int64)
-        total = tc.epochs * -(-n_train // tc.batch)  # updates in the whole run
+        per_epoch = -(-n_train // tc.batch)
+        total = tc.epochs * per_epoch  # updates in the whole run
         # Where a resumed run picks up inside its next epoch: steps done, loss, hits and
         # (best effort) steps skipped and their samples so far.
         within = (0, 0.0, 0, 0, 0) if resume is None else \
@@ -228,11 +232,15 @@ def train(
             within = (0, 0.0, 0, 0, 0)
 
             for step, idx in enumerate(epoch_batches[applied:], applied + 1):
+                # Failout: the cells acting dead in this update (a skipped one too).
+                failed = () if not tc.failout else (failout_cells(
+                    config.model.rows, config.model.cols, tc.failout, tc.seed,
+                    (epoch - 1) * per_epoch + step - 1),)
                 try:
                     # Overflow in a diverging run is no warning to print: the check
                     # below turns it into one clean error.
                     with np.errstate(over="ignore", invalid="ignore"):
-                        loss, logits, grads = engine.loss_and_grads(model, idx)
+                        loss, logits, grads = engine.loss_and_grads(model, idx, *failed)
                 except StepSkipped:  # best effort: nothing came to learn from
                     applied = step
                     skipped += 1

@@ -1,0 +1,101 @@
+"""Global pooling and failout from the outside: the configuration takes them, a global
+model runs on any grid, failout draws the same cells for the same update."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshdl import CNN, ModelConfig, load_run_config
+from meshdl.config import DataConfig
+from meshdl.data.datasets import save_dataset
+from meshdl.data.lounge import generate_lounge
+from meshdl.errors import UsageError
+from meshdl.training.failout import failout_cells
+from tests.helpers import assert_one_line_error
+
+
+def test_pool_global_comes_from_a_file_the_environment_or_a_flag(tmp_path, monkeypatch) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text('[model]\npool = "global"\n')
+    assert load_run_config(toml).model.global_pool
+    monkeypatch.setenv("MESHDL_MODEL__POOL", "global")
+    assert load_run_config().model.pool == "global"
+    monkeypatch.setenv("MESHDL_MODEL__POOL", "3")
+    assert load_run_config().model.pool == 3
+    assert load_run_config(model={"pool": "global"}).model.features == 5
+
+
+def test_a_pool_that_is_neither_a_window_nor_global_is_refused(cli) -> None:
+    code, _, err = cli("train", "--pool", "widest", "--epochs", "1")
+    assert_one_line_error(code, err, 2, "--pool", "widest")
+    with pytest.raises(ValueError):
+        ModelConfig(pool=9)
+
+
+def test_a_globally_pooled_model_predicts_any_grid_with_the_same_parameters() -> None:
+    model = CNN(ModelConfig(rows=6, cols=8, pool="global", hidden=12), seed=2)
+    model.set_normalization(20.0, 2.0)
+    bigger = model.on_grid(9, 13)
+    assert bigger.config.rows == 9 and bigger.config.cols == 13
+    np.testing.assert_array_equal(bigger.flat, model.flat)
+    # A 6 x 8 map inside a 9 x 13 one of the same constant value: the features of the
+    # interior are the same, only borders differ; the model reads the larger grid.
+    X = np.random.default_rng(0).normal(20.0, 2.0, (4, 9, 13)).astype(np.float32)
+    assert bigger.forward(X).shape == (4, 2)
+
+
+def test_a_windowed_model_refuses_another_grid() -> None:
+    model = CNN(ModelConfig(rows=6, cols=8, hidden=12))
+    with pytest.raises(UsageError, match="pool = 'global'"):
+        model.on_grid(7, 8)
+    assert model.on_grid(6, 8) is model
+
+
+def test_model_evaluate_runs_a_global_model_on_a_data_set_of_another_grid(
+        cli, small_data_file, tmp_path: Path) -> None:
+    code, _, err = cli("train", "--data", small_data_file, "--out", tmp_path / "run",
+                       "--epochs", "1", "--batch", "32", "--hidden", "8", "--pool", "global",
+                       "--mode", "central", "--json")
+    assert code == 0, err
+    other = tmp_path / "other.npz"
+    save_dataset(generate_lounge(DataConfig(rows=5, cols=11, train=10, test=30, seed=4)),
+                 other)
+    code, out, err = cli("evaluate", tmp_path / "run" / "model.npz", other, "--json")
+    assert code == 0, err
+    assert json.loads(out)["samples"] == 30
+    code, out, err = cli("infer", tmp_path / "run" / "model.npz", other, "--json")
+    assert code == 0, err
+    assert json.loads(out)["samples"] == 30
+
+
+@pytest.mark.parametrize("share", [0.1, 0.5])
+def test_failout_draws_the_same_cells_for_the_same_update_and_others_for_the_next(
+        share: float) -> None:
+    first = failout_cells(17, 25, share, seed=3, update=7)
+    assert len(first) == round(share * 425)
+    assert np.all(np.diff(first) > 0) and first[0] >= 0 and first[-1] < 425
+    np.testing.assert_array_equal(first, failout_cells(17, 25, share, seed=3, update=7))
+    assert not np.array_equal(first, failout_cells(17, 25, share, seed=3, update=8))
+    assert len(failout_cells(17, 25, 0.0, seed=3, update=7)) == 0
+
+
+def test_training_with_failout_resumes_to_the_same_model(cli, small_data_file,
+                                                          tmp_path: Path) -> None:
+    """The cells of each update come from the seed and the update's number alone: a
+    run cut after its first epoch and resumed ends where the whole run does."""
+    constant = tmp_path / "constant.toml"  # a run may go on to more epochs (no decay)
+    constant.write_text('[train]\nschedule = "constant"\nwarmup_fraction = 0\n')
+    args = ("--data", small_data_file, "--batch", "32", "--hidden", "8", "--failout", "0.2",
+            "--mode", "central", "--config", constant, "--json")
+    code, _, err = cli("train", *args, "--epochs", "2", "--out", tmp_path / "whole")
+    assert code == 0, err
+    code, _, err = cli("train", *args, "--epochs", "1", "--out", tmp_path / "cut")
+    assert code == 0, err
+    code, _, err = cli("train", "--resume", tmp_path / "cut", "--epochs", "2", "--json")
+    assert code == 0, err
+    whole = CNN.load(tmp_path / "whole" / "model.npz").flat
+    np.testing.assert_array_equal(CNN.load(tmp_path / "cut" / "model.npz").flat, whole)
