@@ -453,6 +453,23 @@ def test_compressed_gradients_and_int8_activations_over_mqtt_equal_the_virtual_m
     assert not np.allclose(reference.flat, plain.flat)  # the policy did change training
 
 
+def test_global_pooling_with_failout_over_mqtt_equals_the_virtual_mesh(
+        small_mesh, mosquitto, cli, tmp_path) -> None:
+    """The subtree maxima and their first cells up the tree, the cells that fail out
+    named in each BATCH, through a real broker: the virtual mesh's model."""
+    _, data, _, data_file, plain = small_mesh
+    mesh_file = tmp_path / "global.toml"
+    mesh_file.write_text(MESH_TOML.replace("[model]", '[model]\npool = "global"')
+                         .replace("[train]", "[train]\nfailout = 0.2"))
+    config = load_run_config(mesh_file)
+    assert config.model.global_pool and config.train.failout == 0.2
+    reference, _ = train(config, data)  # the virtual mesh, same head and failout
+    code, _, err = cli("train", "--transport", "mqtt", "--broker", mosquitto.url, "--config",
+                       str(mesh_file), "--data", str(data_file), "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    _assert_same_model(CNN.load(tmp_path / "r" / "model.npz"), reference)
+
+
 # ------------------------------------------------------------------- one edge, one mesh
 
 

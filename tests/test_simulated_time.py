@@ -45,11 +45,15 @@ def _mesh(rows: int, cols: int, radio: RadioProfile, medium: str, kernel: int = 
 
 
 # ------------------------------------------------------------------ exactness
-@pytest.mark.parametrize(("radio", "medium"), [("802.15.4", "shared"), ("wifi", "star"),
-                                               ("ble", "shared")])
-def test_training_under_simulated_time_gives_the_virtual_mesh_parameters(radio, medium):
-    config = load_run_config(model={"rows": 5, "cols": 6, "hidden": 16, "filters": 3},
-                             train={"epochs": 2, "batch": 16, "seed": 4})
+@pytest.mark.parametrize(("radio", "medium", "pool", "failout"),
+                         [("802.15.4", "shared", 2, 0.0), ("wifi", "star", 2, 0.0),
+                          ("ble", "shared", 2, 0.0), ("802.15.4", "shared", "global", 0.2),
+                          ("wifi", "star", "global", 0.0)])
+def test_training_under_simulated_time_gives_the_virtual_mesh_parameters(radio, medium, pool,
+                                                                         failout):
+    config = load_run_config(model={"rows": 5, "cols": 6, "hidden": 16, "filters": 3,
+                                    "pool": pool},
+                             train={"epochs": 2, "batch": 16, "seed": 4, "failout": failout})
     data = generate_lounge(DataConfig(rows=5, cols=6, train=48, test=16, seed=2))
     view = training_data(config.train, data)
     virtual, _ = train(config, data, engine=MeshEngine(view))
