@@ -404,3 +404,33 @@ def test_a_forged_far_ahead_wave_number_reads_as_old_and_stops_nothing() -> None
                       session=mesh.edge.session)
         mesh.inject(topic(1, forged.header.src, cell, Kind.PARAMS), encode(forged))
     _assert_wave_equals_central(engine, model, reference, central, 1)
+
+
+@pytest.mark.parametrize(("tail", "why"), [
+    ([-1, -1], "a cell twice"), ([-3, -2], "decreasing"), ([-10_000], "outside the grid"),
+    ([-2, 1], "an index after a failout cell"), ([], "no sample")])
+def test_a_batch_with_malformed_failout_cells_is_refused(tail: list[int], why: str) -> None:
+    node, spec = _node()
+    params = np.zeros(spec.conv_size + 2, np.float32)
+    params[-1] = 1.0
+    parent = spec.topology.parent[(1, 1)]
+    node.handle(make(Kind.PARAMS, 1, 1, parent, (1, 1), params))
+    head = [0, 0] if why == "no sample" else [0, 0, 1]
+    batch = np.array(head + tail + ([-1] if why == "no sample" else []), np.int32)
+    assert node.handle(make(Kind.BATCH, 1, 1, parent, (1, 1), batch)) == [], why
+    assert node.stats["rejected:bad_batch"] == 1 and node.wave.mode is None, why
+
+
+def test_failout_cells_in_an_inference_batch_are_refused_and_in_a_training_one_taken() -> None:
+    node, spec = _node()
+    params = np.zeros(spec.conv_size + 2, np.float32)
+    params[-1] = 1.0
+    parent = spec.topology.parent[(1, 1)]
+    own = -(1 * spec.model.cols + 1) - 1  # this cell, (1, 1)
+    node.handle(make(Kind.PARAMS, 1, 1, parent, (1, 1), params))
+    infer = np.array([1, 0, 1, own], np.int32)
+    assert node.handle(make(Kind.BATCH, 1, 1, parent, (1, 1), infer)) == []
+    assert node.stats["rejected:bad_batch"] == 1
+    train = np.array([0, 0, 1, -1, own], np.int32)
+    assert node.handle(make(Kind.BATCH, 1, 1, parent, (1, 1), train))
+    assert node.wave.failed_out

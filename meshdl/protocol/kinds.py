@@ -115,7 +115,7 @@ KINDS: tuple[KindRow, ...] = (
             "conv parameters, then norm mean, norm std", 1,
             "over MQTT: edge -> every node at once"),
     KindRow(Kind.BATCH, _BOTH, "parent", "child", Phase.START, "with PARAMS", INT32,
-            "`[mode, split, *sample indices]`", "", 1,
+            "`[mode, split, *sample indices, *failout cells]`", "", 1,
             "over MQTT: edge -> every node at once"),
     KindRow(Kind.HALO, _NODE, "neighbour", "neighbour", Phase.FORWARD,
             "once every cell it carries is known", FLOAT32, "(cells, channels, B)",
@@ -124,11 +124,14 @@ KINDS: tuple[KindRow, ...] = (
             "once every cell it carries is known (relays aggregate)", FLOAT32,
             "(cells, filters, B)", "last conv outputs", 0),
     KindRow(Kind.GATHER, _NODE, "child", "parent", Phase.FORWARD,
-            "once the pooled blocks of its whole subtree are in", FLOAT32,
-            "(blocks, filters, B)", "pooled features of a subtree", 0),
+            "once the pooled blocks of its whole subtree are in (global pooling: its "
+            "subtree's maxima)", FLOAT32,
+            "(blocks, filters, B)", "pooled features of a subtree; global pooling: its "
+            "maxima (phase 0), in training also their first cells (phase 1)", 0),
     KindRow(Kind.SCATTER, _BOTH, "parent", "child", Phase.BACKWARD,
             "the edge after its head; a node once its child's blocks are in", FLOAT32,
-            "(blocks, filters, B)", "d loss / d pooled", 0),
+            "(blocks, filters, B)", "d loss / d pooled (global pooling: of what the "
+            "child's subtree won)", 0),
     KindRow(Kind.ROUTE, _NODE, "leader", "towards member", Phase.BACKWARD,
             "once every cell it carries is known", FLOAT32, "(cells, filters, B)",
             "max-pool routed gradient", 0),
