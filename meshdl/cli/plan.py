@@ -91,6 +91,7 @@ def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
         "pooling_cells": [name_of(c) for c in topo.block_cells(block)],
         "pooling_leader": name_of(topo.leader[block]),
         "leads_its_block": topo.leader[block] == cell,
+        "global_pooling": spec.model.global_pool,
         "linked_to_edge": cell == spec.edge_at,
         "control_from": name_of(spec.control_source(cell)),
     }
@@ -104,7 +105,8 @@ def node_plan(spec: MeshSpec, cell: Cell, batch: int) -> dict[str, Any]:
     for index, task in enumerate(node.tasks):
         if isinstance(task, Send):
             continue
-        waits = [_source(s) for s, tasks in node.waiters.items() if index in tasks]
+        waits = [_source(s, spec.model.global_pool) for s, tasks in node.waiters.items()
+                 if index in tasks]
         computes.append({"task": task.step, "layer": task.layer, "stage": task.stage,
                          "train_only": node.train_only[index], "waits_for": waits})
     sends = [_message(spec, s.kind, s.layer, s.phase, cell, s.dst, len(s.items),
@@ -149,7 +151,7 @@ def _relay_values(spec: MeshSpec, kind: Kind) -> tuple[int, int]:
             Kind.REDUCE: (0, spec.conv_size)}[kind]
 
 
-def _source(source: Hashable) -> str:
+def _source(source: Hashable, global_pool: bool) -> str:
     """A task's input in words: a message of the plan, or what a computation makes."""
     from meshdl.protocol.messages import Kind
     from meshdl.protocol.spec import FieldKind
@@ -160,8 +162,11 @@ def _source(source: Hashable) -> str:
         return f"{kind.name} layer {layer} phase {phase} from {name_of(src)}"
     field, item = source  # type: ignore[misc]
     what = " ".join(str(part) for part in field)
-    if field[0] in (FieldKind.POOLED, FieldKind.DPOOLED):  # items: pooling blocks
+    if field[0] in (FieldKind.POOLED, FieldKind.DPOOLED) and not global_pool:
+        # items: pooling blocks
         return f"{what} of block {tuple(item)}"
+    if field[0] in (FieldKind.POOLED, FieldKind.DPOOLED, FieldKind.WINNER):
+        return f"{what} of the subtree of {name_of(item)}"  # global pooling
     return f"{what} of {name_of(item)}"
 
 
@@ -187,6 +192,9 @@ def _print(report: dict[str, Any]) -> None:
     """The human form: the role in words, then receives, computes, sends (a wave's order)."""
     role = report["role"]
     leader = "this cell" if role["leads_its_block"] else role["pooling_leader"]
+    pooling = "global pooling: the maxima of its subtree up to its parent" \
+        if role["global_pooling"] else f"pooling block {tuple(role['pooling_block'])} " \
+        f"({', '.join(role['pooling_cells'])}) led by {leader}"
     computes = Table(title="computes, in plan order (each runs once all it waits for is in)")
     for column in ("stage", "waits for", "training only"):
         computes.add_column(column)
@@ -200,9 +208,8 @@ def _print(report: dict[str, Any]) -> None:
     console.print(
         f"cell {report['cell']} of mesh {report['mesh_id']} (batch {report['batch']}, "
         f"parameters {report['params_via']} from {role['control_from']}): tree parent "
-        f"{role['parent']}, children {', '.join(role['children']) or 'none'}; pooling "
-        f"block {tuple(role['pooling_block'])} ({', '.join(role['pooling_cells'])}) led by "
-        f"{leader}{'; the edge is linked here (edge_at)' if role['linked_to_edge'] else ''}",
+        f"{role['parent']}, children {', '.join(role['children']) or 'none'}; "
+        f"{pooling}{'; the edge is linked here (edge_at)' if role['linked_to_edge'] else ''}",
         highlight=False, soft_wrap=True)
     for table in (receives, computes, sends):
         console.print(table)
