@@ -160,6 +160,8 @@ class BatchOrder(NamedTuple):
         """The fields of a BATCH payload of at least 3 values (checked by the reader;
         `valid_failout` checks the cells)."""
         rest = payload[2:]
+        if rest[-1] >= 0:  # no failout cells (they come last): every wave but failout's
+            return cls(int(payload[0]), int(payload[1]), rest)
         negative = np.flatnonzero(rest < 0)
         cut = int(negative[0]) if negative.size else rest.size
         return cls(int(payload[0]), int(payload[1]), rest[:cut], -1 - rest[cut:])
