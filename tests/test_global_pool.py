@@ -99,3 +99,27 @@ def test_training_with_failout_resumes_to_the_same_model(cli, small_data_file,
     assert code == 0, err
     whole = CNN.load(tmp_path / "whole" / "model.npz").flat
     np.testing.assert_array_equal(CNN.load(tmp_path / "cut" / "model.npz").flat, whole)
+
+
+def test_an_inference_wave_sends_one_gather_a_node_and_a_training_wave_one_more_but_edge_ats(
+        ) -> None:
+    """TAG's MAX: every node tells its parent its subtree's maxima once; training adds
+    the first cells (not from the cell linked to the edge); no POOL, no ROUTE."""
+    from meshdl.sim.mesh import MeshEngine
+    from tests.helpers import noise_dataset, normalized_model
+
+    config = ModelConfig(rows=5, cols=6, filters=3, pool="global", hidden=8)
+    data, model = noise_dataset(config), normalized_model(config)
+    cells, batch = 30, 4
+    engine = MeshEngine(data)
+    engine.logits(model, "test", np.arange(batch))
+    classes = engine.report()["classes"]
+    assert classes["gather"]["messages"] == cells
+    assert classes["gather"]["values"] == cells * config.filters * batch
+    assert "pool" not in classes and "scatter" not in classes
+    engine = MeshEngine(data)
+    engine.loss_and_grads(model, np.arange(batch))
+    classes = engine.report()["classes"]
+    assert classes["gather"]["messages"] == cells + cells - 1
+    assert classes["scatter"]["messages"] == cells  # the edge's, and one per tree link
+    assert "pool" not in classes and "route" not in classes
