@@ -123,3 +123,22 @@ def test_an_inference_wave_sends_one_gather_a_node_and_a_training_wave_one_more_
     assert classes["gather"]["messages"] == cells + cells - 1
     assert classes["scatter"]["messages"] == cells  # the edge's, and one per tree link
     assert "pool" not in classes and "route" not in classes
+
+
+def test_model_evaluate_reads_a_share_of_the_cells_as_dead_when_asked(
+        cli, small_data_file, tmp_path: Path) -> None:
+    from meshdl.data.datasets import load_dataset
+
+    code, _, err = cli("train", "--data", small_data_file, "--out", tmp_path / "run",
+                       "--epochs", "1", "--batch", "32", "--hidden", "8", "--mode", "central",
+                       "--json")
+    assert code == 0, err
+    model, data = CNN.load(tmp_path / "run" / "model.npz"), load_dataset(small_data_file)
+    code, out, err = cli("evaluate", tmp_path / "run" / "model.npz", small_data_file,
+                         "--dead", "0.5", "--dead-seed", "1", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["dead_cells"] == 24  # half of 6 x 8
+    predicted = model.predict(data.X_test, failout_cells(6, 8, 0.5, 1, 0))
+    assert report["confusion"] == [[int(np.sum((data.y_test == t) & (predicted == p)))
+                                    for p in range(2)] for t in range(2)]

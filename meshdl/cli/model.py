@@ -44,14 +44,20 @@ def evaluate(
     data_path: DataFile,
     split: Literal["test", "train", "all"] = typer.Option("test", "--split",
                                                           help="The samples to evaluate."),
+    dead: float = typer.Option(0.0, "--dead", min=0.0, max=0.99, help="Share of the cells "
+                               "read as dead (no reading, no output: zeros), as failout "
+                               "draws them."),
+    dead_seed: int = typer.Option(0, "--dead-seed", min=0, help="Which cells --dead takes."),
     json_out: JsonReport = False,
 ) -> None:
-    """Accuracy and confusion matrix of a saved model on a data set."""
+    """Accuracy and confusion matrix of a saved model on a data set (all its cells, or
+    with --dead some read as dead)."""
     import numpy as np
     from rich.table import Table
 
     from meshdl.data.datasets import check_label_range, load_split
     from meshdl.model.cnn import CNN
+    from meshdl.training.failout import failout_cells
 
     model = CNN.load(model_path)
     # Only the splits asked for are read: a gap in the other one is no reason to refuse.
@@ -63,9 +69,12 @@ def evaluate(
     X = np.concatenate([x for x, _ in parts])
     y = np.concatenate([t for _, t in parts])
     model = model.on_grid(*X.shape[1:])  # global pooling: any grid; else the model's
-    predicted = np.concatenate([model.predict(X[i : i + 500]) for i in range(0, len(X), 500)])
+    cells = failout_cells(model.config.rows, model.config.cols, dead, dead_seed, 0)
+    predicted = np.concatenate([model.predict(X[i : i + 500], cells)
+                                for i in range(0, len(X), 500)])
     report = classification_report(y, predicted, model.config.classes)
-    report.update({"model": str(model_path), "data": str(data_path), "split": split})
+    report.update({"model": str(model_path), "data": str(data_path), "split": split,
+                   "dead": dead, "dead_cells": len(cells)})
     if json_out:
         emit_json(report)
         return

@@ -148,13 +148,14 @@ class CNN:
         cache[batch] = planes  # most recently used last
         return planes
 
-    def forward(self, X: np.ndarray) -> np.ndarray:
-        """Logits (B, classes) for X of shape (B,rows,cols) or (B,c_in,rows,cols)."""
-        return np.ascontiguousarray(self.forward_trace(self.to_batch_last(X)).logits.T)
+    def forward(self, X: np.ndarray, failout: np.ndarray | None = None) -> np.ndarray:
+        """Logits (B, classes) for X of shape (B,rows,cols) or (B,c_in,rows,cols);
+        `failout`: cells read as dead (`forward_trace`)."""
+        return np.ascontiguousarray(self.forward_trace(self.to_batch_last(X), failout).logits.T)
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict(self, X: np.ndarray, failout: np.ndarray | None = None) -> np.ndarray:
         """Predicted class per sample (int64)."""
-        return self.forward(X).argmax(axis=1).astype(np.int64)
+        return self.forward(X, failout).argmax(axis=1).astype(np.int64)
 
     # --------------------------------------------------------------- backward
     def loss_and_grads(self, X: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
