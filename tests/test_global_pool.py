@@ -142,3 +142,16 @@ def test_model_evaluate_reads_a_share_of_the_cells_as_dead_when_asked(
     predicted = model.predict(data.X_test, failout_cells(6, 8, 0.5, 1, 0))
     assert report["confusion"] == [[int(np.sum((data.y_test == t) & (predicted == p)))
                                     for p in range(2)] for t in range(2)]
+
+
+def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_path) -> None:
+    from meshdl.config import GLOBAL_RECIPE
+
+    config = load_run_config(model={"pool": "global"})
+    assert {k: getattr(config.train, k) for k in GLOBAL_RECIPE} == GLOBAL_RECIPE
+    seed = load_run_config()
+    assert seed.train.augment == "mirror" and seed.train.failout == 0.0  # the seed's own
+    toml = tmp_path / "run.toml"
+    toml.write_text('[model]\npool = "global"\n[train]\naugment = "mirror"\n')
+    mine = load_run_config(toml, train={"failout": 0.0})
+    assert mine.train.augment == "mirror" and mine.train.failout == 0.0
