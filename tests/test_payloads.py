@@ -37,5 +37,11 @@ def test_a_batch_order_reads_back_what_was_packed() -> None:
     order = BatchOrder(1, 0, np.array([5, 3, 9], np.int32))
     payload = order.pack()
     assert payload.dtype == np.int32 and payload.tolist() == [1, 0, 5, 3, 9]
-    mode, split, indices = BatchOrder.read(payload)
-    assert (mode, split, indices.tolist()) == (1, 0, [5, 3, 9])
+    mode, split, indices, failout = BatchOrder.read(payload)
+    assert (mode, split, indices.tolist(), failout.tolist()) == (1, 0, [5, 3, 9], [])
+    order = BatchOrder(0, 0, np.array([5, 3], np.int32), np.array([0, 7], np.int32))
+    payload = order.pack()
+    assert payload.tolist() == [0, 0, 5, 3, -1, -8]  # failout cells as -(n + 1)
+    read = BatchOrder.read(payload)
+    assert read.indices.tolist() == [5, 3] and read.failout.tolist() == [0, 7]
+    assert read.valid_failout(8) and not read.valid_failout(7)
