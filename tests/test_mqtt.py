@@ -457,7 +457,7 @@ def test_global_pooling_with_failout_over_mqtt_equals_the_virtual_mesh(
         small_mesh, mosquitto, cli, tmp_path) -> None:
     """The subtree maxima and their first cells up the tree, the cells that fail out
     named in each BATCH, through a real broker: the virtual mesh's model."""
-    _, data, _, data_file, plain = small_mesh
+    _, data, _, data_file, _plain = small_mesh
     mesh_file = tmp_path / "global.toml"
     mesh_file.write_text(MESH_TOML.replace("[model]", '[model]\npool = "global"')
                          .replace("[train]", "[train]\nfailout = 0.2"))

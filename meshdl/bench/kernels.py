@@ -2,7 +2,9 @@
 
 `bench_kernels` times one training step (forward, backward, optimizer update) of a
 configuration on meshdl's Numba kernels and on PyTorch CPU, both limited to the same
-number of threads, with the same initial parameters and the same batch.
+number of threads, with the same initial parameters and the same batch. meshdl's step
+runs as training runs it (`meshdl.training.loop.CentralEngine`): through a
+`ThreadChooser` that picks, call by call, the fastest of 1 and `threads` threads.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from threadpoolctl import threadpool_limits
 from meshdl.config import ModelConfig, TrainConfig
 from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer
+from meshdl.model.threads import ThreadChooser
 
 
 def time_calls(call: Callable[[], object], repeats: int, warmup: int = 5) -> dict[str, float]:
@@ -43,16 +46,22 @@ def _batch(config: ModelConfig, batch: int, seed: int) -> tuple[np.ndarray, np.n
     return X.astype(np.float32), y
 
 
-def meshdl_step(config: ModelConfig, train: TrainConfig, X: np.ndarray, y: np.ndarray
-                ) -> tuple[CNN, Callable[[], None]]:
-    """A model and a closure running one full training step on it."""
+def meshdl_step(config: ModelConfig, train: TrainConfig, X: np.ndarray, y: np.ndarray,
+                threads: ThreadChooser | None = None) -> tuple[CNN, Callable[[], None]]:
+    """A model and a closure running one full training step on it, through `threads`
+    (default: one thread), which the training loop runs its steps through too."""
     model = CNN(config, seed=0)
     model.set_normalization(20.0, 2.0)
     optimizer = Optimizer(train, model.flat.size)
+    chooser = ThreadChooser(most=1) if threads is None else threads
+    batch = len(y)
 
-    def step() -> None:
+    def update() -> None:
         model.gradient_pass(X, y)
         optimizer.step(model.flat, model.grad_flat)
+
+    def step() -> None:
+        chooser.run(("step", batch), update)
 
     return model, step
 
@@ -115,13 +124,16 @@ def _bench_kernels(config: ModelConfig, batch: int, repeats: int, threads: int,
     train = TrainConfig(batch=batch, optimizer=optimizer, lr=0.01)
     X, y = _batch(config, batch, seed=0)
     started = time.perf_counter()
-    model, ours = meshdl_step(config, train, X, y)
+    chooser = ThreadChooser(most=threads)
+    model, ours = meshdl_step(config, train, X, y, chooser)
     ours()  # the first call compiles, or loads the kernels from numba's cache
     first_call_s = time.perf_counter() - started
     result: dict[str, Any] = {"config": config.model_dump(), "batch": batch, "threads": threads,
                               "optimizer": optimizer, "repeats": repeats}
     with threadpool_limits(limits=threads):
-        result["meshdl"] = {**time_calls(ours, repeats), "first_call_s": round(first_call_s, 3)}
+        result["meshdl"] = {**time_calls(ours, repeats), "first_call_s": round(first_call_s, 3),
+                            "calls_per_thread_count": {str(n): c for n, c in
+                                                       chooser.runs(("step", batch)).items()}}
         reference = torch_step(model, train, X, y)
         if reference is None:
             result["torch"] = None

@@ -35,7 +35,9 @@ def kernels(
     hidden: Hidden = 200,
     batch: int = typer.Option(100, "--batch", min=1),
     repeats: int = typer.Option(200, "--repeats", min=1),
-    threads: int = typer.Option(1, "--threads", min=1, help="Threads for both sides."),
+    threads: int = typer.Option(1, "--threads", min=1, help="Threads for both sides "
+                                "(meshdl: the faster of 1 and this many, call by call, as "
+                                "training chooses)."),
     optimizer: Optimizer = "sgd",
     busy: int = typer.Option(0, "--busy", min=0, help="CPU-bound processes running beside "
                              "both sides (1 on a 2-core machine: the other core busy)."),
@@ -55,6 +57,9 @@ def kernels(
                       f"{ours['min_ms']:.3f} ms ({threads} thread(s), batch {batch}"
                       f"{f', {busy} busy core(s)' if busy else ''}; first "
                       f"call incl. compile/cache load {ours['first_call_s']:.2f} s)")
+    if threads > 1:
+        runs = ", ".join(f"{n} thread(s) {c}" for n, c in ours["calls_per_thread_count"].items())
+        out_console.print(f"        calls run with {runs}")
     if result["torch"] is None:
         out_console.print("PyTorch is not installed: no reference (pip install torch==2.13.0)")
         return

@@ -32,21 +32,75 @@ Speed notes (single thread; measured on the AVX-512 machine this was tuned on):
   loops then spend more time on those than on arithmetic.
 - Whole grid rows make the best blocks: shorter blocks (for L1) measured slower.
 - ReLU outputs are >= 0, so pooling windows past the grid may read zero pads.
+
+Threads: the two heaviest kernels have parallel twins (`correlate_planes_parallel`,
+`conv_weight_grad_parallel`) that share a call's blocks among numba's threads and give
+the same bits: what crosses blocks (bias and weight gradients) is summed per block and
+the block sums added in block order, as the serial kernel adds them. `ConvPlanes` runs
+a twin only inside `using_threads` and when the call is big enough to pay for it;
+`meshdl.model.threads` picks the thread count, by timing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 _JIT = {"cache": True, "fastmath": True, "nogil": True, "boundscheck": False,
         "error_model": "numpy"}
+_PARALLEL = {**_JIT, "parallel": True}  # the twins of the two heaviest kernels
+# fastmath without reassociation: sums in the order written (see `_gate_and_sum`)
+_ORDERED = {**_JIT, "fastmath": {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}}
 
+# Fewest multiply-adds for which a conv kernel call runs its parallel twin (see
+# `ConvPlanes._parallel`). Measured call by call on the 2-core machine of issue 34, twin
+# on 2 threads against the serial kernel: the twin lost below about 0.7 M (24 -> 27 us
+# at 0.65 M), won from about 1.2 M (36 -> 29 us at 1.3 M; 266 -> 172 us at 9.6 M, the
+# seed's second layer at batch 100); the fork and join cost some 5-10 us.
+PARALLEL_MIN_FMAS = 1_000_000
+
+LANES = 64  # running sums of `_gate_and_sum`: 4 512-bit or 8 256-bit vectors
 GROUP = 3  # kernel taps are handled in GROUP x GROUP blocks (zero weights pad the rest)
 BLOCK = 4096  # floats per block: longer rows are cut, shorter ones grouped (see blocks)
+
+
+_local = threading.local()  # per Python thread, as numba's own thread count
+
+
+def kernel_threads() -> int:
+    """Threads the conv kernels called from this Python thread may use: 1 unless a
+    `using_threads` block says more (meshes, nodes and edges run serial kernels)."""
+    return getattr(_local, "threads", 1)
+
+
+@contextlib.contextmanager
+def using_threads(count: int) -> Iterator[int]:
+    """Let this Python thread's conv kernels use up to `count` threads in the block
+    (at most numba's NUMBA_NUM_THREADS, the cores by default); yields the count in force.
+
+    Only the choice between a kernel and its parallel twin changes: their outputs are
+    the same bits (tests/test_kernel_threads.py).
+    """
+    count = max(1, min(count, numba.config.NUMBA_NUM_THREADS))
+    before = kernel_threads()
+    # Serial kernels never ask numba's threads: leave them alone (and unstarted).
+    before_numba = numba.get_num_threads() if count > 1 else None
+    _local.threads = count
+    if before_numba is not None:
+        numba.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        _local.threads = before
+        if before_numba is not None:
+            numba.set_num_threads(before_numba)
 
 
 def same_padding(kernel: int) -> tuple[int, int]:
@@ -393,44 +447,122 @@ def correlate_planes(
     groups of 2 or 3, with one pass per input channel and tap group: the first pass
     adds the bias, the last one applies the ReLU. A block spanning several rows also
     writes the pad cells between them: the gate zeroes them (it is 0 there), after a
-    forward pass `zero_overhang` does.
+    forward pass `zero_overhang` does. `correlate_planes_parallel` is its twin on
+    several threads, to the bit.
     """
-    n_in, taps = w.shape[1], w.shape[2]
-    passes = n_in * (taps // GROUP) ** 2
-    zero = np.float32(0.0)
     if not relu:
         sums[:] = 0.0
+    lanes = np.empty(LANES, np.float32)  # `_gate_and_sum`'s running sums
     for block in range(blocks.shape[0]):
-        start, stop = blocks[block, 0], blocks[block, 1]
-        base, gbase, n = _U(out_base + start), _U(gate_base + start), _U(stop - start)
-        m = 0
-        while m < channels:
-            size = _group_size(channels, m)
-            done = 0
-            for c in range(n_in):
-                for ty in range(0, taps, GROUP):
-                    for tx in range(0, taps, GROUP):
-                        o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
-                        done += 1
-                        first, last_relu = done == 1, relu and done == passes
-                        if size == 3:
-                            _correlate3(x, c, o, _tap_weights(w[m, c], ty, tx),
-                                        _tap_weights(w[m + 1, c], ty, tx),
-                                        _tap_weights(w[m + 2, c], ty, tx), out, m, base, n,
-                                        first, last_relu, bias[m], bias[m + 1], bias[m + 2])
-                        else:
-                            _correlate2(x, c, o, _tap_weights(w[m, c], ty, tx),
-                                        _tap_weights(w[m + 1, c], ty, tx), out, m, m + 1,
-                                        base, n, first, last_relu, bias[m], bias[m + 1])
-            if not relu:
-                for g in range(m, m + size):
-                    total = zero
-                    for j in range(n):
-                        kept = out[g, base + j] if gate[g, gbase + j] > zero else zero
-                        out[g, base + j] = kept
-                        total += kept
-                    sums[g] += total
-            m += size
+        _correlate_block(x, w, bias, out, out_base, channels, blocks[block, 0],
+                         blocks[block, 1], row_stride, batch, gate, gate_base, relu, sums,
+                         lanes)
+
+
+@njit(**_PARALLEL)
+def correlate_planes_parallel(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray, out: np.ndarray, out_base: int,
+    channels: int, blocks: np.ndarray, row_stride: int, batch: int,
+    gate: np.ndarray, gate_base: int, relu: bool, sums: np.ndarray,
+) -> None:
+    """`correlate_planes` with its blocks shared among numba's threads, the same bits.
+
+    Blocks write disjoint cells; only the sums of the input gradient cross blocks, so
+    each block's go to a row of its own, added up afterwards in block order: the very
+    additions `correlate_planes` makes, in its order.
+    """
+    n_blocks = blocks.shape[0]
+    partial = np.zeros((n_blocks, sums.shape[0]), np.float32)
+    lanes = np.empty((n_blocks, LANES), np.float32)
+    for block in prange(n_blocks):
+        _correlate_block(x, w, bias, out, out_base, channels, blocks[block, 0],
+                         blocks[block, 1], row_stride, batch, gate, gate_base, relu,
+                         partial[block], lanes[block])
+    if not relu:
+        _sum_rows(partial, sums)
+
+
+@njit(**_ORDERED)
+def _sum_rows(partial: np.ndarray, total: np.ndarray) -> None:
+    """total = the sum of partial's rows, added in row order from 0 (fixed, for the bits)."""
+    total[:] = 0.0
+    for row in range(partial.shape[0]):
+        for i in range(total.shape[0]):
+            total[i] += partial[row, i]
+
+
+@njit(**_JIT)
+def _correlate_block(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray, out: np.ndarray, out_base: int,
+    channels: int, start: int, stop: int, row_stride: int, batch: int,
+    gate: np.ndarray, gate_base: int, relu: bool, sums: np.ndarray, lanes: np.ndarray,
+) -> None:
+    """`correlate_planes` over one block, cells start..stop; sums[m] += its gated sums
+    (`lanes`: scratch for `_gate_and_sum`)."""
+    n_in, taps = w.shape[1], w.shape[2]
+    passes = n_in * (taps // GROUP) ** 2
+    base, gbase, n = _U(out_base + start), _U(gate_base + start), _U(stop - start)
+    m = 0
+    while m < channels:
+        size = _group_size(channels, m)
+        done = 0
+        for c in range(n_in):
+            for ty in range(0, taps, GROUP):
+                for tx in range(0, taps, GROUP):
+                    o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
+                    done += 1
+                    first, last_relu = done == 1, relu and done == passes
+                    if size == 3:
+                        _correlate3(x, c, o, _tap_weights(w[m, c], ty, tx),
+                                    _tap_weights(w[m + 1, c], ty, tx),
+                                    _tap_weights(w[m + 2, c], ty, tx), out, m, base, n,
+                                    first, last_relu, bias[m], bias[m + 1], bias[m + 2])
+                    else:
+                        _correlate2(x, c, o, _tap_weights(w[m, c], ty, tx),
+                                    _tap_weights(w[m + 1, c], ty, tx), out, m, m + 1,
+                                    base, n, first, last_relu, bias[m], bias[m + 1])
+        if not relu:
+            for g in range(m, m + size):
+                sums[g] += _gate_and_sum(out, g, base, gate, gbase, n, lanes)
+        m += size
+
+
+@njit(**_ORDERED)
+def _gate_and_sum(out: np.ndarray, g: int, base: int, gate: np.ndarray, gbase: int, n: int,
+                  lanes: np.ndarray) -> float:
+    """out[g, base + j] = out[g, base + j] where gate[g, gbase + j] > 0, else 0, for j < n;
+    returns the sum of what is kept, in an order fixed here: `LANES` running sums (lane
+    j mod LANES, in `lanes`, scratch), folded in halves (lane l + lane l + half), then
+    the tail of n mod LANES values in turn.
+
+    With `fastmath`'s reassociation LLVM picks the order of a sum itself, and its pick
+    changed with where the loop was compiled: fresh or from numba's cache, inside
+    `correlate_planes` or its parallel twin, the bias gradients differed in the last
+    bit. Without reassociation the order is the one written; the lanes are independent,
+    so the loop still vectorizes (the running sums are vector adds).
+    """
+    zero = np.float32(0.0)
+    base, gbase, n = _U(base), _U(gbase), _U(n)
+    width = _U(LANES)
+    lanes[:] = zero
+    full = n - n % width
+    for k in range(_U(0), full, width):
+        q, r = base + k, gbase + k
+        for lane in range(width):
+            kept = out[g, q + lane] if gate[g, r + lane] > zero else zero
+            out[g, q + lane] = kept
+            lanes[lane] += kept
+    half = LANES // 2
+    while half > 0:
+        for lane in range(half):
+            lanes[lane] += lanes[lane + half]
+        half //= 2
+    total = lanes[0]
+    for j in range(full, n):
+        kept = out[g, base + j] if gate[g, gbase + j] > zero else zero
+        out[g, base + j] = kept
+        total += kept
+    return total
 
 
 @njit(**_JIT)
@@ -454,23 +586,52 @@ def conv_weight_grad(
     pad cell (so pad cells inside multi-row blocks add nothing); dw: (Co, Ci, taps,
     taps). Output channels go in pairs, whose 18 sums share the 9 tap loads. (The bias
     gradient, the sum of dz, comes from the kernel that writes dz.)
+    `conv_weight_grad_parallel` is its twin on several threads, to the bit.
     """
-    n_out, n_in, taps, _ = dw.shape
     dw[...] = 0.0
     for block in range(blocks.shape[0]):
-        start, stop = blocks[block, 0], blocks[block, 1]
-        base, n = _U(dz_base + start), _U(stop - start)
-        for co in range(0, n_out, 2):
-            for ci in range(n_in):
-                for ty in range(0, taps, GROUP):
-                    for tx in range(0, taps, GROUP):
-                        o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
-                        if co + 1 < n_out:
-                            s, t = _dots2(x, ci, o, dz, co, base, n)
-                            _add_tap_group(dw[co, ci], ty, tx, s)
-                            _add_tap_group(dw[co + 1, ci], ty, tx, t)
-                        else:
-                            _add_tap_group(dw[co, ci], ty, tx, _dots1(x, ci, o, dz, co, base, n))
+        _weight_grad_block(x, dz, dz_base, dw, blocks[block, 0], blocks[block, 1],
+                           row_stride, batch)
+
+
+@njit(**_PARALLEL)
+def conv_weight_grad_parallel(
+    x: np.ndarray, dz: np.ndarray, dz_base: int, dw: np.ndarray,
+    blocks: np.ndarray, row_stride: int, batch: int,
+) -> None:
+    """`conv_weight_grad` with its blocks shared among numba's threads, the same bits.
+
+    Each block adds its sums into a zeroed gradient of its own (0 + s = s: each tap group
+    is added once per block), and those are added up in block order: the additions
+    `conv_weight_grad` makes into dw, in its order.
+    """
+    n_blocks = blocks.shape[0]
+    partial = np.zeros((n_blocks, dw.size), np.float32)
+    for block in prange(n_blocks):
+        _weight_grad_block(x, dz, dz_base, partial[block].reshape(dw.shape),
+                           blocks[block, 0], blocks[block, 1], row_stride, batch)
+    _sum_rows(partial, dw.reshape(dw.size))
+
+
+@njit(**_JIT)
+def _weight_grad_block(
+    x: np.ndarray, dz: np.ndarray, dz_base: int, dw: np.ndarray,
+    start: int, stop: int, row_stride: int, batch: int,
+) -> None:
+    """`conv_weight_grad`'s sums over one block, cells start..stop, added into dw."""
+    n_out, n_in, taps, _ = dw.shape
+    base, n = _U(dz_base + start), _U(stop - start)
+    for co in range(0, n_out, 2):
+        for ci in range(n_in):
+            for ty in range(0, taps, GROUP):
+                for tx in range(0, taps, GROUP):
+                    o = _tap_offsets(start + ty * row_stride + tx * batch, row_stride, batch)
+                    if co + 1 < n_out:
+                        s, t = _dots2(x, ci, o, dz, co, base, n)
+                        _add_tap_group(dw[co, ci], ty, tx, s)
+                        _add_tap_group(dw[co + 1, ci], ty, tx, t)
+                    else:
+                        _add_tap_group(dw[co, ci], ty, tx, _dots1(x, ci, o, dz, co, base, n))
 
 
 @njit(**_JIT)
@@ -701,9 +862,19 @@ class ConvPlanes:
         self.act_base, self.grad_base = geo.base(self.before), geo.base(self.after)
         self.grid_args = (rows, cols, geo.row_stride, batch)
         self.multi_row = geo.multi_row
+        # multiply-adds per input channel of one conv kernel call (see `_parallel`)
+        self.fmas_per_input = int((self.blocks[:, 1] - self.blocks[:, 0]).sum()) * \
+            self.slots * taps * taps
         self.views = [geo.grid(self.acts[0], self.before, in_channels)] + [
             geo.grid(a, self.before, h) for a in self.acts[1:]
         ]
+
+    def _parallel(self, in_channels: int) -> bool:
+        """Whether a conv kernel call over `in_channels` input channels runs its parallel
+        twin: only with threads to spare (`using_threads`), blocks to share between them,
+        and enough work to pay for the fork and join (`PARALLEL_MIN_FMAS`)."""
+        return kernel_threads() > 1 and len(self.blocks) > 1 and \
+            self.fmas_per_input * in_channels >= PARALLEL_MIN_FMAS
 
     def activation(self, layer: int) -> np.ndarray:
         """Layer `layer`'s ReLU output (the input for 0) as a (C, rows, cols, B) view."""
@@ -720,9 +891,11 @@ class ConvPlanes:
             padded_weights(w, self.weights[layer], flip=False)
             self.biases[layer][: len(b)] = b
             out = self.acts[layer + 1]  # (also the gate, which a forward pass ignores)
-            correlate_planes(self.acts[layer], self.weights[layer], self.biases[layer], out,
-                             base, self.slots, self.blocks, geo.row_stride, geo.batch,
-                             out, base, True, self.dsums)
+            correlate = correlate_planes_parallel if self._parallel(w.shape[1]) \
+                else correlate_planes
+            correlate(self.acts[layer], self.weights[layer], self.biases[layer], out, base,
+                      self.slots, self.blocks, geo.row_stride, geo.batch, out, base, True,
+                      self.dsums)
             if self.multi_row:
                 zero_overhang(self.acts[layer + 1], base, *self.grid_args)
             if dead is not None:
@@ -759,13 +932,17 @@ class ConvPlanes:
         self._route(dpooled, dz, dbiases[-1])
         for layer in range(self.layers - 1, -1, -1):
             dw = self.dweights[layer]
-            conv_weight_grad(self.acts[layer], dz, grad_base, dw, self.blocks,
-                             geo.row_stride, geo.batch)
+            parallel = self._parallel(dw.shape[1])  # weight gradient: Ci by Co as forward
+            weight_grad = conv_weight_grad_parallel if parallel else conv_weight_grad
+            weight_grad(self.acts[layer], dz, grad_base, dw, self.blocks,
+                        geo.row_stride, geo.batch)
             dweights[layer][...] = dw[:, :, :k, :k]
             if layer > 0:
                 padded_weights(weights[layer], self.flipped[layer], flip=True)
-                correlate_planes(dz, self.flipped[layer], self.no_bias, below, grad_base,
-                                 self.slots, self.blocks, geo.row_stride, geo.batch,
-                                 self.acts[layer], self.act_base, False, self.dsums)
+                correlate = correlate_planes_parallel if self._parallel(self.filters) \
+                    else correlate_planes
+                correlate(dz, self.flipped[layer], self.no_bias, below, grad_base, self.slots,
+                          self.blocks, geo.row_stride, geo.batch, self.acts[layer],
+                          self.act_base, False, self.dsums)
                 dbiases[layer - 1][...] = self.dsums[: self.filters]
                 dz, below = below, dz

@@ -23,6 +23,7 @@ from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError, NonFiniteError, StepSkipped, UsageError
 from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer, learning_rate
+from meshdl.model.threads import ThreadChooser, one_blas_thread
 from meshdl.training.checkpoint import Checkpoint, save_checkpoint
 from meshdl.training.cumulative import SoFar, add_comm
 from meshdl.training.failout import failout_cells
@@ -50,17 +51,21 @@ class CentralEngine:
     def __init__(self, data: Dataset) -> None:
         self.splits = {"train": (data.X_train, data.y_train), "test": (data.X_test, data.y_test)}
         self.train_samples = len(data.y_train)
+        # Each pass on the thread count fastest on this machine at the moment (1 or all
+        # cores for the conv kernels, 1 for BLAS): the same bits whichever runs.
+        self.threads = ThreadChooser()
 
     def loss_and_grads(self, model: CNN, indices: np.ndarray,
                        failout: np.ndarray | None = None
                        ) -> tuple[float, np.ndarray, np.ndarray]:
         X, y = self.splits["train"]
-        loss, logits = model.gradient_pass(X[indices], y[indices], failout)
+        loss, logits = self.threads.run(
+            ("step", len(indices)), lambda: model.gradient_pass(X[indices], y[indices], failout))
         return loss, logits, model.grad_flat
 
     def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
         X, _ = self.splits[split]
-        return model.forward(X[indices])
+        return self.threads.run(("forward", len(indices)), lambda: model.forward(X[indices]))
 
     def report(self) -> dict[str, Any]:
         return {}  # nothing crosses a network
@@ -168,6 +173,7 @@ def final_metrics(classes: int, train_pred: np.ndarray, y_train: np.ndarray,
     }
 
 
+@one_blas_thread  # the same bits whatever the machine's cores (meshdl/model/threads.py)
 def train(
     config: RunConfig,
     data: Dataset,

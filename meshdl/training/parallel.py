@@ -25,6 +25,7 @@ from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer, learning_rate
+from meshdl.model.threads import one_blas_thread
 from meshdl.server.machine import ParameterServer
 from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.cluster import Cluster, UpdateFn, WaveShape
@@ -84,6 +85,7 @@ def rounds_of_last_wave(engines: list[Engine], i: int) -> WaveShape:
     return WaveShape(rounds, head, head)
 
 
+@one_blas_thread  # as `train`: the same bits whatever the machine's cores
 def train_parallel(
     config: RunConfig,
     data: Dataset,
