@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import numpy as np
+from numba import njit
 
 from meshdl.config import DataConfig
 from meshdl.data.datasets import NEAR_BAND, Dataset, label_maps
@@ -57,6 +58,8 @@ __all__ = ["START", "generate_lounge"]
 #: The first slot: a Monday, 00:00, early spring (heating in the morning, cooling later).
 START = datetime(2024, 4, 1)
 GENERATOR_VERSION = 1
+_JIT = {"cache": True, "nogil": True, "boundscheck": False}
+OCCUPANT_CHUNK = 32  # slots whose occupants are summed at once (a few MB of Gaussians)
 
 # Share of slots with an anomaly event, and how likely each class lands where.
 ANOMALY_SHARE = 0.50
@@ -155,14 +158,17 @@ def generate_lounge(cfg: DataConfig) -> Dataset:
     occupancy = _occupancy(clock)
     t_in, heating = _room_air(clock, t_out, occupancy, cfg.slot_minutes, streams[1])
 
-    base = t_in[:, None, None] + _background(grid, clock.n, streams[2])
+    # Sums in place (the same additions, bit for bit: no (n, rows, cols) array more).
+    base = _background(grid, clock.n, streams[2])
+    base += t_in[:, None, None]
     offsets, drifting = _sensor_offsets(grid, clock, cfg.slot_minutes, streams[3])
-    base = base + offsets
-    base = base + streams[4].normal(0.0, SENSOR_NOISE, base.shape)
+    base += offsets
+    base += streams[4].normal(0.0, SENSOR_NOISE, base.shape)
     stuck, stuck_cells = _stuck_sensors(grid, base, cfg.slot_minutes, streams[5])
 
-    gradients = _window(grid, clock, t_in, t_out, cloud) + _hvac(grid, clock, heating)
-    gradients = gradients + _occupants(grid, occupancy, streams[6])
+    gradients = _window(grid, clock, t_in, t_out, cloud)
+    gradients += _hvac(grid, clock, heating)
+    gradients += _occupants(grid, occupancy, streams[6])
     events = _anomaly_events(clock, cfg.slot_minutes, streams[7])
     anomaly, caps = _anomaly_fields(grid, events, t_in, t_out, streams[7])
     gradients[stuck] = 0.0  # a stuck sensor reports its frozen value, whatever happens
@@ -358,8 +364,11 @@ def _window(
     depth_sun = np.exp(-grid.y / 1.6)
     depth_cold = np.exp(-grid.y / 1.0)
     cold = -0.08 * np.clip(t_in - t_out, 0.0, None) * (1.0 - sun)
-    sunlit = direct[:, None, None] * depth_sun[None, :, None] * along[:, None, :]
-    return sunlit + cold[:, None, None] * depth_cold[None, :, None]
+    # direct * depth_sun * along + cold * depth_cold, in numpy's order and roundings.
+    out = np.empty((clock.n, grid.rows, grid.cols))
+    _row_times_col_plus(direct[:, None] * depth_sun[None, :], along,
+                        cold[:, None] * depth_cold[None, :], out)
+    return out
 
 
 def _hvac(grid: _Grid, clock: _Clock, heating: np.ndarray) -> np.ndarray:
@@ -388,9 +397,33 @@ def _occupants(grid: _Grid, occupancy: np.ndarray, rng: np.random.Generator) -> 
     sigma = rng.uniform(0.6, 1.2, (n, most))
     cy = rng.uniform(0.0, grid.rows - 1, (n, most))
     cx = rng.uniform(0.0, grid.cols - 1, (n, most))
-    gy = _gauss(grid.y, cy, sigma) * amp[..., None]  # (n, most, rows)
-    gx = _gauss(grid.x, cx, sigma)  # (n, most, cols)
-    return np.matmul(gy.transpose(0, 2, 1), gx)
+    return _blobs(grid, present, amp, sigma, cy, cx)
+
+
+def _blobs(grid: _Grid, present: np.ndarray, amp: np.ndarray, sigma: np.ndarray,
+           cy: np.ndarray, cx: np.ndarray) -> np.ndarray:
+    """(n, rows, cols): the sum of each slot's present blobs, amp * gy gx^T.
+
+    As one (rows, most) x (most, cols) product a slot, with every candidate blob a term:
+    BLAS's bits depend on the product's shape (and on its thread count), so the shape
+    stays that of the first version of the data. Only the Gaussians of present blobs are
+    worked out, the absent ones being zero on both sides (a zero term adds nothing, in
+    any order of summation), and a slot without anyone is zero without a product; the
+    slots go in chunks, so that no (n, most, rows) array is ever made.
+    """
+    n, most = present.shape
+    out = np.zeros((n, grid.rows, grid.cols))
+    busy = np.flatnonzero(present.any(axis=1))
+    for start in range(0, len(busy), OCCUPANT_CHUNK):
+        slots = busy[start : start + OCCUPANT_CHUNK]
+        here = present[slots]
+        gy = np.zeros((len(slots), most, grid.rows))
+        gx = np.zeros((len(slots), most, grid.cols))
+        s = sigma[slots][here]
+        gy[here] = _gauss(grid.y, cy[slots][here], s) * amp[slots][here][:, None]
+        gx[here] = _gauss(grid.x, cx[slots][here], s)
+        out[slots] = np.matmul(gy.transpose(0, 2, 1), gx)
+    return out
 
 
 # --------------------------------------------------------------------------- anomalies
@@ -475,8 +508,30 @@ def _anomaly_fields(
             sign[slots] = fault_sign[e]
     active = kinds > 0
     sy[~active] = sx[~active] = 1.0
-    shape = _gauss(grid.y, cy, sy)[:, :, None] * _gauss(grid.x, cx, sx)[:, None, :]
-    return shape * (sign * active)[:, None, None], caps
+    # gauss_y gauss_x * (sign * active), in numpy's order and roundings.
+    out = np.empty((n, grid.rows, grid.cols))
+    _outer_times(_gauss(grid.y, cy, sy), _gauss(grid.x, cx, sx), sign * active, out)
+    return out, caps
+
+
+@njit(**_JIT)
+def _row_times_col_plus(p: np.ndarray, q: np.ndarray, r: np.ndarray, out: np.ndarray) -> None:
+    """out[i, y, x] = p[i, y] * q[i, x] + r[i, y], each operation rounded on its own."""
+    n, rows, cols = out.shape
+    for i in range(n):
+        for y in range(rows):
+            for x in range(cols):
+                out[i, y, x] = p[i, y] * q[i, x] + r[i, y]
+
+
+@njit(**_JIT)
+def _outer_times(p: np.ndarray, q: np.ndarray, m: np.ndarray, out: np.ndarray) -> None:
+    """out[i, y, x] = p[i, y] * q[i, x] * m[i], each operation rounded on its own."""
+    n, rows, cols = out.shape
+    for i in range(n):
+        for y in range(rows):
+            for x in range(cols):
+                out[i, y, x] = p[i, y] * q[i, x] * m[i]
 
 
 # --------------------------------------------------------------------------- calibration
@@ -504,21 +559,26 @@ def _calibrate(
     widen = max(1.0, thr / 3.0)
     gradient_cap, caps = GRADIENT_CAP * widen, caps * widen
     calm = rng.uniform(0.3 * thr, max(thr - NEAR_BAND, 0.3 * thr), len(anomalous))
-    s_calm = _scale_to_target(base, gradients, calm, gradient_cap)
-    calm_field = base + s_calm[:, None, None] * gradients
-    floor = np.where(anomalous, _max_diff(calm_field), _max_diff(base))
+    # Each map's figures only where they are used: anomaly slots with their gradients
+    # calmed, the others with theirs. `_Maps` works out base + s1 f1 + s2 f2 cell by
+    # cell, without making it; each figure is an entry of `np.where` as before.
+    anomalies, normal = np.flatnonzero(anomalous), np.flatnonzero(~anomalous)
+    plain = _Maps(base, gradients)  # the base alone
+    s_calm = _scale_to_target(plain, gradients, calm, gradient_cap, anomalies)
+    calmed = _Maps(base, gradients, s_calm)
+    floor = np.where(anomalous, _max_diff(calmed, anomalies), _max_diff(plain, normal))
     reach = np.where(
         anomalous,
-        _max_diff(calm_field + caps[:, None, None] * anomaly),
-        _max_diff(base + gradient_cap * gradients),
+        _max_diff(_Maps(base, gradients, s_calm, anomaly, caps), anomalies),
+        _max_diff(_Maps(base, gradients, np.full(len(anomalous), gradient_cap)), normal),
     )
     splits = [slice(0, cfg.train), slice(cfg.train, cfg.train + cfg.test)]
     target = _targets(anomalous, floor, reach, thr, splits, rng)
-    s_normal = _scale_to_target(base, gradients, target, gradient_cap)
+    s_normal = _scale_to_target(plain, gradients, target, gradient_cap, normal)
     s_gradients = np.where(anomalous, s_calm, s_normal)
-    field = base + s_gradients[:, None, None] * gradients
-    s_anomaly = np.where(anomalous, _scale_to_target(field, anomaly, target, caps), 0.0)
-    return field + s_anomaly[:, None, None] * anomaly
+    s_anomaly = np.where(anomalous, _scale_to_target(calmed, anomaly, target, caps, anomalies),
+                         0.0)
+    return _Maps(base, gradients, s_gradients, anomaly, s_anomaly).made()
 
 
 def _targets(
@@ -608,42 +668,129 @@ def _pick(mask: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
     return chosen
 
 
-def _max_diff(maps: np.ndarray) -> np.ndarray:
-    """Float64 largest neighbour difference per map (0 without neighbour pairs)."""
-    diffs = _pair_diffs(maps)
-    return np.abs(diffs).max(axis=1) if diffs.shape[1] else np.zeros(len(maps))
+@dataclass(frozen=True)
+class _Maps:
+    """Maps `base + s1 f1 + s2 f2` (per map scales s1, s2; zero when not given), in
+    numpy's order of operations and roundings: (base + s1 * f1) + s2 * f2. The kernels
+    work them out cell by cell instead of making (n, rows, cols) arrays. Numba rounds
+    each multiplication and addition on its own, as numpy does: without `fastmath` it
+    gives LLVM no fast-math flag, contraction into fused multiply-adds included (Numba
+    docs, "Performance Tips: Fastmath"). A zero scale adds a zero, which leaves a
+    value as it was (but for the sign of a zero, which no difference of two cells sees)."""
+
+    base: np.ndarray
+    f1: np.ndarray
+    s1: np.ndarray | None = None
+    f2: np.ndarray | None = None
+    s2: np.ndarray | None = None
+
+    def scales(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        n = len(self.base)
+        zero = np.zeros(n)
+        return (self.base, self.f1, zero if self.s1 is None else self.s1,
+                self.f1 if self.f2 is None else self.f2, zero if self.s2 is None else self.s2)
+
+    def made(self) -> np.ndarray:
+        """The maps themselves."""
+        out = np.empty(self.base.shape)
+        _made(*self.scales(), out)
+        return out
 
 
-def _pair_diffs(maps: np.ndarray) -> np.ndarray:
-    """(n, pairs): every vertical then horizontal neighbour difference of each map."""
-    n = maps.shape[0]
-    return np.concatenate(
-        [np.diff(maps, axis=1).reshape(n, -1), np.diff(maps, axis=2).reshape(n, -1)], axis=1
-    )
+def _max_diff(maps: _Maps, rows: np.ndarray) -> np.ndarray:
+    """Float64 largest neighbour difference of each map in `rows` (0 without neighbour
+    pairs); 0 for the maps not in `rows`, which are not looked at."""
+    out = np.zeros(len(maps.base))
+    _largest_diffs(*maps.scales(), np.asarray(rows, dtype=np.int64), out)
+    return out
 
 
 def _scale_to_target(
-    base: np.ndarray, feature: np.ndarray, target: np.ndarray, cap: float | np.ndarray
+    maps: _Maps, feature: np.ndarray, target: np.ndarray, cap: float | np.ndarray,
+    rows: np.ndarray,
 ) -> np.ndarray:
-    """Per map, the scale s in [0, cap] with max_neighbour_diff(base + s feature) = target.
+    """For each map in `rows`, the scale s in [0, cap] with max_neighbour_diff(map + s
+    feature) = target; min(1, cap) for the maps not in `rows`, which are not looked at.
 
-    For one neighbour pair with base difference a and feature difference b, |a + s b| <=
+    For one neighbour pair with map difference a and feature difference b, |a + s b| <=
     target holds up to s = (target - sign(b) a) / |b|; the largest difference is convex in
     s, so the smallest of these bounds over all pairs is exactly where it reaches the target.
-    When the base alone already exceeds the target the scale is 0; when the feature has no
+    When the map alone already exceeds the target the scale is 0; when the feature has no
     differences (a 1 x 1 grid, a zero feature) it is 1, i.e. nominal strength.
     """
-    n = base.shape[0]
-    a = _pair_diffs(base)
-    b = _pair_diffs(feature)
-    if a.shape[1] == 0:
-        return np.minimum(np.ones(n), cap)
-    moving = np.abs(b) > 1e-9
-    safe = np.where(moving, np.abs(b), 1.0)
-    bound = np.where(moving, (target[:, None] - np.sign(b) * a) / safe, np.inf)
-    s = bound.min(axis=1)
-    s = np.where(np.isfinite(s), s, 1.0)
+    bound = np.full(len(maps.base), np.inf)
+    _bounds(*maps.scales(), feature, target, np.asarray(rows, dtype=np.int64), bound)
+    s = np.where(np.isfinite(bound), bound, 1.0)
     return np.clip(s, 0.0, cap)
+
+
+@njit(**_JIT)
+def _value(base: np.ndarray, f1: np.ndarray, s1: float, f2: np.ndarray, s2: float, i: int,
+           y: int, x: int) -> float:
+    """One cell of a `_Maps` map, rounded as numpy rounds it."""
+    return (base[i, y, x] + s1 * f1[i, y, x]) + s2 * f2[i, y, x]
+
+
+@njit(**_JIT)
+def _made(base: np.ndarray, f1: np.ndarray, s1: np.ndarray, f2: np.ndarray, s2: np.ndarray,
+          out: np.ndarray) -> None:
+    n, rows, cols = base.shape
+    for i in range(n):
+        for y in range(rows):
+            for x in range(cols):
+                out[i, y, x] = _value(base, f1, s1[i], f2, s2[i], i, y, x)
+
+
+@njit(**_JIT)
+def _largest_diffs(base: np.ndarray, f1: np.ndarray, s1: np.ndarray, f2: np.ndarray,
+                   s2: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """out[i]: the largest |difference| of two neighbouring cells of map i, i in rows."""
+    _, n_rows, n_cols = base.shape
+    for i in rows:
+        largest = 0.0
+        for y in range(n_rows):
+            for x in range(n_cols):
+                here = _value(base, f1, s1[i], f2, s2[i], i, y, x)
+                if y + 1 < n_rows:
+                    largest = max(largest, abs(
+                        _value(base, f1, s1[i], f2, s2[i], i, y + 1, x) - here))
+                if x + 1 < n_cols:
+                    largest = max(largest, abs(
+                        _value(base, f1, s1[i], f2, s2[i], i, y, x + 1) - here))
+        out[i] = largest
+
+
+@njit(**_JIT)
+def _bound(target: float, a: float, b: float, smallest: float) -> float:
+    """The pair's bound (target - sign(b) a) / |b| if it moves, against the smallest."""
+    if b > 1e-9:
+        return min(smallest, (target - a) / b)
+    if b < -1e-9:
+        return min(smallest, (target + a) / -b)
+    return smallest
+
+
+@njit(**_JIT)
+def _bounds(base: np.ndarray, f1: np.ndarray, s1: np.ndarray, f2: np.ndarray, s2: np.ndarray,
+            feature: np.ndarray, target: np.ndarray, rows: np.ndarray,
+            out: np.ndarray) -> None:
+    """out[i]: the smallest bound over the pairs of map i whose feature moves (inf if
+    none does), i in rows."""
+    _, n_rows, n_cols = base.shape
+    for i in rows:
+        smallest = np.inf
+        for y in range(n_rows):
+            for x in range(n_cols):
+                here = _value(base, f1, s1[i], f2, s2[i], i, y, x)
+                if y + 1 < n_rows:
+                    smallest = _bound(
+                        target[i], _value(base, f1, s1[i], f2, s2[i], i, y + 1, x) - here,
+                        feature[i, y + 1, x] - feature[i, y, x], smallest)
+                if x + 1 < n_cols:
+                    smallest = _bound(
+                        target[i], _value(base, f1, s1[i], f2, s2[i], i, y, x + 1) - here,
+                        feature[i, y, x + 1] - feature[i, y, x], smallest)
+        out[i] = smallest
 
 
 # --------------------------------------------------------------------------- metadata

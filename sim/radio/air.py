@@ -25,6 +25,10 @@ therefore gives the same trace, event for event (tests/test_air.py runs both).
 Only the loss-free medium is here: lossy links, nodes that go down and radios with
 their own backoff streams stay in Python (sim/radio/media.py), where the link layer is.
 
+A compiled caller may run its own parties on the same heap (`run_kernel`), as the cloud
+baseline's convergecast does (`gather_kernel`, for sim/studies/cloud.py): its actions
+are events of kind PYTHON pushed where Python would push them, so the order is the same.
+
 The state is two arrays, one of int64 and one of float64, each a header and then
 regions (`Layout`), so that a call into the compiled code unboxes two arrays (cached
 kernels: no compiling per process). A region that runs out of room is grown here in
@@ -300,6 +304,15 @@ def _run(i64: np.ndarray, f64: np.ndarray, stop: int, until: float) -> int:
     argument above `CODE_BITS`: its action's id, or the arrival's transmission), or
     none is left, or the `stop`-th event has run, or the next is after `until`, or a
     region needs room before the next CCA can run."""
+    return _run_needing(i64, f64, stop, until, 0, 0)
+
+
+@njit(**_JIT)
+def _run_needing(i64: np.ndarray, f64: np.ndarray, stop: int, until: float, draws: int,
+                 events: int) -> int:
+    """`_run` for a compiled caller that handles the events it returns itself: before
+    one of those it also asks for `draws` backoff draws and room for `events` more
+    events on the heap (Python, instead, makes room as it goes)."""
     while True:
         if i64[HEAP_N] == 0:
             return EMPTY
@@ -307,9 +320,12 @@ def _run(i64: np.ndarray, f64: np.ndarray, stop: int, until: float) -> int:
             return LATER
         if i64[EVENTS] >= stop:
             return LIMIT
-        if i64[i64[INT_AT + HEAP] + 1] == CCA and (
-                i64[DRAW_N] - i64[DRAW_POS] < 2 or i64[HEAP_N] + 2 > i64[CAPACITY + HEAP] or
-                i64[LOG_N] + 1 > i64[CAPACITY + LOG]):
+        if i64[i64[INT_AT + HEAP] + 1] == CCA:
+            if i64[DRAW_N] - i64[DRAW_POS] < 2 or i64[HEAP_N] + 2 > i64[CAPACITY + HEAP] or \
+                    i64[LOG_N] + 1 > i64[CAPACITY + LOG]:
+                return NEED
+        elif i64[DRAW_N] - i64[DRAW_POS] < draws or \
+                i64[HEAP_N] + events > i64[CAPACITY + HEAP]:
             return NEED
         time, kind, argument = _pop(i64, f64)
         f64[NOW] = time
@@ -318,6 +334,157 @@ def _run(i64: np.ndarray, f64: np.ndarray, stop: int, until: float) -> int:
             _attempt(i64, f64, argument)
         else:
             return (argument << CODE_BITS) | kind
+
+
+# ------------------------------------------------------------------ a convergecast
+# The cloud-heavy baseline's parties (sim/studies/cloud.py), compiled: each party's CPU
+# takes one message at a time, then the party sends its own readings, relays a piece as
+# it came or gathers its children's pieces before sending its subtree's. Run on an
+# AirQueue's heap (`AirQueue.run_kernel`), each action is an event of kind PYTHON whose
+# argument is its entry, pushed where the Python parties would push it, so the sequence
+# numbers, and with them the order of every event, are the Python run's. It lives in
+# this file because Numba's cache checks only the calling function's own file ("Cache
+# invalidation fails to recognize changes in functions defined in a different file",
+# Numba docs, Notes on Caching): kernels in another module would keep running a stale
+# copy of these after an edit.
+#
+# party_i (parties, P_COLUMNS): next hop, radio, what an arrival does, readings held,
+#     children still to hear from, readings expected when it sends, its own pieces
+#     (`own[first:end]`, bytes each), the classes it may send (`classes[first:end]`,
+#     rows of (piece bytes, class)), and its rank in the order of first CPU use
+# party_f (parties, 3): CPU seconds a message, CPU busy until, CPU seconds used
+# entries (n, 4): an action or a piece in flight: action, party (a piece's receiver),
+#     piece bytes, readings it completes; free ones are chained through the action
+# state: the free chain's head, readings at the sink, parties that used their CPU,
+#     started
+(P_NEXT, P_RADIO, P_ARRIVAL, P_CARRIED, P_WAITING, P_EXPECT, P_OWN_FIRST, P_OWN_END,
+ P_CLASS_FIRST, P_CLASS_END, P_RANK) = range(11)
+P_COLUMNS = 11
+F_COST, F_FREE, F_USED = range(3)
+E_ACTION, E_PARTY, E_SIZE, E_CELLS = range(4)
+S_FREE, S_ARRIVED, S_RANKED, S_STARTED = range(4)
+# Actions, and what an arrival makes its receiver do.
+SEND, FORWARD, TOOK, NOTHING = range(4)
+COLLECT, RELAY, GATHER = range(3)
+BROKEN = 7  # a return code: the tables did not fit the run (a bug, never a run's result)
+
+
+@njit(**_JIT)
+def _entry(entries: np.ndarray, state: np.ndarray) -> int:
+    """A free entry, off the chain (-1 if none)."""
+    e = state[S_FREE]
+    if e != -1:
+        state[S_FREE] = entries[e, E_ACTION]
+    return e
+
+
+@njit(**_JIT)
+def _free(entries: np.ndarray, state: np.ndarray, e: int) -> None:
+    entries[e, E_ACTION] = state[S_FREE]
+    state[S_FREE] = e
+
+
+@njit(**_JIT)
+def _after_cpu(i64: np.ndarray, f64: np.ndarray, party_i: np.ndarray, party_f: np.ndarray,
+               entries: np.ndarray, state: np.ndarray, party: int, action: int,
+               e: int) -> bool:
+    """`_Shipping._after_cpu` for one message: entry `e` does `action` at `party` once
+    its CPU has handled it."""
+    seconds = party_f[party, F_COST]
+    start = max(f64[NOW], party_f[party, F_FREE])
+    party_f[party, F_FREE] = start + seconds
+    if party_i[party, P_RANK] < 0:
+        party_i[party, P_RANK] = state[S_RANKED]
+        state[S_RANKED] += 1
+    party_f[party, F_USED] += seconds
+    entries[e, E_ACTION], entries[e, E_PARTY] = action, party
+    return _schedule(i64, f64, start + seconds, e)
+
+
+@njit(**_JIT)
+def _forward(i64: np.ndarray, f64: np.ndarray, party_i: np.ndarray, classes: np.ndarray,
+             entries: np.ndarray, src: int, size: int, cells: int, e: int) -> bool:
+    """`_Shipping._forward`: a piece of `size` bytes completing `cells` readings to
+    the next hop, ready now."""
+    class_no = -1
+    for row in range(party_i[src, P_CLASS_FIRST], party_i[src, P_CLASS_END]):
+        if classes[row, 0] == size:
+            class_no = classes[row, 1]
+            break
+    if class_no == -1:
+        return False
+    entries[e, E_PARTY], entries[e, E_SIZE], entries[e, E_CELLS] = \
+        party_i[src, P_NEXT], size, cells
+    return _enqueue(i64, f64, party_i[src, P_RADIO], class_no, f64[NOW], e)
+
+
+@njit(**_JIT)
+def _act(i64: np.ndarray, f64: np.ndarray, party_i: np.ndarray, party_f: np.ndarray,
+         own: np.ndarray, classes: np.ndarray, entries: np.ndarray, state: np.ndarray,
+         e: int) -> bool:
+    """Entry `e`'s action, its party's CPU done."""
+    action, party = entries[e, E_ACTION], entries[e, E_PARTY]
+    if action == SEND:  # its readings in pieces, the last completing them
+        carried = party_i[party, P_CARRIED]
+        if carried != party_i[party, P_EXPECT]:  # its pieces were sized for those
+            return False
+        last = party_i[party, P_OWN_END] - 1
+        for k in range(party_i[party, P_OWN_FIRST], last + 1):
+            piece = e if k == last else _entry(entries, state)
+            if piece == -1 or not _forward(i64, f64, party_i, classes, entries, party,
+                                           own[k], carried if k == last else 0, piece):
+                return False
+        return True
+    if action == FORWARD:
+        return _forward(i64, f64, party_i, classes, entries, party, entries[e, E_SIZE],
+                        entries[e, E_CELLS], e)
+    if action == TOOK and entries[e, E_CELLS]:  # `_Shipping._took`
+        party_i[party, P_CARRIED] += entries[e, E_CELLS]
+        party_i[party, P_WAITING] -= 1
+        if party_i[party, P_WAITING] == 0:
+            return _after_cpu(i64, f64, party_i, party_f, entries, state, party, SEND, e)
+    _free(entries, state, e)
+    return True
+
+
+@njit(**_JIT)
+def _arrived(i64: np.ndarray, f64: np.ndarray, party_i: np.ndarray, party_f: np.ndarray,
+             entries: np.ndarray, state: np.ndarray, e: int) -> bool:
+    """`_Shipping._arrive`: the piece in entry `e` is at its receiver."""
+    party = entries[e, E_PARTY]
+    arrival = party_i[party, P_ARRIVAL]
+    if arrival == COLLECT:
+        state[S_ARRIVED] += entries[e, E_CELLS]
+        return _after_cpu(i64, f64, party_i, party_f, entries, state, party, NOTHING, e)
+    return _after_cpu(i64, f64, party_i, party_f, entries, state, party,
+                      FORWARD if arrival == RELAY else TOOK, e)
+
+
+@njit(**_JIT)
+def gather_kernel(i64: np.ndarray, f64: np.ndarray, party_i: np.ndarray,
+                  party_f: np.ndarray, own: np.ndarray, classes: np.ndarray,
+                  entries: np.ndarray, state: np.ndarray, starts: np.ndarray, draws: int,
+                  events: int) -> int:
+    """The convergecast until no event is left (EMPTY), or a region needs room (NEED:
+    call again after), or BROKEN. The first call starts the `starts` parties' sends."""
+    if state[S_STARTED] == 0:
+        state[S_STARTED] = 1
+        for party in starts:
+            e = _entry(entries, state)
+            if e == -1 or not _after_cpu(i64, f64, party_i, party_f, entries, state,
+                                         party, SEND, e):
+                return BROKEN
+    while True:
+        result = _run_needing(i64, f64, 2**62, math.inf, draws, events)
+        code, e = result & ((1 << CODE_BITS) - 1), result >> CODE_BITS
+        if code == PYTHON:
+            done = _act(i64, f64, party_i, party_f, own, classes, entries, state, e)
+        elif code == ARRIVAL:
+            done = _arrived(i64, f64, party_i, party_f, entries, state, e)
+        else:
+            return code
+        if not done:
+            return BROKEN
 
 
 # ------------------------------------------------------------------ Python side
@@ -388,18 +555,25 @@ class AirQueue:
         """Queue `tx` (its `ready` set, not before now) on its sender's radio."""
         if tx.ready < self.now:  # (the Python medium's queue would refuse its CCA)
             raise ValueError(f"cannot send at {tx.ready} before now ({self.now})")
-        # Its class: every transmission with the same key has the same hold and times
-        # (and, in the trace, the first one's key fields).
-        key = (tx.src, tx.receivers, tx.kind, tx.layer, tx.size, tx.broadcast)
-        class_no = self._classes.get(key)
-        if class_no is None:
-            class_no = self._add_class(key, tx)
+        class_no = self.class_of(tx)
         carried = next(self._ids)
         self._carried[carried] = tx
         radio = self._radios[tx.src]
         while not _enqueue(self._layout.i64, self._layout.f64, radio, class_no, tx.ready,
                            carried):
             self._make_room()
+
+    def class_of(self, tx: Transmission) -> int:
+        """The number of `tx`'s class, made when first seen: every transmission with
+        the same key has the same hold and times (and, in the trace, the first one's
+        key fields). A compiled caller (`run_kernel`) names its transmissions by it."""
+        key = (tx.src, tx.receivers, tx.kind, tx.layer, tx.size, tx.broadcast)
+        class_no = self._classes.get(key)
+        return self._add_class(key, tx) if class_no is None else class_no
+
+    def radio_of(self, party: Hashable) -> int:
+        """The number of `party`'s radio in the kernels (`attach` numbered them)."""
+        return self._radios[party]
 
     def _add_class(self, key: Sending, tx: Transmission) -> int:
         """A new class of transmission: its hold's members and its slot's times."""
@@ -442,19 +616,50 @@ class AirQueue:
         slots[-1, T_NEXT] = -1
         layout.i64[TX_FREE] = start
 
-    def _make_room(self) -> None:
-        """Whatever the kernels need before the next event: draws, heap, slots, log."""
+    def _make_room(self, draws: int = 2, events: int = 2) -> None:
+        """Whatever the kernels need before the next event: draws, heap, slots, log
+        (`draws` and `events`: what the next event may take at most)."""
         i64 = self._layout.i64
-        if i64[DRAW_N] - i64[DRAW_POS] < 2 and self.medium is not None:
+        if i64[DRAW_N] - i64[DRAW_POS] < draws and self.medium is not None:
+            if draws > self._layout.capacity(DRAW):
+                raise ValueError(f"an event that draws {draws} backoffs needs an "
+                                 f"AirQueue of {draws} draws at least")
             self._refill()
-        if i64[HEAP_N] + 2 > self._layout.capacity(HEAP):
+        while i64[HEAP_N] + events > self._layout.capacity(HEAP):
             self._layout = self._layout.grown(HEAP, 2 * self._layout.capacity(HEAP))
+            i64 = self._layout.i64
         if i64[TX_FREE] == -1:
             old = self._layout.capacity(TX)
             self._layout = self._layout.grown(TX, 2 * old)
             self._link_free_tx(old)
         if self._layout.i64[LOG_N] + 1 > self._layout.capacity(LOG):
             self._drain_trace()
+
+    def reserve(self, transmissions: int, events: int) -> None:
+        """Room for `transmissions` queued at once and `events` pending at once, for a
+        compiled caller that cannot stop to make room in the middle of an event."""
+        if transmissions > self._layout.capacity(TX):
+            old, head = self._layout.capacity(TX), int(self._layout.i64[TX_FREE])
+            self._layout = self._layout.grown(TX, transmissions)
+            self._link_free_tx(old)  # the new slots, then those free already
+            self._layout.ints(TX).reshape(-1, 3)[-1, T_NEXT] = head
+        if events > self._layout.capacity(HEAP):
+            self._layout = self._layout.grown(HEAP, events)
+
+    def run_kernel(self, kernel: Callable[[np.ndarray, np.ndarray], int], draws: int,
+                   events: int) -> int:
+        """Run a compiled caller's `kernel(i64, f64)` (say, `gather_kernel` bound to
+        its tables) until it returns anything but NEED, making room for `draws`
+        backoff draws and `events` more events whenever it does; then settle."""
+        try:
+            while True:
+                code = kernel(self._layout.i64, self._layout.f64)
+                if code != NEED:
+                    return code
+                self._make_room(draws, events)
+        finally:
+            self.now = self._layout.f64.item(NOW)
+            self.settle()
 
     # ------------------------------------------------------------- the figures
     def settle(self) -> None:
