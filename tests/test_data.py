@@ -18,6 +18,7 @@ from meshdl.data.datasets import (
     Dataset,
     dataset_from_log,
     dataset_stats,
+    hidden_by_dead,
     label_maps,
     load_dataset,
     load_log,
@@ -595,3 +596,74 @@ def test_zip_member_names_match_what_the_cli_sniffs(tmp_path: Path) -> None:
     path = save_dataset(_small_dataset(), tmp_path / "ds.npz")
     with zipfile.ZipFile(path) as archive:
         assert "X_train.npy" in archive.namelist()
+
+
+# --------------------------------------------------------------------------- dead cells
+
+
+def test_an_anomaly_is_hidden_only_when_every_deciding_pair_has_a_dead_cell() -> None:
+    maps = _maps(
+        [[20.0, 24.0, 20.0], [20.0, 20.0, 20.0]],  # (0,1) differs from three neighbours
+        [[20.0, 20.0, 20.0], [20.0, 20.0, 25.0]],  # (1,2) against (0,2) and (1,1)
+        [[20.0, 21.0, 22.0], [20.0, 20.0, 20.0]],  # no anomaly at all
+    )
+    dead = np.zeros((2, 3), dtype=bool)
+    dead[0, 1] = True  # every pair of the first map's anomaly
+    assert hidden_by_dead(maps, dead).tolist() == [True, False, False]
+    dead[:] = False
+    dead[0, 2] = True  # one of the second map's two pairs: the other still shows it
+    assert hidden_by_dead(maps, dead).tolist() == [False, False, False]
+    dead[1, 1] = True
+    assert hidden_by_dead(maps, dead).tolist() == [False, True, False]
+
+
+@settings(max_examples=40, deadline=None)
+@given(hnp.arrays(np.float32, (3, 4, 5), elements=st.floats(15, 30, width=32)),
+       hnp.arrays(np.bool_, (4, 5)))
+def test_hidden_anomalies_are_those_labelled_that_the_live_cells_alone_would_not_be(
+    maps: np.ndarray, dead: np.ndarray
+) -> None:
+    by_hand = []
+    for full in maps:
+        shown = any(abs(full[r, c] - full[r2, c2]) >= np.float32(3.0)
+                    for r in range(4) for c in range(5)
+                    for r2, c2 in ((r + 1, c), (r, c + 1)) if r2 < 4 and c2 < 5
+                    and not dead[r, c] and not dead[r2, c2])
+        by_hand.append(bool(label_maps(full[None])[0]) and not shown)
+    assert hidden_by_dead(maps, dead).tolist() == by_hand
+
+
+def test_cli_inspect_counts_the_anomalies_the_failures_experiments_dead_cells_hide(
+    tmp_path: Path, data_cli: Any
+) -> None:
+    from typer.testing import CliRunner
+
+    from meshdl.sim.faults.dead import DeadCells
+
+    rng = np.random.default_rng(5)  # rough maps: many anomalies, some of them hidden
+    X_train, X_test = (20 + rng.normal(0, 2, (60, 3, 4)) for _ in range(2))
+    ds = Dataset(X_train=X_train, y_train=label_maps(X_train), X_test=X_test,
+                 y_test=label_maps(X_test), meta={"generator": "test", "threshold": 3.0})
+    path = save_dataset(ds, tmp_path / "ds.npz")
+    shown = CliRunner().invoke(data_cli, ["inspect", str(path), "--dead", "0.5",
+                                          "--dead-seed", "3", "--edge-at", "0,0", "--json"])
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.stdout)["dead"]
+    cells = [(r, c) for r in range(ds.rows) for c in range(ds.cols)]
+    dead = np.zeros((ds.rows, ds.cols), dtype=bool)
+    for r, c in DeadCells(fraction=0.5, seed=3).pick(cells, (0, 0)):
+        dead[r, c] = True
+    assert report["cells"] == dead.sum() and not dead[0, 0]
+    assert report["test"] == hidden_by_dead(ds.X_test, dead).sum()
+    assert report["train"] == hidden_by_dead(ds.X_train, dead).sum()
+    assert 0 < report["test"] < ds.y_test.sum()  # some anomalies hidden, not all
+    printed = CliRunner().invoke(data_cli, ["inspect", str(path), "--dead", "0.5"])
+    assert f"{report['cells']} dead cells" in printed.stdout
+
+
+def test_cli_inspect_refuses_dead_cells_for_a_log(tmp_path: Path, data_cli: Any) -> None:
+    from typer.testing import CliRunner
+
+    shown = CliRunner().invoke(data_cli, ["inspect", str(_long_log(tmp_path)), "--dead", "0.1"])
+    assert isinstance(shown.exception, UsageError)
+    assert "--dead takes a data set" in str(shown.exception)

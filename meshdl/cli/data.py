@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from meshdl.cli.common import emit_json, err_console
-from meshdl.cli.options import JsonReport, json_option
+from meshdl.cli.common import emit_json, err_console, parse_cell
+from meshdl.cli.options import EdgeAt, JsonReport, json_option
 from meshdl.config import DataConfig, load_run_config
 from meshdl.errors import UsageError
 
@@ -104,6 +104,14 @@ def inspect(
     threshold: float | None = typer.Option(
         None, help="Label threshold in °C (default: the data set's own, else 3.0)."
     ),
+    dead: float = typer.Option(
+        0.0, "--dead", min=0.0, max=0.99, metavar="SHARE",
+        help="Also count the anomalies this share of dead cells hides (a data set: "
+        "positive maps whose every deciding pair has a dead cell), the cells drawn as "
+        "`meshdl experiment failures` draws them."),
+    dead_seed: int = typer.Option(0, "--dead-seed", min=0,
+                                  help="Which cells --dead takes (the experiment's fault seed)."),
+    edge_at: EdgeAt = "0,0",
     as_json: JsonReport = False,
 ) -> None:
     """Report what a data set or sensor log holds: classes, near-threshold maps, gaps."""
@@ -112,8 +120,12 @@ def inspect(
     if threshold is not None and threshold <= 0:
         raise UsageError(f"--threshold must be > 0, got {threshold:g}")
     if _is_dataset_file(file):
-        _inspect_dataset(file, load_dataset(file), threshold, as_json)
+        ds = load_dataset(file)
+        hidden = _hidden(ds, threshold, dead, dead_seed, parse_cell(edge_at)) if dead else None
+        _inspect_dataset(file, ds, threshold, as_json, hidden)
     else:
+        if dead:
+            raise UsageError("--dead takes a data set (a log has no labels to hide)")
         _inspect_log(file, load_log(file), threshold, as_json)
 
 
@@ -134,18 +146,54 @@ def _is_dataset_file(file: Path) -> bool:
     return file.suffix.lower() == ".npz" or not file.exists()
 
 
-def _inspect_dataset(file: Path, ds: Dataset, threshold: float | None, as_json: bool) -> None:
+def _inspect_dataset(file: Path, ds: Dataset, threshold: float | None, as_json: bool,
+                     hidden: dict[str, Any] | None = None) -> None:
     from meshdl.data.datasets import dataset_stats
 
     stats = dataset_stats(ds, threshold)
     if as_json:
-        emit_json({"path": str(file), "kind": "dataset", "meta": ds.meta, "stats": stats})
+        emit_json({"path": str(file), "kind": "dataset", "meta": ds.meta, "stats": stats}
+                  | ({"dead": hidden} if hidden else {}))
         return
     out = Console()
     source = ds.meta.get("generator", "unknown source")
     out.print(f"[bold]{file}[/]: data set, {ds.rows} x {ds.cols} grid, from {source}")
     out.print(_stats_table(stats))
     out.print(_checks_table(stats))
+    if hidden:
+        out.print(
+            f"{hidden['cells']} dead cells (share {hidden['share']:g}, seed "
+            f"{hidden['seed']}) hide the anomaly of "
+            + ", ".join(f"{hidden[s]} of {hidden[s + '_maps']} {s} maps "
+                        f"({_pct(hidden[s + '_fraction'])})" for s in ("train", "test"))
+            + ": every pair that decides their label has a dead cell", highlight=False)
+
+
+def _hidden(ds: Dataset, threshold: float | None, share: float, seed: int,
+            edge_at: tuple[int, int]) -> dict[str, Any]:
+    """The anomalies `share` of dead cells hides, per split, with the cells the
+    failures experiment would draw for fault seed `seed` (never the edge's cell): why
+    a mesh with dead cells loses accuracy that no model can win back by computing."""
+    import numpy as np
+
+    from meshdl.data.datasets import hidden_by_dead
+    from meshdl.sim.faults.dead import DeadCells
+
+    if not (0 <= edge_at[0] < ds.rows and 0 <= edge_at[1] < ds.cols):
+        raise UsageError(f"--edge-at {edge_at[0]},{edge_at[1]} is outside the "
+                         f"{ds.rows} x {ds.cols} grid")
+    thr = float(ds.meta.get("threshold", 3.0)) if threshold is None else threshold
+    cells = [(r, c) for r in range(ds.rows) for c in range(ds.cols)]
+    dead = np.zeros((ds.rows, ds.cols), dtype=bool)
+    for r, c in DeadCells(fraction=share, seed=seed).pick(cells, edge_at):
+        dead[r, c] = True
+    out: dict[str, Any] = {"share": share, "seed": seed, "edge_at": list(edge_at),
+                           "cells": int(dead.sum()), "threshold": thr}
+    for split, X in (("train", ds.X_train), ("test", ds.X_test)):
+        count = int(hidden_by_dead(X, dead, thr).sum())
+        out[split], out[f"{split}_maps"] = count, len(X)
+        out[f"{split}_fraction"] = count / len(X) if len(X) else 0.0
+    return out
 
 
 def _inspect_log(file: Path, log: LogData, threshold: float | None, as_json: bool) -> None:

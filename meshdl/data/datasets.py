@@ -37,6 +37,7 @@ __all__ = [
     "check_label_range",
     "dataset_from_log",
     "dataset_stats",
+    "hidden_by_dead",
     "label_maps",
     "load_dataset",
     "load_log",
@@ -93,6 +94,25 @@ def max_neighbour_diff(X: np.ndarray) -> np.ndarray:
 def label_maps(X: np.ndarray, threshold: float = 3.0) -> np.ndarray:
     """The seed's label rule: 1 where some 4-neighbour pair differs by >= `threshold` °C."""
     return (max_neighbour_diff(X) >= np.float32(threshold)).astype(np.int64)
+
+
+def hidden_by_dead(X: np.ndarray, dead: np.ndarray, threshold: float = 3.0) -> np.ndarray:
+    """Which maps hold an anomaly that only dead cells show: labelled 1 by `label_maps`,
+    while every pair differing by >= `threshold` °C has a cell in `dead` ((rows, cols)
+    bools). No mesh with those cells dead reads such a map's deciding pair; a model can
+    only guess it from what the live cells around it show. (A map labelled 0 has no such
+    pair, dead or alive.)"""
+    maps = np.asarray(X, dtype=np.float32)
+    live = ~np.asarray(dead, dtype=bool)
+    limit = np.float32(threshold)
+    seen = np.zeros(maps.shape[:-2], dtype=bool)
+    if maps.shape[-2] > 1:
+        both = live[1:, :] & live[:-1, :]
+        seen |= ((np.abs(np.diff(maps, axis=-2)) >= limit) & both).any(axis=(-2, -1))
+    if maps.shape[-1] > 1:
+        both = live[:, 1:] & live[:, :-1]
+        seen |= ((np.abs(np.diff(maps, axis=-1)) >= limit) & both).any(axis=(-2, -1))
+    return (label_maps(maps, threshold) == 1) & ~seen
 
 
 # --------------------------------------------------------------------------- the container
