@@ -84,6 +84,9 @@ def _sweep_rows(values: tuple[int, ...]) -> list[Record]:
 PLOTS: dict[str, tuple[Any, Callable[[Path], Any]]] = {
     "failures": (faults, lambda out: faults.plot(out, "failures", _fault_rows())),
     "loss": (faults, lambda out: faults.plot(out, "loss", _fault_rows())),
+    "failures-compare": (faults, lambda out: faults.compare_plot(
+        out / "heads.png", "failures", [faults.Sweep("pool 2", _fault_rows()),
+                                        faults.Sweep("pool global", _fault_rows())])),
     "meshes": (meshes, lambda out: meshes.plot(out, _mesh_rows())),
     "compression": (compression, lambda out: compression.plot(out, _compression_rows())),
     "delta": (delta, lambda out: delta.plot(out, _delta_rows())),
@@ -153,3 +156,66 @@ def test_the_meshes_plot_ticks_whole_numbers_of_meshes(monkeypatch, tmp_path) ->
         assert ticks == [1, 2, 4, 8]
         labels = [label.get_text() for label in axes.get_xticklabels()]
         assert labels == ["1", "2", "4", "8"]
+
+
+def _run_dir(path: Path, pool: Any, rows: list[Record], experiment: str = "failures") -> Path:
+    """A finished sweep's run directory as `meshdl experiment compare` reads it."""
+    import json
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "experiment": experiment, "seeds": [0, 1, 2], "values": [r["value"] for r in rows],
+        "settings": {"model": {"pool": pool}, "train": {"failout": 0.02}}}))
+    (path / "summary.json").write_text(json.dumps({"experiment": experiment, "rows": rows}))
+    return path
+
+
+def test_compare_draws_each_runs_policies_in_its_own_colour_from_its_exact_run(
+        monkeypatch, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from meshdl.cli.experiment import app
+
+    saved = saved_figures(monkeypatch, faults)
+    seed_rows = _fault_rows()
+    global_rows = [{**row, "test_acc": _fig(row["test_acc"]["mean"] - 0.01, 0.01)}
+                   for row in _fault_rows()]
+    runs = [_run_dir(tmp_path / "seed", 2, seed_rows),
+            _run_dir(tmp_path / "global", "global", global_rows)]
+    result = CliRunner().invoke(app, ["compare", *map(str, runs), "--out",
+                                      str(tmp_path / "heads.png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "heads.png").stat().st_size > 0
+    (axis,) = _panels(saved[0])
+    lines = {bars.get_label(): bars.lines[0] for bars in axis.containers}  # data lines
+    assert set(lines) == {f"pool {pool}, failout 0.02, {policy}" for pool in (2, "global")
+                          for policy in ("zero", "last", "neighbours", "reliable")}
+    seed_zero, global_zero = lines["pool 2, failout 0.02, zero"], \
+        lines["pool global, failout 0.02, zero"]
+    assert list(seed_zero.get_xdata()) == [0.0, 10.0, 20.0, 30.0]  # from the exact run
+    assert global_zero.get_ydata()[0] == pytest.approx(94.0)
+    assert seed_zero.get_color() != global_zero.get_color()
+    assert seed_zero.get_linestyle() == global_zero.get_linestyle()  # policy: the style
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["one"], "at least two run directories"),
+    (["seed", "global", "--label", "only one"], "give one per run or none"),
+    (["seed", "loss"], "runs of one of"),
+    (["seed", "nothing"], "not a finished experiment's run directory"),
+])
+def test_compare_refuses_what_it_cannot_overlay_in_one_line(tmp_path, args, says) -> None:
+    from typer.testing import CliRunner
+
+    from meshdl.cli.experiment import app
+    from meshdl.errors import UsageError
+
+    _run_dir(tmp_path / "seed", 2, _fault_rows())
+    _run_dir(tmp_path / "global", "global", _fault_rows())
+    _run_dir(tmp_path / "loss", 2, _fault_rows(), experiment="loss")
+    (tmp_path / "one").mkdir()
+    named = [str(tmp_path / a) if not a.startswith("-") and a != "only one" else a
+             for a in args]
+    result = CliRunner().invoke(app, ["compare", *named, "--out", str(tmp_path / "c.png")])
+    assert isinstance(result.exception, UsageError), result.output
+    assert says in str(result.exception)

@@ -338,6 +338,56 @@ def failures_command(
                       overrides(grid, run, net), Runner(**runner))
 
 
+@app.command("compare")
+def compare_command(
+    runs: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="Finished run "
+                                      "directories of one fault experiment (loss or "
+                                      "failures), say one per network head."),
+    out: Path = typer.Option(..., "--out", "-o", help="The PNG to write."),
+    labels: list[str] | None = typer.Option(None, "--label", help="A run's name on the "
+                                            "plot, once per RUN_DIR in order (default: "
+                                            "its pooling and failout)."),
+) -> None:
+    """Plot the test accuracy of finished loss or failures sweeps against the share of
+    faults in one figure, one colour per run: heads or settings measured the same way."""
+    from meshdl.experiments import faults
+
+    if len(runs) < 2:
+        raise UsageError("compare needs at least two run directories")
+    if labels and len(labels) != len(runs):
+        raise UsageError(f"--label: {len(labels)} given for {len(runs)} run directories; "
+                         "give one per run or none")
+    sweeps, names = [], set()
+    for index, run_dir in enumerate(runs):
+        config, summary = _finished_sweep(run_dir)
+        names.add(config["experiment"])
+        settings = config["settings"]
+        label = labels[index] if labels else (
+            f"pool {settings['model']['pool']}, failout {settings['train'].get('failout', 0):g}")
+        sweeps.append(faults.Sweep(label, summary["rows"]))
+    if len(names) > 1 or not names <= set(faults.SWEEPS):
+        raise UsageError(f"compare takes runs of one of {', '.join(faults.SWEEPS)}, "
+                         f"got {', '.join(sorted(names))}")
+    path = faults.compare_plot(out, names.pop(), sweeps)
+    err_console.print(f"wrote {path}", highlight=False)
+
+
+def _finished_sweep(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run directory's config.json and summary.json, or a one-line error."""
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{run_dir}: not a finished experiment's run directory "
+                         f"({type(error).__name__}: {error})") from None
+    if not (isinstance(config, dict) and isinstance(config.get("settings"), dict)
+            and "model" in config["settings"] and "experiment" in config
+            and isinstance(summary, dict) and isinstance(summary.get("rows"), list)):
+        raise UsageError(f"{run_dir}: its config.json or summary.json is not an "
+                         "experiment's")
+    return config, summary
+
+
 @app.command("meshes", cls=ListsCommand)
 @grouped
 def meshes_command(

@@ -157,6 +157,49 @@ def plot(out: Path, name: str, rows: list[Record]) -> list[Path]:
     return [path]
 
 
+class Sweep(NamedTuple):
+    """A finished sweep of one fault experiment, as `meshdl experiment compare` reads it:
+    its label on the plot and summary.json's rows."""
+
+    label: str
+    rows: list[Record]
+
+
+def compare_plot(path: Path, name: str, sweeps: list[Sweep]) -> Path:
+    """One panel: test accuracy through the mesh against the share of faults, one colour
+    per sweep (say one per network head), one marker and line style per policy, each
+    from its sweep's exact run; one standard deviation over the fault seeds."""
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(8, 5), dpi=100, layout="constrained")
+    styles: dict[str, tuple[str, str]] = {}
+    for index, sweep in enumerate(sweeps):
+        exact = [row for row in sweep.rows if row["value"][1] == EXACT]
+        policies = dict.fromkeys(row["value"][1] for row in sweep.rows
+                                 if row["value"][1] != EXACT)
+        for policy in policies:
+            marker, line = styles.setdefault(policy, _POLICY_STYLES[len(styles) %
+                                                                    len(_POLICY_STYLES)])
+            series = sorted(exact + [row for row in sweep.rows
+                                     if row["value"][1] == policy],
+                            key=lambda row: row["value"][0])
+            axis.errorbar([100 * row["value"][0] for row in series],
+                          [100 * row["test_acc"]["mean"] for row in series],
+                          yerr=[100 * row["test_acc"]["std"] for row in series],
+                          fmt=marker + line, capsize=3, color=f"C{index}",
+                          label=f"{sweep.label}, {policy}")
+    axis.set(xlabel=SWEEPS[name].axis, ylabel="test accuracy through the mesh (%)",
+             title="training with dead nodes" if name == "failures" else
+             "training over lossy links")
+    figure.legend(loc="outside lower center", ncols=min(3, max(1, len(
+        axis.get_legend_handles_labels()[1]))))
+    save_png(figure, path)
+    return path
+
+
+# compare_plot's marker and line style per policy (colours tell the sweeps apart)
+_POLICY_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."))
+
+
 def _legend(plt: Any, policies: list[str]) -> list[Any]:
     """The legend's entries: a colour per policy, then what the two accuracies' lines
     are (solid: through the mesh; dotted: the trained model on clean readings)."""
