@@ -899,7 +899,7 @@ class NodeMachine:
         has not started that wave) or the batch size or the plan changed. Reuse matters:
         allocating and freeing them for every wave of every node costs about 8 % of a
         wave."""
-        memory = self.plan.memory[(wave.mode, self.effort.policy is None)] if self.memory_plan \
+        memory = self.plan.memory(wave.mode, self.effort.policy is None) if self.memory_plan \
             else self.plan.unplanned
         key = (wave.batch, memory)
         if key != self._storage_key or self._lent_out():

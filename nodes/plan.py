@@ -7,13 +7,13 @@ node machine (nodes/agent.py) runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from enum import IntEnum, IntFlag
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from meshdl.nodes.memory import plan_memory, unplanned
+from meshdl.nodes.memory import MemoryPlan, plan_memory, unplanned
 from meshdl.protocol.deadlines import Arrivals, Schedule
 from meshdl.protocol.lifecycle import NodePhase
 from meshdl.protocol.messages import ITEM_BYTES, Kind, Message
@@ -142,6 +142,9 @@ class NodePlan:
         leads = topo.leader.get(block) == cell and not aggregates
         members = [cell] if aggregates else topo.pool_members(block)
         self.writer: dict[Item, Source] = {}
+        # Per field, its items as they are written (fields in the order they first are,
+        # that of their buffers): what `writer` holds, grouped.
+        self._items: dict[Field, list[Hashable]] = {}
         received = {InboxKey(*key): send for key, send in spec.expects[cell].items()}
         for key, send in received.items():
             self._write(send.field, send.items, key)
@@ -175,26 +178,27 @@ class NodePlan:
                 if (f, c) not in self.writer:
                     self.orphans.setdefault(f, []).append(c)
                     self.writer[(f, c)] = (f, c)
+                    self._items.setdefault(f, []).append(c)
         orphaned = {(f, c) for f, items in self.orphans.items() for c in items}
-        fields: dict[Field, list[Hashable]] = {}
-        for f, item in self.writer:
-            fields.setdefault(f, []).append(item)
+        fields, self._items = self._items, {}
         self.buffers = {f: index for index, f in enumerate(fields)}  # field -> buffer
         self.slots = [{item: slot for slot, item in enumerate(sorted(items))}
                       for items in fields.values()]  # per buffer: item -> slot
         self.buffer_channels = [spec.item_shape(f, 0)[0] for f in fields]
 
-        self.inbox: dict[InboxKey, Expect] = {
-            key: Expect(Role.ITEMS, cell, len(send.items), spec.item_shape(send.field, 0)[0],
-                        send.train_only, self.buffers[send.field],
-                        self.rows(send.field, send.items))
+        # The inbox's entries without their index and waiters (`Expect`'s first seven
+        # fields): each `Expect` is made once, when the tasks waiting for it are known.
+        entries: dict[InboxKey, tuple] = {
+            key: (Role.ITEMS, cell, len(send.items), self.buffer_channels[self.buffers[
+                send.field]], send.train_only, self.buffers[send.field],
+                  self.rows(send.field, send.items))
             for key, send in received.items()}
         control, to = spec.control_source(cell), spec.control_destination or cell
-        self.inbox[InboxKey(Kind.PARAMS, 0, 0, control)] = Expect(Role.PARAMETERS, to)
-        self.inbox[InboxKey(Kind.BATCH, 0, 0, control)] = Expect(Role.SAMPLES, to)
+        entries[InboxKey(Kind.PARAMS, 0, 0, control)] = (Role.PARAMETERS, to)
+        entries[InboxKey(Kind.BATCH, 0, 0, control)] = (Role.SAMPLES, to)
         for child in topo.children[cell]:
             key = InboxKey(Kind.REDUCE, 0, 0, child)
-            self.inbox[key] = Expect(Role.PARTIAL_GRADIENTS, cell, train_only=True)
+            entries[key] = (Role.PARTIAL_GRADIENTS, cell, 0, 0, True)
             self.writer[(("reduce",), child)] = key  # no buffer: REDUCE is a vector
 
         # (task, needs, train only): computations, then sends, in a fixed order. A
@@ -258,14 +262,16 @@ class NodePlan:
         self.train_only = [train for _, _, train in tasks]
         self.waiters: dict[Source, list[int]] = {}
         self.needs_count: list[int] = []
+        writer = self.writer.get
         for index, (_, needs, _) in enumerate(tasks):
             # An item nobody writes is a computation's marker (("grad", layer), cell).
-            sources = dict.fromkeys(self.writer.get(item, item) for item in needs)
+            sources = dict.fromkeys(map(writer, needs, needs))
             self.needs_count.append(len(sources))
             for source in sources:
                 self.waiters.setdefault(source, []).append(index)
-        self.inbox = {key: expect._replace(index=index, waiters=self.waiting_for(key))
-                      for index, (key, expect) in enumerate(self.inbox.items())}
+        self.inbox: dict[InboxKey, Expect] = {
+            key: Expect(*_padded(entry), index, self.waiting_for(key))
+            for index, (key, entry) in enumerate(entries.items())}
         self.keys = list(self.inbox)  # by `Expect.index`
         self.expected = list(self.inbox.values())
         # What each message carries (field, items): a best-effort node fills them in
@@ -286,11 +292,11 @@ class NodePlan:
         # What a sender may have waiting here: two waves' worth of its messages, each at
         # the largest batch (an honest sender is at most one wave ahead).
         self.early_bytes: dict[Cell, int] = {}
+        fixed = {Role.PARTIAL_GRADIENTS: spec.conv_size, Role.PARAMETERS: spec.params_size,
+                 Role.SAMPLES: spec.max_batch_values}
         for (_, _, _, src), expect in self.inbox.items():
-            values = {Role.ITEMS: expect.rows * expect.channels * spec.max_batch,
-                      Role.PARTIAL_GRADIENTS: spec.conv_size,
-                      Role.PARAMETERS: spec.params_size,
-                      Role.SAMPLES: spec.max_batch_values}[expect.role]
+            values = expect.rows * expect.channels * spec.max_batch \
+                if expect.role == Role.ITEMS else fixed[expect.role]
             size = ITEM_BYTES * values + ACTIVATION_SCALE_BYTES
             if expect.role == Role.PARTIAL_GRADIENTS and spec.reduce_codec is not None:
                 size = max(size, spec.reduce_codec.nbytes)  # top-k: more than float32
@@ -300,10 +306,10 @@ class NodePlan:
             self.early_bytes[src] = self.early_bytes.get(src, 0) + 2 * size
         self.buffer_shapes = [(len(s), c) for s, c in zip(self.slots, self.buffer_channels,
                                                           strict=True)]
-        # Where a wave's fields live, by mode and exactness (nodes/memory.py).
-        self.memory = {(mode, exact): plan_memory(self.buffers, self.buffer_shapes, mode,
-                                                  exact, layers)
-                       for mode in Mode for exact in (False, True)}
+        self.layers = layers
+        # Where a wave's fields live, by mode and exactness (nodes/memory.py): planned
+        # when a wave first asks (a run asks for one or two of the four).
+        self._memory: dict[tuple[Mode, bool], MemoryPlan] = {}
         self.unplanned = unplanned(self.buffer_shapes, layers)
 
     def _empty(self) -> None:
@@ -315,9 +321,18 @@ class NodePlan:
         self.forwards, self.reduce_to, self.health_to = [], None, None
         self.active = dict.fromkeys(Mode, 0)
         self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
-        self.memory = {(mode, exact): plan_memory({}, [], mode, exact, 0)
-                       for mode in Mode for exact in (False, True)}
+        self.layers, self._memory = 0, {}
         self.unplanned = unplanned([], 0)
+
+    def memory(self, mode: Mode, exact: bool) -> MemoryPlan:
+        """Where the fields of a wave of `mode` live, exact or best effort
+        (nodes/memory.py); planned once per plan."""
+        key = (mode, exact)
+        planned = self._memory.get(key)
+        if planned is None:
+            planned = self._memory[key] = plan_memory(self.buffers, self.buffer_shapes,
+                                                      mode, exact, self.layers)
+        return planned
 
     def usable(self, wave: Wave, f: Field, item: Hashable) -> bool:
         """Has this wave got the values of item `item` of field `f` (received, not
@@ -330,14 +345,19 @@ class NodePlan:
             return maker is None or bool(wave.done[maker])
         return wave.seen[self.inbox[writer].index] == RECEIVED
 
-    def _write(self, f: Field, items: Iterable[Hashable], writer: Source | None = None
+    def _write(self, f: Field, items: Sequence[Hashable], writer: Source | None = None
                ) -> None:
         """Record who writes `items` of field `f`: a message (its inbox key), or (None)
         this node's own computations, each known by the item it makes."""
-        for item in items:
-            if (f, item) in self.writer:  # the plan would write a slot twice in a wave
-                raise ValueError(f"item {(f, item)} has two writers")
-            self.writer[(f, item)] = (f, item) if writer is None else writer
+        keys = [(f, item) for item in items]
+        written = {key: key for key in keys} if writer is None else dict.fromkeys(keys, writer)
+        if len(written) < len(keys) or not self.writer.keys().isdisjoint(written):
+            # The plan would write a slot twice in a wave.
+            seen = set(self.writer)
+            twice = next(key for key in keys if key in seen or seen.add(key))
+            raise ValueError(f"item {twice} has two writers")
+        self.writer.update(written)
+        self._items.setdefault(f, []).extend(items)
 
     def waiting_for(self, source: Source) -> tuple[int, ...]:
         """The tasks that wait for a message (its inbox key) or a computation (the item
@@ -349,7 +369,7 @@ class NodePlan:
 
     def rows(self, f: Field, items: Iterable[Hashable]) -> Rows:
         """The slots of `items` in field `f`'s buffer: a slice when they are a run."""
-        slots = [self.slot(f, item) for item in items]
+        slots = list(map(self.slots[self.buffers[f]].__getitem__, items))
         if slots == list(range(slots[0], slots[0] + len(slots))):
             return slice(slots[0], slots[0] + len(slots))
         return np.array(slots, np.intp)
@@ -407,6 +427,14 @@ class Wave:
         self.started_at = 0.0
         self.backward_at: float | None = None
         self.next_forward = self.next_backward = 0
+
+
+def _padded(entry: tuple) -> tuple:
+    """An inbox entry's first seven `Expect` fields, the defaults after what it gives."""
+    return entry + _EXPECT_DEFAULTS[len(entry):]
+
+
+_EXPECT_DEFAULTS = tuple(Expect._field_defaults.get(name) for name in Expect._fields[:7])
 
 
 def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell],

@@ -8,6 +8,7 @@ so `meshdl simulate train` runs exactly `meshdl train`'s loop with one more cloc
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import Counter
 from pathlib import Path
@@ -53,11 +54,14 @@ class SimEngine(WaveEngine):
                  known_dead: frozenset[Cell] = frozenset(),
                  failing: frozenset[Cell] = frozenset(),
                  attach: tuple[Cell, ...] = (), compress: str = "none",
-                 activations: str = "float32", paired_backoffs: bool = False) -> None:
+                 activations: str = "float32", paired_backoffs: bool = False,
+                 lasting: bool = False) -> None:
         """`best_effort`: lost messages stay lost and parties give up at deadlines
         (None: reliable mode, every message arrives). `known_dead`: cells that never come
         up, and that the edge knows of; `failing`: the same, for the protocol to find
-        (best effort; sim/faults/dead.py). `attach`: other cells the edge may attach to."""
+        (best effort; sim/faults/dead.py). `attach`: other cells the edge may attach to.
+        `lasting`: the engine's mesh lives as long as the process (a one-shot command
+        with one model): once built, it is frozen out of the cyclic collector's scans."""
         self.data, self.compress, self.activations = data, compress, activations
         # Each radio its own backoff stream (`Medium.pair_backoffs`): for runs compared
         # plan against plan.
@@ -73,24 +77,38 @@ class SimEngine(WaveEngine):
         self.max_message_bytes = max_message_bytes
         self.mesh: TimedMesh | None = None
         self._threadpools = ThreadpoolController()
+        self.lasting = lasting
 
     def mesh_for(self, model: CNN) -> TimedMesh:
         """The mesh whose edge holds `model`: the last one, or a new one when the model
         is another."""
         if self.mesh is None or self.mesh.edge.model is not model:
-            spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
-                            self.max_message_bytes, dead=self.known_dead,
-                            compress=self.compress, activations=self.activations)
-            readings, labels = by_split(self.data)
-            self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
-                                  self.device, self.edge_device, self.seed, self.trace,
-                                  loss=self.loss, stragglers=self.stragglers,
-                                  best_effort=self.best_effort, attach=self.attach,
-                                  compiled=not (self.paired_backoffs or self.failing))
-            if self.paired_backoffs:
-                self.mesh.medium.pair_backoffs()
-            for cell in sorted(self.failing):
-                self.mesh.kill(cell)
+            with cyclic_gc_paused():  # see `_new_mesh`
+                mesh = self._new_mesh(model)
+                if self.lasting:  # else each later full collection would scan it again
+                    gc.freeze()
+                return mesh
+        return self.mesh
+
+    def _new_mesh(self, model: CNN) -> TimedMesh:
+        """A mesh whose edge holds `model`. Its plans are a great many long-lived
+        objects made at once: the cyclic collector, left on, would scan them again and
+        again as they grow (half the time of building a 100 x 100 mesh's node plans,
+        measured); their few cycles (a node and its best effort) live as long as the
+        mesh anyway."""
+        spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
+                        self.max_message_bytes, dead=self.known_dead,
+                        compress=self.compress, activations=self.activations)
+        readings, labels = by_split(self.data)
+        self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
+                              self.device, self.edge_device, self.seed, self.trace,
+                              loss=self.loss, stragglers=self.stragglers,
+                              best_effort=self.best_effort, attach=self.attach,
+                              compiled=not (self.paired_backoffs or self.failing))
+        if self.paired_backoffs:
+            self.mesh.medium.pair_backoffs()
+        for cell in sorted(self.failing):
+            self.mesh.kill(cell)
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:

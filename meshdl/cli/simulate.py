@@ -359,7 +359,7 @@ def simulate_infer(
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes,
-                       **_faults(sim, config, sim["fault_seed"]))
+                       **_faults(sim, config, sim["fault_seed"]), lasting=True)
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")

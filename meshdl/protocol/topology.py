@@ -187,6 +187,15 @@ class Topology:
                 leaders[block] = min(cells, key=lambda c: (self.depth[c], c))
         return leaders
 
+    @cached_property
+    def _led_blocks(self) -> dict[Cell, list[Block]]:
+        """The blocks each cell leads, in `leader`'s order (indexed once: scanning every
+        block for every cell is quadratic in the grid's size)."""
+        led: dict[Cell, list[Block]] = {}
+        for block, lead in self.leader.items():
+            led.setdefault(lead, []).append(block)
+        return led
+
     def block_parent(self, cell: Cell) -> Cell | None:
         """Next hop from a cell towards its block's leader (column first, then row;
         around absent cells, within the block); None for the leader and for a cell that
@@ -256,7 +265,7 @@ class Topology:
         the cell's own led blocks first, then each child's, depth first."""
         key = ("tree_blocks", cell)
         if key not in self._cache:
-            out = [b for b, lead in self.leader.items() if lead == cell] if cell != EDGE else []
+            out = list(self._led_blocks.get(cell, ())) if cell != EDGE else []
             for child in self.children[cell]:
                 out.extend(self.tree_blocks(child))
             self._cache[key] = out
