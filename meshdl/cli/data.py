@@ -182,7 +182,7 @@ def _hidden(ds: Dataset, threshold: float | None, share: float, seed: int,
     if not (0 <= edge_at[0] < ds.rows and 0 <= edge_at[1] < ds.cols):
         raise UsageError(f"--edge-at {edge_at[0]},{edge_at[1]} is outside the "
                          f"{ds.rows} x {ds.cols} grid")
-    thr = float(ds.meta.get("threshold", 3.0)) if threshold is None else threshold
+    thr = ds.threshold if threshold is None else threshold
     cells = [(r, c) for r in range(ds.rows) for c in range(ds.cols)]
     dead = np.zeros((ds.rows, ds.cols), dtype=bool)
     for r, c in DeadCells(fraction=share, seed=seed).pick(cells, edge_at):

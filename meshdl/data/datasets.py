@@ -165,6 +165,11 @@ class Dataset:
         """Grid columns."""
         return int(self.X_train.shape[2])
 
+    @property
+    def threshold(self) -> float:
+        """The label threshold (°C) its `meta` records, else the seed's 3."""
+        return float(self.meta.get("threshold", 3.0))
+
 
 def data_digest(ds: Dataset) -> str:
     """A short fingerprint of a data set's arrays (shapes and bytes, labels included):
@@ -819,7 +824,7 @@ def dataset_stats(ds: Dataset, threshold: float | None = None) -> dict[str, Any]
     and its check fails.
     """
     if threshold is None:
-        threshold = float(ds.meta.get("threshold", 3.0))
+        threshold = ds.threshold
     splits = {
         name: _split_stats(getattr(ds, x_key), getattr(ds, y_key), threshold)
         for name, x_key, y_key in _SPLITS
