@@ -8,6 +8,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from meshdl.config import DataConfig
 from meshdl.data import lounge
@@ -107,3 +108,23 @@ def test_the_lounge_holds_a_few_maps_not_one_per_occupant_or_pair() -> None:
         tracemalloc.stop()
     one_map = (cfg.train + cfg.test) * cfg.rows * cfg.cols * 8
     assert peak < 8 * one_map
+
+
+def _blas_threads() -> int:
+    return max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+
+
+def test_the_generator_runs_blas_on_one_thread_with_the_bits_of_two(monkeypatch) -> None:
+    """BLAS's spinning threads made a 100 x 100 lounge take 20-40 s instead of 4 s when
+    another process held a core; one thread gives the same maps."""
+    cfg = DataConfig(rows=9, cols=11, train=40, test=20, seed=3)
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = lounge.generate_lounge.__wrapped__(cfg)  # as it ran before: BLAS's own count
+        seen: list[int] = []
+        blobs = lounge._blobs
+        monkeypatch.setattr(lounge, "_blobs",
+                            lambda *a: (seen.append(_blas_threads()), blobs(*a))[1])
+        after = lounge.generate_lounge(cfg)
+    assert seen == [1]
+    for name in ("X_train", "y_train", "X_test", "y_test"):
+        assert _same_bits(getattr(before, name), getattr(after, name))

@@ -52,6 +52,7 @@ from numba import njit
 
 from meshdl.config import DataConfig
 from meshdl.data.datasets import NEAR_BAND, Dataset, label_maps
+from meshdl.model.threads import one_blas_thread
 
 __all__ = ["START", "generate_lounge"]
 
@@ -145,6 +146,7 @@ class _Grid:
         ]
 
 
+@one_blas_thread  # a busy core made 2 threads' 4 s 100 x 100 lounge take 20-40 s; same bits
 def generate_lounge(cfg: DataConfig) -> Dataset:
     """A synthetic lounge data set for `cfg` (grid, split sizes, threshold, slot, seed).
 
@@ -405,11 +407,11 @@ def _blobs(grid: _Grid, present: np.ndarray, amp: np.ndarray, sigma: np.ndarray,
     """(n, rows, cols): the sum of each slot's present blobs, amp * gy gx^T.
 
     As one (rows, most) x (most, cols) product a slot, with every candidate blob a term:
-    BLAS's bits depend on the product's shape (and on its thread count), so the shape
-    stays that of the first version of the data. Only the Gaussians of present blobs are
-    worked out, the absent ones being zero on both sides (a zero term adds nothing, in
-    any order of summation), and a slot without anyone is zero without a product; the
-    slots go in chunks, so that no (n, most, rows) array is ever made.
+    BLAS's bits depend on the product's shape, so the shape stays that of the first
+    version of the data (BLAS runs on one thread: `generate_lounge`). Only the Gaussians
+    of present blobs are worked out, the absent ones being zero on both sides (a zero term
+    adds nothing, in any order of summation), and a slot without anyone is zero without a
+    product; the slots go in chunks, so that no (n, most, rows) array is ever made.
     """
     n, most = present.shape
     out = np.zeros((n, grid.rows, grid.cols))

@@ -41,10 +41,10 @@ LAST_PROBE = 1024  # ... doubling after each try that does not change it, up to 
 
 
 def one_blas_thread(function: Callable[P, T]) -> Callable[P, T]:
-    """`function` with BLAS held to one thread while it runs (a training run: its
+    """`function` with BLAS held to one thread while it runs: a training run (its
     optimizer's float64 norm is a BLAS dot, which 2 threads add up in two halves, other
-    bits than one; and whose busy-waiting threads slow a step down several times when
-    another process holds a core)."""
+    bits than one) or the lounge generator; BLAS's busy-waiting threads slow either down
+    several times when another process holds a core."""
 
     @functools.wraps(function)
     def held(*args: P.args, **kwargs: P.kwargs) -> T:
