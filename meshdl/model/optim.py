@@ -15,7 +15,11 @@ from numba import njit
 
 from meshdl.config import TrainConfig
 
-_JIT = {"cache": True, "fastmath": True, "nogil": True, "boundscheck": False}
+# error_model "numpy": a division by a zero (a diverged run's NaNs, which fastmath may take
+# for anything) gives inf or NaN, which the training loop reports as divergence, instead of
+# raising ZeroDivisionError from inside the kernel.
+_JIT = {"cache": True, "fastmath": True, "nogil": True, "boundscheck": False,
+        "error_model": "numpy"}
 
 
 @njit(**_JIT)
