@@ -182,8 +182,15 @@ def test_garbage_forged_and_oversized_payloads_are_rejected_and_counted(
             thread.join(30)
             engine.close()
         stats = host.host.node_stats()
-        time.sleep(5.5)  # a heartbeat: the host's status record carries its rejections
-        _, out, _ = cli("doctor", "--broker", mosquitto.url, "--json")
+        # The host's next heartbeat (every 5 s) carries its rejections in its status
+        # record: ask doctor (2 s of listening each) until it has come.
+        deadline = time.monotonic() + 60  # a hang limit, not a timing claim
+        while True:
+            _, out, _ = cli("doctor", "--broker", mosquitto.url, "--json")
+            said = json.loads(out).get("rejected", {}).get("host-local", {})
+            heard = said.get("codec:payload_size", 0) >= 3 and said.get("topic_mismatch", 0) >= 3
+            if heard or time.monotonic() > deadline:
+                break
     rejected = {k: v for k, v in stats.items() if k.startswith("rejected")}
     assert rejected.get("rejected:topic_mismatch", 0) >= 3
     _assert_same_model(model, reference)
