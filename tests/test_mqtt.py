@@ -24,7 +24,7 @@ from meshdl.data.lounge import generate_lounge
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError
 from meshdl.model.cnn import CNN
-from meshdl.mqtt.session import BrokerAddress
+from meshdl.mqtt.session import BrokerAddress, Session
 from meshdl.nodes.serve import BackgroundNodeHost
 from meshdl.protocol.messages import EDGE, Kind, encode, make
 from meshdl.protocol.topics import topic
@@ -600,6 +600,22 @@ def test_a_frozen_broker_ends_the_run_in_one_line_and_every_process_obeys_sigter
     assert "--resume" in lines[0]
     assert "Traceback" not in host_err and "Event loop is closed" not in host_err, host_err
     assert host.returncode == 0 and "stopped:" in host_err, host_err
+
+
+@pytest.mark.parametrize(("patience", "timeout"), [(2.0, 2.0), (0.0, 1.0), (120.0, 10.0),
+                                                (None, 10.0)])
+def test_a_client_waits_for_one_answer_no_longer_than_the_brokers_patience(
+        patience: float | None, timeout: float) -> None:
+    """A frozen broker (socket open, nothing answered) held `--broker-patience 2` for
+    31 s: each CONNACK or acknowledgement was given aiomqtt's 10 s regardless."""
+    import asyncio
+
+    async def client_timeout() -> float:
+        session = Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "edge", [],
+                          connect_timeout_s=patience)
+        return session._new_client().timeout
+
+    assert asyncio.run(client_timeout()) == timeout
 
 
 def test_the_mqtt_benchmark_trains_the_configured_run_and_reports_its_ratios(

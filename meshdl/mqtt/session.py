@@ -272,9 +272,18 @@ class Session:
             will=aiomqtt.Will(status_topic(self.mesh, self.client_name), offline, 1, True)
             if self.presence else None,
             # MQTT 5: a broker that drops us says why (a packet too large, ...).
-            protocol=aiomqtt.ProtocolVersion.V5, keepalive=15, timeout=10,
+            protocol=aiomqtt.ProtocolVersion.V5, keepalive=15, timeout=self._operation_timeout,
             tls_context=ssl.create_default_context() if self.address.tls else None,
             max_queued_outgoing_messages=None, logger=_CLIENT_LOG, queue_type=Inbox)
+
+    @property
+    def _operation_timeout(self) -> float:
+        """Seconds one operation (a connection's CONNACK, a publish's acknowledgement) may
+        take: 10, or less when the broker's patience is shorter. A broker that stops
+        answering without closing the socket (frozen, a dead link) held `--broker-patience
+        2` for 31 s: three 10 s waits before the patience was even looked at."""
+        patience = self.connect_timeout_s
+        return 10.0 if patience is None else min(10.0, max(1.0, patience))
 
     async def connect(self, stop: Callable[[], bool] | None = None) -> bool:
         """Connect, subscribe and announce, retrying with backoff for up to
