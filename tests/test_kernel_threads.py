@@ -13,11 +13,12 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from meshdl import load_run_config
 from meshdl.bench.kernels import bench_kernels
+from meshdl.blas import one_blas_thread
 from meshdl.config import ModelConfig
 from meshdl.data.datasets import Dataset
 from meshdl.model import kernels, threads
 from meshdl.model.cnn import CNN
-from meshdl.model.threads import LAST_PROBE, SAMPLES, ThreadChooser, one_blas_thread
+from meshdl.model.threads import LAST_PROBE, SAMPLES, ThreadChooser
 from meshdl.training.loop import train
 
 # Grids, kernels and batches whose conv stacks cut into several blocks (one block runs

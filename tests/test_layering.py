@@ -20,9 +20,10 @@ SOURCES = {"meshdl": "meshdl", "meshdl.nodes": "nodes", "meshdl.edge": "edge",
 # Lowest first: a module may import its own layer and the layers below, never above.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Leaves anyone may import: errors, configuration, and what configuration parses
-    # (message size limits, how meshes keep step, the `--compress` grammar).
+    # (message size limits, how meshes keep step, the `--compress` grammar); BLAS held
+    # to one thread.
     ("leaves", ("meshdl.errors", "meshdl.config", "meshdl.limits", "meshdl.sync",
-                "meshdl.compress.grammar")),
+                "meshdl.compress.grammar", "meshdl.blas")),
     # Numba kernels: the CNN's, the compressors', a node's own cell's.
     ("kernels", ("meshdl.model.kernels", "meshdl.compress.kernels", "meshdl.nodes.compute")),
     # The model, the data it learns from, and the pages and plots that show results.

@@ -50,9 +50,9 @@ from datetime import datetime, timedelta
 import numpy as np
 from numba import njit
 
+from meshdl.blas import one_blas_thread
 from meshdl.config import DataConfig
 from meshdl.data.datasets import NEAR_BAND, Dataset, label_maps
-from meshdl.model.threads import one_blas_thread
 
 __all__ = ["START", "generate_lounge"]
 

@@ -19,7 +19,6 @@ threads made the step 2.5 times slower (6.8 against 2.75 ms).
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections import Counter, deque
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import ParamSpec, TypeVar
 
-from threadpoolctl import ThreadpoolController, threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from meshdl.model import kernels
 
@@ -38,20 +37,6 @@ P = ParamSpec("P")
 SAMPLES = 3  # recent timings per count a choice compares (medians: one hiccup is ignored)
 FIRST_PROBE = 16  # calls between tries of the other count, after a change of choice
 LAST_PROBE = 1024  # ... doubling after each try that does not change it, up to this
-
-
-def one_blas_thread(function: Callable[P, T]) -> Callable[P, T]:
-    """`function` with BLAS held to one thread while it runs: a training run (its
-    optimizer's float64 norm is a BLAS dot, which 2 threads add up in two halves, other
-    bits than one) or the lounge generator; BLAS's busy-waiting threads slow either down
-    several times when another process holds a core."""
-
-    @functools.wraps(function)
-    def held(*args: P.args, **kwargs: P.kwargs) -> T:
-        with threadpool_limits(limits=1, user_api="blas"):
-            return function(*args, **kwargs)
-
-    return held
 
 
 def usable_cores() -> int:

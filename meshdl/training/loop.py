@@ -17,13 +17,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from meshdl.blas import one_blas_thread
 from meshdl.config import RunConfig, TrainConfig
 from meshdl.data.augment import orientations, originals, training_data
 from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError, NonFiniteError, StepSkipped, UsageError
 from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer, learning_rate
-from meshdl.model.threads import ThreadChooser, one_blas_thread
+from meshdl.model.threads import ThreadChooser
 from meshdl.training.checkpoint import Checkpoint, save_checkpoint
 from meshdl.training.cumulative import SoFar, add_comm
 from meshdl.training.failout import failout_cells
@@ -173,7 +174,7 @@ def final_metrics(classes: int, train_pred: np.ndarray, y_train: np.ndarray,
     }
 
 
-@one_blas_thread  # the same bits whatever the machine's cores (meshdl/model/threads.py)
+@one_blas_thread  # the same bits whatever the machine's cores (meshdl/blas.py)
 def train(
     config: RunConfig,
     data: Dataset,

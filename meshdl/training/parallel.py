@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from meshdl.blas import one_blas_thread
 from meshdl.config import RunConfig
 from meshdl.data.augment import orientations, originals, training_data
 from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer, learning_rate
-from meshdl.model.threads import one_blas_thread
 from meshdl.server.machine import ParameterServer
 from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.cluster import Cluster, UpdateFn, WaveShape
