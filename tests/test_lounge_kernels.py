@@ -111,12 +111,18 @@ def test_the_lounge_holds_a_few_maps_not_one_per_occupant_or_pair() -> None:
 
 
 def _blas_threads() -> int:
-    return max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+    counts = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    if not counts:
+        pytest.skip("no BLAS library that threadpoolctl can see")
+    return max(counts)
 
 
-def test_the_generator_runs_blas_on_one_thread_with_the_bits_of_two(monkeypatch) -> None:
+def test_the_generator_runs_blas_on_one_thread_with_the_bits_of_two(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """BLAS's spinning threads made a 100 x 100 lounge take 20-40 s instead of 4 s when
-    another process held a core; one thread gives the same maps."""
+    another process held a core; one thread gives the same maps (here on a small grid,
+    whose products BLAS may not split: the 17 x 25, 12 x 20, 30 x 40 and 100 x 100 sets
+    were compared by hash when the change was made, docs/results/benchmarks.md)."""
     cfg = DataConfig(rows=9, cols=11, train=40, test=20, seed=3)
     with threadpool_limits(limits=2, user_api="blas"):
         before = lounge.generate_lounge.__wrapped__(cfg)  # as it ran before: BLAS's own count

@@ -235,8 +235,9 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
              nodes_timeout: NodesTimeout = 60.0,
              broker_patience: float = typer.Option(
                  120.0, "--broker-patience", min=0.0, help="Seconds to wait for the broker "
-                 "when it is away; then a checkpoint of every finished update is saved and "
-                 "the run stops (go on with --resume)."),
+                 "when it is away (and, under 10, for any one acknowledgement: at least 1); "
+                 "then a checkpoint of every finished update is saved and the run stops (go "
+                 "on with --resume)."),
              take_over: TakeOver = False,
              ps: bool = typer.Option(False, "--ps", help="Train with the other meshes of "
                                      "the mesh file's parallel section, through the "
@@ -321,7 +322,9 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
            resume: Path | None = typer.Option(None, "--resume", help="Go on from the last "
                                               "checkpoint in this run directory."),
            broker_patience: float = typer.Option(120.0, "--broker-patience", min=0.0,
-                                                 help="Seconds to wait for the broker."),
+                                                 help="Seconds to wait for the broker (and, "
+                                                 "under 10, for any one acknowledgement: at "
+                                                 "least 1)."),
            edges_timeout: float = typer.Option(
                600.0, "--edges-timeout", min=1.0, help="Seconds a mesh with steps left "
                "may send nothing (its edge resends every 5 s while it waits); then the "

@@ -8,7 +8,7 @@ core count can tell the two cases apart, and which holds changes while a run goe
 (another job starts or ends), so `ThreadChooser` measures: it times every call, runs
 the count whose recent calls were fastest, and now and then tries the other one again.
 
-BLAS runs on one thread inside a step, whatever the choice: with 2 threads OpenBLAS
+BLAS runs on one thread inside a step, whatever the choice (meshdl/blas.py): with 2 threads OpenBLAS
 (0.3.31, numpy's) gave other bits than with 1 for the seed's fc1 product (585 inputs)
 at batches of 64 and more, and for the optimizer's float64 norm (a dot product, which it
 splits in halves); the kernels' own twins give the same bits. The fully-connected
@@ -25,14 +25,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from statistics import median
-from typing import ParamSpec, TypeVar
+from typing import TypeVar
 
 from threadpoolctl import ThreadpoolController
 
 from meshdl.model import kernels
 
 T = TypeVar("T")
-P = ParamSpec("P")
 
 SAMPLES = 3  # recent timings per count a choice compares (medians: one hiccup is ignored)
 FIRST_PROBE = 16  # calls between tries of the other count, after a change of choice

@@ -278,10 +278,13 @@ class Session:
 
     @property
     def _operation_timeout(self) -> float:
-        """Seconds one operation (a connection's CONNACK, a publish's acknowledgement) may
-        take: 10, or less when the broker's patience is shorter. A broker that stops
-        answering without closing the socket (frozen, a dead link) held `--broker-patience
-        2` for 31 s: three 10 s waits before the patience was even looked at."""
+        """Seconds one operation (a connection's CONNACK, a subscription's or a QoS 1
+        publish's acknowledgement, the heartbeat's) may take: 10, or the broker's
+        patience when it is shorter, but at least 1 s. A broker that stops answering
+        without closing the socket (frozen, a dead link) held `--broker-patience 2` for
+        31 s, 10 s waits before the patience was looked at (now 16 s). The price: with a
+        patience under 10 s, a live broker slower than it to acknowledge counts as away
+        (a publish not acknowledged in time is dropped and counted, its wave restarted)."""
         patience = self.connect_timeout_s
         return 10.0 if patience is None else min(10.0, max(1.0, patience))
 
