@@ -198,17 +198,19 @@ def test_compare_draws_each_runs_policies_in_its_own_colour_from_its_exact_run(
     assert seed_zero.get_linestyle() == global_zero.get_linestyle()  # policy: the style
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["one"], "at least two run directories"),
-    (["seed", "global", "--label", "only one"], "give one per run or none"),
-    (["seed", "loss"], "runs of one of"),
-    (["seed", "nothing"], "not a finished experiment's run directory"),
+@pytest.mark.parametrize(("args", "says", "usage"), [
+    (["one"], "at least two run directories", True),
+    (["seed", "global", "--label", "only one"], "give one per run or none", True),
+    (["seed", "loss"], "runs of one of", True),
+    # A missing run directory is a missing file: exit 1, not a wrong request (README).
+    (["seed", "nothing"], "not a finished experiment's run directory", False),
 ])
-def test_compare_refuses_what_it_cannot_overlay_in_one_line(tmp_path, args, says) -> None:
+def test_compare_refuses_what_it_cannot_overlay_in_one_line(tmp_path, args, says,
+                                                            usage) -> None:
     from typer.testing import CliRunner
 
     from meshdl.cli.experiment import app
-    from meshdl.errors import UsageError
+    from meshdl.errors import MeshdlError, UsageError
 
     _run_dir(tmp_path / "seed", 2, _fault_rows())
     _run_dir(tmp_path / "global", "global", _fault_rows())
@@ -217,5 +219,6 @@ def test_compare_refuses_what_it_cannot_overlay_in_one_line(tmp_path, args, says
     named = [str(tmp_path / a) if not a.startswith("-") and a != "only one" else a
              for a in args]
     result = CliRunner().invoke(app, ["compare", *named, "--out", str(tmp_path / "c.png")])
-    assert isinstance(result.exception, UsageError), result.output
+    assert isinstance(result.exception, MeshdlError), result.output
+    assert isinstance(result.exception, UsageError) == usage
     assert says in str(result.exception)

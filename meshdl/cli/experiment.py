@@ -40,7 +40,7 @@ from meshdl.cli.options import (
 )
 from meshdl.cli.sweep_progress import Estimate, Left, interrupted, taking
 from meshdl.config import RunConfig, load_run_config
-from meshdl.errors import UsageError
+from meshdl.errors import MeshdlError, UsageError
 from meshdl.experiments.columns import (
     Shown,
     columns,
@@ -373,18 +373,19 @@ def compare_command(
 
 
 def _finished_sweep(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A run directory's config.json and summary.json, or a one-line error."""
+    """A run directory's config.json and summary.json, or a one-line error (exit 1, as
+    for any missing or corrupt file)."""
     try:
         config = json.loads((run_dir / "config.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError) as error:
-        raise UsageError(f"{run_dir}: not a finished experiment's run directory "
-                         f"({type(error).__name__}: {error})") from None
+        raise MeshdlError(f"{run_dir}: not a finished experiment's run directory "
+                          f"({type(error).__name__}: {error})") from None
     if not (isinstance(config, dict) and isinstance(config.get("settings"), dict)
             and "model" in config["settings"] and "experiment" in config
             and isinstance(summary, dict) and isinstance(summary.get("rows"), list)):
-        raise UsageError(f"{run_dir}: its config.json or summary.json is not an "
-                         "experiment's")
+        raise MeshdlError(f"{run_dir}: its config.json or summary.json is not an "
+                          "experiment's")
     return config, summary
 
 
