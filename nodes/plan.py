@@ -352,10 +352,12 @@ class NodePlan:
         keys = [(f, item) for item in items]
         written = {key: key for key in keys} if writer is None else dict.fromkeys(keys, writer)
         if len(written) < len(keys) or not self.writer.keys().isdisjoint(written):
-            # The plan would write a slot twice in a wave.
+            # The plan would write a slot twice in a wave: name the first such item.
             seen = set(self.writer)
-            twice = next(key for key in keys if key in seen or seen.add(key))
-            raise ValueError(f"item {twice} has two writers")
+            for key in keys:
+                if key in seen:
+                    raise ValueError(f"item {key} has two writers")
+                seen.add(key)
         self.writer.update(written)
         self._items.setdefault(f, []).extend(items)
 

@@ -12,6 +12,7 @@ from typing import Any
 import aiomqtt
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info
 
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
@@ -148,3 +149,12 @@ def recorded_sends(mesh: Any) -> list[Any]:
 
     mesh.send = recording
     return sent
+
+
+def blas_threads() -> int:
+    """The thread count BLAS runs with now (skips the test where threadpoolctl sees no
+    BLAS)."""
+    counts = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    if not counts:
+        pytest.skip("no BLAS library that threadpoolctl can see")
+    return max(counts)

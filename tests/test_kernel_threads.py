@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 from meshdl import load_run_config
 from meshdl.bench.kernels import bench_kernels
@@ -20,6 +20,7 @@ from meshdl.model import kernels, threads
 from meshdl.model.cnn import CNN
 from meshdl.model.threads import LAST_PROBE, SAMPLES, ThreadChooser
 from meshdl.training.loop import train
+from tests.helpers import blas_threads
 
 # Grids, kernels and batches whose conv stacks cut into several blocks (one block runs
 # serial code whatever the threads): the seed, an even kernel, a wide kernel, a single
@@ -119,16 +120,12 @@ def test_the_gated_sum_of_the_input_gradient_adds_in_the_order_it_documents(n: i
     assert np.array_equal(out[1, at : at + n], kept)
 
 
-def _blas_threads() -> int:
-    return max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
-
-
 def test_a_chosen_step_and_a_training_run_hold_blas_to_one_thread() -> None:
     seen = []
     with threadpool_limits(limits=2, user_api="blas"):
-        ThreadChooser(most=2).run("k", lambda: seen.append(_blas_threads()))
-        one_blas_thread(lambda: seen.append(_blas_threads()))()
-        seen.append(_blas_threads())
+        ThreadChooser(most=2).run("k", lambda: seen.append(blas_threads()))
+        one_blas_thread(lambda: seen.append(blas_threads()))()
+        seen.append(blas_threads())
     assert seen[:2] == [1, 1]
     assert seen[2] == min(2, seen[2])  # restored after (the machine may have 1 core)
 

@@ -8,10 +8,11 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 from meshdl.config import DataConfig
 from meshdl.data import lounge
+from tests.helpers import blas_threads
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -110,13 +111,6 @@ def test_the_lounge_holds_a_few_maps_not_one_per_occupant_or_pair() -> None:
     assert peak < 8 * one_map
 
 
-def _blas_threads() -> int:
-    counts = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
-    if not counts:
-        pytest.skip("no BLAS library that threadpoolctl can see")
-    return max(counts)
-
-
 def test_the_generator_runs_blas_on_one_thread_with_the_bits_of_two(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """BLAS's spinning threads made a 100 x 100 lounge take 20-40 s instead of 4 s when
@@ -129,7 +123,7 @@ def test_the_generator_runs_blas_on_one_thread_with_the_bits_of_two(
         seen: list[int] = []
         blobs = lounge._blobs
         monkeypatch.setattr(lounge, "_blobs",
-                            lambda *a: (seen.append(_blas_threads()), blobs(*a))[1])
+                            lambda *a: (seen.append(blas_threads()), blobs(*a))[1])
         after = lounge.generate_lounge(cfg)
     assert seen == [1]
     for name in ("X_train", "y_train", "X_test", "y_test"):
