@@ -70,7 +70,10 @@ def test_help_shows_the_grid_and_epochs_an_unset_flag_leaves(monkeypatch) -> Non
     assert code == 0, err
     text = " ".join(out.split())
     for shown in ("[default: 17, or the --data set's grid]",
-                  "[default: 25, or the --data set's grid]", "Training epochs. [default: 20]",
+                  "[default: 25, or the --data set's grid]",
+                  "Training epochs. [default: 20; 40 with --pool global]",
+                  "Filters per conv layer. [default: 5; 16 with --pool global]",
+                  "[default: 0.0; 0.02 with --pool global]",
                   "[default: 0.0, 0.05, 0.1, 0.2]", "Repeat the flag or give a comma list"):
         assert shown in text, shown
 

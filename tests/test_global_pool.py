@@ -26,7 +26,7 @@ def test_pool_global_comes_from_a_file_the_environment_or_a_flag(tmp_path, monke
     assert load_run_config().model.pool == "global"
     monkeypatch.setenv("MESHDL_MODEL__POOL", "3")
     assert load_run_config().model.pool == 3
-    assert load_run_config(model={"pool": "global"}).model.features == 5
+    assert load_run_config(model={"pool": "global", "filters": 7}).model.features == 7
 
 
 def test_a_pool_that_is_neither_a_window_nor_global_is_refused(cli) -> None:
@@ -148,10 +148,16 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
     from meshdl.config import GLOBAL_RECIPE
 
     config = load_run_config(model={"pool": "global"})
-    assert {k: getattr(config.train, k) for k in GLOBAL_RECIPE} == GLOBAL_RECIPE
+    for part, values in GLOBAL_RECIPE.items():
+        assert {k: getattr(getattr(config, part), k) for k in values} == values
+    assert (config.model.filters, config.train.epochs) == (16, 40)
     seed = load_run_config()
     assert seed.train.augment == "mirror" and seed.train.failout == 0.0  # the seed's own
+    assert (seed.model.filters, seed.train.epochs) == (5, 20)
+    small = load_run_config(data_grid=(6, 8), model={"pool": "global"})  # both layers
+    assert (small.model.rows, small.model.cols, small.model.filters) == (6, 8, 16)
     toml = tmp_path / "run.toml"
-    toml.write_text('[model]\npool = "global"\n[train]\naugment = "mirror"\n')
+    toml.write_text('[model]\npool = "global"\nfilters = 4\n[train]\naugment = "mirror"\n')
     mine = load_run_config(toml, train={"failout": 0.0})
     assert mine.train.augment == "mirror" and mine.train.failout == 0.0
+    assert mine.model.filters == 4 and mine.train.epochs == 40  # unset: the recipe's

@@ -39,7 +39,7 @@ from meshdl.cli.options import (
     json_option,
 )
 from meshdl.cli.sweep_progress import Estimate, Left, interrupted, taking
-from meshdl.config import RunConfig, load_run_config
+from meshdl.config import GLOBAL_RECIPE, RunConfig, load_run_config
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.experiments.columns import (
     Shown,
@@ -115,9 +115,12 @@ def _with_default(alias: Any, shown: str) -> Any:
 
 
 def _default_of(name: str, grid_from: str | None) -> str:
-    value = getattr(getattr(_BUILT_IN, _SECTIONS[name]), name)
+    section = _SECTIONS[name]
+    value = getattr(getattr(_BUILT_IN, section), name)
     if grid_from and name in ("rows", "cols"):
         return f"{value}, or {grid_from}'s grid"
+    if name in GLOBAL_RECIPE.get(section, {}):  # the global head's recipe differs
+        return f"{value}; {GLOBAL_RECIPE[section][name]} with --pool global"
     return str(value)
 
 
