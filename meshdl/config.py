@@ -177,14 +177,34 @@ class TrainConfig(_Strict):
 # The global-pooling head's recipe: what `[model]` and `[train]` take, unless set, when
 # the model pools globally (tuned on data seeds 0-63 x training seeds 0-1, held out on
 # 100-109 x 0-2: mean 98.17 %, worst 96.97 %; docs/results/global-pooling-recipe.md).
-# 16 filters and 40 epochs place the threshold about 0.1 degC finer than the seed's 5
-# and 20 (+0.9 points held out) and carry to 12 x 20 and 30 x 40 grids (every lounge
-# >= 95 %); mirrors do not help a head that cannot learn positions; failout 0.02 trades
-# a few tenths on clean maps for many with dead cells (read as zeros).
+# 16 filters and 40 epochs gain 0.9 points held out over the seed's 5 and 20 and carry
+# to 12 x 20 and 30 x 40 grids (every lounge >= 95 %); mirrors do not help a head that
+# cannot learn positions; failout 0.02 trades a few tenths on clean maps for many with
+# dead cells (read as zeros).
 GLOBAL_RECIPE: dict[str, dict[str, Any]] = {
     "model": {"filters": 16},
     "train": {"augment": "none", "failout": 0.02, "epochs": 40},
 }
+
+
+def recipe_default(section: str, name: str, global_pool: bool) -> Any:
+    """What an unset `[section] name` takes: the global head's recipe when the model
+    pools globally and the recipe sets it, else the field's default."""
+    if global_pool and name in GLOBAL_RECIPE.get(section, {}):
+        return GLOBAL_RECIPE[section][name]
+    fields = {"model": ModelConfig, "train": TrainConfig}[section].model_fields
+    return fields[name].get_default(call_default_factory=True)
+
+
+def model_from_flags(**flags: Any) -> ModelConfig:
+    """A ModelConfig from a command's flags (None: unset) for commands that read no
+    configuration file (`meshdl cost`, `simulate compare`): an unset setting takes what
+    `load_run_config` would give it, the global head's recipe included."""
+    given = {name: value for name, value in flags.items() if value is not None}
+    global_pool = given.get("pool") == "global"
+    recipe = {name: recipe_default("model", name, global_pool)
+              for name in GLOBAL_RECIPE["model"]}
+    return ModelConfig(**{**recipe, **given})
 
 
 class MeshConfig(_Strict):
@@ -404,12 +424,22 @@ def commented_config(values: dict[str, dict[str, Any]] | None = None) -> str:
     are at their defaults but for `values` ({"model": {"rows": 6}}, checked first)."""
     values = values or {}
     RunConfig.model_validate(values)  # a ValidationError names a bad value
+    recipe = ", ".join(f"{name} {_toml_value(value)}" for part in GLOBAL_RECIPE.values()
+                       for name, value in part.items())
     lines = ["# meshdl configuration: defaults < this file < MESHDL_* environment < flags.",
-             "# Every setting is at its default; delete what you do not change.", "",
-             "# mesh: train in the virtual mesh; central: on one machine (the reference)",
+             "# Every setting is at its default; delete what you do not change.",
+             '# With pool = "global", settings left out take the global head\'s recipe',
+             f"# ({recipe}); written here, they win: delete them,",
+             "# or write the file with `meshdl config init --pool global`.",
+             "", "# mesh: train in the virtual mesh; central: on one machine (the reference)",
              f"mode = {_toml_value(RunConfig.model_fields['mode'].default)}"]
     if values:
         lines[1] = "# Every setting is at its default, but for those given to `config init`."
+    if values.get("model", {}).get("pool") == "global":  # written at the recipe's values
+        values = {**values, **{part: {**recipe_part, **values.get(part, {})}
+                               for part, recipe_part in GLOBAL_RECIPE.items()}}
+        lines[2:5] = ['# pool = "global": written at the global head\'s recipe',
+                      f"# ({recipe})."]
     for section, model in (("model", ModelConfig), ("data", DataConfig),
                            ("train", TrainConfig), ("mesh", MeshConfig)):
         lines += ["", f"[{section}]"]

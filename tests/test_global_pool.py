@@ -161,3 +161,43 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
     mine = load_run_config(toml, train={"failout": 0.0})
     assert mine.train.augment == "mirror" and mine.train.failout == 0.0
     assert mine.model.filters == 4 and mine.train.epochs == 40  # unset: the recipe's
+
+
+def test_commands_without_a_config_file_take_the_global_recipe_too(cli) -> None:
+    """`meshdl cost` and `simulate compare` build their network from flags alone: an
+    unset --filters is the recipe's 16 with --pool global, as `plan` and `train` give."""
+    def conv2_formula(*flags: str) -> int:
+        code, out, err = cli("cost", "--rows", "4", "--cols", "5", *flags, "--json")
+        assert code == 0, err
+        return json.loads(out)["halo"]["conv2"]["formula"]  # 8 neighbours x cells x filters
+
+    assert conv2_formula("--pool", "global") == 8 * 20 * 16
+    assert conv2_formula("--pool", "global", "--filters", "5") == 8 * 20 * 5
+    assert conv2_formula() == 8 * 20 * 5  # the seed network
+    code, out, err = cli("simulate", "compare", "--radio", "802.15.4", "--rows", "4",
+                         "--cols", "5", "--pool", "global", "--train-samples", "0", "--json")
+    assert code == 0, err
+    assert json.loads(out)["model"]["filters"] == 16
+
+
+def test_config_init_with_pool_global_writes_the_recipe(cli, tmp_path) -> None:
+    code, _, err = cli("config", "init", tmp_path / "g.toml", "--pool", "global",
+                       "--rows", "6")
+    assert code == 0, err
+    written = load_run_config(tmp_path / "g.toml")
+    assert written == load_run_config(model={"pool": "global", "rows": 6})
+    assert (written.model.filters, written.train.epochs) == (16, 40)
+    code, _, err = cli("config", "init", tmp_path / "seed.toml")
+    assert code == 0, err
+    assert load_run_config(tmp_path / "seed.toml") == load_run_config()
+    assert "config init --pool global" in (tmp_path / "seed.toml").read_text()
+
+
+def test_edge_serve_refuses_a_model_whose_network_the_mesh_file_does_not_build(
+        cli, tmp_path) -> None:
+    mesh = tmp_path / "mesh.toml"
+    mesh.write_text('[model]\nrows = 4\ncols = 5\npool = "global"\n')  # 16 filters
+    CNN(ModelConfig(rows=4, cols=5, pool="global", filters=5)).save(tmp_path / "m.npz")
+    code, _, err = cli("edge", "serve", "--broker", "mqtt://127.0.0.1:1", "--mesh", mesh,
+                       "--model", tmp_path / "m.npz", "--slots", "1")
+    assert_one_line_error(code, err, 2, "does not fit the mesh file", "filters 5 against 16")

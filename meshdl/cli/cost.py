@@ -8,7 +8,7 @@ import typer
 
 from meshdl.cli.common import emit_json, out_console, parse_cell
 from meshdl.cli.options import Cols, ConvLayers, EdgeAt, Filters, JsonReport, Kernel, Pool, Rows
-from meshdl.config import ModelConfig
+from meshdl.config import model_from_flags
 
 
 def register(app: typer.Typer) -> None:
@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def cost(
-    rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = 5,
+    rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = None,
     conv_layers: ConvLayers = 2, pool: Pool = 2,
     batch: int = typer.Option(100, "--batch", min=1, help="Samples in the wave."),
     edge_at: EdgeAt = "0,0",
@@ -27,8 +27,9 @@ def cost(
     """Run one dry training wave on random data and report its communication cost."""
     from meshdl.sim.mesh import dry_wave  # the virtual mesh: when the command runs
 
-    config = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters,
-                         conv_layers=conv_layers, pool=pool, hidden=8)
+    # (filters: 5, or the global head's recipe's 16 with --pool global)
+    config = model_from_flags(rows=rows, cols=cols, kernel=kernel, filters=filters,
+                              conv_layers=conv_layers, pool=pool, hidden=8)
     report = dry_wave(config, batch, parse_cell(edge_at), auth)
     if json_out:
         emit_json(report)

@@ -21,6 +21,7 @@ from meshdl.cli.options import (
     EdgeAt,
     JsonReport,
     ModelFile,
+    Pool,
     Rows,
     json_option,
 )
@@ -208,19 +209,22 @@ def config_init(
                                 "mesh.toml."),
     rows: Rows = None,
     cols: Cols = None,
+    pool: Pool = None,
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
 ) -> None:
     """Write a commented configuration file with every setting at its default, the grid
     at --rows x --cols if given: the mesh file `--mesh` and `--config` read (edit, then
-    check with `meshdl config show`). The grid is written once, under [model]."""
+    check with `meshdl config show`). The grid is written once, under [model]. With
+    --pool global, the settings the global head's recipe sets are written at its values."""
     from meshdl.config import commented_config
 
     if path.exists() and not force:
         raise MeshdlError(f"{path} exists; pass --force to overwrite it")
     grid = {axis: n for axis, n in (("rows", rows), ("cols", cols)) if n is not None}
-    text = commented_config({"model": grid} if grid else None)
+    model = {**grid, **({} if pool is None else {"pool": pool})}
+    text = commented_config({"model": model} if model else None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    but = "".join(f", {axis} {n}" for axis, n in grid.items())
+    but = "".join(f", {axis} {n}" for axis, n in model.items())
     err_console.print(f"wrote {path}: every setting at its default{but}; `meshdl config "
                       f"show --config {path}` shows what a run will use", highlight=False)

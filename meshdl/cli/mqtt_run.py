@@ -417,6 +417,14 @@ def edge_serve(broker: Broker = ..., mesh: MeshFile = ...,
     if (model.config.rows, model.config.cols) != (config.model.rows, config.model.cols):
         raise UsageError(f"{model_file} is a {model.config.rows} x {model.config.cols} model, "
                          f"the mesh is {config.model.rows} x {config.model.cols}")
+    # The nodes build their layers from the mesh file, the edge its head from the model.
+    differ = [f"{name} {getattr(model.config, name)} against {getattr(config.model, name)}"
+              for name in ("in_channels", "kernel", "filters", "conv_layers", "pool")
+              if getattr(model.config, name) != getattr(config.model, name)]
+    if differ:
+        raise UsageError(f"{model_file} does not fit the mesh file's network (the nodes "
+                         f"build theirs from it): {', '.join(differ)}; set them in the "
+                         "mesh file's [model]")
     # A slot's wave starts halfway through the slot and must end (or fail) before the
     # next slot's: silent for a quarter of a slot, it gets its PARAMS and BATCH once more.
     engine = MqttEngine.for_run(config, None, BrokerAddress.parse(broker),

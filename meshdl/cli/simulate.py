@@ -41,7 +41,7 @@ from meshdl.cli.options import (
 )
 from meshdl.cli.train import Fit, fit_with_progress, plan_for
 from meshdl.compress.grammar import PLAN
-from meshdl.config import ModelConfig, RunConfig, load_run_config
+from meshdl.config import RunConfig, load_run_config, model_from_flags, recipe_default
 from meshdl.errors import UsageError, format_validation_error
 
 # The simulator, the model, the data and the protocol (numpy, Numba: most of a second)
@@ -565,14 +565,15 @@ def simulate_compare(
     radio: list[str] = typer.Option(None, "--radio", help="Radio profiles to compare "
                                     "(repeat; default: every one, Wi-Fi on the star, the "
                                     "others as a radio mesh)."),
-    rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = 5,
+    rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = None,
     pool: Pool = 2, conv_layers: ConvLayers = 2, hidden: Hidden = 200,
     batch: int = typer.Option(1, "--batch", help="Samples of an inference slot."),
     train_samples: int = typer.Option(2400, "--train-samples", help="Training maps of "
                                       "an epoch (0: no epoch comparison)."),
     train_batch: int = typer.Option(100, "--train-batch", help="Training batch."),
-    epochs: int = typer.Option(20, "--epochs", help="Epochs of the whole training run "
-                               "compared (the raw data is shipped once for all)."),
+    epochs: int | None = typer.Option(None, "--epochs", help="Epochs of the whole "
+                                      "training run compared (the raw data is shipped "
+                                      "once for all; default: 20, 40 with --pool global)."),
     sweep: bool = typer.Option(False, "--sweep", help="Also the inference slot over "
                                "network shapes (k 1/3, filters 1/2/5, pool 2/3/4, 1 or 2 "
                                "conv layers) on the first radio: where does the mesh win?"),
@@ -587,8 +588,10 @@ def simulate_compare(
 
     known = profiles(radios)
     names = radio or list(known)
-    model = ModelConfig(rows=rows, cols=cols, kernel=kernel, filters=filters, pool=pool,
-                        conv_layers=conv_layers, hidden=hidden)
+    model = model_from_flags(rows=rows, cols=cols, kernel=kernel, filters=filters,
+                             pool=pool, conv_layers=conv_layers, hidden=hidden)
+    if epochs is None:
+        epochs = recipe_default("train", "epochs", model.global_pool)
     results: dict[str, Any] = {"model": model.model_dump(), "batch": batch, "radios": []}
     for name in names:
         medium = natural_medium(name)
