@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -617,6 +618,34 @@ def test_a_client_waits_for_one_answer_no_longer_than_the_brokers_patience(
         return session._new_client().timeout
 
     assert asyncio.run(client_timeout()) == timeout
+
+
+def test_a_client_still_waiting_for_its_broker_says_so_and_a_short_wait_does_not(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`meshdl edge serve` waited for an unreachable broker without a word (a daemon's
+    only sign of life is its log). Reported once the wait has lasted `say_after`, then
+    every `say_every`; a short wait (doctor's 5 s) ends in its one-line error alone."""
+    import asyncio
+
+    from meshdl.mqtt.session import Backoff
+
+    async def wait(backoff: Backoff, patience: float) -> None:
+        session = Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "edge", [],
+                          connect_timeout_s=patience, backoff=backoff)
+        with pytest.raises(MeshdlError, match="cannot reach the broker"):
+            await session.connect()
+
+    quick = Backoff(first=0.01, most=0.01, say_after=0.0, say_every=3600.0)
+    with caplog.at_level(logging.WARNING, logger="meshdl.mqtt.session"):
+        asyncio.run(wait(quick, 0.3))
+    said = [r.getMessage() for r in caplog.records if r.name == "meshdl.mqtt.session"]
+    assert len(said) == 1, said  # once, then not again within say_every
+    assert "edge: still cannot reach the broker at mqtt://127.0.0.1:1" in said[0]
+    assert "trying again for" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="meshdl.mqtt.session"):
+        asyncio.run(wait(Backoff(first=0.01, most=0.01), 0.3))  # say_after 10 s
+    assert not [r for r in caplog.records if r.name == "meshdl.mqtt.session"]
 
 
 def test_the_mqtt_benchmark_trains_the_configured_run_and_reports_its_ratios(

@@ -58,6 +58,9 @@ MiB = 1024 * 1024
 # and paho logs the errors it also raises (which we report, once, our way).
 _CLIENT_LOG = logging.getLogger("meshdl.mqtt.session.client")
 _CLIENT_LOG.setLevel(logging.CRITICAL)
+# A process still waiting for its broker says so (a daemon's only sign of life): on
+# stderr through logging's last resort unless the application logs elsewhere.
+_LOG = logging.getLogger("meshdl.mqtt.session")
 
 
 @dataclass(frozen=True)
@@ -106,10 +109,13 @@ class BrokerAddress:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Waits between connection attempts: first, doubling up to `most`."""
+    """Waits between connection attempts: first, doubling up to `most`. A wait that has
+    failed for `say_after` seconds is reported (a warning), then every `say_every`."""
 
     first: float = 0.2
     most: float = 5.0
+    say_after: float = 10.0
+    say_every: float = 60.0
 
     def delays(self) -> Iterable[float]:
         delay = self.first
@@ -291,9 +297,11 @@ class Session:
     async def connect(self, stop: Callable[[], bool] | None = None) -> bool:
         """Connect, subscribe and announce, retrying with backoff for up to
         `connect_timeout_s` (None: until `stop()` holds). False if stopped first."""
+        started = time.monotonic()
         deadline = None if self.connect_timeout_s is None else \
-            time.monotonic() + self.connect_timeout_s
+            started + self.connect_timeout_s
         last: Exception | None = None
+        said_at: float | None = None  # when the wait was last reported
         for delay in self.backoff.delays():
             if stop is not None and stop():
                 return False
@@ -320,8 +328,17 @@ class Session:
                 else:
                     self.stats["connections"] += 1
                     return True
-            if deadline is not None and time.monotonic() + delay > deadline:
+            now = time.monotonic()
+            if deadline is not None and now + delay > deadline:
                 raise MeshdlError(f"cannot reach the broker at {self.address}: {last}")
+            if now - started >= self.backoff.say_after and (
+                    said_at is None or now - said_at >= self.backoff.say_every):
+                said_at = now
+                until = "until stopped" if deadline is None else \
+                    f"for {deadline - now:.0f} s more"
+                _LOG.warning("%s: still cannot reach the broker at %s after %.0f s (%s); "
+                             "trying again %s", self.client_name, self.address,
+                             now - started, last, until)
             self.stats["connect_retries"] += 1
             if not await _unless_stopped(asyncio.sleep(delay), stop):
                 return False
