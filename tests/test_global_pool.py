@@ -174,6 +174,9 @@ def test_commands_without_a_config_file_take_the_global_recipe_too(cli) -> None:
     assert conv2_formula("--pool", "global") == 8 * 20 * 16
     assert conv2_formula("--pool", "global", "--filters", "5") == 8 * 20 * 5
     assert conv2_formula() == 8 * 20 * 5  # the seed network
+    code, out, err = cli("cost", "--rows", "4", "--cols", "5", "--pool", "global")
+    assert code == 0, err
+    assert "16 filters, 2 conv layers, pool global" in " ".join(out.split())  # says which
     code, out, err = cli("simulate", "compare", "--radio", "802.15.4", "--rows", "4",
                          "--cols", "5", "--pool", "global", "--train-samples", "0", "--json")
     assert code == 0, err
@@ -201,3 +204,20 @@ def test_edge_serve_refuses_a_model_whose_network_the_mesh_file_does_not_build(
     code, _, err = cli("edge", "serve", "--broker", "mqtt://127.0.0.1:1", "--mesh", mesh,
                        "--model", tmp_path / "m.npz", "--slots", "1")
     assert_one_line_error(code, err, 2, "does not fit the mesh file", "filters 5 against 16")
+
+
+def test_edge_serve_runs_a_global_model_on_the_mesh_files_grid_and_a_windowed_one_on_its_own(
+        ) -> None:
+    """'A model trained on one grid runs on any': `edge serve` refused a 17 x 25 global
+    model on a 12 x 20 mesh file by its grid alone."""
+    from meshdl.cli.mqtt_run import fit_model_to_mesh
+
+    trained = CNN(ModelConfig(rows=17, cols=25, pool="global", filters=4, hidden=6), seed=1)
+    served = fit_model_to_mesh(trained, ModelConfig(rows=12, cols=20, pool="global",
+                                                    filters=4), Path("m.npz"))
+    assert (served.config.rows, served.config.cols) == (12, 20)
+    np.testing.assert_array_equal(served.flat, trained.flat)
+    windowed = CNN(ModelConfig(rows=17, cols=25, filters=4, hidden=6))
+    with pytest.raises(UsageError, match=r"does not fit the mesh.s grid.*runs on any grid"):
+        fit_model_to_mesh(windowed, ModelConfig(rows=12, cols=20, filters=4), Path("m.npz"))
+    assert fit_model_to_mesh(windowed, ModelConfig(filters=4), Path("m.npz")) is windowed

@@ -31,9 +31,13 @@ def cost(
     config = model_from_flags(rows=rows, cols=cols, kernel=kernel, filters=filters,
                               conv_layers=conv_layers, pool=pool, hidden=8)
     report = dry_wave(config, batch, parse_cell(edge_at), auth)
+    report["model"] = config.model_dump(mode="json", exclude={"hidden", "classes"})
     if json_out:
         emit_json(report)
         return
+    out_console.print(f"one training wave of {batch} samples: {config.rows} x {config.cols} "
+                      f"cells, kernel {config.kernel}, {config.filters} filters, "
+                      f"{config.conv_layers} conv layers, pool {config.pool}", highlight=False)
     print_comm_summary(report, console=out_console)
 
 

@@ -33,12 +33,13 @@ from meshdl.cli.options import (
     TakeOver,
     json_option,
 )
-from meshdl.config import RunConfig, load_run_config
+from meshdl.config import ModelConfig, RunConfig, load_run_config
 from meshdl.errors import MeshdlError, UsageError
 
 # The broker session, the node hosts, the edge and the protocol (Numba behind them) load
 # when a command runs, not for `meshdl --help`.
 if TYPE_CHECKING:
+    from meshdl.model.cnn import CNN
     from meshdl.mqtt.session import BrokerAddress
     from meshdl.mqtt.status import StatusRecord
     from meshdl.protocol.topology import Cell
@@ -391,6 +392,24 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
         emit_json(metrics)
 
 
+def fit_model_to_mesh(model: CNN, mesh: ModelConfig, model_file: Path) -> CNN:
+    """`model` as the mesh file's nodes will run it: they build their layers from the
+    mesh file, the edge its head from the model, so the layers must agree; a globally
+    pooled model runs on the mesh's grid whatever grid it was trained on
+    (`CNN.on_grid`), a windowed one only on its own. UsageError says what differs."""
+    differ = [f"{name} {getattr(model.config, name)} against {getattr(mesh, name)}"
+              for name in ("in_channels", "kernel", "filters", "conv_layers", "pool")
+              if getattr(model.config, name) != getattr(mesh, name)]
+    if differ:
+        raise UsageError(f"{model_file} does not fit the mesh file's network (the nodes "
+                         f"build theirs from it): {', '.join(differ)}; set them in the "
+                         "mesh file's [model]")
+    try:
+        return model.on_grid(mesh.rows, mesh.cols)
+    except UsageError as exc:
+        raise UsageError(f"{model_file} does not fit the mesh's grid: {exc}") from None
+
+
 @edge_app.command("serve")
 def edge_serve(broker: Broker = ..., mesh: MeshFile = ...,
                model_file: Path = typer.Option(..., "--model", help="model.npz to run."),
@@ -413,18 +432,7 @@ def edge_serve(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.mqtt.session import BrokerAddress
 
     config = load_run_config(mesh)
-    model = CNN.load(model_file)
-    if (model.config.rows, model.config.cols) != (config.model.rows, config.model.cols):
-        raise UsageError(f"{model_file} is a {model.config.rows} x {model.config.cols} model, "
-                         f"the mesh is {config.model.rows} x {config.model.cols}")
-    # The nodes build their layers from the mesh file, the edge its head from the model.
-    differ = [f"{name} {getattr(model.config, name)} against {getattr(config.model, name)}"
-              for name in ("in_channels", "kernel", "filters", "conv_layers", "pool")
-              if getattr(model.config, name) != getattr(config.model, name)]
-    if differ:
-        raise UsageError(f"{model_file} does not fit the mesh file's network (the nodes "
-                         f"build theirs from it): {', '.join(differ)}; set them in the "
-                         "mesh file's [model]")
+    model = fit_model_to_mesh(CNN.load(model_file), config.model, model_file)
     # A slot's wave starts halfway through the slot and must end (or fail) before the
     # next slot's: silent for a quarter of a slot, it gets its PARAMS and BATCH once more.
     engine = MqttEngine.for_run(config, None, BrokerAddress.parse(broker),
