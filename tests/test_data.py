@@ -529,6 +529,23 @@ def data_cli() -> Any:
     return data.app
 
 
+def test_cli_generate_keeps_an_existing_data_set_unless_forced(tmp_path: Path, cli) -> None:
+    """A 12 x 20 lounge written to the default path replaced a user's 17 x 25 one."""
+    from tests.helpers import assert_one_line_error
+
+    out = tmp_path / "lounge.npz"
+    small = ("--out", out, "--train", "20", "--test", "10", "--cols", "5")
+    code, _, err = cli("data", "generate", *small, "--rows", "4")
+    assert code == 0, err
+    before = out.read_bytes()
+    code, _, err = cli("data", "generate", *small, "--rows", "3")
+    assert_one_line_error(code, err, 1, "exists; pass --force")
+    assert out.read_bytes() == before
+    code, _, err = cli("data", "generate", *small, "--rows", "3", "--force")
+    assert code == 0, err
+    assert out.read_bytes() != before
+
+
 def test_cli_generate_then_inspect_json_reports_the_passing_checks(
     tmp_path: Path, data_cli: Any
 ) -> None:

@@ -19,7 +19,7 @@ from rich.table import Table
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.options import EdgeAt, JsonReport, json_option
 from meshdl.config import DataConfig, load_run_config
-from meshdl.errors import UsageError
+from meshdl.errors import MeshdlError, UsageError
 
 # The data sets and the generator (numpy, Numba) load when a command runs, not for
 # `meshdl --help`.
@@ -57,11 +57,14 @@ def generate(
     slot_minutes: int | None = typer.Option(None, help=_help("Minutes per time slot",
                                                              "slot_minutes")),
     as_json: json_option("Print the statistics as JSON on stdout.") = False,
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
 ) -> None:
     """Simulate the lounge (one map per time slot) and write the labelled data set."""
     from meshdl.data.datasets import dataset_stats, save_dataset
     from meshdl.data.lounge import generate_lounge
 
+    if out.exists() and not force:  # another grid's or seed's data set would be lost
+        raise MeshdlError(f"{out} exists; pass --force to overwrite it, or --out another file")
     flags = {"rows": rows, "cols": cols, "train": train, "test": test, "seed": seed,
              "threshold": threshold, "slot_minutes": slot_minutes}
     cfg = data_config(config, flags)
