@@ -201,9 +201,7 @@ def model_from_flags(**flags: Any) -> ModelConfig:
     configuration file (`meshdl cost`, `simulate compare`): an unset setting takes what
     `load_run_config` would give it, the global head's recipe included."""
     given = {name: value for name, value in flags.items() if value is not None}
-    global_pool = given.get("pool") == "global"
-    recipe = {name: recipe_default("model", name, global_pool)
-              for name in GLOBAL_RECIPE["model"]}
+    recipe = GLOBAL_RECIPE["model"] if given.get("pool") == "global" else {}
     return ModelConfig(**{**recipe, **given})
 
 

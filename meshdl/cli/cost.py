@@ -27,7 +27,7 @@ def cost(
     """Run one dry training wave on random data and report its communication cost."""
     from meshdl.sim.mesh import dry_wave  # the virtual mesh: when the command runs
 
-    # (filters: 5, or the global head's recipe's 16 with --pool global)
+    # (an unset --filters: the field's default, or the global head's recipe's)
     config = model_from_flags(rows=rows, cols=cols, kernel=kernel, filters=filters,
                               conv_layers=conv_layers, pool=pool, hidden=8)
     report = dry_wave(config, batch, parse_cell(edge_at), auth)

@@ -8,13 +8,13 @@ core count can tell the two cases apart, and which holds changes while a run goe
 (another job starts or ends), so `ThreadChooser` measures: it times every call, runs
 the count whose recent calls were fastest, and now and then tries the other one again.
 
-BLAS runs on one thread inside a step, whatever the choice (meshdl/blas.py): with 2 threads OpenBLAS
-(0.3.31, numpy's) gave other bits than with 1 for the seed's fc1 product (585 inputs)
-at batches of 64 and more, and for the optimizer's float64 norm (a dot product, which it
-splits in halves); the kernels' own twins give the same bits. The fully-connected
-layers are a small part of a step (about 0.6 of 2 ms at batch 100, 0.4 on 2 threads),
-and OpenBLAS's threads busy-wait between calls: with the other core busy, 2 BLAS
-threads made the step 2.5 times slower (6.8 against 2.75 ms).
+BLAS runs on one thread inside a step, whatever the choice (meshdl/blas.py): with 2
+threads OpenBLAS (0.3.31, numpy's) gave other bits than with 1 for the seed's fc1
+product (585 inputs) at batches of 64 and more, and for the optimizer's float64 norm (a
+dot product, which it splits in halves); the kernels' own twins give the same bits.
+The fully-connected layers are a small part of a step (about 0.6 of 2 ms at batch
+100, 0.4 on 2 threads), and OpenBLAS's threads busy-wait between calls: with the other
+core busy, 2 BLAS threads made the step 2.5 times slower (6.8 against 2.75 ms).
 """
 
 from __future__ import annotations
