@@ -44,6 +44,7 @@ from meshdl.protocol.topics import TopicNames, inbox_filter, name_of
 from meshdl.protocol.topology import Cell
 from meshdl.protocol.wire import Wire
 from meshdl.sim.broker import VirtualBroker
+from meshdl.sim.compiled import CompiledWaves, compiled_applies
 from meshdl.sim.faults.chaos import Chaos, Forger
 from meshdl.sim.parties import MeshParties
 
@@ -54,11 +55,17 @@ class VirtualMesh:
     def __init__(self, spec: MeshSpec, readings: dict[int, np.ndarray], model: CNN,
                  labels: dict[int, np.ndarray], max_rounds: int | None = None,
                  chaos: Chaos | None = None, wire: bool = False,
-                 keys: MeshKeys | None = None, memory_plan: bool = True) -> None:
+                 keys: MeshKeys | None = None, memory_plan: bool = True,
+                 compiled: bool = False) -> None:
         """`readings[split]` holds maps, (samples, [in_channels,] rows, cols): each node
         gets its cell's. `keys`: those of an authenticating mesh (default: from seed 0).
-        `memory_plan`: see `MeshParties`."""
+        `memory_plan`: see `MeshParties`. `compiled`: run every exact wave through the
+        compiled dispatch (sim/compiled.py: the same values, counts and rounds, without
+        a Python call per message); the others, and scheduled slots, go through the
+        machines."""
         self.spec = spec
+        self.compiled = compiled
+        self._compiled: CompiledWaves | None = None  # built by the first compiled wave
         self.broker = VirtualBroker()
         self.chaos = chaos
         # Faults are injected into bytes; tags are computed over them.
@@ -160,6 +167,10 @@ class VirtualMesh:
                  failout: np.ndarray | None = None) -> WaveResult:
         """One wave from the edge and back (`failout`: cells acting dead in it); raises
         MeshdlError if it does not complete."""
+        if self.compiled and compiled_applies(self):
+            if self._compiled is None:
+                self._compiled = CompiledWaves(self)
+            return self._compiled.run_wave(mode, split, indices, failout)
         self.send(self.edge.start(mode, split, indices, failout=failout))
         return self._finish_wave(mode)
 
@@ -257,9 +268,13 @@ class MeshEngine(WaveEngine):
                  params_via: str = "tree", max_message_bytes: int = MAX_MESSAGE_BYTES,
                  auth: bool = False, keys: MeshKeys | None = None,
                  compress: str = "none", activations: str = "float32",
-                 delta: float | None = None, memory_plan: bool = True) -> None:
-        """`memory_plan`: see `MeshParties` (False only to measure or test without it)."""
+                 delta: float | None = None, memory_plan: bool = True,
+                 compiled: bool = True) -> None:
+        """`memory_plan`: see `MeshParties` (False only to measure or test without it).
+        `compiled`: exact waves through the compiled dispatch (`VirtualMesh`); False,
+        every message through the node machines."""
         self.data = data
+        self.compiled = compiled
         self.memory_plan = memory_plan
         self.compress, self.activations, self.delta = compress, activations, delta
         self.auth = auth
@@ -284,7 +299,7 @@ class MeshEngine(WaveEngine):
             readings, labels = by_split(self.data)
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
                                     wire=self.wire, keys=self.keys,
-                                    memory_plan=self.memory_plan)
+                                    memory_plan=self.memory_plan, compiled=self.compiled)
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:

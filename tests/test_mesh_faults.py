@@ -303,7 +303,8 @@ def test_waves_are_planned_so_that_every_message_fits_the_size_limit() -> None:
     assert seed.values_per_sample == 9 * 13 * 5  # the GATHER into the edge
     assert seed.max_batch == (MAX_MESSAGE_BYTES - HEADER_BYTES) // 4 // 585 == 448
     config = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=6)
-    engine = MeshEngine(_dataset(config, 50, seed=1), max_message_bytes=1024)
+    # Every message as an object to size: through the node machines.
+    engine = MeshEngine(_dataset(config, 50, seed=1), max_message_bytes=1024, compiled=False)
     model = CNN(config, seed=2)
     model.set_normalization(20.0, 3.0)
     spec = engine.spec_for(model)
@@ -352,7 +353,7 @@ def test_early_messages_are_kept_only_in_a_plausible_shape_and_within_a_byte_bud
     assert node.stats["dropped:early_overflow"] > 0
 
 
-def _mesh_and_reference(steps: int):
+def _mesh_and_reference(steps: int, compiled: bool = True):
     """A virtual mesh and the central engine on the same data and model copies."""
     from meshdl.sim.mesh import MeshEngine
     from meshdl.training.loop import CentralEngine
@@ -361,7 +362,7 @@ def _mesh_and_reference(steps: int):
     mesh_model, central = CNN(CONFIG, seed=7), CNN(CONFIG, seed=7)
     for model in (mesh_model, central):
         model.set_normalization(20.0, 3.0)
-    engine = MeshEngine(data)
+    engine = MeshEngine(data, compiled=compiled)
     return engine, engine.mesh_for(mesh_model), mesh_model, CentralEngine(data), central
 
 
@@ -384,7 +385,8 @@ def test_wave_numbers_wrap_from_the_top_of_the_u32_to_zero() -> None:
 def test_a_restarted_edge_takes_the_mesh_back_below_its_predecessors_steps() -> None:
     from meshdl.edge.agent import EdgeMachine
 
-    engine, mesh, model, reference, central = _mesh_and_reference(2)
+    # The nodes' own counts say they followed the new session: the node machines.
+    engine, mesh, model, reference, central = _mesh_and_reference(2, compiled=False)
     mesh.edge.step = 10_000_000  # a predecessor that ran fast
     _assert_wave_equals_central(engine, model, reference, central, 0)
     old = mesh.edge

@@ -45,8 +45,9 @@ def test_a_training_wave_sends_exactly_the_rows_of_the_plan(params_via: str) -> 
     rng = np.random.default_rng(1)
     X = rng.normal(20.0, 2.0, (6, 4, 5)).astype(np.float32)
     y = rng.integers(0, 2, 6)
+    # Every message as an object to record: through the node machines.
     engine = MeshEngine(Dataset(X, y, X[:1], y[:1], {"generator": "random"}), edge_at=(0, 2),
-                        params_via=params_via)
+                        params_via=params_via, compiled=False)
     model = CNN(config, seed=0)
     model.set_normalization(20.0, 2.0)
     mesh = engine.mesh_for(model)

@@ -101,6 +101,17 @@ class Ledger:
         """Note several messages sent at once (one party's answer to one message)."""
         self._headers.extend([message.header for message in messages])
 
+    def record_wave(self, step: int, keys: list[tuple]) -> None:
+        """Note what the nodes of a compiled wave (sim/compiled.py) sent one another, as
+        the cost keys `tally` makes of headers, after the wave's messages to and from
+        the edge, which are recorded as messages."""
+        self.tally()
+        if step != self._step:
+            self._end_wave()
+            self._step = step
+            self.waves += 1
+        self._wave.extend(keys)
+
     def tally(self) -> None:
         """Count the headers recorded since the last tally, wave (step number) by wave."""
         headers, self._headers = self._headers, []
@@ -216,7 +227,8 @@ class Ledger:
             broadcast = {figure: n for (cls, figure), n in sorted(self._broadcast.items())
                          if cls == name}
             classes[name] = {**unicast[name], "broadcast": broadcast}
-        busiest = max(links, key=links.__getitem__, default=None)
+        # Ties go to the first link by name, not to whichever was counted first.
+        busiest = max(sorted(links), key=links.__getitem__, default=None)
         halo = {}
         for layer in range(1, self.spec.model.conv_layers + 1):
             halo[f"conv{layer}"] = {

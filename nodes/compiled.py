@@ -1,0 +1,666 @@
+"""Every node's plan of one mesh as flat tables, and an exact wave's rounds run over them
+in one compiled loop: the in-process mesh's dispatch at the cost of a table lookup and a
+copy a message.
+
+The node machine (nodes/agent.py) takes one message at a time in Python, about 17 us
+each, which is most of a virtual-mesh run. In an exact wave inside one process, what a
+node does with a message of its plan is fixed once the plan is: copy its values into
+the slots its `Expect` names, count down the tasks waiting for it, run those whose
+sources are all in. `Tables.of` reads each node machine's adopted plan (the very tasks,
+slots, taps and waiters `NodeMachine._adopt` set up) into arrays; `run_rounds` delivers
+rounds as the virtual broker does (what is sent in round r arrives in round r + 1) and
+runs each task with the kernel and arguments its step in nodes/steps.py uses, so every
+value is the machines' to the bit (tests/test_compiled.py). Only messages to and from
+the edge leave the loop; sim/compiled.py hands them to the edge machine.
+
+What it does not do is what an exact in-process wave never needs: deadlines and
+fill-ins, compression, delta halos, replanning, held gradients under shared memory
+(every buffer here has its own memory), and checking messages that never leave it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from meshdl.nodes import compute
+from meshdl.nodes.agent import NodeMachine
+from meshdl.nodes.plan import Computation, Role
+from meshdl.protocol.messages import EDGE, Kind
+from meshdl.protocol.spec import MeshSpec, Mode, Send
+from meshdl.protocol.topology import Cell
+from meshdl.protocol.work import Step
+
+# A task's step as a number for the loop; SEND is a task that sends (a `Send`).
+SEND = 0
+STEP_CODES = {step: code for code, step in enumerate(Step, start=1)}
+CONV, POOL, ROUTE, AGGREGATE, WINNERS, SPLIT, DZ_TOP, WEIGHT_GRAD, INPUT_GRAD, REDUCE = (
+    STEP_CODES[s] for s in (Step.CONV, Step.POOL, Step.ROUTE, Step.AGGREGATE, Step.WINNERS,
+                            Step.SPLIT, Step.DZ_TOP, Step.WEIGHT_GRAD, Step.INPUT_GRAD,
+                            Step.REDUCE))
+ITEMS, PARAMETERS, SAMPLES, PARTIAL_GRADIENTS = (int(r) for r in (
+    Role.ITEMS, Role.PARAMETERS, Role.SAMPLES, Role.PARTIAL_GRADIENTS))
+NONE = -1  # no such buffer, slot or message; a message's destination: the edge
+
+
+class Tables(NamedTuple):
+    """The plans of every node of a mesh, numbered: nodes 0..N-1 (in `cells` order), their
+    buffers, inbox entries, tasks and messages, each by a global number. A list per
+    owner (the slots of a window, the tasks waiting for a source) is a range [start,
+    end) of `pool`, given as a (..., 2) array of ranges."""
+
+    pool: np.ndarray  # intp: slots, taps, task numbers and node numbers of every list
+    # Buffers: a node's field buffer b is buffer `node_buffer[n] + b`, (slots, channels,
+    # batch) at `buf_off * batch` in the wave's arena.
+    buf_off: np.ndarray
+    buf_slots: np.ndarray
+    buf_ch: np.ndarray
+    # Inbox entries (node `entry_node`): how each is taken, where its items go, and the
+    # tasks waiting for it.
+    entry_node: np.ndarray
+    entry_role: np.ndarray
+    entry_buf: np.ndarray
+    entry_slots: np.ndarray  # ranges
+    entry_waiters: np.ndarray  # ranges
+    # Tasks: node, step (SEND or a step code), conv layer, training only, sources
+    # needed, the message a send (or REDUCE) sends, the tasks waiting for what a
+    # computation makes.
+    task_node: np.ndarray
+    task_step: np.ndarray
+    task_layer: np.ndarray
+    task_train: np.ndarray
+    task_needs: np.ndarray
+    task_msg: np.ndarray
+    task_made: np.ndarray  # ranges
+    node_tasks: np.ndarray  # ranges: a node's tasks are a run of numbers
+    # Messages: sender, its buffer and rows (ITEMS), receiver (NONE: the edge) and the
+    # inbox entry it fills there.
+    msg_src: np.ndarray
+    msg_buf: np.ndarray
+    msg_rows: np.ndarray  # ranges
+    msg_dst: np.ndarray
+    msg_entry: np.ndarray
+    # Per node, what its steps read and write (as `NodeMachine._adopt` names them).
+    forwards: np.ndarray  # ranges of message numbers: PARAMS and BATCH to the children
+    made_input: np.ndarray  # ranges: the tasks waiting for its own normalized readings
+    active: np.ndarray  # (N, 2): tasks a wave runs, training and inference
+    a_buf: np.ndarray  # (N, layers + 1): buffer of activations a_l, and own slot
+    own_a: np.ndarray
+    dz_buf: np.ndarray  # (N, layers + 1): output gradients dz_l (l >= 1), own slot
+    own_dz: np.ndarray
+    conv_slots: np.ndarray  # (N, layers + 1, 2) ranges: conv l's input window
+    conv_taps: np.ndarray  # (N, 2)
+    grad_slots: np.ndarray  # (N, layers + 1, 2): the transposed window of dz_l
+    grad_taps: np.ndarray  # (N, 2)
+    route_buf: np.ndarray
+    own_route: np.ndarray
+    pooled_buf: np.ndarray
+    pooled_slot: np.ndarray
+    dpooled_buf: np.ndarray
+    dpooled_slot: np.ndarray
+    winner_buf: np.ndarray
+    winner_slot: np.ndarray
+    block_slots: np.ndarray  # ranges: a leader's block (windowed pooling)
+    route_slots: np.ndarray  # ranges
+    child_pooled: np.ndarray  # ranges: global pooling's children's slots
+    child_winner: np.ndarray
+    child_dpooled: np.ndarray
+    children: np.ndarray  # ranges of node numbers: tree children (REDUCE)
+    number: np.ndarray  # float64: row x cols + col
+    by_input: np.ndarray  # uint8: weight gradients above layer 1 from its input
+    # The parameters' layout (`ParamsLayout`), per conv layer.
+    w_off: np.ndarray
+    w_shape: np.ndarray  # (layers + 1, 3)
+    b_off: np.ndarray
+    b_len: np.ndarray
+    mean_off: int
+    std_off: int
+    in_channels: int
+    layers: int
+    filters: int
+
+    @property
+    def nodes(self) -> int:
+        return len(self.node_tasks)
+
+    @property
+    def units(self) -> int:
+        """Values of all buffers of all nodes, per sample of the batch."""
+        return int((self.buf_slots * self.buf_ch).sum())
+
+
+
+class MessageKey(NamedTuple):
+    """A message of the tables as its header names it (the payload's shape aside)."""
+
+    src: Cell
+    dst: Cell
+    kind: Kind
+    layer: int
+    phase: int
+
+
+class Layout(NamedTuple):
+    """A mesh's tables, what each message of them is, and each task's stage name."""
+
+    tables: Tables
+    messages: list[MessageKey]
+    stages: list[str]  # "" for a send
+
+
+def lay_out(spec: MeshSpec, nodes: list[NodeMachine]) -> Layout:
+    """The tables of `nodes` (every member of `spec`'s mesh, adopted to `spec`)."""
+    builder = _Builder(spec, nodes)
+    tables = builder.tables()
+    stages = [job.stage if job.send is None else "" for node in nodes for job in node.jobs]
+    return Layout(tables, builder.keys, stages)
+
+
+class _Builder:
+    """Reads node machines' adopted plans into `Tables`."""
+
+    def __init__(self, spec: MeshSpec, nodes: list[NodeMachine]) -> None:
+        self.spec, self.nodes = spec, nodes
+        self.index: dict[Cell, int] = {node.cell: n for n, node in enumerate(nodes)}
+        self.pool: list[int] = []
+        self.node_buffer: list[int] = []
+        self.node_entry: list[int] = []
+        self.node_task: list[int] = []
+        buffers = entries = tasks = 0
+        for node in nodes:
+            self.node_buffer.append(buffers)
+            self.node_entry.append(entries)
+            self.node_task.append(tasks)
+            buffers += len(node.plan.buffer_shapes)
+            entries += len(node.plan.expected)
+            tasks += len(node.jobs)
+        self.counts = (buffers, entries, tasks)
+
+    def put(self, values) -> tuple[int, int]:
+        """A list into the pool: its range."""
+        start = len(self.pool)
+        self.pool.extend(int(v) for v in values)
+        return start, len(self.pool)
+
+    def slots(self, rows) -> tuple[int, int]:
+        if isinstance(rows, slice):
+            return self.put(range(rows.start, rows.stop))
+        return self.put(rows)
+
+    def entry_of(self, dst: Cell, kind: Kind, layer: int, phase: int, src: Cell) -> int:
+        node = self.nodes[self.index[dst]]
+        return self.node_entry[self.index[dst]] + node.plan.inbox[(kind, layer, phase, src)].index
+
+    def tables(self) -> Tables:
+        spec, nodes = self.spec, self.nodes
+        layers, n_nodes = spec.model.conv_layers, len(nodes)
+        buffers, entries, tasks = self.counts
+        buf_off, buf_slots, buf_ch = (np.zeros(buffers, np.int64) for _ in range(3))
+        unit = 0
+        for n, node in enumerate(nodes):
+            for b, (slots, channels) in enumerate(node.plan.buffer_shapes):
+                g = self.node_buffer[n] + b
+                buf_off[g], buf_slots[g], buf_ch[g] = unit, slots, channels
+                unit += slots * channels
+        entry_node, entry_role, entry_buf = (np.full(entries, NONE, np.int64) for _ in range(3))
+        entry_slots, entry_waiters = (np.zeros((entries, 2), np.int64) for _ in range(2))
+        for n, node in enumerate(nodes):
+            base = self.node_task[n]
+            for expect in node.plan.expected:
+                e = self.node_entry[n] + expect.index
+                entry_node[e], entry_role[e] = n, int(expect.role)
+                if expect.role == Role.ITEMS:
+                    entry_buf[e] = self.node_buffer[n] + expect.buffer
+                    entry_slots[e] = self.slots(expect.slots)
+                entry_waiters[e] = self.put(base + t for t in expect.waiters)
+        task_node, task_step, task_layer, task_train, task_needs, task_msg = (
+            np.full(tasks, NONE, np.int64) for _ in range(6))
+        task_made, node_tasks = np.zeros((tasks, 2), np.int64), np.zeros((n_nodes, 2), np.int64)
+        messages: list[tuple[int, int, tuple[int, int], int, int]] = []
+        self.keys: list[MessageKey] = []  # per message: its header's names
+
+        def message(n: int, kind: Kind, dst: Cell, layer: int, phase: int,
+                    buffer: int = NONE, rows=None) -> int:
+            cell = nodes[n].cell
+            if dst == EDGE:
+                target, entry = NONE, NONE
+            else:
+                target, entry = self.index[dst], self.entry_of(dst, kind, layer, phase, cell)
+            span = (0, 0) if rows is None else self.slots(rows)
+            messages.append((n, buffer, span, target, entry))
+            self.keys.append(MessageKey(cell, dst, kind, layer, phase))
+            return len(messages) - 1
+
+        forwards, made_input = np.zeros((n_nodes, 2), np.int64), np.zeros((n_nodes, 2), np.int64)
+        active = np.zeros((n_nodes, 2), np.int64)
+        for n, node in enumerate(nodes):
+            plan, base = node.plan, self.node_task[n]
+            node_tasks[n] = base, base + len(node.jobs)
+            for i, (task, job) in enumerate(zip(plan.tasks, node.jobs, strict=True)):
+                t = base + i
+                task_node[t], task_layer[t] = n, job.layer
+                task_train[t], task_needs[t] = job.train_only, plan.needs_count[i]
+                if isinstance(task, Send):
+                    kind, dst, buffer, rows, layer, phase = job.send
+                    task_step[t] = SEND
+                    task_msg[t] = message(n, kind, dst, layer, phase,
+                                          self.node_buffer[n] + buffer, rows)
+                    continue
+                assert isinstance(task, Computation)
+                task_step[t] = STEP_CODES[task.step]
+                task_made[t] = self.put(base + w for w in _made(node, task, layers))
+                if task.step is Step.REDUCE:
+                    task_msg[t] = message(n, Kind.REDUCE, plan.reduce_to, 0, 0)
+            sends = [message(n, s.kind, s.dst, 0, 0) for s in plan.forwards]
+            forwards[n] = self.put(sends)
+            made_input[n] = self.put(base + w for w in node.made_a[0])
+            active[n] = plan.active[Mode.TRAIN], plan.active[Mode.INFER]
+        msg_src, msg_buf, msg_dst, msg_entry = (
+            np.array([m[i] for m in messages], np.int64) for i in (0, 1, 3, 4))
+        msg_rows = np.array([m[2] for m in messages], np.int64).reshape(-1, 2)
+        named = self._named(layers)
+        layout = spec.params_layout
+        w_off = np.zeros(layers + 1, np.int64)
+        w_shape = np.ones((layers + 1, 3), np.int64)
+        b_off, b_len = np.zeros(layers + 1, np.int64), np.zeros(layers + 1, np.int64)
+        for layer, where in layout.layers.items():
+            w_off[layer], w_shape[layer] = where.weight.start, where.kernel_shape
+            b_off[layer], b_len[layer] = where.bias.start, where.bias.stop - where.bias.start
+        return Tables(
+            pool=np.array(self.pool, np.intp), buf_off=buf_off, buf_slots=buf_slots,
+            buf_ch=buf_ch, entry_node=entry_node, entry_role=entry_role, entry_buf=entry_buf,
+            entry_slots=entry_slots, entry_waiters=entry_waiters, task_node=task_node,
+            task_step=task_step, task_layer=task_layer, task_train=task_train,
+            task_needs=task_needs, task_msg=task_msg, task_made=task_made,
+            node_tasks=node_tasks, msg_src=msg_src, msg_buf=msg_buf, msg_rows=msg_rows,
+            msg_dst=msg_dst, msg_entry=msg_entry, forwards=forwards, made_input=made_input,
+            active=active, **named, w_off=w_off, w_shape=w_shape, b_off=b_off, b_len=b_len,
+            mean_off=layout.mean.start, std_off=layout.std.start,
+            in_channels=spec.model.in_channels, layers=layers, filters=spec.model.filters)
+
+    def _named(self, layers: int) -> dict[str, np.ndarray]:
+        """Per node, the buffers, slots and lists its steps use (`NodeMachine._adopt`)."""
+        nodes, n_nodes = self.nodes, len(self.nodes)
+        out: dict[str, np.ndarray] = {
+            name: np.full((n_nodes, layers + 1), NONE, np.int64)
+            for name in ("a_buf", "own_a", "dz_buf", "own_dz")}
+        for name in ("conv_slots", "grad_slots"):
+            out[name] = np.zeros((n_nodes, layers + 1, 2), np.int64)
+        single = ("route_buf", "own_route", "pooled_buf", "pooled_slot", "dpooled_buf",
+                  "dpooled_slot", "winner_buf", "winner_slot")
+        for name in single:
+            out[name] = np.full(n_nodes, NONE, np.int64)
+        lists = ("conv_taps", "grad_taps", "block_slots", "route_slots", "child_pooled",
+                 "child_winner", "child_dpooled", "children")
+        for name in lists:
+            out[name] = np.zeros((n_nodes, 2), np.int64)
+        out["number"] = np.zeros(n_nodes, np.float64)
+        out["by_input"] = np.zeros(n_nodes, np.uint8)
+        for n, node in enumerate(nodes):
+            buf = self.node_buffer[n]
+            for layer in range(layers + 1):
+                out["a_buf"][n, layer] = buf + node.a[layer]
+                out["own_a"][n, layer] = node.own_a[layer]
+                if layer:
+                    out["dz_buf"][n, layer] = buf + node.dz[layer]
+                    out["own_dz"][n, layer] = node.own_dz[layer]
+                    out["conv_slots"][n, layer] = self.put(node.conv_slots[layer])
+                if layer > 1:
+                    out["grad_slots"][n, layer] = self.put(node.grad_slots[layer])
+            out["conv_taps"][n] = self.put(node.conv_taps)
+            out["grad_taps"][n] = self.put(node.grad_taps)
+            out["route_buf"][n], out["own_route"][n] = buf + node.route, node.own_route
+            for name in ("pooled", "dpooled", "winner"):
+                if hasattr(node, name):
+                    out[f"{name}_buf"][n] = buf + getattr(node, name)
+                    out[f"{name}_slot"][n] = getattr(node, f"{name}_slot")
+            for name in ("block_slots", "route_slots", "child_pooled", "child_winner",
+                         "child_dpooled"):
+                if hasattr(node, name):
+                    out[name][n] = self.put(getattr(node, name))
+            out["children"][n] = self.put(self.index[c] for c in node.children)
+            out["number"][n] = float(node.number)
+            memory = node.plan.memory(Mode.TRAIN, True) if node.memory_plan else \
+                node.plan.unplanned
+            out["by_input"][n] = memory.by_input_cell
+        return out
+
+
+def _made(node: NodeMachine, task: Computation, layers: int) -> list[int]:
+    """The tasks of `node` waiting for what `task` makes, as its step tells them
+    (nodes/steps.py: each `_arrived` call, in order; a task counted once per source)."""
+    step, layer = task.step, task.layer
+    if step is Step.CONV:
+        return list(node.made_a[layer])
+    if step in (Step.POOL, Step.AGGREGATE):
+        return list(node.made_pooled)
+    if step in (Step.ROUTE, Step.SPLIT):
+        return [t for made in node.made_route for t in made]
+    if step is Step.WINNERS:
+        return list(node.made_winner)
+    if step is Step.DZ_TOP:
+        return list(node.made_dz[layers])
+    if step is Step.WEIGHT_GRAD:
+        return list(node.made_grad[layer])
+    if step is Step.INPUT_GRAD:
+        return list(node.made_dz[layer - 1])
+    return []  # REDUCE: its result is a message
+
+
+class State(NamedTuple):
+    """One wave's progress in the loop (reset by `reset`)."""
+
+    missing: np.ndarray  # per task: sources still to come
+    task_round: np.ndarray  # per task: the round it ran in, -1 not (yet)
+    control: np.ndarray  # per node: PARAMS and BATCH received (2: started)
+    tasks_done: np.ndarray  # per node
+    finished: np.ndarray  # per node: the round its last task ran, -1 not yet
+    failed: np.ndarray  # per node: failout, acting dead in this wave
+    sent: np.ndarray  # per message: sent in this wave
+    cur: np.ndarray  # arrivals of this round: message numbers, or -1 - entry (edge's)
+    nxt: np.ndarray  # ... of the next
+    to_edge: np.ndarray  # messages to the edge sent in the last round run
+    stack: np.ndarray  # tasks ready to run
+    counts: np.ndarray  # [arrivals this round, next round, to the edge, stack, sent]
+
+    @classmethod
+    def of(cls, tables: Tables) -> State:
+        tasks, nodes, messages = len(tables.task_node), tables.nodes, len(tables.msg_src)
+        queue = messages + 2 * len(tables.entry_node) + 8
+        return cls(np.zeros(tasks, np.int64), np.zeros(tasks, np.int64),
+                   np.zeros(nodes, np.int64), np.zeros(nodes, np.int64),
+                   np.zeros(nodes, np.int64), np.zeros(nodes, np.uint8),
+                   np.zeros(messages, np.uint8), np.zeros(queue, np.int64),
+                   np.zeros(queue, np.int64), np.zeros(messages + 8, np.int64),
+                   np.zeros(tasks + 8, np.int64), np.zeros(5, np.int64))
+
+    def reset(self, tables: Tables, failed: np.ndarray) -> None:
+        self.missing[:] = tables.task_needs
+        self.task_round[:] = -1
+        self.control[:] = 0
+        self.tasks_done[:] = 0
+        self.finished[:] = -1
+        self.failed[:] = failed
+        self.sent[:] = 0
+        self.counts[:] = 0
+
+
+class Wave(NamedTuple):
+    """What one wave computes with: its arena of buffers (float32, `Tables.units` x
+    batch), the winners of pooling (N, filters, batch), every node's gradient vector
+    (N, conv size), the PARAMS vector, this split's readings (N, channels, samples),
+    the samples, and whether it trains."""
+
+    arena: np.ndarray
+    winners: np.ndarray
+    grads: np.ndarray
+    params: np.ndarray
+    readings: np.ndarray
+    indices: np.ndarray
+    batch: int
+    training: bool
+
+
+_JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "numpy"}
+
+# The loop is one function over local arrays: a Numba call that takes the tables as a
+# tuple counts a reference up and down for each of its ~80 arrays, which cost more than
+# the work itself; the small helpers below take the few arrays they touch and are
+# inlined.
+
+
+@njit(**_JIT, inline="always")
+def _view(arena: np.ndarray, start: int, slots: int, channels: int,
+          batch: int) -> np.ndarray:
+    """A buffer of the wave's arena: (slots, channels, batch) at `start`."""
+    return arena[start:start + slots * channels * batch].reshape((slots, channels, batch))
+
+
+@njit(**_JIT, inline="always")
+def _enqueue(m: int, msg_dst: np.ndarray, sent: np.ndarray, nxt: np.ndarray,
+             to_edge: np.ndarray, counts: np.ndarray) -> None:
+    """Message `m` sent: it arrives in the next round (the edge's: handed out)."""
+    sent[m] = 1
+    counts[4] += 1
+    if msg_dst[m] == NONE:
+        to_edge[counts[2]] = m
+        counts[2] += 1
+    else:
+        nxt[counts[1]] = m
+        counts[1] += 1
+
+
+@njit(**_JIT)
+def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
+               pending: np.ndarray) -> int:
+    """Deliver rounds from `now` on, the arrivals in `st.cur` at now + 1, and so on: until
+    a round sends the edge something (`st.to_edge`), nothing is left to deliver, or the
+    round `limit` is passed. `pending`: what the edge sent in round now + 1, arriving in
+    the round after. Returns the last round delivered (`now` if none).
+
+    An arrival is a message of the tables (its items copied into the receiver's slots)
+    or, as -1 - entry, what the edge sent (already in place). It counts down the tasks
+    waiting for its inbox entry (`NodeMachine._arrived`); PARAMS and BATCH both in start
+    the node's wave (`_start_wave`); then every ready task runs, as `_run_ready` runs
+    them, each computation as its step in nodes/steps.py does."""
+    pool, buf_off, buf_slots, buf_ch = tb.pool, tb.buf_off, tb.buf_slots, tb.buf_ch
+    entry_node, entry_role, entry_buf = tb.entry_node, tb.entry_role, tb.entry_buf
+    entry_slots, entry_waiters = tb.entry_slots, tb.entry_waiters
+    task_node, task_step, task_layer = tb.task_node, tb.task_step, tb.task_layer
+    task_train, task_msg, task_made, node_tasks = tb.task_train, tb.task_msg, \
+        tb.task_made, tb.node_tasks
+    msg_buf, msg_rows, msg_dst, msg_entry = tb.msg_buf, tb.msg_rows, tb.msg_dst, \
+        tb.msg_entry
+    forwards, made_input, active = tb.forwards, tb.made_input, tb.active
+    a_buf, own_a, dz_buf, own_dz = tb.a_buf, tb.own_a, tb.dz_buf, tb.own_dz
+    conv_slots, conv_taps, grad_slots, grad_taps = tb.conv_slots, tb.conv_taps, \
+        tb.grad_slots, tb.grad_taps
+    route_buf, own_route = tb.route_buf, tb.own_route
+    pooled_buf, pooled_slot = tb.pooled_buf, tb.pooled_slot
+    dpooled_buf, dpooled_slot = tb.dpooled_buf, tb.dpooled_slot
+    winner_buf, winner_slot = tb.winner_buf, tb.winner_slot
+    block_slots, route_slots, children = tb.block_slots, tb.route_slots, tb.children
+    child_pooled, child_winner, child_dpooled = tb.child_pooled, tb.child_winner, \
+        tb.child_dpooled
+    number, by_input = tb.number, tb.by_input
+    w_off, w_shape, b_off, b_len = tb.w_off, tb.w_shape, tb.b_off, tb.b_len
+    top, channels = tb.layers, tb.in_channels
+    missing, task_round, control = st.missing, st.task_round, st.control
+    tasks_done, finished, failed, sent = st.tasks_done, st.finished, st.failed, st.sent
+    cur, nxt, to_edge, stack, counts = st.cur, st.nxt, st.to_edge, st.stack, st.counts
+    arena, winners, grads, params = w.arena, w.winners, w.grads, w.params
+    readings, indices, batch, training = w.readings, w.indices, w.batch, w.training
+    mean = params[tb.mean_off:tb.mean_off + channels]
+    std = params[tb.std_off:tb.std_off + channels]
+    which = 0 if training else 1  # `active`'s column
+    # Sources that came, as ranges of waiting tasks (`pool`), still to count down.
+    spans = np.empty((2, 2), np.int64)  # (one at a time: they go before tasks)
+
+    counts[2] = 0
+    first = True
+    while (counts[0] > 0 or (first and pending.size > 0)) and now < limit:
+        now += 1
+        for i in range(counts[0]):
+            item = cur[i]
+            e = msg_entry[item] if item >= 0 else -1 - item
+            role, n = entry_role[e], entry_node[e]
+            n_spans = 0
+            if role in (PARAMETERS, SAMPLES):
+                control[n] += 1
+                if control[n] < 2:
+                    continue
+                # The wave starts: PARAMS and BATCH on to the tree children, this cell's
+                # normalized readings (zeros, failed out), every task already able to run.
+                for k in range(forwards[n, 0], forwards[n, 1]):
+                    _enqueue(pool[k], msg_dst, sent, nxt, to_edge, counts)
+                g = a_buf[n, 0]
+                own = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g],
+                            batch)[own_a[n, 0]]
+                compute.normalize(readings[n], indices, mean, std, own)
+                if failed[n]:
+                    own[...] = 0.0
+                for t in range(node_tasks[n, 0], node_tasks[n, 1]):
+                    if missing[t] == 0:
+                        stack[counts[3]] = t
+                        counts[3] += 1
+                spans[0, 0], spans[0, 1] = made_input[n, 0], made_input[n, 1]
+                n_spans = 1
+            else:
+                if role == ITEMS and item >= 0:  # its rows into the receiver's slots
+                    size = buf_ch[msg_buf[item]] * batch
+                    src, dst = buf_off[msg_buf[item]] * batch, buf_off[entry_buf[e]] * batch
+                    rows, slots = msg_rows[item, 0], entry_slots[e, 0]
+                    for r in range(msg_rows[item, 1] - rows):
+                        a, b = src + pool[rows + r] * size, dst + pool[slots + r] * size
+                        for k in range(size):
+                            arena[b + k] = arena[a + k]
+                spans[0, 0], spans[0, 1] = entry_waiters[e, 0], entry_waiters[e, 1]
+                n_spans = 1
+            # Count down, run what is ready; what a computation makes counts down more.
+            while True:
+                if n_spans > 0:
+                    n_spans -= 1
+                    for k in range(spans[n_spans, 0], spans[n_spans, 1]):
+                        t = pool[k]
+                        missing[t] -= 1
+                        if missing[t] == 0 and control[task_node[t]] >= 2:
+                            stack[counts[3]] = t
+                            counts[3] += 1
+                    continue
+                if counts[3] == 0:
+                    break
+                counts[3] -= 1
+                t = stack[counts[3]]
+                if task_train[t] and not training:
+                    continue
+                n, step, layer = task_node[t], task_step[t], task_layer[t]
+                task_round[t] = now
+                tasks_done[n] += 1
+                if tasks_done[n] == active[n, which]:
+                    finished[n] = now
+                if step == SEND:
+                    _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
+                    continue
+                spans[n_spans, 0], spans[n_spans, 1] = task_made[t, 0], task_made[t, 1]
+                n_spans += 1
+                top_g = a_buf[n, top]
+                last = _view(arena, buf_off[top_g] * batch, buf_slots[top_g], buf_ch[top_g],
+                             batch)
+                if step == CONV:
+                    g, gi = a_buf[n, layer], a_buf[n, layer - 1]
+                    z = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g],
+                              batch)[own_a[n, layer]]
+                    h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
+                    compute.conv_relu(
+                        _view(arena, buf_off[gi] * batch, buf_slots[gi], buf_ch[gi], batch),
+                        pool[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
+                        pool[conv_taps[n, 0]:conv_taps[n, 1]],
+                        params[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk)),
+                        params[b_off[layer]:b_off[layer] + b_len[layer]], z)
+                    if failed[n]:
+                        z[...] = 0.0
+                elif step == POOL:
+                    g = pooled_buf[n]
+                    pooled = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
+                    compute.max_pool(last, pool[block_slots[n, 0]:block_slots[n, 1]],
+                                     pooled[pooled_slot[n]], winners[n])
+                elif step == ROUTE:
+                    g, gr = dpooled_buf[n], route_buf[n]
+                    grad = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g],
+                                 batch)[dpooled_slot[n]]
+                    compute.route_max(grad, winners[n],
+                                      pool[route_slots[n, 0]:route_slots[n, 1]],
+                                      _view(arena, buf_off[gr] * batch, buf_slots[gr],
+                                            buf_ch[gr], batch))
+                elif step == AGGREGATE:
+                    g = pooled_buf[n]
+                    pooled = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
+                    compute.aggregate_max(last[own_a[n, top]], pooled,
+                                          pool[child_pooled[n, 0]:child_pooled[n, 1]],
+                                          pooled[pooled_slot[n]], winners[n])
+                elif step == WINNERS:
+                    g, gw = pooled_buf[n], winner_buf[n]
+                    pooled = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
+                    numbers = _view(arena, buf_off[gw] * batch, buf_slots[gw], buf_ch[gw],
+                                    batch)
+                    compute.first_winners(number[n], last[own_a[n, top]],
+                                          pooled[pooled_slot[n]], pooled,
+                                          pool[child_pooled[n, 0]:child_pooled[n, 1]],
+                                          numbers,
+                                          pool[child_winner[n, 0]:child_winner[n, 1]],
+                                          numbers[winner_slot[n]], winners[n])
+                elif step == SPLIT:
+                    g, gr = dpooled_buf[n], route_buf[n]
+                    dpooled = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g],
+                                    batch)
+                    route = _view(arena, buf_off[gr] * batch, buf_slots[gr], buf_ch[gr],
+                                  batch)
+                    compute.split_max(dpooled[dpooled_slot[n]], winners[n],
+                                      route[own_route[n]], dpooled,
+                                      pool[child_dpooled[n, 0]:child_dpooled[n, 1]])
+                elif step == DZ_TOP:
+                    gr, g = route_buf[n], dz_buf[n, top]
+                    route = _view(arena, buf_off[gr] * batch, buf_slots[gr], buf_ch[gr],
+                                  batch)
+                    out = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
+                    compute.relu_backward(last[own_a[n, top]], route[own_route[n]],
+                                          out[own_dz[n, top]])
+                elif step == WEIGHT_GRAD:
+                    h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
+                    grad = grads[n]
+                    dweight = grad[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk))
+                    dbias = grad[b_off[layer]:b_off[layer] + b_len[layer]]
+                    g, gi = dz_buf[n, layer], a_buf[n, layer - 1]
+                    dz = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
+                    below = _view(arena, buf_off[gi] * batch, buf_slots[gi], buf_ch[gi],
+                                  batch)
+                    if by_input[n] and layer > 1:
+                        compute.weight_grad_of_input(
+                            dz, pool[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
+                            pool[grad_taps[n, 0]:grad_taps[n, 1]], own_dz[n, layer],
+                            below[own_a[n, layer - 1]], dweight, dbias)
+                    else:
+                        compute.weight_grad(
+                            dz[own_dz[n, layer]], below,
+                            pool[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
+                            pool[conv_taps[n, 0]:conv_taps[n, 1]], dweight, dbias)
+                elif step == INPUT_GRAD:
+                    h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
+                    g, gi, go = dz_buf[n, layer], a_buf[n, layer - 1], dz_buf[n, layer - 1]
+                    below = _view(arena, buf_off[gi] * batch, buf_slots[gi], buf_ch[gi],
+                                  batch)
+                    out = _view(arena, buf_off[go] * batch, buf_slots[go], buf_ch[go], batch)
+                    compute.input_grad(
+                        _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch),
+                        pool[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
+                        pool[grad_taps[n, 0]:grad_taps[n, 1]],
+                        params[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk)),
+                        below[own_a[n, layer - 1]], out[own_dz[n, layer - 1]])
+                elif step == REDUCE:  # the children's totals added in order, as numpy's +=
+                    total = grads[n]
+                    for k in range(children[n, 0], children[n, 1]):
+                        child = grads[pool[k]]
+                        for v in range(total.size):
+                            total[v] += child[v]
+                    _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
+        if first:
+            for item in pending:
+                nxt[counts[1]] = item
+                counts[1] += 1
+            first = False
+        cur[:counts[1]] = nxt[:counts[1]]
+        counts[0], counts[1] = counts[1], 0
+        if counts[2]:
+            break
+    return now
+
+
+def warm_up(tables: Tables, state: State) -> None:
+    """Compile (or load from Numba's cache) the loop with a mesh's types."""
+    empty = np.zeros(0, np.float32)
+    wave = Wave(empty, np.zeros((0, 0, 0), np.uint8), np.zeros((0, 0), np.float32), empty,
+                np.zeros((0, 0, 0), np.float32), np.zeros(0, np.int32), 0, False)
+    state.counts[:] = 0
+    run_rounds(tables, state, wave, 0, 0, np.zeros(0, np.int64))
