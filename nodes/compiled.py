@@ -53,7 +53,10 @@ class Tables(NamedTuple):
 
     pool: np.ndarray  # intp: slots, taps, task numbers and node numbers of every list
     # Buffers: a node's field buffer b is buffer `node_buffer[n] + b`, (slots, channels,
-    # batch) at `buf_off * batch` in the wave's arena.
+    # batch): the slots from `buf_off` on of the wave's arena `buf_arena`, 0 for fields of
+    # the input's channels, 1 for the filters' (a slice, not a reshape: Numba reshapes
+    # through a C call).
+    buf_arena: np.ndarray
     buf_off: np.ndarray
     buf_slots: np.ndarray
     buf_ch: np.ndarray
@@ -125,10 +128,9 @@ class Tables(NamedTuple):
     def nodes(self) -> int:
         return len(self.node_tasks)
 
-    @property
-    def units(self) -> int:
-        """Values of all buffers of all nodes, per sample of the batch."""
-        return int((self.buf_slots * self.buf_ch).sum())
+    def arena_slots(self, arena: int) -> int:
+        """Slots of all buffers of one arena (0 inputs, 1 features)."""
+        return int(self.buf_slots[self.buf_arena == arena].sum())
 
 
 
@@ -184,10 +186,10 @@ class _Builder:
         self.pool.extend(int(v) for v in values)
         return start, len(self.pool)
 
-    def slots(self, rows) -> tuple[int, int]:
-        if isinstance(rows, slice):
-            return self.put(range(rows.start, rows.stop))
-        return self.put(rows)
+    def glob(self, buffer: int, slots) -> np.ndarray:
+        """Where the values of `slots` of a (global) buffer live: their home slots in its
+        arena."""
+        return self.home[self.buf_arena[buffer]][self.buf_off[buffer] + _slot_array(slots)]
 
     def entry_of(self, dst: Cell, kind: Kind, layer: int, phase: int, src: Cell) -> int:
         node = self.nodes[self.index[dst]]
@@ -197,28 +199,34 @@ class _Builder:
         spec, nodes = self.spec, self.nodes
         layers, n_nodes = spec.model.conv_layers, len(nodes)
         buffers, entries, tasks = self.counts
-        buf_off, buf_slots, buf_ch = (np.zeros(buffers, np.int64) for _ in range(3))
-        unit = 0
+        buf_arena, buf_off, buf_slots, buf_ch = (np.zeros(buffers, np.int64)
+                                                 for _ in range(4))
+        used = [0, 0]  # slots of each arena
         for n, node in enumerate(nodes):
             for b, (slots, channels) in enumerate(node.plan.buffer_shapes):
                 g = self.node_buffer[n] + b
-                buf_off[g], buf_slots[g], buf_ch[g] = unit, slots, channels
-                unit += slots * channels
+                arena = 0 if channels == spec.model.in_channels else 1
+                assert arena == 0 or channels == spec.model.filters
+                buf_arena[g], buf_off[g], buf_slots[g], buf_ch[g] = \
+                    arena, used[arena], slots, channels
+                used[arena] += slots
         entry_node, entry_role, entry_buf = (np.full(entries, NONE, np.int64) for _ in range(3))
         entry_slots, entry_waiters = (np.zeros((entries, 2), np.int64) for _ in range(2))
+        received: dict[int, np.ndarray] = {}  # per ITEMS entry: the slots it fills
         for n, node in enumerate(nodes):
+            assert not node.plan.orphans  # (every cell a member: every item is sent)
             base = self.node_task[n]
             for expect in node.plan.expected:
                 e = self.node_entry[n] + expect.index
                 entry_node[e], entry_role[e] = n, int(expect.role)
                 if expect.role == Role.ITEMS:
                     entry_buf[e] = self.node_buffer[n] + expect.buffer
-                    entry_slots[e] = self.slots(expect.slots)
+                    received[e] = _slot_array(expect.slots)
                 entry_waiters[e] = self.put(base + t for t in expect.waiters)
         task_node, task_step, task_layer, task_train, task_needs, task_msg = (
             np.full(tasks, NONE, np.int64) for _ in range(6))
         task_made, node_tasks = np.zeros((tasks, 2), np.int64), np.zeros((n_nodes, 2), np.int64)
-        messages: list[tuple[int, int, tuple[int, int], int, int]] = []
+        messages: list[tuple[int, int, np.ndarray | None, int, int]] = []
         self.keys: list[MessageKey] = []  # per message: its header's names
 
         def message(n: int, kind: Kind, dst: Cell, layer: int, phase: int,
@@ -228,8 +236,8 @@ class _Builder:
                 target, entry = NONE, NONE
             else:
                 target, entry = self.index[dst], self.entry_of(dst, kind, layer, phase, cell)
-            span = (0, 0) if rows is None else self.slots(rows)
-            messages.append((n, buffer, span, target, entry))
+            messages.append((n, buffer, None if rows is None else _slot_array(rows), target,
+                             entry))
             self.keys.append(MessageKey(cell, dst, kind, layer, phase))
             return len(messages) - 1
 
@@ -257,9 +265,24 @@ class _Builder:
             forwards[n] = self.put(sends)
             made_input[n] = self.put(base + w for w in node.made_a[0])
             active[n] = plan.active[Mode.TRAIN], plan.active[Mode.INFER]
+        # Where each slot's value lives: a received item in its sender's slot (a relayed
+        # one in the slot it was first made in), an own one in its own.
+        self.buf_arena, self.buf_off = buf_arena, buf_off
+        self.home = [np.arange(size, dtype=np.int64) for size in used]
+        for _, buffer, rows, target, entry in messages:
+            if rows is not None and target != NONE:
+                k = buf_arena[buffer]
+                self.home[k][buf_off[entry_buf[entry]] + received[entry]] = \
+                    buf_off[buffer] + rows
+        for home in self.home:  # follow relays to the first slot (pointer jumping)
+            while not np.array_equal(jumped := home[home], home):
+                home[:] = jumped
+        for e, slots in received.items():
+            entry_slots[e] = self.put(self.glob(entry_buf[e], slots))
         msg_src, msg_buf, msg_dst, msg_entry = (
             np.array([m[i] for m in messages], np.int64) for i in (0, 1, 3, 4))
-        msg_rows = np.array([m[2] for m in messages], np.int64).reshape(-1, 2)
+        msg_rows = np.array([(0, 0) if m[2] is None else self.put(self.glob(m[1], m[2]))
+                             for m in messages], np.int64).reshape(-1, 2)
         named = self._named(layers)
         layout = spec.params_layout
         w_off = np.zeros(layers + 1, np.int64)
@@ -269,8 +292,9 @@ class _Builder:
             w_off[layer], w_shape[layer] = where.weight.start, where.kernel_shape
             b_off[layer], b_len[layer] = where.bias.start, where.bias.stop - where.bias.start
         return Tables(
-            pool=np.array(self.pool, np.intp), buf_off=buf_off, buf_slots=buf_slots,
-            buf_ch=buf_ch, entry_node=entry_node, entry_role=entry_role, entry_buf=entry_buf,
+            pool=np.array(self.pool, np.intp), buf_arena=buf_arena, buf_off=buf_off,
+            buf_slots=buf_slots, buf_ch=buf_ch, entry_node=entry_node, entry_role=entry_role,
+            entry_buf=entry_buf,
             entry_slots=entry_slots, entry_waiters=entry_waiters, task_node=task_node,
             task_step=task_step, task_layer=task_layer, task_train=task_train,
             task_needs=task_needs, task_msg=task_msg, task_made=task_made,
@@ -298,34 +322,53 @@ class _Builder:
             out[name] = np.zeros((n_nodes, 2), np.int64)
         out["number"] = np.zeros(n_nodes, np.float64)
         out["by_input"] = np.zeros(n_nodes, np.uint8)
+        glob = self.glob
         for n, node in enumerate(nodes):
             buf = self.node_buffer[n]
+            a = [buf + b for b in node.a]
+            dz = [NONE] + [buf + b for b in node.dz[1:]]
             for layer in range(layers + 1):
-                out["a_buf"][n, layer] = buf + node.a[layer]
-                out["own_a"][n, layer] = node.own_a[layer]
+                out["a_buf"][n, layer] = a[layer]
+                out["own_a"][n, layer] = glob(a[layer], node.own_a[layer])[0]
                 if layer:
-                    out["dz_buf"][n, layer] = buf + node.dz[layer]
-                    out["own_dz"][n, layer] = node.own_dz[layer]
-                    out["conv_slots"][n, layer] = self.put(node.conv_slots[layer])
+                    out["dz_buf"][n, layer] = dz[layer]
+                    out["own_dz"][n, layer] = glob(dz[layer], node.own_dz[layer])[0]
+                    out["conv_slots"][n, layer] = self.put(
+                        glob(a[layer - 1], node.conv_slots[layer]))
                 if layer > 1:
-                    out["grad_slots"][n, layer] = self.put(node.grad_slots[layer])
+                    out["grad_slots"][n, layer] = self.put(
+                        glob(dz[layer], node.grad_slots[layer]))
             out["conv_taps"][n] = self.put(node.conv_taps)
             out["grad_taps"][n] = self.put(node.grad_taps)
-            out["route_buf"][n], out["own_route"][n] = buf + node.route, node.own_route
+            out["route_buf"][n] = buf + node.route
+            out["own_route"][n] = glob(buf + node.route, node.own_route)[0]
             for name in ("pooled", "dpooled", "winner"):
                 if hasattr(node, name):
-                    out[f"{name}_buf"][n] = buf + getattr(node, name)
-                    out[f"{name}_slot"][n] = getattr(node, f"{name}_slot")
-            for name in ("block_slots", "route_slots", "child_pooled", "child_winner",
-                         "child_dpooled"):
+                    g = out[f"{name}_buf"][n] = buf + getattr(node, name)
+                    out[f"{name}_slot"][n] = glob(g, getattr(node, f"{name}_slot"))[0]
+            # A leader's block: its members' last activations, and their routed
+            # gradients; global pooling's children's maxima, first cells and gradients.
+            lists = {"block_slots": a[layers], "route_slots": buf + node.route}
+            for name, field in (("child_pooled", "pooled"), ("child_winner", "winner"),
+                                ("child_dpooled", "dpooled")):
+                if hasattr(node, field):
+                    lists[name] = buf + getattr(node, field)
+            for name, g in lists.items():
                 if hasattr(node, name):
-                    out[name][n] = self.put(getattr(node, name))
+                    out[name][n] = self.put(glob(g, getattr(node, name)))
             out["children"][n] = self.put(self.index[c] for c in node.children)
             out["number"][n] = float(node.number)
             memory = node.plan.memory(Mode.TRAIN, True) if node.memory_plan else \
                 node.plan.unplanned
             out["by_input"][n] = memory.by_input_cell
         return out
+
+
+def _slot_array(slots) -> np.ndarray:
+    """Slots (a slice, an array, a number) as an int64 array."""
+    if isinstance(slots, slice):
+        return np.arange(slots.start, slots.stop, dtype=np.int64)
+    return np.atleast_1d(np.asarray(slots, np.int64))
 
 
 def _made(node: NodeMachine, task: Computation, layers: int) -> list[int]:
@@ -388,12 +431,13 @@ class State(NamedTuple):
 
 
 class Wave(NamedTuple):
-    """What one wave computes with: its arena of buffers (float32, `Tables.units` x
-    batch), the winners of pooling (N, filters, batch), every node's gradient vector
-    (N, conv size), the PARAMS vector, this split's readings (N, channels, samples),
-    the samples, and whether it trains."""
+    """What one wave computes with: its two arenas of buffers (float32, (slots, channels,
+    batch): of the input's channels, of the filters'), the winners of pooling (N,
+    filters, batch), every node's gradient vector (N, conv size), the PARAMS vector,
+    this split's readings (N, channels, samples), the samples, and whether it trains."""
 
-    arena: np.ndarray
+    inputs: np.ndarray
+    features: np.ndarray
     winners: np.ndarray
     grads: np.ndarray
     params: np.ndarray
@@ -409,13 +453,6 @@ _JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "nump
 # tuple counts a reference up and down for each of its ~80 arrays, which cost more than
 # the work itself; the small helpers below take the few arrays they touch and are
 # inlined.
-
-
-@njit(**_JIT, inline="always")
-def _view(arena: np.ndarray, start: int, slots: int, channels: int,
-          batch: int) -> np.ndarray:
-    """A buffer of the wave's arena: (slots, channels, batch) at `start`."""
-    return arena[start:start + slots * channels * batch].reshape((slots, channels, batch))
 
 
 @njit(**_JIT, inline="always")
@@ -440,19 +477,18 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
     round `limit` is passed. `pending`: what the edge sent in round now + 1, arriving in
     the round after. Returns the last round delivered (`now` if none).
 
-    An arrival is a message of the tables (its items copied into the receiver's slots)
-    or, as -1 - entry, what the edge sent (already in place). It counts down the tasks
-    waiting for its inbox entry (`NodeMachine._arrived`); PARAMS and BATCH both in start
-    the node's wave (`_start_wave`); then every ready task runs, as `_run_ready` runs
-    them, each computation as its step in nodes/steps.py does."""
-    pool, buf_off, buf_slots, buf_ch = tb.pool, tb.buf_off, tb.buf_slots, tb.buf_ch
-    entry_node, entry_role, entry_buf = tb.entry_node, tb.entry_role, tb.entry_buf
-    entry_slots, entry_waiters = tb.entry_slots, tb.entry_waiters
+    An arrival is a message of the tables or, as -1 - entry, what the edge sent. Nothing
+    is copied: a receiver's kernels read an item where its sender made it (`Tables`'
+    slots are home slots), which no one writes again in the wave. An arrival counts down
+    the tasks waiting for its inbox entry (`NodeMachine._arrived`); PARAMS and BATCH both
+    in start the node's wave (`_start_wave`); then every ready task runs, as
+    `_run_ready` runs them, each computation as its step in nodes/steps.py does."""
+    pool, buf_arena = tb.pool, tb.buf_arena
+    entry_node, entry_role, entry_waiters = tb.entry_node, tb.entry_role, tb.entry_waiters
     task_node, task_step, task_layer = tb.task_node, tb.task_step, tb.task_layer
     task_train, task_msg, task_made, node_tasks = tb.task_train, tb.task_msg, \
         tb.task_made, tb.node_tasks
-    msg_buf, msg_rows, msg_dst, msg_entry = tb.msg_buf, tb.msg_rows, tb.msg_dst, \
-        tb.msg_entry
+    msg_dst, msg_entry = tb.msg_dst, tb.msg_entry
     forwards, made_input, active = tb.forwards, tb.made_input, tb.active
     a_buf, own_a, dz_buf, own_dz = tb.a_buf, tb.own_a, tb.dz_buf, tb.own_dz
     conv_slots, conv_taps, grad_slots, grad_taps = tb.conv_slots, tb.conv_taps, \
@@ -470,14 +506,18 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
     missing, task_round, control = st.missing, st.task_round, st.control
     tasks_done, finished, failed, sent = st.tasks_done, st.finished, st.failed, st.sent
     cur, nxt, to_edge, stack, counts = st.cur, st.nxt, st.to_edge, st.stack, st.counts
-    arena, winners, grads, params = w.arena, w.winners, w.grads, w.params
-    readings, indices, batch, training = w.readings, w.indices, w.batch, w.training
+    inputs, features, winners, grads, params = w.inputs, w.features, w.winners, w.grads, \
+        w.params
+    readings, indices, training = w.readings, w.indices, w.training
     mean = params[tb.mean_off:tb.mean_off + channels]
     std = params[tb.std_off:tb.std_off + channels]
     which = 0 if training else 1  # `active`'s column
+
+    def arena(g: int) -> np.ndarray:  # a buffer's arena, whole (inlined by Numba)
+        return inputs if buf_arena[g] == 0 else features
+
     # Sources that came, as ranges of waiting tasks (`pool`), still to count down.
     spans = np.empty((2, 2), np.int64)  # (one at a time: they go before tasks)
-
     counts[2] = 0
     first = True
     while (counts[0] > 0 or (first and pending.size > 0)) and now < limit:
@@ -486,7 +526,6 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
             item = cur[i]
             e = msg_entry[item] if item >= 0 else -1 - item
             role, n = entry_role[e], entry_node[e]
-            n_spans = 0
             if role in (PARAMETERS, SAMPLES):
                 control[n] += 1
                 if control[n] < 2:
@@ -495,9 +534,7 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                 # normalized readings (zeros, failed out), every task already able to run.
                 for k in range(forwards[n, 0], forwards[n, 1]):
                     _enqueue(pool[k], msg_dst, sent, nxt, to_edge, counts)
-                g = a_buf[n, 0]
-                own = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g],
-                            batch)[own_a[n, 0]]
+                own = arena(a_buf[n, 0])[own_a[n, 0]]
                 compute.normalize(readings[n], indices, mean, std, own)
                 if failed[n]:
                     own[...] = 0.0
@@ -506,18 +543,9 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                         stack[counts[3]] = t
                         counts[3] += 1
                 spans[0, 0], spans[0, 1] = made_input[n, 0], made_input[n, 1]
-                n_spans = 1
             else:
-                if role == ITEMS and item >= 0:  # its rows into the receiver's slots
-                    size = buf_ch[msg_buf[item]] * batch
-                    src, dst = buf_off[msg_buf[item]] * batch, buf_off[entry_buf[e]] * batch
-                    rows, slots = msg_rows[item, 0], entry_slots[e, 0]
-                    for r in range(msg_rows[item, 1] - rows):
-                        a, b = src + pool[rows + r] * size, dst + pool[slots + r] * size
-                        for k in range(size):
-                            arena[b + k] = arena[a + k]
                 spans[0, 0], spans[0, 1] = entry_waiters[e, 0], entry_waiters[e, 1]
-                n_spans = 1
+            n_spans = 1
             # Count down, run what is ready; what a computation makes counts down more.
             while True:
                 if n_spans > 0:
@@ -545,16 +573,12 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                     continue
                 spans[n_spans, 0], spans[n_spans, 1] = task_made[t, 0], task_made[t, 1]
                 n_spans += 1
-                top_g = a_buf[n, top]
-                last = _view(arena, buf_off[top_g] * batch, buf_slots[top_g], buf_ch[top_g],
-                             batch)
+                last = arena(a_buf[n, top])  # the last conv layer's activations
                 if step == CONV:
-                    g, gi = a_buf[n, layer], a_buf[n, layer - 1]
-                    z = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g],
-                              batch)[own_a[n, layer]]
+                    z = arena(a_buf[n, layer])[own_a[n, layer]]
                     h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
                     compute.conv_relu(
-                        _view(arena, buf_off[gi] * batch, buf_slots[gi], buf_ch[gi], batch),
+                        arena(a_buf[n, layer - 1]),
                         pool[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
                         pool[conv_taps[n, 0]:conv_taps[n, 1]],
                         params[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk)),
@@ -562,29 +586,19 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                     if failed[n]:
                         z[...] = 0.0
                 elif step == POOL:
-                    g = pooled_buf[n]
-                    pooled = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
                     compute.max_pool(last, pool[block_slots[n, 0]:block_slots[n, 1]],
-                                     pooled[pooled_slot[n]], winners[n])
+                                     arena(pooled_buf[n])[pooled_slot[n]], winners[n])
                 elif step == ROUTE:
-                    g, gr = dpooled_buf[n], route_buf[n]
-                    grad = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g],
-                                 batch)[dpooled_slot[n]]
-                    compute.route_max(grad, winners[n],
+                    compute.route_max(arena(dpooled_buf[n])[dpooled_slot[n]], winners[n],
                                       pool[route_slots[n, 0]:route_slots[n, 1]],
-                                      _view(arena, buf_off[gr] * batch, buf_slots[gr],
-                                            buf_ch[gr], batch))
+                                      arena(route_buf[n]))
                 elif step == AGGREGATE:
-                    g = pooled_buf[n]
-                    pooled = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
+                    pooled = arena(pooled_buf[n])
                     compute.aggregate_max(last[own_a[n, top]], pooled,
                                           pool[child_pooled[n, 0]:child_pooled[n, 1]],
                                           pooled[pooled_slot[n]], winners[n])
                 elif step == WINNERS:
-                    g, gw = pooled_buf[n], winner_buf[n]
-                    pooled = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
-                    numbers = _view(arena, buf_off[gw] * batch, buf_slots[gw], buf_ch[gw],
-                                    batch)
+                    pooled, numbers = arena(pooled_buf[n]), arena(winner_buf[n])
                     compute.first_winners(number[n], last[own_a[n, top]],
                                           pooled[pooled_slot[n]], pooled,
                                           pool[child_pooled[n, 0]:child_pooled[n, 1]],
@@ -592,30 +606,20 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                                           pool[child_winner[n, 0]:child_winner[n, 1]],
                                           numbers[winner_slot[n]], winners[n])
                 elif step == SPLIT:
-                    g, gr = dpooled_buf[n], route_buf[n]
-                    dpooled = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g],
-                                    batch)
-                    route = _view(arena, buf_off[gr] * batch, buf_slots[gr], buf_ch[gr],
-                                  batch)
+                    dpooled = arena(dpooled_buf[n])
                     compute.split_max(dpooled[dpooled_slot[n]], winners[n],
-                                      route[own_route[n]], dpooled,
+                                      arena(route_buf[n])[own_route[n]], dpooled,
                                       pool[child_dpooled[n, 0]:child_dpooled[n, 1]])
                 elif step == DZ_TOP:
-                    gr, g = route_buf[n], dz_buf[n, top]
-                    route = _view(arena, buf_off[gr] * batch, buf_slots[gr], buf_ch[gr],
-                                  batch)
-                    out = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
-                    compute.relu_backward(last[own_a[n, top]], route[own_route[n]],
-                                          out[own_dz[n, top]])
+                    compute.relu_backward(last[own_a[n, top]],
+                                          arena(route_buf[n])[own_route[n]],
+                                          arena(dz_buf[n, top])[own_dz[n, top]])
                 elif step == WEIGHT_GRAD:
                     h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
                     grad = grads[n]
                     dweight = grad[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk))
                     dbias = grad[b_off[layer]:b_off[layer] + b_len[layer]]
-                    g, gi = dz_buf[n, layer], a_buf[n, layer - 1]
-                    dz = _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch)
-                    below = _view(arena, buf_off[gi] * batch, buf_slots[gi], buf_ch[gi],
-                                  batch)
+                    dz, below = arena(dz_buf[n, layer]), arena(a_buf[n, layer - 1])
                     if by_input[n] and layer > 1:
                         compute.weight_grad_of_input(
                             dz, pool[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
@@ -628,16 +632,13 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                             pool[conv_taps[n, 0]:conv_taps[n, 1]], dweight, dbias)
                 elif step == INPUT_GRAD:
                     h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
-                    g, gi, go = dz_buf[n, layer], a_buf[n, layer - 1], dz_buf[n, layer - 1]
-                    below = _view(arena, buf_off[gi] * batch, buf_slots[gi], buf_ch[gi],
-                                  batch)
-                    out = _view(arena, buf_off[go] * batch, buf_slots[go], buf_ch[go], batch)
                     compute.input_grad(
-                        _view(arena, buf_off[g] * batch, buf_slots[g], buf_ch[g], batch),
+                        arena(dz_buf[n, layer]),
                         pool[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
                         pool[grad_taps[n, 0]:grad_taps[n, 1]],
                         params[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk)),
-                        below[own_a[n, layer - 1]], out[own_dz[n, layer - 1]])
+                        arena(a_buf[n, layer - 1])[own_a[n, layer - 1]],
+                        arena(dz_buf[n, layer - 1])[own_dz[n, layer - 1]])
                 elif step == REDUCE:  # the children's totals added in order, as numpy's +=
                     total = grads[n]
                     for k in range(children[n, 0], children[n, 1]):
@@ -660,7 +661,8 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
 def warm_up(tables: Tables, state: State) -> None:
     """Compile (or load from Numba's cache) the loop with a mesh's types."""
     empty = np.zeros(0, np.float32)
-    wave = Wave(empty, np.zeros((0, 0, 0), np.uint8), np.zeros((0, 0), np.float32), empty,
+    wave = Wave(np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
+                np.zeros((0, 0, 0), np.uint8), np.zeros((0, 0), np.float32), empty,
                 np.zeros((0, 0, 0), np.float32), np.zeros(0, np.int32), 0, False)
     state.counts[:] = 0
     run_rounds(tables, state, wave, 0, 0, np.zeros(0, np.int64))

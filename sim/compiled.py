@@ -90,7 +90,7 @@ class CompiledWaves:
         self.grads = np.zeros((len(nodes), spec.conv_size), np.float32)
         self.number = {cell[0] * spec.model.cols + cell[1]: n
                        for n, cell in enumerate(self.cells)}
-        self._arenas: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by batch
+        self._arenas: dict[int, tuple[np.ndarray, ...]] = {}  # by batch
         self._keys: dict[tuple, list[tuple]] = {}  # what the ledger counts, by wave kind
         self._checker = nodes[0]  # checks a BATCH as every node would
 
@@ -162,13 +162,15 @@ class CompiledWaves:
         if split == Split.LIVE:
             return None  # (a live reading may be missing: the machines tell)
         size = len(indices)
-        arena, winners = self._arenas.get(size, (None, None))
-        if arena is None:
-            arena = np.zeros(self.tables.units * size, np.float32)
-            winners = np.zeros((self.tables.nodes, self.tables.filters, size), np.uint8)
-            self._arenas[size] = arena, winners
+        arenas = self._arenas.get(size)
+        if arenas is None:
+            tb = self.tables
+            arenas = self._arenas[size] = (
+                np.zeros((tb.arena_slots(0), tb.in_channels, size), np.float32),
+                np.zeros((tb.arena_slots(1), tb.filters, size), np.float32),
+                np.zeros((tb.nodes, tb.filters, size), np.uint8))
         self._params_size = params.size
-        return Wave(arena, winners, self.grads, np.array(params, np.float32),
+        return Wave(*arenas, self.grads, np.array(params, np.float32),
                     self.readings[split], np.array(indices, np.int32), size,
                     mode == Mode.TRAIN)
 
@@ -186,22 +188,19 @@ class CompiledWaves:
                 raise MeshdlError(f"the edge sent {h.kind.name} to {h.dst}, which the "
                                   f"plan does not receive")
             if h.kind in ITEM_KINDS:
-                view = self._buffer(int(tb.entry_buf[e]), wave.batch)
+                arena = self._arena(int(tb.entry_buf[e]), wave)
                 slots = tb.pool[tb.entry_slots[e, 0]:tb.entry_slots[e, 1]]
                 if h.dtype != FLOAT32 or message.payload.shape != \
-                        (len(slots), view.shape[1], wave.batch):
+                        (len(slots), arena.shape[1], wave.batch):
                     raise MeshdlError(f"the edge's {h.kind.name} has shape "
                                       f"{message.payload.shape}")
-                view[slots] = message.payload
+                arena[slots] = message.payload
             arrivals.append(-1 - e)
         return arrivals
 
-    def _buffer(self, g: int, batch: int) -> np.ndarray:
-        tb = self.tables
-        arena = self._arenas[batch][0]
-        start, slots, channels = int(tb.buf_off[g]) * batch, int(tb.buf_slots[g]), \
-            int(tb.buf_ch[g])
-        return arena[start:start + slots * channels * batch].reshape(slots, channels, batch)
+    def _arena(self, g: int, wave: Wave) -> np.ndarray:
+        """The arena buffer `g` is in (the tables' slots index it whole)."""
+        return wave.inputs if self.tables.buf_arena[g] == 0 else wave.features
 
     def _to_edge(self, m: int, wave: Wave) -> Message:
         """Message `m` of the tables, to the edge, as its sender would make it."""
@@ -210,7 +209,7 @@ class CompiledWaves:
             payload = self.grads[int(tb.msg_src[m])].copy()
         else:
             rows = tb.pool[tb.msg_rows[m, 0]:tb.msg_rows[m, 1]]
-            payload = self._buffer(int(tb.msg_buf[m]), wave.batch)[rows]
+            payload = self._arena(int(tb.msg_buf[m]), wave)[rows]
         return make(key.kind, self.mesh.spec.mesh_id, edge.step, key.src, EDGE, payload,
                     key.layer, key.phase, session=edge.session)
 
