@@ -52,13 +52,12 @@ class Tables(NamedTuple):
     end) of `pool`, given as a (..., 2) array of ranges."""
 
     pool: np.ndarray  # intp: slots, taps, task numbers and node numbers of every list
-    # Buffers: a node's field buffer b is buffer `node_buffer[n] + b`, (slots, channels,
-    # batch): the slots from `buf_off` on of the wave's arena `buf_arena`, 0 for fields of
-    # the input's channels, 1 for the filters' (a slice, not a reshape: Numba reshapes
-    # through a C call).
+    # Buffers: a node's field buffer b is buffer `node_buffer[n] + b`; its slots live in
+    # the wave's arena `buf_arena` (0 for fields of the input's channels, 1 for the
+    # filters'), an array (home slots, channels, batch): a slot of any list below is a
+    # home slot, where the item's value was made (`_Builder.glob`).
     buf_arena: np.ndarray
-    buf_off: np.ndarray
-    buf_slots: np.ndarray
+    arena_sizes: np.ndarray  # home slots of each arena
     buf_ch: np.ndarray
     # Inbox entries (node `entry_node`): how each is taken, where its items go, and the
     # tasks waiting for it.
@@ -129,8 +128,8 @@ class Tables(NamedTuple):
         return len(self.node_tasks)
 
     def arena_slots(self, arena: int) -> int:
-        """Slots of all buffers of one arena (0 inputs, 1 features)."""
-        return int(self.buf_slots[self.buf_arena == arena].sum())
+        """Home slots of one arena (0 inputs, 1 features)."""
+        return int(self.arena_sizes[arena])
 
 
 
@@ -274,9 +273,13 @@ class _Builder:
                 k = buf_arena[buffer]
                 self.home[k][buf_off[entry_buf[entry]] + received[entry]] = \
                     buf_off[buffer] + rows
-        for home in self.home:  # follow relays to the first slot (pointer jumping)
-            while not np.array_equal(jumped := home[home], home):
+        for k, home in enumerate(self.home):  # follow relays to the first slot
+            while not np.array_equal(jumped := home[home], home):  # (pointer jumping)
                 home[:] = jumped
+            # Only home slots are ever read or written: the arena holds them alone,
+            # numbered in order (a quarter of the slots, and of the memory a wave sweeps).
+            kept, self.home[k] = np.unique(home, return_inverse=True)
+            used[k] = len(kept)
         for e, slots in received.items():
             entry_slots[e] = self.put(self.glob(entry_buf[e], slots))
         msg_src, msg_buf, msg_dst, msg_entry = (
@@ -292,10 +295,10 @@ class _Builder:
             w_off[layer], w_shape[layer] = where.weight.start, where.kernel_shape
             b_off[layer], b_len[layer] = where.bias.start, where.bias.stop - where.bias.start
         return Tables(
-            pool=np.array(self.pool, np.intp), buf_arena=buf_arena, buf_off=buf_off,
-            buf_slots=buf_slots, buf_ch=buf_ch, entry_node=entry_node, entry_role=entry_role,
-            entry_buf=entry_buf,
-            entry_slots=entry_slots, entry_waiters=entry_waiters, task_node=task_node,
+            pool=np.array(self.pool, np.intp), buf_arena=buf_arena,
+            arena_sizes=np.array(used, np.int64), buf_ch=buf_ch, entry_node=entry_node,
+            entry_role=entry_role, entry_buf=entry_buf, entry_slots=entry_slots,
+            entry_waiters=entry_waiters, task_node=task_node,
             task_step=task_step, task_layer=task_layer, task_train=task_train,
             task_needs=task_needs, task_msg=task_msg, task_made=task_made,
             node_tasks=node_tasks, msg_src=msg_src, msg_buf=msg_buf, msg_rows=msg_rows,
