@@ -212,6 +212,12 @@ class MeshConfig(_Strict):
     edge_at: tuple[int, int] = Field((0, 0), description="border cell the edge is linked to")
     wire: bool = Field(False, description="virtual mesh: pass every message through the "
                        "binary codec, as over MQTT (slower; same results)")
+    dispatch: Literal["compiled", "machines"] = Field(
+        "compiled", description="virtual mesh: run exact waves through the compiled "
+        "dispatch (every node's plan in one Numba loop: the node machines' values, "
+        "counts and rounds, without a Python call per message) or every message through "
+        "the node machines (the path MQTT and simulated time take; about ten times "
+        "slower, same results)")
     max_message_bytes: int = Field(
         MAX_MESSAGE_BYTES, ge=1024, le=MAX_PAYLOAD_BYTES, description="the most one message "
         "may weigh, header included (the broker's message_size_limit); evaluation waves "

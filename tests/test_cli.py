@@ -233,6 +233,23 @@ def test_bench_mesh_reports_both_modes_and_their_ratio(cli, tmp_path) -> None:
     assert mesh["waves"] == 2 * (2 + 1) + 1  # per epoch 2 steps and a test pass; final
     assert mesh["messages_per_s"] == pytest.approx(mesh["messages"] / mesh["wall_s"])
     assert result["ratio_to_central"] == pytest.approx(mesh["wall_s"] / central["wall_s"])
+    assert "machines" not in result
+
+
+def test_bench_mesh_through_the_node_machines_ends_with_the_compiled_dispatchs_model(
+        cli, tmp_path) -> None:
+    config = tmp_path / "small.toml"
+    config.write_text("[model]\nrows = 4\ncols = 5\nhidden = 8\n"
+                      "[data]\ntrain = 40\ntest = 10\n[train]\nbatch = 20\n")
+    code, out, err = cli("bench", "mesh", "--config", config, "--epochs", "1", "--machines",
+                         "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    machines = result["machines"]
+    assert machines["same_model"] is True
+    assert machines["test_acc"] == result["mesh"]["test_acc"]
+    assert machines["ratio_to_central"] == pytest.approx(machines["wall_s"]
+                                                         / result["central"]["wall_s"])
 
 
 def test_bench_kernels_reports_a_step_time(cli) -> None:

@@ -74,6 +74,9 @@ def mesh(
     epochs: int | None = typer.Option(None, "--epochs", min=1, help="Default: the "
                                       "configuration's (the seed experiment: 20)."),
     config_file: SeedConfig = None,
+    machines: bool = typer.Option(False, "--machines", help="Also train through the node "
+                                  "machines (every message a Python call, as over MQTT), "
+                                  "and check that it ends with the same model."),
     json_out: JsonFigures = False,
 ) -> None:
     """A training run in the in-process virtual mesh vs the same run in central mode."""
@@ -83,7 +86,7 @@ def mesh(
     config = load_run_config(config_file, train={"epochs": epochs})
     with err_console.status("generating the synthetic lounge data set"):
         data = generate_lounge(config.data)
-    result = bench_mesh(config, data, log=lambda text: err_console.print(text))
+    result = bench_mesh(config, data, machines, log=lambda text: err_console.print(text))
     if json_out:
         emit_json(result)
         return
@@ -97,6 +100,11 @@ def mesh(
                       f"{ours['waves']} waves ({ours['ms_per_wave']:.0f} ms each)")
     out_console.print(f"         {ours['messages']} messages ({ours['messages_per_s']:.0f}/s)")
     out_console.print(f"mesh / central: {result['ratio_to_central']:.1f}x")
+    if machines:
+        slow = result["machines"]
+        same = "the same model" if slow["same_model"] else "ANOTHER MODEL"
+        out_console.print(f"through the node machines: {slow['wall_s']:.1f} s "
+                          f"({slow['ratio_to_central']:.1f}x central), {same}")
 
 
 @app.command("mqtt")

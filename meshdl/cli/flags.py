@@ -102,8 +102,8 @@ _FIELDS = {
     **{name: ("train", name) for name in ("epochs", "batch", "lr", "optimizer",
                                            "clip_norm", "augment", "seed", "failout")},
     "warmup": ("train", "warmup_fraction"),
-    **{name: ("mesh", name) for name in ("edge_at", "wire", "compress", "activations",
-                                          "auth")},
+    **{name: ("mesh", name) for name in ("edge_at", "wire", "dispatch", "compress",
+                                          "activations", "auth")},
     **{name: ("parallel", name) for name in ("meshes", "sync", "overlap")},
 }
 

@@ -102,6 +102,10 @@ def train(
     wire: bool | None = typer.Option(None, "--wire/--no-wire", help="Virtual mesh: pass "
                                      "every message through the binary codec, as over "
                                      "MQTT (slower, same results)."),
+    dispatch: Literal["compiled", "machines"] | None = typer.Option(
+        None, "--dispatch", help="Virtual mesh: exact waves in one compiled loop over "
+        "every node's plan [default: compiled], or every message through the node "
+        "machines (as over MQTT; slower, the same bits)."),
     grid: Flags = GRID, net: Flags = NETWORK, run: Flags = _TRAINING,
     optimizer: Optimizer = None,
     warmup: float | None = typer.Option(None, "--warmup", help="Share of the updates over "
@@ -178,7 +182,8 @@ def train(
         mode=mode,
         **overrides(grid, net, run, traffic, optimizer=optimizer, warmup=warmup,
                     clip_norm=clip_norm, augment=augment, seed=seed, edge_at=edge_at,
-                    wire=wire, meshes=meshes, sync=sync, overlap=overlap),
+                    wire=wire, dispatch=dispatch, meshes=meshes, sync=sync,
+                    overlap=overlap),
     )
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):

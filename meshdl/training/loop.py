@@ -85,7 +85,8 @@ def engine_for(config: RunConfig, data: Dataset) -> Engine:
                       wire=config.mesh.wire, params_via=config.mesh.params_via,
                       max_message_bytes=config.mesh.max_message_bytes,
                       auth=config.mesh.auth, compress=config.mesh.compress,
-                      activations=config.mesh.activations, delta=config.mesh.delta)
+                      activations=config.mesh.activations, delta=config.mesh.delta,
+                      compiled=config.mesh.dispatch == "compiled")
 
 
 @dataclass
