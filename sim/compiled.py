@@ -54,7 +54,7 @@ def compiled_applies(mesh: VirtualMesh) -> bool:
         spec.activation_codec is None and spec.delta is None and not spec.planned and \
         len(spec.topology.members) == spec.model.rows * spec.model.cols and \
         mesh.edge.policy is None and mesh.edge.learning is None and \
-        not any(host.failed for host in mesh.hosts.values())
+        not any(mesh.isolated)
 
 
 class CompiledWaves:

@@ -85,6 +85,9 @@ class VirtualMesh:
         self.parties = MeshParties(spec, readings, model, labels, memory_plan)
         self.ledger = self.parties.ledger
         self.hosts: dict[Cell, NodeHost] = self.parties.hosts
+        # Each host's isolated cells (the hosts stay for the mesh's life): none, or the
+        # compiled dispatch leaves the waves to the machines.
+        self.isolated = [host.failed for host in self.hosts.values()]
         self.nodes: dict[Cell, NodeMachine] = self.parties.nodes
         self.edge: EdgeMachine = self.parties.edge  # (a test may put a new one here)
         self.wires = {party: Wire(spec.mesh_id, self.auth.get(party))

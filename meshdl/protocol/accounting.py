@@ -89,9 +89,11 @@ class Ledger:
         self._last: list[tuple] = []  # the last finished wave ...
         self._last_sent: Counter[tuple] | None = None  # ... as a multiset (when needed)
         self._repeats = 0  # ... and how many waves in a row sent exactly that
-        self._totals: Counter[tuple] = Counter()  # distinct message -> times sent
+        # Each distinct wave (its multiset of cost keys) -> [that multiset, times sent]:
+        # runs alternate between a few kinds of wave (training, evaluation batches),
+        # and a wave's thousands of keys are multiplied out once, in `_totals`.
+        self._distinct: dict[frozenset, list] = {}
         self._broadcast_of: dict[frozenset[tuple], Counter[tuple[str, str]]] = {}
-        self._broadcast: Counter[tuple[str, str]] = Counter()  # (class, figure) -> sum
 
     def record(self, message: Message) -> None:
         """Note one message at the moment it is sent (`tally` counts it)."""
@@ -146,19 +148,29 @@ class Ledger:
         return self._last_sent
 
     def _fold(self) -> None:
-        """Add the last wave, times its repeats, to the totals."""
+        """Count the last wave, times its repeats, among the distinct waves."""
         if not self._repeats:
             return
         sent = self._last_counted()
-        wave = frozenset(sent)
-        figures = self._broadcast_of.get(wave)
-        if figures is None:
-            figures = self._broadcast_of[wave] = self._broadcast_figures(wave)
-        for key, times in sent.items():
-            self._totals[key] += times * self._repeats
-        for key, value in figures.items():
-            self._broadcast[key] += value * self._repeats
+        entry = self._distinct.setdefault(frozenset(sent.items()), [sent, 0])
+        entry[1] += self._repeats
         self._last, self._last_sent, self._repeats = [], None, 0
+
+    def _totals(self) -> tuple[Counter[tuple], Counter[tuple[str, str]]]:
+        """Every distinct message with the times it was sent, and the broadcast figures
+        ((class, figure) -> sum), over the waves folded so far."""
+        totals: Counter[tuple] = Counter()
+        broadcast: Counter[tuple[str, str]] = Counter()
+        for sent, repeats in self._distinct.values():
+            for key, times in sent.items():
+                totals[key] += times * repeats
+            wave = frozenset(sent)
+            figures = self._broadcast_of.get(wave)
+            if figures is None:
+                figures = self._broadcast_of[wave] = self._broadcast_figures(wave)
+            for key, value in figures.items():
+                broadcast[key] += value * repeats
+        return totals, broadcast
 
     def _broadcast_figures(self, wave: frozenset[tuple]) -> Counter[tuple[str, str]]:
         """One wave by radio: a sender's messages of one kind, layer and phase share one
@@ -189,7 +201,7 @@ class Ledger:
         self._end_wave()
         self._fold()
         out: dict[Cell, tuple[int, int]] = {}
-        for (src, _, k, _, _, shape, dtype), sent in self._totals.items():
+        for (src, _, k, _, _, shape, dtype), sent in self._totals()[0].items():
             if k == kind:
                 size = self.spec.overhead(kind) + DTYPES[dtype].itemsize * math.prod(shape)
                 nbytes, messages = out.get(src, (0, 0))
@@ -206,7 +218,8 @@ class Ledger:
         link_messages: Counter[tuple[str, str]] = Counter()
         halo_values: Counter[int] = Counter()  # layer -> values per sample, summed
         cells = self.spec.model.rows * self.spec.model.cols
-        for (src, dst, kind, layer, _, shape, dtype), sent in self._totals.items():
+        totals, broadcast_sums = self._totals()
+        for (src, dst, kind, layer, _, shape, dtype), sent in totals.items():
             values = math.prod(shape)  # of a compressed payload: its bytes
             size = self.spec.overhead(kind) + DTYPES[dtype].itemsize * values  # tags too
             compact = size - self.spec.overhead(kind) + self.spec.overhead(kind, "compact")
@@ -224,7 +237,7 @@ class Ledger:
                 halo_values[layer] += values // shape[-1] * count
         classes = {}
         for name in sorted(unicast):
-            broadcast = {figure: n for (cls, figure), n in sorted(self._broadcast.items())
+            broadcast = {figure: n for (cls, figure), n in sorted(broadcast_sums.items())
                          if cls == name}
             classes[name] = {**unicast[name], "broadcast": broadcast}
         # Ties go to the first link by name, not to whichever was counted first.
@@ -243,11 +256,11 @@ class Ledger:
             "total_bytes": sum(c["bytes"] for c in unicast.values()),
             "total_messages": total_messages,
             "hop_transmissions": total_messages,
-            "broadcast_transmissions": sum(n for (_, f), n in self._broadcast.items()
+            "broadcast_transmissions": sum(n for (_, f), n in broadcast_sums.items()
                                            if f == "transmissions"),
-            "broadcast_bytes": sum(n for (_, f), n in self._broadcast.items() if f == "bytes"),
+            "broadcast_bytes": sum(n for (_, f), n in broadcast_sums.items() if f == "bytes"),
             "total_compact_bytes": sum(c["compact_bytes"] for c in unicast.values()),
-            "broadcast_compact_bytes": sum(n for (_, f), n in self._broadcast.items()
+            "broadcast_compact_bytes": sum(n for (_, f), n in broadcast_sums.items()
                                            if f == "compact_bytes"),
             "busiest_link": None if busiest is None else {
                 "link": f"{busiest[0]}->{busiest[1]}", "bytes": links[busiest],
