@@ -216,8 +216,8 @@ class MeshConfig(_Strict):
         "compiled", description="virtual mesh: run exact waves through the compiled "
         "dispatch (every node's plan in one Numba loop: the node machines' values, "
         "counts and rounds, without a Python call per message) or every message through "
-        "the node machines (the path MQTT and simulated time take; about ten times "
-        "slower, same results)")
+        "the node machines (the path MQTT and simulated time take; slower, the same "
+        "results)")
     max_message_bytes: int = Field(
         MAX_MESSAGE_BYTES, ge=1024, le=MAX_PAYLOAD_BYTES, description="the most one message "
         "may weigh, header included (the broker's message_size_limit); evaluation waves "

@@ -1,13 +1,16 @@
 """Every node's plan of one mesh as flat tables, and an exact wave's rounds run over them
-in one compiled loop: the in-process mesh's dispatch at the cost of a table lookup and a
-copy a message.
+in one compiled loop: the in-process mesh's dispatch at the cost of a table lookup a
+message.
 
-The node machine (nodes/agent.py) takes one message at a time in Python, about 17 us
-each, which is most of a virtual-mesh run. In an exact wave inside one process, what a
-node does with a message of its plan is fixed once the plan is: copy its values into
-the slots its `Expect` names, count down the tasks waiting for it, run those whose
-sources are all in. `Tables.of` reads each node machine's adopted plan (the very tasks,
-slots, taps and waiters `NodeMachine._adopt` set up) into arrays; `run_rounds` delivers
+The node machine (nodes/agent.py) takes one message at a time in Python, which is most
+of a virtual-mesh run. In an exact wave inside one process, what a node does with a
+message of its plan is fixed once the plan is: its values go into the slots its `Expect`
+names, the tasks waiting for it count down, and those whose sources are all in run. Here
+the values are not even copied: every slot of the tables is a *home* slot, where the
+item was made (a received item's is in its sender's buffer, or its first sender's when
+relayed), and nothing writes a slot twice in a wave. `lay_out` reads each node
+machine's adopted plan (the very tasks, slots, taps and waiters `NodeMachine._adopt` set
+up) into arrays, once; `run_rounds` delivers
 rounds as the virtual broker does (what is sent in round r arrives in round r + 1) and
 runs each task with the kernel and arguments its step in nodes/steps.py uses, so every
 value is the machines' to the bit (tests/test_compiled.py). Only messages to and from
@@ -15,7 +18,7 @@ the edge leave the loop; sim/compiled.py hands them to the edge machine.
 
 What it does not do is what an exact in-process wave never needs: deadlines and
 fill-ins, compression, delta halos, replanning, held gradients under shared memory
-(every buffer here has its own memory), and checking messages that never leave it.
+(no slot here is written twice), and checking messages that never leave it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ CONV, POOL, ROUTE, AGGREGATE, WINNERS, SPLIT, DZ_TOP, WEIGHT_GRAD, INPUT_GRAD, R
 ITEMS, PARAMETERS, SAMPLES, PARTIAL_GRADIENTS = (int(r) for r in (
     Role.ITEMS, Role.PARAMETERS, Role.SAMPLES, Role.PARTIAL_GRADIENTS))
 NONE = -1  # no such buffer, slot or message; a message's destination: the edge
+# `State.counts`: arrivals of this round (`cur`), of the next (`nxt`), messages to the
+# edge (`to_edge`), tasks ready (`stack`), messages sent in the wave.
+ARRIVALS, NEXT, TO_EDGE, READY, SENT_COUNT = range(5)
 
 
 class Tables(NamedTuple):
@@ -52,7 +58,7 @@ class Tables(NamedTuple):
     end) of `pool`, given as a (..., 2) array of ranges."""
 
     pool: np.ndarray  # intp: slots, taps, task numbers and node numbers of every list
-    # Buffers: a node's field buffer b is buffer `node_buffer[n] + b`; its slots live in
+    # Buffers: each node's field buffers, numbered in node order; their slots live in
     # the wave's arena `buf_arena` (0 for fields of the input's channels, 1 for the
     # filters'), an array (home slots, channels, batch): a slot of any list below is a
     # home slot, where the item's value was made (`_Builder.glob`).
@@ -205,7 +211,9 @@ class _Builder:
             for b, (slots, channels) in enumerate(node.plan.buffer_shapes):
                 g = self.node_buffer[n] + b
                 arena = 0 if channels == spec.model.in_channels else 1
-                assert arena == 0 or channels == spec.model.filters
+                if arena and channels != spec.model.filters:
+                    raise ValueError(f"a field of {channels} channels: the compiled "
+                                     f"dispatch keeps the inputs' and the filters'")
                 buf_arena[g], buf_off[g], buf_slots[g], buf_ch[g] = \
                     arena, used[arena], slots, channels
                 used[arena] += slots
@@ -213,7 +221,8 @@ class _Builder:
         entry_slots, entry_waiters = (np.zeros((entries, 2), np.int64) for _ in range(2))
         received: dict[int, np.ndarray] = {}  # per ITEMS entry: the slots it fills
         for n, node in enumerate(nodes):
-            assert not node.plan.orphans  # (every cell a member: every item is sent)
+            if node.plan.orphans:  # (every cell a member: every item is sent)
+                raise ValueError(f"cell {node.cell} has items no message brings")
             base = self.node_task[n]
             for expect in node.plan.expected:
                 e = self.node_entry[n] + expect.index
@@ -409,7 +418,7 @@ class State(NamedTuple):
     nxt: np.ndarray  # ... of the next
     to_edge: np.ndarray  # messages to the edge sent in the last round run
     stack: np.ndarray  # tasks ready to run
-    counts: np.ndarray  # [arrivals this round, next round, to the edge, stack, sent]
+    counts: np.ndarray  # by ARRIVALS, NEXT, TO_EDGE, READY, SENT_COUNT
 
     @classmethod
     def of(cls, tables: Tables) -> State:
@@ -452,10 +461,10 @@ class Wave(NamedTuple):
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "numpy"}
 
-# The loop is one function over local arrays: a Numba call that takes the tables as a
-# tuple counts a reference up and down for each of its ~80 arrays, which cost more than
-# the work itself; the small helpers below take the few arrays they touch and are
-# inlined.
+# The loop is one function over local arrays, called once per exchange with the edge:
+# a Numba call that takes the tables as a tuple counts a reference up and down for each
+# of its ~60 arrays, which cost more than the work itself when it was a call per
+# message; the small helper below takes the few arrays it touches and is inlined.
 
 
 @njit(**_JIT, inline="always")
@@ -463,13 +472,13 @@ def _enqueue(m: int, msg_dst: np.ndarray, sent: np.ndarray, nxt: np.ndarray,
              to_edge: np.ndarray, counts: np.ndarray) -> None:
     """Message `m` sent: it arrives in the next round (the edge's: handed out)."""
     sent[m] = 1
-    counts[4] += 1
+    counts[SENT_COUNT] += 1
     if msg_dst[m] == NONE:
-        to_edge[counts[2]] = m
-        counts[2] += 1
+        to_edge[counts[TO_EDGE]] = m
+        counts[TO_EDGE] += 1
     else:
-        nxt[counts[1]] = m
-        counts[1] += 1
+        nxt[counts[NEXT]] = m
+        counts[NEXT] += 1
 
 
 @njit(**_JIT)
@@ -521,17 +530,17 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
 
     # Sources that came, as ranges of waiting tasks (`pool`), still to count down.
     spans = np.empty((2, 2), np.int64)  # (one at a time: they go before tasks)
-    counts[2] = 0
+    counts[TO_EDGE] = 0
     first = True
-    while (counts[0] > 0 or (first and pending.size > 0)) and now < limit:
+    while (counts[ARRIVALS] > 0 or (first and pending.size > 0)) and now < limit:
         now += 1
-        for i in range(counts[0]):
+        for i in range(counts[ARRIVALS]):
             item = cur[i]
             e = msg_entry[item] if item >= 0 else -1 - item
             role, n = entry_role[e], entry_node[e]
             if role in (PARAMETERS, SAMPLES):
                 control[n] += 1
-                if control[n] < 2:
+                if control[n] != 2:  # (each once: the driver drops repeats)
                     continue
                 # The wave starts: PARAMS and BATCH on to the tree children, this cell's
                 # normalized readings (zeros, failed out), every task already able to run.
@@ -543,8 +552,8 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                     own[...] = 0.0
                 for t in range(node_tasks[n, 0], node_tasks[n, 1]):
                     if missing[t] == 0:
-                        stack[counts[3]] = t
-                        counts[3] += 1
+                        stack[counts[READY]] = t
+                        counts[READY] += 1
                 spans[0, 0], spans[0, 1] = made_input[n, 0], made_input[n, 1]
             else:
                 spans[0, 0], spans[0, 1] = entry_waiters[e, 0], entry_waiters[e, 1]
@@ -557,13 +566,13 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                         t = pool[k]
                         missing[t] -= 1
                         if missing[t] == 0 and control[task_node[t]] >= 2:
-                            stack[counts[3]] = t
-                            counts[3] += 1
+                            stack[counts[READY]] = t
+                            counts[READY] += 1
                     continue
-                if counts[3] == 0:
+                if counts[READY] == 0:
                     break
-                counts[3] -= 1
-                t = stack[counts[3]]
+                counts[READY] -= 1
+                t = stack[counts[READY]]
                 if task_train[t] and not training:
                     continue
                 n, step, layer = task_node[t], task_step[t], task_layer[t]
@@ -651,12 +660,12 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                     _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
         if first:
             for item in pending:
-                nxt[counts[1]] = item
-                counts[1] += 1
+                nxt[counts[NEXT]] = item
+                counts[NEXT] += 1
             first = False
-        cur[:counts[1]] = nxt[:counts[1]]
-        counts[0], counts[1] = counts[1], 0
-        if counts[2]:
+        cur[:counts[NEXT]] = nxt[:counts[NEXT]]
+        counts[ARRIVALS], counts[NEXT] = counts[NEXT], 0
+        if counts[TO_EDGE]:
             break
     return now
 

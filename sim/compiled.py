@@ -9,22 +9,30 @@ ledger like every message, checked on the way in as a node checks what the edge 
 The node machines' adopted plans are what the tables are read from, once; every value a
 wave computes is theirs to the bit (tests/test_compiled.py), and so are the counts, the
 rounds and each node's stage timing. A wave that does not qualify goes through the
-machines as before (`VirtualMesh.run_wave`).
+machines as before (`VirtualMesh.run_wave`). The machines' own state is not kept up by
+compiled waves (their phases, stats, last wave); what a later machine wave or a
+scheduled slot needs of it, the parameters each node keeps for its slots, `settle`
+hands back. The readings are shared: a node's `record` reaches compiled waves too.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from meshdl.edge.agent import WaveResult
-from meshdl.errors import MeshdlError
+from meshdl.errors import MeshdlError, NonFiniteError
 from meshdl.nodes import compute
+from meshdl.nodes.agent import CachedParams
 from meshdl.nodes.compiled import (
+    ARRIVALS,
     NONE,
     SEND,
+    SENT_COUNT,
+    TO_EDGE,
     Layout,
     State,
     Wave,
@@ -42,6 +50,15 @@ if TYPE_CHECKING:
 
 ITEM_KINDS = frozenset((Kind.HALO, Kind.POOL, Kind.GATHER, Kind.SCATTER, Kind.ROUTE,
                         Kind.GRAD_HALO))
+KEPT_BATCHES = 4  # arenas kept, by batch size (a run's training and evaluation batches)
+
+
+class Started(NamedTuple):
+    """A compiled wave as its PARAMS and BATCH start it."""
+
+    wave: Wave
+    params: np.ndarray  # the PARAMS payload, as sent
+    batch: np.ndarray  # the BATCH payload
 
 
 def compiled_applies(mesh: VirtualMesh) -> bool:
@@ -84,15 +101,38 @@ class CompiledWaves:
                     self.broadcast.setdefault(kind, []).append(e)
                 else:
                     self.from_edge[(node.cell, kind, layer, phase)] = e
+        # Every node's log in one array per split; each node's own becomes a view of its
+        # row, so that what it records (a live reading) is what compiled waves read.
         self.readings = {split: np.ascontiguousarray(np.stack(
             [node.readings[split] for node in nodes]), np.float32)
             for split in nodes[0].readings}
+        for n, node in enumerate(nodes):
+            node.readings = {split: logs[n] for split, logs in self.readings.items()}
+        self.nodes = nodes
         self.grads = np.zeros((len(nodes), spec.conv_size), np.float32)
         self.number = {cell[0] * spec.model.cols + cell[1]: n
                        for n, cell in enumerate(self.cells)}
-        self._arenas: dict[int, tuple[np.ndarray, ...]] = {}  # by batch
+        self._arenas: dict[int, tuple[np.ndarray, ...]] = {}  # by batch, the latest last
         self._keys: dict[tuple, list[tuple]] = {}  # what the ledger counts, by wave kind
-        self._checker = nodes[0]  # checks a BATCH as every node would
+        self._checker = nodes[0]  # checks PARAMS and BATCH as every node would
+        # What the nodes would have counted of the edge's messages (dropped ones).
+        self.stats: Counter[str] = Counter()
+        self._unsettled: Started | None = None  # the last wave, not yet handed back
+        self._seen = np.zeros(len(tb.entry_node), np.uint8)  # the edge's, this wave
+
+    def settle(self) -> None:
+        """Hand the node machines what a machine wave or a scheduled slot needs of the
+        compiled waves before it: each node's cached parameters, as its
+        `NodeMachine._start_wave` keeps them (and no ask for them pending)."""
+        started, self._unsettled = self._unsettled, None
+        if started is None:
+            return
+        edge, size = self.mesh.edge, self.nodes[0].params_size
+        cached = CachedParams(edge.session, edge.step, started.params, started.params[:size])
+        for node in self.nodes:
+            node.cached = cached
+            node.asking.clear()
+            node.pending_slot = None
 
     # ------------------------------------------------------------------ a wave
     def run_wave(self, mode: Mode, split: Split, indices: np.ndarray,
@@ -101,28 +141,31 @@ class CompiledWaves:
         mesh, edge, tb, st = self.mesh, self.mesh.edge, self.tables, self.state
         start = mesh.broker.round
         out = edge.start(mode, split, indices, failout=failout)
-        wave = self._wave(out)
-        if wave is None:  # what a node would refuse: the machines say why
+        started = self._start(out)
+        if started is None:  # what a node would refuse: the machines say why
+            self.settle()
             mesh.send(out)
             return mesh._finish_wave(mode)
+        wave = started.wave
         mesh.ledger.record_all(out)
         failed = np.zeros(tb.nodes, np.uint8)
-        for number in BatchOrder.read(self._batch_payload).failout:
+        for number in BatchOrder.read(started.batch).failout:
             failed[self.number[int(number)]] = 1
         st.reset(tb, failed)
+        self._seen[:] = 0
         first = self._inject(out, wave)
         st.cur[:len(first)] = first
-        st.counts[0] = len(first)
+        st.counts[ARRIVALS] = len(first)
         now, limit = start, start + mesh.max_rounds
         pending = np.zeros(0, np.int64)
         mesh.gather_rounds = None
         while True:
             now = run_rounds(tb, st, wave, now, limit, pending)
-            if not st.counts[2]:
+            if not st.counts[TO_EDGE]:
                 break
             at = now + 1  # the edge's round: it has what was sent in round `now`
             replies: list[Message] = []
-            for m in st.to_edge[:st.counts[2]]:
+            for m in st.to_edge[:st.counts[TO_EDGE]]:
                 message = self._to_edge(int(m), wave)
                 mesh.ledger.record(message)
                 replies.extend(edge.handle(message, float(at)))
@@ -130,72 +173,94 @@ class CompiledWaves:
                 mesh.gather_rounds = at - start
             mesh.ledger.record_all(replies)
             pending = np.array(self._inject(replies, wave), np.int64)
-            if not st.counts[0] and not pending.size:
+            if not st.counts[ARRIVALS] and not pending.size:
                 now = at
                 break
         mesh.broker.round = now
+        self._unsettled = started
         if edge.result is None:
-            why = "round limit" if now >= limit else "no messages left"
-            raise MeshdlError(f"wave {edge.step} stalled after {now - start} rounds in "
-                              f"the compiled dispatch ({why})")
-        mesh.ledger.record_wave(edge.step, self._sent_keys(wave))
+            self._stalled(now - start, now >= limit)
+        mesh.ledger.record_wave(edge.step, self._sent_keys(started))
         mesh.last_wave_rounds = now - start
         mesh._timing[mode] = (start, now - start, Finished(self, st.task_round.copy(),
                                                           st.finished.copy()))
         return edge.result
 
-    def _wave(self, out: list[Message]) -> Wave | None:
+    def _stalled(self, rounds: int, at_limit: bool) -> None:
+        """Raise why a compiled wave cannot finish, naming what was dropped of the edge's
+        messages (as `VirtualMesh._stalled` names the nodes' rejections)."""
+        why = "round limit" if at_limit else "no messages left"
+        dropped = ", ".join(f"{n} x {k}" for k, n in self.stats.most_common(3))
+        message = (f"wave {self.mesh.edge.step} stalled after {rounds} rounds in the "
+                   f"compiled dispatch ({why}){'; dropped ' + dropped if dropped else ''}")
+        if not np.isfinite(self.grads).all():
+            raise NonFiniteError(message)
+        raise MeshdlError(message)
+
+    def _start(self, out: list[Message]) -> Started | None:
         """The wave the edge's PARAMS and BATCH start, or None if a node would refuse
-        them (`NodeMachine._store_params`, `_store_batch`)."""
+        them (`NodeMachine._store_params`, `_store_batch`) or a live slot's reading may
+        be missing: the machines then run it, and say why."""
         node = self._checker
-        params = next((m.payload for m in out if m.header.kind == Kind.PARAMS), None)
+        params = next((m for m in out if m.header.kind == Kind.PARAMS), None)
         batch = next((m for m in out if m.header.kind == Kind.BATCH), None)
         if params is None or batch is None or batch.header.dtype != INT32 or \
-                any(m.header.kind == Kind.PARAMS and m.header.dtype != FLOAT32 for m in out):
-            return None
-        if not node._params_shaped(params) or \
-                not compute.all_positive(params[node.layout.std]) or \
+                params.header.dtype != FLOAT32 or not node._params_shaped(params.payload) or \
+                not compute.all_positive(params.payload[node.layout.std]) or \
                 not node._valid_batch(batch.payload):
             return None
-        self._batch_payload = batch.payload
         mode, split, indices, _ = BatchOrder.read(batch.payload)
         if split == Split.LIVE:
-            return None  # (a live reading may be missing: the machines tell)
+            return None
         size = len(indices)
-        arenas = self._arenas.get(size)
+        arenas = self._arenas.pop(size, None)
         if arenas is None:
+            if len(self._arenas) >= KEPT_BATCHES:  # the least recently used goes
+                del self._arenas[next(iter(self._arenas))]
             tb = self.tables
-            arenas = self._arenas[size] = (
-                np.zeros((tb.arena_slots(0), tb.in_channels, size), np.float32),
-                np.zeros((tb.arena_slots(1), tb.filters, size), np.float32),
-                np.zeros((tb.nodes, tb.filters, size), np.uint8))
-        self._params_size = params.size
-        return Wave(*arenas, self.grads, np.array(params, np.float32),
+            arenas = (np.zeros((tb.arena_slots(0), tb.in_channels, size), np.float32),
+                      np.zeros((tb.arena_slots(1), tb.filters, size), np.float32),
+                      np.zeros((tb.nodes, tb.filters, size), np.uint8))
+        self._arenas[size] = arenas
+        wave = Wave(*arenas, self.grads, np.array(params.payload, np.float32),
                     self.readings[split], np.array(indices, np.int32), size,
                     mode == Mode.TRAIN)
+        return Started(wave, params.payload, batch.payload)
 
     def _inject(self, messages: list[Message], wave: Wave) -> list[int]:
-        """What the edge sent, as arrivals of the loop (-1 - entry): items put into their
-        slots now, once checked as a node checks them."""
-        tb, arrivals = self.tables, []
+        """What the edge sent, as arrivals of the loop (-1 - entry), items put into
+        their slots now. As a node would, it counts and drops what is not this wave's
+        (another mesh, step or session), what its plan does not receive, a repeat, and
+        items of the wrong dtype or shape."""
+        tb, edge, arrivals = self.tables, self.mesh.edge, []
         for message in messages:
             h = message.header
-            if h.dst == ALL:
-                arrivals.extend(-1 - e for e in self.broadcast.get(h.kind, ()))
+            if h.mesh != self.mesh.spec.mesh_id or h.step != edge.step or \
+                    h.session != edge.session:
+                self.stats["stale"] += 1
                 continue
-            e = self.from_edge.get((h.dst, h.kind, h.layer, h.phase))
-            if e is None:
-                raise MeshdlError(f"the edge sent {h.kind.name} to {h.dst}, which the "
-                                  f"plan does not receive")
-            if h.kind in ITEM_KINDS:
+            if h.dst == ALL:
+                entries = self.broadcast.get(h.kind, [])
+            else:
+                e = self.from_edge.get((h.dst, h.kind, h.layer, h.phase))
+                entries = [] if e is None else [e]
+            if not entries:
+                self.stats["rejected:not_planned"] += 1
+                continue
+            if self._seen[entries].any():
+                self.stats["duplicates"] += 1
+                continue
+            if h.kind in ITEM_KINDS:  # (a broadcast carries none)
+                e = entries[0]
                 arena = self._arena(int(tb.entry_buf[e]), wave)
                 slots = tb.pool[tb.entry_slots[e, 0]:tb.entry_slots[e, 1]]
                 if h.dtype != FLOAT32 or message.payload.shape != \
                         (len(slots), arena.shape[1], wave.batch):
-                    raise MeshdlError(f"the edge's {h.kind.name} has shape "
-                                      f"{message.payload.shape}")
+                    self.stats["rejected:bad_shape"] += 1
+                    continue
                 arena[slots] = message.payload
-            arrivals.append(-1 - e)
+            self._seen[entries] = 1
+            arrivals.extend(-1 - e for e in entries)
         return arrivals
 
     def _arena(self, g: int, wave: Wave) -> np.ndarray:
@@ -213,12 +278,12 @@ class CompiledWaves:
         return make(key.kind, self.mesh.spec.mesh_id, edge.step, key.src, EDGE, payload,
                     key.layer, key.phase, session=edge.session)
 
-    def _sent_keys(self, wave: Wave) -> list[tuple]:
+    def _sent_keys(self, started: Started) -> list[tuple]:
         """What the ledger counts of the messages the nodes sent one another in this
         wave: per message, its header's (src, dst, kind, layer, phase, shape, dtype)."""
-        st = self.state
-        signature = (wave.training, wave.batch, self._params_size, self._batch_payload.size,
-                     int(st.counts[4]))
+        st, wave = self.state, started.wave
+        params, batch = started.params.size, started.batch.size
+        signature = (wave.training, wave.batch, params, batch, int(st.counts[SENT_COUNT]))
         keys = self._keys.get(signature)
         if keys is None:
             tb, spec = self.tables, self.mesh.spec
@@ -228,9 +293,9 @@ class CompiledWaves:
                 if key.dst == EDGE:
                     continue  # counted as the message it was
                 if key.kind == Kind.PARAMS:
-                    shape, dtype = (self._params_size,), FLOAT32
+                    shape, dtype = (params,), FLOAT32
                 elif key.kind == Kind.BATCH:
-                    shape, dtype = (self._batch_payload.size,), INT32
+                    shape, dtype = (batch,), INT32
                 elif key.kind == Kind.REDUCE:
                     shape, dtype = (spec.conv_size,), FLOAT32
                 else:

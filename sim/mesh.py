@@ -174,17 +174,25 @@ class VirtualMesh:
             if self._compiled is None:
                 self._compiled = CompiledWaves(self)
             return self._compiled.run_wave(mode, split, indices, failout)
+        self._settle()
         self.send(self.edge.start(mode, split, indices, failout=failout))
         return self._finish_wave(mode)
 
     def run_slot(self, slot: int) -> WaveResult:
         """One scheduled slot of live inference: every node starts it on the parameters
         it cached (a wave with PARAMS must have brought them), all in the same round."""
+        self._settle()
         out = self.edge.start_slot(slot)
         for node in self.nodes.values():
             out.extend(node.begin_slot(slot))
         self.send(out)
         return self._finish_wave(Mode.INFER)
+
+    def _settle(self) -> None:
+        """Before the machines run a wave: what they need of the compiled waves before it
+        (`CompiledWaves.settle`)."""
+        if self._compiled is not None:
+            self._compiled.settle()
 
     def _finish_wave(self, mode: Mode) -> WaveResult:
         """Deliver rounds until the edge has the wave's result, then the wave's tail."""
@@ -260,6 +268,8 @@ class VirtualMesh:
         total: Counter[str] = Counter()
         for host in self.hosts.values():
             total.update(host.node_stats())
+        if self._compiled is not None:  # what compiled waves dropped of the edge's
+            total.update(self._compiled.stats)
         return total
 
 

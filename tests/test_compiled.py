@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError
-from meshdl.sim.mesh import MeshEngine
+from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
+from meshdl.sim.mesh import MeshEngine, VirtualMesh
 from meshdl.training.failout import failout_cells
 
 
@@ -112,3 +113,74 @@ def test_parameters_the_nodes_refuse_stall_the_wave_and_say_so(compiled) -> None
     model.norm_std[...] = -1.0
     with pytest.raises(MeshdlError, match="bad_params"):
         engine.loss_and_grads(model, np.arange(3))
+
+
+def _live_mesh(compiled: bool) -> tuple[VirtualMesh, np.ndarray]:
+    config = ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=8)
+    data = _data(config, 40, 3)
+    empty = np.full((LIVE_SLOTS, config.rows, config.cols), np.nan, np.float32)
+    model = CNN(config, seed=0)
+    model.set_normalization(20.0, 3.0)
+    mesh = VirtualMesh(MeshSpec(1, config), {Split.TRAIN: data.X_train,
+                                            Split.TEST: data.X_test, Split.LIVE: empty},
+                       model, {Split.TRAIN: data.y_train, Split.TEST: data.y_test},
+                       compiled=compiled)
+    return mesh, data.X_train
+
+
+def test_a_scheduled_slot_after_compiled_waves_runs_on_their_parameters() -> None:
+    """Slots start on the parameters each node keeps from the last wave that brought
+    them: after compiled waves, theirs (the machines' own waves keep them as they go)."""
+    logits = {}
+    for compiled in (True, False):
+        mesh, series = _live_mesh(compiled)
+        first = 29_478_210
+        for slot in (0, 1):
+            for (r, c), node in mesh.nodes.items():
+                node.record(Split.LIVE, (first + slot) % LIVE_SLOTS, series[slot, r, c])
+        mesh.run_wave(Mode.INFER, Split.LIVE, np.array([first % LIVE_SLOTS]))  # machines
+        grads = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4)).grads
+        mesh.edge.model.flat -= 0.5 * grads
+        mesh.run_wave(Mode.INFER, Split.TEST, np.arange(2))  # the parameters slots use
+        logits[compiled] = mesh.run_slot(first + 1).logits
+        assert (mesh._compiled is not None) == compiled
+    assert np.array_equal(logits[True], logits[False])
+    np.testing.assert_allclose(logits[True], mesh.edge.model.forward(series[1:2]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_reading_recorded_after_compiled_waves_reaches_the_next_one() -> None:
+    logits = {}
+    for compiled in (True, False):
+        mesh, _ = _live_mesh(compiled)
+        mesh.run_wave(Mode.INFER, Split.TEST, np.arange(2))
+        mesh.nodes[(2, 3)].record(Split.TEST, 1, 35.0)  # a hot spot in map 1
+        logits[compiled] = mesh.run_wave(Mode.INFER, Split.TEST, np.arange(2)).logits
+    assert np.array_equal(logits[True], logits[False])
+
+
+def _repeat_opening(edge) -> None:
+    """Make `edge` send its wave's PARAMS and BATCH again with every reply."""
+    opening: list = []
+    start, handle = edge.start, edge.handle
+
+    def start_again(*args, **kwargs):
+        opening[:] = start(*args, **kwargs)
+        return list(opening)
+
+    edge.start = start_again
+    edge.handle = lambda message, now=0.0: handle(message, now) + list(opening)
+
+
+def test_the_edge_repeating_its_parameters_is_counted_as_duplicates_not_a_crash() -> None:
+    """PARAMS and BATCH sent again with every reply: the nodes drop the copies, as the
+    machines do, and the wave ends as it would have."""
+    results = {}
+    for compiled in (True, False):
+        mesh, _ = _live_mesh(compiled)
+        _repeat_opening(mesh.edge)
+        result = mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+        results[compiled] = (result.loss, result.grads.copy(), mesh.node_stats()["duplicates"])
+    assert results[True][0] == results[False][0]
+    assert np.array_equal(results[True][1], results[False][1])
+    assert results[True][2] == results[False][2] > 0
