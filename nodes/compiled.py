@@ -149,6 +149,16 @@ class MessageKey(NamedTuple):
     phase: int
 
 
+class _Sent(NamedTuple):
+    """A message of the tables as the builder first lays it out."""
+
+    src: int  # node
+    buffer: int  # ITEMS: the sender's buffer (global), else NONE ...
+    rows: np.ndarray | None  # ... and its slots there
+    dst: int  # node, or NONE: the edge
+    entry: int  # the receiver's inbox entry (global), or NONE
+
+
 class Layout(NamedTuple):
     """A mesh's tables, what each message of them is, and each task's stage name."""
 
@@ -161,6 +171,7 @@ def lay_out(spec: MeshSpec, nodes: list[NodeMachine]) -> Layout:
     """The tables of `nodes` (every member of `spec`'s mesh, adopted to `spec`)."""
     builder = _Builder(spec, nodes)
     tables = builder.tables()
+    _check_ranges(tables)
     stages = [job.stage if job.send is None else "" for node in nodes for job in node.jobs]
     return Layout(tables, builder.keys, stages)
 
@@ -184,6 +195,8 @@ class _Builder:
             entries += len(node.plan.expected)
             tasks += len(node.jobs)
         self.counts = (buffers, entries, tasks)
+        self.sent: list[_Sent] = []  # every message of the tables, numbered ...
+        self.keys: list[MessageKey] = []  # ... and its header's names
 
     def put(self, values) -> tuple[int, int]:
         """A list into the pool: its range."""
@@ -203,20 +216,8 @@ class _Builder:
     def tables(self) -> Tables:
         spec, nodes = self.spec, self.nodes
         layers, n_nodes = spec.model.conv_layers, len(nodes)
-        buffers, entries, tasks = self.counts
-        buf_arena, buf_off, buf_slots, buf_ch = (np.zeros(buffers, np.int64)
-                                                 for _ in range(4))
-        used = [0, 0]  # slots of each arena
-        for n, node in enumerate(nodes):
-            for b, (slots, channels) in enumerate(node.plan.buffer_shapes):
-                g = self.node_buffer[n] + b
-                arena = 0 if channels == spec.model.in_channels else 1
-                if arena and channels != spec.model.filters:
-                    raise ValueError(f"a field of {channels} channels: the compiled "
-                                     f"dispatch keeps the inputs' and the filters'")
-                buf_arena[g], buf_off[g], buf_slots[g], buf_ch[g] = \
-                    arena, used[arena], slots, channels
-                used[arena] += slots
+        _, entries, tasks = self.counts
+        self._buffers()
         entry_node, entry_role, entry_buf = (np.full(entries, NONE, np.int64) for _ in range(3))
         entry_slots, entry_waiters = (np.zeros((entries, 2), np.int64) for _ in range(2))
         received: dict[int, np.ndarray] = {}  # per ITEMS entry: the slots it fills
@@ -234,21 +235,6 @@ class _Builder:
         task_node, task_step, task_layer, task_train, task_needs, task_msg = (
             np.full(tasks, NONE, np.int64) for _ in range(6))
         task_made, node_tasks = np.zeros((tasks, 2), np.int64), np.zeros((n_nodes, 2), np.int64)
-        messages: list[tuple[int, int, np.ndarray | None, int, int]] = []
-        self.keys: list[MessageKey] = []  # per message: its header's names
-
-        def message(n: int, kind: Kind, dst: Cell, layer: int, phase: int,
-                    buffer: int = NONE, rows=None) -> int:
-            cell = nodes[n].cell
-            if dst == EDGE:
-                target, entry = NONE, NONE
-            else:
-                target, entry = self.index[dst], self.entry_of(dst, kind, layer, phase, cell)
-            messages.append((n, buffer, None if rows is None else _slot_array(rows), target,
-                             entry))
-            self.keys.append(MessageKey(cell, dst, kind, layer, phase))
-            return len(messages) - 1
-
         forwards, made_input = np.zeros((n_nodes, 2), np.int64), np.zeros((n_nodes, 2), np.int64)
         active = np.zeros((n_nodes, 2), np.int64)
         for n, node in enumerate(nodes):
@@ -261,60 +247,87 @@ class _Builder:
                 if isinstance(task, Send):
                     kind, dst, buffer, rows, layer, phase = job.send
                     task_step[t] = SEND
-                    task_msg[t] = message(n, kind, dst, layer, phase,
-                                          self.node_buffer[n] + buffer, rows)
+                    task_msg[t] = self.message(n, kind, dst, layer, phase,
+                                               self.node_buffer[n] + buffer, rows)
                     continue
-                assert isinstance(task, Computation)
                 task_step[t] = STEP_CODES[task.step]
                 task_made[t] = self.put(base + w for w in _made(node, task, layers))
                 if task.step is Step.REDUCE:
-                    task_msg[t] = message(n, Kind.REDUCE, plan.reduce_to, 0, 0)
-            sends = [message(n, s.kind, s.dst, 0, 0) for s in plan.forwards]
-            forwards[n] = self.put(sends)
+                    task_msg[t] = self.message(n, Kind.REDUCE, plan.reduce_to, 0, 0)
+            forwards[n] = self.put([self.message(n, s.kind, s.dst, 0, 0)
+                                    for s in plan.forwards])
             made_input[n] = self.put(base + w for w in node.made_a[0])
             active[n] = plan.active[Mode.TRAIN], plan.active[Mode.INFER]
-        # Where each slot's value lives: a received item in its sender's slot (a relayed
-        # one in the slot it was first made in), an own one in its own.
-        self.buf_arena, self.buf_off = buf_arena, buf_off
-        self.home = [np.arange(size, dtype=np.int64) for size in used]
-        for _, buffer, rows, target, entry in messages:
-            if rows is not None and target != NONE:
-                k = buf_arena[buffer]
-                self.home[k][buf_off[entry_buf[entry]] + received[entry]] = \
-                    buf_off[buffer] + rows
-        for k, home in enumerate(self.home):  # follow relays to the first slot
-            while not np.array_equal(jumped := home[home], home):  # (pointer jumping)
-                home[:] = jumped
-            # Only home slots are ever read or written: the arena holds them alone,
-            # numbered in order (a quarter of the slots, and of the memory a wave sweeps).
-            kept, self.home[k] = np.unique(home, return_inverse=True)
-            used[k] = len(kept)
+        self._homes(received, entry_buf)
         for e, slots in received.items():
             entry_slots[e] = self.put(self.glob(entry_buf[e], slots))
+        sent = self.sent
         msg_src, msg_buf, msg_dst, msg_entry = (
-            np.array([m[i] for m in messages], np.int64) for i in (0, 1, 3, 4))
-        msg_rows = np.array([(0, 0) if m[2] is None else self.put(self.glob(m[1], m[2]))
-                             for m in messages], np.int64).reshape(-1, 2)
-        named = self._named(layers)
-        layout = spec.params_layout
-        w_off = np.zeros(layers + 1, np.int64)
-        w_shape = np.ones((layers + 1, 3), np.int64)
-        b_off, b_len = np.zeros(layers + 1, np.int64), np.zeros(layers + 1, np.int64)
-        for layer, where in layout.layers.items():
-            w_off[layer], w_shape[layer] = where.weight.start, where.kernel_shape
-            b_off[layer], b_len[layer] = where.bias.start, where.bias.stop - where.bias.start
+            np.array([getattr(m, name) for m in sent], np.int64)
+            for name in ("src", "buffer", "dst", "entry"))
+        msg_rows = np.array([(0, 0) if m.rows is None else self.put(self.glob(m.buffer, m.rows))
+                             for m in sent], np.int64).reshape(-1, 2)
+        named = self._named(layers)  # (its lists go into the pool too: before it is made)
         return Tables(
-            pool=np.array(self.pool, np.intp), buf_arena=buf_arena,
-            arena_sizes=np.array(used, np.int64), buf_ch=buf_ch, entry_node=entry_node,
-            entry_role=entry_role, entry_buf=entry_buf, entry_slots=entry_slots,
-            entry_waiters=entry_waiters, task_node=task_node,
+            pool=np.array(self.pool, np.intp), buf_arena=self.buf_arena,
+            arena_sizes=np.array(self.used, np.int64), buf_ch=self.buf_ch,
+            entry_node=entry_node, entry_role=entry_role, entry_buf=entry_buf,
+            entry_slots=entry_slots, entry_waiters=entry_waiters, task_node=task_node,
             task_step=task_step, task_layer=task_layer, task_train=task_train,
             task_needs=task_needs, task_msg=task_msg, task_made=task_made,
             node_tasks=node_tasks, msg_src=msg_src, msg_buf=msg_buf, msg_rows=msg_rows,
             msg_dst=msg_dst, msg_entry=msg_entry, forwards=forwards, made_input=made_input,
-            active=active, **named, w_off=w_off, w_shape=w_shape, b_off=b_off, b_len=b_len,
-            mean_off=layout.mean.start, std_off=layout.std.start,
+            active=active, **named, **_parameter_offsets(spec),
             in_channels=spec.model.in_channels, layers=layers, filters=spec.model.filters)
+
+    def _buffers(self) -> None:
+        """Every node's field buffers, numbered in node order: which arena each lives in
+        (by its channels), its first slot there before the arenas keep home slots only,
+        its channels; the slots of each arena."""
+        spec, (buffers, _, _) = self.spec, self.counts
+        self.buf_arena, self.buf_off, self.buf_ch = (np.zeros(buffers, np.int64)
+                                                     for _ in range(3))
+        self.used = [0, 0]  # slots of each arena
+        for n, node in enumerate(self.nodes):
+            for b, (slots, channels) in enumerate(node.plan.buffer_shapes):
+                g = self.node_buffer[n] + b
+                arena = 0 if channels == spec.model.in_channels else 1
+                if arena and channels != spec.model.filters:
+                    raise ValueError(f"a field of {channels} channels: the compiled "
+                                     f"dispatch keeps the inputs' and the filters'")
+                self.buf_arena[g], self.buf_off[g], self.buf_ch[g] = \
+                    arena, self.used[arena], channels
+                self.used[arena] += slots
+
+    def message(self, n: int, kind: Kind, dst: Cell, layer: int, phase: int,
+                buffer: int = NONE, rows=None) -> int:
+        """A message node `n` sends (items: `rows` of its `buffer`), numbered."""
+        cell = self.nodes[n].cell
+        if dst == EDGE:
+            target, entry = NONE, NONE
+        else:
+            target, entry = self.index[dst], self.entry_of(dst, kind, layer, phase, cell)
+        self.sent.append(_Sent(n, buffer, None if rows is None else _slot_array(rows),
+                               target, entry))
+        self.keys.append(MessageKey(cell, dst, kind, layer, phase))
+        return len(self.sent) - 1
+
+    def _homes(self, received: dict[int, np.ndarray], entry_buf: np.ndarray) -> None:
+        """Where each slot's value lives (`home`): a received item in its sender's slot
+        (a relayed one in the slot it was first made in), an own one in its own; the
+        arenas then keep the home slots alone, numbered in order (a quarter of the
+        slots, and of the memory a wave sweeps)."""
+        buf_arena, buf_off = self.buf_arena, self.buf_off
+        self.home = [np.arange(size, dtype=np.int64) for size in self.used]
+        for m in self.sent:
+            if m.rows is not None and m.dst != NONE:
+                self.home[buf_arena[m.buffer]][buf_off[entry_buf[m.entry]] +
+                                               received[m.entry]] = buf_off[m.buffer] + m.rows
+        for k, home in enumerate(self.home):  # follow relays to the first slot
+            while not np.array_equal(jumped := home[home], home):  # (pointer jumping)
+                home[:] = jumped
+            kept, self.home[k] = np.unique(home, return_inverse=True)
+            self.used[k] = len(kept)
 
     def _named(self, layers: int) -> dict[str, np.ndarray]:
         """Per node, the buffers, slots and lists its steps use (`NodeMachine._adopt`)."""
@@ -374,6 +387,36 @@ class _Builder:
                 node.plan.unplanned
             out["by_input"][n] = memory.by_input_cell
         return out
+
+
+POOL_RANGES = ("entry_slots", "entry_waiters", "task_made", "msg_rows", "forwards",
+               "made_input", "conv_slots", "conv_taps", "grad_slots", "grad_taps",
+               "block_slots", "route_slots", "child_pooled", "child_winner", "child_dpooled",
+               "children")  # the `Tables` fields that are ranges of `pool`
+
+
+def _check_ranges(tables: Tables) -> None:
+    """Every list range lies in the pool: the loop runs without bounds checks, so a
+    table laid out wrong would read past its arrays rather than raise."""
+    size = len(tables.pool)
+    for name in POOL_RANGES:
+        spans = getattr(tables, name)
+        if spans.size and not (spans.min() >= 0 and spans.max() <= size and
+                               (spans[..., 0] <= spans[..., 1]).all()):
+            raise ValueError(f"the compiled tables' {name} reach outside their pool")
+
+
+def _parameter_offsets(spec: MeshSpec) -> dict[str, np.ndarray | int]:
+    """Where each conv layer's weight (and its kernels' shape) and bias, and the
+    normalization, sit in a PARAMS vector (`ParamsLayout`), as `Tables` fields."""
+    layout, layers = spec.params_layout, spec.model.conv_layers
+    w_off, b_off, b_len = (np.zeros(layers + 1, np.int64) for _ in range(3))
+    w_shape = np.ones((layers + 1, 3), np.int64)
+    for layer, where in layout.layers.items():
+        w_off[layer], w_shape[layer] = where.weight.start, where.kernel_shape
+        b_off[layer], b_len[layer] = where.bias.start, where.bias.stop - where.bias.start
+    return {"w_off": w_off, "w_shape": w_shape, "b_off": b_off, "b_len": b_len,
+            "mean_off": layout.mean.start, "std_off": layout.std.start}
 
 
 def _slot_array(slots) -> np.ndarray:

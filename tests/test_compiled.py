@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError
+from meshdl.nodes.compiled import _check_ranges, lay_out
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.sim.mesh import MeshEngine, VirtualMesh
 from meshdl.training.failout import failout_cells
@@ -184,3 +185,14 @@ def test_the_edge_repeating_its_parameters_is_counted_as_duplicates_not_a_crash(
     assert results[True][0] == results[False][0]
     assert np.array_equal(results[True][1], results[False][1])
     assert results[True][2] == results[False][2] > 0
+
+
+def test_tables_whose_ranges_leave_their_pool_are_refused_before_the_loop_runs() -> None:
+    """The loop reads without bounds checks: a range past the pool would read memory
+    that is not the tables'."""
+    mesh, _ = _live_mesh(True)
+    nodes = [mesh.nodes[cell] for cell in mesh.spec.topology.cells()]
+    tables = lay_out(mesh.spec, nodes).tables
+    _check_ranges(tables)
+    with pytest.raises(ValueError, match="msg_rows"):
+        _check_ranges(tables._replace(msg_rows=tables.msg_rows + len(tables.pool)))
