@@ -154,3 +154,26 @@ def test_a_wave_lost_to_the_edges_own_connection_drops_says_so() -> None:
         engine.close()
     assert "are all node hosts running" not in line
     assert "dropped this edge 3 times" in line and "270 invalid status records" in line
+
+
+def test_the_servers_inbox_gives_each_meshs_edge_its_own_share() -> None:
+    # Issue 43, item 5: every mesh's edge pushes as `edge`; junk from mesh 1's edge login
+    # must not fill the share mesh 2's pushes arrive in (the server hears them all over
+    # one connection).
+    async def fill() -> tuple[Session, Any]:
+        session = Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "ps", [])
+        queue = session._new_client()._queue
+        junk = bytes(1_040_000)
+        for _ in range(100):  # 100 MB on mesh 1's push topic
+            queue.put_nowait(aiomqtt.Message("meshdl/1/edge/ps/push", junk, 1, False, 0,
+                                             None))
+        for i in range(20):  # then mesh 2's genuine pushes
+            queue.put_nowait(aiomqtt.Message("meshdl/2/edge/ps/push", bytes(60_000), 1,
+                                             False, i, None))
+        return session, queue
+
+    session, queue = asyncio.run(fill())
+    held = [m.topic.value for m in queue._queue]
+    assert held.count("meshdl/2/edge/ps/push") == 20
+    assert held.count("meshdl/1/edge/ps/push") <= 8
+    assert session.stats["rejected:inbox_full"] == 120 - len(held)

@@ -132,9 +132,9 @@ class InboxLimits:
     while the process computes, the client keeps reading its socket into it. Past these
     bounds a message is dropped (counted as `rejected:inbox_full`); in a wave that is a
     lost QoS 0 message, which the edge recovers by restarting the wave. Each sender (a
-    topic's publisher level, which the broker's ACL authenticates; a status topic's
-    client) has its own share, so that one login flooding large messages fills only
-    its own and the others' messages still get in.
+    topic's mesh and publisher level, which the broker's ACL authenticates; a status
+    topic's client) has its own share (`share_of`), so that one login flooding large
+    messages fills only its own and the others' messages still get in.
 
     - `bytes`: 32 MiB holds a whole training wave of the 500-cell mesh the broker is
       sized for (31.6 MB, deploy/mosquitto/production.conf), though a process receives
@@ -156,6 +156,18 @@ def sender_of(topic: str) -> str:
     if len(levels) < 3:
         return topic
     return "/".join(levels[2:4]) if levels[2] == "status" else levels[2]
+
+
+def share_of(topic: str) -> str:
+    """The inbox share a topic's message counts against: its sender within its mesh
+    (`meshdl/<m>/<src>`, `meshdl/<m>/status/<client>`). The mesh is part of it because
+    a publisher level is a role, not a login: every mesh's edge pushes as `edge`, and the
+    parameter server hears them all over one connection (issue 43, item 5: junk from one
+    mesh's edge login filled the share of every mesh's pushes)."""
+    levels = topic.split("/", 4)
+    if len(levels) < 3:
+        return topic
+    return "/".join(levels[:4] if levels[2] == "status" else levels[:3])
 
 
 class InboxBudget:
@@ -258,7 +270,7 @@ class Session:
                 # nothing more than the read, and the socket keeps being drained.
                 payload = item.payload
                 size = len(payload) if isinstance(payload, bytes | bytearray) else 0
-                sender = sender_of(item.topic.value)
+                sender = share_of(item.topic.value)
                 if not self.budget.admit(sender, size):
                     session.stats["rejected:inbox_full"] += 1
                     return
