@@ -228,13 +228,16 @@ def test_cell_ranges_parse_and_format_back() -> None:
         (["floor1=0-,1"], "not N or N-M"),
         (["r1c1=0,0"], "taken"),
         (["edge=0,0"], "taken"),
+        (["ps=0,0"], "taken"),
+        (["bridge-1=0,0"], "taken"),
         (["=0,0"], "host name"),
         (["floor 1=0,0"], "host name"),
         (["a=0,0-1", "b=0,1"], "two hosts"),
         (["a=0,0", "a=1,1"], "given twice"),
     ],
     ids=["no-cells", "row-outside", "col-outside", "reversed", "garbage", "three-parts",
-         "open-range", "cell-name", "reserved", "empty-name", "space", "overlap", "twice"],
+         "open-range", "cell-name", "reserved", "server-login", "bridge-login", "empty-name",
+         "space", "overlap", "twice"],
 )
 def test_bad_host_specs_are_usage_errors(cli, mesh_file, tmp_path, hosts, needle) -> None:
     out = tmp_path / "creds"

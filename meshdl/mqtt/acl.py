@@ -59,11 +59,15 @@ Access = Literal["read", "write", "readwrite"]
 EDGE_USER = "edge"
 MONITOR_USER = "monitor"
 SERVER_USER = "ps"
-RESERVED_USERS = frozenset({EDGE_USER, MONITOR_USER, "all", "status", "alerts"})
+# Names a node host cannot take: the mesh's other logins (the parameter server's and the
+# bridges' are the central broker's, but one name must mean one login everywhere), and
+# the words the topic scheme uses as levels.
+RESERVED_USERS = frozenset({EDGE_USER, MONITOR_USER, SERVER_USER, "all", "status", "alerts"})
 # Host names become broker user names, file names (secrets/<name>.env) and topic levels
 # (status/<name>): letters, digits, '.', '_' and '-' only, starting with a letter.
 _HOST_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 _CELL_NAME = re.compile(r"^r\d+c\d+$")
+_BRIDGE_NAME = re.compile(r"^bridge-\d+$")  # `bridge_user`
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 
@@ -322,8 +326,9 @@ def check_host_name(name: str) -> str:
     if not _HOST_NAME.match(name):
         raise ValueError(f"host name {name!r}: use a letter, then letters, digits, '.', '_' "
                          "or '-' (at most 64)")
-    if name in RESERVED_USERS or _CELL_NAME.match(name):
-        raise ValueError(f"host name {name!r} is taken (the edge, the monitor and cells "
+    if name in RESERVED_USERS or _CELL_NAME.match(name) or _BRIDGE_NAME.match(name):
+        raise ValueError(f"host name {name!r} is taken (the edge, the monitor, the "
+                         "parameter server ps, the bridges bridge-<mesh> and cells "
                          "r<row>c<col> have their own users)")
     return name
 
