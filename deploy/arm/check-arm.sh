@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Does meshdl install and run on a Raspberry Pi's CPU? Checked from an amd64 Debian machine.
 #
-#   deploy/arm/check-arm.sh --quick   PyPI wheels of numba, llvmlite, numpy for aarch64 and armv7l
+#   deploy/arm/check-arm.sh --quick   wheels of numba, llvmlite, numpy for aarch64 and armv7l on
+#                                     the package index pip is configured with
 #   deploy/arm/check-arm.sh           the same for every runtime dependency, then a node host in
 #                                     an emulated arm64 Debian (qemu-user-static + debootstrap)
 #                                     trains a 3 x 3 mesh with an edge on this machine
 #
 # One line per step on stdout. Exit 0: everything checked passed; 1: a check failed (an
-# aarch64 wheel missing, the emulated install or run failed); 2: could not check (no PyPI,
-# no emulator, not root for the emulated part). armv7l (32-bit Raspberry Pi OS) is reported,
-# never a failure: PyPI has no armv7l wheels of numba, llvmlite or numpy at all.
+# aarch64 wheel missing, the emulated install or run failed); 2: could not check (index
+# unreachable, no emulator, not root for the emulated part). armv7l (32-bit Raspberry Pi
+# OS) is reported, never a failure: PyPI has no armv7l wheels of numba, llvmlite or numpy.
 #
-# Needs: the repository's .venv (its pip asks PyPI; its meshdl runs the broker and the edge),
-# mosquitto; for the emulated part root and
+# Package indexes: the ones this machine is configured with. pip asks its own index
+# (pip config, PIP_INDEX_URL, PIP_EXTRA_INDEX_URL); ARM_INDEX_URL replaces it for this check
+# only. debootstrap uses ARM_MIRROR when set, else its own default mirror.
+#
+# Needs: the repository's .venv (its pip asks the index; its meshdl runs the broker and the
+# edge), mosquitto; for the emulated part root and
 #   apt-get install -y --no-install-recommends qemu-user-static debootstrap binfmt-support
 # Scratch data (wheels, the arm64 root file system, run directories) goes to $ARM_WORK
 # (default /tmp/arm), never into the repository; a second run reuses the root file system.
@@ -22,7 +27,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 WORK=${ARM_WORK:-/tmp/arm}
 VENV=${MESHDL_VENV:-$REPO/.venv}
 SUITE=${ARM_SUITE:-bookworm}
-MIRROR=${ARM_MIRROR:-http://deb.debian.org/debian}
+MIRROR=${ARM_MIRROR:-}   # empty: debootstrap's own default mirror
+INDEX_URL=${ARM_INDEX_URL:-}   # empty: pip's configured index
 GLIBC_MINOR=${ARM_GLIBC_MINOR:-36}   # Debian 12 / Raspberry Pi OS bookworm: glibc 2.36
 PORT=${ARM_PORT:-}   # default: a free port
 ROOTFS=$WORK/rootfs-arm64
@@ -35,7 +41,7 @@ fail() { say "$1" "FAIL: $2"; FAILED=1; }
 skip() { say "$1" "SKIP: $2"; SKIPPED=1; }
 
 usage() {
-    sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # The runtime dependency closure of meshdl as installed in the venv, pinned (name==version).
@@ -68,27 +74,75 @@ platform_args() {
     printf -- '--platform manylinux2014_%s --platform linux_%s' "$arch" "$arch"
 }
 
-# Download one pinned package's wheel for an arch from PyPI alone (--isolated: no local
-# wheel directories or extra indexes from pip.conf); prints the wheel's file name.
+# pip as this machine configures it, with two exceptions for the check: a local wheel
+# directory (find-links) is not something a Pi installs from, and a site constraint file
+# could contradict the exact pins this check asks for. Usage: index_pip SECONDS COMMAND ARGS...
+index_pip() {
+    local seconds=$1 command=$2 index=()
+    shift 2
+    [[ -n $INDEX_URL ]] && index=(--index-url "$INDEX_URL")
+    PIP_FIND_LINKS= PIP_CONSTRAINT= timeout "$seconds" "$VENV/bin/pip" "$command" \
+        --disable-pip-version-check "${index[@]}" "$@"
+}
+
+# A URL as it may be printed: a login in it (user:password@) is not.
+redact_url() {
+    sed -E 's#^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@#\1****@#' <<<"$1"
+}
+
+# pip's configured value of an option, from the environment or pip config ("" if unset),
+# with where it came from: "PIP_INDEX_URL=..." or "pip config global.index-url=...".
+pip_setting() {
+    local option=$1 env_name line
+    env_name=PIP_$(tr 'a-z-' 'A-Z_' <<<"$option")
+    if [[ -n ${!env_name:-} ]]; then
+        echo "$env_name=$(redact_url "${!env_name}")"
+    # Not piped straight into grep -m 1: under pipefail pip's SIGPIPE would fail the match.
+    elif line=$("$VENV/bin/pip" config list 2>/dev/null) &&
+        line=$(grep -m 1 -E "^[a-z]+\.$option=" <<<"$line"); then
+        echo "pip config ${line%%=*}=$(redact_url "$(tr -d "'\"" <<<"${line#*=}")")"
+    fi
+}
+
+# Which settings name the indexes pip asks, for the lines a user reads.
+index_origin() {
+    local main extra
+    if [[ -n $INDEX_URL ]]; then
+        main="ARM_INDEX_URL=$(redact_url "$INDEX_URL")"
+    else
+        main=$(pip_setting index-url)
+        main=${main:-"pip's default index: no ARM_INDEX_URL, PIP_INDEX_URL or pip config index-url"}
+    fi
+    extra=$(pip_setting extra-index-url)
+    echo "$main${extra:+; extra indexes: $extra}"
+}
+
+# Download one pinned package's wheel for an arch; prints the wheel's file name.
 wheel_for() {
     local arch=$1 spec=$2 dest=$WORK/wheels/$1 out
     mkdir -p "$dest"
     # shellcheck disable=SC2046  # the platform arguments are meant to split
-    out=$(timeout 300 "$VENV/bin/pip" --isolated download --no-deps --only-binary=:all: \
-        --index-url https://pypi.org/simple --python-version 311 --implementation cp \
-        --abi cp311 --abi abi3 --abi none $(platform_args "$arch") -d "$dest" "$spec" 2>&1) ||
-        return 1
+    out=$(index_pip 300 download --no-deps --only-binary=:all: --python-version 311 \
+        --implementation cp --abi cp311 --abi abi3 --abi none $(platform_args "$arch") \
+        -d "$dest" "$spec" 2>&1) || return 1
     grep -oE '[^/ ]+\.whl' <<<"$out" | tail -n 1
 }
 
-check_pypi() {
-    if ! timeout 15 "$VENV/bin/python" -c \
-        'import urllib.request; urllib.request.urlopen("https://pypi.org/simple/numba/", timeout=10)' \
-        2>/dev/null; then
-        skip pypi "https://pypi.org is not reachable"
-        return 1
+# Reachable means: pip itself, asking the configured index, lists numba. pip says why an
+# index failed only at -vv ("Could not fetch URL ...: connection error ..."); that reason
+# ends the line, so a wrong proxy or mirror is told apart from a missing package.
+check_index() {
+    local out reason origin
+    origin=$(index_origin)
+    if out=$(index_pip 120 index versions numba --retries 1 --timeout 15 -vv 2>&1); then
+        say index "ok: reachable, lists numba ($origin)"
+        return 0
     fi
-    say pypi "ok: https://pypi.org reachable"
+    reason=$(grep -m 1 -oE 'Could not fetch URL [^ ]+: [a-zA-Z ]*[a-zA-Z]' <<<"$out")
+    [[ -n $reason ]] && reason+=$(grep -m 1 -oE "\[Errno -?[0-9]+\] [^')\"]*" <<<"$out" |
+        sed 's/^/ /')
+    skip index "unreachable: pip finds no numba at the index ($origin)${reason:+; $reason}"
+    return 1
 }
 
 # One line per arch: how many of the packages install from wheels, and which would be built
@@ -104,7 +158,7 @@ check_wheels() {
             missing+=("$spec")
         fi
     done
-    local line="$ok/$total from PyPI wheels"
+    local line="$ok/$total from wheels on the index"
     ((${#compiled[@]})) && line+="; binary: ${compiled[*]}"
     if ((${#missing[@]})); then
         line+="; NO WHEEL (pip would build from source): ${missing[*]}"
@@ -158,8 +212,10 @@ make_rootfs() {
         return 0
     fi
     rm -rf "$ROOTFS"
+    local mirror=()
+    [[ -n $MIRROR ]] && mirror=("$MIRROR")
     if ! debootstrap --arch=arm64 --variant=minbase \
-        --include=python3,python3-venv,ca-certificates "$SUITE" "$ROOTFS" "$MIRROR" \
+        --include=python3,python3-venv,ca-certificates "$SUITE" "$ROOTFS" "${mirror[@]}" \
         >"$WORK/debootstrap.log" 2>&1; then
         fail rootfs "debootstrap failed, see $WORK/debootstrap.log"
         return 1
@@ -306,7 +362,7 @@ main() {
     mkdir -p "$WORK"
     [[ -x $VENV/bin/pip ]] || { skip venv "no $VENV (run ./bootstrap)"; exit 2; }
     local specs
-    if check_pypi; then
+    if check_index; then
         specs=$(pinned_closure)
         ((QUICK)) && specs=$(grep -E '^(numba|llvmlite|numpy)==' <<<"$specs")
         check_wheels aarch64 "$specs"
