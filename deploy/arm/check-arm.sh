@@ -41,7 +41,8 @@ fail() { say "$1" "FAIL: $2"; FAILED=1; }
 skip() { say "$1" "SKIP: $2"; SKIPPED=1; }
 
 usage() {
-    sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    # The header comment, however long it grows: up to the first line that is not one.
+    awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # The runtime dependency closure of meshdl as installed in the venv, pinned (name==version).
