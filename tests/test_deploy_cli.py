@@ -31,7 +31,7 @@ from meshdl.mqtt.localbroker import production_config, stop_process
 from meshdl.protocol.auth import Keyring
 from meshdl.protocol.messages import EDGE
 from meshdl.protocol.topics import name_of
-from tests.helpers import SMALL_MESH_TOML, assert_one_line_error
+from tests.helpers import SMALL_MESH_TOML, TWO_MESHES_TOML, assert_one_line_error
 from tests.mosquitto import free_port, mosquitto_binary, self_signed, wait_for_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -422,3 +422,66 @@ def test_credentials_written_inside_a_checkout_are_ignored_by_git(cli, mesh_file
                              "--untracked-files=all"], capture_output=True, text=True,
                             check=True).stdout
     assert status == ""  # nothing a `git add -A` would pick up
+
+
+# --------------------------------------------------------------------------- central
+
+
+@pytest.fixture
+def two_meshes_file(tmp_path: Path) -> Path:
+    path = tmp_path / "mesh1.toml"
+    path.write_text(TWO_MESHES_TOML.format(mesh_id=1))
+    return path
+
+
+def _bridge_lines(cli, mesh_file: Path, out: Path, *central: str) -> tuple[list[str], str]:
+    mosquitto_binary("mosquitto_passwd")
+    code, _, err = cli("deploy", "central", "--mesh", mesh_file, "--out", out, *central)
+    assert code == 0, err
+    text = (out / "bridge-1.conf").read_text()
+    return [line for line in text.splitlines() if not line.startswith("#")], err
+
+
+@pytest.mark.parametrize(
+    ("central", "address", "ca_line"),
+    [
+        (["--central", "mqtts://hq.example", "--central-ca", "/etc/mosquitto/ca/hq.crt"],
+         "hq.example:8883", "bridge_cafile /etc/mosquitto/ca/hq.crt"),
+        (["--central", "hq.example:8883"], "hq.example:8883", "bridge_capath /etc/ssl/certs"),
+        (["--central", "hq.example:9883", "--central-ca", "/etc/ca.crt"], "hq.example:9883",
+         "bridge_cafile /etc/ca.crt"),
+    ],
+    ids=["mqtts-url-with-ca", "port-8883-system-cas", "ca-on-another-port"])
+def test_a_bridge_to_a_tls_central_broker_is_written_with_tls(
+        cli, two_meshes_file, tmp_path, central, address, ca_line) -> None:
+    lines, err = _bridge_lines(cli, two_meshes_file, tmp_path / "hq", *central)
+    assert f"address {address}" in lines
+    # Without a CA Mosquitto's bridge speaks MQTT in clear to the TLS listener, which
+    # refuses it ("wrong version number"); the name is checked, at TLS 1.2 or later.
+    assert ca_line in lines
+    assert "bridge_insecure false" in lines and "bridge_tls_version tlsv1.2" in lines
+    assert "over TLS" in err and "warning" not in err
+
+
+def test_a_bridge_in_clear_is_written_only_when_asked_and_with_a_warning(
+        cli, two_meshes_file, tmp_path) -> None:
+    lines, err = _bridge_lines(cli, two_meshes_file, tmp_path / "hq", "--central",
+                               "mqtt://hq.example")
+    assert "address hq.example:1883" in lines
+    assert not any(line.startswith("bridge_") for line in lines)
+    assert "warning: the bridges connect to mqtt://hq.example:1883 in clear" in err
+
+
+@pytest.mark.parametrize(
+    ("central", "needle"),
+    [(["--central", "hq.example"], "HOST:PORT"),
+     (["--central", "ws://hq.example:8883"], "HOST:PORT"),
+     (["--central", "hq.example:0"], "HOST:PORT"),
+     (["--central", "mqtt://hq.example", "--central-ca", "/etc/ca.crt"], "in clear")],
+    ids=["no-port", "other-scheme", "port-0", "clear-with-ca"])
+def test_a_bad_central_address_is_a_usage_error(cli, two_meshes_file, tmp_path, central,
+                                                needle) -> None:
+    code, _, err = cli("deploy", "central", "--mesh", two_meshes_file, "--out",
+                       tmp_path / "hq", *central)
+    assert_one_line_error(code, err, 2, "--central", needle)
+    assert not (tmp_path / "hq").exists()

@@ -24,6 +24,7 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from meshdl.bench.hostile import _self_signed as self_signed_with_cryptography
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data.datasets import save_dataset
 from meshdl.data.lounge import generate_lounge
@@ -68,7 +69,9 @@ class _Site:
     """The files of one deployment: mesh files, data, credentials, push keys, brokers'
     configurations (nothing running)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, tls_bridge: bool = False) -> None:
+        """`tls_bridge`: the bridges reach the central broker on its TLS listener (as
+        across buildings), else on its loopback one."""
         mosquitto_binary()
         mosquitto_binary("mosquitto_passwd")
         self.root = root
@@ -81,9 +84,13 @@ class _Site:
         self.data_file = save_dataset(self.data, root / "data.npz")
         self.hq = root / "hq"
         self.central_tls, self.central_port = free_port(), free_port()
-        _meshdl("deploy", "central", "--mesh", self.mesh_files[1], "--central",
-                f"127.0.0.1:{self.central_port}", "--out", self.hq / "meshdl")
-        self_signed(self.hq / "meshdl" / "tls")
+        central_ca = self.hq / "meshdl" / "tls" / "ca.crt"
+        central = ("--central", f"mqtts://127.0.0.1:{self.central_tls}", "--central-ca",
+                   central_ca) if tls_bridge else \
+            ("--central", f"127.0.0.1:{self.central_port}")
+        _meshdl("deploy", "central", "--mesh", self.mesh_files[1], *central, "--out",
+                self.hq / "meshdl")
+        self_signed_with_cryptography(self.hq / "meshdl" / "tls")
         (self.hq / "data").mkdir()
         self.buildings: dict[int, tuple[Path, int, int]] = {}  # folder, TLS and local ports
         for mesh in MESHES:
@@ -253,6 +260,23 @@ def test_two_meshes_with_auth_on_train_through_ps_run_to_the_virtual_bsp_paramet
         folder = site.buildings[mesh][0]
         assert (folder / "meshdl" / "bridge.d" / f"bridge-{mesh}.conf").stat().st_mode \
             & 0o777 == 0o600
+
+
+@pytest.mark.slow
+def test_two_meshes_bridged_to_the_central_brokers_tls_listener_train_to_the_bsp_parameters(
+        tmp_path) -> None:
+    # Issue 43: a bridge written for HOST:8883 had no CA, spoke MQTT in clear to the TLS
+    # listener ("wrong version number") and never connected.
+    site = _Site(tmp_path, tls_bridge=True)
+    for mesh in MESHES:
+        bridge = (site.hq / "meshdl" / f"bridge-{mesh}.conf").read_text().splitlines()
+        assert f"address 127.0.0.1:{site.central_tls}" in bridge  # the TLS listener only
+        assert f"bridge_cafile {site.hq / 'meshdl' / 'tls' / 'ca.crt'}" in bridge
+    result = _train(site, tmp_path / "logs", attack=False)
+    _assert_the_virtual_bsp_runs_parameters(site, result)
+    log = (tmp_path / "central-broker" / "mosquitto.log").read_text(errors="replace")
+    assert "wrong version number" not in log
+    assert all(f"as meshdl-bridge-{mesh}" in log for mesh in MESHES), log[-3000:]
 
 
 @pytest.mark.slow

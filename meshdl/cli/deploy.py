@@ -13,7 +13,7 @@ Users: `edge`, one per cell (`r<row>c<col>`), one per node host (`--host NAME=CE
 and a read-only `monitor` (meshdl/mqtt/acl.py has the rules). A mesh whose [parallel]
 section trains it with other meshes lets its edge hear the parameter server's weights.
 
-`meshdl deploy central --mesh mesh.toml --central HOST:PORT --out DIR` provisions the
+`meshdl deploy central --mesh mesh.toml --central mqtts://HOST --out DIR` provisions the
 central broker of several meshes (the [parallel] section's): its passwd and acl for
 the parameter server `ps` and one bridge per mesh, their secrets, the keys of the links
 edge-ps (one random key per mesh: `secrets/ps.keys.json` holds all of them for the
@@ -22,7 +22,10 @@ server, `secrets/push-<mesh>.keys.json` one for that mesh's edge, which
 .env file), and
 `DIR/bridge-<mesh>.conf`, the bridge's connection with its password, which each
 building's Mosquitto reads from a private directory through `include_dir`, never from
-mosquitto.conf itself (docs/parallel.md). Passwords come from
+mosquitto.conf itself (docs/parallel.md). The bridge goes over TLS to `mqtts://HOST[:PORT]`
+or `HOST:8883`, checking the central broker's certificate against `--central-ca` (the CA
+file as installed on the buildings' brokers) or the system's CAs; `mqtt://HOST[:PORT]`
+or another port bridges in clear, with a warning. Passwords come from
 `secrets.token_urlsafe`, the mesh's link secret and the edge's Ed25519 key from
 `secrets.token_bytes`; they are never printed. Every user's .env file turns message
 authentication on (`MESHDL_MESH__AUTH=true`) and names its key file as it will be
@@ -130,8 +133,14 @@ def credentials(
 def central(
     mesh: Path = typer.Option(..., "--mesh", help="A mesh file whose parallel section "
                               "names the meshes (meshes, first_mesh_id)."),
-    central_address: str = typer.Option(..., "--central", help="HOST:PORT of the central "
-                                        "broker, as the buildings' brokers reach it."),
+    central_address: str = typer.Option(
+        ..., "--central", help="The central broker as the buildings' brokers reach it: "
+        "mqtts://HOST[:PORT] (TLS, 8883 by default), HOST:8883 (TLS too), "
+        "mqtt://HOST[:PORT] or HOST:PORT (in clear)."),
+    central_ca: str | None = typer.Option(
+        None, "--central-ca", help="The CA certificate that signed the central broker's, "
+        "as installed on each building's broker (a path there, e.g. "
+        "/etc/mosquitto/meshdl/central-ca.crt); implies TLS. Default: the system's CAs."),
     out: Path = typer.Option(..., "--out", help="Directory for passwd, acl, secrets/ and "
                              "the bridge-<mesh>.conf files."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
@@ -140,7 +149,7 @@ def central(
     """Write the central broker's passwd and acl (the parameter server and one bridge per
     mesh), their secrets, the keys of the links between each mesh's edge and the
     parameter server, and each building's bridge configuration."""
-    from meshdl.mqtt.acl import acl_text, bridge_config, central_users
+    from meshdl.mqtt.acl import CentralBroker, acl_text, bridge_config, central_users
     from meshdl.protocol.auth import PushKeys
     from meshdl.training.parallel import mesh_ids
 
@@ -148,9 +157,10 @@ def central(
     if cfg.parallel.meshes < 2:
         raise UsageError(f"{mesh}: its [parallel] section trains one mesh; a central "
                          "broker serves two or more")
-    host, _, port = central_address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--central {central_address}: expected HOST:PORT")
+    try:
+        address = CentralBroker.parse(central_address, central_ca)
+    except ValueError as exc:
+        raise UsageError(f"--central {exc}") from None
     meshes = mesh_ids(cfg)
     users = central_users(meshes)
     tool = find_tool("mosquitto_passwd")
@@ -181,13 +191,21 @@ def central(
         # The bridge's password: this file goes into a private directory that the
         # building's mosquitto.conf includes (include_dir), never into mosquitto.conf.
         _write_private(out / f"bridge-{m}.conf",
-                       bridge_config(m, host, int(port), passwords[f"bridge-{m}"]))
+                       bridge_config(m, address, passwords[f"bridge-{m}"]))
     err_console.print(f"wrote {out / 'passwd'}, {out / 'acl'}, the parameter server's and "
                       f"{len(meshes)} bridges' secrets, the push keys of meshes "
                       f"{', '.join(map(str, meshes))} and their bridge-<mesh>.conf (install "
                       f"each as {BRIDGE_DIR}/bridge-<mesh>.conf, owner mosquitto, mode "
                       f"0600, and end the building's mosquitto.conf with `include_dir "
                       f"{BRIDGE_DIR}`)", highlight=False)
+    if address.tls:
+        err_console.print(f"the bridges connect to {address} over TLS, checking its "
+                          f"certificate against {address.cafile or 'the system CAs'}",
+                          highlight=False)
+    else:
+        err_console.print(f"warning: the bridges connect to {address} in clear: their "
+                          "password, the pushes and the weights cross the network "
+                          "unencrypted (mqtts://HOST bridges over TLS)", highlight=False)
 
 
 SERVER_KEYS = "ps.keys.json"  # every mesh's key of the link edge-ps

@@ -170,14 +170,64 @@ def central_users(meshes: Iterable[int]) -> list[MeshUser]:
               for m in meshes)]
 
 
-def bridge_config(mesh: int, central_host: str, central_port: int, password: str) -> str:
+TLS_PORT = 8883  # MQTT over TLS (IANA), production.conf's network listener
+SYSTEM_CAPATH = "/etc/ssl/certs"  # Debian's and Raspberry Pi OS's trusted CAs
+
+
+@dataclass(frozen=True)
+class CentralBroker:
+    """Where the buildings' bridges reach the central broker, and how: over TLS (the
+    certificate checked against `cafile`, a path on the building's machine, or the
+    system's CAs without one) or, asked for by name, in clear."""
+
+    host: str
+    port: int
+    tls: bool
+    cafile: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, cafile: str | None = None) -> CentralBroker:
+        """`mqtts://HOST[:PORT]` (TLS, port 8883 by default), `mqtt://HOST[:PORT]` (in
+        clear, 1883), or `HOST:PORT`: TLS on 8883 or with a CA file, else in clear, as
+        a broker URL of meshdl reads (mqtt/session.py). ValueError naming the problem."""
+        scheme, sep, rest = text.partition("://")
+        if not sep:
+            scheme, rest = "", text
+        if scheme not in ("", "mqtt", "mqtts"):
+            raise ValueError(f"{text}: expected HOST:PORT, mqtts://HOST[:PORT] or "
+                             "mqtt://HOST[:PORT]")
+        host, colon, port = rest.rpartition(":")
+        if not colon:
+            host, port = rest, "" if scheme else "?"
+        if not host or "/" in host or "@" in host or \
+                not (port == "" or (port.isdigit() and 0 < int(port) < 65536)):
+            raise ValueError(f"{text}: expected HOST:PORT, mqtts://HOST[:PORT] or "
+                             "mqtt://HOST[:PORT]")
+        if scheme == "mqtt" and cafile is not None:
+            raise ValueError(f"{text}: mqtt:// is in clear, a CA file is for TLS "
+                             "(mqtts://)")
+        number = int(port) if port else TLS_PORT if scheme == "mqtts" else 1883
+        tls = scheme == "mqtts" or (scheme == "" and (number == TLS_PORT or
+                                                        cafile is not None))
+        return cls(host, number, tls, cafile)
+
+    def __str__(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+
+def bridge_config(mesh: int, central: CentralBroker, password: str) -> str:
     """The lines a building's Mosquitto needs to bridge its mesh's server traffic to the
     central broker (QoS 1 both ways, as the edge and the server publish it). They hold
     the bridge's password, which Mosquitto takes only inline: the file is a secret of
     its own, read through `include_dir` from a directory only the broker's user can
     read (Mosquitto reads its configuration, included files too, before it drops
-    privileges, and again as that user on a reload), so that mosquitto.conf holds none."""
-    return "\n".join([
+    privileges, and again as that user on a reload), so that mosquitto.conf holds none.
+
+    Over TLS the bridge checks the central broker's certificate and its name (a bridge
+    without `bridge_cafile`/`bridge_capath` speaks MQTT in clear to a TLS listener,
+    which refuses it: "wrong version number"), at TLS 1.2 or later, as production.conf's
+    listener takes."""
+    lines = [
         f"# meshdl mesh {mesh}: pushes to the central parameter server, weights back.",
         "# A secret (the bridge's password): install it as "
         f"/etc/mosquitto/meshdl/bridge.d/bridge-{mesh}.conf,",
@@ -185,14 +235,27 @@ def bridge_config(mesh: int, central_host: str, central_port: int, password: str
         "#   include_dir /etc/mosquitto/meshdl/bridge.d",
         "# Never paste these lines into mosquitto.conf itself.",
         f"connection meshdl-{mesh}-central",
-        f"address {central_host}:{central_port}",
+        f"address {central.host}:{central.port}",
         f"remote_username {bridge_user(mesh)}",
         f"remote_password {password}",
         f"remote_clientid meshdl-bridge-{mesh}",
         "cleansession false",
         f"topic {push_topic(mesh)} out 1",
         f"topic {weights_topic(mesh)} in 1",
-        ""])
+    ]
+    if central.tls:
+        lines += [
+            f"# TLS: the central broker's certificate must be signed by this CA and name "
+            f"{central.host}.",
+            f"bridge_cafile {central.cafile}" if central.cafile is not None else
+            f"bridge_capath {SYSTEM_CAPATH}",
+            "bridge_insecure false",
+            "bridge_tls_version tlsv1.2",
+        ]
+    else:
+        lines += ["# In clear: the password, pushes and weights cross the network unencrypted",
+                  "# (`meshdl deploy central --central mqtts://HOST` bridges over TLS)."]
+    return "\n".join([*lines, ""])
 
 
 def monitor_grants(mesh: int) -> list[Grant]:
