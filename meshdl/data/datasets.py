@@ -15,18 +15,20 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from meshdl.data.npzfile import read_npz
+from meshdl.data.npzfile import ArrayHeader, read_npz
 from meshdl.errors import DataError, UsageError
 
 __all__ = [
@@ -192,39 +194,64 @@ def load_split(path: str | os.PathLike[str], split: str) -> tuple[np.ndarray, np
 
 
 def _dataset_arrays(source: Path) -> dict[str, np.ndarray]:
-    """The arrays of a data set file, all four keys present."""
-    arrays = read_npz(source, "data set", DataError)
-    missing = [key for key in DATASET_KEYS if key not in arrays]
-    if missing:
-        hint = ""
-        if "X" in arrays or "maps" in arrays:
-            hint = " (it looks like a sensor log: use load_log / `meshdl data inspect`)"
+    """The arrays of a data set file, all four keys present, their shapes and dtypes
+    checked on the file's headers before any is read."""
+
+    def check(headers: Mapping[str, ArrayHeader]) -> None:
+        missing = [key for key in DATASET_KEYS if key not in headers]
+        if missing:
+            hint = ""
+            if "X" in headers or "maps" in headers:
+                hint = " (it looks like a sensor log: use load_log / `meshdl data inspect`)"
+            raise DataError(
+                f"{source}: missing key(s) {', '.join(missing)}; a data set needs "
+                f"{', '.join(DATASET_KEYS)} (found: {', '.join(sorted(headers)) or 'nothing'})"
+                f"{hint}"
+            )
+        _check_forms(headers, str(source))
+
+    return read_npz(source, "data set", DataError, check)
+
+
+class _Shaped(Protocol):
+    """An array, or the header that describes one (`npzfile.ArrayHeader`)."""
+
+    shape: tuple[int, ...]
+    ndim: int
+    dtype: np.dtype
+
+
+def _check_forms(arrays: Mapping[str, _Shaped], where: str) -> None:
+    """One-line `DataError` unless the four data set arrays have a data set's ranks,
+    dtypes, lengths and grids: what their headers alone tell, so a file is refused
+    before its arrays are read."""
+    for split, x_key, y_key in _SPLITS:
+        X, y = arrays[x_key], arrays[y_key]
+        _check_maps_form(X, x_key, where)
+        _check_labels_form(y, y_key, where)
+        if X.shape[0] != y.shape[0]:
+            raise DataError(f"{where}: {x_key} holds {X.shape[0]} maps but {y_key} "
+                            f"{y.shape[0]} labels")
+        if X.shape[0] == 0:
+            raise DataError(f"{where}: the {split} split holds no maps")
+    train_grid, test_grid = arrays["X_train"].shape[1:], arrays["X_test"].shape[1:]
+    if train_grid != test_grid:
         raise DataError(
-            f"{source}: missing key(s) {', '.join(missing)}; a data set needs "
-            f"{', '.join(DATASET_KEYS)} (found: {', '.join(sorted(arrays)) or 'nothing'}){hint}"
+            f"{where}: train maps are {train_grid[0]} x {train_grid[1]} but test maps are "
+            f"{test_grid[0]} x {test_grid[1]}"
         )
-    return arrays
 
 
 def _checked_arrays(arrays: Mapping[str, Any], where: str,
                     finite: Sequence[str] = ("train", "test")) -> dict[str, np.ndarray]:
     """The four data set arrays, converted and checked (the readings of the `finite`
     splits for NaN and inf too); one-line `DataError` on a problem."""
+    given = {key: np.asarray(arrays[key]) for key in DATASET_KEYS}
+    _check_forms(given, where)
     out: dict[str, np.ndarray] = {}
-    for split, x_key, y_key in _SPLITS:
-        X = _as_maps(arrays[x_key], x_key, where)
-        y = _as_labels(arrays[y_key], y_key, where)
-        if len(X) != len(y):
-            raise DataError(f"{where}: {x_key} holds {len(X)} maps but {y_key} {len(y)} labels")
-        if len(X) == 0:
-            raise DataError(f"{where}: the {split} split holds no maps")
-        out[x_key], out[y_key] = X, y
-    train_grid, test_grid = out["X_train"].shape[1:], out["X_test"].shape[1:]
-    if train_grid != test_grid:
-        raise DataError(
-            f"{where}: train maps are {train_grid[0]} x {train_grid[1]} but test maps are "
-            f"{test_grid[0]} x {test_grid[1]}"
-        )
+    for _split, x_key, y_key in _SPLITS:
+        out[x_key] = _as_maps(given[x_key], x_key, where)
+        out[y_key] = _as_labels(given[y_key], y_key, where)
     for split, x_key, y_key in _SPLITS:
         if split in finite:
             _check_finite(out[x_key], split, x_key, where)
@@ -232,8 +259,7 @@ def _checked_arrays(arrays: Mapping[str, Any], where: str,
     return out
 
 
-def _as_maps(value: Any, key: str, where: str) -> np.ndarray:
-    X = np.asarray(value)
+def _check_maps_form(X: _Shaped, key: str, where: str) -> None:
     if X.ndim != 3:
         raise DataError(f"{where}: {key} must be 3-D (maps, rows, cols), got shape {X.shape}")
     if X.dtype.kind != "f":
@@ -243,6 +269,17 @@ def _as_maps(value: Any, key: str, where: str) -> np.ndarray:
     if X.shape[1] == 0 or X.shape[2] == 0:
         raise DataError(f"{where}: {key} maps are {X.shape[1]} x {X.shape[2]}; a grid needs "
                         "at least one row and one column")
+
+
+def _check_labels_form(y: _Shaped, key: str, where: str) -> None:
+    if y.ndim != 1:
+        raise DataError(f"{where}: {key} must be 1-D (one label per map), got shape {y.shape}")
+    if y.dtype.kind not in "iu":
+        raise DataError(f"{where}: {key} has dtype {y.dtype}; labels must be integers >= 0")
+
+
+def _as_maps(X: np.ndarray, key: str, where: str) -> np.ndarray:
+    """Maps of a checked form as float32."""
     if X.dtype.itemsize > 4:  # float64 (or wider): what float32 cannot hold would turn
         # into inf in the cast below, with numpy's overflow warning ahead of any error
         beyond = np.isfinite(X) & (np.abs(X) > np.finfo(np.float32).max)
@@ -253,12 +290,8 @@ def _as_maps(value: Any, key: str, where: str) -> np.ndarray:
     return np.ascontiguousarray(X, dtype=np.float32)
 
 
-def _as_labels(value: Any, key: str, where: str) -> np.ndarray:
-    y = np.asarray(value)
-    if y.ndim != 1:
-        raise DataError(f"{where}: {key} must be 1-D (one label per map), got shape {y.shape}")
-    if y.dtype.kind not in "iu":
-        raise DataError(f"{where}: {key} has dtype {y.dtype}; labels must be integers >= 0")
+def _as_labels(y: np.ndarray, key: str, where: str) -> np.ndarray:
+    """Labels of a checked form as int64."""
     if y.dtype.kind == "u" and y.size and int(y.max()) > np.iinfo(np.int64).max:
         raise DataError(f"{where}: {key} holds labels too large for int64")
     return np.ascontiguousarray(y, dtype=np.int64)
@@ -502,8 +535,9 @@ def _check_log_grid(log: LogData, rows: int | None, cols: int | None) -> None:
             raise DataError(f"{log.source}: the log has {have} {name}, expected {want}")
 
 
-def _load_log_npz(source: Path) -> LogData:
-    arrays = read_npz(source, "sensor log", DataError)
+def _log_key(source: Path, arrays: Mapping[str, _Shaped]) -> str:
+    """The key of a log's maps, `X` or `maps`, checked on the file's headers (before any
+    array is read): 3-D, numeric, not empty, as many timestamps as maps."""
     key = "X" if "X" in arrays else "maps" if "maps" in arrays else None
     if key is None:
         hint = " (it is a data set: use load_dataset)" if "X_train" in arrays else ""
@@ -517,14 +551,21 @@ def _load_log_npz(source: Path) -> LogData:
     if maps.dtype.kind not in "fiu" or 0 in maps.shape:
         raise DataError(f"{source}: {key} must be a non-empty numeric array, got {maps.dtype} "
                         f"of shape {maps.shape}")
-    maps = maps.astype(np.float32)
+    if "timestamps" in arrays:
+        stamps = math.prod(arrays["timestamps"].shape)
+        if stamps != maps.shape[0]:
+            raise DataError(
+                f"{source}: {stamps} timestamps for {maps.shape[0]} maps; they must match"
+            )
+    return key
+
+
+def _load_log_npz(source: Path) -> LogData:
+    arrays = read_npz(source, "sensor log", DataError, partial(_log_key, source))
+    maps = arrays[_log_key(source, arrays)].astype(np.float32)
     maps[~np.isfinite(maps)] = np.nan
     if "timestamps" in arrays:
         stamps = arrays["timestamps"].reshape(-1)
-        if len(stamps) != len(maps):
-            raise DataError(
-                f"{source}: {len(stamps)} timestamps for {len(maps)} maps; they must match"
-            )
         timestamps = [_stamp_text(s) for s in stamps.tolist()]
     else:
         timestamps = [str(i) for i in range(len(maps))]
