@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from meshdl.mqtt.session import BrokerAddress
 from meshdl.mqtt.status import MAX_STATUS_BYTES
 from meshdl.protocol.spec import MeshSpec
 from meshdl.protocol.topics import name_of
-from meshdl.sim.faults.hostile import Attacker
+from meshdl.sim.faults.hostile import FLOOD_BYTES, FLOOD_MB_PER_S, Attacker
 from meshdl.training.loop import train
 
 RETAINED_FILL = 400  # retained messages of 1,040,000 bytes the attacker leaves
@@ -58,25 +59,59 @@ FLOOD_FIRST = 200  # 1 MB messages out to the flooded cell before the first wave
 # the host's reading no wave to it gets through (it is restarted); after it, training
 # goes on to the same parameters.
 FLOOD_TOTAL = 1_200
+# How long a run may take before the harness stops its edge (counted as not trained):
+# a sustained flood ends only with training, so something else must bound the run.
+RUN_LIMIT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Flood:
+    """The attacker's flood of its neighbour: `total` messages (None: sustained, until
+    the run ends) of `message_bytes` on the wire, at `mb_per_s` (None: as fast as the
+    broker takes them)."""
+
+    total: int | None = FLOOD_TOTAL
+    mb_per_s: float | None = FLOOD_MB_PER_S
+    message_bytes: int = FLOOD_BYTES
+
+    def __str__(self) -> str:
+        total = "sustained" if self.total is None else f"{self.total} messages"
+        rate = "full speed" if self.mb_per_s is None else f"{self.mb_per_s:g} MB/s"
+        return f"{total} of {self.message_bytes:,} B at {rate}"
+
+
+BURST = Flood()  # issue 29's: 1.2 GB at 400 MB/s
+SUSTAINED = Flood(total=None, mb_per_s=None)  # issue 43: 1 MB messages without end
 
 
 def bench_hostile(config: RunConfig, data: Dataset, log: Any = None,
                   attack: tuple[bool, ...] = (False, True),
-                  raise_on_failure: bool = True) -> dict[str, Any]:
+                  raise_on_failure: bool = True, flood: Flood = BURST,
+                  broker_message_bytes: int | None = None,
+                  run_limit_s: float = RUN_LIMIT_S) -> dict[str, Any]:
     """Train `config` over the production setup, clean and under attack. A run whose
     edge fails raises, unless `raise_on_failure` is off: then its result says so (the
-    edge's exit code and last words) next to everything else it measured."""
+    edge's exit code and last words) next to everything else it measured.
+
+    `flood`: what the attacker sends its neighbour; `broker_message_bytes`: the broker's
+    message_size_limit as `deploy_limits` derives it for a mesh whose
+    mesh.max_message_bytes is that (None: production.conf's as it is, and the mesh's
+    setting untouched); `run_limit_s`: when the harness stops an edge still running."""
     say = log or (lambda _text: None)
-    config = config.model_copy(update={"mesh": config.mesh.model_copy(update={"auth": True})})
+    mesh = {"auth": True}
+    if broker_message_bytes is not None:
+        mesh["max_message_bytes"] = broker_message_bytes
+    config = config.model_copy(update={"mesh": config.mesh.model_copy(update=mesh)})
     say("training the reference in the virtual mesh")
     reference, _ = train(config, data)
     runs = {}
     with tempfile.TemporaryDirectory(prefix="meshdl-hostile-") as tmp:
-        setup = _ProductionSetup(Path(tmp), config, data)
+        setup = _ProductionSetup(Path(tmp), config, data, flood, broker_message_bytes,
+                                 run_limit_s)
         for hostile in attack:
             name = "attack" if hostile else "clean"
             say(f"{name} run: broker, two node hosts, edge"
-                + (", and the attacker" if hostile else ""))
+                + (f", and the attacker ({flood})" if hostile else ""))
             runs[name] = setup.run(reference, hostile, say, raise_on_failure)
     if "clean" in runs and "attack" in runs:
         runs["attack"]["memory_vs_clean"] = {
@@ -86,14 +121,19 @@ def bench_hostile(config: RunConfig, data: Dataset, log: Any = None,
             proc: runs["attack"]["peak_rss_mb"][proc] - runs["clean"]["peak_rss_mb"][proc]
             for proc in runs["clean"]["peak_rss_mb"]}
     return {"grid": [config.model.rows, config.model.cols], "epochs": config.train.epochs,
-            "train_samples": len(data.y_train), "test_samples": len(data.y_test), **runs}
+            "train_samples": len(data.y_train), "test_samples": len(data.y_test),
+            "flood": str(flood), "broker_message_bytes": broker_message_bytes, **runs}
 
 
 class _ProductionSetup:
     """Credentials, certificates, mesh and data files, shared by the runs."""
 
-    def __init__(self, folder: Path, config: RunConfig, data: Dataset) -> None:
+    def __init__(self, folder: Path, config: RunConfig, data: Dataset, flood: Flood = BURST,
+                 broker_message_bytes: int | None = None,
+                 run_limit_s: float = RUN_LIMIT_S) -> None:
         self.folder, self.config = folder, config
+        self.flood, self.broker_message_bytes = flood, broker_message_bytes
+        self.run_limit_s = run_limit_s
         self.mesh_file = folder / "mesh.toml"
         self.mesh_file.write_text(_toml(config))
         self.data_file = save_dataset(data, folder / "data.npz")
@@ -120,7 +160,9 @@ class _ProductionSetup:
             raise_on_failure: bool = True) -> dict[str, Any]:
         tls_port, local_port = free_port(), free_port()
         broker = Mosquitto(self.folder / "broker", port=tls_port, config_text=production_config(
-            self.folder / "broker", tls_port, local_port)).start(timeout=10)
+            self.folder / "broker", tls_port, local_port,
+            max_message_bytes=self.broker_message_bytes)).start(timeout=10)
+        log_from = broker.log.stat().st_size if broker.log.exists() else 0
         broker_pid = broker.process.pid if broker.process is not None else 0
         url = f"mqtts://{HOST}:{tls_port}"
         logs = self.folder / ("attack" if hostile else "clean")
@@ -136,6 +178,7 @@ class _ProductionSetup:
                                               "--data", str(self.data_file))
             if hostile:
                 attacker = self._attack(url, stop_attack)
+                flood_from = time.perf_counter()
                 _flooding(attacker[0])  # training starts under the flood, not before it
             processes["edge"] = self._start(
                 "edge", logs, "edge", "run", "--broker", url, "--mesh", str(self.mesh_file),
@@ -144,11 +187,15 @@ class _ProductionSetup:
             edge = processes["edge"]
             pids = lambda: {"broker": broker_pid,  # noqa: E731
                             **{name: p.pid for name, p in processes.items()}}
-            while edge.poll() is None:
+            limit = time.perf_counter() + self.run_limit_s
+            while edge.poll() is None and time.perf_counter() < limit:
                 for name, pid in pids().items():
                     peaks[name] = max(peaks.get(name, 0.0), _peak_rss_mb(pid))
                 time.sleep(0.25)
             wall = time.perf_counter() - started
+            flood_s = time.perf_counter() - flood_from if hostile else 0.0
+            flood_bytes = attacker[0].flood_sent_bytes if attacker is not None else 0
+            timed_out = edge.poll() is None  # stopped below: not trained
             alive = {name: p.poll() is None for name, p in processes.items() if name != "edge"}
             for name, pid in pids().items():
                 peaks[name] = max(peaks.get(name, 0.0), _peak_rss_mb(pid))
@@ -164,9 +211,12 @@ class _ProductionSetup:
             broker.stop(timeout=30)  # (it writes its store as it stops)
         store = self.folder / "broker" / "data" / "mosquitto.db"
         edge_said = (logs / "edge.err").read_text(errors="replace")[-1500:]
+        if timed_out:
+            edge_said = f"stopped by the harness after {self.run_limit_s:g} s; {edge_said}"
+        broker_log = broker.log_text()[log_from:]
         if edge.returncode != 0 and raise_on_failure:
             raise MeshdlError(f"the edge failed (exit {edge.returncode}): {edge_said}")
-        trained = edge.returncode == 0
+        trained = edge.returncode == 0 and not timed_out
         model = CNN.load(logs / "run" / "model.npz") if trained else None
         metrics = json.loads((logs / "run" / "metrics.json").read_text()) if trained else {}
         scale = float(np.abs(reference.flat).max())
@@ -188,6 +238,15 @@ class _ProductionSetup:
             "edge_rejected": {k: v for part in ("session", "engine", "edge")
                               for k, v in metrics.get("comm", {}).get(part, {}).items()
                               if k.startswith("rejected")},
+            "restarted_waves": metrics.get("comm", {}).get("edge", {}).get(
+                "restarted_waves", 0),
+            "checkpoint_left": (logs / "run" / "checkpoint.npz").exists(),
+            # What the broker said it dropped for a client whose queue was full (its
+            # genuine QoS 0 messages among them), and whom it threw out for a packet
+            # above max_packet_size.
+            "broker_dropping_lines": broker_log.count("Outgoing messages are being dropped"),
+            "broker_oversize_disconnects": broker_log.count("exceeded maximum packet size")
+            + broker_log.count("xceeds max_packet_size"),
         }
         if attacker is not None:
             result["attacker"] = self.attacker_user
@@ -197,6 +256,7 @@ class _ProductionSetup:
                     self.attacker_user] if g.access != "read"]
             result["attacker_sent"] = dict(attacker[0].sent)
             result["attacker_disconnects"] = dict(attacker[0].errors)
+            result["flood_mb_per_s"] = flood_bytes / 1e6 / flood_s if flood_s else 0.0
         return result
 
     def _start(self, name: str, logs: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -215,7 +275,9 @@ class _ProductionSetup:
         south = (self.attacker[0] + 1, self.attacker[1])
         attacker = Attacker(spec, address, self.attacker, cafile=self.ca,
                             claim_bomb=MAX_STATUS_BYTES, flood_cell=south,
-                            retained_fill=RETAINED_FILL, flood_total=FLOOD_TOTAL)
+                            retained_fill=RETAINED_FILL, flood_total=self.flood.total,
+                            flood_bytes=self.flood.message_bytes,
+                            flood_mb_per_s=self.flood.mb_per_s)
         thread = threading.Thread(target=lambda: asyncio.run(attacker.run(stop.is_set)),
                                   name="attacker", daemon=True)
         thread.start()
@@ -224,11 +286,16 @@ class _ProductionSetup:
 
 def _flooding(attacker: Attacker, timeout: float = 120.0) -> None:
     """Wait until the attacker has published a few rounds, left all its retained
-    messages and sent FLOOD_FIRST large ones (its TLS login and first flood take a
-    while; a short training run could otherwise be over before it begins)."""
+    messages and sent FLOOD_FIRST flood messages (its TLS login and first flood take a
+    while; a short training run could otherwise be over before it begins). A broker
+    that throws it out for every large message (a message_size_limit below them) lets
+    it out only a few: then training starts once it has been thrown out a few times."""
     deadline = time.monotonic() + timeout
     while attacker.rounds < 3 or attacker.filled < attacker.retained_fill or \
-            (attacker.flood_cell is not None and attacker.sent["flood_1mb"] < FLOOD_FIRST):
+            (attacker.flood_cell is not None and
+             attacker.sent[attacker.flood_counter] < FLOOD_FIRST):
+        if sum(attacker.errors.values()) >= 10 and attacker.rounds >= 3:
+            return
         if time.monotonic() > deadline:
             raise MeshdlError(f"the attacker did not get its flood out in {timeout:.0f} s "
                               f"({attacker.rounds} rounds, {attacker.filled} retained; "
@@ -287,3 +354,40 @@ def _self_signed(folder: Path) -> Path:
         serialization.NoEncryption()))
     os.chmod(folder / "server.key", 0o600)
     return folder / "ca.crt"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m meshdl.bench.hostile [--flood burst|sustained|small] ...`: the bench
+    with the flood and broker limit chosen, its result as JSON on stdout (progress on
+    stderr); what `meshdl bench hostile` runs with the defaults."""
+    import argparse
+
+    from meshdl.config import load_run_config
+    from meshdl.data.lounge import generate_lounge
+
+    parser = argparse.ArgumentParser(prog="python -m meshdl.bench.hostile")
+    parser.add_argument("--flood", choices=("burst", "sustained", "small"), default="burst")
+    parser.add_argument("--small-bytes", type=int, default=None,
+                        help="the small flood's message size (default: the broker's limit)")
+    parser.add_argument("--broker-message-bytes", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--attack-only", action="store_true")
+    parser.add_argument("--run-limit", type=float, default=RUN_LIMIT_S)
+    args = parser.parse_args(argv)
+    small = args.small_bytes or args.broker_message_bytes or FLOOD_BYTES
+    flood = {"burst": BURST, "sustained": SUSTAINED,
+             "small": Flood(total=None, mb_per_s=None, message_bytes=small)}[args.flood]
+    config = load_run_config(model={"rows": 4, "cols": 5, "hidden": 8},
+                             data={"train": 40, "test": 20, "seed": 4},
+                             train={"epochs": args.epochs, "batch": 10})
+    result = bench_hostile(config, generate_lounge(config.data),
+                           log=lambda text: print(text, file=sys.stderr, flush=True),
+                           attack=(True,) if args.attack_only else (False, True),
+                           raise_on_failure=False, flood=flood,
+                           broker_message_bytes=args.broker_message_bytes,
+                           run_limit_s=args.run_limit)
+    print(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -14,9 +14,10 @@ stopped, floods every topic the broker's ACL lets that node write, in rounds:
 - its status topic: a nesting bomb, an oversized record, a claim to serve every cell,
   and (`claim_bomb`) once a second a retained record just under the readers' size
   limit claiming one cell tens of thousands of times;
-- (`flood_cell`) messages of `FLOOD_BYTES`, just under the broker's limit, forged
-  (well-formed, valid checksum, finite values, a tag it cannot make right) to one
-  neighbour, at FLOOD_MB_PER_S on a connection of their own;
+- (`flood_cell`) messages of `flood_bytes` (by default FLOOD_BYTES, just under the
+  broker's 1 MiB), forged (well-formed, valid checksum, finite values, a tag it cannot
+  make right) to one neighbour, at `flood_mb_per_s` (None: as fast as the broker takes
+  them) on a connection of their own, `flood_total` of them or until stopped;
 - (`retained_fill`) that many retained messages of `FLOOD_BYTES` on topics below its
   own name, the protocol's and made-up ones, to fill the broker's memory and store.
 
@@ -81,11 +82,14 @@ class Attacker:
     def __init__(self, spec: MeshSpec, address: BrokerAddress, cell: Cell,
                  seed: int = 0, round_s: float = 0.02, cafile: Path | None = None,
                  claim_bomb: int | None = None, flood_cell: Cell | None = None,
-                 retained_fill: int = 0, flood_total: int | None = None) -> None:
+                 retained_fill: int = 0, flood_total: int | None = None,
+                 flood_bytes: int = FLOOD_BYTES,
+                 flood_mb_per_s: float | None = FLOOD_MB_PER_S) -> None:
         """`claim_bomb`: the readers' status size limit, to publish a claim bomb of that
-        size once a second; `flood_cell`: a neighbour to flood with FLOOD_BYTES
-        messages, `flood_total` of them (None: until stopped); `retained_fill`: how many
-        retained FLOOD_BYTES messages to leave."""
+        size once a second; `flood_cell`: a neighbour to flood with messages of
+        `flood_bytes` on the wire, `flood_total` of them (None: until stopped), at
+        `flood_mb_per_s` (None: at full speed); `retained_fill`: how many retained
+        FLOOD_BYTES messages to leave."""
         self.spec = spec
         self.address = address
         self.cell = cell
@@ -102,12 +106,15 @@ class Attacker:
         self.claim_bomb = claim_bomb
         self.flood_cell = flood_cell
         self.flood_total = flood_total
+        self.flood_bytes = flood_bytes
+        self.flood_mb_per_s = flood_mb_per_s
         if flood_cell is not None and flood_cell not in self.neighbours:
             raise ValueError(f"{name_of(flood_cell)} is not a neighbour of {name_of(cell)}")
         self.retained_fill = retained_fill
         self.filled = 0  # retained messages out so far
         self._claimed_at = float("-inf")
-        self._floods: list[bytes] = []  # a few forgeries of FLOOD_BYTES, made once
+        self._floods: list[bytes] = []  # a few forgeries of `flood_bytes`, made once
+        self.flood_sent_bytes = 0  # the flood's bytes out so far
 
     async def run(self, stop: Callable[[], bool]) -> None:
         """Flood until `stop()`; log in again whenever the broker throws it out. The
@@ -220,19 +227,24 @@ class Attacker:
         return encode(message) + rng.randbytes(tag)
 
     async def _flood_cell(self, client: aiomqtt.Client, stop: Callable[[], bool]) -> None:
-        """Large messages to `flood_cell`, FLOOD_PER_ROUND at a time, at FLOOD_MB_PER_S
-        (or as fast as the connection takes them, if slower)."""
+        """Messages of `flood_bytes` to `flood_cell`, FLOOD_PER_ROUND at a time, at
+        `flood_mb_per_s` (or as fast as the connection takes them, if slower or None).
+        Counted as `flood_1mb` (the large flood) or `flood_small`."""
         assert self.flood_cell is not None
         if not self._floods:
             self._floods = [self._large_forgery(self.flood_cell) for _ in range(4)]
         mesh, rng = self.spec.mesh_id, self.rng
         kinds = (Kind.HALO, Kind.GRAD_HALO, Kind.GATHER, Kind.SCATTER)
+        counted = self.flood_counter
         started, sent = time.monotonic(), 0
         while not stop() and (self.flood_total is None or
-                              self.sent["flood_1mb"] < self.flood_total):
-            ahead = sent * FLOOD_BYTES / 1e6 / FLOOD_MB_PER_S - (time.monotonic() - started)
-            if ahead > 0:
-                await asyncio.sleep(ahead)
+                              self.sent[counted] < self.flood_total):
+            rate = self.flood_mb_per_s
+            ahead = 0.0 if rate is None else \
+                sent * self.flood_bytes / 1e6 / rate - (time.monotonic() - started)
+            # Full speed still yields a turn, so that the rounds' connection (and, in the
+            # bench, the harness) goes on beside it.
+            await asyncio.sleep(max(ahead, 0.0))
             batch = [(topic(mesh, self.cell, self.flood_cell, rng.choice(kinds)),
                       rng.choice(self._floods)) for _ in range(FLOOD_PER_ROUND)]
             try:  # (every outcome taken: a publish cancelled by a disconnection too)
@@ -244,8 +256,14 @@ class Attacker:
             failed = [o for o in outcomes if isinstance(o, BaseException)]
             if failed:
                 raise aiomqtt.MqttError("thrown out: a publish failed") from failed[0]
-            self.sent["flood_1mb"] += len(batch)
+            self.sent[counted] += len(batch)
+            self.flood_sent_bytes += len(batch) * self.flood_bytes
             sent += len(batch)
+
+    @property
+    def flood_counter(self) -> str:
+        """The name `sent` counts the flood under."""
+        return "flood_1mb" if self.flood_bytes >= FLOOD_BYTES else "flood_small"
 
     def _heavy(self, rng: random.Random) -> list[tuple[str, bytes, str, bool]]:
         """This round's share of the claim bomb and the retained fill."""
@@ -267,10 +285,10 @@ class Attacker:
         return out
 
     def _large_forgery(self, dst: Cell) -> bytes:
-        """A well-formed message of FLOOD_BYTES on the wire (valid checksum, finite
+        """A well-formed message of `flood_bytes` on the wire (valid checksum, finite
         values), to `dst`, in this node's name, with a tag it cannot make right: the
         receiver pays for the copy, the checksum and the tag check of every one."""
-        values = (FLOOD_BYTES - HEADER_BYTES - LINK_TAG_BYTES) // 4  # exactly fills it
+        values = (self.flood_bytes - HEADER_BYTES - LINK_TAG_BYTES) // 4  # fills it
         payload = np.random.default_rng(self.rng.randrange(1 << 32)).uniform(
             -50, 50, (1, 1, values)).astype(np.float32)
         message = make(Kind.HALO, self.spec.mesh_id, self.step_seen, self.cell, dst,
