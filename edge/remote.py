@@ -7,7 +7,13 @@ hosts' status records cover every cell. A wave that hears nothing of its own for
 `wave_timeout` seconds (a broker restart, a lost message; counted from its start or its
 last message, so that a slow but moving wave goes on) is restarted under a new step
 number, at most `max_attempts` times; the optimizer only ever sees a finished wave's
-gradients, so a retried step is applied once.
+gradients, so a retried step is applied once. Past those attempts the edge goes on while
+the wave fails only for loss (`Patience`): every cell's node host still heard, nothing
+refused by the broker. A flood that keeps a host's broker queue full (Mosquitto drops its
+genuine QoS 0 messages) loses waves for as long as it lasts; the edge then restarts with
+a growing timeout until the wave is `Patience.total_s` old, and only then gives up (the
+run keeps its checkpoint and goes on with `--resume`). A host gone or silent ends it at
+once, as before: waiting would not bring it back.
 
 Live inference (`live_logits`, `meshdl edge serve`) runs on scheduled slots: the first
 slot's wave brings the parameters (PARAMS and BATCH to every node, which cache them), and
@@ -43,6 +49,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -90,6 +97,9 @@ from meshdl.protocol.topology import Cell
 from meshdl.protocol.wire import Wire
 
 STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from here
+# A node host is heard while its heartbeats (every 5 s, meshdl/mqtt/session.py) come:
+# three missed and it may be gone, though its last will has not come yet.
+HEARD_S = 15.0
 EDGE_CLIENT = "edge"  # the edge's status topic, which is also the mesh's lease
 LEASE_READ_S = 1.0  # how long a starting edge waits for a retained lease record
 
@@ -101,6 +111,31 @@ def clock_step() -> int:
     return int((time.time() - STEP_CLOCK_EPOCH) * 16) & 0xFFFFFFFF
 
 
+@dataclass(frozen=True)
+class Patience:
+    """How long the edge keeps restarting a wave that gets no result (sans-I/O: the
+    engine asks it with what it saw). The first `attempts` restarts wait `wave_timeout`
+    each, as ever. After them a wave that fails only for loss (its hosts heard, nothing
+    refused) is restarted with a timeout `growth` times the last, up to `most_timeouts`
+    wave timeouts (a flooded host may be slow rather than lossy, and restarting often
+    only adds to the broker's queue), until it is `total_s` old."""
+
+    total_s: float = 600.0
+    growth: float = 1.5
+    most_timeouts: float = 4.0
+
+    def timeout(self, attempt: int, attempts: int, wave_timeout: float) -> float:
+        """The wave timeout of attempt `attempt` (from 1) of a wave allowed `attempts`."""
+        beyond = attempt - attempts
+        if beyond <= 0:
+            return wave_timeout
+        return wave_timeout * min(self.growth ** beyond, self.most_timeouts)
+
+    def goes_on(self, attempt: int, attempts: int, age_s: float, lost_only: bool) -> bool:
+        """Whether attempt `attempt` of a wave `age_s` old may start."""
+        return attempt <= attempts or (lost_only and age_s < self.total_s)
+
+
 class MqttEngine(WaveEngine):
     """Computes every batch in the nodes of a real mesh, over MQTT."""
 
@@ -110,12 +145,14 @@ class MqttEngine(WaveEngine):
                  systemd: Notifier | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  session: int | None = None, take_over: bool = False,
-                 auth: Authenticator | None = None) -> None:
+                 auth: Authenticator | None = None,
+                 patience: Patience = Patience()) -> None:
         """`connect_timeout_s`: how long to wait for the broker (None: as long as it
         takes, for a service); `systemd`: the unit of this process (`meshdl edge ...`
         under systemd), told what the edge does and pinged while its loop turns;
         `take_over`: start even while another edge holds the mesh (it stops); `auth`:
-        seals and opens the edge's messages (a mesh with `auth` on)."""
+        seals and opens the edge's messages (a mesh with `auth` on); `patience`: how
+        long a wave that fails only for loss is tried past `max_attempts`."""
         # No data set: inference on live readings only (`meshdl edge serve`).
         self.labels = {} if data is None else {Split.TRAIN: data.y_train,
                                                Split.TEST: data.y_test}
@@ -135,6 +172,9 @@ class MqttEngine(WaveEngine):
             else session
         self.wave_timeout = wave_timeout
         self.max_attempts = max_attempts
+        self.patience = patience
+        self._wave_began = 0.0  # when the current wave's first attempt started
+        self._base_cap: float | None = None  # the edge machine's wave cap, as configured
         self.nodes_timeout = nodes_timeout
         self.connect_timeout_s = connect_timeout_s
         self.edge: EdgeMachine | None = None
@@ -142,6 +182,7 @@ class MqttEngine(WaveEngine):
         self.online: dict[str, set[Cell]] = {}  # client -> the cells it serves
         self.stale: dict[str, float] = {}  # client -> age (s) of a claim with no heartbeat
         self.hosts: dict[str, StatusRecord] = {}  # online node hosts' status records
+        self.heard: dict[str, float] = {}  # online node host -> its last record (monotonic)
         # Node hosts of this run whose status went offline (their last will, when they
         # dropped) and the cells they served, until they come back: a failing wave
         # names them.
@@ -286,6 +327,7 @@ class MqttEngine(WaveEngine):
             first = clock_step() if self.edge is None else self.edge.step + 1
             self.edge = EdgeMachine(spec, model, self.labels, first_step=first,
                                     wave_timeout=self.wave_timeout, session=self.edge_session)
+            self._base_cap = self.edge.wave_cap
             self.ledger = self.ledger or Ledger(spec)
             if self.best_effort is not None:  # deadlines learnt; dead cells planned around
                 self.edge.learn_deadlines(*self.best_effort)
@@ -317,6 +359,9 @@ class MqttEngine(WaveEngine):
                     failout: np.ndarray | None = None) -> WaveResult:
         session = await self._session()
         edge = self.edge
+        # Each wave starts with the configured timeouts (a patient wave's grew).
+        edge.wave_timeout, edge.wave_cap = self.wave_timeout, self._base_cap
+        self._wave_began = time.monotonic()
         await session.send(self._sent(edge.start(mode, split, indices, now=time.monotonic(),
                                                  failout=failout)))
 
@@ -324,13 +369,49 @@ class MqttEngine(WaveEngine):
             self._check_still_ours()
             again = edge.tick(time.monotonic())
             if again:
-                if edge.attempts > self.max_attempts:
-                    raise MeshdlError(self._no_result(edge))
+                self._go_on(edge, time.monotonic())
                 await session.send(self._sent(again))  # (the edge machine counts the restart)
 
         await session.run(self._handle, tick=tick, until=lambda: edge.result is not None)
         self._count_nodes(edge.spec, mode == Mode.TRAIN, len(indices), edge.step)
         return edge.result
+
+    def _go_on(self, edge: EdgeMachine, now: float) -> None:
+        """The edge machine restarted the wave: raise (why the wave got no result) unless
+        `Patience` lets this attempt go on; past `max_attempts`, with a longer timeout."""
+        attempt, allowed = edge.attempts, self.max_attempts
+        lost_only = self.lost_only(edge.spec, now)
+        if not self.patience.goes_on(attempt, allowed, now - self._wave_began, lost_only):
+            raise MeshdlError(self._no_result(edge, patient_at=now if attempt > allowed + 1
+                                              else None))
+        if attempt <= allowed:
+            return
+        if attempt == allowed + 1:
+            self.stats["patient_waves"] += 1
+            self.say(f"wave {edge.step}: no result in {allowed} attempts, but every node "
+                     "host is heard and nothing was refused (messages lost, as under a "
+                     "flood): trying on for up to "
+                     f"{self.patience.total_s - (now - self._wave_began):.0f} s more")
+        self.stats["patient_restarts"] += 1
+        grown = self.patience.timeout(attempt, allowed, self.wave_timeout)
+        edge.wave_timeout = grown
+        if self._base_cap is not None:
+            edge.wave_cap = self._base_cap * grown / self.wave_timeout
+
+    def lost_only(self, spec: MeshSpec, now: float) -> bool:
+        """Whether a wave without result can only have lost messages: the broker refused
+        nothing (of the edge's, or a host's by its status record), no node host of this
+        run went offline, and every cell's host was heard (a status record) within
+        HEARD_S of `now` (monotonic). A host that stopped or hangs, or a message the
+        broker will never take, does not get better by waiting."""
+        if self.gone or any(k.startswith("refused:") for k in
+                            (self.session.stats if self.session else Counter())):
+            return False
+        if any(record.refused for record in self.hosts.values()):
+            return False
+        heard = [self.online[c] for c, at in self.heard.items()
+                 if c in self.online and now - at <= HEARD_S]
+        return not set(spec.topology.cells()) - set().union(*heard)
 
     # --------------------------------------------------------- scheduled slots
     async def _slot(self, slot: int, begins_in: float) -> WaveResult:
@@ -425,9 +506,16 @@ class MqttEngine(WaveEngine):
         self.ledger.record_all([Message(h._replace(step=step), None) for h in planned[1]])
         self.ledger.tally()
 
-    def _no_result(self, edge: EdgeMachine) -> str:
+    def _no_result(self, edge: EdgeMachine, patient_at: float | None = None) -> str:
         """Why a wave may have got no result: what the broker said it refused, if it
-        did, else the questions to ask."""
+        did, else the questions to ask. `patient_at`: it was tried on past
+        `max_attempts` (it failed only for loss until then), given up at that time."""
+        if patient_at is not None and self.lost_only(edge.spec, patient_at):
+            return (f"wave {edge.step} got no result in {edge.attempts - 1} attempts over "
+                    f"{patient_at - self._wave_began:.0f} s although every node "
+                    "host was heard: its messages were lost all that time (a host's "
+                    "broker queue kept full, as by a flood from a stolen login: the "
+                    "broker logs 'Outgoing messages are being dropped')")
         what = f"wave {edge.step} got no result in {self.max_attempts} attempts (each " \
                f"given up after {self.wave_timeout:g} s without a message of it)"
         refused = Counter({k.removeprefix("refused:"): n for k, n in
@@ -574,6 +662,7 @@ class MqttEngine(WaveEngine):
         self.stale.pop(client, None)
         served = self.online.pop(client, None)
         self.hosts.pop(client, None)
+        self.heard.pop(client, None)
         if served and record.state == "offline":  # a host of this run: its will, or bye
             self.gone[client] = served
         if record.role != "node-host" or record.mesh != self.mesh_id or not record.served:
@@ -581,6 +670,8 @@ class MqttEngine(WaveEngine):
         if record.fresh(time.time(), retained):
             self.online[client] = record.served
             self.hosts[client] = record
+            if not retained:  # published now, not replayed: the host is alive
+                self.heard[client] = time.monotonic()
             self.gone.pop(client, None)  # back
         else:  # a claim with no heartbeat behind it: named if cells stay uncovered
             self.stale[client] = time.time() - (record.time or 0.0)

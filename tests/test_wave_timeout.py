@@ -11,10 +11,12 @@ import json
 import time
 
 import numpy as np
+import pytest
 
 from meshdl import CNN, ModelConfig
 from meshdl.edge.agent import EdgeMachine
-from meshdl.edge.remote import MqttEngine
+from meshdl.edge.remote import MqttEngine, Patience
+from meshdl.errors import MeshdlError
 from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.protocol.messages import EDGE, Kind, Message
 from meshdl.protocol.spec import MeshSpec, Mode, Split
@@ -119,5 +121,78 @@ def test_a_failed_wave_names_the_node_host_whose_last_will_fired() -> None:
         assert "north" not in message and "elsewhere" not in message
         engine._status("south", _status(cells[10:], "online"), False)  # back again
         assert "south" not in engine._no_result(edge)
+    finally:
+        engine.close()
+
+
+def _patient_engine(total_s: float) -> MqttEngine:
+    """An engine with every cell's host online, allowed 2 attempts, then `total_s`."""
+    cells = [name_of(c) for c in SPEC.topology.cells()]
+    engine = MqttEngine(DATA, "mqtt://127.0.0.1:1", wave_timeout=TIMEOUT, max_attempts=2,
+                        patience=Patience(total_s=total_s))
+    engine._status("north", _status(cells[:10], "online"), False)
+    engine._status("south", _status(cells[10:], "online"), False)
+    return engine
+
+
+def _restarts(engine: MqttEngine, until: float, heard: tuple[str, ...]) -> list[float]:
+    """Start a wave at 0 that hears nothing; restart it as the engine's loop does (the
+    hosts in `heard` sending heartbeats all along) until `until` or it gives up (raises);
+    the timeouts the restarted attempts were given."""
+    edge = engine._edge_for(_model())
+    engine._wave_began = 0.0
+    engine.heard.clear()  # on the test's clock from here
+    edge.start(Mode.TRAIN, Split.TRAIN, np.arange(8), now=0.0)
+    timeouts, now = [], 0.0
+    while now < until:
+        now += 0.5
+        for client in heard:
+            engine.heard[client] = now
+        if edge.tick(now):
+            engine._go_on(edge, now)
+            timeouts.append(edge.wave_timeout)
+    return timeouts
+
+
+def test_a_wave_that_fails_only_for_loss_goes_on_past_its_attempts_until_patience_runs_out(
+        ) -> None:
+    # Issue 43, item 3: a sustained flood keeps a host's broker queue full, Mosquitto
+    # drops its genuine messages and every attempt is lost; the edge gave up after
+    # max_attempts (no model, no checkpoint) though every host was alive.
+    engine = _patient_engine(total_s=200.0)
+    try:
+        timeouts = _restarts(engine, 150.0, heard=("north", "south"))
+        # Past its 2 attempts the wave goes on, each time waiting longer (up to 4x).
+        assert timeouts[0] == TIMEOUT and len(timeouts) >= 4
+        assert timeouts[1:4] == [1.5 * TIMEOUT, 2.25 * TIMEOUT, 3.375 * TIMEOUT]
+        assert max(timeouts) == 4 * TIMEOUT
+        assert engine.stats["patient_waves"] == 1
+        with pytest.raises(MeshdlError, match=r"got no result in \d+ attempts over 2\d\d s "
+                                              "although every node host was heard"):
+            _restarts(engine, 400.0, heard=("north", "south"))
+    finally:
+        engine.close()
+
+
+def test_a_wave_whose_host_is_silent_gives_up_after_its_attempts() -> None:
+    engine = _patient_engine(total_s=200.0)
+    try:  # south's heartbeats stopped (hung, or its link gone): waiting will not help
+        with pytest.raises(MeshdlError, match="got no result in 2 attempts"):
+            _restarts(engine, 150.0, heard=("north",))
+        assert engine.stats["patient_restarts"] == 0
+    finally:
+        engine.close()
+
+
+def test_a_wave_the_broker_refused_gives_up_after_its_attempts() -> None:
+    engine = _patient_engine(total_s=200.0)
+    try:  # south's record says the broker threw it out for a packet too large
+        cells = [name_of(c) for c in SPEC.topology.cells()]
+        record = json.loads(_status(cells[10:], "online"))
+        engine._status("south", json.dumps({**record, "refused": {"packet_too_large": 1}}
+                                           ).encode(), False)
+        with pytest.raises(MeshdlError, match="refused messages as too large"):
+            _restarts(engine, 150.0, heard=("north", "south"))
+        assert engine.stats["patient_restarts"] == 0
     finally:
         engine.close()
