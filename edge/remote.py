@@ -100,6 +100,8 @@ STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from h
 # A node host is heard while its heartbeats (every 5 s, meshdl/mqtt/session.py) come:
 # three missed and it may be gone, though its last will has not come yet.
 HEARD_S = 15.0
+UNREAD_SLOTS_KEPT = 8  # slots whose unread cells the edge remembers (a slot is given
+# up at most a few slots after it began)
 EDGE_CLIENT = "edge"  # the edge's status topic, which is also the mesh's lease
 LEASE_READ_S = 1.0  # how long a starting edge waits for a retained lease record
 
@@ -183,6 +185,9 @@ class MqttEngine(WaveEngine):
         self.stale: dict[str, float] = {}  # client -> age (s) of a claim with no heartbeat
         self.hosts: dict[str, StatusRecord] = {}  # online node hosts' status records
         self.heard: dict[str, float] = {}  # online node host -> its last record (monotonic)
+        # Live: slot -> host -> (cells it could not read, the first error), the newest
+        # slots (`_heard_unread`).
+        self.unread: dict[int, dict[str, tuple[str, str]]] = {}
         # Node hosts of this run whose status went offline (their last will, when they
         # dropped) and the cells they served, until they come back: a failing wave
         # names them.
@@ -516,6 +521,10 @@ class MqttEngine(WaveEngine):
                     "host was heard: its messages were lost all that time (a host's "
                     "broker queue kept full, as by a flood from a stolen login: the "
                     "broker logs 'Outgoing messages are being dropped')")
+        unread = self._unread(edge.step)
+        if unread:  # a live slot: never computed without every cell's reading
+            return (f"slot {edge.step}: no valid reading of "
+                    f"{'; '.join(unread)}: a slot is computed only on every cell's reading")
         what = f"wave {edge.step} got no result in {self.max_attempts} attempts (each " \
                f"given up after {self.wave_timeout:g} s without a message of it)"
         refused = Counter({k.removeprefix("refused:"): n for k, n in
@@ -555,6 +564,25 @@ class MqttEngine(WaveEngine):
                 f"{self.address}`), and does the broker take messages of "
                 f"{edge.spec.max_message_bytes} bytes (mesh.max_message_bytes vs its "
                 "message_size_limit)?")
+
+    def _unread(self, step: int) -> list[str]:
+        """The cells the node hosts said they could not read for live slot `step` (its
+        wave number), with the first error of each host's: "r1c2 (node host north:
+        r1c2: no answer on the 1-wire bus)"."""
+        said = self.unread.get(step, {})
+        return [f"{cells} (node host {client}: {error})"
+                for client, (cells, error) in sorted(said.items())]
+
+    def _heard_unread(self, client: str, record: StatusRecord) -> None:
+        """Keep what a host's record says it could not read, by slot: by the time a
+        slot's wave is given up, the host may be telling of the next one."""
+        if not record.unread or record.unread_slot is None:
+            return
+        slot = record.unread_slot & 0xFFFFFFFF
+        self.unread.setdefault(slot, {})[client] = (", ".join(record.unread),
+                                                    record.unread_error or "no reading")
+        while len(self.unread) > UNREAD_SLOTS_KEPT:
+            del self.unread[next(iter(self.unread))]
 
     def _handle(self, topic: str, message: Message) -> list[Message]:
         """A message from the broker: its topic must be the edge's inbox (or the server's
@@ -670,6 +698,7 @@ class MqttEngine(WaveEngine):
         if record.fresh(time.time(), retained):
             self.online[client] = record.served
             self.hosts[client] = record
+            self._heard_unread(client, record)
             if not retained:  # published now, not replayed: the host is alive
                 self.heard[client] = time.monotonic()
             self.gone.pop(client, None)  # back

@@ -31,6 +31,7 @@ from meshdl.data.datasets import Dataset, data_digest, load_dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.mqtt.sdnotify import Notifier, stop_task
 from meshdl.mqtt.session import BrokerAddress, Session
+from meshdl.mqtt.status import MAX_ERROR_CHARS
 from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.nodes.live import LiveSampler, SlotStarter, live_ring
 from meshdl.nodes.sensors import Sensor, sensor_from_spec
@@ -150,7 +151,7 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
     session = Session(address, host.spec.mesh_id, client, host.subscriptions(),
                       status=status, connect_timeout_s=None,
                       wire=Wire(host.spec.mesh_id, auth), stats=host.stats,
-                      status_extra=lambda: rejections(host),
+                      status_extra=lambda: {**rejections(host), **unread(sampler)},
                       sign_status=None if auth is None else auth.sign_status)
     sampling = None if sampler is None else asyncio.create_task(sampler.run(stop))
     # Live: every slot's wave starts here, by this host's clock (scheduled slots).
@@ -163,11 +164,19 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
                        f"{address} as {client}")
             say(serving)
             systemd.status(serving)
+            told: int | None = None  # the last slot whose unread cells were announced
+
             async def tick() -> None:  # a slot to start; best effort: the cells' deadlines
+                nonlocal told
                 out = [] if starter is None else starter.begin()
                 out += host.tick(time.monotonic())
                 if out:
                     await session.send(out)
+                if sampler is not None and sampler.last_errors and sampler.sampled != told:
+                    # At once, not with the next heartbeat: the edge names these cells
+                    # when the slot's wave gets no result, within this slot.
+                    told = sampler.sampled
+                    await session.announce("online")
 
             await session.run(host.handle, tick=tick,
                               until=stop.is_set)
@@ -201,6 +210,18 @@ def rejections(host: NodeHost) -> dict[str, Any]:
             refused[name.removeprefix("refused:")] += n
     return {"rejected": dict(sorted(counts.items())), "refused": dict(sorted(refused.items())),
             "failed": [name_of(cell) for cell in host.failed]}
+
+
+def unread(sampler: LiveSampler | None) -> dict[str, Any]:
+    """What the status record says of the last sampled slot's cells without a valid
+    reading (nothing when every cell was read)."""
+    if sampler is None or not sampler.last_errors or sampler.sampled is None:
+        return {}
+    errors = sampler.last_errors
+    first = min(errors)
+    return {"unread": [name_of(cell) for cell in sorted(errors)],
+            "unread_slot": sampler.sampled,
+            "unread_error": f"{name_of(first)}: {errors[first]}"[:MAX_ERROR_CHARS]}
 
 
 class BackgroundNodeHost:

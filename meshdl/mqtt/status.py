@@ -3,7 +3,8 @@
 `meshdl/<mesh>/status/<client>` holds one JSON object per client, written by the client
 itself (heartbeats, and its last will when it drops): {"role", "state", "mesh", "time"};
 for a node host the "cells" it serves, the "spec" of the mesh it runs (`MeshSpec.summary`),
-the "data" it replays (a digest) and what it has "rejected"; for the edge its "session"
+the "data" it replays (a digest), what it has "rejected" and (live) the cells it could
+not read for a slot ("unread", "unread_slot", "unread_error"); for the edge its "session"
 and "since" (when it took the mesh: the edge's status topic is the mesh's lease, see
 edge/remote.py). The edge reads them to know when every cell is served, by hosts that
 run its mesh and data; `meshdl doctor` lists them. Any client may write its own status topic and the
@@ -24,6 +25,7 @@ from meshdl.protocol.topics import cell_of
 
 MAX_STATUS_BYTES = 256 * 1024  # a node host serving 20,000 cells fits; a flood does not
 MAX_CELLS = 1 << 16
+MAX_ERROR_CHARS = 200  # a sensor's error, as a status record carries it
 # A record replayed from the broker's store counts only while its heartbeat time is this
 # recent (clients re-announce every 5 s): a host that died without its will being
 # delivered, or a record a client left behind, must not pass for a running host.
@@ -48,10 +50,15 @@ class StatusRecord(BaseModel):
     rejected: Annotated[dict[str, int], Field(max_length=256)] = {}  # by reason, summed
     refused: Annotated[dict[str, int], Field(max_length=32)] = {}  # by the broker, by reason
     failed: Annotated[list[str], Field(max_length=MAX_CELLS)] = []  # isolated cells
+    # Live: the cells whose sensors gave no valid reading for slot `unread_slot`, and
+    # why (the first one's error): a slot that gets no result is told by it.
+    unread: Annotated[list[str], Field(max_length=MAX_CELLS)] = []
+    unread_slot: int | None = Field(None, ge=0)
+    unread_error: Annotated[str, Field(max_length=MAX_ERROR_CHARS)] | None = None
     session: int | None = Field(None, ge=0, le=0xFFFF)  # the edge's
     since: float | None = None  # when the edge took the mesh (Unix seconds)
 
-    @field_validator("cells")
+    @field_validator("cells", "unread")
     @classmethod
     def _cell_names(cls, names: list[str]) -> list[str]:
         # A host serves each cell once: a name twice is a made-up claim (and the edge
