@@ -198,6 +198,23 @@ def test_a_node_cannot_publish_parameters(mesh: Mesh) -> None:
     run(test)
 
 
+def test_repairs_reach_the_child_from_its_tree_parent_and_from_the_edge(mesh: Mesh) -> None:
+    """A restarted cell asks for the parameters (nodes/agent.py, "Repair"): the edge
+    answers the cell it is linked to on edge/r0c0/params, a parent its child on
+    <parent>/<child>/params. The ACL refused both (issue 43)."""
+    async def test() -> None:
+        async with mesh.client("r0c0") as near, mesh.client("r1c1") as child, \
+                mesh.client("edge") as edge, mesh.client("r0c1") as parent:
+            await near.subscribe(inbox_filter(MESH, EDGE, (0, 0)), qos=1)
+            await child.subscribe(inbox_filter(MESH, (0, 1), (1, 1)), qos=1)
+            await edge.publish(topic(MESH, EDGE, (0, 0), Kind.PARAMS), b"repair", qos=1)
+            await parent.publish(topic(MESH, (0, 1), (1, 1), Kind.PARAMS), b"repair", qos=1)
+            assert (await _next(near)).payload == b"repair"
+            assert (await _next(child)).payload == b"repair"
+
+    run(test)
+
+
 def test_a_node_cannot_read_messages_not_addressed_to_it(mesh: Mesh) -> None:
     async def test() -> None:
         private = topic(MESH, (0, 1), (0, 2), Kind.HALO)
@@ -239,7 +256,7 @@ def test_a_node_cannot_leave_retained_messages_on_topics_the_protocol_does_not_u
     async def test() -> None:
         inbox = inbox_filter(MESH, (1, 1), (1, 2))
         made_up = f"meshdl/{MESH}/r1c1/r1c2/fill/1"
-        unused = topic(MESH, (1, 1), (1, 2), Kind.PARAMS)  # no node sends parameters
+        unused = topic(MESH, (1, 1), (1, 2), Kind.BATCH)  # no node sends a batch
         async with mesh.client("r1c1") as node:
             await node.publish(made_up, b"x" * 1000, qos=1, retain=True)
             await node.publish(unused, b"y" * 1000, qos=1, retain=True)

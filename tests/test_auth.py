@@ -7,6 +7,8 @@ tag and signature is counted in the ledger's bytes.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +18,7 @@ from meshdl import ModelConfig
 from meshdl.errors import CodecError, CodecReason, MeshdlError, UsageError
 from meshdl.protocol.auth import (
     LINK_TAG_BYTES,
+    REPAIR_TAG_BYTES,
     SIGNATURE_BYTES,
     Authenticator,
     Keyring,
@@ -23,7 +26,9 @@ from meshdl.protocol.auth import (
     authenticator_for,
 )
 from meshdl.protocol.messages import ALL, EDGE, HEADER_BYTES, Kind, encode, make
+from meshdl.protocol.payloads import REPAIR
 from meshdl.protocol.spec import MeshSpec
+from meshdl.protocol.wire import Wire
 from meshdl.sim.faults.chaos import Chaos
 from tests.test_mesh import _assert_lockstep
 
@@ -41,9 +46,9 @@ def _halo(src=(1, 1), dst=(1, 2), value: float = 1.0):
                 layer=1, session=9)
 
 
-def _params(src=EDGE, dst=ALL):
-    return make(Kind.PARAMS, SPEC.mesh_id, 5, src, dst,
-                np.ones(SPEC.params_size, np.float32), session=9)
+def _params(src=EDGE, dst=ALL, phase: int = 0, step: int = 5, value: float = 1.0):
+    return make(Kind.PARAMS, SPEC.mesh_id, step, src, dst,
+                np.full(SPEC.params_size, value, np.float32), phase=phase, session=9)
 
 
 def test_a_link_message_opens_only_for_its_own_link_key() -> None:
@@ -83,6 +88,49 @@ def test_only_the_edge_signs_parameters_and_a_relay_forwards_its_signature() -> 
     with pytest.raises(CodecError) as excinfo:
         child.open(encode(other) + signed[-SIGNATURE_BYTES:])
     assert excinfo.value.reason == CodecReason.FORGED
+
+
+def test_a_repair_carries_the_edges_signature_and_the_tag_of_its_one_link() -> None:
+    """The edge repairs the cell it is linked to, which repairs its child in turn: each
+    repair is the wave's signature plus its link's tag (16 bytes more than the wave's
+    PARAMS, which are unchanged)."""
+    edge, near, child = _auth(EDGE), _auth((0, 0)), _auth((1, 0))
+    assert len(edge.seal(_params())) == HEADER_BYTES + 4 * SPEC.params_size + SIGNATURE_BYTES
+    repair = edge.seal(_params(EDGE, (0, 0), REPAIR))
+    assert len(repair) == HEADER_BYTES + 4 * SPEC.params_size + REPAIR_TAG_BYTES
+    assert near.open(repair).header.phase == REPAIR
+    onward = near.seal(_params((0, 0), (1, 0), REPAIR))  # from its own verified copy
+    assert child.open(onward).header.src == (0, 0)
+
+
+def test_signed_params_re_sent_as_a_repair_or_to_another_cell_are_rejected_and_counted(
+        ) -> None:
+    """Issue 43: the edge's signature covered neither phase, sender nor receiver, so a
+    captured wave's PARAMS (old parameters, say) re-sent as a repair from a cell's
+    parent verified, and so did a repair re-addressed to another cell."""
+    edge, near, child = _auth(EDGE), _auth((0, 0)), _auth((1, 0))
+    old_wave = edge.seal(_params(step=4, value=2.0))  # a wave's PARAMS, captured
+    signature = old_wave[-SIGNATURE_BYTES:]
+    as_repair = encode(_params((0, 0), (1, 0), REPAIR, step=4, value=2.0))
+    near.open(edge.seal(_params()))  # the wave `near` verified: its repairs carry it
+    repair = near.seal(_params((0, 0), (1, 0), REPAIR))
+    readdressed = encode(_params((0, 0), (0, 1), REPAIR)) + repair[-REPAIR_TAG_BYTES:]
+    sibling = _auth((0, 1))
+    wire, stats = Wire(SPEC.mesh_id, child), Counter()
+    for forged in (as_repair + signature,  # the wave's signature alone
+                   as_repair + signature + bytes(LINK_TAG_BYTES),  # and a made-up tag
+                   as_repair + signature + repair[-LINK_TAG_BYTES:]):  # another's tag
+        assert wire.receive(forged, stats) is None
+    assert Wire(SPEC.mesh_id, sibling).receive(readdressed, stats) is None
+    # The wave's signature alone is 16 bytes short of a repair's tags: what is left of
+    # the payload no longer matches its shape. Every other one fails its link tag.
+    assert stats == {"rejected:codec:payload_size": 1, "rejected:codec:forged": 3}, stats
+    # A wave's signature does not cover another phase either.
+    other_phase = encode(_params(phase=2, step=4, value=2.0)) + signature
+    with pytest.raises(CodecError) as excinfo:
+        child.open(other_phase)
+    assert excinfo.value.reason == CodecReason.FORGED
+    assert wire.receive(repair, stats) is not None  # the genuine repair opens
 
 
 def test_a_mesh_with_authentication_trains_exactly_as_central_training() -> None:

@@ -145,7 +145,9 @@ def test_acl_grants_each_user_exactly_its_topics(cli, mesh_file, tmp_path) -> No
     assert not any(line.startswith("pattern") for line in lines)
 
     w, r = (lambda t: Grant("write", t)), (lambda t: Grant("read", t))
-    up = ("halo", "grad_halo", "gather", "scatter", "reduce", "health")  # any neighbour
+    # To any neighbour; params: a repair to a tree child that asks (a replanned tree may
+    # make any neighbour a child).
+    up = ("halo", "grad_halo", "gather", "scatter", "reduce", "health", "params")
     block = ("pool", "route")  # within the pooling block (2 x 2 from r0c0)
 
     def sends(src: str, dst: str, kinds: tuple[str, ...]) -> set[Grant]:
@@ -169,7 +171,8 @@ def test_acl_grants_each_user_exactly_its_topics(cli, mesh_file, tmp_path) -> No
     }
     assert acl["edge"] == {
         w("meshdl/7/edge/all/params"), w("meshdl/7/edge/all/batch"),
-        w("meshdl/7/edge/r0c0/scatter"), w("meshdl/7/status/edge"), w("meshdl/7/alerts"),
+        w("meshdl/7/edge/r0c0/scatter"), w("meshdl/7/edge/r0c0/params"),  # and its repair
+        w("meshdl/7/status/edge"), w("meshdl/7/alerts"),
         r("meshdl/7/r0c0/edge/#"), r("meshdl/7/status/#"),
     }
     assert acl["monitor"] == {r("meshdl/7/status/#"), r("meshdl/7/alerts")}

@@ -12,9 +12,9 @@ ever talks to its one-hop neighbours, and only the edge sends parameters. So
   of the kinds it sends each one-hop neighbour n (`node_topics`) and its status topic,
   and reads `meshdl/<mesh>/<n>/<self>/#` for each one-hop neighbour n (the edge for the
   `edge_at` cell) plus the edge's broadcasts `meshdl/<mesh>/edge/all/#`;
-- the edge (user `edge`) writes its broadcasts (params, batch), its scatters to
-  `edge_at`, its status and the alerts topic, and reads what `edge_at` sends it and
-  every client's status;
+- the edge (user `edge`) writes its broadcasts (params, batch), its scatters and
+  repairs (params) to `edge_at`, its status and the alerts topic, and reads what
+  `edge_at` sends it and every client's status;
 - a node host (one process serving several cells over one connection) gets the union of
   its cells' grants plus its own status topic (its connection's last will);
 - `monitor` reads status and alerts, nothing else.
@@ -94,11 +94,16 @@ class MeshUser:
 # since a replanned mesh (dead cells, best effort) may hang the tree differently; pool
 # and route only within its pooling block. To the edge (from `edge_at`): what goes up
 # the tree. Over a broker the edge broadcasts the parameters and batch, so no node
-# sends either.
+# sends a batch, nor parameters but in a repair.
 NEIGHBOUR_KINDS = (Kind.HALO, Kind.GRAD_HALO, Kind.GATHER, Kind.SCATTER, Kind.REDUCE,
                    Kind.HEALTH)
 BLOCK_KINDS = (Kind.POOL, Kind.ROUTE)
 EDGE_LINK_KINDS = (Kind.GATHER, Kind.REDUCE, Kind.HEALTH)
+# Repair (nodes/agent.py, "Repair"): a node's cached PARAMS to a tree child that asks for
+# them (to any neighbour, as SCATTER), and the edge's to `edge_at`. A repair carries the
+# edge's signature and its one link's tag (meshdl/protocol/auth.py): this grant lets a
+# stolen login publish there, not make a repair a node takes.
+REPAIR_KINDS = (Kind.PARAMS,)
 
 
 def node_topics(mesh: int, topology: Topology, cell: Cell) -> list[str]:
@@ -107,7 +112,7 @@ def node_topics(mesh: int, topology: Topology, cell: Cell) -> list[str]:
     messages on topics nobody reads)."""
     names = []
     for n in topology.neighbours(cell):
-        kinds = EDGE_LINK_KINDS if n == EDGE else NEIGHBOUR_KINDS + (
+        kinds = EDGE_LINK_KINDS if n == EDGE else NEIGHBOUR_KINDS + REPAIR_KINDS + (
             BLOCK_KINDS if topology.block_of(n) == topology.block_of(cell) else ())
         names += [topic(mesh, cell, n, kind) for kind in kinds]
     return names
@@ -134,6 +139,7 @@ def edge_grants(mesh: int, topology: Topology,
         Grant("write", topic(mesh, EDGE, ALL, Kind.PARAMS)),
         Grant("write", topic(mesh, EDGE, ALL, Kind.BATCH)),
         Grant("write", topic(mesh, EDGE, topology.edge_at, Kind.SCATTER)),
+        Grant("write", topic(mesh, EDGE, topology.edge_at, Kind.PARAMS)),  # its repair
         Grant("write", status_topic(mesh, EDGE_USER)),
         Grant("write", alerts_topic(mesh)),
         Grant("read", inbox_filter(mesh, topology.edge_at, EDGE)),

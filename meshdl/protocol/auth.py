@@ -9,8 +9,16 @@ With `mesh.auth` on, every message on the wire carries a tag after its payload:
   can speak for itself and nobody else;
 - the edge's PARAMS and BATCH carry an Ed25519 signature (`SIGNATURE_BYTES`) that every
   node verifies with the edge's public key and none can make. It covers what every hop
-  leaves unchanged (kind, mesh, step, session, dtype, shape, payload), so a node that
-  relays the parameters down the tree forwards the edge's signature as it received it.
+  of a wave leaves unchanged (kind, mesh, step, session, phase, dtype, shape, payload),
+  so a node that relays the parameters down the tree forwards the edge's signature as
+  it received it. Sender and receiver are not covered: a wave's PARAMS are meant for
+  every node, from whichever relay;
+- a repair's PARAMS (phase REPAIR, one link: from a tree parent, or the edge, to the
+  child that asked; nodes/agent.py, "Repair") carry the wave's signature as above and
+  then the link tag of the link they cross, over header, payload and signature
+  (`REPAIR_TAG_BYTES` in all). The tag binds the phase, the sender and the receiver: a
+  wave's signed PARAMS re-sent as a repair, or a repair re-sent to another cell, has
+  no valid tag, and only the two ends of the link can make one.
 
 Status records (meshdl/mqtt/status.py) are signed the same way when the mesh authenticates:
 a node host's with the status keys of the cells it claims (chained, so a claim needs the
@@ -51,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from meshdl.errors import CodecError, CodecReason, MeshdlError, UsageError
 from meshdl.protocol.messages import EDGE, HEADER_BYTES, SERVER, Kind, Message, decode, encode
+from meshdl.protocol.payloads import REPAIR
 from meshdl.protocol.topics import cell_of, name_of
 from meshdl.protocol.topology import Cell
 
@@ -59,14 +68,24 @@ SIGNATURE_BYTES = 64  # Ed25519 (RFC 8032)
 KEY_BYTES = 32
 STATUS_TAG = "tag"  # the field of a signed status record
 SIGNED_KINDS = frozenset({Kind.PARAMS, Kind.BATCH})  # what only the edge can say
+REPAIR_TAG_BYTES = SIGNATURE_BYTES + LINK_TAG_BYTES  # a repair: the wave's, and its link's
+WAVE_PHASE = 0  # the phase of the edge's PARAMS and BATCH in a wave
 _KIND_AT = 3  # byte offset of the kind in the header (messages.py)
-_SIGNED_FIELDS = struct.Struct("<BHIHB4I")  # kind, mesh, step, session, dtype, shape
+_PHASE_AT = 11  # ... and of the phase
+_SIGNED_FIELDS = struct.Struct("<BHIHBB4I")  # kind, mesh, step, session, phase, dtype, shape
 _SIGNATURES_KEPT = 8  # verified edge signatures a relay remembers (a few waves' worth)
 
 
-def tag_bytes(kind: Kind) -> int:
-    """Bytes an authenticated message of `kind` carries after its payload."""
-    return SIGNATURE_BYTES if kind in SIGNED_KINDS else LINK_TAG_BYTES
+def tag_bytes(kind: Kind, phase: int = WAVE_PHASE) -> int:
+    """Bytes an authenticated message of `kind` (in `phase`) carries after its payload."""
+    if kind not in SIGNED_KINDS:
+        return LINK_TAG_BYTES
+    return REPAIR_TAG_BYTES if is_repair(kind, phase) else SIGNATURE_BYTES
+
+
+def is_repair(kind: int, phase: int) -> bool:
+    """PARAMS of a repair: one link's, not a wave's (nodes/agent.py, "Repair")."""
+    return kind == Kind.PARAMS and phase == REPAIR
 
 
 def link(a: Cell, b: Cell) -> tuple[Cell, Cell]:
@@ -214,21 +233,30 @@ class Authenticator:
         h = message.header
         if h.kind not in SIGNED_KINDS:
             return data + self._link_tag(h.src, h.dst, data)
+        signature = self._edge_signature(message)
+        if is_repair(h.kind, h.phase):  # one link's: bound to its phase, sender, receiver
+            return data + signature + self._link_tag(h.src, h.dst, data + signature)
+        return data + signature
+
+    def _edge_signature(self, message: Message) -> bytes:
+        """The edge's signature of a wave's PARAMS or BATCH: made here by the edge, else
+        one received and verified (a relay, a repairing parent)."""
+        h = message.header
         if self._sign_key is not None and h.src == EDGE:
-            return data + self._sign_key.sign(_signed_bytes(message))
+            return self._sign_key.sign(_signed_bytes(message))
         signature = self._signatures.get((h.kind, h.session, h.step))
         if signature is None:  # a relay forwards only what it received and verified
             raise MeshdlError(f"no edge signature for {h.kind.name} of wave {h.step}: only "
                               "the edge can start a wave")
-        return data + signature
+        return signature
 
     def open(self, data: bytes) -> Message:
         """Verify and decode wire bytes; raises CodecError naming what is wrong."""
         if len(data) <= HEADER_BYTES + LINK_TAG_BYTES:
             raise CodecError(CodecReason.TRUNCATED, f"truncated message: {len(data)} bytes, "
                              "too short for a header and its tag")
-        kind = data[_KIND_AT]
-        size = SIGNATURE_BYTES if kind in SIGNED_KINDS else LINK_TAG_BYTES
+        kind, phase = data[_KIND_AT], data[_PHASE_AT]
+        size = tag_bytes(kind, phase)
         body, tag = data[:-size], data[-size:]
         message = decode(body, mesh=self.mesh_id)
         h = message.header
@@ -238,12 +266,19 @@ class Authenticator:
                 raise CodecError(CodecReason.FORGED, f"{h.kind.name} from {name_of(h.src)} "
                                  f"to {name_of(h.dst)}: no valid link tag")
             return message
+        signature = tag[:SIGNATURE_BYTES]
+        if is_repair(h.kind, h.phase):
+            key = self._links.get(link(h.src, h.dst))
+            if key is None or not hmac.compare_digest(
+                    tag[SIGNATURE_BYTES:], self._tag(key, body + signature)):
+                raise CodecError(CodecReason.FORGED, f"repair PARAMS from {name_of(h.src)} "
+                                 f"to {name_of(h.dst)}: no valid link tag")
         try:
-            self._verify_key.verify(tag, _signed_bytes(message))
+            self._verify_key.verify(signature, _signed_bytes(message))
         except InvalidSignature:
             raise CodecError(CodecReason.FORGED, f"{h.kind.name} of wave {h.step}: not "
                              "signed by the edge") from None
-        self._remember(h.kind, h.session, h.step, tag)
+        self._remember(h.kind, h.session, h.step, signature)
         return message
 
     # ------------------------------------------------------------- status records
@@ -366,11 +401,14 @@ def status_bytes(record: dict[str, Any]) -> bytes:
 
 
 def _signed_bytes(message: Message) -> bytes:
-    """What the edge's signature covers: every field a relay keeps, and the payload."""
+    """What the edge's signature covers: every field a relay keeps, and the payload. A
+    repair carries its wave's signature (its link's tag binds the rest): the phase
+    covered is the wave's."""
     h = message.header
     shape = tuple(h.shape) + (0,) * (4 - len(h.shape))
-    return _SIGNED_FIELDS.pack(h.kind, h.mesh, h.step, h.session, h.dtype, *shape) + \
-        message.payload.tobytes()
+    phase = WAVE_PHASE if is_repair(h.kind, h.phase) else h.phase
+    return _SIGNED_FIELDS.pack(h.kind, h.mesh, h.step, h.session, phase, h.dtype,
+                               *shape) + message.payload.tobytes()
 
 
 
