@@ -367,10 +367,14 @@ class ReplaySensor:
     """One cell's readings from a sensor log (CSV/NPZ, `meshdl.data.datasets.load_log`), in order.
 
     Each `read()` returns the next row of the log; `read_slot(slot)` the row of that
-    time slot, the first slot asked for being the row `read()` would give next and
-    each later slot the row as many rows on (a slot the host missed skips its row), the
-    same row however often a slot is read. A missing reading (NaN or inf in the log) or
-    a value outside `valid_c` (`ROOM_RANGE` unless given) raises `SlotReadingError` for
+    time slot, the same row however often a slot is read. Looping (the default), the
+    row of slot s is s mod the log's length: a function of the slot number alone, so
+    that every host of a mesh, and a host started again, reads the same row for the
+    same slot (issue 43: a restarted host started again at row 0 and the maps mixed rows
+    of different times); a slot the host missed skips its row. Without `loop`, the
+    first slot asked for is the row `read()` would give next and each later slot the row
+    as many rows on, until the log ends. A missing reading (NaN or inf in the log) or a
+    value outside `valid_c` (`ROOM_RANGE` unless given) raises `SlotReadingError` for
     that slot, as a dead sensor would. At the end it starts over (`loop=True`) or raises.
     """
 
@@ -405,7 +409,10 @@ class ReplaySensor:
     def read_slot(self, slot: int) -> float:
         with self._lock:
             if self.first_slot is None:
-                self.first_slot = slot - self.position
+                # Looping: slot s is row s mod n, whoever reads it and whenever it started.
+                n = len(self.values)
+                self.first_slot = slot - slot % n if self.loop and n else \
+                    slot - self.position
             if slot < self.first_slot:
                 raise SlotReadingError(f"replay {self.path}: slot {slot} comes before the "
                                        "replay's first slot (the clock went back)")

@@ -340,3 +340,19 @@ def test_sensor_specs_build_their_drivers(tmp_path, monkeypatch) -> None:
 def test_bad_sensor_specs_are_usage_errors(spec: str) -> None:
     with pytest.raises(UsageError):
         sensor_from_spec(spec, (0, 0))
+
+
+def test_a_replay_started_again_reads_the_same_row_for_a_slot(tmp_path) -> None:
+    # Issue 43, item 10a: a node host started again began its replay at row 0 while the
+    # others went on, so one slot's map mixed rows of different times.
+    path = tmp_path / "log.npz"
+    np.savez(path, X=np.arange(20, dtype=np.float32).reshape(5, 2, 2) + 18.0)
+    running = ReplaySensor(path, (0, 0))
+    before = [running.read_slot(slot) for slot in range(1_000, 1_003)]
+    restarted = ReplaySensor(path, (0, 0))  # the host's process started again
+    later = [restarted.read_slot(slot) for slot in range(1_003, 1_008)]
+    assert later == [running.read_slot(slot) for slot in range(1_003, 1_008)]
+    assert before + later == [18.0 + 4 * (slot % 5) for slot in range(1_000, 1_008)]
+    # A host that started on another slot reads the same rows too.
+    other = ReplaySensor(path, (0, 0))
+    assert other.read_slot(1_006) == later[3]
