@@ -26,7 +26,8 @@ import pytest
 
 from meshdl.config import ModelConfig
 from meshdl.edge.remote import MqttEngine
-from meshdl.mqtt.session import BrokerAddress, Session
+from meshdl.errors import UsageError
+from meshdl.mqtt.session import BrokerAddress, Session, check_client_name
 from meshdl.mqtt.status import MAX_STATUS_BYTES, parse_status
 from meshdl.protocol import auth as auth_module
 from meshdl.protocol.auth import Authenticator, MeshKeys
@@ -177,3 +178,16 @@ def test_the_servers_inbox_gives_each_meshs_edge_its_own_share() -> None:
     assert held.count("meshdl/2/edge/ps/push") == 20
     assert held.count("meshdl/1/edge/ps/push") <= 8
     assert session.stats["rejected:inbox_full"] == 120 - len(held)
+
+
+def test_a_client_name_of_60000_bytes_is_refused_in_one_usage_line() -> None:
+    # Issue 43, item 10c: MQTT takes client ids of 65,535 bytes and Mosquitto 2.0 bounds
+    # none; `nodes run --name` of 60,000 bytes connected.
+    with pytest.raises(UsageError, match=r"^client name of 60000 bytes: at most 128 "):
+        Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "x" * 60_000, [])
+    with pytest.raises(UsageError, match="client name of 129 bytes"):
+        check_client_name("é" * 64 + "x")  # bytes, not characters
+    with pytest.raises(UsageError, match="must be non-empty without"):
+        check_client_name("north/+")
+    name = "host-ip-172-31-22-10.eu-west-1.compute.internal-123456"
+    assert Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, name, []).client_name == name

@@ -107,6 +107,28 @@ class BrokerAddress:
             raise MeshdlError(f"cannot reach the broker at {self}: {reason}{hint}") from None
 
 
+# A client name is a topic level (`meshdl/<mesh>/status/<name>`) and part of the MQTT
+# client id. MQTT allows ids of 65,535 bytes and Mosquitto 2.0 has no option to bound
+# them (a 60,000-byte one was accepted, issue 43): our clients bound their own. 128 bytes
+# hold `host-<hostname>-<pid>` of a long cloud host name; the id adds ~45 to it.
+MAX_CLIENT_NAME_BYTES = 128
+
+
+def check_client_name(name: str) -> str:
+    """`name` if it can name a client (`meshdl nodes run --name`, the default login
+    name); UsageError saying why not: empty, a topic wildcard or separator, NUL, or over
+    MAX_CLIENT_NAME_BYTES in UTF-8. The CLI calls it on the flag before anything starts;
+    `Session` calls it again for every other caller."""
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_CLIENT_NAME_BYTES:
+        raise UsageError(f"client name of {size} bytes: at most {MAX_CLIENT_NAME_BYTES} "
+                         "(it is a topic level and part of the MQTT client id)")
+    try:
+        return check_id(name, "client name")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Waits between connection attempts: first, doubling up to `most`. A wait that has
@@ -227,7 +249,7 @@ class Session:
         how much of what arrived may wait to be handled."""
         self.address = address
         self.mesh = mesh
-        self.client_name = check_id(client, "client name")
+        self.client_name = check_client_name(client)
         self.subscriptions = subscriptions
         self.status = {**(status or {}), "mesh": mesh}
         self.on_status = on_status
