@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from meshdl.errors import UsageError
+from meshdl.report.baseline import FIGURES, Costs, Strongest, cloud_costs, strongest, variants
 from meshdl.report.numbers import figure as number
 from meshdl.report.plots import integer_ticks, pyplot, save_png
 
@@ -261,43 +262,57 @@ def _live(sim: dict[str, Any]) -> list[str]:
 
 def _against_cloud(sim: dict[str, Any]) -> str:
     """The mesh next to each cloud-heavy variant on the same radio (every reading
-    shipped to the edge, which computes everything), and a sentence of the answer."""
+    shipped to the edge, which computes everything), and a sentence of the answer against
+    the strongest variant (meshdl/report/baseline.py)."""
     energy, span = sim.get("energy_j", {}), sim.get("makespan_s", {})
     # Several meshes: the baseline ships and trains the first mesh's steps, whose
     # waves, energy and bytes the mesh's figures are.
-    mesh = {"makespan_s": span.get("first_mesh_waves", span.get("total")),
-            "energy": energy.get("total"), "hottest": energy.get("max_node"),
-            "ideal": (energy.get("ideal_mac") or {}).get("total"),
-            "bytes": sum((sim.get("bytes") or {}).values())}
-    rows = [["in the mesh", *mesh.values()]]
-    variants = {k.removeprefix("cloud_heavy_"): v for k, v in sim["baseline"].items()
-                if k.startswith("cloud_heavy_") and isinstance(v, dict)}
-    for variant, cloud in variants.items():
-        cloud_energy = cloud.get("energy_j", {})
-        rows.append([f"cloud-heavy, {variant}", cloud.get("makespan_s"),
-                     cloud_energy.get("total"), cloud_energy.get("max_node"),
-                     (cloud_energy.get("ideal_mac") or {}).get("total"), cloud.get("bytes")])
+    mesh = Costs(span.get("first_mesh_waves", span.get("total")), energy.get("total"),
+                 energy.get("max_node"), sum((sim.get("bytes") or {}).values()))
+    ideal = (energy.get("ideal_mac") or {}).get("total")
+    rows = [["in the mesh", mesh.time, mesh.energy, mesh.hottest, ideal, mesh.bytes]]
+    best = strongest(sim["baseline"])
+    for variant, cloud in variants(sim["baseline"]).items():
+        costs = cloud_costs(cloud)
+        mark = " (the strongest)" if best and variant == best.variant else ""
+        rows.append([f"cloud-heavy, {variant}{mark}", costs.time, costs.energy,
+                     costs.hottest, ((cloud.get("energy_j") or {}).get("ideal_mac") or {})
+                     .get("total"), costs.bytes])
     table = _table(["", "makespan (s)", "energy (J)", "hottest node (J)",
                     "energy, ideal MAC (J)", "bytes"], rows)
-    main = sim["baseline"].get("cloud_heavy")
-    return f"<p>{_escape(_verdict(mesh, main))}</p>{table}" if main else table
+    if best:
+        against = sim["baseline"][f"cloud_heavy_{best.variant}"]
+        return f"<p>{_escape(_verdict(mesh, against, best))}</p>{table}"
+    main = sim["baseline"].get("cloud_heavy")  # an old sim.json: one variant, unnamed
+    return f"<p>{_escape(_verdict(mesh, main, None))}</p>{table}" if main else table
 
 
-def _verdict(mesh: dict[str, Any], cloud: dict[str, Any]) -> str:
-    """"The mesh takes 5.7 times the time ..." against the main cloud-heavy variant."""
-    cloud_energy = cloud.get("energy_j", {})
-    pairs = (("time", mesh["makespan_s"], cloud.get("makespan_s")),
-             ("energy", mesh["energy"], cloud_energy.get("total")),
-             ("hottest node's energy", mesh["hottest"], cloud_energy.get("max_node")),
-             ("bytes", mesh["bytes"], cloud.get("bytes")))
-    said = [f"{number(ours / theirs, 3)} times the {what}" for what, ours, theirs in pairs
-            if ours is not None and theirs]
-    cheaper = [what for what, ours, theirs in pairs
-               if ours is not None and theirs is not None and ours < theirs]
-    return (f"Against the cloud-heavy baseline ({cloud.get('variant')}: every reading "
-            f"shipped to the edge, which computes everything), the mesh takes "
-            f"{', '.join(said)}; it is cheaper in "
-            f"{', '.join(cheaper) if cheaper else 'none of them'}.")
+def _verdict(mesh: Costs, cloud: dict[str, Any], best: Strongest | None) -> str:
+    """"The mesh takes 5.7 times the time ..." against the strongest cloud-heavy variant,
+    named, with why it is the strongest."""
+    theirs = cloud_costs(cloud)
+    pairs = list(zip(FIGURES, mesh, theirs, strict=True))
+    said = [f"{number(ours / other, 3)} times the {what}" for what, ours, other in pairs
+            if ours is not None and other]
+    cheaper = [what for what, ours, other in pairs
+               if ours is not None and other is not None and ours < other]
+    variant = cloud.get("variant")
+    if best and best.of > 1:
+        why = (f"the strongest of the {best.of} variants below, the cheapest in "
+               f"{_listed(best.cheapest_in) or 'none of the figures'}")
+        which = f"the strongest cloud-heavy baseline, {variant} ({why})"
+    else:
+        which = f"the cloud-heavy baseline, {variant}"
+    return (f"Against {which}: every reading shipped to the edge, which computes "
+            f"everything. The mesh takes {', '.join(said)}; it is cheaper in "
+            f"{_listed(cheaper) or 'none of them'}.")
+
+
+def _listed(items: Iterable[str]) -> str:
+    """"a, b and c"."""
+    items = list(items)
+    return " and ".join([", ".join(items[:-1]), items[-1]]) if len(items) > 1 else \
+        "".join(items)
 
 
 def _faulty(faults: dict[str, Any]) -> bool:
