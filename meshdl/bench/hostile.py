@@ -245,8 +245,7 @@ class _ProductionSetup:
             # genuine QoS 0 messages among them), and whom it threw out for a packet
             # above max_packet_size.
             "broker_dropping_lines": broker_log.count("Outgoing messages are being dropped"),
-            "broker_oversize_disconnects": broker_log.count("exceeded maximum packet size")
-            + broker_log.count("xceeds max_packet_size"),
+            "broker_oversize_disconnects": broker_log.count("due to oversize packet"),
         }
         if attacker is not None:
             result["attacker"] = self.attacker_user
