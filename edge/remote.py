@@ -177,6 +177,10 @@ class MqttEngine(WaveEngine):
         self.patience = patience
         self._wave_began = 0.0  # when the current wave's first attempt started
         self._base_cap: float | None = None  # the edge machine's wave cap, as configured
+        # Called when a wave first goes on past `max_attempts`: the training loop's
+        # checkpoint of the updates done, so that a run stopped while the edge waits
+        # out a flood loses none of them.
+        self.on_stall: Callable[[], None] | None = None
         self.nodes_timeout = nodes_timeout
         self.connect_timeout_s = connect_timeout_s
         self.edge: EdgeMachine | None = None
@@ -393,6 +397,8 @@ class MqttEngine(WaveEngine):
             return
         if attempt == allowed + 1:
             self.stats["patient_waves"] += 1
+            if self.on_stall is not None:  # keep what is done before waiting on
+                self.on_stall()
             self.say(f"wave {edge.step}: no result in {allowed} attempts, but every node "
                      "host is heard and nothing was refused (messages lost, as under a "
                      "flood): trying on for up to "

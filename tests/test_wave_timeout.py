@@ -160,8 +160,11 @@ def test_a_wave_that_fails_only_for_loss_goes_on_past_its_attempts_until_patienc
     # drops its genuine messages and every attempt is lost; the edge gave up after
     # max_attempts (no model, no checkpoint) though every host was alive.
     engine = _patient_engine(total_s=200.0)
+    stalled: list[int] = []
+    engine.on_stall = lambda: stalled.append(engine.edge.attempts)  # the loop's checkpoint
     try:
         timeouts = _restarts(engine, 150.0, heard=("north", "south"))
+        assert stalled == [3]  # once, as the wave went on past its 2 attempts
         # Past its 2 attempts the wave goes on, each time waiting longer (up to 4x).
         assert timeouts[0] == TIMEOUT and len(timeouts) >= 4
         assert timeouts[1:4] == [1.5 * TIMEOUT, 2.25 * TIMEOUT, 3.375 * TIMEOUT]

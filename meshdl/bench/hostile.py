@@ -179,7 +179,8 @@ class _ProductionSetup:
             if hostile:
                 attacker = self._attack(url, stop_attack)
                 flood_from = time.perf_counter()
-                _flooding(attacker[0])  # training starts under the flood, not before it
+                # Training starts under the flood, not before it.
+                _flooding(attacker[0], self.broker_message_bytes)
             processes["edge"] = self._start(
                 "edge", logs, "edge", "run", "--broker", url, "--mesh", str(self.mesh_file),
                 "--data", str(self.data_file), "--out", str(logs / "run"), "--json",
@@ -283,17 +284,18 @@ class _ProductionSetup:
         return attacker, thread
 
 
-def _flooding(attacker: Attacker, timeout: float = 120.0) -> None:
+def _flooding(attacker: Attacker, limit: int | None = None, timeout: float = 120.0) -> None:
     """Wait until the attacker has published a few rounds, left all its retained
     messages and sent FLOOD_FIRST flood messages (its TLS login and first flood take a
     while; a short training run could otherwise be over before it begins). A broker
-    that throws it out for every large message (a message_size_limit below them) lets
-    it out only a few: then training starts once it has been thrown out a few times."""
+    whose message_size_limit (`limit`) is below its flood's or retained messages throws
+    it out for each: then training starts once that happened a few times."""
     deadline = time.monotonic() + timeout
+    refused = limit is not None and max(attacker.flood_bytes, FLOOD_BYTES) > limit
     while attacker.rounds < 3 or attacker.filled < attacker.retained_fill or \
             (attacker.flood_cell is not None and
              attacker.sent[attacker.flood_counter] < FLOOD_FIRST):
-        if sum(attacker.errors.values()) >= 10 and attacker.rounds >= 3:
+        if refused and attacker.rounds >= 3 and sum(attacker.errors.values()) >= 10:
             return
         if time.monotonic() > deadline:
             raise MeshdlError(f"the attacker did not get its flood out in {timeout:.0f} s "
