@@ -432,3 +432,66 @@ def test_dead_nodes_are_found_and_named_in_sim_json(tmp_path) -> None:
 def test_an_impossible_dead_or_attach_flag_is_a_usage_error(tmp_path, flags, needle) -> None:
     code, _, err = _infer(tmp_path / "run", *flags)
     assert_one_line_error(code, err, 2, needle)
+
+
+# ------------------------------------------ issue 43, item 8: the model's grid and the run's
+def _saved_model(directory: Path, pool: str | int, rows: int = 6, cols: int = 8) -> Path:
+    """A fresh model of `rows` x `cols`, pooled by `pool`, saved as model.npz."""
+    from meshdl import CNN, ModelConfig
+
+    path = directory / f"model-{pool}.npz"
+    CNN(ModelConfig(rows=rows, cols=cols, pool=pool, filters=2, hidden=4), seed=0).save(path)
+    return path
+
+
+def _data_file(directory: Path, rows: int, cols: int) -> Path:
+    from meshdl.config import DataConfig
+    from meshdl.data.datasets import save_dataset
+    from meshdl.data.lounge import generate_lounge
+
+    return save_dataset(generate_lounge(DataConfig(rows=rows, cols=cols, train=16, test=8,
+                                                   seed=1)), directory / "data.npz")
+
+
+@pytest.mark.parametrize("command", ["live", "infer"])
+def test_a_globally_pooled_model_runs_on_the_grid_asked(tmp_path, command) -> None:
+    model = _saved_model(tmp_path, "global")  # trained on 6 x 8
+    data = _data_file(tmp_path, 4, 5)
+    extra = ("--slots", "2", "--timed-slots", "2") if command == "live" else ()
+    for run, asked in ((tmp_path / "flags", GRID), (tmp_path / "data", ("--data", data))):
+        code, out, err = _meshdl("simulate", command, "--model", model, *asked, "--out", run,
+                                 "--json", *extra)
+        assert code == 0, err
+        config = json.loads((run / "config.json").read_text())["model"]
+        assert (config["rows"], config["cols"], config["pool"], config["filters"]) \
+            == (4, 5, "global", 2)
+        report = json.loads(out)
+        cells = report["mesh"]["hottest_cell"] if command == "live" else \
+            report["energy_j"]["max_node_cell"]
+        assert cells in CELLS  # the figures are the 4 x 5 mesh's
+
+
+@pytest.mark.parametrize("command", ["live", "infer"])
+def test_a_windowed_model_on_another_grid_is_refused_before_any_run_directory(
+        tmp_path, command) -> None:
+    model = _saved_model(tmp_path, 2)  # fc1 reads the pooled blocks of 6 x 8
+    data = _data_file(tmp_path, 4, 5)
+    extra = ("--slots", "2") if command == "live" else ()
+    for asked in (GRID, ("--data", data)):
+        code, _, err = _meshdl("simulate", command, "--model", model, *asked, "--out",
+                               tmp_path / "run", *extra)
+        assert_one_line_error(code, err, 2, str(model), "6 x 8", "4 x 5")
+        assert not (tmp_path / "run").exists()
+
+
+def test_data_of_another_grid_than_the_flags_or_network_flags_a_model_lacks_are_refused(
+        tmp_path) -> None:
+    data = _data_file(tmp_path, 4, 5)
+    code, _, err = _meshdl("simulate", "infer", "--data", data, "--rows", "6", "--out",
+                           tmp_path / "run")
+    assert_one_line_error(code, err, 2, str(data), "4 x 5", "6 x 5")
+    model = _saved_model(tmp_path, "global")
+    code, _, err = _meshdl("simulate", "infer", "--model", model, "--kernel", "5", "--out",
+                           tmp_path / "run")
+    assert_one_line_error(code, err, 2, "--kernel 5", "the model's: 3")
+    assert not (tmp_path / "run").exists()

@@ -20,6 +20,7 @@ from meshdl.data.datasets import save_dataset
 from meshdl.data.lounge import generate_lounge
 from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
+from meshdl.training.runs import single_class_warning
 from tests.helpers import INTERRUPTED, interrupt_at, small_run_toml
 
 
@@ -153,3 +154,71 @@ def test_ctrl_c_during_edge_run_says_the_edge_command_that_goes_on(
     code, _, err = _go_on(cli, go_on)  # once more: the run is finished, left as it is
     assert code == 0 and _lines(err)[-1].startswith(f"not resuming {run}"), err
     assert (run / "metrics.json").read_bytes() == metrics
+
+
+# ------------------------------------------- issue 43, item 9: the simulator says so too
+def _simulate_train(cli: Callable, data: Path, run: Path) -> tuple[int, str, str]:
+    return cli("simulate", "train", "--data", data, "--epochs", "2", "--batch", "8",
+               "--hidden", "4", "--out", run)
+
+
+def test_ctrl_c_during_simulate_train_says_so_in_one_line_and_keeps_nothing(
+        cli, tiny_data, tmp_path, monkeypatch) -> None:
+    run = tmp_path / "run"
+    interrupt_at(monkeypatch, 3)  # epoch 2's first update: epoch 1 is checkpointed
+    code, out, err = _simulate_train(cli, tiny_data, run)
+    assert code == INTERRUPTED and out == ""
+    last = _lines(err)[-1]
+    assert last.startswith("interrupted; a simulated run cannot go on") and \
+        "`meshdl simulate train`" in last
+    assert not run.exists()  # simulated time cannot go on from a checkpoint
+    monkeypatch.undo()
+    code, _, err = _simulate_train(cli, tiny_data, run)  # the same command starts over
+    assert code == 0, err
+
+
+def test_ctrl_c_during_simulate_live_says_so_in_one_line_and_keeps_nothing(
+        cli, tmp_path, monkeypatch) -> None:
+    from meshdl.sim.studies import live
+
+    real = live.run_mesh
+
+    def pressed_in_slot_2(run, series, say):
+        def said(done: int) -> None:
+            if done == 2:
+                raise KeyboardInterrupt
+            say(done)
+        return real(run, series, said)
+
+    monkeypatch.setattr(live, "run_mesh", pressed_in_slot_2)
+    run = tmp_path / "run"
+    code, _, err = cli("simulate", "live", "--rows", "4", "--cols", "5", "--slots", "4",
+                       "--timed-slots", "4", "--out", run)
+    assert code == INTERRUPTED
+    assert _lines(err)[-1].startswith("interrupted; a simulated run cannot go on")
+    assert "`meshdl simulate live`" in _lines(err)[-1]
+    assert not run.exists()
+
+
+def test_ctrl_c_before_the_simulation_began_says_nothing_was_written(
+        cli, tmp_path, monkeypatch) -> None:
+    def pressed(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("meshdl.data.lounge.generate_lounge", pressed)
+    code, _, err = cli("simulate", "train", "--rows", "4", "--cols", "5", "--out",
+                       tmp_path / "run")
+    assert code == INTERRUPTED
+    assert _lines(err) == ["interrupted before the simulation began: nothing was written"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_simulate_train_that_ends_predicting_one_class_warns_as_train_does(
+        cli, tiny_data, tmp_path) -> None:
+    run = tmp_path / "run"
+    code, _, err = cli("simulate", "train", "--data", tiny_data, "--epochs", "1",
+                       "--batch", "8", "--hidden", "4", "--out", run)
+    assert code == 0, err
+    final = json.loads((run / "metrics.json").read_text())["final"]
+    assert final["single_class"]  # this tiny run collapses (the README's run did too)
+    assert single_class_warning(final) in _lines(err)

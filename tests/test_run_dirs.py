@@ -4,6 +4,7 @@ directory, and hostile numbers are refused in one line before numpy can warn."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from collections.abc import Callable
@@ -17,7 +18,12 @@ from meshdl import CNN, load_run_config
 from meshdl.config import DataConfig
 from meshdl.data.datasets import save_dataset
 from meshdl.data.lounge import generate_lounge
-from tests.helpers import INTERRUPTED, assert_one_line_error, interrupt_at
+from tests.helpers import (
+    INTERRUPTED,
+    TWO_MESHES_TOML,
+    assert_one_line_error,
+    interrupt_at,
+)
 
 RUN_FILES = ("config.json", "metrics.json", "model.npz", "checkpoint.npz")
 
@@ -196,3 +202,87 @@ def test_a_float64_data_set_beyond_float32_is_refused_at_load_before_any_warning
     _no_runtime_warnings(caught)
     assert_one_line_error(code, err, 1, str(hostile), "X_train", "beyond float32")
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------- issue 43, item 7: every command that takes --out
+def _hashes(run: Path) -> dict[str, str]:
+    """Every file under a run directory, by its SHA-256."""
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def _simulate(cli: Callable, command: str, run: Path, *extra: str | Path
+              ) -> tuple[int, str, str]:
+    """A tiny `meshdl simulate COMMAND` on a 4 x 5 grid into `run`."""
+    size = {"train": ("--epochs", "1", "--batch", "8", "--hidden", "4"),
+            "infer": ("--hidden", "4"), "live": ("--hidden", "4", "--slots", "2",
+                                                 "--timed-slots", "2")}[command]
+    return cli("simulate", command, "--rows", "4", "--cols", "5", *size, "--out", run,
+               *extra)
+
+
+@pytest.fixture
+def simulated_run(cli, tmp_path) -> Path:
+    """An inference run of `meshdl simulate` with its report.html beside it."""
+    run = tmp_path / "sim"
+    code, _, err = _simulate(cli, "infer", run)
+    assert code == 0, err
+    code, _, err = cli("report", run)
+    assert code == 0, err
+    assert {"sim.json", "trace.jsonl", "energy.png", "report.html"} <= set(_hashes(run))
+    return run
+
+
+@pytest.mark.parametrize("command", ["train", "infer", "live"])
+def test_simulate_into_an_out_holding_a_run_is_refused_and_every_file_stays_the_same(
+        cli, simulated_run, tiny_data, command) -> None:
+    before = _hashes(simulated_run)
+    code, _, err = _simulate(cli, command, simulated_run)
+    assert_one_line_error(code, err, 2, str(simulated_run), "holds a run", "--force")
+    assert _hashes(simulated_run) == before
+    code, _, err = _train(cli, tiny_data, "--out", simulated_run)  # train: the same rule
+    assert_one_line_error(code, err, 2, "holds a run", "--force", "--resume")
+    assert _hashes(simulated_run) == before
+
+
+def test_simulate_with_force_leaves_no_stale_file_beside_the_new_run(cli,
+                                                                     simulated_run) -> None:
+    (simulated_run / "notes.txt").write_text("mine\n")  # not a run file: left alone
+    code, _, err = _simulate(cli, "live", simulated_run, "--force")
+    assert code == 0, err
+    # live writes no trace, energy plot or report: the inference run's are gone
+    assert set(_hashes(simulated_run)) == {"config.json", "sim.json", "alerts.jsonl",
+                                           "notes.txt"}
+    assert "alerts" in json.loads((simulated_run / "sim.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def mesh_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A mesh file of two 4 x 5 meshes (what `ps run` needs, and `edge run` takes)."""
+    path = tmp_path_factory.mktemp("mesh") / "mesh.toml"
+    path.write_text(TWO_MESHES_TOML.format(mesh_id=1))
+    return path
+
+
+@pytest.mark.parametrize("command", ["edge", "ps"])
+def test_edge_and_ps_run_refuse_an_out_holding_a_run_before_the_broker_and_change_nothing(
+        cli, tiny_data, mesh_file, tmp_path, command) -> None:
+    run = tmp_path / "run"
+    assert _train(cli, tiny_data, "--out", run)[0] == 0
+    before = _hashes(run)
+    closed = "mqtt://127.0.0.1:1"  # nothing listens: the refusal comes before any connect
+    code, _, err = cli(command, "run", "--broker", closed, "--mesh", mesh_file, "--data",
+                       tiny_data, "--out", run, "--broker-patience", "0")
+    assert_one_line_error(code, err, 2, str(run), "holds a run", "--force",
+                          f"meshdl {command} run --broker {closed}", f"--resume {run}")
+    assert _hashes(run) == before
+
+
+def test_edge_run_that_never_reaches_its_broker_leaves_its_out_free(
+        cli, tiny_data, mesh_file, tmp_path) -> None:
+    run = tmp_path / "run"
+    code, _, err = cli("edge", "run", "--broker", "mqtt://127.0.0.1:1", "--mesh", mesh_file,
+                       "--data", tiny_data, "--out", run, "--broker-patience", "0",
+                       "--nodes-timeout", "1")
+    assert_one_line_error(code, err, 1, "cannot reach the broker")
+    assert not run.exists()  # no config.json claiming a run that never was

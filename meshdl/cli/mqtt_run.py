@@ -23,6 +23,7 @@ import typer
 from meshdl.cli.common import err_console, out_console, parse_cell
 from meshdl.cli.options import (
     Broker,
+    ForceOut,
     JsonMetrics,
     MeshFile,
     NodesTimeout,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from meshdl.mqtt.status import StatusRecord
     from meshdl.protocol.topology import Cell
     from meshdl.training.checkpoint import Checkpoint
+    from meshdl.training.runs import RunDir
 
 node_app = typer.Typer(help="One sensor node (one cell) of a mesh over MQTT.",
                        no_args_is_help=True)
@@ -221,6 +223,7 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
              data: Path = typer.Option(..., "--data", help="Data set .npz (the edge uses "
                                        "its labels; the nodes hold the readings)."),
              out: RunDirectory = None,
+             force: ForceOut = False,
              resume: Path | None = typer.Option(None, "--resume", help="Continue the run "
                                                 "in this directory from its last "
                                                 "checkpoint (same mesh file and data; "
@@ -248,17 +251,15 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     with a checkpoint after every epoch (with --ps: this mesh's shard of every step,
     the server holding the model and its checkpoints)."""
     from meshdl.cli.common import emit_json
+    from meshdl.cli.train import say_single_class
     from meshdl.data.datasets import load_dataset
     from meshdl.edge.remote import MqttEngine
     from meshdl.mqtt.sdnotify import Notifier
     from meshdl.mqtt.session import BrokerAddress
-    from meshdl.training.checkpoint import load_checkpoint
     from meshdl.training.loop import train
     from meshdl.training.runs import (
         interrupted,
         metrics_record,
-        new_run_dir,
-        single_class_warning,
         start_run,
         with_resume_hint,
         write_run,
@@ -276,18 +277,19 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     # How to go on from a checkpoint: the address as printed, never the password.
     command = (f"meshdl edge run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
                f"--data {data}")
-    checkpoint = load_checkpoint(resume) if resume is not None else None
+    checkpoint = _checked_out(out, force, resume, command)
     if checkpoint is not None and _finished(resume, config, checkpoint, command, json_out):
         return
     dataset = load_dataset(data)
-    run_dir = resume or out or new_run_dir(name="mqtt")
-    start_run(run_dir, config, str(data))
     engine = MqttEngine.for_run(config, dataset, BrokerAddress.parse(broker),
                                 wave_timeout=wave_timeout, nodes_timeout=nodes_timeout,
                                 connect_timeout_s=broker_patience, systemd=Notifier(),
                                 take_over=take_over)
     engine.say = lambda line: err_console.print(line, highlight=False)
+    claimed = _claim(out, force, resume, command, "mqtt")
+    run_dir = claimed.path
     try:
+        start_run(run_dir, config, str(data))
         if ps:
             from meshdl.edge.data_parallel import train_with_server
 
@@ -296,9 +298,14 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
             model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
                                    resume=checkpoint)
     except MeshdlError as exc:
+        claimed.abandon()  # no config.json without a checkpoint to go on from
         raise with_resume_hint(exc, run_dir, command) from None
     except KeyboardInterrupt:  # Ctrl-C: where the run stands (exit code 130 still)
+        claimed.abandon()
         err_console.print(interrupted(run_dir, command), highlight=False, soft_wrap=True)
+        raise
+    except BaseException:
+        claimed.abandon()
         raise
     finally:
         engine.close()
@@ -309,8 +316,7 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
                       f"{history.final['test_acc']:.4f}"
                       f"{'; dead cells ' + ', '.join(dead) if dead else ''} -> {run_dir}",
                       highlight=False)
-    if warning := single_class_warning(history.final):
-        err_console.print(warning, style="yellow", highlight=False)
+    say_single_class(history.final)
     if json_out:
         emit_json(metrics)
 
@@ -320,6 +326,7 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
            data: Path = typer.Option(..., "--data", help="Data set .npz (its training "
                                      "maps set the epochs and the normalization)."),
            out: RunDirectory = None,
+           force: ForceOut = False,
            resume: Path | None = typer.Option(None, "--resume", help="Go on from the last "
                                               "checkpoint in this run directory."),
            broker_patience: float = typer.Option(120.0, "--broker-patience", min=0.0,
@@ -340,11 +347,9 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.data.datasets import load_dataset
     from meshdl.mqtt.session import BrokerAddress
     from meshdl.server.serve import EdgesSilent, ServerRun, serve
-    from meshdl.training.checkpoint import load_checkpoint
     from meshdl.training.parallel import mesh_ids
     from meshdl.training.runs import (
         metrics_record,
-        new_run_dir,
         start_run,
         with_resume_hint,
         write_run,
@@ -359,12 +364,12 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     # How to go on from a checkpoint: the address as printed, never the password.
     command = (f"meshdl ps run --broker {BrokerAddress.parse(broker)} --mesh {mesh} "
                f"--data {data}")
-    checkpoint = load_checkpoint(resume) if resume is not None else None
+    checkpoint = _checked_out(out, force, resume, command)
     if checkpoint is not None and _finished(resume, config, checkpoint, command, json_out):
         return
     dataset = load_dataset(data)
-    run_dir = resume or out or new_run_dir(name="ps")
-    start_run(run_dir, config, str(data))
+    claimed = _claim(out, force, resume, command, "ps")
+    run_dir = claimed.path
 
     def said(e) -> None:
         err_console.print(f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train "
@@ -376,13 +381,19 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
                       f"({config.parallel.sync}) on {BrokerAddress.parse(broker)} -> "
                       f"{run_dir}", highlight=False)
     try:
+        start_run(run_dir, config, str(data))
         asyncio.run(serve(run, BrokerAddress.parse(broker),
                           connect_timeout_s=broker_patience, edges_timeout_s=edges_timeout))
     except EdgesSilent as exc:
+        claimed.abandon()  # no config.json without a checkpoint to go on from
         raise with_resume_hint(exc, run_dir, command) from None
     except KeyboardInterrupt:
+        claimed.abandon()
         raise MeshdlError(f"stopped; go on with `meshdl ps run ... --resume {run_dir}` "
                           "(from the last epoch's checkpoint)") from None
+    except BaseException:
+        claimed.abandon()
+        raise
     history = run.history  # the whole run's: epochs, wall time, "parallel" (every stretch)
     metrics = metrics_record(config, history)
     write_run(run_dir, config, run.model, metrics, str(data))
@@ -455,6 +466,37 @@ def edge_serve(broker: Broker = ..., mesh: MeshFile = ...,
         pass
     finally:
         engine.close()
+
+
+def _checked_out(out: Path | None, force: bool, resume: Path | None, command: str
+                 ) -> Checkpoint | None:
+    """Before anything is read, written or connected: `--out` refused in one line if it
+    holds a run (unless `force`), naming `command --resume`; the checkpoint of
+    `--resume`, if any."""
+    from meshdl.training.checkpoint import load_checkpoint
+    from meshdl.training.runs import check_run_dir
+
+    if resume is not None:
+        if force:
+            raise UsageError("--force replaces the run in --out; --resume goes on with it: "
+                             "drop one")
+        return load_checkpoint(resume)
+    if out is not None:
+        check_run_dir(out, force, command)
+    return None
+
+
+def _claim(out: Path | None, force: bool, resume: Path | None, command: str, name: str
+           ) -> RunDir:
+    """The run directory, once every check has passed: the resumed one, `--out` as
+    `_checked_out` allowed it, else a new one under runs/ labelled `name`."""
+    from meshdl.training.runs import RunDir, claim_run_dir, new_run_dir
+
+    if resume is not None:  # it holds a checkpoint: a failure takes nothing back
+        return RunDir(resume, created=False)
+    if out is not None:
+        return claim_run_dir(out, force, command)
+    return RunDir(new_run_dir(name=name), created=True)
 
 
 def _finished(resume: Path, config: RunConfig, checkpoint: Checkpoint, command: str,

@@ -73,6 +73,8 @@ SeedConfig = Annotated[Path | None, typer.Option("--config", help="TOML configur
 MeshFile = Annotated[Path, typer.Option("--mesh", help="The mesh file (TOML run "
                                         "configuration).")]
 RunDirectory = Annotated[Path | None, typer.Option("--out", help="Run directory.")]
+ForceOut = Annotated[bool, typer.Option("--force", help="Replace the run in --out (else a "
+                                        "directory holding a run is refused).")]
 LabelledData = Annotated[Path | None, typer.Option("--data", help="Data set .npz (default: "
                                                    "the synthetic lounge).")]
 KeysDir = Annotated[Path, typer.Option(

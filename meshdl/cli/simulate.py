@@ -29,6 +29,7 @@ from meshdl.cli.options import (
     ConvLayers,
     EdgeAt,
     Filters,
+    ForceOut,
     Hidden,
     JsonSim,
     Kernel,
@@ -39,7 +40,14 @@ from meshdl.cli.options import (
     Rows,
     json_option,
 )
-from meshdl.cli.train import Fit, fit_with_progress, plan_for
+from meshdl.cli.train import (
+    Fit,
+    Said,
+    fit_with_progress,
+    plan_for,
+    said_on_interrupt,
+    say_single_class,
+)
 from meshdl.compress.grammar import PLAN
 from meshdl.config import RunConfig, load_run_config, model_from_flags, recipe_default
 from meshdl.errors import UsageError, format_validation_error
@@ -56,6 +64,7 @@ if TYPE_CHECKING:
     from meshdl.sim.radio.device import DeviceProfile
     from meshdl.sim.radio.profiles import RadioProfile
     from meshdl.sim.timed import TimedMesh
+    from meshdl.training.runs import RunDir
 
 # Values --help shows, written here so that it need not load the simulator: the
 # protocol's (protocol/deadlines.py DEFAULT_K, Policy) and the simulator's (built-in
@@ -207,16 +216,23 @@ def _faults(sim: Flags, config: RunConfig, fault_seed: int) -> dict[str, Any]:
 
 
 def _data_and_config(data: Path | None, config_file: Path | None,
-                     flags: dict[str, dict[str, Any]]) -> tuple[Dataset, RunConfig, str]:
+                     flags: dict[str, dict[str, Any]], grid: tuple[int, int] | None = None
+                     ) -> tuple[Dataset, RunConfig, str]:
+    """The run's data set, configuration and the data's source. The grid is the flags'
+    (or the config file's), else the data file's, else `grid` (a trained model's), else
+    the default; a data file of another grid than the run's is refused (its maps would
+    be read out of bounds)."""
     from meshdl.data.datasets import load_dataset
     from meshdl.data.lounge import generate_lounge
 
     dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
-    if dataset is not None:  # a data file fixes the grid unless the flags say otherwise
-        model = flags.setdefault("model", {})
-        model["rows"] = model["rows"] if model.get("rows") is not None else dataset.rows
-        model["cols"] = model["cols"] if model.get("cols") is not None else dataset.cols
-    config = load_run_config(config_file, mode="mesh", **flags)
+    config = load_run_config(config_file, mode="mesh", **flags, data_grid=grid if
+                             dataset is None else (dataset.rows, dataset.cols))
+    run_grid = (config.model.rows, config.model.cols)
+    if dataset is not None and (dataset.rows, dataset.cols) != run_grid:
+        raise UsageError(f"{data} holds {dataset.rows} x {dataset.cols} maps but the run's "
+                         f"grid is {run_grid[0]} x {run_grid[1]} (--rows/--cols): drop "
+                         "them or pass data of that grid")
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
             dataset = generate_lounge(config.data)
@@ -225,10 +241,12 @@ def _data_and_config(data: Path | None, config_file: Path | None,
 
 @app.command("train")
 @grouped
+@said_on_interrupt("the simulation")
 def simulate_train(
     data: LabelledData = None,
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-simulate/)."),
+    force: ForceOut = False,
     config_file: Path | None = typer.Option(None, "--config", help="TOML configuration."),
     edge_at: EdgeAt = None,
     grid: Flags = GRID, net: Flags = NETWORK, run: Flags = TRAINING,
@@ -258,8 +276,15 @@ def simulate_train(
     from meshdl.sim.radio.backhaul import backhaul_profile
     from meshdl.sim.simulate import SimEngine, mesh_summary
     from meshdl.sim.studies import cloud, compare
-    from meshdl.training.runs import metrics_record, new_run_dir, start_run, write_run
+    from meshdl.training.runs import (
+        check_run_dir,
+        metrics_record,
+        start_run,
+        write_run,
+    )
 
+    if out is not None:  # said before any data is read or made; claimed after validation
+        check_run_dir(out, force, resume=None)
     radio_profile, node, edge = _parties(sim)
     medium = sim["medium"]
     dataset, config, source = _data_and_config(data, config_file, overrides(
@@ -271,7 +296,6 @@ def simulate_train(
     link = backhaul_profile(backhaul)
     if straggler_radio is not None and n_meshes < 2:
         raise UsageError("--straggler-radio needs --meshes 2 or more")
-    run_dir = out or new_run_dir(name="simulate")
     view = training_data(config.train, dataset)
 
     def engine_of(i: int) -> SimEngine:
@@ -294,34 +318,39 @@ def simulate_train(
     for one in engines:
         one.spec_for(CNN(config.model))  # an impossible mesh fails here, before the run
     engine = engines[0]
-    start_run(run_dir, config, source)
-    model, history = fit_with_progress(
-        config, dataset, Fit(checkpoints=run_dir), engine if n_meshes == 1 else None,
-        engines=engines, wave_time=lambda all_, i: all_[i].last_wave_shape, time_unit="s",
-        backhaul=link)
-    mesh = engine.mesh
-    assert mesh is not None
-    steps = sum(1 for w in mesh.waves if w.mode == Mode.TRAIN)
-    # The edge mirrors maps itself: only the sensors' own readings are shipped.
-    baseline = {variant: cloud.training_run(
-        mesh.spec, radio_profile, medium, node, edge, originals(view), steps,
-        config.train.batch, variant, config.train.seed)
-        for variant in compare.variants(medium)}
-    several = {} if n_meshes == 1 else {"parallel": history.parallel,
-                                        "meshes": [mesh_summary(e) for e in engines]}
-    report = _finish(run_dir, mesh, Mode.TRAIN, baseline, trace, several,
-                     epochs=config.train.epochs)
-    write_run(run_dir, config, model, metrics_record(config, history, {"sim": report}),
-              source)
+    claimed = _claim(out, force, "simulate")
+    run_dir = claimed.path
+    with _kept_if_finished(claimed, "meshdl simulate train"):
+        start_run(run_dir, config, source)
+        model, history = fit_with_progress(
+            config, dataset, Fit(checkpoints=run_dir), engine if n_meshes == 1 else None,
+            engines=engines, wave_time=lambda all_, i: all_[i].last_wave_shape,
+            time_unit="s", backhaul=link)
+        mesh = engine.mesh
+        assert mesh is not None
+        steps = sum(1 for w in mesh.waves if w.mode == Mode.TRAIN)
+        # The edge mirrors maps itself: only the sensors' own readings are shipped.
+        baseline = {variant: cloud.training_run(
+            mesh.spec, radio_profile, medium, node, edge, originals(view), steps,
+            config.train.batch, variant, config.train.seed)
+            for variant in compare.variants(medium)}
+        several = {} if n_meshes == 1 else {"parallel": history.parallel,
+                                            "meshes": [mesh_summary(e) for e in engines]}
+        report = _finish(run_dir, mesh, Mode.TRAIN, baseline, trace, several,
+                         epochs=config.train.epochs)
+        write_run(run_dir, config, model, metrics_record(config, history, {"sim": report}),
+                  source)
     _say(report, run_dir)
     if several:
         _say_meshes(history.parallel)
+    say_single_class(history.final)  # as `meshdl train` says it
     if json_out:
         emit_json(report)
 
 
 @app.command("infer")
 @grouped
+@said_on_interrupt("the simulation")
 def simulate_infer(
     model_path: Path | None = typer.Option(None, "--model", help="A trained model.npz "
                                            "(default: a fresh one; the cost of a wave "
@@ -329,6 +358,7 @@ def simulate_infer(
     data: LabelledData = None,
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-simulate-infer/)."),
+    force: ForceOut = False,
     edge_at: EdgeAt = None,
     grid: Flags = GRID,
     net: Flags = NETWORK,
@@ -346,15 +376,16 @@ def simulate_infer(
     from meshdl.protocol.spec import Mode
     from meshdl.sim.simulate import SimEngine
     from meshdl.sim.studies import cloud, compare
-    from meshdl.training.runs import new_run_dir, start_run
+    from meshdl.training.runs import check_run_dir, start_run
 
     if batch < 1 or waves < 1:
         raise UsageError("--batch and --waves must be at least 1")
+    if out is not None:  # said before any data is read or made; claimed after validation
+        check_run_dir(out, force, resume=None)
     radio_profile, node, edge = _parties(sim)
     medium = sim["medium"]
     model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
                                                      edge_at)
-    run_dir = out or new_run_dir(name="simulate-infer")
     engine = SimEngine(dataset, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
@@ -363,21 +394,24 @@ def simulate_infer(
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")
+    claimed = _claim(out, force, "simulate-infer")
+    run_dir = claimed.path
     tests = len(dataset.y_test)
-    predicted = [engine.logits(model, "test", np.arange(w * batch, (w + 1) * batch) % tests)
-                 .argmax(axis=1) for w in range(waves)]
-    mesh = engine.mesh
-    assert mesh is not None
-    baseline = {}
-    for variant in compare.variants(medium):
-        slot = cloud.inference_slot(mesh.spec, radio_profile, medium, node, edge, batch,
-                                    variant, config.train.seed)
-        baseline[variant] = cloud.times(slot, waves)
-    start_run(run_dir, config, source)
-    labels = np.concatenate([np.arange(w * batch, (w + 1) * batch) % tests
-                             for w in range(waves)])
-    accuracy = float(np.mean(np.concatenate(predicted) == dataset.y_test[labels]))
-    report = _finish(run_dir, mesh, Mode.INFER, baseline, trace, {"accuracy": accuracy})
+    with _kept_if_finished(claimed, "meshdl simulate infer"):
+        predicted = [engine.logits(model, "test", np.arange(w * batch, (w + 1) * batch)
+                                   % tests).argmax(axis=1) for w in range(waves)]
+        mesh = engine.mesh
+        assert mesh is not None
+        baseline = {}
+        for variant in compare.variants(medium):
+            slot = cloud.inference_slot(mesh.spec, radio_profile, medium, node, edge, batch,
+                                        variant, config.train.seed)
+            baseline[variant] = cloud.times(slot, waves)
+        start_run(run_dir, config, source)
+        labels = np.concatenate([np.arange(w * batch, (w + 1) * batch) % tests
+                                 for w in range(waves)])
+        accuracy = float(np.mean(np.concatenate(predicted) == dataset.y_test[labels]))
+        report = _finish(run_dir, mesh, Mode.INFER, baseline, trace, {"accuracy": accuracy})
     _say(report, run_dir)
     if json_out:
         emit_json(report)
@@ -389,12 +423,14 @@ BatteryName = Literal["2xAA", "2xAA-lithium", "cr2032"]
 
 @app.command("live")
 @grouped
+@said_on_interrupt("the simulation")
 def simulate_live(
     model_path: Path | None = typer.Option(None, "--model", help="A trained model.npz "
                                            "(default: a fresh one)."),
     data: LabelledData = None,
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: "
                                     "runs/<timestamp>-simulate-live/)."),
+    force: ForceOut = False,
     edge_at: EdgeAt = None,
     grid: Flags = GRID,
     net: Flags = NETWORK,
@@ -422,25 +458,59 @@ def simulate_live(
     """Live inference slot after slot, the real time between them: bytes, joules and
     battery lifetime of the mesh against the cloud-heavy baseline."""
     from meshdl.sim.studies import live
-    from meshdl.training.runs import new_run_dir, start_run
+    from meshdl.training.runs import check_run_dir, start_run
 
     if sim["recovery"] != "reliable" or sim["dead"]:
         raise UsageError("live slots run in reliable mode: no --recovery best-effort, no "
                          "--dead")
+    if out is not None:  # said before any data is read or made; claimed after validation
+        check_run_dir(out, force, resume=None)
     radio_profile, node, edge = _parties(sim)
     model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
                                                      edge_at)
     settings = live.settings_for(slots, slot_seconds, mac, battery, delta, timed_slots,
                                  config.train.seed, sim, radio_profile)
-    run_dir = out or new_run_dir(name="simulate-live")
-    start_run(run_dir, config, source)
-    with _live_progress(slots) as say:
-        report = live.simulate(dataset, model, config, radio_profile, sim["medium"], node,
-                               edge, settings, say)
-    live.write(report, run_dir)
+    claimed = _claim(out, force, "simulate-live")
+    run_dir = claimed.path
+    with _kept_if_finished(claimed, "meshdl simulate live"):
+        start_run(run_dir, config, source)
+        with _live_progress(slots) as say:
+            report = live.simulate(dataset, model, config, radio_profile, sim["medium"],
+                                   node, edge, settings, say)
+        live.write(report, run_dir)
     err_console.print(live.summary_line(report, run_dir), highlight=False, soft_wrap=True)
     if json_out:
         emit_json(report)
+
+
+def _claim(out: Path | None, force: bool, name: str) -> RunDir:
+    """The run directory, once every check has passed: `--out` (refused if it holds a
+    run, unless `force`; there is no --resume to go on with), else a new one under runs/
+    labelled `name`."""
+    from meshdl.training.runs import RunDir, claim_run_dir, new_run_dir
+
+    if out is not None:
+        return claim_run_dir(out, force, resume=None)
+    return RunDir(new_run_dir(name=name), created=True)
+
+
+@contextmanager
+def _kept_if_finished(claimed: RunDir, command: str) -> Iterator[None]:
+    """The run's files are kept only if it finishes: a simulated run cannot go on from a
+    checkpoint (the simulated clocks, energy and traffic are not in it), so a failure or
+    Ctrl-C takes back what it wrote, the latter saying so in one line (exit code 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        claimed.discard()
+        err_console.print(f"interrupted; a simulated run cannot go on from where it "
+                          f"stopped (its clocks are not checkpointed), so nothing of it was "
+                          f"kept: start it over with the same `{command}` command",
+                          highlight=False, soft_wrap=True)
+        raise Said from None
+    except BaseException:
+        claimed.discard()
+        raise
 
 
 @contextmanager
@@ -475,12 +545,25 @@ def _model_and_data(model_path: Path | None, data: Path | None, grid: Flags, net
 
     trained = CNN.load(model_path) if model_path else None
     flags = overrides(grid, net, seed=seed, edge_at=edge_at)
-    if trained:
-        flags["model"] = trained.config.model_dump()
-    dataset, config, source = _data_and_config(data, None, flags)
-    model = trained or CNN(config.model, seed=config.train.seed)
     if trained is None:
+        dataset, config, source = _data_and_config(data, None, flags)
+        model = CNN(config.model, seed=config.train.seed)
         model.set_normalization(*normalization(dataset.X_train))
+        return model, dataset, config, source
+    own = trained.config
+    differ = [f"--{name.replace('_', '-')} {value} (the model's: {getattr(own, name)})"
+              for name, value in net.items() if value is not None
+              and value != getattr(own, name)]
+    if differ:
+        raise UsageError(f"{model_path} has its own network: drop {', '.join(differ)}")
+    # The model's network, on the grid the flags or the data ask, else its own.
+    asked = {axis: n for axis, n in grid.items() if n is not None}
+    flags["model"] = {**own.model_dump(exclude={"rows", "cols"}), **asked}
+    dataset, config, source = _data_and_config(data, None, flags, (own.rows, own.cols))
+    try:  # a globally pooled model runs on any grid; a windowed one on its own alone
+        model = trained.on_grid(config.model.rows, config.model.cols)
+    except UsageError as exc:
+        raise UsageError(f"{model_path} does not fit the run's grid: {exc}") from None
     return model, dataset, config, source
 
 

@@ -13,7 +13,7 @@ import typer
 
 from meshdl.cli.common import emit_json, err_console
 from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, Group, grouped, overrides
-from meshdl.cli.options import Config, EdgeAt, JsonMetrics, Meshes, Optimizer
+from meshdl.cli.options import Config, EdgeAt, ForceOut, JsonMetrics, Meshes, Optimizer
 from meshdl.compress.grammar import PLAN
 from meshdl.config import DataConfig, RunConfig, load_run_config
 from meshdl.errors import MeshdlError, UsageError
@@ -59,29 +59,32 @@ _TRAINING = Group(tuple((name, _with_help(alias, _MORE_EPOCHS) if name == "epoch
                          else alias, default) for name, alias, default in TRAINING.options))
 
 
-class _Said(KeyboardInterrupt):
+class Said(KeyboardInterrupt):
     """Ctrl-C whose line (where the run stands, how to go on) is said already."""
 
 
-def _said_on_interrupt(command: Callable[..., None]) -> Callable[..., None]:
-    """`command`, saying one line on Ctrl-C before its run began (data being read or
-    made, a plan computed); `_run` says its own once the run has a directory. Exit code
-    130 either way (typer's, for an interrupted command)."""
-    @functools.wraps(command)
-    def run(*args: Any, **kwargs: Any) -> None:
-        try:
-            command(*args, **kwargs)
-        except _Said:
-            raise
-        except KeyboardInterrupt:
-            err_console.print("interrupted before training began: nothing was written",
-                              highlight=False)
-            raise
-    return run
+def said_on_interrupt(what: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A command that says one line on Ctrl-C before `what` (its run) began (data being
+    read or made, a plan computed); once the run has a directory, the command says its
+    own and raises `Said`. Exit code 130 either way (typer's, for an interrupted
+    command)."""
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> None:
+            try:
+                command(*args, **kwargs)
+            except Said:
+                raise
+            except KeyboardInterrupt:
+                err_console.print(f"interrupted before {what} began: nothing was written",
+                                  highlight=False)
+                raise
+        return run
+    return decorate
 
 
 @grouped
-@_said_on_interrupt
+@said_on_interrupt("training")
 def train(
     ctx: typer.Context,
     data: Path | None = typer.Option(None, "--data", help="Data set .npz (default: generate "
@@ -128,8 +131,7 @@ def train(
                                        "directory from its last checkpoint, with its own "
                                        "configuration and data; metrics.json then covers "
                                        "the whole run. " + _EXTENSION_RULE),
-    force: bool = typer.Option(False, "--force", help="Replace the run in --out (else a "
-                               "directory holding a run is refused)."),
+    force: ForceOut = False,
     json_out: JsonMetrics = False,
 ) -> None:
     """Train the CNN and write model.npz, config.json and metrics.json."""
@@ -206,7 +208,6 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
     from meshdl.training.runs import (
         interrupted,
         metrics_record,
-        single_class_warning,
         start_run,
         with_resume_hint,
         write_run,
@@ -241,7 +242,7 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
     except KeyboardInterrupt:  # Ctrl-C: say where the run stands (exit code 130 still)
         claimed.abandon()
         err_console.print(interrupted(run_dir, command), highlight=False, soft_wrap=True)
-        raise _Said from None
+        raise Said from None
     except BaseException:  # a bug: no config.json without a checkpoint
         claimed.abandon()
         raise
@@ -257,10 +258,18 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
         f"train acc {final['train_acc']:.4f}, test acc {final['test_acc']:.4f} -> {run_dir}",
         highlight=False,
     )
-    if warning := single_class_warning(final):
-        err_console.print(warning, style="yellow", highlight=False)
+    say_single_class(final)
     if json_out:
         emit_json(metrics)
+
+
+def say_single_class(final: dict[str, Any]) -> None:
+    """The one-line warning of a run that ended predicting one class (runs.py's
+    `single_class_warning`), on stderr; nothing for any other run."""
+    from meshdl.training.runs import single_class_warning
+
+    if warning := single_class_warning(final):
+        err_console.print(warning, style="yellow", highlight=False, soft_wrap=True)
 
 
 def _go_on_command(transport: str, broker: str | None) -> str:

@@ -74,7 +74,11 @@ def single_class_warning(final: dict[str, Any]) -> str | None:
 
 
 # What a run leaves in its directory: a directory holding any of them holds a run.
-RUN_FILES = ("config.json", "metrics.json", "model.npz", CHECKPOINT)
+# `meshdl simulate` adds sim.json, trace.jsonl, energy.png and (live) alerts.jsonl,
+# `meshdl report` report.html: --force clears them all, so that no file of the old run
+# is left beside the new one's (a report.html of the old run beside a new sim.json).
+RUN_FILES = ("config.json", "metrics.json", "model.npz", CHECKPOINT, "sim.json",
+             "trace.jsonl", "energy.png", "alerts.jsonl", "report.html")
 SYNTHETIC = "synthetic lounge"  # the data source of a run on the generated data set
 
 
@@ -92,30 +96,45 @@ class RunDir:
         if (self.path / CHECKPOINT).exists():
             return
         (self.path / "config.json").unlink(missing_ok=True)
+        self._remove_if_made()
+
+    def discard(self) -> None:
+        """The run stopped where nothing can go on from it (a simulated run keeps no
+        clock in its checkpoint): take back every run file it wrote, and the directory
+        if it made it. (Its --out held no run files when it was claimed.)"""
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        self._remove_if_made()
+
+    def _remove_if_made(self) -> None:
         if self.created:
             with contextlib.suppress(OSError):  # not empty: something else is in it
                 self.path.rmdir()
 
 
-def check_run_dir(out: Path, force: bool = False) -> list[str]:
+def check_run_dir(out: Path, force: bool = False,
+                  resume: str | None = "meshdl train") -> list[str]:
     """The run files in `out`, which a new run may write into; else one line
-    (`UsageError`): a file, or a directory holding a run (unless `force`)."""
+    (`UsageError`), naming `--force` and, where the run can go on, the `resume` command
+    that goes on with it: a file, or a directory holding a run (unless `force`)."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a run directory")
     found = [name for name in RUN_FILES if (out / name).exists()]
     if found and not force:
+        go_on = f", or go on with it: {resume} --resume {out}" if resume else ""
         raise UsageError(f"--out {out} holds a run already ({', '.join(found)}): choose "
-                         f"another --out, replace it with --force, or go on with it: "
-                         f"meshdl train --resume {out}")
+                         f"another --out, replace it with --force{go_on}")
     return found
 
 
-def claim_run_dir(out: Path, force: bool = False) -> RunDir:
+def claim_run_dir(out: Path, force: bool = False,
+                  resume: str | None = "meshdl train") -> RunDir:
     """`out` for a new run: refused as `check_run_dir` says (nothing changed), else made
     if need be. `force` removes the run files already there first (a stale checkpoint
-    left beside a new config would be resumed into the wrong run); an empty directory,
-    or one holding other files only, is taken as it is."""
-    found = check_run_dir(out, force)
+    left beside a new config would be resumed into the wrong run, a stale report.html
+    read as the new run's); an empty directory, or one holding other files only, is
+    taken as it is."""
+    found = check_run_dir(out, force, resume)
     for name in found:
         (out / name).unlink()
     created = not out.exists()
