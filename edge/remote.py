@@ -116,11 +116,11 @@ def clock_step() -> int:
 @dataclass(frozen=True)
 class Patience:
     """How long the edge keeps restarting a wave that gets no result (sans-I/O: the
-    engine asks it with what it saw). The first `attempts` restarts wait `wave_timeout`
-    each, as ever. After them a wave that fails only for loss (its hosts heard, nothing
-    refused) is restarted with a timeout `growth` times the last, up to `most_timeouts`
-    wave timeouts (a flooded host may be slow rather than lossy, and restarting often
-    only adds to the broker's queue), until it is `total_s` old."""
+    engine asks it with what it saw). The engine's first `max_attempts` attempts wait
+    `wave_timeout` each, as ever. After them a wave that fails only for loss (its hosts
+    heard, nothing refused) is restarted with a timeout `growth` times the last, up to
+    `most_timeouts` wave timeouts (a flooded host may be slow rather than lossy, and
+    restarting often only adds to the broker's queue), until it is `total_s` old."""
 
     total_s: float = 600.0
     growth: float = 1.5

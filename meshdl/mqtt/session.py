@@ -358,7 +358,7 @@ class Session:
                 except (aiomqtt.MqttError, OSError) as exc:
                     last, self._client, self._stack = exc, None, None
                     await _leave(stack)
-                    _settle(client)
+                    settle_client(client)
                 else:
                     self.stats["connections"] += 1
                     return True
@@ -397,7 +397,7 @@ class Session:
                                      self._status_json("offline"), 1,
                                      True, timeout=CLOSE_STEP_S)
         await _leave(stack)
-        _settle(client)
+        settle_client(client)
 
     async def __aenter__(self) -> Session:
         await self.connect()
@@ -414,7 +414,7 @@ class Session:
         if reason is not None:
             self.stats[f"refused:{reason}"] += 1
         self._drop_pending()
-        _settle(self._client)
+        settle_client(self._client)
         stack, self._client, self._stack = self._stack, None, None
         if stack is not None:
             await _leave(stack)
@@ -550,7 +550,7 @@ def refusal(error: BaseException | None) -> str | None:
     return None
 
 
-def _settle(client: aiomqtt.Client | None) -> None:
+def settle_client(client: aiomqtt.Client | None) -> None:
     """Take the error with which a client's connection broke. aiomqtt keeps it in a
     future that only a read under way looks at; when the break is noticed elsewhere (a
     publish, a heartbeat) nobody does, and asyncio prints "Future exception was never

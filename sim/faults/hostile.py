@@ -41,7 +41,7 @@ import aiomqtt
 import numpy as np
 
 from meshdl.errors import CodecError
-from meshdl.mqtt.session import BrokerAddress
+from meshdl.mqtt.session import BrokerAddress, settle_client
 from meshdl.protocol.auth import LINK_TAG_BYTES, SIGNATURE_BYTES
 from meshdl.protocol.messages import HEADER_BYTES, Kind, decode, encode, make
 from meshdl.protocol.spec import MeshSpec
@@ -128,17 +128,19 @@ class Attacker:
                          stop: Callable[[], bool]) -> None:
         """Run `flood` on a connection of its own, logging in again when thrown out."""
         while not stop():
+            a = self.address
+            tls = ssl.create_default_context(cafile=self.cafile) if a.tls else None
+            client = aiomqtt.Client(
+                a.host, a.port, username=a.username, password=a.password, tls_context=tls,
+                identifier=f"attacker-{time.time_ns()}",
+                max_queued_outgoing_messages=10_000, logger=_QUIET)
             try:
-                a = self.address
-                tls = ssl.create_default_context(cafile=self.cafile) if a.tls else None
-                async with aiomqtt.Client(
-                        a.host, a.port, username=a.username, password=a.password,
-                        tls_context=tls, identifier=f"attacker-{time.time_ns()}",
-                        max_queued_outgoing_messages=10_000, logger=_QUIET) as client:
+                async with client:
                     await flood(client, stop)
                     return  # done: it ends by itself, or when stop() holds
             except (aiomqtt.MqttError, OSError) as exc:  # thrown out (an oversized payload)
                 self.errors[type(exc).__name__] += 1
+                settle_client(client)  # (no "Future exception was never retrieved" for it)
                 await asyncio.sleep(0.05)
 
     async def _flood(self, client: aiomqtt.Client, stop: Callable[[], bool]) -> None:
