@@ -269,6 +269,45 @@ def test_a_node_cannot_leave_retained_messages_on_topics_the_protocol_does_not_u
     run(test)
 
 
+def test_a_node_host_leaves_retained_messages_only_on_links_that_leave_it(
+        mesh: Mesh) -> None:
+    """Issue 43: a host login could write every topic of its cells (the union of their
+    grants) and left one retained message of up to the broker's limit on each. Its
+    cells hand each other their messages in process, so only its links to other hosts'
+    cells (and the edge) are its to write: a retained fill between its own cells, or on
+    its cells' own status topics, is refused; one on a link that leaves it is kept, one
+    a topic, as a node's."""
+    floor = [(r, c) for r in (1, 2) for c in range(4)]
+    inner = [(cell, n) for cell in floor for n in ((cell[0] + 1, cell[1]),
+                                                   (cell[0], cell[1] + 1)) if n in floor]
+    fill = b"x" * 1000
+
+    async def test() -> None:
+        async with mesh.client("floor1") as host:
+            for a, b in inner:  # both ways, every kind a cell sends a neighbour
+                for src, dst in ((a, b), (b, a)):
+                    for kind in (Kind.HALO, Kind.SCATTER, Kind.PARAMS, Kind.POOL):
+                        await host.publish(topic(MESH, src, dst, kind), fill, qos=1,
+                                           retain=True)
+            await host.publish(status_topic(MESH, "r1c1"), fill, qos=1, retain=True)
+            await host.publish(topic(MESH, (1, 1), (0, 1), Kind.HALO), b"kept", qos=1,
+                               retain=True)
+        async with mesh.client("r2c1") as cell, mesh.client("r0c1") as outside, \
+                mesh.client("monitor") as monitor:
+            for n in ((1, 1), (2, 0), (2, 2)):  # r2c1's neighbours on its own host
+                await cell.subscribe(inbox_filter(MESH, n, (2, 1)), qos=1)
+            await monitor.subscribe(status_topic(MESH, "r1c1"), qos=1)
+            await outside.subscribe(inbox_filter(MESH, (1, 1), (0, 1)), qos=1)
+            assert (await _next(outside)).payload == b"kept"  # control: the route works
+            assert [m.topic.value for m in await _quiet(cell)] == []
+            assert [m.topic.value for m in await _quiet(monitor, 0.1)] == []
+        async with mesh.client("floor1") as host:  # the kept one gone for later tests
+            await host.publish(topic(MESH, (1, 1), (0, 1), Kind.HALO), b"", qos=1,
+                               retain=True)
+
+    run(test)
+
+
 @pytest.mark.parametrize(
     ("user", "password"),
     [("r0c1", "not-the-password"), ("edge", ""), ("intruder", "guess"), (None, None)],

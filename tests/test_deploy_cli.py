@@ -26,11 +26,19 @@ import aiomqtt
 import pytest
 
 from meshdl.mqtt import tools as mosquitto_tools
-from meshdl.mqtt.acl import Grant, format_cells, parse_acl, parse_cells
+from meshdl.mqtt.acl import (
+    Grant,
+    format_cells,
+    host_grants,
+    node_grants,
+    parse_acl,
+    parse_cells,
+)
 from meshdl.mqtt.localbroker import production_config, stop_process
 from meshdl.protocol.auth import Keyring
 from meshdl.protocol.messages import EDGE
 from meshdl.protocol.topics import name_of
+from meshdl.protocol.topology import Topology
 from tests.helpers import SMALL_MESH_TOML, TWO_MESHES_TOML, assert_one_line_error
 from tests.mosquitto import free_port, mosquitto_binary, self_signed, wait_for_port
 
@@ -176,9 +184,15 @@ def test_acl_grants_each_user_exactly_its_topics(cli, mesh_file, tmp_path) -> No
         r("meshdl/7/r0c0/edge/#"), r("meshdl/7/status/#"),
     }
     assert acl["monitor"] == {r("meshdl/7/status/#"), r("meshdl/7/alerts")}
+    # A node host passes its own cells' messages in process: it gets their grants on
+    # the links to row 0 (another user's cells) alone, and its own status, none of theirs.
     floor_cells = [f"r{r_}c{c}" for r_ in (1, 2) for c in range(4)]
-    assert acl["floor1"] == {w("meshdl/7/status/floor1")}.union(
-        *(acl[cell] for cell in floor_cells))
+    leaving = {g for cell in floor_cells for g in acl[cell]
+               if g.topic.split("/")[3 if g.access == "write" else 2] in CELLS[:4]}
+    assert acl["floor1"] == {w("meshdl/7/status/floor1"), r("meshdl/7/edge/all/#")} | leaving
+    assert leaving == {*sends("r1c0", "r0c0", up + block), *sends("r1c1", "r0c1", up + block),
+                       *sends("r1c2", "r0c2", up + block), *sends("r1c3", "r0c3", up + block),
+                       *(r(f"meshdl/7/r0c{c}/r1c{c}/#") for c in range(4))}
     for cell in CELLS:  # no node writes under edge/ or as anyone else; reads only inboxes
         for grant in acl[cell]:
             assert grant.access in ("read", "write")
@@ -189,6 +203,43 @@ def test_acl_grants_each_user_exactly_its_topics(cli, mesh_file, tmp_path) -> No
             else:
                 assert grant.topic == "meshdl/7/edge/all/#" or \
                     grant.topic.endswith(f"/{cell}/#")
+
+
+def test_hosts_run_via_the_broker_get_their_inner_links_when_asked(cli, mesh_file,
+                                                                   tmp_path) -> None:
+    mosquitto_binary("mosquitto_passwd")
+    out = tmp_path / "creds"
+    code, _, err = cli("deploy", "credentials", "--mesh", mesh_file, "--out", out,
+                       "--host", "floor1=1-2,0-3", "--via-broker")
+    assert code == 0, err
+    acl = {user: set(grants) for user, grants in parse_acl((out / "acl").read_text()).items()}
+    floor_cells = [f"r{r_}c{c}" for r_ in (1, 2) for c in range(4)]
+    # Every grant of its cells but their status topics (the host writes its own).
+    assert acl["floor1"] == {Grant("write", "meshdl/7/status/floor1")}.union(
+        *({g for g in acl[cell] if g.topic != f"meshdl/7/status/{cell}"}
+          for cell in floor_cells))
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "cells", "topics"),
+    [(17, 25, "0-3,0-24", 25 * 7 + 3 + 1),  # 25 links down x 7 kinds, the edge's 3, status
+     (17, 25, "4-7,0-24", 50 * 7 + 1),  # 25 links up and 25 down
+     (6, 8, "0-2,0-7", 8 * (7 + 2) + 3 + 1),  # rows 2 and 3 share pooling blocks
+     (6, 8, "3-5,0-7", 8 * (7 + 2) + 1)],
+    ids=["17x25-first-floor", "17x25-middle-floor", "6x8-top", "6x8-bottom"])
+def test_a_host_login_may_write_the_links_that_leave_it_not_its_cells_union(
+        rows, cols, cells, topics) -> None:
+    """The README's set-ups. What a login can leave retained on the broker is (topics it
+    may write) x (the message size limit): a node's at most 33 topics (4 neighbours x
+    7 kinds, 2 of them in its pooling block x 2 kinds, its status); a host's were its
+    cells' union (2,698 topics for 0-3,0-24: 2.6 GiB at 1 MiB, ten times the broker's
+    memory_limit)."""
+    topology = Topology(rows, cols, (0, 0), 2)
+    host = parse_cells(cells, rows, cols)
+    writes = [g for g in host_grants(7, topology, "floor", host) if g.access == "write"]
+    assert len(writes) == topics
+    assert max(sum(g.access == "write" for g in node_grants(7, topology, cell))
+               for cell in topology.cells()) == 33
 
 
 def test_credentials_refuse_to_overwrite_without_force(cli, mesh_file, tmp_path) -> None:

@@ -399,8 +399,9 @@ def test_training_runs_under_the_generated_credentials_and_acl(small_mesh, mosqu
     own generated passwords, authenticate every message with their generated keys, and
     the run equals the virtual mesh."""
     config, data, mesh_file, _, reference = small_mesh
+    # The host below sends every message through the broker (--via-broker's grants).
     code, _, err = cli("deploy", "credentials", "--mesh", str(mesh_file), "--out",
-                       str(tmp_path / "creds"), "--host", "gw=0-3,0-4")
+                       str(tmp_path / "creds"), "--host", "gw=0-3,0-4", "--via-broker")
     assert code == 0, err
     logins = {}
     for env in (tmp_path / "creds" / "secrets").glob("*.env"):

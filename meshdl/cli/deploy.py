@@ -9,8 +9,10 @@ describes:
     DIR/secrets/<user>.keys.json  the message keys of the cells the user acts for (and the
                             edge's signing key, for `edge`): meshdl/protocol/auth.py
 
-Users: `edge`, one per cell (`r<row>c<col>`), one per node host (`--host NAME=CELLS`),
-and a read-only `monitor` (meshdl/mqtt/acl.py has the rules). A mesh whose [parallel]
+Users: `edge`, one per cell (`r<row>c<col>`), one per node host (`--host NAME=CELLS`:
+the topics of its cells' links that leave it, as it passes its own cells' messages in
+process; `--via-broker` for hosts run with `meshdl nodes run --via-broker`), and a
+read-only `monitor` (meshdl/mqtt/acl.py has the rules). A mesh whose [parallel]
 section trains it with other meshes lets its edge hear the parameter server's weights.
 
 `meshdl deploy central --mesh mesh.toml --central mqtts://HOST --out DIR` provisions the
@@ -76,6 +78,10 @@ def credentials(
     host: list[str] | None = typer.Option(
         None, "--host", help="A node host NAME=ROWS,COLS serving a rectangle of cells, "
                              "e.g. floor1=0-3,0-24 (repeatable)."),
+    via_broker: bool = typer.Option(
+        False, "--via-broker", help="The node hosts run with `meshdl nodes run "
+        "--via-broker` (their own cells' messages through the broker too): grant them "
+        "those topics. By default a host may write only its links that leave it."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files (every "
                                                       "password and key changes)."),
     keys_dir: KeysDir = Path("/etc/meshdl/secrets"),
@@ -95,7 +101,8 @@ def credentials(
     hosts = _parse_hosts(host or [], rows, cols)
     try:
         users = mesh_users(cfg.mesh.mesh_id, topology, hosts,
-                           parameter_server=cfg.parallel.meshes > 1)
+                           parameter_server=cfg.parallel.meshes > 1,
+                           hosts_via_broker=via_broker)
     except ValueError as exc:
         raise UsageError(f"--host: {exc}") from None
     tool = find_tool("mosquitto_passwd")  # before writing anything

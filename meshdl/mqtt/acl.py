@@ -15,8 +15,9 @@ ever talks to its one-hop neighbours, and only the edge sends parameters. So
 - the edge (user `edge`) writes its broadcasts (params, batch), its scatters and
   repairs (params) to `edge_at`, its status and the alerts topic, and reads what
   `edge_at` sends it and every client's status;
-- a node host (one process serving several cells over one connection) gets the union of
-  its cells' grants plus its own status topic (its connection's last will);
+- a node host (one process serving several cells over one connection) gets its cells'
+  grants on the links that leave the host (it passes messages between its own cells
+  in process; `host_grants`), and its own status topic (its connection's last will);
 - `monitor` reads status and alerts, nothing else.
 
 Several meshes training one model (meshdl/server): each building's broker carries its
@@ -106,12 +107,15 @@ EDGE_LINK_KINDS = (Kind.GATHER, Kind.REDUCE, Kind.HEALTH)
 REPAIR_KINDS = (Kind.PARAMS,)
 
 
-def node_topics(mesh: int, topology: Topology, cell: Cell) -> list[str]:
-    """Every topic the node at `cell` publishes a mesh message on: exactly these, no
-    subtree (a free subtree would let a stolen login fill the broker with retained
-    messages on topics nobody reads)."""
+def node_topics(mesh: int, topology: Topology, cell: Cell,
+                skip: frozenset[Cell] = frozenset()) -> list[str]:
+    """Every topic the node at `cell` publishes a mesh message on (to its neighbours but
+    those in `skip`): exactly these, no subtree (a free subtree would let a stolen login
+    fill the broker with retained messages on topics nobody reads)."""
     names = []
     for n in topology.neighbours(cell):
+        if n in skip:
+            continue
         kinds = EDGE_LINK_KINDS if n == EDGE else NEIGHBOUR_KINDS + REPAIR_KINDS + (
             BLOCK_KINDS if topology.block_of(n) == topology.block_of(cell) else ())
         names += [topic(mesh, cell, n, kind) for kind in kinds]
@@ -272,11 +276,24 @@ def monitor_grants(mesh: int) -> list[Grant]:
     ]
 
 
-def host_grants(mesh: int, topology: Topology, host: str, cells: Iterable[Cell]) -> list[Grant]:
-    """A node host: the union of its cells' grants, and its own status (its will)."""
+def host_grants(mesh: int, topology: Topology, host: str, cells: Iterable[Cell],
+                via_broker: bool = False) -> list[Grant]:
+    """A node host: its own status (its will, the one record it writes: its cells have
+    none of their own), and its cells' links that leave the host, the edge's among them,
+    both ways. Between its own cells it hands messages over in process (`meshdl nodes
+    run`'s default), so those topics are not granted: each is a place a stolen login
+    could leave a retained message of up to the broker's message size, and a floor host
+    of 100 cells has ~4 times as many inner topics as topics to its neighbours.
+    `via_broker`: the host runs with `--via-broker` and sends its cells' messages to
+    each other through the broker too, so it gets every topic of its cells' links."""
+    cells = list(cells)
+    inner = frozenset() if via_broker else frozenset(cells)
     grants = [Grant("write", status_topic(mesh, host))]
     for cell in cells:
-        grants += node_grants(mesh, topology, cell)
+        grants += [Grant("write", name) for name in node_topics(mesh, topology, cell, inner)]
+        grants += [Grant("read", inbox_filter(mesh, n, cell))
+                   for n in topology.neighbours(cell) if n not in inner]
+    grants.append(Grant("read", broadcast_filter(mesh)))
     return _unique(grants)
 
 
@@ -286,9 +303,12 @@ def mesh_users(
     hosts: Mapping[str, Iterable[Cell]] | None = None,
     monitor: bool = True,
     parameter_server: bool = False,
+    hosts_via_broker: bool = False,
 ) -> list[MeshUser]:
     """Every broker user of a mesh: the edge, one per cell, the node hosts, the monitor
-    (`parameter_server`: the mesh trains with others, its edge hears their server)."""
+    (`parameter_server`: the mesh trains with others, its edge hears their server;
+    `hosts_via_broker`: the node hosts pass their own cells' messages through the
+    broker, `host_grants`)."""
     users = [MeshUser(EDGE_USER, "edge", (),
                       tuple(edge_grants(mesh, topology, parameter_server)))]
     users += [
@@ -309,7 +329,8 @@ def mesh_users(
                                  f"{served_by[cell]} and {host}")
             served_by[cell] = host
         users.append(MeshUser(host, "host", cells,
-                              tuple(host_grants(mesh, topology, host, cells))))
+                              tuple(host_grants(mesh, topology, host, cells,
+                                                hosts_via_broker))))
     if monitor:
         users.append(MeshUser(MONITOR_USER, "monitor", (), tuple(monitor_grants(mesh))))
     return users
