@@ -82,14 +82,20 @@ def test_restarted_node_hosts_are_repaired_by_their_neighbours_and_the_edge_unde
     model = live_model()
     edge_config = site.config("edge")
     auth = authenticator_for(host_spec(edge_config), [EDGE], edge_config.mesh.keys, True)
-    # A slot that stays silent for 5 slots' time gets its PARAMS again: a repair takes
+    # A slot that stays silent for 10 slots' time gets its PARAMS again: a repair takes
     # milliseconds, so none should be sent again after the restart.
-    engine = MqttEngine(None, site.address("edge"), wave_timeout=5 * SLOT_S,
+    engine = MqttEngine(None, site.address("edge"), wave_timeout=10 * SLOT_S,
                         max_attempts=3, nodes_timeout=30, auth=auth)
     site.broker.start(timeout=10)
     try:
         with site.host("top"), site.host("bottom"):
-            before = serve(engine, model, SLOT_S, slots=2)
+            # Until a slot gives a result: then the nodes hold the parameters, and the
+            # edge sends none with the next slot.
+            before: list[dict] = []
+            deadline = time.monotonic() + 120  # a hang guard, not a duration claim
+            while not (before and "probability" in before[-1]):
+                assert time.monotonic() < deadline, before
+                before += serve(engine, model, SLOT_S, slots=1)
         resent_before = engine.stats["slot_params_resent"]
         with site.host("top") as top, site.host("bottom") as bottom:
             hosts = [top, bottom]
@@ -99,8 +105,7 @@ def test_restarted_node_hosts_are_repaired_by_their_neighbours_and_the_edge_unde
     finally:
         engine.close()
         site.broker.stop()
-    assert sum("probability" in a for a in before) >= 1, before
-    _assert_central(model, before)
+    _assert_central(model, [a for a in before if "probability" in a])
     # Both slots after the restart give central inference's alerts ...
     assert all("probability" in a for a in after), after
     _assert_central(model, after)
