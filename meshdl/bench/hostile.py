@@ -81,7 +81,6 @@ class Flood:
 
 
 BURST = Flood()  # issue 29's: 1.2 GB at 400 MB/s
-SUSTAINED = Flood(total=None, mb_per_s=None)  # issue 43: 1 MB messages without end
 
 
 def bench_hostile(config: RunConfig, data: Dataset, log: Any = None,
@@ -370,14 +369,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--flood", choices=("burst", "sustained", "small"), default="burst")
     parser.add_argument("--small-bytes", type=int, default=None,
                         help="the small flood's message size (default: the broker's limit)")
+    parser.add_argument("--mb-per-s", type=float, default=None,
+                        help="the sustained or small flood's rate (default: full speed)")
     parser.add_argument("--broker-message-bytes", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--attack-only", action="store_true")
     parser.add_argument("--run-limit", type=float, default=RUN_LIMIT_S)
     args = parser.parse_args(argv)
     small = args.small_bytes or args.broker_message_bytes or FLOOD_BYTES
-    flood = {"burst": BURST, "sustained": SUSTAINED,
-             "small": Flood(total=None, mb_per_s=None, message_bytes=small)}[args.flood]
+    flood = {"burst": BURST,
+             "sustained": Flood(total=None, mb_per_s=args.mb_per_s),
+             "small": Flood(total=None, mb_per_s=args.mb_per_s, message_bytes=small)
+             }[args.flood]
     config = load_run_config(model={"rows": 4, "cols": 5, "hidden": 8},
                              data={"train": 40, "test": 20, "seed": 4},
                              train={"epochs": args.epochs, "batch": 10})
