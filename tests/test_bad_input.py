@@ -234,11 +234,12 @@ def test_read_with_retry_reads_a_replayed_slot_once_however_it_fails(tmp_path,
                                                                       value) -> None:
     _replay_log(tmp_path / "log.npz", 3, (1, 1), {0: value})
     sensor = ReplaySensor(tmp_path / "log.npz", (1, 1))
-    first = asyncio.run(read_with_retry(sensor, attempts=3, backoff_s=0.0, slot=70))
+    # A looping replay reads row (slot mod 3): slot 69 is row 0, the bad one.
+    first = asyncio.run(read_with_retry(sensor, attempts=3, backoff_s=0.0, slot=69))
     assert not first.ok and first.value is None
-    again = asyncio.run(read_with_retry(sensor, attempts=3, backoff_s=0.0, slot=70))
+    again = asyncio.run(read_with_retry(sensor, attempts=3, backoff_s=0.0, slot=69))
     assert again == first  # the same slot, the same error
-    after = asyncio.run(read_with_retry(sensor, attempts=3, backoff_s=0.0, slot=71))
+    after = asyncio.run(read_with_retry(sensor, attempts=3, backoff_s=0.0, slot=70))
     assert after.ok and after.value == pytest.approx(23.1)  # row 1, not row 2
 
 
@@ -323,3 +324,41 @@ def test_a_dataset_round_trip_keeps_valid_labels(small_lounge, tmp_path) -> None
     loaded = load_dataset(path)
     loaded.require_classes(2)
     np.testing.assert_array_equal(loaded.y_train, small_lounge.y_train)
+
+
+# ------------------------------ issue 43, item 10: names and sizes a request cannot have
+@pytest.mark.parametrize(("name", "why"), [("bad name/#", "use a letter"),
+                                           ("edge", "is taken"), ("ps", "is taken"),
+                                           ("r0c0", "is taken"), ("bridge-1", "is taken")])
+def test_a_node_host_name_no_host_may_have_is_a_usage_line(cli, tmp_path, name,
+                                                           why) -> None:
+    mesh = tmp_path / "mesh.toml"
+    mesh.write_text(f"[model]\nrows = {ROWS}\ncols = {COLS}\n")
+    code, _, err = cli("nodes", "run", "--cells", "all", "--broker", "mqtt://127.0.0.1:1",
+                       "--mesh", mesh, "--name", name)
+    assert_one_line_error(code, err, 2, "--name", repr(name), why)
+
+
+def test_a_request_too_large_for_memory_is_a_usage_line(cli, tmp_path) -> None:
+    code, _, err = cli("data", "generate", "--rows", "4096", "--cols", "4096", "--train",
+                       "100000", "--out", tmp_path / "huge.npz")  # 12 TiB of maps
+    assert_one_line_error(code, err, 2, "not enough memory", "TiB", "smaller grid")
+    assert not (tmp_path / "huge.npz").exists()
+
+
+def test_a_file_nested_too_deep_for_recursion_is_a_usage_line(cli, tmp_path) -> None:
+    toml = tmp_path / "deep.toml"
+    toml.write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    code, _, err = cli("config", "show", "--config", toml)
+    assert_one_line_error(code, err, 2, "too deeply nested", "recursion")
+
+
+def test_a_data_sets_meta_nested_too_deep_is_the_files_fault(small_lounge,
+                                                              tmp_path) -> None:
+    path = save_dataset(replace(small_lounge, meta={}), tmp_path / "deep.npz")
+    with np.load(path) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    arrays["meta"] = np.array("[" * 100_000 + "]" * 100_000)
+    np.savez(path, **arrays)
+    with pytest.raises(DataError, match="meta is JSON nested too deeply"):
+        load_dataset(path)

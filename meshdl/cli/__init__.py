@@ -271,4 +271,16 @@ def _one_line(exc: Exception) -> tuple[str, int]:
         return f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), 1
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", 1
+    # Both come from the size of what was asked, not from a fault of meshdl's: numpy's
+    # "Unable to allocate 12.2 TiB for an array with shape (100100, 4096, 4096)" for
+    # `data generate --train 100000` on the largest grid; a recursion as deep as the
+    # mesh's tree (`simulate compare --rows 3000 --cols 3000`) or a file's nesting (a
+    # TOML array nested 100,000 deep). So a usage line, exit code 2.
+    if isinstance(exc, MemoryError):
+        return (f"not enough memory for this request ({exc or 'out of memory'}): ask for a "
+                "smaller grid, batch or data set"), 2
+    if isinstance(exc, RecursionError):
+        return ("the request is too large or too deeply nested to handle (maximum recursion "
+                "depth exceeded: a grid hundreds of hops across, a file nested thousands "
+                "deep): ask for a smaller grid or a flatter file"), 2
     return f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1

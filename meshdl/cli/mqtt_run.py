@@ -92,9 +92,15 @@ def nodes_run(cells: str = typer.Option(..., "--cells", help="ROWS,COLS ranges s
                                               "too (as separate nodes would), instead of in "
                                               "process.")) -> None:
     """Serve many cells over one connection until stopped."""
+    from meshdl.mqtt.acl import check_host_name
     from meshdl.mqtt.session import BrokerAddress
     from meshdl.nodes.serve import Readings, serve_cells
 
+    if name is not None:  # a node host's name, as its login has: never another's
+        try:
+            check_host_name(name)
+        except ValueError as exc:
+            raise UsageError(f"--name: {exc}") from None
     config = load_run_config(mesh)
     served = select_cells(cells, config)
     address = BrokerAddress.parse(broker)

@@ -397,6 +397,8 @@ def _parse_meta(value: np.ndarray | None, source: Path) -> dict[str, Any]:
         meta = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{source}: meta is not valid JSON ({exc.msg} at {exc.pos})") from None
+    except RecursionError:  # the file's fault, not the request's (cli's mapping of it)
+        raise DataError(f"{source}: meta is JSON nested too deeply to read") from None
     if not isinstance(meta, dict):
         raise DataError(f"{source}: meta must be a JSON object, got {type(meta).__name__}")
     return meta

@@ -164,7 +164,7 @@ def resumed_run(out: Path) -> tuple[RunConfig, str, Checkpoint]:
         record = json.loads((out / "config.json").read_text())
         source = record.pop("data_source")
         config = RunConfig.model_validate(record)
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, AttributeError, RecursionError) as exc:
         raise MeshdlError(f"{out} holds no run to resume: config.json is missing or "
                           f"unreadable ({exc})") from None
     return config, source, load_checkpoint(out)
