@@ -133,6 +133,23 @@ def test_signed_params_re_sent_as_a_repair_or_to_another_cell_are_rejected_and_c
     assert wire.receive(repair, stats) is not None  # the genuine repair opens
 
 
+def test_replayed_signed_messages_do_not_push_out_the_signature_a_repair_needs() -> None:
+    """Any login that reads the edge's broadcasts can replay them to a node, and they
+    verify. Eight of them pushed the signature of the parameters the node cached out of
+    its relay's memory, and its next repair could not be sealed (the node host's send
+    raised). Older waves' replays now drop themselves."""
+    edge, near, child = _auth(EDGE), _auth((0, 0)), _auth((1, 0))
+    near.open(edge.seal(_params(step=100)))  # the parameters `near` caches
+    for step in range(80, 100):  # captured earlier, replayed on a topic `near` reads
+        near.open(edge.seal(make(Kind.BATCH, SPEC.mesh_id, step, EDGE, ALL,
+                                 np.zeros(3, np.int32), session=9)))
+        near.open(edge.seal(_params(step=step)))
+    near.open(edge.seal(_params(step=101)))  # the edge's own resends of later slots
+    near.open(edge.seal(_params(step=102)))
+    repair = near.seal(_params((0, 0), (1, 0), REPAIR, step=100))
+    assert child.open(repair).header.step == 100
+
+
 def test_a_mesh_with_authentication_trains_exactly_as_central_training() -> None:
     for params_via in ("tree", "broadcast"):
         engine = _assert_lockstep(CONFIG, (0, 0), batch=3, steps=2, optimizer="sgd",

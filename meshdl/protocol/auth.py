@@ -58,7 +58,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from meshdl.errors import CodecError, CodecReason, MeshdlError, UsageError
-from meshdl.protocol.messages import EDGE, HEADER_BYTES, SERVER, Kind, Message, decode, encode
+from meshdl.protocol.messages import (
+    EDGE,
+    HEADER_BYTES,
+    SERVER,
+    Kind,
+    Message,
+    decode,
+    encode,
+    newer,
+)
 from meshdl.protocol.payloads import REPAIR
 from meshdl.protocol.topics import cell_of, name_of
 from meshdl.protocol.topology import Cell
@@ -73,7 +82,10 @@ WAVE_PHASE = 0  # the phase of the edge's PARAMS and BATCH in a wave
 _KIND_AT = 3  # byte offset of the kind in the header (messages.py)
 _PHASE_AT = 11  # ... and of the phase
 _SIGNED_FIELDS = struct.Struct("<BHIHBB4I")  # kind, mesh, step, session, phase, dtype, shape
-_SIGNATURES_KEPT = 8  # verified edge signatures a relay remembers (a few waves' worth)
+# Verified edge signatures a relay remembers: of each kind, the newest waves of the last
+# few edge sessions (a repair needs the signature of the parameters a node cached).
+_STEPS_KEPT = 4
+_SESSIONS_KEPT = 4
 
 
 def tag_bytes(kind: Kind, phase: int = WAVE_PHASE) -> int:
@@ -224,8 +236,9 @@ class Authenticator:
         self._verify_key = Ed25519PublicKey.from_public_bytes(keyring.edge_public)
         self._sign_key = None if keyring.edge_private is None else \
             Ed25519PrivateKey.from_private_bytes(keyring.edge_private)
-        # Verified edge signatures by (kind, session, step): a relay forwards them.
-        self._signatures: OrderedDict[tuple[int, int, int], bytes] = OrderedDict()
+        # Verified edge signatures: a relay forwards them, a parent repairs with them.
+        # By (kind, session), the least recently heard session first; then by step.
+        self._signatures: OrderedDict[tuple[int, int], dict[int, bytes]] = OrderedDict()
 
     def seal(self, message: Message) -> bytes:
         """The wire bytes of a message this keyring's parties send, tag included."""
@@ -244,7 +257,7 @@ class Authenticator:
         h = message.header
         if self._sign_key is not None and h.src == EDGE:
             return self._sign_key.sign(_signed_bytes(message))
-        signature = self._signatures.get((h.kind, h.session, h.step))
+        signature = self._signatures.get((h.kind, h.session), {}).get(h.step)
         if signature is None:  # a relay forwards only what it received and verified
             raise MeshdlError(f"no edge signature for {h.kind.name} of wave {h.step}: only "
                               "the edge can start a wave")
@@ -334,10 +347,24 @@ class Authenticator:
         return hmac.digest(key, data, "sha256")[:LINK_TAG_BYTES]
 
     def _remember(self, kind: Kind, session: int, step: int, signature: bytes) -> None:
-        self._signatures[(kind, session, step)] = signature
-        self._signatures.move_to_end((kind, session, step))
-        while len(self._signatures) > _SIGNATURES_KEPT:
+        """Keep a verified signature. Anyone who reads the edge's broadcasts can replay
+        them (they verify), so what is dropped to stay bounded is the oldest wave of a
+        session, never by arrival: a replay of older waves drops itself, and the
+        signature of the parameters a node cached (the newest, or nearly) stays for its
+        repairs; without it, answering a repair would fail."""
+        steps = self._signatures.pop((kind, session), {})
+        self._signatures[(kind, session)] = steps
+        steps.setdefault(step, signature)
+        while len(steps) > _STEPS_KEPT:
+            del steps[_oldest(steps)]
+        while len(self._signatures) > 2 * _SESSIONS_KEPT:  # PARAMS and BATCH of each
             self._signatures.popitem(last=False)
+
+
+def _oldest(steps: dict[int, bytes]) -> int:
+    """The oldest of some waves' steps, in the header's serial-number order (the one
+    newer than the fewest others)."""
+    return min(steps, key=lambda s: sum(newer(s, t) for t in steps))
 
 
 def authenticator_for(spec: LinkPlan, parties: list[Cell], keys: Path | None,
