@@ -185,3 +185,16 @@ def test_the_peak_rss_measure_sees_what_the_child_allocates() -> None:
          "']); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"],
         capture_output=True, text=True, timeout=60, check=True)
     assert int(done.stdout.strip()) * 1024 > 300 * _MIB
+
+
+def test_a_model_file_whose_config_describes_a_huge_network_is_refused_by_its_arrays(
+        tmp_path: Path, cli) -> None:
+    # The config is the model file's header too: a 4096 x 4096 grid of 1,024 filters is
+    # a petabyte of parameters, none of which the file holds.
+    config = ModelConfig(rows=4096, cols=4096, filters=1024, hidden=65536)
+    model = tmp_path / "model.npz"
+    np.savez(model, config=np.array(config.model_dump_json()))
+    data = tmp_path / "data.npz"
+    data.write_bytes(b"")  # never reached: the model is read first
+    code, _, err = cli("evaluate", model, data)
+    assert_one_line_error(code, err, 1, str(model), "lacks parameter conv1.weight")

@@ -297,15 +297,18 @@ class CNN:
             config = ModelConfig.model_validate(json.loads(str(arrays.pop("config"))))
         except ValueError as exc:
             raise ModelFileError(f"{path} has an invalid config: {exc}") from None
-        model = cls(config)
-        for name, value in model.params.items():
+        # Every parameter the config names, at its shape, before the model is built: a
+        # config may describe a network of petabytes, the arrays read are bounded.
+        for name, shape in param_shapes(config).items():
             if name not in arrays:
                 raise ModelFileError(f"{path} lacks parameter {name}")
-            stored = arrays[name]
-            if stored.shape != value.shape:
+            if arrays[name].shape != shape:
                 raise ModelFileError(
-                    f"{path}: {name} has shape {stored.shape}, config needs {value.shape}"
+                    f"{path}: {name} has shape {arrays[name].shape}, config needs {shape}"
                 )
+        model = cls(config)
+        for name, value in model.params.items():
+            stored = arrays[name]
             if not np.all(np.isfinite(stored)):
                 raise ModelFileError(f"{path}: {name} holds NaN or inf")
             value[...] = stored
