@@ -231,8 +231,8 @@ def _data_and_config(data: Path | None, config_file: Path | None,
     run_grid = (config.model.rows, config.model.cols)
     if dataset is not None and (dataset.rows, dataset.cols) != run_grid:
         raise UsageError(f"{data} holds {dataset.rows} x {dataset.cols} maps but the run's "
-                         f"grid is {run_grid[0]} x {run_grid[1]} (--rows/--cols): drop "
-                         "them or pass data of that grid")
+                         f"grid is {run_grid[0]} x {run_grid[1]} (--rows/--cols or the "
+                         "config file): drop them or pass data of that grid")
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
             dataset = generate_lounge(config.data)
