@@ -198,3 +198,13 @@ def test_a_model_file_whose_config_describes_a_huge_network_is_refused_by_its_ar
     data.write_bytes(b"")  # never reached: the model is read first
     code, _, err = cli("evaluate", model, data)
     assert_one_line_error(code, err, 1, str(model), "lacks parameter conv1.weight")
+
+
+def test_a_model_config_nested_too_deep_is_the_files_one_line_error(tmp_path: Path,
+                                                                     cli) -> None:
+    model = tmp_path / "model.npz"
+    np.savez(model, config=np.array("[" * 100_000 + "]" * 100_000))
+    data = tmp_path / "data.npz"
+    data.write_bytes(b"")  # never reached: the model is read first
+    code, _, err = cli("evaluate", model, data)
+    assert_one_line_error(code, err, 1, str(model), "config nested too deeply")

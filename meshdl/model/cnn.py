@@ -297,6 +297,8 @@ class CNN:
             config = ModelConfig.model_validate(json.loads(str(arrays.pop("config"))))
         except ValueError as exc:
             raise ModelFileError(f"{path} has an invalid config: {exc}") from None
+        except RecursionError:  # the file's fault, not the request's (cli's mapping of it)
+            raise ModelFileError(f"{path} has a config nested too deeply to read") from None
         # Every parameter the config names, at its shape, before the model is built: a
         # config may describe a network of petabytes, the arrays read are bounded.
         for name, shape in param_shapes(config).items():
