@@ -21,7 +21,7 @@ from meshdl.data.lounge import generate_lounge
 from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
 from meshdl.training.runs import single_class_warning
-from tests.helpers import INTERRUPTED, interrupt_at, small_run_toml
+from tests.helpers import INTERRUPTED, TWO_MESHES_TOML, interrupt_at, small_run_toml
 
 
 def _lines(err: str) -> list[str]:
@@ -154,6 +154,28 @@ def test_ctrl_c_during_edge_run_says_the_edge_command_that_goes_on(
     code, _, err = _go_on(cli, go_on)  # once more: the run is finished, left as it is
     assert code == 0 and _lines(err)[-1].startswith(f"not resuming {run}"), err
     assert (run / "metrics.json").read_bytes() == metrics
+
+
+def test_ctrl_c_during_ps_run_says_so_in_one_line_with_exit_130(
+        cli, tiny_data, tmp_path, monkeypatch) -> None:
+    """The parameter server stopped by Ctrl-C before its first epoch: exit 130 and the one
+    line `edge run` says (it said `error: stopped; go on with meshdl ps run ...` and 1)."""
+    import meshdl.server.serve as serve_module
+
+    async def pressed(*args, **kwargs) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serve_module, "serve", pressed)
+    mesh_file = tmp_path / "mesh.toml"
+    mesh_file.write_text(TWO_MESHES_TOML.format(mesh_id=1))
+    run = tmp_path / "run"
+    code, out, err = cli("ps", "run", "--broker", "mqtt://127.0.0.1:1", "--mesh", mesh_file,
+                         "--data", tiny_data, "--out", run)
+    assert code == INTERRUPTED and out == ""
+    assert _lines(err)[-1] == ("interrupted before the first epoch ended: no checkpoint to "
+                               "go on from")
+    assert "error" not in err
+    assert not (run / "config.json").exists()  # nothing claims a run that never was
 
 
 # ------------------------------------------- issue 43, item 9: the simulator says so too

@@ -355,6 +355,7 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.server.serve import EdgesSilent, ServerRun, serve
     from meshdl.training.parallel import mesh_ids
     from meshdl.training.runs import (
+        interrupted,
         metrics_record,
         start_run,
         with_resume_hint,
@@ -393,10 +394,10 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     except EdgesSilent as exc:
         claimed.abandon()  # no config.json without a checkpoint to go on from
         raise with_resume_hint(exc, run_dir, command) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: where the run stands, as `edge run` says it (130)
         claimed.abandon()
-        raise MeshdlError(f"stopped; go on with `meshdl ps run ... --resume {run_dir}` "
-                          "(from the last epoch's checkpoint)") from None
+        err_console.print(interrupted(run_dir, command), highlight=False, soft_wrap=True)
+        raise
     except BaseException:
         claimed.abandon()
         raise
