@@ -48,8 +48,8 @@ def test_the_report_compares_the_mesh_with_the_cheapest_cloud_variant_and_names_
                               "(the strongest of the 2 variants below, the cheapest in time, "
                               "energy, hottest node's energy and bytes)")
     # 100 s against the unaggregated cloud's 7 s, not the aggregated one's 15 s.
-    assert "The mesh takes 14.3 times the time, 5 times the energy, 4 times the hottest " \
-           "node's energy, 2.5 times the bytes" in verdict
+    assert "The mesh takes 14.3 times the time, 5.00 times the energy, 4.00 times the " \
+           "hottest node's energy, 2.50 times the bytes" in verdict
     assert "cloud-heavy, unaggregated (the strongest)" in verdict
 
 

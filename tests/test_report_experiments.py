@@ -59,7 +59,9 @@ def test_an_experiments_page_shows_the_printed_table_by_titles_in_its_order(
     # percent under a title in %.
     every, cells = next(t for t in tables if "absent filled" in t[0])
     assert every[-3:] == ["test %", "clean test %", "absent filled"]
-    assert cells[1][-3:] == ["82.59 ± 1.8", "87.23 ± 0.37", "2 ± 1"]
+    # The deviation to its mean's decimals, as the console's table writes it (one
+    # formatter, issue 47 item 5).
+    assert cells[1][-3:] == ["82.59 ± 1.82", "87.23 ± 0.37", "2.000 ± 1.000"]
 
 
 def test_an_experiment_run_reports_the_console_s_table(tmp_path) -> None:
@@ -79,5 +81,5 @@ def test_an_older_summary_without_a_table_is_shown_as_before(tmp_path) -> None:
     (tmp_path / "summary.json").write_text(json.dumps(_summary()))
     header, rows = _tables(build_report(tmp_path))[0]
     assert header == ["value", "seeds", "test_acc", "clean_test_acc", "absent_filled"]
-    assert rows[0][2] == "0.893" and "±" in rows[1][2]
+    assert rows[0][2] == "0.8930" and "±" in rows[1][2]
 

@@ -32,9 +32,11 @@ def test_simulation_md_tables_separate_thousands() -> None:
 
 
 @pytest.mark.parametrize(("value", "text"), [
-    (11210.5, "11,210"), (1.269e5, "126,900"), (2.117e-05, "0.00002117"),
-    (0.29485, "0.2949"), (7865.0, "7,865"), (1.5, "1.5"), (3033900768, "3,033,900,768"),
-    (0.0, "0"), (-0.0012345, "-0.001234")])
+    # Never rounded above the units, ties half away from zero, and the zeros of the
+    # four digits kept (issue 47 item 5: meshdl/report/numbers.py's rule).
+    (11210.5, "11,211"), (1.269e5, "126,900"), (2.117e-05, "0.00002117"),
+    (0.29485, "0.2949"), (7865.0, "7,865"), (1.5, "1.500"), (3033900768, "3,033,900,768"),
+    (0.0, "0"), (-0.0012345, "-0.001235")])
 def test_a_figure_has_four_significant_digits_and_no_e_notation(value, text) -> None:
     from meshdl.report.numbers import figure
 

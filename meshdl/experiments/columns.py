@@ -6,7 +6,9 @@ wherever people read it (the console's table, summary.json's "columns" and "tabl
 only that one. A table cell is the mean over the seeds, with `± std` only from two seeds
 up and where the seeds differ (one seed has no spread to show, and `± 0` of seeds that
 agree says nothing the mean does not), numbers with thousands separators, bytes with
-their unit (B, kB, MB, GB: powers of 1000).
+their unit (B, kB, MB, GB: powers of 1000). Every number is written by
+meshdl/report/numbers.py, the one formatter (its rule: significant digits with their
+zeros, ties half away from zero).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from meshdl.report.numbers import figure
+from meshdl.report.numbers import figure, places, plus_minus
 
 Record = dict[str, Any]
 # A mean and its deviation (None: fewer than two seeds) as one table cell.
@@ -69,18 +71,9 @@ def title(key: str) -> str:
 def fixed(decimals: int, scale: float = 1.0) -> Format:
     """Separated thousands, `decimals` after the point (both mean and deviation)."""
     def show(mean: float, std: float | None) -> str:
-        text = f"{mean * scale:,.{decimals}f}"
-        return _pm(text, None if std is None else f"{std * scale:,.{decimals}f}")
+        return plus_minus(places(mean * scale, decimals), None if std is None else std * scale)
 
     return show
-
-
-def _pm(mean: str, std: str | None) -> str:
-    """The mean and its deviation as "mean ± std", or the mean alone where the deviation
-    shows as zero at the mean's precision ("1.04 ± 0.00" says no more than "1.04")."""
-    if std is None or not any(c in "123456789" for c in std):
-        return mean
-    return f"{mean} ± {std}"
 
 
 def percent(decimals: int) -> Format:
@@ -92,8 +85,7 @@ def digits(count: int) -> Format:
     """`count` significant digits of the mean (1.121e+04 -> 11,210); the deviation to
     the same decimals."""
     def show(mean: float, std: float | None) -> str:
-        text = figure(float(mean), count)
-        return _pm(text, None if std is None else _like(std, text))
+        return plus_minus(figure(float(mean), count), std)
 
     return show
 
@@ -102,17 +94,12 @@ _UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"))
 
 
 def size(mean: float, std: float | None) -> str:
-    """Bytes in the unit of the mean, three significant digits: 26,812,345 -> "26.8
-    MB"; with a deviation "26.8 ± 0.1 MB"."""
+    """Bytes in the unit of the mean, three significant digits with their zeros:
+    26,812,345 -> "26.8 MB", 13,000 -> "13.0 kB" (beside "16.1 kB"); with a deviation
+    "26.8 ± 0.1 MB". Under 1 kB bytes are counted whole: "512 B"."""
     divisor, unit = next(((d, u) for d, u in _UNITS if abs(mean) >= d), (1.0, "B"))
-    text = figure(float(mean) / divisor, 3)
-    return f"{_pm(text, None if std is None else _like(std / divisor, text))} {unit}"
-
-
-def _like(value: float, shown: str) -> str:
-    """`value` with as many decimals as `shown` has."""
-    decimals = len(shown.partition(".")[2])
-    return f"{value:,.{decimals}f}"
+    text = figure(float(mean) / divisor, 3) if divisor > 1 else places(float(mean), 0)
+    return f"{plus_minus(text, None if std is None else std / divisor)} {unit}"
 
 
 # ------------------------------------------------------------------ cells and tables

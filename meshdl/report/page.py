@@ -32,6 +32,7 @@ from typing import Any
 from meshdl.errors import UsageError
 from meshdl.report.baseline import FIGURES, Costs, Strongest, cloud_costs, strongest, variants
 from meshdl.report.numbers import figure as number
+from meshdl.report.numbers import given, plus_minus
 from meshdl.report.plots import integer_ticks, pyplot, save_png
 
 _STYLE = """
@@ -125,7 +126,9 @@ def _scaled(figure: dict[str, float] | None, title: str) -> dict[str, float] | N
 def _value(value: Any) -> str:
     """A swept value: 0.1, r0c12's [0, 12] as "0, 12", [0.1, "zero"] as "0.1, zero"."""
     if isinstance(value, (list, tuple)):
-        return ", ".join(_cell(v) for v in value)
+        return ", ".join(_value(v) for v in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return given(value)  # set, not measured: as the sweep was asked
     return _cell(value)
 
 
@@ -442,9 +445,8 @@ def _mean_std(figure: dict[str, float] | None, seeds: int = 2) -> str:
     (their ± 0 says nothing)."""
     if figure is None:
         return ""
-    if seeds < 2 or not figure.get("std"):
-        return number(figure["mean"])
-    return f"{number(figure['mean'])} ± {number(figure['std'], 2)}"
+    std = figure.get("std") if seeds >= 2 else None
+    return plus_minus(number(figure["mean"]), std or None)
 
 
 def _image(path: Path) -> str:
