@@ -222,3 +222,43 @@ def test_compare_refuses_what_it_cannot_overlay_in_one_line(tmp_path, args, says
     assert isinstance(result.exception, MeshdlError), result.output
     assert isinstance(result.exception, UsageError) == usage
     assert says in str(result.exception)
+
+
+def _edge_position_rows() -> list[Record]:
+    """edge-position's cost rows: four cells, a training wave 51.5 to 54 MB (5 % apart),
+    needed equal to transmitted (the mesh sends no halo value it need not)."""
+    return [{"value": cell, "halo_needed": _fig(4000.0 + 100 * i),
+             "halo_transmitted": _fig(4000.0 + 100 * i), "halo_formula": _fig(5600.0),
+             "wave_bytes": _fig(mb * 1e6)}
+            for i, (cell, mb) in enumerate((([0, 0], 54.0), ([0, 12], 51.5),
+                                             ([8, 0], 52.0), ([16, 24], 54.0)))]
+
+
+def test_the_edge_position_cost_plot_draws_its_cells_as_bars_from_zero(
+        monkeypatch, tmp_path) -> None:
+    saved = saved_figures(monkeypatch, sweep)
+    sweep.plot(tmp_path, "edge-position", _edge_position_rows(), [])
+    (cost,) = saved
+    panels = _panels(cost)
+    assert len(panels) == 2  # halo values, and a wave's MB: no twin axis cut at 51.5 MB
+    for axes in panels:
+        bars = [p for container in axes.containers if hasattr(container, "patches")
+                for p in container.patches]
+        assert bars, "categories are bars"
+        assert axes.get_ylim()[0] == 0  # from zero: 5 % looks like 5 %
+        # No line joins one cell to the next (error bars are segments of one cell).
+        assert all(len(line.get_xdata()) < 2 or line.get_linestyle() == "None"
+                   for line in axes.get_lines())
+        assert [t.get_text() for t in axes.get_xticklabels()] == \
+            ["0,0", "0,12", "8,0", "16,24"]
+    _renderer(cost)
+    ticks = [t.get_text() for t in panels[0].get_yticklabels()]
+    assert "5,000" in ticks and not any(".0" in t for t in ticks)  # a place, not a figure
+    halo = panels[0]
+    # needed, transmitted and the formula: each its own bars, side by side, none hidden.
+    series = [c for c in halo.containers if hasattr(c, "patches")]
+    assert len(series) == 3
+    xs = [{round(p.get_x(), 6) for p in c.patches} for c in series]
+    assert not set.intersection(*xs)
+    labels = [t.get_text() for t in cost.legends[0].texts]
+    assert labels == ["needed", "transmitted", "(k²-1)·m·n·c_in"]

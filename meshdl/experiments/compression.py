@@ -25,8 +25,7 @@ import numpy as np
 
 from meshdl.experiments.columns import Shown, figures_table, fixed, percent, size
 from meshdl.experiments.runner import Record, Trial
-from meshdl.report.numbers import figure as number
-from meshdl.report.plots import pyplot, save_png
+from meshdl.report.plots import plain_ticks, pyplot, save_png
 
 POLICIES = ("none", "hylo", "intsum", "plan", "none/int8")
 FIGURES = ("test_acc", "train_loss", "accuracy_cost", "reduce_bytes_per_step",
@@ -142,7 +141,7 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
                 ylabel="test accuracy (%)", title="accuracy against gradient bytes")
     axes[1].set_xticks(range(len(rows)), [row["value"] for row in rows], rotation=20)
     axes[1].set(xlabel="policy", ylabel="simulated s per epoch", title="time")
-    axes[1].yaxis.set_major_formatter(lambda value, _: number(value, 6))  # 6,000 s
+    plain_ticks(axes[1].yaxis)  # 6,000 s
     figure.legend(loc="outside lower center", ncols=min(len(rows), 4))
     figure.suptitle("gradient and activation compression on the seed experiment")
     path = out / "compression.png"

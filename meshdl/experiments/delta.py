@@ -16,8 +16,7 @@ import numpy as np
 
 from meshdl.experiments.columns import Shown, figures_table, fixed, percent, size
 from meshdl.experiments.runner import Record, Trial
-from meshdl.report.numbers import figure as number
-from meshdl.report.plots import pyplot, save_png
+from meshdl.report.plots import plain_ticks, pyplot, save_png
 
 EPSILONS = (0.0, 0.01, 0.05, 0.1, 0.25)
 FIGURES = ("halo_bytes_per_slot", "mesh_bytes_per_slot", "halo_ratio", "alerts",
@@ -79,7 +78,7 @@ def plot(out: Path, rows: list[Record]) -> list[Path]:
     axis.set_xticks(range(len(rows)), labels)
     axis.set_xlabel("epsilon (°C after normalization: whole halos = full)")
     axis.set_ylabel("HALO bytes per slot")
-    axis.yaxis.set_major_formatter(lambda value, _: number(value, 6))  # 200,000 bytes
+    plain_ticks(axis.yaxis)  # 200,000 bytes
     axis.margins(y=0.12)  # room above the bars for their notes, inside the frame
     for i, row in enumerate(rows):
         changed = round(row["alerts_changed"]["mean"])

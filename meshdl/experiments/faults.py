@@ -25,8 +25,7 @@ import numpy as np
 
 from meshdl.experiments.columns import Shown, figures_table, fixed, percent
 from meshdl.experiments.runner import Record, Trial
-from meshdl.report.numbers import figure as number
-from meshdl.report.plots import pyplot, save_png
+from meshdl.report.plots import plain_ticks, pyplot, save_png
 
 
 class FaultSweep(NamedTuple):
@@ -147,7 +146,7 @@ def plot(out: Path, name: str, rows: list[Record]) -> list[Path]:
     for panel, (title, ylabel) in zip(axes, _PANELS, strict=True):
         panel.set(xlabel=SWEEPS[name].axis, ylabel=ylabel, title=title)
     for panel in axes[1:]:  # 11,000 J, thousands separated as in the table
-        panel.yaxis.set_major_formatter(lambda value, _: number(value, 6))
+        plain_ticks(panel.yaxis)
     handles = _legend(plt, policies)
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
     figure.suptitle("training over lossy links" if name == "loss" else

@@ -61,6 +61,14 @@ def integer_ticks(axis: Any) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
+def plain_ticks(axis: Any) -> None:
+    """Tick labels of `axis` as the numbers they are, thousands separated, no zeros
+    added (a tick is a place on the scale, not a measured figure): 5,000, 0.5."""
+    from meshdl.report.numbers import given
+
+    axis.set_major_formatter(lambda value, _: given(value))
+
+
 def save_png(figure: Any, target: Path | IO[bytes], dpi: int = 100) -> None:
     """Make `figure` readable in the report, lay it out (unless it has its own layout
     engine), write it as a PNG to `target` and free it."""
