@@ -24,9 +24,10 @@ from meshdl.model.cnn import CNN
 from meshdl.protocol.accounting import class_name
 from meshdl.protocol.messages import EDGE, Kind
 from meshdl.protocol.spec import MeshSpec, Mode, Split
-from meshdl.protocol.topics import cell_of, name_of
+from meshdl.protocol.topics import name_of
 from meshdl.protocol.topology import Cell
-from meshdl.report.plots import integer_ticks, pyplot, save_png
+from meshdl.report.maps import energy_figure
+from meshdl.report.plots import save_png
 from meshdl.sim.besteffort import BestEffort
 from meshdl.sim.cluster import WaveShape
 from meshdl.sim.faults.stragglers import Stragglers
@@ -324,89 +325,6 @@ def _name(party: Cell) -> str:
 
 
 def plot_energy(mesh_report: dict[str, Any], rows: int, cols: int, path: Path) -> None:
-    """energy.png: joules per node over the grid (`energy_figure`)."""
+    """energy.png: joules per node over the grid, its colours over the nodes' spread
+    (meshdl/report/maps.py's `energy_figure`, which `meshdl report` draws too)."""
     save_png(energy_figure(mesh_report, rows, cols), path)
-
-
-def energy_figure(mesh_report: dict[str, Any], rows: int, cols: int) -> Any:
-    """Joules per node over the grid: the colour scale from 0 J (so that nodes 0.2 %
-    apart look alike, as they are; the title gives the spread), rows and columns
-    numbered, the hottest node and the edge's cell marked, and the nodes that were down
-    all run (no energy) hatched, each named in the legend."""
-    plt = pyplot()
-    grid = _energy_grid(mesh_report["energy_j"]["per_node"], rows, cols)
-    # Cells of about half an inch, the heat map at most 7 inches wide or 6 tall (a
-    # 17 x 25 grid), with room for the colour bar, the title and the legend below.
-    side = min(0.55, 7.0 / cols, 6.0 / rows)
-    fig, ax = plt.subplots(figsize=(max(6.4, cols * side + 2.4), rows * side + 2.2),
-                           layout="constrained")
-    top = float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0
-    image = ax.imshow(np.ma.masked_invalid(grid), origin="upper", vmin=0.0, vmax=top or 1.0,
-                      cmap=plt.get_cmap("inferno").with_extremes(bad="lightgrey"))
-    fig.colorbar(image, ax=ax, label="joules per node (J)", shrink=0.9)
-    handles = _mark_dead(ax, grid) + _mark_cells(ax, mesh_report)
-    ax.set_xlabel("column c")
-    ax.set_ylabel("row r")
-    integer_ticks(ax.xaxis)
-    integer_ticks(ax.yaxis)
-    ax.set_title(f"energy per node, {mesh_report['radio']['name']} "
-                 f"({mesh_report['medium']})\n{_spread(grid)}")
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 2),
-               frameon=False)
-    return fig
-
-
-def _energy_grid(per_node: dict[str, float], rows: int, cols: int) -> np.ndarray:
-    """Joules by cell; NaN where a node has no figure (down all run)."""
-    grid = np.full((rows, cols), np.nan)
-    for name, joules in per_node.items():
-        grid[cell_of(name)] = joules
-    return grid
-
-
-def _mark_dead(ax: Any, grid: np.ndarray) -> list[Any]:
-    """Hatch the cells without energy (nodes down all run); their legend entry."""
-    from matplotlib.patches import Patch, Rectangle
-
-    down = [(int(r), int(c)) for r, c in zip(*np.nonzero(np.isnan(grid)), strict=True)]
-    for r, c in down:
-        ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="xx",
-                               edgecolor="dimgrey", linewidth=0))
-    if not down:
-        return []
-    return [Patch(facecolor="lightgrey", edgecolor="dimgrey", hatch="xx",
-                  label=f"dead (down all run): {_names(down)}")]
-
-
-def _mark_cells(ax: Any, mesh_report: dict[str, Any]) -> list[Any]:
-    """Mark the hottest node and the edge's cell; their legend entries."""
-    energy = mesh_report["energy_j"]
-    hottest = energy["max_node_cell"]
-    r, c = cell_of(hottest)
-    handles = ax.plot(c, r, linestyle="none", marker="s", markersize=14,
-                      markerfacecolor="none", markeredgecolor="tab:cyan", markeredgewidth=2.5,
-                      label=f"hottest node {hottest} ({energy['max_node']:.4g} J)")
-    edge_at = mesh_report.get("faults", {}).get("edge_at")
-    if edge_at:
-        r, c = cell_of(edge_at)
-        handles += ax.plot(c, r, linestyle="none", marker="^", markersize=8,
-                           markerfacecolor="tab:blue", markeredgecolor="white",
-                           label=f"edge attached at {edge_at}")
-    return handles
-
-
-def _names(cells: list[tuple[int, int]], at_most: int = 6) -> str:
-    """Cells by name, the first `at_most` of a long list and how many more."""
-    names = [name_of(cell) for cell in cells]
-    more = len(names) - at_most
-    return ", ".join(names[:at_most]) + (f" and {more} more" if more > 0 else "")
-
-
-def _spread(grid: np.ndarray) -> str:
-    """The nodes' range in words: what the colours, from 0 J, cannot show."""
-    live = grid[np.isfinite(grid)]
-    if not live.size:
-        return "no node drew power"
-    low, high = float(live.min()), float(live.max())
-    spread = 100 * (high - low) / high if high else 0.0
-    return f"nodes {low:.4g} to {high:.4g} J (spread {spread:.2g} %)"

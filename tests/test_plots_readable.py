@@ -1,8 +1,9 @@
 """Plots a reader does not squint at (issue 33, item 11), checked on the figure objects
 their functions save: energy.png on a 6 x 8 grid (the whole title, clear of the colour
-bar; a colour scale from 0 J with the spread in words; dead cells in the legend; rows
-and columns numbered on whole numbers), the training curves on whole epochs, and the
-legends of failures.png and loss.png readable at the report's width."""
+bar; a colour scale over the nodes' spread, the level and the spread in words (issue
+47); dead cells in the legend; rows and columns numbered on whole numbers), the
+training curves on whole epochs, and the legends of failures.png and loss.png readable
+at the report's width."""
 
 from __future__ import annotations
 
@@ -75,12 +76,21 @@ def test_energy_map_title_is_whole_and_clear_of_the_colour_bar(monkeypatch, tmp_
             assert not title.overlaps(other.get_window_extent(renderer))
 
 
-def test_energy_map_scale_starts_at_zero_and_states_the_spread(monkeypatch, tmp_path) -> None:
+def test_energy_map_colours_span_the_nodes_spread_with_the_level_in_the_title(
+        monkeypatch, tmp_path) -> None:
+    # Nodes 0.17 % apart drawn from 0 J were one uniform colour (issue 47 item 2).
     figure = _energy_figure(monkeypatch, tmp_path)
     heat = _heat_map(figure)
     low, high = heat.images[0].get_clim()
-    assert low == 0.0 and high == pytest.approx(0.2948)
-    assert "spread 0.17 %" in heat.get_title()
+    assert (low, high) == (pytest.approx(0.2943), pytest.approx(0.2948))
+    colours = heat.images[0].to_rgba(heat.images[0].get_array())
+    assert np.ptp(colours[..., :3]) > 0.5  # the lowest node and the highest look apart
+    assert "about 0.295 J a node" in heat.get_title()
+    assert "nodes 0.2943 to 0.2948 J (spread 0.17 %)" in heat.get_title()
+    _drawn(figure)
+    bar = next(axes for axes in figure.axes if axes is not heat)
+    ticks = [t.get_text() for t in bar.get_yticklabels() if t.get_text()]
+    assert len(set(ticks)) == len(ticks) > 1  # the colour bar's ticks tell levels apart
 
 
 def test_energy_map_names_its_dead_cells_in_the_legend(monkeypatch, tmp_path) -> None:
