@@ -31,9 +31,11 @@ from typing import Any
 
 from meshdl.errors import UsageError
 from meshdl.report.baseline import FIGURES, Costs, Strongest, cloud_costs, strongest, variants
+from meshdl.report.live import lifetime_figure, mac_figure, parts_figure
 from meshdl.report.numbers import figure as number
-from meshdl.report.numbers import given, plus_minus
+from meshdl.report.numbers import given, places, plus_minus
 from meshdl.report.plots import integer_ticks, pyplot, save_png
+from meshdl.report.warnings import warnings
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
@@ -43,6 +45,8 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
 img { max-width: 100%; display: block; margin: 1em 0; }
 pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 0.85em; }
+.warning { background: #fff4d6; border-left: 0.4em solid #d97706; padding: 0.6em 1em;
+           margin: 0.8em 0; }
 """
 
 
@@ -51,6 +55,10 @@ def build_report(run_dir: Path) -> str:
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: not a directory")
     title, body = _page(run_dir)
+    metrics = _json(run_dir / "metrics.json")
+    sim = _json(run_dir / "sim.json") or (metrics or {}).get("sim")
+    alerts = "".join(f'<p class="warning" role="alert"><strong>Warning:</strong> '
+                     f"{_escape(text)}</p>" for text in warnings(run_dir, metrics, sim))
     config = _json(run_dir / "config.json")
     if config is not None:
         body.append(_section("Configuration", f"<pre>{_escape(json.dumps(config, indent=2))}"
@@ -58,7 +66,7 @@ def build_report(run_dir: Path) -> str:
     body.append(_section("Software", _table(["package", "version"], _versions())))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_escape(title)}</title><style>{_STYLE}</style></head><body>"
-            f"<h1>{_escape(title)}</h1><p>{_escape(str(run_dir))}</p>"
+            f"<h1>{_escape(title)}</h1><p>{_escape(str(run_dir))}</p>{alerts}"
             + "".join(body) + "</body></html>\n")
 
 
@@ -73,7 +81,7 @@ def _page(run_dir: Path) -> tuple[str, list[str]]:
         return _training(run_dir, metrics)
     sim = _json(run_dir / "sim.json")
     if sim is not None and "slots" in sim and "macs" in sim:
-        return "meshdl simulate live", _live(sim)
+        return "meshdl simulate live", _live(sim, _json(run_dir / "config.json") or {})
     if sim is not None:
         return "meshdl simulate run", _simulated(run_dir, sim)
     if (run_dir / "journal.jsonl").is_file():
@@ -236,31 +244,59 @@ LIVE_FIGURES = (("bytes on air a slot", "bytes_per_slot"),
                 ("median node (years)", "median_years"))
 
 
-def _live(sim: dict[str, Any]) -> list[str]:
-    """A live run (`simulate live`): its slots, then the mesh against the cloud-heavy
-    baseline under the run's MAC and under every other MAC the radio has."""
+def _live(sim: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    """A live run (`simulate live`): its slots, its pictures (each node's lifetime, the
+    hottest node's joules by part, the mesh against the cloud by MAC), then the mesh
+    against the cloud-heavy baseline under the run's MAC and under every other MAC the
+    radio has."""
     alerts = sim.get("alerts", {})
     mesh = sim.get("mesh", {})
-    rows = [["slots", f"{sim.get('slots')} of {sim.get('slot_seconds')} s, from "
-                      f"{sim.get('first_slot')}"],
-            ["radio", f"{sim.get('radio', {}).get('name')} ({sim.get('medium')}), "
-                      f"{sim.get('device')} nodes, {sim.get('header_bytes')}-byte headers"],
-            ["MAC", sim.get("mac")], ["battery", sim.get("battery", {}).get("name")],
-            ["delta", sim.get("delta") if sim.get("delta") is not None else "off"],
-            ["alerts equal central inference", sim.get("alerts_equal_central")],
-            ["alerts differing (mesh, cloud)",
-             f"{alerts.get('mesh_differ_from_central')}, "
-             f"{alerts.get('cloud_differ_from_central')}"],
-            ["parameter bytes after the first slot", mesh.get("params_bytes")],
-            ["first slot (parameters sent), bytes", mesh.get("install_bytes")]]
-    body = [_section("Live inference", _table(["figure", "value"], rows))]
+    model = config.get("model") or {}
+    rows, cols = model.get("rows"), model.get("cols")
+    trained = (sim.get("model") or {}).get("trained")
+    rows_table = [
+        ["grid", f"{rows} x {cols} nodes" if rows and cols else "?"],
+        ["model", {True: f"trained ({(sim.get('model') or {}).get('file')})",
+                   False: "fresh, never trained (no --model)"}.get(trained, "not recorded")],
+        ["slots", f"{sim.get('slots')} of {given(sim.get('slot_seconds') or 0)} s, from "
+                  f"{sim.get('first_slot')}"],
+        ["radio", f"{sim.get('radio', {}).get('name')} ({sim.get('medium')}), "
+                  f"{sim.get('device')} nodes, {sim.get('header_bytes')}-byte headers"],
+        ["MAC", sim.get("mac")], ["battery", sim.get("battery", {}).get("name")],
+        ["delta", sim.get("delta") if sim.get("delta") is not None else "off"],
+        ["alerts equal central inference", sim.get("alerts_equal_central")],
+        ["alerts differing (mesh, cloud)",
+         f"{alerts.get('mesh_differ_from_central')}, "
+         f"{alerts.get('cloud_differ_from_central')}"],
+        ["parameter bytes after the first slot", mesh.get("params_bytes")],
+        ["first slot (parameters sent), bytes", mesh.get("install_bytes")]]
+    body = [_section("Live inference", _table(["figure", "value"], rows_table))]
+    pictures = []
+    if sim.get("nodes") and rows and cols:
+        edge = config.get("mesh", {}).get("edge_at")
+        pictures.append(_png_tag(_png(lifetime_figure(
+            sim, rows, cols, f"r{edge[0]}c{edge[1]}" if edge else None)), "lifetime map"))
+    if sim.get("nodes"):
+        pictures.append(_png_tag(_png(parts_figure(sim)), "hottest node's joules by part"))
+    if sim.get("macs"):
+        pictures.append(_png_tag(_png(mac_figure(sim)), "mesh against cloud by MAC"))
+    if pictures:
+        body.append(_section("Where the batteries die, and why", "".join(pictures)))
     for mac, sides in (sim.get("macs") or {}).items():
         table = _table(["", "in the mesh", "cloud-heavy"],
-                       ([label, sides["mesh"].get(key), sides["cloud"].get(key)]
+                       ([label, _live_cell(key, sides["mesh"].get(key)),
+                         _live_cell(key, sides["cloud"].get(key))]
                         for label, key in LIVE_FIGURES))
         chosen = " (the run's)" if mac == sim.get("mac") else ""
         body.append(_section(f"In the mesh, or in the cloud? MAC {mac}{chosen}", table))
     return body
+
+
+def _live_cell(key: str, value: Any) -> Any:
+    """Bytes and frames a slot are counts (a mean over identical slots): whole."""
+    if key in ("bytes_per_slot", "frames_per_slot") and isinstance(value, float):
+        return places(value, 0)
+    return value
 
 
 def _against_cloud(sim: dict[str, Any]) -> str:
@@ -360,8 +396,13 @@ def _flat(record: dict[str, Any]) -> list[list[Any]]:
 
 def _curves(epochs: list[dict[str, Any]]) -> bytes:
     """Loss and accuracies by epoch, as a PNG."""
+    return _png(curves_figure(epochs))
+
+
+def _png(figure: Any) -> bytes:
+    """`figure` as PNG bytes, saved readable at the report's width."""
     buffer = io.BytesIO()
-    save_png(curves_figure(epochs), buffer)
+    save_png(figure, buffer)
     return buffer.getvalue()
 
 

@@ -14,7 +14,9 @@ per node and priced under a MAC (sim/radio/mac.py) over the whole slot; batterie
 Clocks. Each node's crystal is off by a fixed drift drawn in +-`drift_ppm`; we assume
 every slot's wave resynchronises it (its frames carry the time, as TSCH's do; not
 priced), so at the next boundary it is off by drift times the slot length (under TSCH,
-whose keep-alives hold every clock within the guard time, by at most the guard). A node
+whose keep-alives hold every clock within the guard time, by at most the guard; under
+the scheduled MAC, whose sync flood at the boundary sets every clock within a
+microsecond, Glossy's figure, not at all: it is priced, sim/radio/mac.py). A node
 that starts early sends its halos to neighbours that have not started yet: they keep
 them until their own clock gets there.
 
@@ -53,12 +55,12 @@ from meshdl.protocol.messages import Kind
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.protocol.topics import name_of
 from meshdl.protocol.topology import Cell
+from meshdl.report.numbers import figure, given, places
 from meshdl.sim.mesh import VirtualMesh, cyclic_gc_paused
 from meshdl.sim.radio.battery import Battery, battery, lifetime_years
 from meshdl.sim.radio.device import DeviceProfile
 from meshdl.sim.radio.loss import FrameLoss
 from meshdl.sim.radio.mac import (
-    MACS,
     MacName,
     MacParams,
     RadioUse,
@@ -82,6 +84,9 @@ DRIFT_PPM = 20.0
 
 
 IDLE = RadioUse(0.0, 0.0, 0, 0, 0, 0, 0)  # a party that neither sent nor took anything
+# The MACs sim.json's `macs` prices on every run whose radio has them; `--mac`'s own is
+# priced too when it is another (scheduled), so that record keeps its keys otherwise.
+PRICED_MACS: tuple[MacName, ...] = ("always-on", "ideal", "lpl", "tsch")
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,22 @@ def with_links(use: dict[Party, RadioUse], links: Mapping[Party, int]
     that sent and took nothing still keeps its links up)."""
     every = {**dict.fromkeys(links, IDLE), **use}
     return {party: u._replace(links=links.get(party, u.links)) for party, u in every.items()}
+
+
+def with_sync_hops(use: dict[Party, RadioUse], hops: Mapping[Party, int]
+                   ) -> dict[Party, RadioUse]:
+    """Each party's radio use with its hops from the edge, where the scheduled MAC's
+    sync flood starts (every party of `hops` gets an entry)."""
+    every = {**dict.fromkeys(hops, IDLE), **use}
+    return {party: u._replace(sync_hops=hops.get(party, u.sync_hops))
+            for party, u in every.items()}
+
+
+def flood_hops(spec: MeshSpec) -> dict[Party, int]:
+    """Hops from the edge to each live cell: the tree is the grid's BFS from the edge,
+    so its depths are the sync flood's hop distances."""
+    topo = spec.topology
+    return {cell: topo.depth[cell] for cell in topo.cells() if cell in topo.members}
 
 
 def plan_links(pairs: Iterable[tuple[Party, Party]]) -> dict[Party, int]:
@@ -178,11 +199,67 @@ class NodeSlot(NamedTuple):
 
 def node_slot(cost: SlotCost, party: Party, mac: MacName, radio: RadioProfile,
               device: DeviceProfile, slot_s: float, params: MacParams) -> NodeSlot:
-    """What one node's slot of `cost` takes under `mac` (priced once for both)."""
+    """What one node's slot of `cost` takes under `mac` (priced once for both): under
+    the scheduled MAC its processor sleeps (`sleep_w`) when it does not compute."""
     cpu = cost.cpu_s.get(party, 0.0)
     radio_j = mac_energy(mac, radio, cost.use.get(party, IDLE), slot_s, params)
-    return NodeSlot(radio_j.total_j + cpu * device.cpu_w + max(slot_s - cpu, 0.0) *
-                    device.idle_w, radio_j.tx_j / radio.tx_w)
+    rest_w = device.deep_sleep_w if mac == "scheduled" else device.idle_w
+    return NodeSlot(radio_j.total_j + cpu * device.cpu_w + max(slot_s - cpu, 0.0) * rest_w,
+                    radio_j.tx_j / radio.tx_w)
+
+
+def _per_node(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
+              device: DeviceProfile, settings: LiveSettings
+              ) -> tuple[dict[Cell, float], dict[Cell, float]]:
+    """Each node's joules and seconds on air a slot (the mesh's install apart)."""
+    share = max(side.slots, 1)
+    per_node: dict[Cell, float] = {}
+    on_air: dict[Cell, float] = {}
+    for cell in cells:
+        slots = [(node_slot(c, cell, mac, radio, device, settings.slot_s,
+                            settings.mac_params), n)
+                 for c, n in zip(side.costs, side.repeats, strict=True)]
+        per_node[cell] = sum(s.joules * n for s, n in slots) / share
+        on_air[cell] = sum(s.on_air_s * n for s, n in slots) / share
+    return per_node, on_air
+
+
+# The parts of a node's joules a slot, as the report draws them (issue 47 item 1): what
+# the MAC spends of itself whatever the traffic (its checks, strobes, beacons, idle
+# listening), the traffic's own frames and ACKs, the radio asleep, the processor.
+PARTS = ("MAC floor", "sleep", "traffic", "processor")
+
+
+def node_parts(side: Side, cell: Cell, mac: MacName, radio: RadioProfile,
+               device: DeviceProfile, settings: LiveSettings) -> dict[str, float]:
+    """One node's joules a slot split into PARTS (they add up to its joules a slot).
+    The MAC floor is mac_energy's overhead (beyond the traffic's frames and ACKs); the
+    processor is its computing and its idle time."""
+    slot_s, total = settings.slot_s, {part: 0.0 for part in PARTS}
+    for cost, n in zip(side.costs, side.repeats, strict=True):
+        radio_j = mac_energy(mac, radio, cost.use.get(cell, IDLE), slot_s, settings.mac_params)
+        cpu = cost.cpu_s.get(cell, 0.0)
+        for part, joules in zip(PARTS, (
+                radio_j.overhead_j, radio_j.sleep_j,
+                radio_j.total_j - radio_j.sleep_j - radio_j.overhead_j,
+                cpu * device.cpu_w + max(slot_s - cpu, 0.0) * device.idle_w), strict=True):
+            total[part] += joules * n
+    return {part: joules / max(side.slots, 1) for part, joules in total.items()}
+
+
+def node_figures(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
+                 device: DeviceProfile, settings: LiveSettings, battery: Battery
+                 ) -> dict[str, Any]:
+    """sim.json's map of one side under the run's MAC: each node's joules a slot and
+    lifetime on `battery`, and the hottest node's joules by part (the report's
+    pictures)."""
+    per_node, _ = _per_node(side, cells, mac, radio, device, settings)
+    hottest = max(per_node, key=per_node.__getitem__)
+    return {"j_per_slot": {name_of(c): j for c, j in per_node.items()},
+            "years": {name_of(c): lifetime_years(battery, j / settings.slot_s)
+                      for c, j in per_node.items()},
+            "hottest_parts_j_per_slot": node_parts(side, hottest, mac, radio, device,
+                                                   settings)}
 
 
 def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
@@ -190,14 +267,8 @@ def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfil
                  ) -> dict[str, Any]:
     """sim.json's figures of one side: per slot (the mesh's install apart), and each
     node's lifetime on `battery` at its mean power."""
-    slot_s, share = settings.slot_s, max(side.slots, 1)
-    per_node: dict[Cell, float] = {}
-    on_air: dict[Cell, float] = {}
-    for cell in cells:
-        slots = [(node_slot(c, cell, mac, radio, device, slot_s, settings.mac_params), n)
-                 for c, n in zip(side.costs, side.repeats, strict=True)]
-        per_node[cell] = sum(s.joules * n for s, n in slots) / share
-        on_air[cell] = sum(s.on_air_s * n for s, n in slots) / share
+    slot_s = settings.slot_s
+    per_node, on_air = _per_node(side, cells, mac, radio, device, settings)
     years = {cell: lifetime_years(battery, joules / slot_s) for cell, joules in per_node.items()}
     busiest = max(on_air, key=on_air.__getitem__)
     hottest = max(per_node, key=per_node.__getitem__)
@@ -254,6 +325,7 @@ class LiveMesh:
         self.first_slot = int(EPOCH.timestamp() // settings.slot_s)
         # The links of the plan: neighbours that exchange halos, tree parent and children.
         self.links = plan_links(link for link in spec.links)
+        self.hops = flood_hops(spec)
         self._virtual: VirtualMesh | None = None
 
     # ------------------------------------------------------------------ slots
@@ -265,6 +337,8 @@ class LiveMesh:
         if settings.mac == "tsch":
             guard = settings.mac_params.tsch_guard_s
             errors = {cell: max(-guard, min(guard, e)) for cell, e in errors.items()}
+        elif settings.mac == "scheduled":
+            errors = dict.fromkeys(errors, 0.0)
         return errors
 
     def sample(self, nodes: Mapping[Cell, Any], reading: np.ndarray, slot: int) -> None:
@@ -309,7 +383,8 @@ class LiveMesh:
             if size:
                 name = class_name(Kind(kind), layer)
                 by_class[name] = by_class.get(name, 0) + size
-        use = with_links(radio_use(sent, self.radio, tx_slot, rx_slot), self.links)
+        use = with_sync_hops(with_links(radio_use(sent, self.radio, tx_slot, rx_slot),
+                                        self.links), self.hops)
         cost = SlotCost(sum(by_class.values()), frames, by_class, use,
                         _grown({p: c.seconds for p, c in timed.cpus.items()}, cpu),
                         timed.waves[-1].end - timed.waves[-1].start)
@@ -432,11 +507,13 @@ def settings_for(slots: int, slot_s: float, mac: MacName | None, battery_name: s
 
 
 def cloud_cost(shipped: Shipped, radio: RadioProfile, cells: list[Cell],
-               links: Mapping[Party, int]) -> SlotCost:
-    """What one slot of the baseline cost (its readings shipped, with their trace)."""
+               links: Mapping[Party, int], hops: Mapping[Party, int] | None = None
+               ) -> SlotCost:
+    """What one slot of the baseline cost (its readings shipped, with their trace);
+    `hops`: each cell's from the edge, for the scheduled MAC's sync flood."""
     use = radio_use(shipped.trace or [], radio, shipped.times.tx, shipped.times.rx)
     return SlotCost(shipped.bytes, shipped.frames, {"readings": shipped.bytes},
-                    with_links(use, links),
+                    with_sync_hops(with_links(use, links), hops or {}),
                     {cell: shipped.cpu_s.get(cell, 0.0) for cell in cells},
                     shipped.makespan_s)
 
@@ -457,12 +534,13 @@ def run_cloud(spec: MeshSpec, model: CNN, series: np.ndarray, radio: RadioProfil
     # A scheduled MAC keeps up the tree's links (a node's parent and children).
     links = plan_links((cell, parent) for cell, parent in topo.parent.items()
                        if cell in topo.members)
+    hops = flood_hops(spec)  # the same sync flood as the mesh's: it sleeps too
 
     def ship(senders: frozenset[Cell] | None) -> SlotCost:
         shipped = ship_readings(spec, radio, medium, device, edge_device, 1, variant,
                                 settings.seed, header_bytes=header, senders=senders,
                                 traced=True, loss=settings.loss)
-        return cloud_cost(shipped, radio, cells, links)
+        return cloud_cost(shipped, radio, cells, links, hops)
 
     side = Side()
     if settings.delta is None:
@@ -508,7 +586,8 @@ def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
                                             bat),
                        "cloud": side_summary(cloud_side, live.cells, mac, radio, device,
                                              settings, bat)}
-                 for mac in MACS if unsupported_reason(mac, radio, settings.mac_params) is None}
+                 for mac in priced_macs(settings.mac)
+                 if unsupported_reason(mac, radio, settings.mac_params) is None}
     chosen = summaries[settings.mac]
     install = mesh.install
     # Parameters (PARAMS and BATCH) on the air after the first slot: a scheduled slot
@@ -545,9 +624,17 @@ def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
         "cloud": {**chosen["cloud"], "variant": "aggregated" if medium == "shared"
                   else "unaggregated"},
         "macs": summaries,
+        "nodes": {name: node_figures(side, live.cells, settings.mac, radio, device,
+                                     settings, bat)
+                  for name, side in (("mesh", mesh), ("cloud", cloud_side))},
     }
     report["alert_series"] = {"mesh": mesh.labels, "central": central, "cloud": cloud_labels}
     return report
+
+
+def priced_macs(chosen: MacName) -> tuple[MacName, ...]:
+    """The MACs a live run prices: PRICED_MACS, and the chosen one."""
+    return PRICED_MACS if chosen in PRICED_MACS else (*PRICED_MACS, chosen)
 
 
 def _differ(a: list[int], b: list[int]) -> int:
@@ -572,14 +659,15 @@ def write(report: dict[str, Any], run_dir: Path) -> None:
 
 
 def summary_line(report: dict[str, Any], run_dir: Path) -> str:
-    """The comparison in one line."""
+    """The comparison in one line, every figure by the report's formatter (the same
+    digits on both sides: "2.372 y" beside "2.451 y", not "2.37" beside "2.3")."""
     mesh, cloud = report["mesh"], report["cloud"]
-    return (f"{report['slots']} slots of {report['slot_seconds']:g} s on "
+    return (f"{report['slots']} slots of {given(report['slot_seconds'])} s on "
             f"{report['radio']['name']} ({report['medium']}, {report['mac']}): mesh "
-            f"{mesh['bytes_per_slot']:,.0f} B/slot, hottest {mesh['hottest_cell']} "
-            f"{mesh['hottest_node_j_per_slot']:.4g} J/slot, first death "
-            f"{mesh['first_death_years']:.3g} y ({mesh['first_cell']}); cloud "
-            f"{cloud['bytes_per_slot']:,.0f} B/slot, hottest "
-            f"{cloud['hottest_node_j_per_slot']:.4g} J/slot, first death "
-            f"{cloud['first_death_years']:.3g} y ({cloud['first_cell']}); alerts equal "
+            f"{places(mesh['bytes_per_slot'], 0)} B/slot, hottest {mesh['hottest_cell']} "
+            f"{figure(mesh['hottest_node_j_per_slot'])} J/slot, first death "
+            f"{figure(mesh['first_death_years'])} y ({mesh['first_cell']}); cloud "
+            f"{places(cloud['bytes_per_slot'], 0)} B/slot, hottest "
+            f"{figure(cloud['hottest_node_j_per_slot'])} J/slot, first death "
+            f"{figure(cloud['first_death_years'])} y ({cloud['first_cell']}); alerts equal "
             f"central: {report['alerts_equal_central']} -> {run_dir}")
