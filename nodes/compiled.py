@@ -23,11 +23,13 @@ fill-ins, compression, delta halos, replanning, held gradients under shared memo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
+from meshdl.errors import MeshdlError
 from meshdl.nodes import compute
 from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.plan import Computation, Role
@@ -128,6 +130,8 @@ class Tables(NamedTuple):
     in_channels: int
     layers: int
     filters: int
+    conv_size: int  # values of a node's gradient vector (`grads`' rows)
+    params_size: int  # values of the PARAMS vector the offsets above index
 
     @property
     def nodes(self) -> int:
@@ -171,7 +175,7 @@ def lay_out(spec: MeshSpec, nodes: list[NodeMachine]) -> Layout:
     """The tables of `nodes` (every member of `spec`'s mesh, adopted to `spec`)."""
     builder = _Builder(spec, nodes)
     tables = builder.tables()
-    _check_ranges(tables)
+    validate(tables)
     stages = [job.stage if job.send is None else "" for node in nodes for job in node.jobs]
     return Layout(tables, builder.keys, stages)
 
@@ -389,21 +393,292 @@ class _Builder:
         return out
 
 
-POOL_RANGES = ("entry_slots", "entry_waiters", "task_made", "msg_rows", "forwards",
-               "made_input", "conv_slots", "conv_taps", "grad_slots", "grad_taps",
-               "block_slots", "route_slots", "child_pooled", "child_winner", "child_dpooled",
-               "children")  # the `Tables` fields that are ranges of `pool`
+# ---------------------------------------------------------------- checked before run
+# The loop runs without bounds checks (a checked loop is several times slower), so every
+# number of the tables that the loop uses to index an array is checked once, when the
+# tables are built, against the size of what it indexes: a table laid out wrong, or
+# tampered with, is refused in one line rather than read past its arrays. Every integer
+# field of `Tables` is declared here as an index (`INDEXES`: what its numbers count) or
+# as a value (`VALUES`); tests/test_compiled.py holds each field to one of the two and
+# tampers every index in turn.
 
 
-def _check_ranges(tables: Tables) -> None:
-    """Every list range lies in the pool: the loop runs without bounds checks, so a
-    table laid out wrong would read past its arrays rather than raise."""
-    size = len(tables.pool)
-    for name in POOL_RANGES:
-        spans = getattr(tables, name)
-        if spans.size and not (spans.min() >= 0 and spans.max() <= size and
-                               (spans[..., 0] <= spans[..., 1]).all()):
-            raise ValueError(f"the compiled tables' {name} reach outside their pool")
+class TablesError(MeshdlError, ValueError):
+    """Compiled tables that would make the loop index outside its arrays."""
+
+
+class UnknownStep(MeshdlError):
+    """The loop met a step code it has no arithmetic for (tables changed after
+    `validate`)."""
+
+
+def _top(tb: Tables) -> np.ndarray:
+    return tb.a_buf[:, tb.layers]
+
+
+def _below(tb: Tables) -> np.ndarray:
+    """Per (node, layer), the buffer of layer - 1's activations (NONE for layer 0)."""
+    return np.concatenate([np.full((tb.nodes, 1), NONE, np.int64), tb.a_buf[:, :-1]], 1)
+
+
+class Index(NamedTuple):
+    """What the numbers of an index field count (`_counts`): nodes, tasks, messages,
+    entries, buffers, arenas, layers, taps (of a kernel), params (offsets into the
+    PARAMS vector), or slots (of the arena of the buffer `buffer` names, aligned with
+    the field). `listed`: the field holds ranges [start, end) of `pool`, whose numbers
+    are the ones counted; `span`: ranges of the counted numbers themselves. `none`: NONE
+    (nothing there) is allowed; a step that needs the thing checks it is there."""
+
+    of: str
+    listed: bool = False
+    span: bool = False
+    none: bool = False
+    buffer: Callable[[Tables], np.ndarray] | None = None
+
+
+def _field(name: str) -> Callable[[Tables], np.ndarray]:
+    return lambda tb: getattr(tb, name)
+
+
+INDEXES: dict[str, Index] = {
+    "pool": Index("lists"),  # its numbers: checked as those of the ranges that list them
+    "buf_arena": Index("arenas"),
+    "entry_node": Index("nodes"),
+    "entry_buf": Index("buffers", none=True),
+    "entry_slots": Index("slots", listed=True, buffer=_field("entry_buf")),
+    "entry_waiters": Index("tasks", listed=True),
+    "task_node": Index("nodes"),
+    "task_layer": Index("layers"),
+    "task_msg": Index("messages", none=True),
+    "task_made": Index("tasks", listed=True),
+    "node_tasks": Index("tasks", span=True),
+    "msg_src": Index("nodes"),
+    "msg_buf": Index("buffers", none=True),
+    "msg_rows": Index("slots", listed=True, buffer=_field("msg_buf")),
+    "msg_dst": Index("nodes", none=True),  # NONE: the edge
+    "msg_entry": Index("entries", none=True),
+    "forwards": Index("messages", listed=True),
+    "made_input": Index("tasks", listed=True),
+    "a_buf": Index("buffers"),
+    "own_a": Index("slots", buffer=_field("a_buf")),
+    "dz_buf": Index("buffers", none=True),
+    "own_dz": Index("slots", none=True, buffer=_field("dz_buf")),
+    "conv_slots": Index("slots", listed=True, buffer=_below),
+    "conv_taps": Index("taps", listed=True),
+    "grad_slots": Index("slots", listed=True, buffer=_field("dz_buf")),
+    "grad_taps": Index("taps", listed=True),
+    "route_buf": Index("buffers"),
+    "own_route": Index("slots", buffer=_field("route_buf")),
+    "pooled_buf": Index("buffers", none=True),
+    "pooled_slot": Index("slots", none=True, buffer=_field("pooled_buf")),
+    "dpooled_buf": Index("buffers", none=True),
+    "dpooled_slot": Index("slots", none=True, buffer=_field("dpooled_buf")),
+    "winner_buf": Index("buffers", none=True),
+    "winner_slot": Index("slots", none=True, buffer=_field("winner_buf")),
+    "block_slots": Index("slots", listed=True, buffer=_top),
+    "route_slots": Index("slots", listed=True, buffer=_field("route_buf")),
+    "child_pooled": Index("slots", listed=True, buffer=_field("pooled_buf")),
+    "child_winner": Index("slots", listed=True, buffer=_field("winner_buf")),
+    "child_dpooled": Index("slots", listed=True, buffer=_field("dpooled_buf")),
+    "children": Index("nodes", listed=True),
+    "w_off": Index("params"),  # (each with its layer's w_shape: the whole weight)
+    "b_off": Index("params"),  # (with b_len)
+    "mean_off": Index("params"),  # (with in_channels)
+    "std_off": Index("params"),
+}
+# Numbers that index nothing: sizes, counts, flags, codes (`task_step`: checked as
+# codes below, and the loop refuses an unknown one). (`number` is a float.)
+VALUES = frozenset({"arena_sizes", "buf_ch", "entry_role", "task_step", "task_train",
+                    "task_needs", "active", "by_input", "w_shape", "b_len",
+                    "in_channels", "layers", "filters", "conv_size", "params_size"})
+# Lists a kernel walks by the first's positions, reading the second's at each: the
+# second must be at least as long (a window's slots and their kernel taps; global
+# pooling's children's maxima and their first cells, at a node that runs WINNERS).
+PAIRED = (("conv_slots", "conv_taps", None), ("grad_slots", "grad_taps", None),
+          ("child_pooled", "child_winner", WINNERS))
+# Per step code, what its node must have (the fields NONE may leave out) at the node
+# (`None`), the task's layer (0), the layer below (-1), or the top layer ("top"), and
+# the lowest layer it may run at.
+STEP_NEEDS: dict[int, tuple[tuple[tuple[str, int | str | None], ...], int]] = {
+    SEND: ((("task_msg", "task"),), 0),
+    CONV: ((), 1),
+    POOL: ((("pooled_buf", None), ("pooled_slot", None)), 0),
+    ROUTE: ((("dpooled_buf", None), ("dpooled_slot", None)), 0),
+    AGGREGATE: ((("pooled_buf", None), ("pooled_slot", None)), 0),
+    WINNERS: ((("pooled_buf", None), ("pooled_slot", None), ("winner_buf", None),
+               ("winner_slot", None)), 0),
+    SPLIT: ((("dpooled_buf", None), ("dpooled_slot", None)), 0),
+    DZ_TOP: ((("dz_buf", "top"), ("own_dz", "top")), 0),
+    WEIGHT_GRAD: ((("dz_buf", 0), ("own_dz", 0)), 1),
+    INPUT_GRAD: ((("dz_buf", 0), ("own_dz", 0), ("dz_buf", -1), ("own_dz", -1)), 2),
+    REDUCE: ((("task_msg", "task"),), 0),
+}
+
+
+def _refuse(field: str, at, value: int, bound: str) -> TablesError:
+    where = ", ".join(str(int(i)) for i in np.atleast_1d(at))
+    return TablesError(f"compiled tables refused: Tables.{field}[{where}] = {int(value)}, "
+                       f"not {bound}")
+
+
+def _counts(tb: Tables) -> dict[str, int]:
+    """How many there are of what each kind of index counts."""
+    taps = int(tb.w_shape[1:, 2].min()) if tb.layers else 0
+    return {"nodes": tb.nodes, "tasks": len(tb.task_node), "messages": len(tb.msg_src),
+            "entries": len(tb.entry_node), "buffers": len(tb.buf_arena),
+            "arenas": len(tb.arena_sizes), "layers": tb.layers + 1, "taps": taps,
+            "params": tb.params_size}
+
+
+def _within(field: str, values: np.ndarray, bound, what: str, none: bool) -> None:
+    """Every number of `values` (positions of `field`) is in [0, bound) (bound: one
+    number, or one per position), or NONE where allowed."""
+    bound = np.broadcast_to(np.asarray(bound, np.int64), values.shape)
+    bad = ((values < 0) | (values >= bound)) & ~(none & (values == NONE))
+    if bad.any():
+        at = np.argwhere(bad)[0] if values.ndim else ()
+        b = bound[tuple(at)] if values.ndim else bound
+        allowed = " or NONE" if none else ""
+        raise _refuse(field, at, values[tuple(at)] if values.ndim else values,
+                      f"one of the {int(b)} {what}{allowed}")
+
+
+def _slot_bounds(tb: Tables, index: Index, shape: tuple[int, ...]) -> np.ndarray:
+    """Per position of a slot field, the home slots of its buffer's arena (0: no
+    buffer, so no slot)."""
+    buffers = np.broadcast_to(index.buffer(tb), shape)
+    sizes = tb.arena_sizes[np.clip(tb.buf_arena[np.clip(buffers, 0, None)], 0, None)]
+    return np.where(buffers == NONE, 0, sizes)
+
+
+def _ranges(field: str, spans: np.ndarray, size: int, what: str) -> None:
+    """Every range [start, end) of `field` lies in [0, size]."""
+    starts, ends = spans[..., 0], spans[..., 1]
+    for bad, value in (((starts < 0) | (starts > ends), starts), (ends > size, ends)):
+        if bad.any():
+            at = np.argwhere(bad)[0]
+            raise _refuse(field, at, value[tuple(at)],
+                          f"a range [start, end) of the {size} {what}")
+
+
+def _listed(tb: Tables, field: str, index: Index, counts: dict[str, int]) -> None:
+    """The numbers a range field lists in `pool` count what it indexes."""
+    spans = getattr(tb, field)
+    _ranges(field, spans, len(tb.pool), "numbers of the pool")
+    starts, lengths = spans[..., 0].ravel(), (spans[..., 1] - spans[..., 0]).ravel()
+    owner = np.repeat(np.arange(len(starts)), lengths)  # each listed number's range
+    first = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    where = starts[owner] + np.arange(len(owner)) - first  # its place in the pool
+    if index.of == "slots":
+        bound = _slot_bounds(tb, index, spans.shape[:-1]).ravel()[owner]
+    else:
+        bound = counts[index.of]
+    values = tb.pool[where]
+    bad = (values < 0) | (values >= bound)
+    if bad.any():
+        i = int(np.argmax(bad))
+        at = np.unravel_index(owner[i], spans.shape[:-1])
+        b = bound[i] if np.ndim(bound) else bound
+        raise _refuse("pool", where[i], values[i],
+                      f"one of the {int(b)} {index.of} (listed by Tables.{field}"
+                      f"[{', '.join(str(int(a)) for a in at)}])")
+
+
+def validate(tb: Tables) -> None:
+    """Refuse (`TablesError`, one line: the field, the position, the bound) tables the
+    loop would index outside its arrays with: every index field of `INDEXES` against
+    the size of what it indexes, every step code known, each step's node holding what
+    it needs, the lists a kernel walks in pairs, and each message sent by one sender
+    (the loop's queues hold each message once)."""
+    counts = _counts(tb)
+    nodes, layers = tb.nodes, tb.layers
+    for field, index in INDEXES.items():
+        values = np.asarray(getattr(tb, field))
+        if field == "pool":
+            continue  # (checked through the fields that list its numbers)
+        if index.listed:
+            _listed(tb, field, index, counts)
+        elif index.span:
+            _ranges(field, values, counts[index.of], index.of)
+        elif index.of == "slots":
+            _within(field, values, _slot_bounds(tb, index, values.shape), "home slots of "
+                    "its buffer's arena", index.none)
+        elif index.of != "params":
+            _within(field, values, counts[index.of], index.of, index.none)
+    for field in ("a_buf", "dz_buf", "own_a", "own_dz", "conv_slots", "grad_slots"):
+        if getattr(tb, field).shape[:2] != (nodes, layers + 1):
+            raise TablesError(f"compiled tables refused: Tables.{field} has shape "
+                              f"{getattr(tb, field).shape}, not ({nodes}, {layers + 1}, ...)")
+    _check_parameters(tb)
+    for first, second, step in PAIRED:
+        a, b = getattr(tb, first), getattr(tb, second)
+        walked = a[..., 1] - a[..., 0]
+        if step is not None:  # (only where that step runs)
+            runs = np.zeros(nodes, bool)
+            runs[tb.task_node[tb.task_step == step]] = True
+            walked = np.where(runs, walked, 0)
+        read = np.broadcast_to((b[..., 1] - b[..., 0]).reshape(
+            b.shape[:-1] + (1,) * (walked.ndim - b.ndim + 1)), walked.shape)
+        if (walked > read).any():
+            at = np.argwhere(walked > read)[0]
+            raise _refuse(first, at, walked[tuple(at)],
+                          f"a list as long as Tables.{second}'s ({int(read[tuple(at)])})")
+    _check_steps(tb)
+    senders = np.concatenate([tb.task_msg[tb.task_msg != NONE]] + [
+        tb.pool[s:e] for s, e in tb.forwards])
+    if senders.size and np.bincount(senders).max() > 1:
+        m = int(np.argmax(np.bincount(senders)))
+        raise TablesError(f"compiled tables refused: message {m} has more than one "
+                          f"sender (Tables.task_msg, Tables.forwards)")
+
+
+def _check_parameters(tb: Tables) -> None:
+    """Each conv layer's weight and bias, and the normalization, inside the PARAMS
+    vector, and the layers' inside a node's gradient vector (conv_size) too."""
+    for layer in range(1, tb.layers + 1):
+        # (its kernel's shape bounds the kernels' loops over the arenas' channels)
+        shape = (tb.filters, tb.in_channels if layer == 1 else tb.filters)
+        if tuple(tb.w_shape[layer, :2]) != shape or tb.b_len[layer] != tb.filters:
+            raise _refuse("w_shape", layer, tb.w_shape[layer, 0],
+                          f"a kernel of shape {(*shape, int(tb.w_shape[layer, 2]))} "
+                          f"with {tb.filters} biases")
+        weight = int(np.prod(tb.w_shape[layer]))
+        for field, start, size in (("w_off", tb.w_off[layer], weight),
+                                   ("b_off", tb.b_off[layer], tb.b_len[layer])):
+            if start < 0 or start + size > tb.conv_size:
+                raise _refuse(field, layer, start, f"the start of {int(size)} values "
+                              f"within the {tb.conv_size} conv parameters")
+    for field in ("mean_off", "std_off"):
+        start = getattr(tb, field)
+        if start < 0 or start + tb.in_channels > tb.params_size:
+            raise _refuse(field, (), start, f"the start of {tb.in_channels} values within "
+                          f"the {tb.params_size} of PARAMS")
+
+
+def _check_steps(tb: Tables) -> None:
+    """Every task's step code is known, its layer one the step may run at, and its node
+    holds what the step reads."""
+    codes = np.array(sorted(STEP_NEEDS), np.int64)
+    unknown = ~np.isin(tb.task_step, codes)
+    if unknown.any():
+        t = int(np.argmax(unknown))
+        raise _refuse("task_step", t, tb.task_step[t],
+                      f"a step code ({', '.join(map(str, codes))})")
+    for code, (needs, lowest) in STEP_NEEDS.items():
+        tasks = np.flatnonzero(tb.task_step == code)
+        low = tasks[tb.task_layer[tasks] < lowest]
+        if low.size:
+            raise _refuse("task_layer", low[0], tb.task_layer[low[0]],
+                          f"a layer from {lowest} (step code {code})")
+        n, layer = tb.task_node[tasks], tb.task_layer[tasks]
+        for field, at in needs:
+            values = getattr(tb, field)
+            got = (values[tasks] if at == "task" else values[n] if at is None else
+                   values[n, tb.layers] if at == "top" else values[n, layer + at])
+            if (got == NONE).any():
+                t = int(tasks[np.argmax(got == NONE)])
+                raise TablesError(f"compiled tables refused: task {t} (step code {code}) "
+                                  f"needs Tables.{field} of its node, which is NONE")
 
 
 def _parameter_offsets(spec: MeshSpec) -> dict[str, np.ndarray | int]:
@@ -416,7 +691,8 @@ def _parameter_offsets(spec: MeshSpec) -> dict[str, np.ndarray | int]:
         w_off[layer], w_shape[layer] = where.weight.start, where.kernel_shape
         b_off[layer], b_len[layer] = where.bias.start, where.bias.stop - where.bias.start
     return {"w_off": w_off, "w_shape": w_shape, "b_off": b_off, "b_len": b_len,
-            "mean_off": layout.mean.start, "std_off": layout.std.start}
+            "mean_off": layout.mean.start, "std_off": layout.std.start,
+            "conv_size": layout.conv_size, "params_size": layout.size}
 
 
 def _slot_array(slots) -> np.ndarray:
@@ -701,6 +977,8 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                         for v in range(total.size):
                             total[v] += child[v]
                     _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
+                else:  # (`validate` refuses such tables: no wave goes on without a step)
+                    raise UnknownStep("a task of the compiled tables has an unknown step code")
         if first:
             for item in pending:
                 nxt[counts[NEXT]] = item

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError
-from meshdl.nodes.compiled import _check_ranges, lay_out
+from meshdl.nodes.compiled import lay_out, validate
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.sim.mesh import MeshEngine, VirtualMesh
 from meshdl.training.failout import failout_cells
@@ -193,6 +193,6 @@ def test_tables_whose_ranges_leave_their_pool_are_refused_before_the_loop_runs()
     mesh, _ = _live_mesh(True)
     nodes = [mesh.nodes[cell] for cell in mesh.spec.topology.cells()]
     tables = lay_out(mesh.spec, nodes).tables
-    _check_ranges(tables)
+    validate(tables)
     with pytest.raises(ValueError, match="msg_rows"):
-        _check_ranges(tables._replace(msg_rows=tables.msg_rows + len(tables.pool)))
+        validate(tables._replace(msg_rows=tables.msg_rows + len(tables.pool)))
