@@ -438,7 +438,7 @@ def test_on_lora_ideal_is_below_lpl_below_always_on_and_more_traffic_costs_more(
     use = _lora_use(*traffic)
     assert use.frames_sent * (L_SMALL + EXT) <= LORA.duty_cycle * PERIOD
     e = mac_energies(LORA, use, PERIOD)
-    assert set(e) == {"always-on", "ideal", "lpl"}
+    assert set(e) == {"always-on", "ideal", "lpl", "scheduled"}
     assert e["ideal"].total_j <= e["lpl"].total_j <= e["always-on"].total_j
     bigger = list(traffic)
     bigger[more] += 1
@@ -584,7 +584,7 @@ def test_on_ble_ideal_is_below_tsch_below_always_on_and_more_traffic_costs_more(
         traffic: tuple, more: int) -> None:
     use = _ble_use(*traffic)
     e = mac_energies(BLE, use, PERIOD)
-    assert set(e) == {"always-on", "ideal", "tsch"}
+    assert set(e) == {"always-on", "ideal", "tsch", "scheduled"}
     assert e["ideal"].total_j <= e["tsch"].total_j <= e["always-on"].total_j
     bigger = list(traffic)
     bigger[more] += 1
@@ -658,8 +658,8 @@ def test_lpl_refuses_ble_and_both_refuse_radios_without_cca_or_acks() -> None:
     assert unsupported_reason("tsch", BLE) is None
     idle = RadioUse(0.0, 0.0, 0, 0, 0, 0, 0)
     assert set(mac_energies(profile("wifi"), idle, PERIOD)) == {"always-on", "ideal"}
-    assert set(mac_energies(BLE, idle, PERIOD)) == {"always-on", "ideal", "tsch"}
-    assert set(mac_energies(LORA, idle, PERIOD)) == {"always-on", "ideal", "lpl"}
+    assert set(mac_energies(BLE, idle, PERIOD)) == {"always-on", "ideal", "tsch", "scheduled"}
+    assert set(mac_energies(LORA, idle, PERIOD)) == {"always-on", "ideal", "lpl", "scheduled"}
 
 
 def test_tsch_refuses_frames_longer_than_a_timeslot_holds() -> None:

@@ -28,7 +28,10 @@ Zero 2 W. A Cortex-M4 running the protocol in C (header checks and a CRC over ab
 bytes, some 3,000 cycles at 64 MHz) is put at 50 us. These are estimates, and say so.
 
 Power: `cpu_w` is drawn while computing, `idle_w` otherwise (the board's floor, radio
-off; the radio's own draw is in its profile). Raspberry Pi figures are published
+off; the radio's own draw is in its profile), `sleep_w` in its deepest sleep with an RTC
+to wake it and its RAM kept, where the scheduled MAC (sim/radio/mac.py) puts it between
+slots; a Raspberry Pi has no such state (Linux has no suspend with an RTC wake-up on it),
+so its figure is its idle power. Raspberry Pi figures are published
 measurements, indicative only (Pi 4: 2.7 W idle, 6.4 W under load, Raspberry Pi
 documentation and Tom's Hardware; Zero 2 W: 0.6 W idle, about 1.5 W with one busy core,
 Hackaday "The Pi Zero 2 W is the most efficient Pi").
@@ -52,6 +55,14 @@ class DeviceProfile(BaseModel):
     cpu_w: float = Field(ge=0, description="power while computing")
     idle_w: float = Field(ge=0, description="power of the board otherwise (radio apart)")
     source: str
+    sleep_w: float | None = Field(None, ge=0, description="its deepest sleep with a timer "
+                                  "(RTC) to wake it and its memory kept, between the "
+                                  "scheduled MAC's slots; None: no deeper state than idle")
+
+    @property
+    def deep_sleep_w(self) -> float:
+        """What it draws asleep between scheduled slots (idle_w without a sleep state)."""
+        return self.idle_w if self.sleep_w is None else self.sleep_w
 
     def cpu_s(self, flops: int, messages: int = 1) -> float:
         """CPU time of `messages` handled that together set off `flops` operations."""
@@ -68,9 +79,16 @@ _DEVICES = [
                   "co.uk) at 1 GHz; power: Hackaday Pi Zero 2 W measurements (indicative)"),
     DeviceProfile(name="cortex-m4", flops_per_s=20e6, per_message_s=50e-6,
                   cpu_w=3.7e-3 * 3.0, idle_w=1.9e-6 * 3.0,
+                  # Asleep with the RTC and all 64 kB of RAM kept (the cached parameters,
+                  # the slot's state): the sleep current table's ION_RAMOFF_RTC (System ON,
+                  # no RAM retention, wake on RTC) 1.9 uA plus what full retention adds in
+                  # the same table (ION_RAMON_EVENT 1.5 - ION_RAMOFF_EVENT 1.2 = 0.3 uA).
+                  sleep_w=(1.9e-6 + 0.3e-6) * 3.0,
                   source="nRF52832 product specification v1.4: 64 MHz Cortex-M4F, CPU "
                   "3.7 mA from flash (DC/DC), System ON idle 1.9 uA, at 3 V; a "
-                  "multiply-add in about 6 cycles with its loads (VFMA.F32 3, VLDR 2)"),
+                  "multiply-add in about 6 cycles with its loads (VFMA.F32 3, VLDR 2); "
+                  "asleep with RTC and full RAM retention 2.2 uA (sleep current table: "
+                  "ION_RAMOFF_RTC 1.9 uA + 0.3 uA of RAM retention)"),
 ]
 
 

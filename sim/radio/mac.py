@@ -1,4 +1,4 @@
-"""Duty-cycled MACs: the joules one party's radio draws over a period, under four MACs.
+"""Duty-cycled MACs: the joules one party's radio draws over a period, under five MACs.
 
 The medium (sim/radio/media.py) times the traffic and counts each party's seconds
 transmitting and receiving (`Tally`, `RadioTimes`): its frames, retries and ACKs, and
@@ -12,6 +12,7 @@ MAC is the radio's own duty-cycled MAC of its kind, where one exists:
 | always-on, ideal | yes | yes | yes | yes |
 | lpl (sampled listening) | ContikiMAC | refused: no CCA | CAD preamble sampling | refused |
 | tsch (scheduled) | TSCH (RFC 8180) | connection events | refused: no TSCH | refused |
+| scheduled (wake-up) | Glossy sync, deep sleep | the same | the same | refused |
 
 - **always-on**: the radio listens (`idle_w`) whenever it neither transmits nor receives,
   as sim/radio/energy.py's `state_energy` gives it; the upper bound.
@@ -106,10 +107,48 @@ MAC is the radio's own duty-cycled MAC of its kind, where one exists:
   frame would wait 2 s a hop on average, or the links would shorten their interval for
   the wave with the connection update procedure, whose control PDUs are not priced.
 
+- **scheduled**: every party wakes at the slot's known time, runs the wave, and puts its
+  radio into its deepest sleep (the profile's `deep_sleep_w`) until the next slot, as
+  TAG's epochs (Madden et al., OSDI 2002) and the Low-power Wireless Bus (F. Ferrari, M.
+  Zimmerling, L. Mottola, L. Thiele, SenSys 2012) do; the caller puts the processor into
+  its own (sim/radio/device.py's `sleep_w`). The slot begins with a time-sync flood from
+  the edge, priced as a Glossy flood (F. Ferrari, M. Zimmerling, L. Thiele, O. Saukh,
+  "Efficient Network Flooding and Time Synchronization with Glossy", IPSN 2011): the
+  initiator sends a short frame, every node that receives it sends it again a fixed
+  turnaround after the reception ends (the concurrent copies interfere constructively
+  on 802.15.4), and a node turns its radio off once it has sent it `sched_sync_transmissions`
+  (Glossy's N) times, having received it as often. A node `sync_hops` hops from the edge
+  (`RadioUse.sync_hops`, the tree's depth: the flood's hop distance on the grid) knows
+  when the flood reaches it: Glossy's frame carries a relay counter, from which each
+  node takes its hop count and the flood's start (`sched_wake_by_relay_counter`); so it
+  wakes its guard time before its own first reception, not before the flood's start
+  (without: it listens (hops - 1) flood steps of airtime + turnaround more). Then N
+  receptions and N transmissions with a turnaround between each two;
+  Glossy measured floods of a few milliseconds and a sync error below a microsecond, so
+  the wave after it starts with the clocks together. The guard: a node sleeps a whole
+  slot between two floods, and its crystal and the initiator's may drift apart by
+  2 x `sched_drift_ppm` (each crystal's tolerance, opposite ways; 40 ppm as TSCH's
+  keep-alive period assumes) times the slot; it wakes that long early and on average
+  listens that long before the flood comes (the window is twice that, centred). With
+  `sched_drift_compensation` (each node learns its drift from successive floods, as
+  Contiki-NG's TSCH adaptive timesync does) what remains is `sched_compensated_ppm`.
+  During the wave a receiver opens a window of `sched_rx_window_s` before each message
+  it expects (TSCH's mean guard, half macTsRxWait: the 802.15.4-2015 default timeslot
+  template's 2.2 ms window), stays on through the inter-frame space before each later
+  frame of it (the sender sets Frame Pending), and turns around before each ACK it
+  sends; a sender senses the channel once before each frame (unslotted CSMA-CA's CCA:
+  RX calibration plus the CCA time) and waits a turnaround for each ACK. The same on
+  BLE and LoRa, with their own frames and timings (Glossy-style floods exist on both:
+  BlueFlood, Al Nahas et al., EWSN 2019; LoRaBlink, Bor et al., EWSN 2016); Wi-Fi
+  (the Pi's radio, whose profile has no deep-sleep figure) is refused. The radio's
+  gaps inside the wave are priced at its deep sleep too (a 1 s wave's gaps at the CC2420's
+  60 uW power-down rather than its 0.06 uW regulator-off cost at most 60 uJ).
+
 Each MAC's `overhead_j` is what its radio draws beyond the traffic's own frames and ACKs
 (tx_s at tx_w, rx_s at rx_w): idle listening for always-on, nothing for the ideal MAC,
 checks, strobes, long preambles and waits for LPL, idle cells, beacons, keep-alives,
-connection events and slot waits for TSCH. The device's energy is not here (the caller
+connection events and slot waits for TSCH, the sync flood, guard, windows, CCAs and
+turnarounds for the scheduled MAC. The device's energy is not here (the caller
 adds the CPU's).
 
 What the model leaves out: overhearing (an LPL neighbour that wakes on a unicast strobe
@@ -139,8 +178,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from meshdl.sim.radio.profiles import RadioProfile
 from meshdl.sim.radio.trace import Party, Sent
 
-MacName = Literal["always-on", "ideal", "lpl", "tsch"]
-MACS: tuple[MacName, ...] = ("always-on", "ideal", "lpl", "tsch")
+MacName = Literal["always-on", "ideal", "lpl", "tsch", "scheduled"]
+MACS: tuple[MacName, ...] = ("always-on", "ideal", "lpl", "tsch", "scheduled")
 
 # Contiki's ContikiMAC timing is in ticks of the rtimer: 32,768 Hz on the MSP430 motes
 # (Tmote Sky, Zolertia Z1, both with a CC2420): cpu/msp430/rtimer-arch.h, 4096 * 8.
@@ -186,6 +225,9 @@ class RadioUse(NamedTuple):
     # Its broadcast frames times their receivers: what a point-to-point link layer sends
     # for them, one copy to each receiver.
     broadcast_copies: int = 0
+    # Hops from the initiator of the scheduled MAC's sync flood (the edge): how long the
+    # flood takes to reach it (0: the initiator).
+    sync_hops: int = 0
 
     @property
     def unicast_frames_sent(self) -> int:
@@ -292,6 +334,30 @@ class MacParams(BaseModel):
     # bound the link layer uses (as Apache NimBLE's g_ble_sca_ppm_tbl does).
     ble_sca_ppm: float = Field(50.0, gt=0, le=500)
 
+    # -- scheduled wake-up (Glossy sync flood, LWB-style rounds) --------------------------
+    # Glossy's N: how often each node sends the flood's frame (IPSN 2011 lets the
+    # initiator set it; more copies, more reliability). 2: a modelling choice.
+    sched_sync_transmissions: int = Field(2, ge=1)
+    # The sync frame's payload beyond the profile's frame overhead: Glossy's header byte
+    # and relay counter (2), the slot's time (4) and number (2). A modelling choice.
+    sched_sync_payload_bytes: int = Field(8, ge=0)
+    # Each crystal's tolerance without compensation: 40 ppm as tsch_drift_ppm (Contiki-
+    # NG's assumption; a watch crystal's +-20 ppm at 25 C plus its -0.035 ppm/C^2).
+    sched_drift_ppm: float = Field(40.0, ge=0)
+    # Drift compensation: a node learns its crystal's offset from the floods' times (as
+    # Contiki-NG's TSCH adaptive timesync, os/net/mac/tsch/tsch-adaptive-timesync.c, does
+    # from its time source). What a learnt offset leaves is its change between two
+    # floods: temperature, on the crystal's parabola 0.035 ppm/C^2 x 2 x (T - 25 C), 0.7
+    # ppm per degree at 10 C from the turnover; 2 ppm: a 3-degree change within a slot.
+    sched_drift_compensation: bool = False
+    sched_compensated_ppm: float = Field(2.0, ge=0)
+    # A receiver's mean listening before each message it expects in the wave: TSCH's
+    # guard, half of macTsRxWait (2.2 ms, the 802.15.4-2015 default timeslot template).
+    sched_rx_window_s: float = Field(1.1e-3, ge=0)
+    # Wake for one's own hop of the flood (Glossy's relay counter tells it), not for
+    # the flood's start.
+    sched_wake_by_relay_counter: bool = True
+
     @model_validator(mode="after")
     def _ble_connection_valid(self) -> MacParams:
         units = self.ble_conn_interval_s / BLE_INTERVAL_UNIT_S
@@ -348,6 +414,13 @@ class MacParams(BaseModel):
         over the time since its last anchor, plus the sleep clock's 16 us of jitter."""
         return 2 * self.ble_sca_ppm * 1e-6 * self.ble_event_period_s + BLE_SLEEP_JITTER_S
 
+    def sched_guard_s(self, sleep_s: float) -> float:
+        """How early a node wakes for the sync flood after sleeping `sleep_s`: its
+        crystal's and the initiator's drift apart, opposite ways, over the sleep."""
+        ppm = self.sched_compensated_ppm if self.sched_drift_compensation \
+            else self.sched_drift_ppm
+        return 2 * ppm * 1e-6 * sleep_s
+
 
 class LoraCad(NamedTuple):
     """One LoRa channel activity detection, and the preamble that one always catches."""
@@ -394,6 +467,31 @@ class _Counts:
                         self.received, self.frames_received, self.broadcast_frames_sent,
                         self.broadcasts_received, self.broadcast_frames_received,
                         len(self.peers), self.broadcast_copies)
+
+
+class SyncFlood(NamedTuple):
+    """One party's radio in one Glossy sync flood: seconds in each on-state."""
+
+    tx_s: float
+    rx_s: float
+    listen_s: float  # the guard, the wait for the flood to reach it, the turnarounds
+
+
+def sync_flood(radio: RadioProfile, hops: int, sleep_s: float,
+               params: MacParams | None = None) -> SyncFlood:
+    """The scheduled MAC's sync flood for a party `hops` hops from its initiator, after
+    a sleep of `sleep_s` (see the module docstring)."""
+    if hops < 0:
+        raise ValueError(f"hops must be >= 0, got {hops}")
+    p = params or MacParams()
+    air = radio.frame_airtime(radio.frame_overhead_bytes + p.sched_sync_payload_bytes)
+    turn, n = radio.turnaround_s, p.sched_sync_transmissions
+    if hops == 0:  # the initiator: it sends first, then takes and sends in turn
+        return SyncFlood(n * air, (n - 1) * air, (2 * n - 2) * turn)
+    wait = p.sched_guard_s(sleep_s)
+    if not p.sched_wake_by_relay_counter:
+        wait += (hops - 1) * (air + turn)  # awake from the flood's start
+    return SyncFlood(n * air, n * air, wait + (2 * n - 1) * turn)
 
 
 class _States(NamedTuple):
@@ -489,6 +587,11 @@ def unsupported_reason(mac: MacName, radio: RadioProfile,
         return f"unknown MAC {mac!r} (known: {', '.join(MACS)})"
     if mac in ("always-on", "ideal"):
         return None
+    if mac == "scheduled":
+        if radio.deep_sleep_w is None:
+            return (f"scheduled does not apply to radio {radio.name!r}: its profile has no "
+                    "deep-sleep figure (deep_sleep_w) to sleep in between slots")
+        return None
     p = params or MacParams()
     if radio.modulation == "lora":
         return _lora_reason(mac, radio, p)
@@ -571,6 +674,10 @@ def mac_energy(mac: MacName, radio: RadioProfile, use: RadioUse, period_s: float
     elif mac == "lpl":
         states = (_lora_lpl(radio, use, period_s, params) if radio.modulation == "lora"
                   else _lpl(radio, use, period_s, params))
+    elif mac == "scheduled":
+        states = _scheduled(radio, use, period_s, params)
+        assert radio.deep_sleep_w is not None  # unsupported_reason said so
+        return _priced(radio, use, states, period_s, mac, 0.0, radio.deep_sleep_w)
     elif is_ble(radio):
         states = _ble_events(radio, use, period_s, params)
     else:
@@ -579,14 +686,14 @@ def mac_energy(mac: MacName, radio: RadioProfile, use: RadioUse, period_s: float
 
 
 def _priced(radio: RadioProfile, use: RadioUse, states: _States, period_s: float,
-            mac: str, processing_w: float) -> MacEnergy:
+            mac: str, processing_w: float, sleep_w: float | None = None) -> MacEnergy:
     on = states.tx + states.rx + states.listen + states.processing
     if on > period_s * (1 + 1e-9):
         raise ValueError(f"under {mac} the radio would be on {on:g} s of a {period_s:g} s "
                          "period: more traffic than the MAC can carry")
     tx_j, rx_j = states.tx * radio.tx_w, states.rx * radio.rx_w
     listen_j = states.listen * radio.idle_w + states.processing * processing_w
-    sleep_j = max(period_s - on, 0.0) * radio.sleep_w
+    sleep_j = max(period_s - on, 0.0) * (radio.sleep_w if sleep_w is None else sleep_w)
     overhead_j = tx_j + rx_j + listen_j - (use.tx_s * radio.tx_w + use.rx_s * radio.rx_w)
     return MacEnergy(tx_j, rx_j, listen_j, sleep_j, overhead_j,
                      tx_j + rx_j + listen_j + sleep_j, min(on, period_s))
@@ -616,6 +723,21 @@ def _lpl(radio: RadioProfile, use: RadioUse, period_s: float, p: MacParams) -> _
     listen += use.unicast_frames_received * radio.turnaround_s
     listen += (use.unicast_frames_received - use.unicasts_received) * radio.ifs_s
     return _States(tx, rx, listen)
+
+
+def _scheduled(radio: RadioProfile, use: RadioUse, period_s: float,
+               p: MacParams) -> _States:
+    """The scheduled MAC's radio-on seconds: the sync flood after a slot's sleep, then
+    the wave's frames with their windows (see the module docstring)."""
+    flood = sync_flood(radio, use.sync_hops, period_s, p)
+    turn = radio.turnaround_s if radio.ack_frame_bytes else 0.0  # before each ACK
+    cca = radio.turnaround_s + radio.cca_s if radio.cca_s else 0.0  # RX calibration + CCA
+    listen = flood.listen_s
+    listen += use.frames_sent * cca + use.unicast_frames_sent * turn  # sending
+    listen += use.received * p.sched_rx_window_s  # a window before each message taken
+    listen += (use.frames_received - use.received) * radio.ifs_s  # its later frames
+    listen += use.unicast_frames_received * turn  # before each ACK it sends
+    return _States(use.tx_s + flood.tx_s, use.rx_s + flood.rx_s, listen)
 
 
 def _lora_lpl(radio: RadioProfile, use: RadioUse, period_s: float, p: MacParams) -> _States:

@@ -99,6 +99,9 @@ class RadioProfile(BaseModel):
     rx_w: float = Field(ge=0)
     idle_w: float = Field(ge=0, description="radio on, listening")
     sleep_w: float = Field(ge=0)
+    deep_sleep_w: float | None = Field(None, ge=0, description="its deepest sleep, from "
+                                       "which the scheduled MAC wakes it once a slot; "
+                                       "None: no such figure (scheduled is refused)")
     duty_cycle: float = Field(1.0, gt=0, le=1, description="1.0: unlimited")
     modulation: Literal["linear", "lora"] = "linear"
     spreading_factor: int | None = Field(None, ge=6, le=12)
