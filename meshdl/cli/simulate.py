@@ -417,7 +417,7 @@ def simulate_infer(
         emit_json(report)
 
 
-MacChoice = Literal["always-on", "ideal", "lpl", "tsch"]
+MacChoice = Literal["always-on", "ideal", "lpl", "tsch", "scheduled"]
 BatteryName = Literal["2xAA", "2xAA-lithium", "cr2032"]
 
 
@@ -441,8 +441,9 @@ def simulate_live(
     mac: MacChoice | None = typer.Option(
         None, "--mac", help="The radios' MAC: always-on, ideal (asleep whenever not "
         "sending or receiving: a floor), lpl (low-power listening: ContikiMAC; LoRa's "
-        "preamble sampling) or tsch (6TiSCH minimal; BLE's connection events). Default: "
-        "lpl where the radio has it, else tsch, else always-on."),
+        "preamble sampling), tsch (6TiSCH minimal; BLE's connection events) or scheduled "
+        "(a sync flood at each slot, deep sleep between). Default: lpl where the radio "
+        "has it, else tsch, else always-on."),
     battery: BatteryName = typer.Option("2xAA", "--battery", help="Each node's battery."),
     delta: float | None = typer.Option(None, "--delta", help="Suppress changes up to EPS: "
                                        "delta halos in the mesh, send-on-delta readings "
