@@ -273,3 +273,20 @@ def test_the_mesh_and_the_cloud_sleep_alike_between_slots() -> None:
     # Without the 0.108 J of the CC2420's power-down, the scheduled node is cheaper even
     # with its 144 ms guard (8.1 mJ).
     assert scheduled.joules < ideal.joules / 4
+
+
+def test_a_scheduled_nodes_parts_add_up_to_its_joules() -> None:
+    """sim.json's `nodes` record splits the hottest node's joules into parts: under the
+    scheduled MAC its processor's part is at the device's sleep, as its joules are."""
+    spec = _spec(3, 3)
+    cost = _mesh_slot(spec, "802.15.4")
+    radio, node = profile("802.15.4"), device("cortex-m4")
+    side = live.Side()
+    side.add(cost, 5)
+    settings = live.LiveSettings(slots=6, mac="scheduled")
+    for cell in spec.topology.cells():
+        parts = live.node_parts(side, cell, "scheduled", radio, node, settings)
+        joules = live.node_slot(cost, cell, "scheduled", radio, node, SLOT, MacParams())
+        assert sum(parts.values()) == pytest.approx(joules.joules, rel=1e-12)
+        assert parts["processor"] == pytest.approx(
+            cost.cpu_s[cell] * CPU_W + (SLOT - cost.cpu_s[cell]) * ASLEEP_W, rel=1e-12)

@@ -203,9 +203,15 @@ def node_slot(cost: SlotCost, party: Party, mac: MacName, radio: RadioProfile,
     the scheduled MAC its processor sleeps (`sleep_w`) when it does not compute."""
     cpu = cost.cpu_s.get(party, 0.0)
     radio_j = mac_energy(mac, radio, cost.use.get(party, IDLE), slot_s, params)
-    rest_w = device.deep_sleep_w if mac == "scheduled" else device.idle_w
-    return NodeSlot(radio_j.total_j + cpu * device.cpu_w + max(slot_s - cpu, 0.0) * rest_w,
+    return NodeSlot(radio_j.total_j + processor_j(device, mac, cpu, slot_s),
                     radio_j.tx_j / radio.tx_w)
+
+
+def processor_j(device: DeviceProfile, mac: MacName, cpu_s: float, slot_s: float) -> float:
+    """A node's processor over a slot: computing `cpu_s`, idle the rest, or asleep (its
+    `sleep_w`) under the scheduled MAC."""
+    rest_w = device.deep_sleep_w if mac == "scheduled" else device.idle_w
+    return cpu_s * device.cpu_w + max(slot_s - cpu_s, 0.0) * rest_w
 
 
 def _per_node(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
@@ -234,7 +240,7 @@ def node_parts(side: Side, cell: Cell, mac: MacName, radio: RadioProfile,
                device: DeviceProfile, settings: LiveSettings) -> dict[str, float]:
     """One node's joules a slot split into PARTS (they add up to its joules a slot).
     The MAC floor is mac_energy's overhead (beyond the traffic's frames and ACKs); the
-    processor is its computing and its idle time."""
+    processor is its computing and its idle (or, scheduled, sleeping) time."""
     slot_s, total = settings.slot_s, {part: 0.0 for part in PARTS}
     for cost, n in zip(side.costs, side.repeats, strict=True):
         radio_j = mac_energy(mac, radio, cost.use.get(cell, IDLE), slot_s, settings.mac_params)
@@ -242,7 +248,7 @@ def node_parts(side: Side, cell: Cell, mac: MacName, radio: RadioProfile,
         for part, joules in zip(PARTS, (
                 radio_j.overhead_j, radio_j.sleep_j,
                 radio_j.total_j - radio_j.sleep_j - radio_j.overhead_j,
-                cpu * device.cpu_w + max(slot_s - cpu, 0.0) * device.idle_w), strict=True):
+                processor_j(device, mac, cpu, slot_s)), strict=True):
             total[part] += joules * n
     return {part: joules / max(side.slots, 1) for part, joules in total.items()}
 
