@@ -250,7 +250,7 @@ def test_the_edge_position_cost_plot_draws_its_cells_as_bars_from_zero(
         assert all(len(line.get_xdata()) < 2 or line.get_linestyle() == "None"
                    for line in axes.get_lines())
         assert [t.get_text() for t in axes.get_xticklabels()] == \
-            ["0,0", "0,12", "8,0", "16,24"]
+            ["r0c0", "r0c12", "r8c0", "r16c24"]  # as the table names them
     _renderer(cost)
     ticks = [t.get_text() for t in panels[0].get_yticklabels()]
     assert "5,000" in ticks and not any(".0" in t for t in ticks)  # a place, not a figure

@@ -42,7 +42,7 @@ def _images(page: str) -> list[str]:
 
 @pytest.mark.parametrize(("run", "plots", "needles"), [
     ("experiment", 2, ["meshdl experiment filter-size", "halo sent", "94.4"]),
-    ("train", 1, ["meshdl train run", "Training curves", "halo/conv1", "test_acc"]),
+    ("train", 1, ["meshdl train run", "Training curves", "halo/conv1", "test accuracy (%)"]),
     ("simulate", 2, ["meshdl simulate run", "Under simulated time", "802.15.4",
                      "Energy per node"])])
 def test_the_report_is_one_self_contained_page_with_its_tables_and_plots(

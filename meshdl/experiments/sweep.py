@@ -197,7 +197,7 @@ def cost_figure(name: str, rows: list[Record]) -> Any:
     over the seeds."""
     plt = pyplot()
     axis = SWEEPS[name].axis
-    labels = [_label(row["value"]) for row in rows]
+    labels = [_cell_label(row["value"]) for row in rows]  # as the table names them
     xs = np.arange(len(rows))
     figure, (halo, wave) = plt.subplots(1, 2, figsize=(11, 4.8), dpi=100,
                                         layout="constrained")

@@ -32,6 +32,7 @@ from typing import Any
 from meshdl.errors import UsageError
 from meshdl.report.baseline import FIGURES, Costs, Strongest, cloud_costs, strongest, variants
 from meshdl.report.live import lifetime_figure, mac_figure, parts_figure
+from meshdl.report.maps import energy_figure
 from meshdl.report.numbers import figure as number
 from meshdl.report.numbers import given, places, plus_minus
 from meshdl.report.plots import integer_ticks, pyplot, save_png
@@ -175,7 +176,7 @@ def _training(run_dir: Path, metrics: dict[str, Any]) -> tuple[str, list[str]]:
     final = metrics.get("final") or {}
     if final:
         body.append(_section("Result", _table(
-            ["figure", "value"], ([k, v] for k, v in final.items()
+            ["figure", "value"], ([_RESULT.get(k, k), _result(k, v)] for k, v in final.items()
                                   if isinstance(v, (int, float, bool))))))
     epochs = metrics.get("epochs") or []
     if epochs:
@@ -199,6 +200,19 @@ def _training(run_dir: Path, metrics: dict[str, Any]) -> tuple[str, list[str]]:
     return f"meshdl {kind} run", body
 
 
+# metrics.json's final figures by what a reader calls them.
+_RESULT = {"train_acc": "train accuracy (%)", "test_acc": "test accuracy (%)",
+           "train_loss": "training loss",
+           "single_class": "predicts one class for every sample (collapsed)"}
+
+
+def _result(key: str, value: Any) -> Any:
+    """A final figure as its title says: accuracies in percent."""
+    if key.endswith("_acc") and isinstance(value, float):
+        return 100.0 * value
+    return value
+
+
 def _simulated(run_dir: Path, sim: dict[str, Any]) -> list[str]:
     """What a run under simulated time took, against the cloud-heavy baseline, with
     its faults and (several meshes) its meshes."""
@@ -208,7 +222,8 @@ def _simulated(run_dir: Path, sim: dict[str, Any]) -> list[str]:
             ["radio", sim.get("radio", {}).get("name")], ["medium", sim.get("medium")],
             ["device", sim.get("device")],
             ["makespan, total (s)", span.get("total")],
-            ["makespan, a wave (s)", span.get("per_wave_mean")],
+            ["makespan, a wave (s): mean over the run's waves", span.get("per_wave_mean")],
+            ["its forward pass, to the edge's result (s): mean", span.get("forward_mean")],
             ["energy, total (J)", energy.get("total")],
             ["energy, hottest node (J)", energy.get("max_node")],
             ["hottest node", energy.get("max_node_cell")]]
@@ -229,10 +244,21 @@ def _simulated(run_dir: Path, sim: dict[str, Any]) -> list[str]:
             ["mesh", "radio", "waves", "makespan (s)", "energy (J)", "frames", "bytes"],
             ([m.get(k) for k in keys] for m in sim["meshes"]))
             + _table(["figure", "value"], _flat(sim.get("parallel") or {}))))
-    images = [p for p in (run_dir / "energy.png",) if p.is_file()]
-    if images:
-        body.append(_section("Energy per node", "".join(_image(p) for p in images)))
+    body.append(_energy_map(run_dir, sim))
     return body
+
+
+def _energy_map(run_dir: Path, sim: dict[str, Any]) -> str:
+    """The energy map, drawn from sim.json (an energy.png of an older meshdl may have
+    its colours from 0 J: one uniform field); energy.png where sim.json cannot draw it
+    (no per-node figures, no grid in config.json)."""
+    model = (_json(run_dir / "config.json") or {}).get("model") or {}
+    per_node = (sim.get("energy_j") or {}).get("per_node")
+    if per_node and model.get("rows") and model.get("cols") and sim.get("radio"):
+        drawn = _png(energy_figure(sim, model["rows"], model["cols"]))
+        return _section("Energy per node", _png_tag(drawn, "energy per node"))
+    images = [p for p in (run_dir / "energy.png",) if p.is_file()]
+    return _section("Energy per node", "".join(_image(p) for p in images)) if images else ""
 
 
 LIVE_FIGURES = (("bytes on air a slot", "bytes_per_slot"),
@@ -419,6 +445,8 @@ def curves_figure(epochs: list[dict[str, Any]]) -> Any:
     accuracy.legend()
     for panel in (loss, accuracy):
         integer_ticks(panel.xaxis)
+        if len(epochs) < 3:  # one or two points: the locator's ticks were 0.945, 0.96
+            panel.set_xticks([e["epoch"] for e in epochs])
     return figure
 
 
