@@ -4,6 +4,7 @@ renders in a real headless Chromium with every image loaded."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -30,10 +31,22 @@ def runs(small_data_file, tmp_path_factory) -> dict[str, Path]:
     code, _, err = _meshdl("simulate", "train", "--data", small_data_file, "--epochs", "1",
                            "--batch", "40", "--hidden", "8", "--out", root / "simulate")
     assert code == 0, err
-    for run in ("experiment", "train", "simulate"):
+    code, _, err = _meshdl("simulate", "live", "--rows", "4", "--cols", "5", "--slots", "3",
+                           "--timed-slots", "2", "--out", root / "live")
+    assert code == 0, err
+    # The training run, as if it had collapsed to one class: its page leads with a warning.
+    shutil.copytree(root / "train", root / "collapsed")
+    metrics = json.loads((root / "collapsed" / "metrics.json").read_text())
+    metrics["final"].update(single_class=True, predicted_per_class={"train": [0, 9],
+                                                                    "test": [0, 3]})
+    (root / "collapsed" / "metrics.json").write_text(json.dumps(metrics))
+    for run in RUNS:
         code, _, err = _meshdl("report", root / run)
         assert code == 0, err
-    return {run: root / run for run in ("experiment", "train", "simulate")}
+    return {run: root / run for run in RUNS}
+
+
+RUNS = ("experiment", "train", "simulate", "live", "collapsed")
 
 
 def _images(page: str) -> list[str]:
@@ -44,7 +57,8 @@ def _images(page: str) -> list[str]:
     ("experiment", 2, ["meshdl experiment filter-size", "halo sent", "94.4"]),
     ("train", 1, ["meshdl train run", "Training curves", "halo/conv1", "test accuracy (%)"]),
     ("simulate", 2, ["meshdl simulate run", "Under simulated time", "802.15.4",
-                     "Energy per node"])])
+                     "Energy per node"]),
+    ("live", 3, ["meshdl simulate live", "Where the batteries die", "4 x 5 nodes"])])
 def test_the_report_is_one_self_contained_page_with_its_tables_and_plots(
         runs, run, plots, needles) -> None:
     page = (runs[run] / "report.html").read_text()
@@ -72,7 +86,7 @@ def test_a_directory_that_is_no_run_is_a_usage_error(tmp_path) -> None:
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
                     reason="chromium and chromedriver are not installed (./bootstrap --dev "
                            "installs them with apt where it can)")
-@pytest.mark.parametrize("run", ["experiment", "train", "simulate"])
+@pytest.mark.parametrize("run", RUNS)
 def test_the_report_renders_in_headless_chromium_with_every_image_loaded(
         runs, run, tmp_path) -> None:
     webdriver = pytest.importorskip("selenium.webdriver")
@@ -91,10 +105,22 @@ def test_the_report_renders_in_headless_chromium_with_every_image_loaded(
         browser.get((runs[run] / "report.html").resolve().as_uri())
         widths = browser.execute_script(
             "return Array.from(document.images, i => i.complete ? i.naturalWidth : 0);")
+        # Where the warnings are drawn: their tops, the first section's, their colour.
+        warnings = browser.execute_script(
+            "const h2 = document.querySelector('h2').getBoundingClientRect().top;"
+            "return Array.from(document.querySelectorAll('.warning'), w => [w.getBoundingC"
+            "lientRect().top, h2, getComputedStyle(w).backgroundColor]);")
         screenshot = browser.get_screenshot_as_png()
     finally:
         browser.quit()
     assert len(widths) == len(_images((runs[run] / "report.html").read_text())) > 0
     assert all(width > 0 for width in widths)
+    # Every warning where a reader looks: above the first section, in the first screen,
+    # on its own colour (issue 47 item 4). (Which apply: tests/test_report_warnings.py;
+    # these tiny runs collapse, and simulate train's console names the weaker baseline.)
+    page = (runs[run] / "report.html").read_text()
+    assert len(warnings) == page.count('class="warning"') >= (run == "collapsed")
+    for top, first_section, colour in warnings:
+        assert 0 < top < first_section < 1400 and colour != "rgba(0, 0, 0, 0)"
     assert screenshot[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "screenshot.png").write_bytes(screenshot)
