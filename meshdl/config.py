@@ -23,7 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from meshdl.compress.grammar import PLAN, parse_policy
+from meshdl.compress_grammar import PLAN, parse_policy
 from meshdl.errors import UsageError, format_validation_error
 from meshdl.limits import MAX_MESSAGE_BYTES, MAX_PAYLOAD_BYTES
 from meshdl.sync import Sync
@@ -111,7 +111,7 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 class LayerSize(NamedTuple):
-    """A layer as the `--compress` grammar sees it (compress/grammar.py)."""
+    """A layer as the `--compress` grammar sees it (meshdl/compress_grammar.py)."""
 
     name: str
     kind: str  # "conv" or "fc"

@@ -30,13 +30,11 @@ from meshdl.protocol.compact import (
     cell_at,
     decode_compact,
     encode_compact,
-    expected_shape,
-    plan_shapes,
     read_compact_header,
     short_address,
 )
 from meshdl.protocol.messages import ALL, EDGE, HEADER_BYTES, SERVER, Kind, Message, make
-from meshdl.protocol.spec import MeshSpec, Mode, Split
+from meshdl.protocol.spec import MeshSpec, Mode, Split, expected_shape, plan_shapes
 from meshdl.sim.mesh import VirtualMesh
 from meshdl.sim.radio.device import device
 from meshdl.sim.radio.profiles import profile

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (message size limits, how meshes keep step, the `--compress` grammar); BLAS held
     # to one thread.
     ("leaves", ("meshdl.errors", "meshdl.config", "meshdl.limits", "meshdl.sync",
-                "meshdl.compress.grammar", "meshdl.blas")),
+                "meshdl.compress_grammar", "meshdl.blas")),
     # Numba kernels: the CNN's, the compressors', a node's own cell's.
     ("kernels", ("meshdl.model.kernels", "meshdl.compress.kernels", "meshdl.nodes.compute")),
     # The model, the data it learns from, and the pages and plots that show results.

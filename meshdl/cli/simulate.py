@@ -48,7 +48,7 @@ from meshdl.cli.train import (
     said_on_interrupt,
     say_single_class,
 )
-from meshdl.compress.grammar import PLAN
+from meshdl.compress_grammar import PLAN
 from meshdl.config import RunConfig, load_run_config, model_from_flags, recipe_default
 from meshdl.errors import UsageError, format_validation_error
 

@@ -14,7 +14,7 @@ import typer
 from meshdl.cli.common import emit_json, err_console
 from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, Group, grouped, overrides
 from meshdl.cli.options import Config, EdgeAt, ForceOut, JsonMetrics, Meshes, Optimizer
-from meshdl.compress.grammar import PLAN
+from meshdl.compress_grammar import PLAN
 from meshdl.config import DataConfig, RunConfig, load_run_config
 from meshdl.errors import MeshdlError, UsageError
 

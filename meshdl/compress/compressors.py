@@ -44,7 +44,7 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from meshdl.compress import kernels
-from meshdl.compress.grammar import INTSUM_LEVELS, RULES, Choice, parse_choice
+from meshdl.compress_grammar import INTSUM_LEVELS, RULES, Choice, parse_choice
 from meshdl.errors import CodecError, CodecReason
 
 FP16_MAX = 65504.0
@@ -144,7 +144,7 @@ class Compressor(ABC):
         return self.name if self.arg is None else f"{self.name}:{self.arg:g}"
 
     def applies_to(self, segment: Segment) -> bool:
-        return Choice(self.name).applies_to(segment.kind)  # grammar.py's rule for the name
+        return Choice(self.name).applies_to(segment.kind)  # compress_grammar.py's rule for the name
 
     @abstractmethod
     def nbytes(self, segment: Segment) -> int:
@@ -485,7 +485,7 @@ def _orthonormal(p: np.ndarray) -> np.ndarray:
 COMPRESSORS: dict[str, type[Compressor]] = {
     c.name: c for c in (Dense, Half, Int8, TwoBit, MeanTwoBit, Ternary, TopK, RandomK,
                         KernelTopK, PowerSGD, IntSum)}
-assert list(COMPRESSORS) == list(RULES), "grammar.RULES names the compressors, in order"
+assert list(COMPRESSORS) == list(RULES), "compress_grammar.RULES names the compressors, in order"
 
 
 def parse_compressor(spec: str) -> Compressor:

@@ -33,7 +33,7 @@ from numba import njit
 
 from meshdl.compress import kernels
 from meshdl.compress.compressors import Segment, bad_payload
-from meshdl.compress.grammar import MAX_LAYER_VALUES
+from meshdl.compress_grammar import MAX_LAYER_VALUES
 
 LAYER_HEAD = np.dtype([("peak", "<f4"), ("p", "u1"), ("nbytes", "<u2")])
 

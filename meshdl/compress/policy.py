@@ -48,7 +48,8 @@ from meshdl.compress.compressors import (
     Segment,
     compressor_of,
 )
-from meshdl.compress.grammar import (
+from meshdl.compress.intsum import SumCodec
+from meshdl.compress_grammar import (
     HYLO_FACTOR,
     HYLO_THRESHOLD,
     INTSUM_LEVELS,
@@ -56,7 +57,6 @@ from meshdl.compress.grammar import (
     hylo_args,
     parse_policy,
 )
-from meshdl.compress.intsum import SumCodec
 from meshdl.config import ModelConfig, param_shapes
 
 
@@ -81,7 +81,7 @@ class CompressionPolicy:
 
     @classmethod
     def parse(cls, spec: str, model: ModelConfig) -> CompressionPolicy:
-        """`spec` over `model`'s layers; a UsageError (grammar.py's) if impossible."""
+        """`spec` over `model`'s layers; a UsageError (compress_grammar.py's) if impossible."""
         spec = spec.strip()
         segments = model_segments(model)
         choices = parse_policy(spec, segments)

@@ -41,7 +41,7 @@ def parse_value(value: str) -> tuple[str, str]:
 
 def run(trial: Trial) -> Record:
     """Train under the trial's policy; accuracy, bytes per step, simulated step time."""
-    from meshdl.compress.grammar import PLAN
+    from meshdl.compress_grammar import PLAN
     from meshdl.config import RunConfig
     from meshdl.data.augment import training_data
     from meshdl.experiments.sweep import dataset

@@ -18,7 +18,7 @@ and its FCS already carry, for every message:
 The protocol version is not sent: the parties of a mesh agree on it, as on this format
 (`MeshSpec.header`), before its first wave (RFC 6282 elides IPv6's version too). The
 receiver's plan knows each message's shape from (kind, layer, phase, src) and the
-wave's batch (`expected_shape`); a payload whose length only the frame gives (PARAMS,
+wave's batch (spec.py, `expected_shape`); a payload whose length only the frame gives (PARAMS,
 BATCH, HEALTH, and every compressed payload, dtype bytes) is one-dimensional. The
 receiver's current wave gives the step's high bits. What is left, little-endian:
 
@@ -76,7 +76,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -93,10 +93,7 @@ from meshdl.protocol.messages import (
     Message,
     seal,
 )
-
-if TYPE_CHECKING:
-    from meshdl.protocol.spec import MeshSpec
-    from meshdl.protocol.topology import Cell
+from meshdl.protocol.topology import Cell
 
 HeaderFormat = Literal["full", "compact"]  # `MeshSpec.header`
 
@@ -121,7 +118,7 @@ MAX_CELLS = _NO_SHORT_ADDRESS - 1  # cells 1 .. 0xFFFD
 
 ANY = -1  # a dimension the frame's length gives (numpy's reshape reads -1 the same)
 Shape = tuple[int, ...]
-PlanKey = tuple[Kind, int, int, "Cell"]  # (kind, layer, phase, src): spec.expects's key
+PlanKey = tuple[Kind, int, int, Cell]  # (kind, layer, phase, src): spec.expects's key
 ShapeOf = Callable[[PlanKey], Shape | None]
 
 
@@ -173,7 +170,7 @@ class CompactContext(NamedTuple):
     step: int  # the receiver's current wave (0 before its first)
     session: int  # ... and its session
     # The payload's shape for a (kind, layer, phase, src) of the receiver's plan, None for
-    # a message it does not expect: a function (`plan_shapes`) or a mapping.
+    # a message it does not expect: a function (spec.py's `plan_shapes`) or a mapping.
     shapes: ShapeOf | Mapping[PlanKey, Shape]
 
 
@@ -274,31 +271,3 @@ def _fits(size: int, shape: Shape, itemsize: int) -> bool:
     if ANY not in shape:
         return size == known
     return size == 0 or (known > 0 and size % known == 0)
-
-
-def expected_shape(spec: MeshSpec, dst: Cell, key: PlanKey, batch: int) -> Shape | None:
-    """The shape of the payload `dst` expects for a message of its plan, keyed (kind,
-    layer, phase, src), in a wave of `batch` samples (a float32 or int32 one: compressed
-    payloads are their bytes); None if its plan has no such message. The items a message
-    carries are rows of (channels, batch) values (nodes/plan.py, `Expect`); a REDUCE is
-    the conv gradients; PARAMS and BATCH (which says the batch), and HEALTH, are as long
-    as the frame says: PARAMS end with a plan tail only they announce."""
-    kind, layer, phase, src = key
-    send = spec.expects.get(dst, {}).get(key)
-    if send is not None:
-        return (len(send.items), *spec.item_shape(send.field, batch))
-    relayed = any(s.kind == kind and s.layer == layer and s.phase == phase and s.dst == dst
-                  for s in spec.relays.get(src, ()))
-    if kind == Kind.HEALTH and layer == phase == 0 and spec.topology.inside(src) and \
-            spec.topology.inside(dst) and abs(src[0] - dst[0]) + abs(src[1] - dst[1]) == 1:
-        relayed = True  # a hello: a cell the plan may leave out greets its grid neighbours
-    if not relayed:
-        return None
-    return (spec.conv_size,) if kind == Kind.REDUCE else (ANY,)
-
-
-def plan_shapes(spec: MeshSpec, dst: Cell, batch: int) -> ShapeOf:
-    """`expected_shape` for one receiver and batch: a `CompactContext.shapes`."""
-    def shape_of(key: PlanKey) -> Shape | None:
-        return expected_shape(spec, dst, key, batch)
-    return shape_of

@@ -29,7 +29,14 @@ from meshdl.errors import UsageError
 from meshdl.limits import MAX_MESSAGE_BYTES
 from meshdl.protocol.activations import activation_compressor
 from meshdl.protocol.auth import link, tag_bytes
-from meshdl.protocol.compact import COMPACT_HEADER_BYTES, HeaderFormat
+from meshdl.protocol.compact import (
+    ANY,
+    COMPACT_HEADER_BYTES,
+    HeaderFormat,
+    PlanKey,
+    Shape,
+    ShapeOf,
+)
 from meshdl.protocol.messages import (
     ALL,
     BYTES,
@@ -421,3 +428,33 @@ class MeshSpec:
         if f[0] == FieldKind.A:
             return self.channels(int(f[1])), batch
         return self.model.filters, batch
+
+
+# What a receiver of compact headers (compact.py) knows of a message's shape: it is the
+# plan's, so it is read here from the spec, and compact.py takes it as a function.
+def expected_shape(spec: MeshSpec, dst: Cell, key: PlanKey, batch: int) -> Shape | None:
+    """The shape of the payload `dst` expects for a message of its plan, keyed (kind,
+    layer, phase, src), in a wave of `batch` samples (a float32 or int32 one: compressed
+    payloads are their bytes); None if its plan has no such message. The items a message
+    carries are rows of (channels, batch) values (nodes/plan.py, `Expect`); a REDUCE is
+    the conv gradients; PARAMS and BATCH (which says the batch), and HEALTH, are as long
+    as the frame says: PARAMS end with a plan tail only they announce."""
+    kind, layer, phase, src = key
+    send = spec.expects.get(dst, {}).get(key)
+    if send is not None:
+        return (len(send.items), *spec.item_shape(send.field, batch))
+    relayed = any(s.kind == kind and s.layer == layer and s.phase == phase and s.dst == dst
+                  for s in spec.relays.get(src, ()))
+    if kind == Kind.HEALTH and layer == phase == 0 and spec.topology.inside(src) and \
+            spec.topology.inside(dst) and abs(src[0] - dst[0]) + abs(src[1] - dst[1]) == 1:
+        relayed = True  # a hello: a cell the plan may leave out greets its grid neighbours
+    if not relayed:
+        return None
+    return (spec.conv_size,) if kind == Kind.REDUCE else (ANY,)
+
+
+def plan_shapes(spec: MeshSpec, dst: Cell, batch: int) -> ShapeOf:
+    """`expected_shape` for one receiver and batch: a `CompactContext.shapes`."""
+    def shape_of(key: PlanKey) -> Shape | None:
+        return expected_shape(spec, dst, key, batch)
+    return shape_of

@@ -1,10 +1,13 @@
 """The `--compress` language, read without the compressors themselves: each compressor's
 name, its argument and the layers it applies to, and a policy over a model's layers
-(policy.py's docstring says what each policy means).
+(compress/policy.py's docstring says what each policy means).
 
 Configuration checks a value with it before anything runs (config.py) and the policy
-builds its compressors from what it reads (policy.py, compressors.py): one grammar, so
-both say the same about a bad value. It imports nothing of meshdl but its errors.
+builds its compressors from what it reads (compress/policy.py, compress/compressors.py):
+one grammar, so both say the same about a bad value. It imports nothing of meshdl but
+its errors, and it sits beside config.py rather than in compress/: configuration is a
+leaf every folder imports, compress/ imports configuration (a policy is over a model's
+layers), so a grammar inside compress/ made the two folders import each other.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ INTSUM_LEVELS = 7
 INTSUM_MAX_LEVELS = 127
 # A layer's code must fit its uint16 byte count whatever the values: the sender's best
 # Rice parameter writes no more than the largest one (31: one bit of quotient's end and
-# 31 of remainder a value, for any sum an int32 holds), so 16,000 values (intsum.py).
+# 31 of remainder a value, for any sum an int32 holds), so 16,000 values (compress/intsum.py).
 MAX_LAYER_VALUES = 16_000
 HYLO_THRESHOLD = 64
-HYLO_FACTOR = 2.0  # tau = 2 x mean |x| for the fc layers (validated: policy.py's docstring)
+HYLO_FACTOR = 2.0  # tau = 2 x mean |x| for the fc layers (validated: compress/policy.py)
 PLAN = "plan"  # resolved by sim/studies/schedule.py before a run
 
 
