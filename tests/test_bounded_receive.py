@@ -191,3 +191,52 @@ def test_a_client_name_of_60000_bytes_is_refused_in_one_usage_line() -> None:
         check_client_name("north/+")
     name = "host-ip-172-31-22-10.eu-west-1.compute.internal-123456"
     assert Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, name, []).client_name == name
+
+
+class _UnackedClient:
+    """A connection whose broker never acknowledges a QoS 1 publish (its PUBACK stuck
+    behind a flood) while messages keep arriving."""
+
+    def __init__(self, incoming: list[aiomqtt.Message]) -> None:
+        self.published: list[str] = []
+        self.messages = self._arrive(incoming)
+
+    async def publish(self, topic: str, payload: Any, qos: int = 0, retain: bool = False,
+                      **_: Any) -> None:
+        self.published.append(topic)
+        if qos:
+            await asyncio.Event().wait()  # the acknowledgement that never comes
+
+    async def _arrive(self, incoming: list[aiomqtt.Message]) -> Any:
+        for message in incoming:
+            yield message
+            await asyncio.sleep(0.001)
+        await asyncio.Event().wait()
+
+
+def test_an_unacknowledged_heartbeat_holds_up_no_message_and_no_connection() -> None:
+    # Issue 43, item 3: under a flood of small junk, a host's heartbeat (QoS 1) waited
+    # for its PUBACK inside the receive loop: nothing was handled meanwhile, and after
+    # the operation timeout the connection was torn down (every ~20 s, every wave lost).
+    junk = [aiomqtt.Message("meshdl/3/r1c1/r2c1/halo", b"junk", 0, False, i, None)
+            for i in range(200)]
+    client = _UnackedClient(junk)
+
+    async def main() -> Session:
+        session = _session(heartbeat_s=0.0)  # a heartbeat at every turn of the loop
+        session._client = client
+        handled = session.stats
+
+        async def run() -> None:
+            await session.run(lambda _t, _m: [],
+                              until=lambda: handled["rejected:codec:truncated"] >= 200)
+
+        await asyncio.wait_for(run(), 60)  # a hang guard, not a timing claim
+        session._stop_beating()
+        return session
+
+    session = asyncio.run(main())
+    assert session.stats["rejected:codec:truncated"] == 200
+    assert session.stats["reconnects"] == 0
+    assert session.stats["heartbeats_unacknowledged"] >= 1
+    assert client.published.count("meshdl/3/status/south") == 1  # not one per turn

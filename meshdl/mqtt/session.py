@@ -268,6 +268,7 @@ class Session:
         self._pending_client: aiomqtt.Client | None = None
         self._topics = TopicNames(mesh)
         self._inbox: asyncio.Queue[aiomqtt.Message] | None = None  # the client's, see Inbox
+        self._beating: asyncio.Future[None] | None = None  # the heartbeat's publish
         self.inbox_limits = inbox
 
     # ------------------------------------------------------------- connection
@@ -387,6 +388,7 @@ class Session:
         """Say goodbye (status offline) and disconnect, in at most about a second: a
         stopped process must go even when its broker hangs (the will says goodbye)."""
         self._drop_pending()
+        self._stop_beating()
         client, self._client = self._client, None
         stack, self._stack = self._stack, None
         if client is None or stack is None:
@@ -414,6 +416,7 @@ class Session:
         if reason is not None:
             self.stats[f"refused:{reason}"] += 1
         self._drop_pending()
+        self._stop_beating()
         settle_client(self._client)
         stack, self._client, self._stack = self._stack, None, None
         if stack is not None:
@@ -426,6 +429,34 @@ class Session:
             return
         await self._client.publish(status_topic(self.mesh, self.client_name),
                                    self._status_json(state), 1, True)
+
+    def _beat(self) -> None:
+        """Publish the heartbeat beside the loop, not in it. Awaited in the loop, its
+        acknowledgement held up the handling of everything received (the broker's PUBACK
+        comes behind what it sent before: under a flood, seconds of it), and one not
+        acknowledged within the operation timeout tore the connection down: a host
+        flooded with small junk reconnected every 20 s and lost every wave (issue 43).
+        A heartbeat still unacknowledged at the next is counted, not repeated; a broken
+        connection shows in the read (and paho's keepalive), which reconnects."""
+        beating = self._beating
+        if beating is not None and not beating.done():
+            self.stats["heartbeats_unacknowledged"] += 1
+            return
+        if beating is not None and not beating.cancelled() and \
+                isinstance(beating.exception(), aiomqtt.MqttError):
+            self.stats["heartbeats_failed"] += 1
+        client = self._client
+        if client is not None and self.presence:
+            self._beating = asyncio.ensure_future(client.publish(
+                status_topic(self.mesh, self.client_name), self._status_json("online"), 1,
+                True))
+
+    def _stop_beating(self) -> None:
+        beating, self._beating = self._beating, None
+        if beating is not None and not beating.done():
+            beating.cancel()
+        elif beating is not None and not beating.cancelled():
+            beating.exception()  # taken: a failure is counted by `_beat`, not printed
 
     def _status_json(self, state: str) -> str:
         """This client's status record now (signed, when the mesh authenticates)."""
@@ -475,7 +506,7 @@ class Session:
                     await self.connect(until)
                     continue
                 if time.monotonic() >= next_beat:
-                    await self.announce("online")
+                    self._beat()
                     next_beat = time.monotonic() + self.heartbeat_s
                 incoming = await self._next_message(client, tick_s)
                 if incoming is not None:
