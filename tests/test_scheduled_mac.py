@@ -290,3 +290,23 @@ def test_a_scheduled_nodes_parts_add_up_to_its_joules() -> None:
         assert sum(parts.values()) == pytest.approx(joules.joules, rel=1e-12)
         assert parts["processor"] == pytest.approx(
             cost.cpu_s[cell] * CPU_W + (SLOT - cost.cpu_s[cell]) * ASLEEP_W, rel=1e-12)
+
+
+def test_a_live_run_prices_the_scheduled_mac_beside_the_four_when_chosen() -> None:
+    assert live.priced_macs("lpl") == ("always-on", "ideal", "lpl", "tsch")
+    assert live.priced_macs("scheduled") == ("always-on", "ideal", "lpl", "tsch",
+                                             "scheduled")
+
+
+def test_under_the_scheduled_mac_the_sync_flood_starts_every_clock_together() -> None:
+    spec = _spec(3, 3)
+    config = spec.model
+    clocks = {}
+    for mac in ("lpl", "scheduled"):
+        mesh = live.LiveMesh(spec, normalized_model(config), profile("802.15.4"), "shared",
+                             device("cortex-m4"), device("pi4"),
+                             live.LiveSettings(slots=3, mac=mac))
+        clocks[mac] = mesh.clock_errors()
+    # 20 ppm crystals drift up to 36 ms over a half-hour slot; after the flood, none.
+    assert max(abs(e) for e in clocks["lpl"].values()) > 1e-3
+    assert set(clocks["scheduled"].values()) == {0.0}
