@@ -56,3 +56,15 @@ def test_simulation_md_says_several_meshes_makespan_is_the_elapsed_time() -> Non
     text = " ".join(DOC.read_text().split())
     assert "`makespan_s.total` is the run's elapsed simulated time, `parallel.elapsed`" in text
     assert "`makespan_s.first_mesh_waves`" in text
+
+
+def test_simulation_md_live_tables_ratios_are_their_mesh_over_cloud() -> None:
+    """Each live table's "hottest node, mesh / cloud (J/slot)" cell, 'a / b (r)', has r =
+    a / b to the digits written (the scheduled MAC's rows with the others')."""
+    rows = re.findall(r"\| ([\d.]+) / ([\d.]+) \(([\d.]+)\) \|", DOC.read_text())
+    assert len(rows) >= 20
+    scheduled = [line for line in DOC.read_text().splitlines()
+                 if line.startswith("|") and "| scheduled" in line and " / " in line]
+    assert len(scheduled) >= 4  # 17 x 25 and 100 x 100, without and with compensation
+    for mesh, cloud, ratio in rows:
+        assert float(ratio) == pytest.approx(float(mesh) / float(cloud), rel=2e-3, abs=6e-4)

@@ -161,7 +161,12 @@ its children (the same kind of shared-cell swap), radio start-up (from sleep, th
 SX1276's crystal and the nRF52832's ramp-up before each packet) and CPU phases of
 Vilajosana et al.'s model (the profiles have no start-up power), BLE's connection set-up
 (advertising, scanning) and, under loss, the exact ACK-less retries (priced like acked
-ones) and the wake-ups on frames lost.
+ones) and the wake-ups on frames lost. Under the scheduled MAC: the wake-up from deep
+sleep (the CC2420's regulator and crystal start-up and its registers written again, once
+a slot), the schedule itself (which message comes when: the windows assume each
+receiver knows, as LWB's flooded schedule or TSCH's cells tell it, while the medium
+times the wave with CSMA), floods lost (a node that misses one sleeps through the slot
+or listens until the next), and the flood's delay of the wave (milliseconds).
 """
 
 from __future__ import annotations
