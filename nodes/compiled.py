@@ -8,13 +8,14 @@ message of its plan is fixed once the plan is: its values go into the slots its 
 names, the tasks waiting for it count down, and those whose sources are all in run. Here
 the values are not even copied: every slot of the tables is a *home* slot, where the
 item was made (a received item's is in its sender's buffer, or its first sender's when
-relayed), and nothing writes a slot twice in a wave. `lay_out` reads each node
+relayed), and nothing writes a slot twice in a wave. `tabulate` reads each node
 machine's adopted plan (the very tasks, slots, taps and waiters `NodeMachine._adopt` set
-up) into arrays, once; `run_rounds` delivers
-rounds as the virtual broker does (what is sent in round r arrives in round r + 1) and
-runs each task with the kernel and arguments its step in nodes/steps.py uses, so every
-value is the machines' to the bit (tests/test_compiled.py). Only messages to and from
-the edge leave the loop; sim/compiled.py hands them to the edge machine.
+up) into arrays, once, and `validate` holds every index of them to what it indexes (the
+loop itself checks no bounds); `run_rounds` delivers rounds as the virtual broker does
+(what is sent in round r arrives in round r + 1) and runs each task with the kernel and
+arguments its step in nodes/steps.py uses, so every value is the machines' to the bit
+(tests/test_compiled.py). Only messages to and from the edge leave the loop;
+sim/compiled.py hands them to the edge machine.
 
 What it does not do is what an exact in-process wave never needs: deadlines and
 fill-ins, compression, delta halos, replanning, held gradients under shared memory
@@ -57,9 +58,9 @@ class Tables(NamedTuple):
     """The plans of every node of a mesh, numbered: nodes 0..N-1 (in `cells` order), their
     buffers, inbox entries, tasks and messages, each by a global number. A list per
     owner (the slots of a window, the tasks waiting for a source) is a range [start,
-    end) of `pool`, given as a (..., 2) array of ranges."""
+    end) of `lists`, given as a (..., 2) array of ranges."""
 
-    pool: np.ndarray  # intp: slots, taps, task numbers and node numbers of every list
+    lists: np.ndarray  # intp: slots, taps, task numbers and node numbers of every list
     # Buffers: each node's field buffers, numbered in node order; their slots live in
     # the wave's arena `buf_arena` (0 for fields of the input's channels, 1 for the
     # filters'), an array (home slots, channels, batch): a slot of any list below is a
@@ -163,7 +164,7 @@ class _Sent(NamedTuple):
     entry: int  # the receiver's inbox entry (global), or NONE
 
 
-class Layout(NamedTuple):
+class MeshTables(NamedTuple):
     """A mesh's tables, what each message of them is, and each task's stage name."""
 
     tables: Tables
@@ -171,13 +172,13 @@ class Layout(NamedTuple):
     stages: list[str]  # "" for a send
 
 
-def lay_out(spec: MeshSpec, nodes: list[NodeMachine]) -> Layout:
+def tabulate(spec: MeshSpec, nodes: list[NodeMachine]) -> MeshTables:
     """The tables of `nodes` (every member of `spec`'s mesh, adopted to `spec`)."""
     builder = _Builder(spec, nodes)
     tables = builder.tables()
     validate(tables)
     stages = [job.stage if job.send is None else "" for node in nodes for job in node.jobs]
-    return Layout(tables, builder.keys, stages)
+    return MeshTables(tables, builder.keys, stages)
 
 
 class _Builder:
@@ -186,7 +187,7 @@ class _Builder:
     def __init__(self, spec: MeshSpec, nodes: list[NodeMachine]) -> None:
         self.spec, self.nodes = spec, nodes
         self.index: dict[Cell, int] = {node.cell: n for n, node in enumerate(nodes)}
-        self.pool: list[int] = []
+        self.lists: list[int] = []
         self.node_buffer: list[int] = []
         self.node_entry: list[int] = []
         self.node_task: list[int] = []
@@ -203,10 +204,10 @@ class _Builder:
         self.keys: list[MessageKey] = []  # ... and its header's names
 
     def put(self, values) -> tuple[int, int]:
-        """A list into the pool: its range."""
-        start = len(self.pool)
-        self.pool.extend(int(v) for v in values)
-        return start, len(self.pool)
+        """A list appended to `lists`: its range there."""
+        start = len(self.lists)
+        self.lists.extend(int(v) for v in values)
+        return start, len(self.lists)
 
     def glob(self, buffer: int, slots) -> np.ndarray:
         """Where the values of `slots` of a (global) buffer live: their home slots in its
@@ -271,9 +272,9 @@ class _Builder:
             for name in ("src", "buffer", "dst", "entry"))
         msg_rows = np.array([(0, 0) if m.rows is None else self.put(self.glob(m.buffer, m.rows))
                              for m in sent], np.int64).reshape(-1, 2)
-        named = self._named(layers)  # (its lists go into the pool too: before it is made)
+        named = self._named(layers)  # (its lists are appended too: before it is made)
         return Tables(
-            pool=np.array(self.pool, np.intp), buf_arena=self.buf_arena,
+            lists=np.array(self.lists, np.intp), buf_arena=self.buf_arena,
             arena_sizes=np.array(self.used, np.int64), buf_ch=self.buf_ch,
             entry_node=entry_node, entry_role=entry_role, entry_buf=entry_buf,
             entry_slots=entry_slots, entry_waiters=entry_waiters, task_node=task_node,
@@ -425,7 +426,7 @@ class Index(NamedTuple):
     """What the numbers of an index field count (`_counts`): nodes, tasks, messages,
     entries, buffers, arenas, layers, taps (of a kernel), params (offsets into the
     PARAMS vector), or slots (of the arena of the buffer `buffer` names, aligned with
-    the field). `listed`: the field holds ranges [start, end) of `pool`, whose numbers
+    the field). `listed`: the field holds ranges [start, end) of `lists`, whose numbers
     are the ones counted; `span`: ranges of the counted numbers themselves. `none`: NONE
     (nothing there) is allowed; a step that needs the thing checks it is there."""
 
@@ -441,7 +442,7 @@ def _field(name: str) -> Callable[[Tables], np.ndarray]:
 
 
 INDEXES: dict[str, Index] = {
-    "pool": Index("lists"),  # its numbers: checked as those of the ranges that list them
+    "lists": Index("lists"),  # its numbers: checked as those of the ranges that list them
     "buf_arena": Index("arenas"),
     "entry_node": Index("nodes"),
     "entry_buf": Index("buffers", none=True),
@@ -562,24 +563,24 @@ def _ranges(field: str, spans: np.ndarray, size: int, what: str) -> None:
 
 
 def _listed(tb: Tables, field: str, index: Index, counts: dict[str, int]) -> None:
-    """The numbers a range field lists in `pool` count what it indexes."""
+    """The numbers a range field lists in `lists` count what it indexes."""
     spans = getattr(tb, field)
-    _ranges(field, spans, len(tb.pool), "numbers of the pool")
+    _ranges(field, spans, len(tb.lists), "numbers of the lists")
     starts, lengths = spans[..., 0].ravel(), (spans[..., 1] - spans[..., 0]).ravel()
     owner = np.repeat(np.arange(len(starts)), lengths)  # each listed number's range
     first = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    where = starts[owner] + np.arange(len(owner)) - first  # its place in the pool
+    where = starts[owner] + np.arange(len(owner)) - first  # its place in the lists
     if index.of == "slots":
         bound = _slot_bounds(tb, index, spans.shape[:-1]).ravel()[owner]
     else:
         bound = counts[index.of]
-    values = tb.pool[where]
+    values = tb.lists[where]
     bad = (values < 0) | (values >= bound)
     if bad.any():
         i = int(np.argmax(bad))
         at = np.unravel_index(owner[i], spans.shape[:-1])
         b = bound[i] if np.ndim(bound) else bound
-        raise _refuse("pool", where[i], values[i],
+        raise _refuse("lists", where[i], values[i],
                       f"one of the {int(b)} {index.of} (listed by Tables.{field}"
                       f"[{', '.join(str(int(a)) for a in at)}])")
 
@@ -594,7 +595,7 @@ def validate(tb: Tables) -> None:
     nodes, layers = tb.nodes, tb.layers
     for field, index in INDEXES.items():
         values = np.asarray(getattr(tb, field))
-        if field == "pool":
+        if field == "lists":
             continue  # (checked through the fields that list its numbers)
         if index.listed:
             _listed(tb, field, index, counts)
@@ -625,7 +626,7 @@ def validate(tb: Tables) -> None:
                           f"a list as long as Tables.{second}'s ({int(read[tuple(at)])})")
     _check_steps(tb)
     senders = np.concatenate([tb.task_msg[tb.task_msg != NONE]] + [
-        tb.pool[s:e] for s, e in tb.forwards])
+        tb.lists[s:e] for s, e in tb.forwards])
     if senders.size and np.bincount(senders).max() > 1:
         m = int(np.argmax(np.bincount(senders)))
         raise TablesError(f"compiled tables refused: message {m} has more than one "
@@ -761,7 +762,7 @@ class State(NamedTuple):
         self.counts[:] = 0
 
 
-class Wave(NamedTuple):
+class WaveArrays(NamedTuple):
     """What one wave computes with: its two arenas of buffers (float32, (slots, channels,
     batch): of the input's channels, of the filters'), the winners of pooling (N,
     filters, batch), every node's gradient vector (N, conv size), the PARAMS vector,
@@ -801,7 +802,7 @@ def _enqueue(m: int, msg_dst: np.ndarray, sent: np.ndarray, nxt: np.ndarray,
 
 
 @njit(**_JIT)
-def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
+def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
                pending: np.ndarray) -> int:
     """Deliver rounds from `now` on, the arrivals in `st.cur` at now + 1, and so on: until
     a round sends the edge something (`st.to_edge`), nothing is left to deliver, or the
@@ -814,7 +815,7 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
     the tasks waiting for its inbox entry (`NodeMachine._arrived`); PARAMS and BATCH both
     in start the node's wave (`_start_wave`); then every ready task runs, as
     `_run_ready` runs them, each computation as its step in nodes/steps.py does."""
-    pool, buf_arena = tb.pool, tb.buf_arena
+    lists, buf_arena = tb.lists, tb.buf_arena
     entry_node, entry_role, entry_waiters = tb.entry_node, tb.entry_role, tb.entry_waiters
     task_node, task_step, task_layer = tb.task_node, tb.task_step, tb.task_layer
     task_train, task_msg, task_made, node_tasks = tb.task_train, tb.task_msg, \
@@ -847,7 +848,7 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
     def arena(g: int) -> np.ndarray:  # a buffer's arena, whole (inlined by Numba)
         return inputs if buf_arena[g] == 0 else features
 
-    # Sources that came, as ranges of waiting tasks (`pool`), still to count down.
+    # Sources that came, as ranges of waiting tasks (`lists`), still to count down.
     spans = np.empty((2, 2), np.int64)  # (one at a time: they go before tasks)
     counts[TO_EDGE] = 0
     first = True
@@ -864,7 +865,7 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                 # The wave starts: PARAMS and BATCH on to the tree children, this cell's
                 # normalized readings (zeros, failed out), every task already able to run.
                 for k in range(forwards[n, 0], forwards[n, 1]):
-                    _enqueue(pool[k], msg_dst, sent, nxt, to_edge, counts)
+                    _enqueue(lists[k], msg_dst, sent, nxt, to_edge, counts)
                 own = arena(a_buf[n, 0])[own_a[n, 0]]
                 compute.normalize(readings[n], indices, mean, std, own)
                 if failed[n]:
@@ -882,7 +883,7 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                 if n_spans > 0:
                     n_spans -= 1
                     for k in range(spans[n_spans, 0], spans[n_spans, 1]):
-                        t = pool[k]
+                        t = lists[k]
                         missing[t] -= 1
                         if missing[t] == 0 and control[task_node[t]] >= 2:
                             stack[counts[READY]] = t
@@ -910,37 +911,37 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                     h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
                     compute.conv_relu(
                         arena(a_buf[n, layer - 1]),
-                        pool[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
-                        pool[conv_taps[n, 0]:conv_taps[n, 1]],
+                        lists[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
+                        lists[conv_taps[n, 0]:conv_taps[n, 1]],
                         params[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk)),
                         params[b_off[layer]:b_off[layer] + b_len[layer]], z)
                     if failed[n]:
                         z[...] = 0.0
                 elif step == POOL:
-                    compute.max_pool(last, pool[block_slots[n, 0]:block_slots[n, 1]],
+                    compute.max_pool(last, lists[block_slots[n, 0]:block_slots[n, 1]],
                                      arena(pooled_buf[n])[pooled_slot[n]], winners[n])
                 elif step == ROUTE:
                     compute.route_max(arena(dpooled_buf[n])[dpooled_slot[n]], winners[n],
-                                      pool[route_slots[n, 0]:route_slots[n, 1]],
+                                      lists[route_slots[n, 0]:route_slots[n, 1]],
                                       arena(route_buf[n]))
                 elif step == AGGREGATE:
                     pooled = arena(pooled_buf[n])
                     compute.aggregate_max(last[own_a[n, top]], pooled,
-                                          pool[child_pooled[n, 0]:child_pooled[n, 1]],
+                                          lists[child_pooled[n, 0]:child_pooled[n, 1]],
                                           pooled[pooled_slot[n]], winners[n])
                 elif step == WINNERS:
                     pooled, numbers = arena(pooled_buf[n]), arena(winner_buf[n])
                     compute.first_winners(number[n], last[own_a[n, top]],
                                           pooled[pooled_slot[n]], pooled,
-                                          pool[child_pooled[n, 0]:child_pooled[n, 1]],
+                                          lists[child_pooled[n, 0]:child_pooled[n, 1]],
                                           numbers,
-                                          pool[child_winner[n, 0]:child_winner[n, 1]],
+                                          lists[child_winner[n, 0]:child_winner[n, 1]],
                                           numbers[winner_slot[n]], winners[n])
                 elif step == SPLIT:
                     dpooled = arena(dpooled_buf[n])
                     compute.split_max(dpooled[dpooled_slot[n]], winners[n],
                                       arena(route_buf[n])[own_route[n]], dpooled,
-                                      pool[child_dpooled[n, 0]:child_dpooled[n, 1]])
+                                      lists[child_dpooled[n, 0]:child_dpooled[n, 1]])
                 elif step == DZ_TOP:
                     compute.relu_backward(last[own_a[n, top]],
                                           arena(route_buf[n])[own_route[n]],
@@ -953,27 +954,27 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
                     dz, below = arena(dz_buf[n, layer]), arena(a_buf[n, layer - 1])
                     if by_input[n] and layer > 1:
                         compute.weight_grad_of_input(
-                            dz, pool[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
-                            pool[grad_taps[n, 0]:grad_taps[n, 1]], own_dz[n, layer],
+                            dz, lists[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
+                            lists[grad_taps[n, 0]:grad_taps[n, 1]], own_dz[n, layer],
                             below[own_a[n, layer - 1]], dweight, dbias)
                     else:
                         compute.weight_grad(
                             dz[own_dz[n, layer]], below,
-                            pool[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
-                            pool[conv_taps[n, 0]:conv_taps[n, 1]], dweight, dbias)
+                            lists[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
+                            lists[conv_taps[n, 0]:conv_taps[n, 1]], dweight, dbias)
                 elif step == INPUT_GRAD:
                     h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
                     compute.input_grad(
                         arena(dz_buf[n, layer]),
-                        pool[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
-                        pool[grad_taps[n, 0]:grad_taps[n, 1]],
+                        lists[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
+                        lists[grad_taps[n, 0]:grad_taps[n, 1]],
                         params[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk)),
                         arena(a_buf[n, layer - 1])[own_a[n, layer - 1]],
                         arena(dz_buf[n, layer - 1])[own_dz[n, layer - 1]])
                 elif step == REDUCE:  # the children's totals added in order, as numpy's +=
                     total = grads[n]
                     for k in range(children[n, 0], children[n, 1]):
-                        child = grads[pool[k]]
+                        child = grads[lists[k]]
                         for v in range(total.size):
                             total[v] += child[v]
                     _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
@@ -994,8 +995,8 @@ def run_rounds(tb: Tables, st: State, w: Wave, now: int, limit: int,
 def warm_up(tables: Tables, state: State) -> None:
     """Compile (or load from Numba's cache) the loop with a mesh's types."""
     empty = np.zeros(0, np.float32)
-    wave = Wave(np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
-                np.zeros((0, 0, 0), np.uint8), np.zeros((0, 0), np.float32), empty,
-                np.zeros((0, 0, 0), np.float32), np.zeros(0, np.int32), 0, False)
+    wave = WaveArrays(np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
+                      np.zeros((0, 0, 0), np.uint8), np.zeros((0, 0), np.float32), empty,
+                      np.zeros((0, 0, 0), np.float32), np.zeros(0, np.int32), 0, False)
     state.counts[:] = 0
     run_rounds(tables, state, wave, 0, 0, np.zeros(0, np.int64))

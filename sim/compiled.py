@@ -33,11 +33,11 @@ from meshdl.nodes.compiled import (
     SEND,
     SENT_COUNT,
     TO_EDGE,
-    Layout,
+    MeshTables,
     State,
-    Wave,
-    lay_out,
+    WaveArrays,
     run_rounds,
+    tabulate,
     warm_up,
 )
 from meshdl.protocol.messages import ALL, EDGE, FLOAT32, INT32, Kind, Message, make
@@ -56,7 +56,7 @@ KEPT_BATCHES = 4  # arenas kept, by batch size (a run's training and evaluation 
 class Started(NamedTuple):
     """A compiled wave as its PARAMS and BATCH start it."""
 
-    wave: Wave
+    wave: WaveArrays
     params: np.ndarray  # the PARAMS payload, as sent
     batch: np.ndarray  # the BATCH payload
 
@@ -83,8 +83,8 @@ class CompiledWaves:
         self.cells: list[Cell] = list(spec.topology.cells())
         self.index = {cell: n for n, cell in enumerate(self.cells)}
         nodes = [mesh.nodes[cell] for cell in self.cells]
-        self.layout: Layout = lay_out(spec, nodes)
-        tb = self.tables = self.layout.tables
+        self.mesh_tables: MeshTables = tabulate(spec, nodes)
+        tb = self.tables = self.mesh_tables.tables
         self.state = State.of(tb)
         warm_up(tb, self.state)
         # The inbox entries the edge's messages fill: (cell, kind, layer, phase) -> entry,
@@ -222,12 +222,12 @@ class CompiledWaves:
                       np.zeros((tb.arena_slots(1), tb.filters, size), np.float32),
                       np.zeros((tb.nodes, tb.filters, size), np.uint8))
         self._arenas[size] = arenas
-        wave = Wave(*arenas, self.grads, np.array(params.payload, np.float32),
+        wave = WaveArrays(*arenas, self.grads, np.array(params.payload, np.float32),
                     self.readings[split], np.array(indices, np.int32), size,
                     mode == Mode.TRAIN)
         return Started(wave, params.payload, batch.payload)
 
-    def _inject(self, messages: list[Message], wave: Wave) -> list[int]:
+    def _inject(self, messages: list[Message], wave: WaveArrays) -> list[int]:
         """What the edge sent, as arrivals of the loop (-1 - entry), items put into
         their slots now. As a node would, it counts and drops what is not this wave's
         (another mesh, step or session), what its plan does not receive, a repeat, and
@@ -253,7 +253,7 @@ class CompiledWaves:
             if h.kind in ITEM_KINDS:  # (a broadcast carries none)
                 e = entries[0]
                 arena = self._arena(int(tb.entry_buf[e]), wave)
-                slots = tb.pool[tb.entry_slots[e, 0]:tb.entry_slots[e, 1]]
+                slots = tb.lists[tb.entry_slots[e, 0]:tb.entry_slots[e, 1]]
                 if h.dtype != FLOAT32 or message.payload.shape != \
                         (len(slots), arena.shape[1], wave.batch):
                     self.stats["rejected:bad_shape"] += 1
@@ -263,17 +263,17 @@ class CompiledWaves:
             arrivals.extend(-1 - e for e in entries)
         return arrivals
 
-    def _arena(self, g: int, wave: Wave) -> np.ndarray:
+    def _arena(self, g: int, wave: WaveArrays) -> np.ndarray:
         """The arena buffer `g` is in (the tables' slots index it whole)."""
         return wave.inputs if self.tables.buf_arena[g] == 0 else wave.features
 
-    def _to_edge(self, m: int, wave: Wave) -> Message:
+    def _to_edge(self, m: int, wave: WaveArrays) -> Message:
         """Message `m` of the tables, to the edge, as its sender would make it."""
-        tb, key, edge = self.tables, self.layout.messages[m], self.mesh.edge
+        tb, key, edge = self.tables, self.mesh_tables.messages[m], self.mesh.edge
         if key.kind == Kind.REDUCE:
             payload = self.grads[int(tb.msg_src[m])].copy()
         else:
-            rows = tb.pool[tb.msg_rows[m, 0]:tb.msg_rows[m, 1]]
+            rows = tb.lists[tb.msg_rows[m, 0]:tb.msg_rows[m, 1]]
             payload = self._arena(int(tb.msg_buf[m]), wave)[rows]
         return make(key.kind, self.mesh.spec.mesh_id, edge.step, key.src, EDGE, payload,
                     key.layer, key.phase, session=edge.session)
@@ -289,7 +289,7 @@ class CompiledWaves:
             tb, spec = self.tables, self.mesh.spec
             keys = []
             for m in np.flatnonzero(st.sent):
-                key = self.layout.messages[m]
+                key = self.mesh_tables.messages[m]
                 if key.dst == EDGE:
                     continue  # counted as the message it was
                 if key.kind == Kind.PARAMS:
@@ -317,7 +317,7 @@ class Finished:
         self.waves, self.task_round, self.finished = waves, task_round, finished
 
     def __iter__(self) -> Iterator[tuple[Cell, dict[str, float]]]:
-        tb, stages = self.waves.tables, self.waves.layout.stages
+        tb, stages = self.waves.tables, self.waves.mesh_tables.stages
         for n, cell in enumerate(self.waves.cells):
             at: dict[str, float] = {}
             for t in range(int(tb.node_tasks[n, 0]), int(tb.node_tasks[n, 1])):

@@ -24,7 +24,7 @@ from meshdl.nodes.compiled import (
     Tables,
     TablesError,
     UnknownStep,
-    lay_out,
+    tabulate,
     validate,
 )
 from meshdl.protocol.spec import MeshSpec, Mode, Split
@@ -47,7 +47,7 @@ def _mesh(pool, compiled: bool = True) -> VirtualMesh:
 @cache
 def _tables(pool) -> Tables:
     mesh = _mesh(pool)
-    return lay_out(mesh.spec, [mesh.nodes[cell] for cell in mesh.spec.topology.cells()]).tables
+    return tabulate(mesh.spec, [mesh.nodes[cell] for cell in mesh.spec.topology.cells()]).tables
 
 
 def _live(tables: Tables, field: str) -> tuple[int, ...] | None:
@@ -61,7 +61,7 @@ def _live(tables: Tables, field: str) -> tuple[int, ...] | None:
 
 
 def _tampered(field: str, via: str | None, value: int) -> tuple[Tables, str]:
-    """Tables of a mesh with one number of `field` set to `value` (of `pool`: the first
+    """Tables of a mesh with one number of `field` set to `value` (of `lists`: the first
     number the range field `via` lists), and what the refusal must name."""
     for pool in (2, "global"):  # (windowed pooling has block lists, global children's)
         tables = _tables(pool)
@@ -70,11 +70,11 @@ def _tampered(field: str, via: str | None, value: int) -> tuple[Tables, str]:
             break
     else:
         raise AssertionError(f"no mesh here uses Tables.{via or field}")
-    if field == "pool":
+    if field == "lists":
         start = int(getattr(tables, via)[at][0])
-        pool = tables.pool.copy()
-        pool[start] = value
-        return tables._replace(pool=pool), f"Tables.pool[{start}]"
+        lists = tables.lists.copy()
+        lists[start] = value
+        return tables._replace(lists=lists), f"Tables.lists[{start}]"
     values = np.array(getattr(tables, field))
     if INDEXES[field].listed or INDEXES[field].span:
         at = (*at, 0 if value < 0 else 1)  # a start below 0, an end past the list
@@ -84,8 +84,8 @@ def _tampered(field: str, via: str | None, value: int) -> tuple[Tables, str]:
     return tables._replace(**{field: value}), f"Tables.{field}"
 
 
-CASES = [(field, None) for field in INDEXES if field != "pool"] + \
-    [("pool", field) for field, index in INDEXES.items() if index.listed]
+CASES = [(field, None) for field in INDEXES if field != "lists"] + \
+    [("lists", field) for field, index in INDEXES.items() if index.listed]
 
 
 def test_every_integer_field_of_the_tables_is_declared_an_index_or_a_value() -> None:
@@ -100,7 +100,7 @@ def test_every_integer_field_of_the_tables_is_declared_an_index_or_a_value() -> 
 
 @pytest.mark.parametrize("value", [BIG, -2], ids=["past", "below"])
 @pytest.mark.parametrize(("field", "via"), CASES,
-                         ids=[f if v is None else f"pool-of-{v}" for f, v in CASES])
+                         ids=[f if v is None else f"lists-of-{v}" for f, v in CASES])
 def test_a_tampered_index_is_refused_in_one_line(field, via, value) -> None:
     tables, named = _tampered(field, via, value)
     with pytest.raises(TablesError) as refused:
@@ -133,7 +133,7 @@ def test_a_task_of_an_unknown_step_is_refused_and_stops_the_loop() -> None:
         mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(3))
 
 
-# One slot of `own_a` or one number of `pool` out of range: the loop (no bounds checks)
+# One slot of `own_a` or one number of `lists` out of range: the loop (no bounds checks)
 # read and wrote outside its arrays and the process died (SIGSEGV) before `validate`.
 CRASH = textwrap.dedent("""
     import sys
@@ -150,8 +150,8 @@ CRASH = textwrap.dedent("""
         if {field!r} == "own_a":
             own_a = tables.own_a.copy(); own_a[0, 1] = 10**9
             return tables._replace(own_a=own_a)
-        pool = tables.pool.copy(); pool[tables.conv_slots[0, 1, 0]] = 10**9
-        return tables._replace(pool=pool)
+        lists = tables.lists.copy(); lists[tables.conv_slots[0, 1, 0]] = 10**9
+        return tables._replace(lists=lists)
     compiled._Builder.tables = tampered
     mesh = _mesh(2)
     try:
@@ -162,7 +162,7 @@ CRASH = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("field", ["own_a", "pool"])
+@pytest.mark.parametrize("field", ["own_a", "lists"])
 def test_a_mesh_whose_tables_read_out_of_range_refuses_them_and_does_not_crash(field) -> None:
     script = CRASH.format(tests=str(Path(__file__).parent), field=field)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
