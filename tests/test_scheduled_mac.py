@@ -13,6 +13,8 @@ kernels' exact operation counts) come from the simulator."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -26,7 +28,8 @@ from meshdl.sim.radio.mac import MacParams, RadioUse, mac_energy, unsupported_re
 from meshdl.sim.radio.profiles import profile
 from meshdl.sim.studies import live
 from meshdl.sim.studies.cloud import ship_readings
-from tests.helpers import noise_dataset, normalized_model
+from tests.helpers import assert_one_line_error, noise_dataset, normalized_model
+from tests.test_cli_simulate import _meshdl
 
 SLOT = 1800.0  # s: one live slot
 N = 2  # Glossy's N: each node sends the sync frame twice, and takes it twice
@@ -310,3 +313,29 @@ def test_under_the_scheduled_mac_the_sync_flood_starts_every_clock_together() ->
     # 20 ppm crystals drift up to 36 ms over a half-hour slot; after the flood, none.
     assert max(abs(e) for e in clocks["lpl"].values()) > 1e-3
     assert set(clocks["scheduled"].values()) == {0.0}
+
+
+# ------------------------------------------------------------------ the command
+def test_simulate_live_mac_scheduled_prices_both_sides_asleep_between_slots(
+        tmp_path) -> None:
+    code, stdout, err = _meshdl("simulate", "live", "--rows", "4", "--cols", "5",
+                                "--slots", "4", "--pool", "global", "--mac", "scheduled",
+                                "--out", tmp_path / "run", "--json")
+    assert code == 0, err
+    report = json.loads(stdout)
+    assert report["mac"] == "scheduled" and report["alerts_equal_central"] is True
+    assert set(report["macs"]) == {"always-on", "ideal", "lpl", "tsch", "scheduled"}
+    assert report["clock"]["max_error_s"] == 0.0  # the sync flood sets every clock
+    for side in ("mesh", "cloud"):
+        joules = report[side]["hottest_node_j_per_slot"]
+        assert joules == report["macs"]["scheduled"][side]["hottest_node_j_per_slot"]
+        # Asleep, neither the CC2420's 0.108 J of power-down nor the ideal MAC's floor.
+        assert joules < report["macs"]["ideal"][side]["hottest_node_j_per_slot"] / 3
+        # Yet never below the processor asleep and the guard's listening.
+        assert joules > SLOT * ASLEEP_W + GUARD * IEEE.rx_w
+
+
+def test_simulate_live_refuses_mac_scheduled_on_wifi_in_one_line(tmp_path) -> None:
+    code, _, err = _meshdl("simulate", "live", "--rows", "3", "--cols", "4", "--radio",
+                           "wifi", "--mac", "scheduled", "--out", tmp_path / "run")
+    assert_one_line_error(code, err, 2, "deep-sleep")
