@@ -14,6 +14,7 @@ from meshdl.config import DataConfig
 from meshdl.data.datasets import save_dataset
 from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError
+from meshdl.sim.faults.dead import cell_numbers, dead_cells
 from meshdl.training.failout import failout_cells
 from tests.helpers import assert_one_line_error
 
@@ -139,7 +140,7 @@ def test_model_evaluate_reads_a_share_of_the_cells_as_dead_when_asked(
     assert code == 0, err
     report = json.loads(out)
     assert report["dead_cells"] == 24  # half of 6 x 8
-    predicted = model.predict(data.X_test, failout_cells(6, 8, 0.5, 1, 0))
+    predicted = model.predict(data.X_test, cell_numbers(dead_cells(6, 8, 0.5, 1), 8))
     assert report["confusion"] == [[int(np.sum((data.y_test == t) & (predicted == p)))
                                     for p in range(2)] for t in range(2)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import typer
 
@@ -25,7 +25,7 @@ from meshdl.cli.options import (
     Rows,
     json_option,
 )
-from meshdl.errors import MeshdlError
+from meshdl.errors import MeshdlError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,26 +40,48 @@ def register(app: typer.Typer) -> None:
     app.add_typer(config_app, name="config")
 
 
+DEFAULT_FAULT_SEEDS = "0-9"  # --dead alone: ten draws, the mean and spread a deployer needs
+
+DeadSeed = typer.Option(None, "--fault-seed", "--dead-seed", min=0, help="With --dead: the "
+                        "one draw of dead cells (the same cells `simulate infer|live "
+                        "--fault-seed` kills; --dead-seed is its older name).")
+DeadSeeds = typer.Option(None, "--fault-seeds", metavar="SEEDS", help="With --dead: "
+                         "several draws, e.g. 0-9 or 0,3,7 (their mean, std, min and max). "
+                         f"Default when neither seed flag is given: {DEFAULT_FAULT_SEEDS}.")
+
+
 def evaluate(
     model_path: ModelFile,
     data_path: DataFile,
     split: Literal["test", "train", "all"] = typer.Option("test", "--split",
                                                           help="The samples to evaluate."),
     dead: float = typer.Option(0.0, "--dead", min=0.0, max=0.99, help="Share of the cells "
-                               "read as dead (no reading, no output: zeros), as failout "
-                               "draws them."),
-    dead_seed: int = typer.Option(0, "--dead-seed", min=0, help="Which cells --dead takes."),
+                               "read as dead (no reading, no output: zeros), drawn as "
+                               "`simulate --dead` draws them (never the edge's cell)."),
+    fault_seed: int | None = DeadSeed,
+    fault_seeds: str | None = DeadSeeds,
+    edge_at: str = typer.Option("0,0", "--edge-at", metavar="R,C", help="With --dead: the "
+                                "edge's cell, never dead (as in the mesh)."),
     json_out: JsonReport = False,
 ) -> None:
-    """Accuracy and confusion matrix of a saved model on a data set (all its cells, or
-    with --dead some read as dead)."""
+    """Accuracy and confusion matrix of a saved model on a data set: all its cells, or
+    with --dead some read as dead, over several draws of them (--fault-seeds, default
+    0-9: accuracy mean, std, min, max; confusion and samples then count every draw's
+    predictions) or one (--fault-seed). The JSON's `down_cells` (one draw) and
+    `per_seed` name the cells as sim.json's `down_cells` does."""
     import numpy as np
     from rich.table import Table
 
+    from meshdl.cli.common import parse_cell
     from meshdl.data.datasets import check_label_range, load_split
     from meshdl.model.cnn import CNN
-    from meshdl.training.failout import failout_cells
+    from meshdl.protocol.topics import name_of
+    from meshdl.sim.faults.dead import cell_numbers, dead_cells
 
+    if fault_seed is not None and fault_seeds is not None:
+        raise UsageError("--fault-seed and --fault-seeds: give one draw or several, not both")
+    seeds = [fault_seed] if fault_seed is not None else parse_seeds(
+        fault_seeds or DEFAULT_FAULT_SEEDS)
     model = CNN.load(model_path)
     # Only the splits asked for are read: a gap in the other one is no reason to refuse.
     names = ("train", "test") if split == "all" else (split,)
@@ -70,12 +92,25 @@ def evaluate(
     X = np.concatenate([x for x, _ in parts])
     y = np.concatenate([t for _, t in parts])
     model = model.on_grid(*X.shape[1:])  # global pooling: any grid; else the model's
-    cells = failout_cells(model.config.rows, model.config.cols, dead, dead_seed, 0)
-    predicted = np.concatenate([model.predict(X[i : i + 500], cells)
-                                for i in range(0, len(X), 500)])
-    report = classification_report(y, predicted, model.config.classes)
+    rows, cols = model.config.rows, model.config.cols
+    edge = parse_cell(edge_at)
+    if not (0 <= edge[0] < rows and 0 <= edge[1] < cols):
+        raise UsageError(f"--edge-at {edge_at}: not a cell of the {rows} x {cols} grid")
+    if not dead:
+        seeds = seeds[:1]  # no cell dead: every draw is the same
+    draws: list[DeadDraw] = []
+    for seed in seeds:
+        down = dead_cells(rows, cols, dead, seed, edge)
+        predicted = np.concatenate([model.predict(X[i : i + 500], cell_numbers(down, cols))
+                                    for i in range(0, len(X), 500)])
+        draws.append(DeadDraw(seed, [name_of(cell) for cell in sorted(down)], predicted))
+    report = classification_report(np.tile(y, len(draws)),
+                                   np.concatenate([d.predicted for d in draws]),
+                                   model.config.classes)
     report.update({"model": str(model_path), "data": str(data_path), "split": split,
-                   "dead": dead, "dead_cells": len(cells)})
+                   "dead": dead, "dead_cells": len(draws[0].down)})
+    if dead:
+        report.update(dead_spread(draws, y))
     if json_out:
         emit_json(report)
         return
@@ -87,6 +122,70 @@ def evaluate(
     for c, row in enumerate(report["confusion"]):
         table.add_row(str(c), *(str(v) for v in row))
     out_console.print(table)
+    if dead:
+        for line in dead_lines(report):
+            out_console.print(line, highlight=False)
+
+
+class DeadDraw(NamedTuple):
+    """One draw of dead cells and the model's predictions with them left out."""
+
+    seed: int
+    down: list[str]  # the cells' names (r1c2), as sim.json's down_cells
+    predicted: np.ndarray
+
+
+def dead_spread(draws: list[DeadDraw], y: np.ndarray) -> dict:
+    """The draws' accuracies and their mean and spread (std over the draws, n - 1)."""
+    import numpy as np
+
+    accuracy = np.array([np.mean(d.predicted == y) if len(y) else np.nan for d in draws])
+    spread = {"fault_seeds": [d.seed for d in draws],
+              "accuracy_mean": float(accuracy.mean()),
+              "accuracy_std": float(accuracy.std(ddof=1)) if len(draws) > 1 else 0.0,
+              "accuracy_min": float(accuracy.min()), "accuracy_max": float(accuracy.max()),
+              "per_seed": [{"fault_seed": d.seed, "accuracy": float(a), "down_cells": d.down}
+                           for d, a in zip(draws, accuracy, strict=True)]}
+    if len(draws) == 1:
+        spread.update({"fault_seed": draws[0].seed, "down_cells": draws[0].down})
+    return spread
+
+
+def dead_lines(report: dict) -> list[str]:
+    """What --dead measured, in a line or two under the confusion matrix."""
+    share, count, seeds = report["dead"], report["dead_cells"], report["fault_seeds"]
+    if len(seeds) == 1:
+        return [f"--dead {share:g}: {count} dead cells (fault seed {seeds[0]}): "
+                f"{', '.join(report['down_cells'])}"]
+    return [f"--dead {share:g}: {count} dead cells, {len(seeds)} draws (fault seeds "
+            f"{format_seeds(seeds)}): accuracy mean {report['accuracy_mean']:.4f}, std "
+            f"{report['accuracy_std']:.4f}, min {report['accuracy_min']:.4f}, max "
+            f"{report['accuracy_max']:.4f}",
+            "  " + ", ".join(f"seed {d['fault_seed']} {d['accuracy']:.4f}"
+                             for d in report["per_seed"])]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-9', '0,3,7' or '0-2,8' -> the seeds in that order (each once), or a UsageError."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            low, high = int(first), int(last or first)
+            if low < 0 or high < low:
+                raise ValueError(part)
+            seeds += [s for s in range(low, high + 1) if s not in seeds]
+    except ValueError:
+        raise UsageError(f"--fault-seeds {text!r}: expected seeds as 0-9, 0,3,7 or 0-2,8 "
+                         "(each at least 0)") from None
+    return seeds
+
+
+def format_seeds(seeds: list[int]) -> str:
+    """The seeds as parse_seeds reads them, a run of consecutive ones as FIRST-LAST."""
+    if seeds == list(range(seeds[0], seeds[0] + len(seeds))) and len(seeds) > 1:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))
 
 
 def infer(

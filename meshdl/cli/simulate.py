@@ -112,8 +112,10 @@ Patience = Annotated[float, typer.Option(
 Burst = Annotated[float | None, typer.Option(
     "--burst", help="Mean burst of lost frames (Gilbert-Elliott links; default: each "
     "frame lost on its own, Bernoulli).")]
-FaultSeed = Annotated[int, typer.Option("--fault-seed", help="Seed of the frames lost and "
-                                        "of the stragglers picked.")]
+FaultSeed = Annotated[int, typer.Option("--fault-seed", help="Seed of the frames lost, "
+                                        "the stragglers and the dead cells picked (--dead "
+                                        "takes the cells `evaluate --dead --fault-seed` "
+                                        "takes).")]
 StragglerShare = Annotated[float, typer.Option(
     "--stragglers", help="Share of the cells whose CPU is slower than their device (0 to "
     "1, picked by --fault-seed).")]
@@ -142,18 +144,17 @@ def _best_effort(recovery: str, policy: str, patience: float) -> BestEffort | No
 
 
 def _dead(fraction: float, seed: int, config: RunConfig, recovery: str) -> frozenset[Cell]:
-    from meshdl.sim.faults.dead import DeadCells
+    from meshdl.sim.faults.dead import dead_cells
 
     if fraction and recovery != "best-effort":
         raise UsageError(f"--dead {fraction}: dead nodes are found by missed deadlines, "
                          "which need --recovery best-effort (reliable recovery would "
                          "wait for them forever)")
-    try:
-        picker = DeadCells(fraction=fraction, seed=seed)
+    try:  # the draw `evaluate --dead --fault-seed` makes: the same seed, the same cells
+        return dead_cells(config.model.rows, config.model.cols, fraction, seed,
+                          config.mesh.edge_at)
     except ValidationError as exc:
         raise UsageError(f"--dead {fraction}: {format_validation_error(exc)}") from None
-    cells = [(r, c) for r in range(config.model.rows) for c in range(config.model.cols)]
-    return picker.pick(cells, config.mesh.edge_at)
 
 
 def _attach(cells: list[str] | None, config: RunConfig, recovery: str) -> tuple[Cell, ...]:
@@ -374,6 +375,8 @@ def simulate_infer(
     import numpy as np
 
     from meshdl.protocol.spec import Mode
+    from meshdl.protocol.topics import name_of
+    from meshdl.sim.faults.dead import cell_numbers, found_line
     from meshdl.sim.simulate import SimEngine
     from meshdl.sim.studies import cloud, compare
     from meshdl.training.runs import check_run_dir, start_run
@@ -398,8 +401,14 @@ def simulate_infer(
     run_dir = claimed.path
     tests = len(dataset.y_test)
     with _kept_if_finished(claimed, "meshdl simulate infer"):
-        predicted = [engine.logits(model, "test", np.arange(w * batch, (w + 1) * batch)
-                                   % tests).argmax(axis=1) for w in range(waves)]
+        predicted: list[np.ndarray] = []
+        found_at: dict[Cell, int] = {}  # each cell the edge planned around: its first wave
+        for w in range(waves):
+            predicted.append(engine.logits(model, "test", np.arange(
+                w * batch, (w + 1) * batch) % tests).argmax(axis=1))
+            assert engine.mesh is not None
+            found_at.update({cell: w + 1 for cell in engine.mesh.edge.spec.dead
+                             if cell not in found_at})
         mesh = engine.mesh
         assert mesh is not None
         baseline = {}
@@ -411,8 +420,19 @@ def simulate_infer(
         labels = np.concatenate([np.arange(w * batch, (w + 1) * batch) % tests
                                  for w in range(waves)])
         accuracy = float(np.mean(np.concatenate(predicted) == dataset.y_test[labels]))
-        report = _finish(run_dir, mesh, Mode.INFER, baseline, trace, {"accuracy": accuracy})
+        # The model run centrally with the down cells left out (`evaluate --dead`'s
+        # reading): what the mesh would give if it lost nothing else.
+        central = float(np.mean(model.predict(dataset.X_test[labels], cell_numbers(
+            mesh.down, config.model.cols)) == dataset.y_test[labels]))
+        report = _finish(run_dir, mesh, Mode.INFER, baseline, trace, {
+            "accuracy": accuracy, "central_accuracy": central,
+            "dead_found_at_wave": {name_of(c): w for c, w in sorted(found_at.items())}})
     _say(report, run_dir)
+    err_console.print(f"accuracy {accuracy:.4f} over {len(labels)} samples; the model run "
+                      f"centrally with the same {len(mesh.down)} cells left out: "
+                      f"{central:.4f}", highlight=False)
+    if mesh.down or found_at:
+        err_console.print(found_line(mesh.down, found_at), highlight=False)
     if json_out:
         emit_json(report)
 

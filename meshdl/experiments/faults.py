@@ -65,7 +65,7 @@ def run(trial: Trial) -> Record:
     from meshdl.protocol.deadlines import Policy
     from meshdl.protocol.spec import Mode
     from meshdl.sim.besteffort import BestEffort
-    from meshdl.sim.faults.dead import DeadCells
+    from meshdl.sim.faults.dead import dead_cells
     from meshdl.sim.radio.device import device, natural_device
     from meshdl.sim.radio.loss import FrameLoss
     from meshdl.sim.radio.media import natural_medium
@@ -85,9 +85,8 @@ def run(trial: Trial) -> Record:
     medium = natural_medium(radio)
     loss = FrameLoss(rate, settings["burst"] if rate else None, trial.seed)
     best_effort = None if policy in (EXACT, "reliable") else BestEffort(Policy(policy))
-    cells = [(r, c) for r in range(config.model.rows) for c in range(config.model.cols)]
-    down = DeadCells(fraction=share, seed=trial.seed).pick(cells, config.mesh.edge_at) \
-        if failures else frozenset()
+    down = dead_cells(config.model.rows, config.model.cols, share, trial.seed,
+                      config.mesh.edge_at) if failures else frozenset()
     engine = SimEngine(training_data(config.train, data), profile(radio), medium,
                        device(natural_device(radio)), device("pi4"), seed=config.train.seed,
                        edge_at=config.mesh.edge_at, params_via="tree" if medium == "shared"
