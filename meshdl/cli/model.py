@@ -43,10 +43,11 @@ def register(app: typer.Typer) -> None:
 DEFAULT_FAULT_SEEDS = "0-9"  # --dead alone: ten draws, the mean and spread a deployer needs
 
 DeadSeed = typer.Option(None, "--fault-seed", "--dead-seed", min=0, help="With --dead: the "
-                        "one draw of dead cells (the same cells `simulate infer|live "
+                        "one draw of dead cells (the same cells `simulate infer|train "
                         "--fault-seed` kills; --dead-seed is its older name).")
 DeadSeeds = typer.Option(None, "--fault-seeds", metavar="SEEDS", help="With --dead: "
-                         "several draws, e.g. 0-9 or 0,3,7 (their mean, std, min and max). "
+                         "several draws, e.g. 0-9 or 0,3,7: their accuracies' mean, std "
+                         "(n - 1), min and max. "
                          f"Default when neither seed flag is given: {DEFAULT_FAULT_SEEDS}.")
 
 

@@ -6,10 +6,10 @@ inputs that each node fills in by its policy; a pooling block left without a liv
 is filled in at the edge. The cell the edge is attached to is never picked.
 
 `dead_cells` is the one draw of a dead-cell set from (grid, share, seed): `meshdl evaluate
---dead`, `simulate infer|live|train --dead` and `experiment failures` all take it, so that
-the same seed leaves out the same cells wherever it is given and a central evaluation can
-be set beside a mesh run cell for cell. (Training's failout, new cells every update, is
-another draw: meshdl/training/failout.py.)
+--dead`, `simulate infer|train --dead`, `experiment failures` and (by `DeadCells.pick`)
+`data inspect --dead` all take it, so that the same seed leaves out the same cells
+wherever it is given and a central evaluation can be set beside a mesh run cell for cell.
+(Training's failout, new cells every update, is another draw: meshdl/training/failout.py.)
 """
 
 from __future__ import annotations
