@@ -120,3 +120,15 @@ def test_the_found_line_names_each_found_cell_with_its_wave_and_counts_the_rest(
     assert line == ("dead cells: 3 down, 2 found (r0c1 at wave 1, r2c3 at wave 2), 1 not "
                     "found by the end; planned around though up: r1c1")
     assert found_line({(0, 1)}, {}) == "dead cells: 1 down, 0 found, 1 not found by the end"
+
+
+def test_simulate_infer_with_every_cell_alive_says_its_accuracy_alone(
+        small_data_file, model_file, tmp_path) -> None:
+    code, _, err = _meshdl("simulate", "infer", "--model", model_file, "--data",
+                           small_data_file, "--batch", "4", "--out", tmp_path / "run")
+    assert code == 0, err
+    sim = json.loads((tmp_path / "run" / "sim.json").read_text())
+    said = " ".join(err.split())
+    assert f"accuracy {sim['accuracy']:.4f} over 4 samples" in said
+    assert "centrally" not in said and "dead cells" not in said
+    assert sim["central_accuracy"] == sim["accuracy"]  # nothing lost, nothing left out

@@ -428,9 +428,9 @@ def simulate_infer(
             "accuracy": accuracy, "central_accuracy": central,
             "dead_found_at_wave": {name_of(c): w for c, w in sorted(found_at.items())}})
     _say(report, run_dir)
-    err_console.print(f"accuracy {accuracy:.4f} over {len(labels)} samples; the model run "
-                      f"centrally with the same {len(mesh.down)} cells left out: "
-                      f"{central:.4f}", highlight=False)
+    err_console.print(f"accuracy {accuracy:.4f} over {len(labels)} samples" + (
+        f"; the model run centrally with the same {len(mesh.down)} cells left out: "
+        f"{central:.4f}" if mesh.down else ""), highlight=False)
     if mesh.down or found_at:
         err_console.print(found_line(mesh.down, found_at), highlight=False)
     if json_out:
