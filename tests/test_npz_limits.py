@@ -208,3 +208,18 @@ def test_a_model_config_nested_too_deep_is_the_files_one_line_error(tmp_path: Pa
     data.write_bytes(b"")  # never reached: the model is read first
     code, _, err = cli("evaluate", model, data)
     assert_one_line_error(code, err, 1, str(model), "config nested too deeply")
+
+
+def test_a_header_claiming_hundreds_of_megabytes_is_refused_before_it_is_read(
+        tmp_path: Path) -> None:
+    """numpy reads a .npy header of whatever length its field claims before its own
+    bound refuses it: a 200 KB file whose header claims 200 MiB (of spaces) took 440 MB.
+    The length field is checked first."""
+    claimed = 200 * _MIB
+    prefix = npy.MAGIC_PREFIX + bytes([2, 0]) + struct.pack("<I", claimed)
+    bomb = write_zip(tmp_path / "header.npz",
+                     {"X_train.npy": deflated(prefix, claimed, crc=False)})
+    assert bomb.stat().st_size < _MIB
+    code, err, peak = run_measured("data", "inspect", bomb)
+    assert_one_line_error(code, err, 1, str(bomb), "X_train", "209,715,200 bytes")
+    assert peak < 100 * _MIB, peak

@@ -17,11 +17,13 @@ and dtypes); only then is any array read.
 from __future__ import annotations
 
 import math
+import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from numpy.lib import format as npy
@@ -32,6 +34,11 @@ from meshdl.limits import MAX_FILE_ARRAY_BYTES
 _ZIP = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header, or an empty archive's end
 _NPY = b"\x93NUMPY"
 _HEADER_READERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
+# The length field after the version: numpy reads a header of whatever length it claims
+# (up to 4 GiB in format 2.0) before its own bound (`max_header_size`, 10,000 bytes)
+# refuses it, so a 200 KB file claiming a 200 MiB header took 440 MB. Checked first.
+_HEADER_LENGTH = {(1, 0): struct.Struct("<H"), (2, 0): struct.Struct("<I")}
+MAX_HEADER_BYTES = 10_000  # numpy's own bound on a header it reads safely
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, source: P
             # field names, which no numeric array meshdl reads has
             raise error(f"{source}: key {key} has .npy format {version[0]}.{version[1]}; "
                         "meshdl reads formats 1.0 and 2.0")
+        _check_header_length(fh, version, key, source, error)
         shape, _fortran, dtype = _HEADER_READERS[version](fh)
         start = fh.tell()
     if dtype.hasobject:
@@ -125,6 +133,22 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, source: P
                     f"{dtype} ({header.nbytes:,} bytes) but the entry holds "
                     f"{info.file_size - start:,} bytes of data (corrupt or forged)")
     return header
+
+
+def _check_header_length(fh: BinaryIO, version: tuple[int, int], key: str, source: Path,
+                         error: type[MeshdlError]) -> None:
+    """Refuse a header longer than numpy reads safely, from its length field alone; leave
+    `fh` where the version's header reader starts (just after the version)."""
+    field = _HEADER_LENGTH[version]
+    start = fh.tell()
+    raw = fh.read(field.size)
+    if len(raw) != field.size:
+        raise error(f"{source}: key {key}: its .npy header is cut short (corrupt)")
+    (length,) = field.unpack(raw)
+    if length > MAX_HEADER_BYTES:
+        raise error(f"{source}: key {key}: its .npy header claims {length:,} bytes; a header "
+                    f"holds at most {MAX_HEADER_BYTES:,} (corrupt or forged)")
+    fh.seek(start)
 
 
 def _check_total(headers: Mapping[str, ArrayHeader], source: Path, what: str, limit: int,
