@@ -362,3 +362,22 @@ def test_a_data_sets_meta_nested_too_deep_is_the_files_fault(small_lounge,
     np.savez(path, **arrays)
     with pytest.raises(DataError, match="meta is JSON nested too deeply"):
         load_dataset(path)
+
+
+@pytest.mark.parametrize("shortage", [MemoryError, RecursionError])
+def test_a_service_short_of_memory_while_running_exits_1_for_its_restart(
+        cli, tmp_path, monkeypatch, shortage) -> None:
+    """A node host, node or edge service that runs short while serving (a Pi under a
+    flood) exits 1, not the usage code 2 its systemd unit never restarts on
+    (RestartPreventExitStatus=2)."""
+    import meshdl.nodes.serve as node_serve
+
+    def short(*_args, **_kwargs) -> None:
+        raise shortage()
+
+    monkeypatch.setattr(node_serve, "serve_cells", short)
+    mesh = tmp_path / "mesh.toml"
+    mesh.write_text("[model]\nrows = 2\ncols = 3\n")
+    code, _, err = cli("nodes", "run", "--cells", "0-1,0-2", "--broker",
+                       "mqtt://127.0.0.1:1", "--mesh", mesh, "--sensor", "synthetic")
+    assert_one_line_error(code, err, 1, "while running", "starts it again")

@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
-        message, exit_code = _one_line(exc)
+        message, exit_code = _one_line(exc, service=_is_service(args))
         err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False,
                           soft_wrap=True)
         sys.exit(exit_code)
@@ -255,8 +255,21 @@ def _command_of(exc: Exception) -> str:
     return ctx.command_path if ctx is not None else "meshdl"
 
 
-def _one_line(exc: Exception) -> tuple[str, int]:
-    """The message and exit code for an exception a user may well cause."""
+# The long-running commands deploy/systemd/ runs: their units restart them on any exit
+# but 2 (RestartPreventExitStatus=2, "the request itself is wrong").
+SERVICES = frozenset({("node", "run"), ("nodes", "run"), ("edge", "serve")})
+
+
+def _is_service(args: list[str]) -> bool:
+    """Whether the command line runs one of the `SERVICES` (global options skipped)."""
+    words = [a for a in args if not a.startswith("-")][:2]
+    return tuple(words) in SERVICES
+
+
+def _one_line(exc: Exception, service: bool = False) -> tuple[str, int]:
+    """The message and exit code for an exception a user may well cause (`service`: the
+    command is a long-running service, which a shortage met while running must not
+    stop for good)."""
     from pydantic import ValidationError
 
     from meshdl.errors import MeshdlError, format_validation_error
@@ -276,6 +289,12 @@ def _one_line(exc: Exception) -> tuple[str, int]:
     # `data generate --train 100000` on the largest grid; a recursion as deep as the
     # mesh's tree (`simulate compare --rows 3000 --cols 3000`) or a file's nesting (a
     # TOML array nested 100,000 deep). So a usage line, exit code 2.
+    if service and isinstance(exc, (MemoryError, RecursionError)):
+        # Met while serving (a Pi short of memory under a flood), not asked for: exit 1,
+        # so that systemd starts the service again.
+        return (f"{'out of memory' if isinstance(exc, MemoryError) else 'recursion too deep'}"
+                f" while running ({exc or type(exc).__name__}); a service manager starts it "
+                "again"), 1
     if isinstance(exc, MemoryError):
         return (f"not enough memory for this request ({exc or 'out of memory'}): ask for a "
                 "smaller grid, batch or data set"), 2
