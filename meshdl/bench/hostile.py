@@ -44,6 +44,7 @@ from meshdl.model.cnn import CNN
 from meshdl.mqtt.acl import parse_acl
 from meshdl.mqtt.localbroker import HOST, Mosquitto, free_port, production_config, stop_process
 from meshdl.mqtt.session import BrokerAddress
+from meshdl.mqtt.sizes import LIMITS_DIR, broker_limits, message_limits
 from meshdl.mqtt.status import MAX_STATUS_BYTES
 from meshdl.protocol.spec import MeshSpec
 from meshdl.protocol.topics import name_of
@@ -81,6 +82,18 @@ class Flood:
 
 
 BURST = Flood()  # issue 29's: 1.2 GB at 400 MB/s
+FLOODS = ("burst", "sustained", "small")
+
+
+def flood_of(kind: str, mb_per_s: float | None, small_bytes: int) -> Flood:
+    """The flood `meshdl bench hostile --flood KIND` sends: issue 29's burst, 1 MB
+    messages without end, or messages of `small_bytes` (the broker's limit: the largest
+    a login may still send) without end; the last two at `mb_per_s` (None: full speed)."""
+    if kind not in FLOODS:
+        raise ValueError(f"{kind!r} is not one of {', '.join(FLOODS)}")
+    return {"burst": BURST,
+            "sustained": Flood(total=None, mb_per_s=mb_per_s),
+            "small": Flood(total=None, mb_per_s=mb_per_s, message_bytes=small_bytes)}[kind]
 
 
 def bench_hostile(config: RunConfig, data: Dataset, log: Any = None,
@@ -93,20 +106,19 @@ def bench_hostile(config: RunConfig, data: Dataset, log: Any = None,
     edge's exit code and last words) next to everything else it measured.
 
     `flood`: what the attacker sends its neighbour; `broker_message_bytes`: the broker's
-    message_size_limit as `deploy_limits` derives it for a mesh whose
-    mesh.max_message_bytes is that (None: production.conf's as it is, and the mesh's
-    setting untouched); `run_limit_s`: when the harness stops an edge still running."""
+    message_size_limit, and every process's mesh.max_message_bytes (None: what `meshdl
+    deploy credentials` derives for the mesh, as a deployment gets it); `run_limit_s`:
+    when the harness stops an edge still running."""
     say = log or (lambda _text: None)
-    mesh = {"auth": True}
-    if broker_message_bytes is not None:
-        mesh["max_message_bytes"] = broker_message_bytes
-    config = config.model_copy(update={"mesh": config.mesh.model_copy(update=mesh)})
+    chosen = broker_message_bytes
+    limit = broker_limits(config).message_size_limit if chosen is None else chosen
+    config = config.model_copy(update={"mesh": config.mesh.model_copy(update={
+        "auth": True, "max_message_bytes": limit})})
     say("training the reference in the virtual mesh")
     reference, _ = train(config, data)
     runs = {}
     with tempfile.TemporaryDirectory(prefix="meshdl-hostile-") as tmp:
-        setup = _ProductionSetup(Path(tmp), config, data, flood, broker_message_bytes,
-                                 run_limit_s)
+        setup = _ProductionSetup(Path(tmp), config, data, flood, chosen, run_limit_s)
         for hostile in attack:
             name = "attack" if hostile else "clean"
             say(f"{name} run: broker, two node hosts, edge"
@@ -121,7 +133,9 @@ def bench_hostile(config: RunConfig, data: Dataset, log: Any = None,
             for proc in runs["clean"]["peak_rss_mb"]}
     return {"grid": [config.model.rows, config.model.cols], "epochs": config.train.epochs,
             "train_samples": len(data.y_train), "test_samples": len(data.y_test),
-            "flood": str(flood), "broker_message_bytes": broker_message_bytes, **runs}
+            "flood": str(flood), "broker_message_bytes": limit,
+            "broker_limit_from": "deploy credentials" if chosen is None else "chosen",
+            **runs}
 
 
 class _ProductionSetup:
@@ -131,7 +145,10 @@ class _ProductionSetup:
                  broker_message_bytes: int | None = None,
                  run_limit_s: float = RUN_LIMIT_S) -> None:
         self.folder, self.config = folder, config
-        self.flood, self.broker_message_bytes = flood, broker_message_bytes
+        # What the broker takes: chosen, or derived by `deploy credentials` (which the
+        # config's mesh.max_message_bytes then already is).
+        self.flood = flood
+        self.broker_message_bytes = broker_message_bytes or config.mesh.max_message_bytes
         self.run_limit_s = run_limit_s
         self.mesh_file = folder / "mesh.toml"
         self.mesh_file.write_text(_toml(config))
@@ -145,6 +162,13 @@ class _ProductionSetup:
         _meshdl("deploy", "credentials", "--mesh", str(self.mesh_file), "--out",
                 str(self.creds), *(f"--host={name}={cells}" for name, cells in
                                    self.hosts.items()), "--keys-dir", str(secrets))
+        if broker_message_bytes is not None:  # the broker's limits file says this instead
+            limits_dir = self.creds / LIMITS_DIR
+            for written in limits_dir.glob("*.conf"):
+                written.unlink()
+            (limits_dir / "message-size-chosen.conf").write_text("".join(
+                f"{option} {value}\n" for option, value in
+                message_limits(broker_message_bytes).items()))
         self.ca = _self_signed(self.creds / "tls")
         (folder / "broker" / "data").mkdir()  # the broker's persistence
         # The attacker: a cell of the north host next to the south host's, so that the
@@ -154,13 +178,15 @@ class _ProductionSetup:
         self.attacker_user = name_of(self.attacker)
         self.env = {user: _env_file(secrets / f"{user}.env")
                     for user in ("north", "south", "edge", self.attacker_user)}
+        if broker_message_bytes is not None:  # every process plans within it
+            for env in self.env.values():
+                env["MESHDL_MESH__MAX_MESSAGE_BYTES"] = str(broker_message_bytes)
 
     def run(self, reference: CNN, hostile: bool, say: Any,
             raise_on_failure: bool = True) -> dict[str, Any]:
         tls_port, local_port = free_port(), free_port()
         broker = Mosquitto(self.folder / "broker", port=tls_port, config_text=production_config(
-            self.folder / "broker", tls_port, local_port,
-            max_message_bytes=self.broker_message_bytes)).start(timeout=10)
+            self.folder / "broker", tls_port, local_port)).start(timeout=10)
         log_from = broker.log.stat().st_size if broker.log.exists() else 0
         broker_pid = broker.process.pid if broker.process is not None else 0
         url = f"mqtts://{HOST}:{tls_port}"
@@ -366,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     from meshdl.data.lounge import generate_lounge
 
     parser = argparse.ArgumentParser(prog="python -m meshdl.bench.hostile")
-    parser.add_argument("--flood", choices=("burst", "sustained", "small"), default="burst")
+    parser.add_argument("--flood", choices=FLOODS, default="burst")
     parser.add_argument("--small-bytes", type=int, default=None,
                         help="the small flood's message size (default: the broker's limit)")
     parser.add_argument("--mb-per-s", type=float, default=None,
@@ -376,14 +402,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--attack-only", action="store_true")
     parser.add_argument("--run-limit", type=float, default=RUN_LIMIT_S)
     args = parser.parse_args(argv)
-    small = args.small_bytes or args.broker_message_bytes or FLOOD_BYTES
-    flood = {"burst": BURST,
-             "sustained": Flood(total=None, mb_per_s=args.mb_per_s),
-             "small": Flood(total=None, mb_per_s=args.mb_per_s, message_bytes=small)
-             }[args.flood]
     config = load_run_config(model={"rows": 4, "cols": 5, "hidden": 8},
                              data={"train": 40, "test": 20, "seed": 4},
                              train={"epochs": args.epochs, "batch": 10})
+    flood = flood_of(args.flood, args.mb_per_s, args.small_bytes or
+                     args.broker_message_bytes or broker_limits(config).message_size_limit)
     result = bench_hostile(config, generate_lounge(config.data),
                            log=lambda text: print(text, file=sys.stderr, flush=True),
                            attack=(True,) if args.attack_only else (False, True),

@@ -8,6 +8,10 @@ describes:
     DIR/secrets/<user>.env  the plain password of one user, for its systemd unit
     DIR/secrets/<user>.keys.json  the message keys of the cells the user acts for (and the
                             edge's signing key, for `edge`): meshdl/protocol/auth.py
+    DIR/limits.d/message-size-<N>-mesh<M>.conf  the broker's size limits for this mesh, which
+                            production.conf includes: its largest legitimate message
+                            with headroom (meshdl/mqtt/sizes.py); every .env file gives
+                            its process the same figure as mesh.max_message_bytes
 
 Users: `edge`, one per cell (`r<row>c<col>`), one per node host (`--host NAME=CELLS`:
 the topics of its cells' links that leave it, as it passes its own cells' messages in
@@ -22,7 +26,8 @@ edge-ps (one random key per mesh: `secrets/ps.keys.json` holds all of them for t
 server, `secrets/push-<mesh>.keys.json` one for that mesh's edge, which
 `secrets/push-<mesh>.environment` names as MESHDL_PARALLEL__KEYS: no login, so not a
 .env file), and
-`DIR/bridge-<mesh>.conf`, the bridge's connection with its password, which each
+`DIR/limits.d/` (the central broker's size limits: the whole model's PUSH and
+WEIGHTS), `DIR/bridge-<mesh>.conf`, the bridge's connection with its password, which each
 building's Mosquitto reads from a private directory through `include_dir`, never from
 mosquitto.conf itself (docs/parallel.md). The bridge goes over TLS to `mqtts://HOST[:PORT]`
 or `HOST:8883`, checking the central broker's certificate against `--central-ca` (the CA
@@ -50,6 +55,15 @@ from meshdl.cli.common import emit_json, err_console
 from meshdl.cli.options import KeysDir, json_option
 from meshdl.config import load_run_config
 from meshdl.errors import MeshdlError, UsageError
+from meshdl.mqtt.sizes import (
+    LIMITS_DIR,
+    BrokerLimits,
+    broker_limits,
+    central_limits,
+    limits_conf,
+    limits_file_name,
+    readme_examples,
+)
 from meshdl.mqtt.tools import find_tool
 
 # The ACL rules and the message keys need the protocol (and it Numba): loaded when a
@@ -99,6 +113,7 @@ def credentials(
     rows, cols = cfg.model.rows, cfg.model.cols
     topology = Topology(rows, cols, cfg.mesh.edge_at, cfg.model.pool)
     hosts = _parse_hosts(host or [], rows, cols)
+    limits = broker_limits(cfg)  # before writing anything: the batch must fit
     try:
         users = mesh_users(cfg.mesh.mesh_id, topology, hosts,
                            parameter_server=cfg.parallel.meshes > 1,
@@ -110,28 +125,33 @@ def credentials(
     secrets_dir = out / "secrets"
     keyed = [u for u in users if u.role != "monitor"]  # the monitor sends no messages
     targets = [out / "passwd", out / "acl", *(secrets_dir / f"{u.name}.env" for u in users),
-               *(secrets_dir / f"{u.name}.keys.json" for u in keyed)]
+               *(secrets_dir / f"{u.name}.keys.json" for u in keyed), *_limits_files(out)]
     passwords = _fresh_passwords(users, targets, force, out, secrets_dir)
     header = (f"meshdl mesh {cfg.mesh.mesh_id}: {rows} x {cols} cells, edge at "
               f"{name_of(cfg.mesh.edge_at)}; written by `meshdl deploy credentials`")
     _write_private(out / "acl", acl_text(users, header))
+    limits_file = _write_limits(out, limits_conf(limits, header, readme_examples()),
+                                limits_file_name(limits, f"mesh{cfg.mesh.mesh_id}"))
     _hash_passwords(tool, out / "passwd", passwords)
     keys = MeshKeys(secrets.token_bytes(KEY_BYTES), secrets.token_bytes(KEY_BYTES))
     spec = MeshSpec(cfg.mesh.mesh_id, cfg.model, cfg.mesh.edge_at, "broadcast", auth=True)
     for user in users:
         key_file = keys_dir / f"{user.name}.keys.json" if user in keyed else None
         _write_private(secrets_dir / f"{user.name}.env",
-                       _env_text(user, passwords[user.name], cfg.mesh.mesh_id, key_file))
+                       _env_text(user, passwords[user.name], cfg.mesh.mesh_id, key_file,
+                                 limits.message_size_limit))
         if key_file is not None:
             parties = [EDGE] if user.role == "edge" else list(user.cells)
             _write_private(secrets_dir / key_file.name,
                            keys.keyring(spec, parties).to_json())
 
     report = _report(out, cfg.mesh.mesh_id, (rows, cols), users)
+    report["limits"] = _limits_report(limits, limits_file)
     err_console.print(
-        f"wrote {out / 'passwd'}, {out / 'acl'} and {len(users)} secrets files in "
-        f"{secrets_dir} for mesh {cfg.mesh.mesh_id}: edge, {rows * cols} cells, "
+        f"wrote {out / 'passwd'}, {out / 'acl'}, {limits_file} and {len(users)} secrets "
+        f"files in {secrets_dir} for mesh {cfg.mesh.mesh_id}: edge, {rows * cols} cells, "
         f"{len(hosts)} node host(s), monitor", highlight=False)
+    _say_limits(limits, f"mesh {cfg.mesh.mesh_id}")
     if as_json:
         emit_json(report)
 
@@ -172,14 +192,18 @@ def central(
     users = central_users(meshes)
     tool = find_tool("mosquitto_passwd")
     secrets_dir = out / "secrets"
+    limits = central_limits(cfg)
     targets = [out / "passwd", out / "acl", *(out / f"bridge-{m}.conf" for m in meshes),
                *(secrets_dir / f"{u.name}.env" for u in users),
                secrets_dir / SERVER_KEYS,
-               *(secrets_dir / name for m in meshes for name in _push_files(m))]
+               *(secrets_dir / name for m in meshes for name in _push_files(m)),
+               *_limits_files(out)]
     passwords = _fresh_passwords(users, targets, force, out, secrets_dir)
-    _write_private(out / "acl", acl_text(users, f"meshdl central broker of meshes "
-                                         f"{', '.join(map(str, meshes))}; written by "
-                                         "`meshdl deploy central`"))
+    header = (f"meshdl central broker of meshes {', '.join(map(str, meshes))}; written by "
+              "`meshdl deploy central`")
+    _write_private(out / "acl", acl_text(users, header))
+    limits_file = _write_limits(out, limits_conf(limits, header),
+                                limits_file_name(limits, "central"))
     _hash_passwords(tool, out / "passwd", passwords)
     push = PushKeys.draw(meshes)
     for user in users:
@@ -199,7 +223,8 @@ def central(
         # building's mosquitto.conf includes (include_dir), never into mosquitto.conf.
         _write_private(out / f"bridge-{m}.conf",
                        bridge_config(m, address, passwords[f"bridge-{m}"]))
-    err_console.print(f"wrote {out / 'passwd'}, {out / 'acl'}, the parameter server's and "
+    err_console.print(f"wrote {out / 'passwd'}, {out / 'acl'}, {limits_file}, the "
+                      "parameter server's and "
                       f"{len(meshes)} bridges' secrets, the push keys of meshes "
                       f"{', '.join(map(str, meshes))} and their bridge-<mesh>.conf (install "
                       f"each as {BRIDGE_DIR}/bridge-<mesh>.conf, owner mosquitto, mode "
@@ -217,6 +242,45 @@ def central(
 
 SERVER_KEYS = "ps.keys.json"  # every mesh's key of the link edge-ps
 BRIDGE_DIR = "/etc/mosquitto/meshdl/bridge.d"  # where a building's Mosquitto reads it
+
+
+def _limits_files(out: Path) -> list[Path]:
+    """The broker limits files already in `out` (of any limit)."""
+    return sorted((out / LIMITS_DIR).glob("message-size-*.conf"))
+
+
+def _write_limits(out: Path, text: str, name: str) -> Path:
+    """The broker's limits file, alone in out/limits.d (production.conf's include_dir):
+    an older one, of another limit, goes (its place is taken with --force only)."""
+    folder = out / LIMITS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for stale in _limits_files(out):
+        stale.unlink()
+    _write_private(folder / name, text)
+    return folder / name
+
+
+def _limits_report(limits: BrokerLimits, path: Path) -> dict[str, Any]:
+    return {"file": str(path), **limits.options(),
+            "largest": {"kind": limits.largest.kind, "bytes": limits.largest.bytes,
+                        "what": limits.largest.what},
+            "mesh_max_message_bytes": limits.mesh_limit, "near_1mb": limits.near_megabyte}
+
+
+def _say_limits(limits: BrokerLimits, whose: str) -> None:
+    largest = limits.largest
+    err_console.print(
+        f"the broker takes messages of up to {limits.message_size_limit:,} bytes "
+        f"({whose}'s largest: {largest.kind}, {largest.what}, {largest.bytes:,} bytes); "
+        f"install {LIMITS_DIR}/ as /etc/mosquitto/meshdl/{LIMITS_DIR}/ (production.conf "
+        "reads it)", highlight=False, soft_wrap=True)
+    if limits.near_megabyte:
+        err_console.print(
+            f"warning: {whose}'s largest legitimate message is itself near 1 MB "
+            f"({largest.bytes:,} bytes): the broker can refuse nothing smaller, so a "
+            "stolen login may flood its neighbours with messages that large, which a "
+            "loaded host checks slower than they come (a smaller [train] batch gives a "
+            "tighter limit)", highlight=False, soft_wrap=True, markup=False)
 
 
 def _push_files(mesh: int) -> tuple[str, str]:
@@ -303,9 +367,11 @@ def _hash_passwords(tool: str, path: Path, passwords: dict[str, str]) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _env_text(user: MeshUser, password: str, mesh_id: int, key_file: Path | None) -> str:
-    """A systemd EnvironmentFile: the user's broker login, which cells it acts for, and
-    its message keys."""
+def _env_text(user: MeshUser, password: str, mesh_id: int, key_file: Path | None,
+              max_message_bytes: int | None = None) -> str:
+    """A systemd EnvironmentFile: the user's broker login, which cells it acts for, its
+    message keys, and the broker's message size limit (every process of the mesh plans
+    its waves within it: evaluation waves are cut to fit)."""
     from meshdl.mqtt.acl import format_cells
 
     who = {"edge": "the edge", "monitor": "the read-only monitor",
@@ -318,6 +384,8 @@ def _env_text(user: MeshUser, password: str, mesh_id: int, key_file: Path | None
     ]
     if key_file is not None:
         lines += ["MESHDL_MESH__AUTH=true", f"MESHDL_MESH__KEYS={key_file}"]
+    if max_message_bytes is not None:
+        lines.append(f"MESHDL_MESH__MAX_MESSAGE_BYTES={max_message_bytes}")
     if user.role == "node":
         (row, col), = user.cells
         lines.append(f"MESHDL_CELL={row},{col}")  # meshdl-node@.service: --cell

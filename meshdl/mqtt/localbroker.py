@@ -142,29 +142,12 @@ PRODUCTION_CONF = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" /
     "production.conf"
 
 
-# What max_packet_size allows beyond the payload: the topic (<= 45 B), the fixed header
-# and MQTT v5 properties (deploy/mosquitto/production.conf, "Message size").
-PACKET_OVERHEAD = 1024
-PRODUCTION_MESSAGE_BYTES = 1_048_576  # production.conf's message_size_limit as shipped
-
-
-def message_limits(max_message_bytes: int) -> dict[str, int]:
-    """The broker's size options for a mesh whose `mesh.max_message_bytes` is this: no
-    legitimate message is larger (waves are planned within it, evaluation waves cut to
-    fit), so the broker may refuse anything beyond it. Mosquitto 2.0 applies both
-    globally (every listener, every login), so a broker shared by several meshes takes
-    the largest of theirs."""
-    return {"message_size_limit": max_message_bytes,
-            "max_packet_size": max_message_bytes + PACKET_OVERHEAD}
-
-
-def production_config(folder: Path, tls_port: int, local_port: int,
-                      max_message_bytes: int | None = None) -> str:
+def production_config(folder: Path, tls_port: int, local_port: int) -> str:
     """deploy/mosquitto/production.conf as it is, but for a private broker: its files
-    under `folder` (meshdl/passwd, meshdl/acl, meshdl/tls/*, data/), its listeners on
-    free loopback ports, run as this user; with `max_message_bytes`, its size limits
-    those of a mesh with that `mesh.max_message_bytes` (`message_limits`). Raises if the
-    file no longer says what is replaced (a change there must be seen here)."""
+    under `folder` (meshdl/passwd, meshdl/acl, meshdl/tls/*, meshdl/limits.d/ with the
+    size limits of `meshdl deploy credentials`, data/), its listeners on free loopback
+    ports, run as this user. Raises if the file no longer says what is replaced (a
+    change there must be seen here)."""
     if not PRODUCTION_CONF.is_file():
         raise FileNotFoundError(f"{PRODUCTION_CONF} (the production config is in a source "
                                 "checkout of meshdl)")
@@ -176,10 +159,6 @@ def production_config(folder: Path, tls_port: int, local_port: int,
         "\nlistener 1883 127.0.0.1\n": f"\nlistener {local_port} {HOST}\n",
         "\nuser mosquitto\n": f"\nuser {pwd.getpwuid(os.getuid()).pw_name}\n",
     }
-    if max_message_bytes is not None:
-        shipped = message_limits(PRODUCTION_MESSAGE_BYTES)
-        for option, value in message_limits(max_message_bytes).items():
-            replacements[f"\n{option} {shipped[option]}\n"] = f"\n{option} {value}\n"
     for old, new in replacements.items():
         if old not in text:
             raise ValueError(f"production.conf no longer contains {old!r}")
