@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -44,6 +45,16 @@ class Engine(Protocol):
     def report(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Stalls(Protocol):
+    """An engine that may wait long for one batch, and says so first: `on_stall` is
+    called as it begins to wait (MqttEngine: a wave tried on past its attempts while a
+    flood loses its messages). The loop sets it to keep a checkpoint of the updates done
+    so far, so that a run stopped while the engine waits loses none of them."""
+
+    on_stall: Callable[[], None] | None
 
 
 class CentralEngine:
@@ -233,6 +244,12 @@ def train(
                 save_checkpoint(checkpoints, checkpoint_of(
                     config, model, optimizer, history, batch_order, **position,
                     so_far=so_far))
+
+        def keep_on_stall(position: Callable[[], None] | None) -> None:
+            """What the engine calls if it begins to wait long (`Stalls`): a checkpoint
+            of the updates done (None: nothing done yet, or nothing to keep)."""
+            if isinstance(engine, Stalls):
+                engine.on_stall = position if checkpoints is not None else None
         for epoch in range(len(history.epochs) + 1, tc.epochs + 1):
             epoch_start = rng.bit_generator.state  # draws this epoch's batches again
             epoch_batches = batches(n_train, tc.batch, rng, orientations(tc))
@@ -240,6 +257,10 @@ def train(
             within = (0, 0.0, 0, 0, 0)
 
             for step, idx in enumerate(epoch_batches[applied:], applied + 1):
+                keep_on_stall(partial(keep, epoch_start, steps_done=applied,
+                                      loss_sum=loss_sum, correct=correct,
+                                      skipped=(skipped, skipped_samples))
+                              if applied + epoch > 1 else None)
                 # Failout: the cells acting dead in this update (a skipped one too).
                 failed = () if not tc.failout else (failout_cells(
                     config.model.rows, config.model.cols, tc.failout, tc.seed,
@@ -279,6 +300,8 @@ def train(
                 correct += int(np.sum(logits.argmax(axis=1) == data.y_train[idx]))
                 if progress:
                     progress(epoch, step, len(epoch_batches), loss)
+            keep_on_stall(partial(keep, epoch_start, steps_done=applied, loss_sum=loss_sum,
+                                  correct=correct, skipped=(skipped, skipped_samples)))
             try:
                 # A run blown up but still finite (a huge --lr) may overflow its logits:
                 # the argmax still says something, numpy's warning nothing.
@@ -297,6 +320,7 @@ def train(
                 skipped_steps=skipped,
             ))
             keep(rng.bit_generator.state)
+            keep_on_stall(None)  # every epoch so far is in that checkpoint
             if on_epoch is not None:
                 on_epoch(history.epochs[-1])
         with np.errstate(over="ignore", invalid="ignore"):  # as each epoch's
@@ -307,6 +331,8 @@ def train(
                                       data.y_train[:n_train], test_pred, data.y_test)
         history.comm = add_comm(history.comm, engine.report())
     finally:
+        if isinstance(engine, Stalls):  # the engine outlives this run: no hold on it
+            engine.on_stall = None
         if created:  # an engine given by the caller is the caller's to close
             engine.close()
     history.wall_s += time.perf_counter() - started
