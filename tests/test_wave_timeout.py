@@ -21,7 +21,7 @@ from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.protocol.messages import EDGE, Kind, Message
 from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.protocol.topics import name_of, topic
-from tests.helpers import noise_dataset
+from tests.helpers import assert_one_line_error, noise_dataset
 
 CONFIG = ModelConfig(rows=4, cols=5, hidden=8)
 DATA = noise_dataset(CONFIG, samples=8)
@@ -199,3 +199,35 @@ def test_a_wave_the_broker_refused_gives_up_after_its_attempts() -> None:
         assert engine.stats["patient_restarts"] == 0
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(("flags", "total_s"), [((), 600.0), (("--patience", "90"), 90.0),
+                                                (("--patience", "0"), 0.0)],
+                         ids=["default", "90s", "off"])
+def test_edge_run_patience_sets_how_long_a_wave_lost_to_a_flood_is_tried_on(
+        cli, tmp_path, small_data_file, monkeypatch, flags, total_s) -> None:
+    """`meshdl edge run --patience SECONDS` (issue 43, item 3): the engine it builds
+    tries a wave that fails only for loss on for that long; 0 gives up after the
+    attempts, as before there was any patience."""
+    seen: list[Patience] = []
+
+    def for_run(cls, config, data, broker, **options):
+        seen.append(options["patience"])
+        raise MeshdlError("no broker in this test")
+
+    monkeypatch.setattr(MqttEngine, "for_run", classmethod(for_run))
+    mesh = tmp_path / "mesh.toml"
+    mesh.write_text("[model]\nrows = 6\ncols = 8\n")
+    code, _, err = cli("edge", "run", "--broker", "mqtt://127.0.0.1:1", "--mesh", mesh,
+                       "--data", small_data_file, "--out", tmp_path / "run", *flags)
+    assert code == 1 and "no broker in this test" in err
+    assert seen == [Patience(total_s=total_s)]
+    assert not Patience(total_s=0.0).goes_on(6, 5, 1.0, lost_only=True)
+
+
+def test_edge_run_refuses_a_negative_patience(cli, tmp_path, small_data_file) -> None:
+    mesh = tmp_path / "mesh.toml"
+    mesh.write_text("[model]\nrows = 6\ncols = 8\n")
+    code, _, err = cli("edge", "run", "--broker", "mqtt://127.0.0.1:1", "--mesh", mesh,
+                       "--data", small_data_file, "--patience", "-1")
+    assert_one_line_error(code, err, 2, "--patience", "greater than or equal to 0")

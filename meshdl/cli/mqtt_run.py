@@ -248,6 +248,12 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
                  "when it is away (and, under 10, for any one acknowledgement: at least 1); "
                  "then a checkpoint of every finished update is saved and the run stops (go "
                  "on with --resume)."),
+             patience: float = typer.Option(
+                 600.0, "--patience", min=0.0, max=86400.0, help="Seconds a wave that fails "
+                 "only for loss (every node host heard, nothing refused: a flood keeping a "
+                 "host's broker queue full) is tried on after its 5 attempts, with a "
+                 "growing timeout, counted from its first attempt; a checkpoint of every "
+                 "finished update is saved as it begins (0: stop after the attempts)."),
              take_over: TakeOver = False,
              ps: bool = typer.Option(False, "--ps", help="Train with the other meshes of "
                                      "the mesh file's parallel section, through the "
@@ -259,7 +265,7 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.cli.common import emit_json
     from meshdl.cli.train import say_single_class
     from meshdl.data.datasets import load_dataset
-    from meshdl.edge.remote import MqttEngine
+    from meshdl.edge.remote import MqttEngine, Patience
     from meshdl.mqtt.sdnotify import Notifier
     from meshdl.mqtt.session import BrokerAddress
     from meshdl.training.loop import train
@@ -290,7 +296,7 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     engine = MqttEngine.for_run(config, dataset, BrokerAddress.parse(broker),
                                 wave_timeout=wave_timeout, nodes_timeout=nodes_timeout,
                                 connect_timeout_s=broker_patience, systemd=Notifier(),
-                                take_over=take_over)
+                                take_over=take_over, patience=Patience(total_s=patience))
     engine.say = lambda line: err_console.print(line, highlight=False)
     claimed = _claim(out, force, resume, command, "mqtt")
     run_dir = claimed.path
