@@ -1,8 +1,9 @@
 """The production mesh under attack: `meshdl bench hostile`.
 
 Sets up what a deployment runs (deploy/mosquitto/production.conf with TLS, passwords and
-the generated ACL; every process with its own message keys; the production 1 MiB message
-limit), trains the configuration over MQTT with two node hosts and an edge, each its own
+the generated ACL; every process with its own message keys; the broker's size limits
+`meshdl deploy credentials` derives for the mesh, or a chosen one), trains the
+configuration over MQTT with two node hosts and an edge, each its own
 process, and does it twice: clean, then while a hostile client logged in with one node's
 password floods every topic its ACL allows (sim/faults/hostile.py). Each run reports whether
 every process lived, the peak memory of each (the broker's too) and the size of the
