@@ -76,6 +76,7 @@ from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import node_work
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
+SESSIONS_SEEN = 8  # edge sessions a node remembers the order of (`_take_repair`)
 KEPT_PLANS = 4  # a node's plans of recent meshes (dead cells come back)
 
 
@@ -135,6 +136,9 @@ class NodeMachine:
         self.cached: CachedParams | None = None
         self.pending_slot: int | None = None  # a slot waiting for repaired parameters
         self.asking: set[Cell] = set()  # tree children waiting for them too
+        # The edge sessions this node has had waves of, in the order first seen (the
+        # numbers are random: there is no other order), the newest last.
+        self.sessions: deque[int] = deque(maxlen=SESSIONS_SEEN)
         self._adopt(spec)
 
     def _plan_for(self, spec: MeshSpec) -> NodePlan:
@@ -435,6 +439,8 @@ class NodeMachine:
             self.effort.judge(wave)
         if wave is not None and session != wave.session:
             self.stats["resynchronised"] += 1
+        if session not in self.sessions:  # seen again (a replay, say): not newer for it
+            self.sessions.append(session)
         self.wave = Wave(step, session, self.plan)
         return self.wave
 
@@ -532,7 +538,9 @@ class NodeMachine:
         """PARAMS of a repair from the tree parent, asked for and still missing: cached,
         then the children that asked meanwhile answered and the waiting slot started.
         Parameters of another plan than this node's are not taken (the edge's next
-        flood brings that plan)."""
+        flood brings that plan), nor those of an edge session older than the newest this
+        node has seen: a neighbour's login may replay an earlier edge run's parameters,
+        which still carry a valid signature."""
         h, payload = message.header, message.payload
         if h.src != self.parent or h.dst != self.cell or h.mesh != self.mesh_id or \
                 h.dtype != FLOAT32 or not self._params_shaped(payload) or \
@@ -540,6 +548,9 @@ class NodeMachine:
                 not _scales_valid(payload[self.layout.scales]) or \
                 not self._of_this_plan(payload):
             self.stats["rejected:bad_params"] += 1
+            return []
+        if h.session in self.sessions and h.session != self.sessions[-1]:
+            self.stats["rejected:stale_repair"] += 1
             return []
         if self.pending_slot is None or self.cached is not None:
             # Not asked for, or a flood brought the parameters first.

@@ -35,8 +35,9 @@ from meshdl.mqtt.status import MAX_ERROR_CHARS
 from meshdl.nodes.host import NodeHost, dataset_readings
 from meshdl.nodes.live import LiveSampler, SlotStarter, live_ring
 from meshdl.nodes.sensors import Sensor, sensor_from_spec
-from meshdl.protocol.auth import Authenticator, authenticator_for
+from meshdl.protocol.auth import SIGNED_KINDS, Authenticator, authenticator_for
 from meshdl.protocol.deadlines import Learning, Policy
+from meshdl.protocol.messages import Kind, Message
 from meshdl.protocol.spec import MeshSpec, Split
 from meshdl.protocol.topics import name_of
 from meshdl.protocol.topology import Cell
@@ -164,21 +165,8 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
                        f"{address} as {client}")
             say(serving)
             systemd.status(serving)
-            told: int | None = None  # the last slot whose unread cells were announced
-
-            async def tick() -> None:  # a slot to start; best effort: the cells' deadlines
-                nonlocal told
-                out = [] if starter is None else starter.begin()
-                out += host.tick(time.monotonic())
-                if out:
-                    await session.send(out)
-                if sampler is not None and sampler.last_errors and sampler.sampled != told:
-                    # At once, not with the next heartbeat: the edge names these cells
-                    # when the slot's wave gets no result, within this slot.
-                    told = sampler.sampled
-                    await session.announce("online")
-
-            await session.run(host.handle, tick=tick,
+            await session.run(pinning(host, auth), tick=Ticker(host, session, starter,
+                                                               sampler),
                               until=stop.is_set)
     finally:
         stop.set()
@@ -195,6 +183,51 @@ async def serve_host(host: NodeHost, address: BrokerAddress, client: str,
         f"{stats['reconnects']} reconnects")
     for cell, error in host.failed.items():
         say(f"error: cell {name_of(cell)} failed and was isolated: {error}")
+
+
+class Ticker:
+    """What the receive loop runs between messages: start a slot that is due (live),
+    the cells' deadlines (best effort), and a status record naming the cells that read
+    nothing for the last slot."""
+
+    def __init__(self, host: NodeHost, session: Session, starter: SlotStarter | None,
+                 sampler: LiveSampler | None) -> None:
+        self.host, self.session = host, session
+        self.starter, self.sampler = starter, sampler
+        self.told: int | None = None  # the last slot whose unread cells were announced
+
+    async def __call__(self) -> None:
+        out = [] if self.starter is None else self.starter.begin()
+        out += self.host.tick(time.monotonic())
+        if out:
+            await self.session.send(out)
+        sampler = self.sampler
+        # At once, not with the next heartbeat: the edge names these cells when the
+        # slot's wave gets no result, within this slot. Published as the heartbeat is,
+        # beside the loop: awaiting its acknowledgement here held up everything received,
+        # and under a flood its late PUBACK tore the connection down. One not published
+        # (the last still unacknowledged) is tried again at the next tick.
+        if sampler is not None and sampler.last_errors and sampler.sampled != self.told \
+                and self.session.beat():
+            self.told = sampler.sampled
+
+
+def pinning(host: NodeHost, auth: Authenticator | None) -> Callable[[str, Message],
+                                                                   list[Message]]:
+    """`host.handle`, after which the authenticator keeps the edge's signature of the
+    parameters each cell has cached (`Authenticator.pin`): what its repairs send, even
+    after the edge has resent later slots the cells began on their own."""
+    if auth is None:
+        return host.handle
+
+    def handle(topic: str, message: Message) -> list[Message]:
+        out = host.handle(topic, message)
+        if message.header.kind in SIGNED_KINDS:  # only these change what is cached
+            auth.pin(Kind.PARAMS, {(node.cached.session, node.cached.step)
+                                   for node in host.nodes.values() if node.cached})
+        return out
+
+    return handle
 
 
 def rejections(host: NodeHost) -> dict[str, Any]:

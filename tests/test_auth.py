@@ -23,6 +23,7 @@ from meshdl.protocol.auth import (
     Authenticator,
     Keyring,
     MeshKeys,
+    SealError,
     authenticator_for,
 )
 from meshdl.protocol.messages import ALL, EDGE, HEADER_BYTES, Kind, encode, make
@@ -46,9 +47,10 @@ def _halo(src=(1, 1), dst=(1, 2), value: float = 1.0):
                 layer=1, session=9)
 
 
-def _params(src=EDGE, dst=ALL, phase: int = 0, step: int = 5, value: float = 1.0):
+def _params(src=EDGE, dst=ALL, phase: int = 0, step: int = 5, value: float = 1.0,
+            session: int = 9):
     return make(Kind.PARAMS, SPEC.mesh_id, step, src, dst,
-                np.full(SPEC.params_size, value, np.float32), phase=phase, session=9)
+                np.full(SPEC.params_size, value, np.float32), phase=phase, session=session)
 
 
 def test_a_link_message_opens_only_for_its_own_link_key() -> None:
@@ -148,6 +150,63 @@ def test_replayed_signed_messages_do_not_push_out_the_signature_a_repair_needs()
     near.open(edge.seal(_params(step=102)))
     repair = near.seal(_params((0, 0), (1, 0), REPAIR, step=100))
     assert child.open(repair).header.step == 100
+
+
+def test_a_repair_of_the_cached_parameters_is_sealed_after_the_edge_resent_later_slots(
+        ) -> None:
+    """A node caches the first PARAMS of a run of slots (step 100) and counts the edge's
+    resends of slots it began on its own (110 .. 140) as duplicates, while its relay
+    memory keeps the newest waves only: the signature of step 100 was dropped and the
+    next repair could not be sealed. The one pinned for the cached version stays."""
+    edge, near, child = _auth(EDGE), _auth((0, 0)), _auth((1, 0))
+    near.open(edge.seal(_params(step=100)))
+    near.pin(Kind.PARAMS, [(9, 100)])  # what the node host does once its cell cached it
+    for step in (110, 120, 130, 140):
+        near.open(edge.seal(_params(step=step)))
+    repair = near.seal(_params((0, 0), (1, 0), REPAIR, step=100))
+    assert child.open(repair).header.step == 100
+    # Without the pin, the same sequence leaves nothing to seal the repair with: a
+    # SealError naming why (the node host counts it and drops that one message).
+    unpinned = _auth((0, 0))
+    for step in (100, 110, 120, 130, 140):
+        unpinned.open(edge.seal(_params(step=step)))
+    with pytest.raises(SealError, match="no edge signature for PARAMS of wave 100") as caught:
+        unpinned.seal(_params((0, 0), (1, 0), REPAIR, step=100))
+    assert caught.value.reason == "no_signature"
+    # A pin holds only while the version stays cached: the next pin replaces it.
+    near.pin(Kind.PARAMS, [(9, 140)])
+    assert child.open(near.seal(_params((0, 0), (1, 0), REPAIR, step=140))).header.step == 140
+    with pytest.raises(SealError):
+        near.seal(_params((0, 0), (1, 0), REPAIR, step=100))
+
+
+def test_replays_of_older_edge_sessions_do_not_push_out_the_current_sessions_signatures(
+        ) -> None:
+    """A stolen neighbour login may publish signed PARAMS and BATCH of earlier edge
+    sessions, which verify. The memory kept the most recently heard sessions, so the
+    replays of the three this relay heard before the current one, and one more, pushed
+    the current session's signature out; it now drops the session first heard longest
+    ago, and hearing an old one again does not make it newer. (Replays of many more
+    sessions it never heard still push the current one out of this memory: a repair's
+    signature is pinned apart, and `Session.send` drops what it cannot seal.)"""
+    edge, near, child = _auth(EDGE), _auth((0, 0)), _auth((1, 0))
+
+    def captured(session: int) -> list[bytes]:
+        return [edge.seal(_params(step=7, session=session)),
+                edge.seal(make(Kind.BATCH, SPEC.mesh_id, 7, EDGE, ALL,
+                               np.zeros(3, np.int32), session=session))]
+
+    for session in (20, 21, 22):  # heard when those edge runs were live
+        for data in captured(session):
+            near.open(data)
+    near.open(edge.seal(_params(step=100)))  # the current edge session, 9
+    near.open(edge.seal(make(Kind.BATCH, SPEC.mesh_id, 100, EDGE, ALL,
+                             np.zeros(3, np.int32), session=9)))
+    for session in (20, 21, 22, 20, 21, 22, 23):  # replayed, and one never heard
+        for data in captured(session):
+            near.open(data)
+    relayed = near.seal(_params((0, 0), (1, 0), step=100))  # a relay's wave PARAMS
+    assert child.open(relayed).header.session == 9
 
 
 def test_a_mesh_with_authentication_trains_exactly_as_central_training() -> None:

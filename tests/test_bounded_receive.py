@@ -22,17 +22,21 @@ from types import SimpleNamespace
 from typing import Any
 
 import aiomqtt
+import numpy as np
 import pytest
 
 from meshdl.config import ModelConfig
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import UsageError
-from meshdl.mqtt.session import BrokerAddress, Session, check_client_name
+from meshdl.mqtt.session import BrokerAddress, InboxLimits, Session, check_client_name
 from meshdl.mqtt.status import MAX_STATUS_BYTES, parse_status
+from meshdl.nodes.serve import Ticker
 from meshdl.protocol import auth as auth_module
 from meshdl.protocol.auth import Authenticator, MeshKeys
-from meshdl.protocol.messages import EDGE
+from meshdl.protocol.messages import EDGE, Kind, make
+from meshdl.protocol.payloads import REPAIR
 from meshdl.protocol.spec import MeshSpec
+from meshdl.protocol.wire import Wire
 from meshdl.sim.faults.hostile import claim_bomb
 
 SPEC = MeshSpec(3, ModelConfig(rows=4, cols=5), auth=True)
@@ -158,9 +162,8 @@ def test_a_wave_lost_to_the_edges_own_connection_drops_says_so() -> None:
 
 
 def test_the_servers_inbox_gives_each_meshs_edge_its_own_share() -> None:
-    # Issue 43, item 5: every mesh's edge pushes as `edge`; junk from mesh 1's edge login
-    # must not fill the share mesh 2's pushes arrive in (the server hears them all over
-    # one connection).
+    # Every mesh's edge pushes as `edge`; junk from mesh 1's edge login must not fill the
+    # share mesh 2's pushes arrive in (the server hears them all over one connection).
     async def fill() -> tuple[Session, Any]:
         session = Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "ps", [])
         queue = session._new_client()._queue
@@ -240,3 +243,93 @@ def test_an_unacknowledged_heartbeat_holds_up_no_message_and_no_connection() -> 
     assert session.stats["reconnects"] == 0
     assert session.stats["heartbeats_unacknowledged"] >= 1
     assert client.published.count("meshdl/3/status/south") == 1  # not one per turn
+
+
+def test_a_node_hosts_send_drops_and_counts_a_message_it_cannot_seal() -> None:
+    """A repair whose edge signature is gone (or any message its keys cannot seal)
+    raised out of `send`, and `run` catches only broker errors: the node host died,
+    all its cells with it. That one message is now dropped and counted."""
+    near = Authenticator(KEYS.keyring(SPEC, [(0, 0)]))
+    payload = np.ones(SPEC.params_size, np.float32)
+    repair = make(Kind.PARAMS, SPEC.mesh_id, 100, (0, 0), (1, 0), payload, phase=REPAIR,
+                  session=9)
+    halo = make(Kind.HALO, SPEC.mesh_id, 100, (0, 0), (0, 1),
+                np.ones((1, 1, 1), np.float32), layer=1, session=9)
+    client = _AckedClient()
+
+    async def main() -> Session:
+        session = _session(wire=Wire(SPEC.mesh_id, near))
+        session._client = client
+        await session.send([repair, halo, repair])
+        return session
+
+    session = asyncio.run(main())
+    assert session.stats["unsendable:no_signature"] == 2
+    assert session.stats["sent"] == 1 and client.published == ["meshdl/3/r0c0/r0c1/halo"]
+
+
+class _AckedClient:
+    """A connection whose broker acknowledges every publish at once."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    async def publish(self, topic: str, payload: Any, qos: int = 0, retain: bool = False,
+                      **_: Any) -> None:
+        self.published.append(topic)
+
+
+def test_one_sender_of_small_junk_fills_only_its_own_share_of_the_inbox_count() -> None:
+    """Only bytes were counted per sender: 20,000 tiny messages from one edge login
+    filled the inbox's message count and every other mesh's pushes were dropped."""
+    async def fill() -> tuple[Session, Any]:
+        session = Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "ps", [])
+        queue = session._new_client()._queue
+        for i in range(25_000):  # small junk on mesh 1's push topic
+            queue.put_nowait(aiomqtt.Message("meshdl/1/edge/ps/push", b"x", 1, False, i,
+                                             None))
+        for i in range(20):  # then mesh 2's genuine pushes
+            queue.put_nowait(aiomqtt.Message("meshdl/2/edge/ps/push", bytes(60_000), 1,
+                                             False, i, None))
+        return session, queue
+
+    session, queue = asyncio.run(fill())
+    held = Counter(m.topic.value for m in queue._queue)
+    assert held["meshdl/2/edge/ps/push"] == 20
+    assert held["meshdl/1/edge/ps/push"] == InboxLimits().sender_messages
+    assert session.stats["rejected:inbox_full"] == 25_020 - sum(held.values())
+    while not queue.empty():  # what is taken out makes room again
+        queue.get_nowait()
+    queue.put_nowait(aiomqtt.Message("meshdl/1/edge/ps/push", b"x", 1, False, 0, None))
+    assert queue.qsize() == 1
+
+
+def test_an_unacknowledged_announcement_of_unread_cells_holds_up_no_message() -> None:
+    """The tick announced a slot's unread cells by awaiting a QoS 1 publish in the
+    receive loop: under a flood its PUBACK came late, nothing was handled meanwhile, and
+    the operation timeout tore the connection down. It is now published as the
+    heartbeat is, beside the loop."""
+    junk = [aiomqtt.Message("meshdl/3/r1c1/r2c1/halo", b"junk", 0, False, i, None)
+            for i in range(200)]
+    client = _UnackedClient(junk)
+    host = SimpleNamespace(tick=lambda _now: [])
+    sampler = SimpleNamespace(last_errors={(1, 1): "no reading"}, sampled=7)
+
+    async def main() -> Session:
+        session = _session(heartbeat_s=3600.0)  # no heartbeat: the announcement alone
+        session._client = client
+        handled = session.stats
+        ticker = Ticker(host, session, None, sampler)
+
+        async def run() -> None:
+            await session.run(lambda _t, _m: [], tick=ticker,
+                              until=lambda: handled["rejected:codec:truncated"] >= 200)
+
+        await asyncio.wait_for(run(), 60)  # a hang guard, not a timing claim
+        session._stop_beating()
+        return session
+
+    session = asyncio.run(main())
+    assert session.stats["rejected:codec:truncated"] == 200
+    assert session.stats["reconnects"] == 0
+    assert client.published.count("meshdl/3/status/south") == 1  # once for the slot

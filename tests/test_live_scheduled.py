@@ -20,7 +20,7 @@ from meshdl.edge.agent import EdgeMachine
 from meshdl.edge.remote import MqttEngine
 from meshdl.edge.serve import anomaly_probability, serve
 from meshdl.model.cnn import CNN
-from meshdl.mqtt.session import BrokerAddress, sender_of
+from meshdl.mqtt.session import BrokerAddress, share_of
 from meshdl.nodes.host import NodeHost
 from meshdl.nodes.live import LiveSampler, SlotStarter, live_ring
 from meshdl.nodes.sensors import SensorError
@@ -235,7 +235,7 @@ class Published:
             while not self._stop.is_set():
                 done, _ = await asyncio.wait({pending}, timeout=0.1)
                 if done:
-                    self.by_sender[sender_of(str(pending.result().topic))] += 1
+                    self.by_sender[share_of(str(pending.result().topic))] += 1
                     pending = asyncio.ensure_future(anext(client.messages))
             pending.cancel()
 
@@ -282,7 +282,8 @@ def test_edge_serve_sends_the_params_once_and_alerts_as_central_inference(mosqui
         begun = sum(h.host.node_stats()["scheduled_slots"] for h in (top, bottom))
     _assert_central(model, alerts)
     assert engine.stats["slot_params_sent"] == 1 and engine.stats["scheduled_slots"] == 3
-    assert published.by_sender["edge"] == 1  # the edge's PARAMS the broker carried
+    edge = f"{ROOT}/{config.mesh.mesh_id}/edge"
+    assert published.by_sender[edge] == 1  # the edge's PARAMS the broker carried
     # Any other PARAMS on the broker is a repair from one host's cell to the other's: a
     # loaded host may begin the next slot before it has handled the flood, and then asks.
     repairs = sum(node.stats["params_repairs_sent"]

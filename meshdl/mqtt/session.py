@@ -41,6 +41,7 @@ from urllib.parse import unquote, urlsplit
 import aiomqtt
 
 from meshdl.errors import MeshdlError, UsageError
+from meshdl.protocol.auth import SealError
 from meshdl.protocol.kinds import KINDS
 from meshdl.protocol.messages import Message
 from meshdl.protocol.topics import TopicNames, check_id, status_topic
@@ -109,16 +110,21 @@ class BrokerAddress:
 
 # A client name is a topic level (`meshdl/<mesh>/status/<name>`) and part of the MQTT
 # client id. MQTT allows ids of 65,535 bytes and Mosquitto 2.0 has no option to bound
-# them (a 60,000-byte one was accepted, issue 43): our clients bound their own. 128 bytes
-# hold `host-<hostname>-<pid>` of a long cloud host name; the id adds ~45 to it.
+# them, so the bound is on our side only: our clients refuse a longer name, while any
+# other client with a login may still connect with a 60,000-byte id. The broker could
+# bound it with `use_username_as_clientid` (the id becomes the login name, which `deploy
+# credentials` chooses), at the cost of one connection per login: a second connection
+# with the same login takes over the first. 128 bytes hold `host-<hostname>-<pid>` of a
+# long cloud host name; the id adds ~45 to it.
 MAX_CLIENT_NAME_BYTES = 128
 
 
 def check_client_name(name: str) -> str:
-    """`name` if it can name a client (`meshdl nodes run --name`, the default login
-    name); UsageError saying why not: empty, a topic wildcard or separator, NUL, or over
-    MAX_CLIENT_NAME_BYTES in UTF-8. The CLI calls it on the flag before anything starts;
-    `Session` calls it again for every other caller."""
+    """`name` if it can name a client (the default login name, `meshdl nodes run
+    --name`); UsageError saying why not: empty, a topic wildcard or separator, NUL, or
+    over MAX_CLIENT_NAME_BYTES in UTF-8. `Session` calls it for every connection it
+    makes, before anything is sent (the `nodes run` CLI checks its host names with the
+    ACL's own rule, `acl.check_host_name`)."""
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > MAX_CLIENT_NAME_BYTES:
         raise UsageError(f"client name of {size} bytes: at most {MAX_CLIENT_NAME_BYTES} "
@@ -155,8 +161,9 @@ class InboxLimits:
     bounds a message is dropped (counted as `rejected:inbox_full`); in a wave that is a
     lost QoS 0 message, which the edge recovers by restarting the wave. Each sender (a
     topic's mesh and publisher level, which the broker's ACL authenticates; a status
-    topic's client) has its own share (`share_of`), so that one login flooding large
-    messages fills only its own and the others' messages still get in.
+    topic's client) has its own share (`share_of`) of both, so that one login flooding
+    large messages, or many small ones, fills only its own and the others' messages
+    still get in.
 
     - `bytes`: 32 MiB holds a whole training wave of the 500-cell mesh the broker is
       sized for (31.6 MB, deploy/mosquitto/production.conf), though a process receives
@@ -164,28 +171,26 @@ class InboxLimits:
     - `messages`: 20,000, the broker's own per-client queue (two waves of a floor host).
     - `sender_bytes`: 8 MiB, eight of the largest messages the broker passes; no cell
       sends one neighbour more than ~1 MB in a wave (its subtree's pooled features).
+    - `sender_messages`: 1,000. No sender sends one receiver more than a few dozen
+      messages a wave (a cell: halo and gradient-halo strips per layer, pool, gather,
+      route, reduce; the edge: PARAMS and BATCH; an edge to the parameter server: its
+      step's push), so this is tens of waves of any genuine one; and it is a
+      twentieth of `messages`: one login sending small junk as fast as it can fills its
+      own share, and the total needs twenty such senders at once.
     """
 
     messages: int = 20_000
     bytes: int = 32 * MiB
     sender_bytes: int = 8 * MiB
-
-
-def sender_of(topic: str) -> str:
-    """Whose message a topic carries: the publisher level of a mesh topic
-    (`meshdl/<m>/<src>/...`), `status/<client>` for a status record."""
-    levels = topic.split("/", 4)
-    if len(levels) < 3:
-        return topic
-    return "/".join(levels[2:4]) if levels[2] == "status" else levels[2]
+    sender_messages: int = 1_000
 
 
 def share_of(topic: str) -> str:
     """The inbox share a topic's message counts against: its sender within its mesh
     (`meshdl/<m>/<src>`, `meshdl/<m>/status/<client>`). The mesh is part of it because
     a publisher level is a role, not a login: every mesh's edge pushes as `edge`, and the
-    parameter server hears them all over one connection (issue 43, item 5: junk from one
-    mesh's edge login filled the share of every mesh's pushes)."""
+    parameter server hears them all over one connection (with the role alone, junk from
+    one mesh's edge login would fill the share of every mesh's pushes)."""
     levels = topic.split("/", 4)
     if len(levels) < 3:
         return topic
@@ -201,23 +206,27 @@ class InboxBudget:
         self.messages = 0
         self.bytes = 0
         self.by_sender: Counter[str] = Counter()  # bytes held per sender
+        self.count_by_sender: Counter[str] = Counter()  # messages held per sender
 
     def admit(self, sender: str, size: int) -> bool:
         limits = self.limits
         if self.messages >= limits.messages or self.bytes + size > limits.bytes or \
-                self.by_sender[sender] + size > limits.sender_bytes:
+                self.by_sender[sender] + size > limits.sender_bytes or \
+                self.count_by_sender[sender] >= limits.sender_messages:
             return False
         self.messages += 1
         self.bytes += size
         self.by_sender[sender] += size
+        self.count_by_sender[sender] += 1
         return True
 
     def release(self, sender: str, size: int) -> None:
         self.messages -= 1
         self.bytes -= size
         self.by_sender[sender] -= size
-        if not self.by_sender[sender]:
-            del self.by_sender[sender]
+        self.count_by_sender[sender] -= 1
+        if not self.count_by_sender[sender]:
+            del self.count_by_sender[sender], self.by_sender[sender]
 
 
 Handler = Callable[[str, Message], list[Message]]
@@ -430,33 +439,36 @@ class Session:
         await self._client.publish(status_topic(self.mesh, self.client_name),
                                    self._status_json(state), 1, True)
 
-    def _beat(self) -> None:
-        """Publish the heartbeat beside the loop, not in it. Awaited in the loop, its
+    def beat(self) -> bool:
+        """Publish this client's status (online) beside the loop, not in it: the
+        heartbeat, and any announcement a loop's tick makes. Awaited in the loop, its
         acknowledgement held up the handling of everything received (the broker's PUBACK
         comes behind what it sent before: under a flood, seconds of it), and one not
         acknowledged within the operation timeout tore the connection down: a host
-        flooded with small junk reconnected every 20 s and lost every wave (issue 43).
-        A heartbeat still unacknowledged at the next is counted, not repeated; a broken
-        connection shows in the read (and paho's keepalive), which reconnects."""
+        flooded with small junk reconnected every 20 s and lost every wave. One still
+        unacknowledged at the next is counted, not repeated (False: not published); a
+        broken connection shows in the read (and paho's keepalive), which reconnects."""
         beating = self._beating
         if beating is not None and not beating.done():
             self.stats["heartbeats_unacknowledged"] += 1
-            return
+            return False
         if beating is not None and not beating.cancelled() and \
                 isinstance(beating.exception(), aiomqtt.MqttError):
             self.stats["heartbeats_failed"] += 1
         client = self._client
-        if client is not None and self.presence:
-            self._beating = asyncio.ensure_future(client.publish(
-                status_topic(self.mesh, self.client_name), self._status_json("online"), 1,
-                True))
+        if client is None or not self.presence:
+            return False
+        self._beating = asyncio.ensure_future(client.publish(
+            status_topic(self.mesh, self.client_name), self._status_json("online"), 1,
+            True))
+        return True
 
     def _stop_beating(self) -> None:
         beating, self._beating = self._beating, None
         if beating is not None and not beating.done():
             beating.cancel()
         elif beating is not None and not beating.cancelled():
-            beating.exception()  # taken: a failure is counted by `_beat`, not printed
+            beating.exception()  # taken: a failure is counted by `beat`, not printed
 
     def _status_json(self, state: str) -> str:
         """This client's status record now (signed, when the mesh authenticates)."""
@@ -480,10 +492,12 @@ class Session:
         if client is None:
             self.stats["dropped_while_offline"] += len(messages)
             return
-        publishing, name_of_topic, seal = [], self._topics.of, self.wire.seal
+        publishing, name_of_topic = [], self._topics.of
         for message in messages:
-            publishing.append(client.publish(name_of_topic(message.header), seal(message),
-                                             QOS.get(message.header.kind, 0)))
+            data = self._sealed(message)
+            if data is not None:
+                publishing.append(client.publish(name_of_topic(message.header), data,
+                                                 QOS.get(message.header.kind, 0)))
         for outcome in await asyncio.gather(*publishing, return_exceptions=True):
             if outcome is None:
                 self.stats["sent"] += 1
@@ -491,6 +505,23 @@ class Session:
                 self.stats["dropped_while_offline"] += 1
             else:
                 raise outcome
+
+    def _sealed(self, message: Message) -> bytes | None:
+        """The bytes of an agent's message, or None (counted as `unsendable:<reason>`,
+        said once per reason) when this process cannot seal it: an agent asking for
+        something its keys cannot do (a repair whose signature is gone, a link it holds
+        no key for) loses that one message, never the process and all its cells."""
+        try:
+            return self.wire.seal(message)
+        except MeshdlError as exc:
+            reason = exc.reason if isinstance(exc, SealError) else "error"
+            key = f"unsendable:{reason}"
+            if not self.stats[key]:
+                _LOG.warning("%s: dropped a %s it cannot seal (%s); further ones are "
+                             "only counted, as %s", self.client_name,
+                             message.header.kind.name, exc, key)
+            self.stats[key] += 1
+            return None
 
     async def run(self, handle: Handler, tick: Callable[[], Awaitable[None]] | None = None,
                   tick_s: float = 0.05, until: Callable[[], bool] | None = None) -> None:
@@ -506,7 +537,7 @@ class Session:
                     await self.connect(until)
                     continue
                 if time.monotonic() >= next_beat:
-                    self._beat()
+                    self.beat()
                     next_beat = time.monotonic() + self.heartbeat_s
                 incoming = await self._next_message(client, tick_s)
                 if incoming is not None:

@@ -46,6 +46,7 @@ import re
 import secrets
 import struct
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,9 +84,20 @@ _KIND_AT = 3  # byte offset of the kind in the header (messages.py)
 _PHASE_AT = 11  # ... and of the phase
 _SIGNED_FIELDS = struct.Struct("<BHIHBB4I")  # kind, mesh, step, session, phase, dtype, shape
 # Verified edge signatures a relay remembers: of each kind, the newest waves of the last
-# few edge sessions (a repair needs the signature of the parameters a node cached).
+# few edge sessions (a relay forwards them). A repair needs the signature of the
+# parameters a node cached, which may be older than all of them: that one is pinned.
 _STEPS_KEPT = 4
 _SESSIONS_KEPT = 4
+
+
+class SealError(MeshdlError):
+    """A message this process cannot seal: `reason` names why, in a closed set
+    (`no_signature`: no edge signature for a PARAMS or BATCH it did not make;
+    `no_link_key`: a link it holds no key for)."""
+
+    def __init__(self, reason: str, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
 
 
 def tag_bytes(kind: Kind, phase: int = WAVE_PHASE) -> int:
@@ -236,9 +248,12 @@ class Authenticator:
         self._verify_key = Ed25519PublicKey.from_public_bytes(keyring.edge_public)
         self._sign_key = None if keyring.edge_private is None else \
             Ed25519PrivateKey.from_private_bytes(keyring.edge_private)
-        # Verified edge signatures: a relay forwards them, a parent repairs with them.
-        # By (kind, session), the least recently heard session first; then by step.
+        # Verified edge signatures: a relay forwards them. By (kind, session), in the
+        # order each session was first heard; then by step.
         self._signatures: OrderedDict[tuple[int, int], dict[int, bytes]] = OrderedDict()
+        # The signatures of what the node machines cached, by (kind, session, step): a
+        # repair sends those parameters, whatever was heard since (`pin`).
+        self._pinned: dict[tuple[int, int, int], bytes] = {}
 
     def seal(self, message: Message) -> bytes:
         """The wire bytes of a message this keyring's parties send, tag included."""
@@ -257,11 +272,28 @@ class Authenticator:
         h = message.header
         if self._sign_key is not None and h.src == EDGE:
             return self._sign_key.sign(_signed_bytes(message))
-        signature = self._signatures.get((h.kind, h.session), {}).get(h.step)
+        signature = self._signatures.get((h.kind, h.session), {}).get(h.step) or \
+            self._pinned.get((h.kind, h.session, h.step))
         if signature is None:  # a relay forwards only what it received and verified
-            raise MeshdlError(f"no edge signature for {h.kind.name} of wave {h.step}: only "
-                              "the edge can start a wave")
+            raise SealError("no_signature", f"no edge signature for {h.kind.name} of wave "
+                            f"{h.step}: only the edge can start a wave")
         return signature
+
+    def pin(self, kind: Kind, versions: Iterable[tuple[int, int]]) -> None:
+        """Keep the signatures of `kind` for these (session, step) versions, the ones
+        the node machines this process serves have cached, for as long as they stay
+        cached (the last call's only; unknown versions are left out). A node keeps the
+        first PARAMS of a run of slots and counts the edge's later resends of slots it
+        began itself as duplicates, while `open` keeps only the newest waves: without
+        the pin, four resends dropped the signature its next repair needed."""
+        pinned: dict[tuple[int, int, int], bytes] = {}
+        for session, step in versions:
+            key = (kind, session, step)
+            signature = self._signatures.get((kind, session), {}).get(step) or \
+                self._pinned.get(key)
+            if signature is not None:
+                pinned[key] = signature
+        self._pinned = {k: v for k, v in self._pinned.items() if k[0] != kind} | pinned
 
     def open(self, data: bytes) -> Message:
         """Verify and decode wire bytes; raises CodecError naming what is wrong."""
@@ -338,8 +370,9 @@ class Authenticator:
     def _link_tag(self, src: Cell, dst: Cell, data: bytes) -> bytes:
         key = self._links.get(link(src, dst))
         if key is None:
-            raise MeshdlError(f"no key for the link {name_of(src)}-{name_of(dst)}: this "
-                              "key file is not for the cells this process serves")
+            raise SealError("no_link_key", f"no key for the link {name_of(src)}-"
+                            f"{name_of(dst)}: this key file is not for the cells this "
+                            "process serves")
         return self._tag(key, data)
 
     @staticmethod
@@ -348,12 +381,13 @@ class Authenticator:
 
     def _remember(self, kind: Kind, session: int, step: int, signature: bytes) -> None:
         """Keep a verified signature. Anyone who reads the edge's broadcasts can replay
-        them (they verify), so what is dropped to stay bounded is the oldest wave of a
-        session, never by arrival: a replay of older waves drops itself, and the
-        signature of the parameters a node cached (the newest, or nearly) stays for its
-        repairs; without it, answering a repair would fail."""
-        steps = self._signatures.pop((kind, session), {})
-        self._signatures[(kind, session)] = steps
+        them (they verify), so what is dropped to stay bounded never depends on what was
+        heard last: within a session, the oldest wave (a replay of older waves drops
+        itself); across sessions, the one first heard longest ago (a replay of an older
+        session's waves does not bring it forward, so it cannot push out the current
+        session, which was first heard after it). The signatures a repair needs are
+        pinned apart (`pin`), out of reach of both."""
+        steps = self._signatures.setdefault((kind, session), {})
         steps.setdefault(step, signature)
         while len(steps) > _STEPS_KEPT:
             del steps[_oldest(steps)]
