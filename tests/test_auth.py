@@ -107,9 +107,9 @@ def test_a_repair_carries_the_edges_signature_and_the_tag_of_its_one_link() -> N
 
 def test_signed_params_re_sent_as_a_repair_or_to_another_cell_are_rejected_and_counted(
         ) -> None:
-    """Issue 43: the edge's signature covered neither phase, sender nor receiver, so a
-    captured wave's PARAMS (old parameters, say) re-sent as a repair from a cell's
-    parent verified, and so did a repair re-addressed to another cell."""
+    """The edge's signature covered neither phase, sender nor receiver, so a captured
+    wave's PARAMS (old parameters, say) re-sent as a repair from a cell's parent
+    verified, and so did a repair re-addressed to another cell."""
     edge, near, child = _auth(EDGE), _auth((0, 0)), _auth((1, 0))
     old_wave = edge.seal(_params(step=4, value=2.0))  # a wave's PARAMS, captured
     signature = old_wave[-SIGNATURE_BYTES:]

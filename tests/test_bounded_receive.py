@@ -1,9 +1,11 @@
-"""Hostile input costs a receiver a bounded amount of work and memory (issue 29).
+"""Hostile input costs a receiver a bounded amount of work and memory.
 
 - A status record claiming one cell tens of thousands of times is refused by the edge
   with work bounded by the grid: the body is hashed once, never once per claim.
 - What a connection has received but not handled yet is bounded in messages and bytes,
   per sender and in total; what does not fit is dropped and counted.
+- A status publish (heartbeat, a slot's unread cells) is never awaited in the receive
+  loop, and a message a host cannot seal is dropped and counted, never fatal.
 - A connection that breaks while nobody awaits its read leaves no "Future exception was
   never retrieved" behind, and a wave lost that way does not send the user to look
   for missing node hosts.
@@ -184,8 +186,8 @@ def test_the_servers_inbox_gives_each_meshs_edge_its_own_share() -> None:
 
 
 def test_a_client_name_of_60000_bytes_is_refused_in_one_usage_line() -> None:
-    # Issue 43, item 10c: MQTT takes client ids of 65,535 bytes and Mosquitto 2.0 bounds
-    # none; `nodes run --name` of 60,000 bytes connected.
+    # MQTT takes client ids of 65,535 bytes and Mosquitto 2.0 bounds none: `nodes run
+    # --name` of 60,000 bytes connected.
     with pytest.raises(UsageError, match=r"^client name of 60000 bytes: at most 128 "):
         Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "x" * 60_000, [])
     with pytest.raises(UsageError, match="client name of 129 bytes"):
@@ -218,9 +220,9 @@ class _UnackedClient:
 
 
 def test_an_unacknowledged_heartbeat_holds_up_no_message_and_no_connection() -> None:
-    # Issue 43, item 3: under a flood of small junk, a host's heartbeat (QoS 1) waited
-    # for its PUBACK inside the receive loop: nothing was handled meanwhile, and after
-    # the operation timeout the connection was torn down (every ~20 s, every wave lost).
+    # Under a flood of small junk, a host's heartbeat (QoS 1) waited for its PUBACK
+    # inside the receive loop: nothing was handled meanwhile, and after the operation
+    # timeout the connection was torn down (every ~20 s, every wave lost).
     junk = [aiomqtt.Message("meshdl/3/r1c1/r2c1/halo", b"junk", 0, False, i, None)
             for i in range(200)]
     client = _UnackedClient(junk)

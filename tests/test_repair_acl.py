@@ -1,4 +1,4 @@
-"""Parameter repair under the production setup (issue 43, item 2).
+"""Parameter repair under the production setup.
 
 Mosquitto runs deploy/mosquitto/production.conf with the passwords and ACL of `meshdl
 deploy credentials`; the edge and two node hosts log in with the users it wrote and seal
