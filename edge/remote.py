@@ -63,7 +63,13 @@ from meshdl.errors import MeshdlError
 from meshdl.limits import MAX_MESSAGE_BYTES
 from meshdl.model.cnn import CNN
 from meshdl.mqtt.sdnotify import Notifier, stop_task
-from meshdl.mqtt.session import BrokerAddress, Session, close_loop
+from meshdl.mqtt.session import (
+    HEARTBEAT_S,
+    OPERATION_TIMEOUT_S,
+    BrokerAddress,
+    Session,
+    close_loop,
+)
 from meshdl.mqtt.status import StatusRecord, parse_status
 from meshdl.nodes.serve import MQTT_LEAST_MARGIN_S
 from meshdl.protocol.accounting import Ledger
@@ -97,9 +103,11 @@ from meshdl.protocol.topology import Cell
 from meshdl.protocol.wire import Wire
 
 STEP_CLOCK_EPOCH = 1_700_000_000  # 2023-11-14: wave numbers count 1/16 s from here
-# A node host is heard while its heartbeats (every 5 s, meshdl/mqtt/session.py) come:
-# three missed and it may be gone, though its last will has not come yet.
-HEARD_S = 15.0
+# A node host is heard while its heartbeats come (meshdl/mqtt/session.py): one every
+# HEARTBEAT_S, but none while the last waits for its acknowledgement, up to
+# OPERATION_TIMEOUT_S, which a flooded broker is slow to send. Two such gaps missed and it
+# may be gone, though its last will has not come yet (15 s gave up on flooded hosts).
+HEARD_S = 2 * (HEARTBEAT_S + OPERATION_TIMEOUT_S)
 UNREAD_SLOTS_KEPT = 8  # slots whose unread cells the edge remembers (a slot is given
 # up at most a few slots after it began)
 EDGE_CLIENT = "edge"  # the edge's status topic, which is also the mesh's lease

@@ -7,6 +7,7 @@ exchange messages by topic as a broker would, at the times each test says."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -135,18 +136,19 @@ def _patient_engine(total_s: float) -> MqttEngine:
     return engine
 
 
-def _restarts(engine: MqttEngine, until: float, heard: tuple[str, ...]) -> list[float]:
+def _restarts(engine: MqttEngine, until: float, heard: tuple[str, ...],
+              beat_every: float = 0.5) -> list[float]:
     """Start a wave at 0 that hears nothing; restart it as the engine's loop does (the
-    hosts in `heard` sending heartbeats all along) until `until` or it gives up (raises);
-    the timeouts the restarted attempts were given."""
+    hosts in `heard` sending heartbeats all along, one every `beat_every` s) until
+    `until` or it gives up (raises); the timeouts the restarted attempts were given."""
     edge = engine._edge_for(_model())
     engine._wave_began = 0.0
     engine.heard.clear()  # on the test's clock from here
     edge.start(Mode.TRAIN, Split.TRAIN, np.arange(8), now=0.0)
-    timeouts, now = [], 0.0
+    timeouts, now, beats = [], 0.0, itertools.count(1)
     while now < until:
         now += 0.5
-        for client in heard:
+        for client in heard if next(beats) % round(beat_every / 0.5) == 0 else ():
             engine.heard[client] = now
         if edge.tick(now):
             engine._go_on(edge, now)
@@ -173,6 +175,19 @@ def test_a_wave_that_fails_only_for_loss_goes_on_past_its_attempts_until_patienc
         with pytest.raises(MeshdlError, match=r"got no result in \d+ attempts over 2\d\d s "
                                               "although every node host was heard"):
             _restarts(engine, 400.0, heard=("north", "south"))
+    finally:
+        engine.close()
+
+
+def test_a_flooded_host_whose_heartbeats_wait_for_their_acknowledgement_is_still_heard(
+        ) -> None:
+    # A host beats every 5 s but not while the last beat waits for its acknowledgement
+    # (up to 10 s), which a flooded broker is slow to send: beats 20 s apart. Heard only
+    # within 15 s, such a host counted as silent and the edge gave up on the flood.
+    engine = _patient_engine(total_s=200.0)
+    try:
+        _restarts(engine, 150.0, heard=("north", "south"), beat_every=20.0)
+        assert engine.stats["patient_restarts"] > 0
     finally:
         engine.close()
 

@@ -152,6 +152,10 @@ class Backoff:
             delay = min(delay * 2, self.most)
 
 
+HEARTBEAT_S = 5.0  # a client's status record, republished: how others see it alive
+OPERATION_TIMEOUT_S = 10.0  # the longest one acknowledgement is waited for
+
+
 @dataclass(frozen=True)
 class InboxLimits:
     """How much a connection keeps of what it has received but not yet handled.
@@ -240,7 +244,7 @@ class Session:
 
     def __init__(self, address: BrokerAddress, mesh: int, client: str,
                  subscriptions: list[str], status: dict[str, Any] | None = None,
-                 heartbeat_s: float = 5.0, backoff: Backoff = Backoff(),
+                 heartbeat_s: float = HEARTBEAT_S, backoff: Backoff = Backoff(),
                  connect_timeout_s: float | None = 30.0,
                  on_status: StatusHandler | None = None, presence: bool = True,
                  wire: Wire | None = None,
@@ -336,7 +340,8 @@ class Session:
         patience under 10 s, a live broker slower than it to acknowledge counts as away
         (a publish not acknowledged in time is dropped and counted, its wave restarted)."""
         patience = self.connect_timeout_s
-        return 10.0 if patience is None else min(10.0, max(1.0, patience))
+        most = OPERATION_TIMEOUT_S
+        return most if patience is None else min(most, max(1.0, patience))
 
     async def connect(self, stop: Callable[[], bool] | None = None) -> bool:
         """Connect, subscribe and announce, retrying with backoff for up to
