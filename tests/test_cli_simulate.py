@@ -14,6 +14,7 @@ import pytest
 from meshdl.cli import main
 from meshdl.protocol.messages import EDGE, HEADER_BYTES, ITEM_BYTES, Kind
 from meshdl.protocol.topics import topic
+from meshdl.report.baseline import strongest
 from meshdl.sim.timed import publish_bytes
 from tests.helpers import assert_one_line_error
 
@@ -114,6 +115,9 @@ def test_infer_json_holds_the_sim_contract(inferred) -> None:
 
 def test_infer_baseline_is_the_hand_count_of_one_reading_a_cell(inferred) -> None:
     baseline = inferred[1]["baseline"]
+    # The main baseline is the strongest variant: one reading a cell goes up the tree
+    # fastest aggregated.
+    assert strongest(baseline).variant == "aggregated"
     assert baseline["cloud_heavy"] == baseline["cloud_heavy_aggregated"]
     aggregated, unaggregated = (baseline["cloud_heavy_aggregated"],
                                 baseline["cloud_heavy_unaggregated"])

@@ -67,10 +67,17 @@ def print_comm_summary(comm: dict[str, Any], console: Any = None) -> None:
     depth = comm.get("wave_depth", {})
     busiest = comm.get("busiest_link") or {}
     if "wave_s" in depth:  # simulated time: seconds, not rounds
-        extent = (f"forward wave {depth.get('forward_s') or 0:.4g} s (mesh diameter "
+        # The run's last wave alone (after training: an evaluation's, forward only, on
+        # a batch of its own), not the mean a training run's summary gives of its waves.
+        from meshdl.report.numbers import figure
+
+        wave = depth.get("wave") or "?"
+        only = ", forward only" if wave == "infer" else ""
+        extent = (f"the run's last wave ({wave}{only}): its forward pass "
+                  f"{figure(depth.get('forward_s') or 0.0)} s, the whole wave "
+                  f"{figure(depth.get('wave_s') or 0.0)} s (mesh diameter "
                   f"{depth.get('diameter')}, edge to far corner "
-                  f"{depth.get('edge_hops_to_far_corner')} hops); whole wave "
-                  f"{depth.get('wave_s') or 0:.4g} s; ")
+                  f"{depth.get('edge_hops_to_far_corner')} hops); ")
     elif "wave_rounds" in depth:  # the virtual mesh delivers in rounds
         extent = (f"forward wave depth {depth.get('forward_rounds', 0):.0f} rounds (mesh "
                   f"diameter {depth.get('diameter')}, edge to far corner "

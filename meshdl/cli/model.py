@@ -115,8 +115,9 @@ def evaluate(
     if json_out:
         emit_json(report)
         return
-    table = Table(title=f"{split} split: accuracy {report['accuracy']:.4f} "
-                        f"({report['samples']} samples)")
+    title = f"{split} split: accuracy {report['accuracy']:.4f} ({report['samples']} samples)"
+    # As wide as its title: a narrow confusion matrix wrapped it ("(561" / "samples)").
+    table = Table(title=title, min_width=len(title))
     table.add_column("true \\ predicted")
     for c in range(model.config.classes):
         table.add_column(str(c), justify="right")
