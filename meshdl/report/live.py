@@ -85,8 +85,9 @@ def _first_death_by_mac(axes: Any, sim: Mapping[str, Any]) -> None:
         axes.bar_label(bars, labels=[number(y) for y in years], padding=2)
     axes.set_xticks(xs, [f"{mac}\n(the run's)" if mac == sim.get("mac") else mac
                          for mac, _ in macs])
-    axes.set_ylim(bottom=0)
-    axes.margins(y=0.15)
+    top = max((sides[side].get("first_death_years", 0.0) for _, sides in macs
+               for side, _ in SIDES), default=0.0)
+    axes.set_ylim(0, top * 1.15 or 1.0)  # room for the bars' years under the title
     axes.set(xlabel="MAC", ylabel="first battery's death (years)",
              title="first death, mesh and cloud-heavy, by MAC")
 
