@@ -26,8 +26,8 @@ the same seed), and a push claiming any other count than that or none (a wave th
 missed its deadline) is rejected. Over MQTT the pushes are authenticated before they
 get here (meshdl/protocol/auth.py: the link edge-ps of each mesh).
 
-With overlap (server/parts.py) a step's gradient comes in two parts, which must agree on
-what they were computed on; the update is the same, and its weights go back conv layers
+With overlap (meshdl/protocol/parts.py) a step's gradient comes in two parts, which must
+agree on what they were computed on; the update is the same, and its weights go back conv layers
 first, to every mesh, then the head.
 """
 
@@ -43,8 +43,8 @@ from meshdl.errors import CodecError, MeshdlError
 from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer
 from meshdl.protocol.messages import EDGE, SERVER, Kind, Message, make
+from meshdl.protocol.parts import SPLIT, Part, part_codecs, part_of, part_slice
 from meshdl.protocol.payloads import Push
-from meshdl.server.parts import SPLIT, Part, part_codecs, part_of, part_slice
 from meshdl.sync import Sync
 
 

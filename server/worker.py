@@ -6,8 +6,8 @@ the weights its model holds, and pushes it to the parameter server. Weights that
 while a wave runs are held until the wave ends: the mesh computes one step on one set
 of weights. When it may start the next step is the `Sync`'s rule (meshdl/sync.py).
 
-With overlap (server/parts.py) weights come in two parts: a step starts as soon as the
-conv layers' weights are in (its PARAMS flood them), and the head's of the same version,
+With overlap (meshdl/protocol/parts.py) weights come in two parts: a step starts as soon
+as the conv layers' weights are in (its PARAMS flood them), and the head's of the same version,
 which the edge needs only when the pooled features arrive, are taken up as they come.
 The gradient goes up in two parts too: the head's (`push(..., Part.HEAD)`) while the
 mesh still runs the conv backward, the conv layers' when the wave ends.
@@ -29,8 +29,8 @@ import numpy as np
 from meshdl.compress.codec import Channel
 from meshdl.model.cnn import CNN
 from meshdl.protocol.messages import EDGE, SERVER, Kind, Message, make, newer
+from meshdl.protocol.parts import Part, part_codecs, part_of, part_slice
 from meshdl.protocol.payloads import Push
-from meshdl.server.parts import Part, part_codecs, part_of, part_slice
 from meshdl.sync import Sync
 
 

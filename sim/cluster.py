@@ -9,7 +9,7 @@ their messages and keeps the time:
 - a step takes its mesh the wave's duration (`wave_time`: the virtual mesh's rounds,
   or the seconds of a wave in simulated time); its gradient is computed when the wave
   starts, on the weights the edge holds then, which is what the wave would compute;
-- with overlap (server/parts.py) a wave starts on the conv layers' weights alone; if
+- with overlap (meshdl/protocol/parts.py) a wave starts on the conv layers' weights alone; if
   the head's come later than the wave's pooled features, the wave stalls for them (its
   rest comes that much later); the head's gradient goes up when the edge has it, the
   conv layers' at the wave's end;
@@ -32,8 +32,8 @@ import numpy as np
 
 from meshdl.errors import MeshdlError, StepSkipped
 from meshdl.protocol.messages import Message, wire_size
+from meshdl.protocol.parts import Part
 from meshdl.server.machine import ParameterServer
-from meshdl.server.parts import Part
 from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.radio.backhaul import INSTANT, Backhaul
 from meshdl.sim.radio.clock import EventQueue

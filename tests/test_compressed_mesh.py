@@ -21,10 +21,10 @@ from meshdl.protocol.activations import (
     encode_activations,
 )
 from meshdl.protocol.messages import BYTES, EDGE, HEADER_BYTES, SERVER, Kind, make
+from meshdl.protocol.parts import Part, part_codecs
 from meshdl.protocol.payloads import Push
 from meshdl.protocol.spec import MeshSpec
 from meshdl.server.machine import ParameterServer
-from meshdl.server.parts import Part, part_codecs
 from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.faults.chaos import Chaos
 from meshdl.sim.mesh import MeshEngine

@@ -18,9 +18,9 @@ from meshdl.errors import UsageError
 from meshdl.model.cnn import CNN
 from meshdl.model.optim import Optimizer, learning_rate
 from meshdl.protocol.messages import EDGE, SERVER, Kind, Message, make
+from meshdl.protocol.parts import Part, part_slice
 from meshdl.protocol.payloads import Push
 from meshdl.server.machine import ParameterServer
-from meshdl.server.parts import Part, part_slice
 from meshdl.server.worker import Learnt, MeshWorker
 from meshdl.sim.cluster import WaveShape
 from meshdl.sync import Sync

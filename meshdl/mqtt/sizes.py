@@ -156,8 +156,8 @@ def server_messages(config: RunConfig) -> list[Largest]:
     model; a compressed PUSH as its codec writes it)."""
     from meshdl.compress.policy import model_segments
     from meshdl.protocol.messages import ITEM_BYTES, Kind
+    from meshdl.protocol.parts import part_codecs
     from meshdl.protocol.payloads import PUSH_HEAD
-    from meshdl.server.parts import part_codecs
 
     spec = mesh_spec(config)
     size = sum(s.size for s in model_segments(config.model))
