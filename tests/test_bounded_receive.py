@@ -219,28 +219,35 @@ class _UnackedClient:
         await asyncio.Event().wait()
 
 
-def test_an_unacknowledged_heartbeat_holds_up_no_message_and_no_connection() -> None:
-    # Under a flood of small junk, a host's heartbeat (QoS 1) waited for its PUBACK
-    # inside the receive loop: nothing was handled meanwhile, and after the operation
-    # timeout the connection was torn down (every ~20 s, every wave lost).
-    junk = [aiomqtt.Message("meshdl/3/r1c1/r2c1/halo", b"junk", 0, False, i, None)
-            for i in range(200)]
-    client = _UnackedClient(junk)
+_JUNK = [aiomqtt.Message("meshdl/3/r1c1/r2c1/halo", b"junk", 0, False, i, None)
+         for i in range(200)]  # 200 messages too short to decode
+
+
+def _through_junk(session: Session, client: _UnackedClient,
+                  tick: Any = None) -> Session:
+    """`session` on `client`, run until it has handled the 200 junk messages."""
 
     async def main() -> Session:
-        session = _session(heartbeat_s=0.0)  # a heartbeat at every turn of the loop
         session._client = client
         handled = session.stats
 
         async def run() -> None:
-            await session.run(lambda _t, _m: [],
+            await session.run(lambda _t, _m: [], tick=tick,
                               until=lambda: handled["rejected:codec:truncated"] >= 200)
 
         await asyncio.wait_for(run(), 60)  # a hang guard, not a timing claim
         session._stop_beating()
         return session
 
-    session = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_an_unacknowledged_heartbeat_holds_up_no_message_and_no_connection() -> None:
+    # Under a flood of small junk, a host's heartbeat (QoS 1) waited for its PUBACK
+    # inside the receive loop: nothing was handled meanwhile, and after the operation
+    # timeout the connection was torn down (every ~20 s, every wave lost).
+    client = _UnackedClient(_JUNK)
+    session = _through_junk(_session(heartbeat_s=0.0), client)  # a beat every turn
     assert session.stats["rejected:codec:truncated"] == 200
     assert session.stats["reconnects"] == 0
     assert session.stats["heartbeats_unacknowledged"] >= 1
@@ -311,27 +318,11 @@ def test_an_unacknowledged_announcement_of_unread_cells_holds_up_no_message() ->
     receive loop: under a flood its PUBACK came late, nothing was handled meanwhile, and
     the operation timeout tore the connection down. It is now published as the
     heartbeat is, beside the loop."""
-    junk = [aiomqtt.Message("meshdl/3/r1c1/r2c1/halo", b"junk", 0, False, i, None)
-            for i in range(200)]
-    client = _UnackedClient(junk)
+    client = _UnackedClient(_JUNK)
     host = SimpleNamespace(tick=lambda _now: [])
     sampler = SimpleNamespace(last_errors={(1, 1): "no reading"}, sampled=7)
-
-    async def main() -> Session:
-        session = _session(heartbeat_s=3600.0)  # no heartbeat: the announcement alone
-        session._client = client
-        handled = session.stats
-        ticker = Ticker(host, session, None, sampler)
-
-        async def run() -> None:
-            await session.run(lambda _t, _m: [], tick=ticker,
-                              until=lambda: handled["rejected:codec:truncated"] >= 200)
-
-        await asyncio.wait_for(run(), 60)  # a hang guard, not a timing claim
-        session._stop_beating()
-        return session
-
-    session = asyncio.run(main())
+    session = _session(heartbeat_s=3600.0)  # no heartbeat: the announcement alone
+    session = _through_junk(session, client, Ticker(host, session, None, sampler))
     assert session.stats["rejected:codec:truncated"] == 200
     assert session.stats["reconnects"] == 0
     assert client.published.count("meshdl/3/status/south") == 1  # once for the slot

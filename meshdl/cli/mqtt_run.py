@@ -15,6 +15,8 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -270,10 +272,8 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.mqtt.session import BrokerAddress
     from meshdl.training.loop import train
     from meshdl.training.runs import (
-        interrupted,
         metrics_record,
         start_run,
-        with_resume_hint,
         write_run,
     )
 
@@ -301,24 +301,15 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
     claimed = _claim(out, force, resume, command, "mqtt")
     run_dir = claimed.path
     try:
-        start_run(run_dir, config, str(data))
-        if ps:
-            from meshdl.edge.data_parallel import train_with_server
+        with _running(claimed, command, MeshdlError):
+            start_run(run_dir, config, str(data))
+            if ps:
+                from meshdl.edge.data_parallel import train_with_server
 
-            model, history = train_with_server(config, dataset, engine)
-        else:
-            model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
-                                   resume=checkpoint)
-    except MeshdlError as exc:
-        claimed.abandon()  # no config.json without a checkpoint to go on from
-        raise with_resume_hint(exc, run_dir, command) from None
-    except KeyboardInterrupt:  # Ctrl-C: where the run stands (exit code 130 still)
-        claimed.abandon()
-        err_console.print(interrupted(run_dir, command), highlight=False, soft_wrap=True)
-        raise
-    except BaseException:
-        claimed.abandon()
-        raise
+                model, history = train_with_server(config, dataset, engine)
+            else:
+                model, history = train(config, dataset, engine=engine, checkpoints=run_dir,
+                                       resume=checkpoint)
     finally:
         engine.close()
     metrics = metrics_record(config, history)
@@ -361,10 +352,8 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.server.serve import EdgesSilent, ServerRun, serve
     from meshdl.training.parallel import mesh_ids
     from meshdl.training.runs import (
-        interrupted,
         metrics_record,
         start_run,
-        with_resume_hint,
         write_run,
     )
 
@@ -393,20 +382,10 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     err_console.print(f"parameter server of meshes {', '.join(map(str, mesh_ids(config)))} "
                       f"({config.parallel.sync}) on {BrokerAddress.parse(broker)} -> "
                       f"{run_dir}", highlight=False)
-    try:
+    with _running(claimed, command, EdgesSilent):
         start_run(run_dir, config, str(data))
         asyncio.run(serve(run, BrokerAddress.parse(broker),
                           connect_timeout_s=broker_patience, edges_timeout_s=edges_timeout))
-    except EdgesSilent as exc:
-        claimed.abandon()  # no config.json without a checkpoint to go on from
-        raise with_resume_hint(exc, run_dir, command) from None
-    except KeyboardInterrupt:  # Ctrl-C: where the run stands, as `edge run` says it (130)
-        claimed.abandon()
-        err_console.print(interrupted(run_dir, command), highlight=False, soft_wrap=True)
-        raise
-    except BaseException:
-        claimed.abandon()
-        raise
     history = run.history  # the whole run's: epochs, wall time, "parallel" (every stretch)
     metrics = metrics_record(config, history)
     write_run(run_dir, config, run.model, metrics, str(data))
@@ -497,6 +476,29 @@ def _checked_out(out: Path | None, force: bool, resume: Path | None, command: st
     if out is not None:
         check_run_dir(out, force, command)
     return None
+
+
+@contextmanager
+def _running(claimed: RunDir, command: str, failures: type[MeshdlError]) -> Iterator[None]:
+    """A run in its claimed directory. If it fails before its first checkpoint, its
+    config.json is taken back (it only said what to resume, and there is nothing); a
+    failure of `failures` says how to go on, Ctrl-C says where the run stands in one
+    line (exit code 130 still)."""
+    from meshdl.training.runs import interrupted, with_resume_hint
+
+    try:
+        yield
+    except failures as exc:
+        claimed.abandon()
+        raise with_resume_hint(exc, claimed.path, command) from None
+    except KeyboardInterrupt:
+        claimed.abandon()
+        err_console.print(interrupted(claimed.path, command), highlight=False,
+                          soft_wrap=True)
+        raise
+    except BaseException:
+        claimed.abandon()
+        raise
 
 
 def _claim(out: Path | None, force: bool, resume: Path | None, command: str, name: str
