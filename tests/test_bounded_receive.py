@@ -163,22 +163,29 @@ def test_a_wave_lost_to_the_edges_own_connection_drops_says_so() -> None:
     assert "dropped this edge 3 times" in line and "270 invalid status records" in line
 
 
-def test_the_servers_inbox_gives_each_meshs_edge_its_own_share() -> None:
-    # Every mesh's edge pushes as `edge`; junk from mesh 1's edge login must not fill the
-    # share mesh 2's pushes arrive in (the server hears them all over one connection).
+def _servers_inbox_after(junk: int, junk_bytes: int) -> tuple[Session, Any]:
+    """The parameter server's session and inbox after `junk` messages of `junk_bytes` on
+    mesh 1's push topic, then 20 genuine pushes of mesh 2's."""
+
     async def fill() -> tuple[Session, Any]:
         session = Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "ps", [])
         queue = session._new_client()._queue
-        junk = bytes(1_040_000)
-        for _ in range(100):  # 100 MB on mesh 1's push topic
-            queue.put_nowait(aiomqtt.Message("meshdl/1/edge/ps/push", junk, 1, False, 0,
-                                             None))
-        for i in range(20):  # then mesh 2's genuine pushes
+        payload = bytes(junk_bytes)
+        for i in range(junk):
+            queue.put_nowait(aiomqtt.Message("meshdl/1/edge/ps/push", payload, 1, False,
+                                             i, None))
+        for i in range(20):
             queue.put_nowait(aiomqtt.Message("meshdl/2/edge/ps/push", bytes(60_000), 1,
                                              False, i, None))
         return session, queue
 
-    session, queue = asyncio.run(fill())
+    return asyncio.run(fill())
+
+
+def test_the_servers_inbox_gives_each_meshs_edge_its_own_share() -> None:
+    # Every mesh's edge pushes as `edge`; junk from mesh 1's edge login must not fill the
+    # share mesh 2's pushes arrive in (the server hears them all over one connection).
+    session, queue = _servers_inbox_after(junk=100, junk_bytes=1_040_000)  # 100 MB
     held = [m.topic.value for m in queue._queue]
     assert held.count("meshdl/2/edge/ps/push") == 20
     assert held.count("meshdl/1/edge/ps/push") <= 8
@@ -291,18 +298,7 @@ class _AckedClient:
 def test_one_sender_of_small_junk_fills_only_its_own_share_of_the_inbox_count() -> None:
     """Only bytes were counted per sender: 20,000 tiny messages from one edge login
     filled the inbox's message count and every other mesh's pushes were dropped."""
-    async def fill() -> tuple[Session, Any]:
-        session = Session(BrokerAddress.parse("mqtt://127.0.0.1:1"), 1, "ps", [])
-        queue = session._new_client()._queue
-        for i in range(25_000):  # small junk on mesh 1's push topic
-            queue.put_nowait(aiomqtt.Message("meshdl/1/edge/ps/push", b"x", 1, False, i,
-                                             None))
-        for i in range(20):  # then mesh 2's genuine pushes
-            queue.put_nowait(aiomqtt.Message("meshdl/2/edge/ps/push", bytes(60_000), 1,
-                                             False, i, None))
-        return session, queue
-
-    session, queue = asyncio.run(fill())
+    session, queue = _servers_inbox_after(junk=25_000, junk_bytes=1)
     held = Counter(m.topic.value for m in queue._queue)
     assert held["meshdl/2/edge/ps/push"] == 20
     assert held["meshdl/1/edge/ps/push"] == InboxLimits().sender_messages
