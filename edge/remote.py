@@ -224,7 +224,7 @@ class MqttEngine(WaveEngine):
         self.say: Callable[[str], None] = lambda line: None
         self._dead_said: frozenset[Cell] = frozenset()
         # Several meshes training one model: where the parameter server's weights go
-        # (edge/data_parallel.py); None: this edge trains alone.
+        # (meshdl/training/edge_run.py); None: this edge trains alone.
         self.on_weights: Callable[[Message], None] | None = None
         self._weights_topic = weights_topic(mesh_id)
         # Live inference on scheduled slots (`live_logits`): the PARAMS the edge last sent

@@ -160,7 +160,7 @@ def test_ctrl_c_during_ps_run_says_so_in_one_line_with_exit_130(
         cli, tiny_data, tmp_path, monkeypatch) -> None:
     """The parameter server stopped by Ctrl-C before its first epoch: exit 130 and the one
     line `edge run` says (it said `error: stopped; go on with meshdl ps run ...` and 1)."""
-    import meshdl.server.serve as serve_module
+    import meshdl.training.ps_run as serve_module
 
     async def pressed(*args, **kwargs) -> None:
         raise KeyboardInterrupt

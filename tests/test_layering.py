@@ -39,8 +39,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "meshdl.sim.faults")),
     # What runs a training run on the engines: the training loop (one mesh, several in
     # process), and the run loops of the parameter server's and an edge's processes when
-    # several meshes train over MQTT.
-    ("runs", ("meshdl.training", "meshdl.server.serve", "meshdl.edge.data_parallel")),
+    # several meshes train over MQTT (training/ps_run.py, training/edge_run.py).
+    ("runs", ("meshdl.training",)),
     # What a researcher runs on the engines: studies, benchmarks, experiments.
     ("studies", ("meshdl.sim.studies", "meshdl.bench", "meshdl.experiments")),
     ("cli", ("meshdl.cli", "meshdl.__main__")),

@@ -15,16 +15,16 @@ import pytest
 from meshdl.config import RunConfig, load_run_config
 from meshdl.data.datasets import Dataset
 from meshdl.data.lounge import generate_lounge
-from meshdl.edge.data_parallel import train_with_server
 from meshdl.edge.remote import MqttEngine
 from meshdl.mqtt.localbroker import free_port
 from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
 from meshdl.protocol.spec import MeshSpec
 from meshdl.protocol.topics import push_topic, weights_topic
-from meshdl.server.serve import ServerRun, serve
 from meshdl.training.checkpoint import load_checkpoint
+from meshdl.training.edge_run import train_with_server
 from meshdl.training.parallel import train_parallel
+from meshdl.training.ps_run import ServerRun, serve
 from tests.helpers import TWO_MESHES_TOML
 
 

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-import meshdl.server.serve as serve_module
+import meshdl.training.ps_run as serve_module
 from meshdl.config import load_run_config
 from meshdl.data.datasets import Dataset, save_dataset
 from meshdl.data.lounge import generate_lounge
-from meshdl.edge.data_parallel import train_with_server
 from meshdl.edge.remote import MqttEngine
 from meshdl.mqtt.session import BrokerAddress
 from meshdl.nodes.serve import BackgroundNodeHost
 from meshdl.protocol.spec import MeshSpec
 from meshdl.training.checkpoint import load_checkpoint
+from meshdl.training.edge_run import train_with_server
 from tests.helpers import TWO_MESHES_TOML
 
 MESHES = (1, 2)

@@ -304,7 +304,7 @@ def edge_run(broker: Broker = ..., mesh: MeshFile = ...,
         with _running(claimed, command, MeshdlError):
             start_run(run_dir, config, str(data))
             if ps:
-                from meshdl.edge.data_parallel import train_with_server
+                from meshdl.training.edge_run import train_with_server
 
                 model, history = train_with_server(config, dataset, engine)
             else:
@@ -349,8 +349,8 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     from meshdl.data.augment import training_data
     from meshdl.data.datasets import load_dataset
     from meshdl.mqtt.session import BrokerAddress
-    from meshdl.server.serve import EdgesSilent, ServerRun, serve
     from meshdl.training.parallel import mesh_ids
+    from meshdl.training.ps_run import EdgesSilent, ServerRun, serve
     from meshdl.training.runs import (
         metrics_record,
         start_run,

@@ -18,7 +18,7 @@ Quality of service per message class:
   recover from losses that happen only when a connection breaks.
 - PUSH and WEIGHTS (between the edges and a parameter server): QoS 1. One of each per
   mesh and step; a step whose answer does not come is pushed again, and the server
-  answers a push it has already applied with its weights again (server/serve.py).
+  answers a push it has already applied with its weights again (training/ps_run.py).
 - Status and alerts: QoS 1, retained, so that a late subscriber sees the last state.
 """
 

@@ -219,7 +219,7 @@ def broker_limits(config: RunConfig) -> BrokerLimits:
 def central_limits(config: RunConfig) -> BrokerLimits:
     """The central broker's limits: the PUSH and WEIGHTS of the meshes' edges and the
     parameter server (the bridges carry nothing else), and the server's status record
-    (server/serve.py: its meshes and session)."""
+    (meshdl/training/ps_run.py: its meshes and session)."""
     record = {"role": "parameter-server", "meshes": [0xFFFF] * config.parallel.meshes,
               "session": 0xFFFF, "mesh": 0xFFFF, "state": "offline",
               "time": 1e10 + 0.123456789}

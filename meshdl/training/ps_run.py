@@ -150,7 +150,7 @@ class ServerRun:
 
     def shard_size(self, mesh: int, clock: int) -> int:
         """The samples of mesh `mesh`'s step `clock` (from 1): its shard of that step's
-        global batch, dealt as the edges deal it (edge/data_parallel.py)."""
+        global batch, dealt as the edges deal it (meshdl/training/edge_run.py)."""
         epoch, step = divmod(clock - 1, self.steps)
         sizes = self._sizes.get(epoch + 1)
         if sizes is None:

@@ -1,6 +1,6 @@
 """The edge's loop when several meshes train one model over MQTT (`meshdl edge run
 --ps`): its mesh computes its shard of every global batch, the parameter server
-(server/serve.py) combines and updates.
+(meshdl/training/ps_run.py) combines and updates.
 
 The edge is the `MeshWorker` machine (server/worker.py) over an `MqttEngine`: the engine
 runs the training waves through the node hosts and hands the server's weights to the
