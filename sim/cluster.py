@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -39,7 +39,17 @@ from meshdl.sim.radio.backhaul import INSTANT, Backhaul
 from meshdl.sim.radio.clock import EventQueue
 
 if TYPE_CHECKING:
-    from meshdl.training.loop import Engine  # the training loop drives the cluster
+    from meshdl.model.cnn import CNN
+
+
+class StepEngine(Protocol):
+    """What the cluster asks of a mesh's engine (any of the training loop's `Engine`s):
+    one step's loss, logits and gradient. Named here, not imported from the training
+    loop, which drives the cluster: the simulator does not lean on what runs it."""
+
+    def loss_and_grads(self, model: CNN, indices: np.ndarray,
+                       failout: np.ndarray | None = None
+                       ) -> tuple[float, np.ndarray, np.ndarray]: ...
 
 
 class WaveShape(NamedTuple):
@@ -72,7 +82,7 @@ class Cluster:
     """N meshes, their edges and the parameter server, driven on one event queue."""
 
     def __init__(self, server: ParameterServer, workers: Sequence[MeshWorker],
-                 engines: Sequence[Engine], labels: np.ndarray,
+                 engines: Sequence[StepEngine], labels: np.ndarray,
                  wave_time: Callable[[int], WaveShape], backhaul: Backhaul | None = None,
                  on_update: UpdateFn | None = None,
                  on_push: PushFn | None = None, overlap: bool = False) -> None:
