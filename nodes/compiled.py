@@ -594,9 +594,9 @@ def validate(tb: Tables) -> None:
     counts = _counts(tb)
     nodes, layers = tb.nodes, tb.layers
     for field, index in INDEXES.items():
-        values = np.asarray(getattr(tb, field))
         if field == "lists":
             continue  # (checked through the fields that list its numbers)
+        values = np.asarray(getattr(tb, field))
         if index.listed:
             _listed(tb, field, index, counts)
         elif index.span:

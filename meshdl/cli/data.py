@@ -180,15 +180,14 @@ def _hidden(ds: Dataset, threshold: float | None, share: float, seed: int,
     import numpy as np
 
     from meshdl.data.datasets import hidden_by_dead
-    from meshdl.sim.faults.dead import DeadCells
+    from meshdl.sim.faults.dead import dead_cells
 
     if not (0 <= edge_at[0] < ds.rows and 0 <= edge_at[1] < ds.cols):
         raise UsageError(f"--edge-at {edge_at[0]},{edge_at[1]} is outside the "
                          f"{ds.rows} x {ds.cols} grid")
     thr = ds.threshold if threshold is None else threshold
-    cells = [(r, c) for r in range(ds.rows) for c in range(ds.cols)]
     dead = np.zeros((ds.rows, ds.cols), dtype=bool)
-    for r, c in DeadCells(fraction=share, seed=seed).pick(cells, edge_at):
+    for r, c in dead_cells(ds.rows, ds.cols, share, seed, edge_at):
         dead[r, c] = True
     out: dict[str, Any] = {"share": share, "seed": seed, "edge_at": list(edge_at),
                            "cells": int(dead.sum()), "threshold": thr}

@@ -403,9 +403,9 @@ def simulate_infer(
     with _kept_if_finished(claimed, "meshdl simulate infer"):
         predicted: list[np.ndarray] = []
         found_at: dict[Cell, int] = {}  # each cell the edge planned around: its first wave
-        for w in range(waves):
-            predicted.append(engine.logits(model, "test", np.arange(
-                w * batch, (w + 1) * batch) % tests).argmax(axis=1))
+        wave_maps = [np.arange(w * batch, (w + 1) * batch) % tests for w in range(waves)]
+        for w, maps in enumerate(wave_maps):
+            predicted.append(engine.logits(model, "test", maps).argmax(axis=1))
             assert engine.mesh is not None
             found_at.update({cell: w + 1 for cell in engine.mesh.edge.spec.dead
                              if cell not in found_at})
@@ -417,8 +417,7 @@ def simulate_infer(
                                         variant, config.train.seed)
             baseline[variant] = cloud.times(slot, waves)
         start_run(run_dir, config, source)
-        labels = np.concatenate([np.arange(w * batch, (w + 1) * batch) % tests
-                                 for w in range(waves)])
+        labels = np.concatenate(wave_maps)
         accuracy = float(np.mean(np.concatenate(predicted) == dataset.y_test[labels]))
         # The model run centrally with the down cells left out (`evaluate --dead`'s
         # reading): what the mesh would give if it lost nothing else.

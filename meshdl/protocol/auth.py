@@ -272,12 +272,16 @@ class Authenticator:
         h = message.header
         if self._sign_key is not None and h.src == EDGE:
             return self._sign_key.sign(_signed_bytes(message))
-        signature = self._signatures.get((h.kind, h.session), {}).get(h.step) or \
-            self._pinned.get((h.kind, h.session, h.step))
+        signature = self._known_signature(h.kind, h.session, h.step)
         if signature is None:  # a relay forwards only what it received and verified
             raise SealError("no_signature", f"no edge signature for {h.kind.name} of wave "
                             f"{h.step}: only the edge can start a wave")
         return signature
+
+    def _known_signature(self, kind: int, session: int, step: int) -> bytes | None:
+        """A verified edge signature of that wave: among the newest heard, or pinned."""
+        return self._signatures.get((kind, session), {}).get(step) or \
+            self._pinned.get((kind, session, step))
 
     def pin(self, kind: Kind, versions: Iterable[tuple[int, int]]) -> None:
         """Keep the signatures of `kind` for these (session, step) versions, the ones
@@ -288,11 +292,9 @@ class Authenticator:
         the pin, four resends dropped the signature its next repair needed."""
         pinned: dict[tuple[int, int, int], bytes] = {}
         for session, step in versions:
-            key = (kind, session, step)
-            signature = self._signatures.get((kind, session), {}).get(step) or \
-                self._pinned.get(key)
+            signature = self._known_signature(kind, session, step)
             if signature is not None:
-                pinned[key] = signature
+                pinned[(kind, session, step)] = signature
         self._pinned = {k: v for k, v in self._pinned.items() if k[0] != kind} | pinned
 
     def open(self, data: bytes) -> Message:
