@@ -124,3 +124,13 @@ def test_the_report_renders_in_headless_chromium_with_every_image_loaded(
         assert 0 < top < first_section < 1400 and colour != "rgba(0, 0, 0, 0)"
     assert screenshot[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "screenshot.png").write_bytes(screenshot)
+
+
+def test_a_missing_run_directory_is_a_missing_file_exit_1(cli, tmp_path) -> None:
+    """README: a missing file exits 1; `report` said 'not a directory' with exit 2."""
+    code, _, err = cli("report", tmp_path / "nonexistent")
+    assert_one_line_error(code, err, 1, "run directory not found", "nonexistent")
+    some_file = tmp_path / "file.txt"
+    some_file.write_text("x")
+    code, _, err = cli("report", some_file)
+    assert_one_line_error(code, err, 2, "not a directory")

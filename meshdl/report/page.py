@@ -29,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from meshdl.errors import UsageError
+from meshdl.errors import MeshdlError, UsageError
 from meshdl.report.baseline import FIGURES, Costs, Strongest, cloud_costs, strongest, variants
 from meshdl.report.live import lifetime_figure, mac_figure, parts_figure
 from meshdl.report.maps import energy_figure
@@ -52,7 +52,10 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 0.85em; }
 
 
 def build_report(run_dir: Path) -> str:
-    """The HTML page of `run_dir` (a `UsageError` if it is no run directory)."""
+    """The HTML page of `run_dir`: MeshdlError (exit 1, as any missing file) if it is
+    not there, `UsageError` if it names a file rather than a directory."""
+    if not run_dir.exists():
+        raise MeshdlError(f"run directory not found: {run_dir}")
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: not a directory")
     title, body = _page(run_dir)
