@@ -10,10 +10,13 @@ and gradients converge up.
 
 Dead cells (`dead`) take no part: the tree, the pooling leaders, the routes to them and
 the halo strips are planned around them. A live cell that only dead ones link to the
-edge is cut off and takes no part either; together they are `absent`. A value that
-could only be relayed through an absent cell is missing where it is needed (the node
-fills it in, meshdl/protocol/deadlines.py); so is a pooling block without a live member, at the
-edge. Without dead cells the plan is the full grid's.
+edge is cut off and takes no part either; together they are `absent`. A value of
+another row whose row-then-column relay crosses an absent cell comes column first
+instead (phase 2 strips: up or down its own column, then along the receiver's row), as
+the central model with those cells left out would read it. A value neither way can
+bring (both cells between a diagonal pair absent) is missing where it is needed (the
+node fills it in, meshdl/protocol/deadlines.py); so is a pooling block without a live
+member, at the edge. Without dead cells the plan is the full grid's.
 """
 
 from __future__ import annotations
@@ -304,7 +307,56 @@ class Topology:
         # Around absent cells: only to members, and only what the sender can know.
         known = [Strip(s.src, s.dst, s.phase, tuple(x for x in s.cells if self.knows(cell, x)))
                  for s in out if s.dst in self.parent]
-        return [s for s in known if s.cells]
+        return [s for s in known if s.cells] + self._detours_from(cell, before, after)
+
+    def _detours_from(self, cell: Cell, before: int, after: int) -> list[Strip]:
+        """Phase 2, around absent cells: values from another row that a row neighbour's
+        window needs and cannot have by the row-then-column relays (their column
+        neighbour is absent), sent column first: along the column (phase 1), then
+        along the row (phase 2, relayed as phase 0 is)."""
+        r, c = cell
+        out = []
+        for step in (1, -1):
+            dst = (r, c + step)
+            if dst not in self.parent:
+                continue
+            cells = tuple(sorted(x for x in self._detour_candidates(cell, step, before, after)
+                                 if not self.knows(dst, x) and
+                                 self._detour_needed(dst, x, step, before, after)))
+            if cells:
+                out.append(Strip(cell, dst, 2, cells))
+        return out
+
+    def _detour_candidates(self, cell: Cell, step: int, before: int, after: int
+                           ) -> list[Cell]:
+        """Cells of other rows that `cell` holds by its column (or by detours from the
+        other side), in columns at or behind it as seen from direction `step`."""
+        r, c = cell
+        reach = max(before, after)
+        return [x for x in self.window(cell, reach, reach)
+                if x[0] != r and (x[1] - c) * step <= 0 and self._holds(cell, x, step)]
+
+    def _holds(self, cell: Cell, item: Cell, step: int) -> bool:
+        """Does `cell` have `item` by the relays or by detours coming from direction
+        -`step` along its row?"""
+        if cell not in self.parent:
+            return False
+        if self.knows(cell, item):
+            return True
+        back = (cell[0], cell[1] - step)
+        return (item[1] - back[1]) * step <= 0 and self._holds(back, item, step)
+
+    def _detour_needed(self, dst: Cell, item: Cell, step: int, before: int,
+                       after: int) -> bool:
+        """Does `dst`, or a member beyond it along the row that only `dst` can pass
+        `item` to, need `item` in its window?"""
+        here = dst
+        while here in self.parent and not self.knows(here, item):
+            r, c = here
+            if r - before <= item[0] <= r + after and c - before <= item[1] <= c + after:
+                return True
+            here = (r, c + step)
+        return False
 
     def knows(self, holder: Cell, item: Cell) -> bool:
         """Can `holder` have `item`'s values by the halo relays? Along its row when every
