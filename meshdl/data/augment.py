@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshdl.config import TrainConfig
+from meshdl.config import ModelConfig, TrainConfig
 from meshdl.data.datasets import Dataset
 
 ORIENTATIONS = 4  # as is, flipped up-down, flipped left-right, both
 _MARK = "augment"  # the meta key that says a data set already holds its mirrors
+_INPUTS = "inputs"  # the meta key that says a data set's maps carry the alive mask
 
 
 def mirrored(data: Dataset) -> Dataset:
@@ -34,11 +35,32 @@ def mirrored(data: Dataset) -> Dataset:
                    {**data.meta, _MARK: "mirror"})
 
 
-def training_data(config: TrainConfig, data: Dataset) -> Dataset:
-    """What a run with `config` trains on: `data`, with mirrors when it asks for them."""
-    if config.augment == "none" or data.meta.get(_MARK) == "mirror":
-        return data
-    return mirrored(data)
+def training_data(config: TrainConfig, data: Dataset,
+                  model: ModelConfig | None = None) -> Dataset:
+    """What a run with `config` trains on: `data`, with mirrors when it asks for them,
+    and with the alive mask as every map's last channel when `model` reads one
+    (`with_alive`). Every holder of readings (the nodes, a mesh engine) must hold this
+    view: a model with the mask reads two values per cell."""
+    view = data if config.augment == "none" or data.meta.get(_MARK) == "mirror" \
+        else mirrored(data)
+    if model is not None and model.alive and data.meta.get(_INPUTS) != "alive":
+        view = with_alive(view)
+    return view
+
+
+def with_alive(data: Dataset) -> Dataset:
+    """`data` with the alive mask after each cell's readings: maps (N, C + 1, rows, cols)
+    whose last channel is 1 (a live node's; a dead one's input, mask included, is
+    zeroed by failout or left out by the mesh). What a node of a model with
+    `ModelConfig.alive` holds: its reading and a 1."""
+    def add(X: np.ndarray) -> np.ndarray:
+        maps = X[:, None] if X.ndim == 3 else X
+        out = np.ones((maps.shape[0], maps.shape[1] + 1, *maps.shape[2:]), np.float32)
+        out[:, :-1] = maps
+        return out
+
+    return Dataset(add(data.X_train), data.y_train, add(data.X_test), data.y_test,
+                   {**data.meta, _INPUTS: "alive"})
 
 
 def originals(data: Dataset) -> int:

@@ -140,7 +140,7 @@ class Dataset:
 
     def __post_init__(self) -> None:
         given = {key: getattr(self, key) for key in DATASET_KEYS}
-        for key, value in _checked_arrays(given, where="data set").items():
+        for key, value in _checked_arrays(given, where="data set", channels=True).items():
             object.__setattr__(self, key, value)
         if not isinstance(self.meta, dict):
             raise DataError(f"data set: meta must be a dict, got {type(self.meta).__name__}")
@@ -160,12 +160,19 @@ class Dataset:
     @property
     def rows(self) -> int:
         """Grid rows (sensor nodes per column)."""
-        return int(self.X_train.shape[1])
+        return int(self.X_train.shape[-2])
 
     @property
     def cols(self) -> int:
         """Grid columns."""
-        return int(self.X_train.shape[2])
+        return int(self.X_train.shape[-1])
+
+    @property
+    def channels(self) -> int:
+        """Values per cell and map: 1 for maps (N, rows, cols), C for a model's view of
+        them (N, C, rows, cols), such as the readings with the alive mask
+        (`meshdl.data.augment.model_view`)."""
+        return 1 if self.X_train.ndim == 3 else int(self.X_train.shape[1])
 
     @property
     def threshold(self) -> float:
@@ -221,13 +228,14 @@ class _Shaped(Protocol):
     dtype: np.dtype
 
 
-def _check_forms(arrays: Mapping[str, _Shaped], where: str) -> None:
+def _check_forms(arrays: Mapping[str, _Shaped], where: str, channels: bool = False) -> None:
     """One-line `DataError` unless the four data set arrays have a data set's ranks,
     dtypes, lengths and grids: what their headers alone tell, so a file is refused
-    before its arrays are read."""
+    before its arrays are read. `channels`: maps may also be (N, C, rows, cols), a
+    model's view of them in memory (a file holds maps)."""
     for split, x_key, y_key in _SPLITS:
         X, y = arrays[x_key], arrays[y_key]
-        _check_maps_form(X, x_key, where)
+        _check_maps_form(X, x_key, where, channels)
         _check_labels_form(y, y_key, where)
         if X.shape[0] != y.shape[0]:
             raise DataError(f"{where}: {x_key} holds {X.shape[0]} maps but {y_key} "
@@ -237,17 +245,19 @@ def _check_forms(arrays: Mapping[str, _Shaped], where: str) -> None:
     train_grid, test_grid = arrays["X_train"].shape[1:], arrays["X_test"].shape[1:]
     if train_grid != test_grid:
         raise DataError(
-            f"{where}: train maps are {train_grid[0]} x {train_grid[1]} but test maps are "
-            f"{test_grid[0]} x {test_grid[1]}"
+            f"{where}: train maps are {' x '.join(map(str, train_grid))} but test maps are "
+            f"{' x '.join(map(str, test_grid))}"
         )
 
 
 def _checked_arrays(arrays: Mapping[str, Any], where: str,
-                    finite: Sequence[str] = ("train", "test")) -> dict[str, np.ndarray]:
+                    finite: Sequence[str] = ("train", "test"),
+                    channels: bool = False) -> dict[str, np.ndarray]:
     """The four data set arrays, converted and checked (the readings of the `finite`
-    splits for NaN and inf too); one-line `DataError` on a problem."""
+    splits for NaN and inf too); one-line `DataError` on a problem. `channels`: see
+    `_check_forms`."""
     given = {key: np.asarray(arrays[key]) for key in DATASET_KEYS}
-    _check_forms(given, where)
+    _check_forms(given, where, channels)
     out: dict[str, np.ndarray] = {}
     for _split, x_key, y_key in _SPLITS:
         out[x_key] = _as_maps(given[x_key], x_key, where)
@@ -259,15 +269,15 @@ def _checked_arrays(arrays: Mapping[str, Any], where: str,
     return out
 
 
-def _check_maps_form(X: _Shaped, key: str, where: str) -> None:
-    if X.ndim != 3:
+def _check_maps_form(X: _Shaped, key: str, where: str, channels: bool = False) -> None:
+    if X.ndim != 3 and not (channels and X.ndim == 4 and X.shape[1] > 0):
         raise DataError(f"{where}: {key} must be 3-D (maps, rows, cols), got shape {X.shape}")
     if X.dtype.kind != "f":
         raise DataError(
             f"{where}: {key} has dtype {X.dtype}; temperatures must be floating point (°C)"
         )
-    if X.shape[1] == 0 or X.shape[2] == 0:
-        raise DataError(f"{where}: {key} maps are {X.shape[1]} x {X.shape[2]}; a grid needs "
+    if X.shape[-2] == 0 or X.shape[-1] == 0:
+        raise DataError(f"{where}: {key} maps are {X.shape[-2]} x {X.shape[-1]}; a grid needs "
                         "at least one row and one column")
 
 
@@ -306,7 +316,7 @@ def _check_finite(X: np.ndarray, split: str, key: str, where: str) -> None:
     kinds = " and ".join(
         f"{n} {name}" for n, name in ((n_nan, "NaN"), (n_inf, "inf")) if n
     )
-    maps_hit = int(bad.any(axis=(1, 2)).sum())
+    maps_hit = int(bad.reshape(len(X), -1).any(axis=1).sum())
     raise DataError(
         f"{where}: the {split} split ({key}) holds {kinds} reading(s) in {maps_hit} of "
         f"{len(X)} maps; a data set must be complete (drop or repair those maps)"

@@ -14,6 +14,11 @@ optimizer updates it in one kernel call and the mesh edge ships it as one array.
 Inputs may be normalized by fixed constants (`norm.mean`, `norm.std`, one per input
 channel, stored in model.npz): x' = (x - mean) / std before conv1 and nothing else,
 so each sensor node can normalize its own reading alone.
+
+With `alive` the last input channel is the alive mask: 1 at a live cell, and 0 at a
+dead one because a dead cell's whole input is zeroed (failout, `forward_trace`). Its
+constants are always mean 0, std 1, so the 1 reaches conv1 as it is; maps given
+without it (the readings alone) get it here, as a live node appends it to its reading.
 """
 
 from __future__ import annotations
@@ -93,12 +98,29 @@ class CNN:
         std_arr = np.broadcast_to(np.asarray(std, np.float32), (c,)).copy()
         if not np.all(np.isfinite(mean_arr)) or not np.all(std_arr > 0):
             raise UsageError(f"normalization needs finite mean and std > 0, got {mean}, {std}")
+        if self.config.alive:  # the mask is 1 or 0 as it is: never normalized
+            mean_arr[-1], std_arr[-1] = 0.0, 1.0
         self.norm_mean, self.norm_std = mean_arr, std_arr
 
-    def to_batch_last(self, X: np.ndarray) -> np.ndarray:
-        """Check X (B,rows,cols) or (B,c,rows,cols) and return normalized (c,rows,cols,B)."""
+    def with_alive(self, X: np.ndarray) -> np.ndarray:
+        """Maps as this model reads them: with `alive`, readings alone ((B, rows, cols)
+        or (B, readings, rows, cols)) get the alive mask, 1 at every cell, as their last
+        channel (a dead cell's is zeroed with its readings); anything else as given."""
         cfg = self.config
         X = np.asarray(X)
+        lacks = (X.ndim == 3 and cfg.readings == 1) or \
+            (X.ndim == 4 and X.shape[1] == cfg.readings)
+        if not cfg.alive or not lacks or not np.issubdtype(X.dtype, np.number):
+            return X
+        out = np.ones((X.shape[0], cfg.in_channels, *X.shape[-2:]), np.float32)
+        out[:, : cfg.readings] = X.reshape(out[:, : cfg.readings].shape)
+        return out
+
+    def to_batch_last(self, X: np.ndarray) -> np.ndarray:
+        """Check X (B,rows,cols) or (B,c,rows,cols) and return normalized (c,rows,cols,B)
+        (with `alive`, the readings alone get the mask: `with_alive`)."""
+        cfg = self.config
+        X = self.with_alive(X)
         if X.ndim == 3 and cfg.in_channels == 1:
             X = X[:, None]
         expected = ("B", cfg.in_channels, cfg.rows, cfg.cols)

@@ -130,12 +130,16 @@ ProgressFn = Callable[[int, int, int, float], None]  # (epoch, step, steps_per_e
 EpochFn = Callable[["EpochMetrics"], None]  # an epoch is over (its test accuracy known)
 
 
-def normalization(X: np.ndarray) -> tuple[float, float]:
+def normalization(X: np.ndarray, alive: bool = False) -> tuple[float, float]:
     """Mean and standard deviation of every training reading: fixed before training.
 
     Scalars over all cells, so each node can normalize its own reading alone (and a
     mesh can compute them with one sum/sum-of-squares reduction up the tree).
+    `alive`: X's maps (N, C, rows, cols) end with the alive mask, which is no reading
+    (the model keeps it at mean 0, std 1: `CNN.set_normalization`).
     """
+    if alive:
+        X = X[:, :-1]
     mean = float(np.mean(X, dtype=np.float64))
     std = float(np.std(X, dtype=np.float64))
     return mean, (std if std > 1e-6 else 1.0)
@@ -210,16 +214,20 @@ def train(
     data.require_classes(config.model.classes)  # before any engine connects or computes
     started = time.perf_counter()
     tc = config.train
-    data = training_data(tc, data)  # an engine given by the caller holds the same view
+    # An engine given by the caller holds the same view.
+    data = training_data(tc, data, config.model)
     model = CNN(config.model, seed=tc.seed)
-    model.set_normalization(*normalization(data.X_train))
+    model.set_normalization(*normalization(data.X_train, config.model.alive))
     created = engine is None
     engine = engine or engine_for(config, data)
-    if engine.train_samples != len(data.y_train):
+    held = getattr(engine, "data", None)  # a mesh engine's nodes read their cells of it
+    if engine.train_samples != len(data.y_train) or (
+            isinstance(held, Dataset) and held.channels != data.channels):
         raise MeshdlError(
             f"the engine holds {engine.train_samples} training maps but this run trains on "
-            f"{len(data.y_train)} (augment={tc.augment}): build the engine and its nodes "
-            "on augment.training_data(config.train, data)")
+            f"{len(data.y_train)} (augment={tc.augment}, {data.channels} values a cell): "
+            "build the engine and its nodes on "
+            "augment.training_data(config.train, data, config.model)")
     try:
         optimizer = Optimizer(tc, model.flat.size)
         rng = np.random.default_rng(tc.seed)
@@ -262,9 +270,9 @@ def train(
                                       skipped=(skipped, skipped_samples))
                               if applied + epoch > 1 else None)
                 # Failout: the cells acting dead in this update (a skipped one too).
-                failed = () if not tc.failout else (failout_cells(
+                failed = () if not (tc.failout or tc.failout_max) else (failout_cells(
                     config.model.rows, config.model.cols, tc.failout, tc.seed,
-                    (epoch - 1) * per_epoch + step - 1),)
+                    (epoch - 1) * per_epoch + step - 1, tc.failout_max),)
                 try:
                     # Overflow in a diverging run is no warning to print: the check
                     # below turns it into one clean error.

@@ -108,9 +108,9 @@ def train_parallel(
     started = time.perf_counter()
     tc, n_meshes = config.train, config.parallel.meshes
     sync = Sync.parse(config.parallel.sync)
-    data = training_data(tc, data)
+    data = training_data(tc, data, config.model)
     model = CNN(config.model, seed=tc.seed)
-    model.set_normalization(*normalization(data.X_train))
+    model.set_normalization(*normalization(data.X_train, config.model.alive))
     created = engines is None
     if engines is None:
         engines = [engine_for(_with_mesh_id(config, mesh_id), data)
