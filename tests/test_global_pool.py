@@ -150,8 +150,10 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
 
     config = load_run_config(model={"pool": "global"})
     for part, values in GLOBAL_RECIPE.items():
+        values = {k: v for k, v in values.items() if k != "epochs"}  # they follow the maps
         assert {k: getattr(getattr(config, part), k) for k in values} == values
-    assert (config.model.filters, config.train.epochs) == (16, 40)
+    assert (config.model.filters, config.data.train, config.train.epochs) == (16, 40_800, 4)
+    assert load_run_config(model={"pool": "global"}, data_maps=2400).train.epochs == 40
     seed = load_run_config()
     assert seed.train.augment == "mirror" and seed.train.failout == 0.0  # the seed's own
     assert (seed.model.filters, seed.train.epochs) == (5, 20)
@@ -161,7 +163,7 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
     toml.write_text('[model]\npool = "global"\nfilters = 4\n[train]\naugment = "mirror"\n')
     mine = load_run_config(toml, train={"failout": 0.0})
     assert mine.train.augment == "mirror" and mine.train.failout == 0.0
-    assert mine.model.filters == 4 and mine.train.epochs == 40  # unset: the recipe's
+    assert mine.model.filters == 4 and mine.train.epochs == 4  # unset: the recipe's
 
 
 def test_commands_without_a_config_file_take_the_global_recipe_too(cli) -> None:
@@ -190,7 +192,7 @@ def test_config_init_with_pool_global_writes_the_recipe(cli, tmp_path) -> None:
     assert code == 0, err
     written = load_run_config(tmp_path / "g.toml")
     assert written == load_run_config(model={"pool": "global", "rows": 6})
-    assert (written.model.filters, written.train.epochs) == (16, 40)
+    assert (written.model.filters, written.train.epochs) == (16, 4)
     code, _, err = cli("config", "init", tmp_path / "seed.toml")
     assert code == 0, err
     assert load_run_config(tmp_path / "seed.toml") == load_run_config()

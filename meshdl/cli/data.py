@@ -18,7 +18,7 @@ from rich.table import Table
 
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.options import EdgeAt, JsonReport, json_option
-from meshdl.config import DataConfig, load_run_config
+from meshdl.config import GLOBAL_RECIPE, DataConfig, load_run_config
 from meshdl.errors import MeshdlError, UsageError
 
 # The data sets and the generator (numpy, Numba) load when a command runs, not for
@@ -34,7 +34,14 @@ app = typer.Typer(
 
 def _help(text: str, field: str) -> str:
     """An option's help with its default: the configuration's."""
-    return f"{text} (default: {DataConfig.model_fields[field].default:,}, or --config's)."
+    return f"{text} (default: {generated_default(field):,}, or --config's)."
+
+
+def generated_default(field: str) -> Any:
+    """What `generate` makes of an unset `field` without --config: the data set the
+    global head's recipe needs to reach its ceiling (40,800 training maps: 17 lounges),
+    else the field's default."""
+    return GLOBAL_RECIPE["data"].get(field, DataConfig.model_fields[field].default)
 
 
 @app.command()
@@ -47,7 +54,9 @@ def generate(
         "on its [model] grid unless [data] sets one; the flags below override it."),
     rows: int | None = typer.Option(None, "--rows", help=_help("Grid rows", "rows")),
     cols: int | None = typer.Option(None, "--cols", help=_help("Grid columns", "cols")),
-    train: int | None = typer.Option(None, help=_help("Training maps", "train")),
+    train: int | None = typer.Option(None, help=_help(
+        "Training maps: up to 2,400 one lounge's, more from more lounges of its design "
+        "(the test split stays the first's)", "train")),
     test: int | None = typer.Option(None, help=_help("Test maps", "test")),
     seed: int | None = typer.Option(None, help=_help("Random seed: the same seed, the "
                                                      "same data set", "seed")),
@@ -92,9 +101,11 @@ def generate(
 
 
 def data_config(config: Path | None, flags: dict[str, Any]) -> DataConfig:
-    """The data set to make: defaults, or the run configuration's [data] section (on its
-    model's grid; MESHDL_* environment included), then the flags that are set."""
-    base = DataConfig() if config is None else load_run_config(config).data
+    """The data set to make: the global recipe's (`generated_default`), or the run
+    configuration's [data] section (on its model's grid; MESHDL_* environment
+    included), then the flags that are set."""
+    base = DataConfig(**GLOBAL_RECIPE["data"]) if config is None else \
+        load_run_config(config).data
     given = {name: value for name, value in flags.items() if value is not None}
     return DataConfig(**{**base.model_dump(), **given})
 

@@ -181,6 +181,8 @@ def train(
         # A data file's grid is the grid unless the TOML file, the environment or the
         # flags say otherwise (then they must agree with it).
         data_grid=None if dataset is None else (dataset.rows, dataset.cols),
+        # and its size the global recipe's epochs (config.recipe_epochs).
+        data_maps=None if dataset is None else len(dataset.y_train),
         mode=mode,
         **overrides(grid, net, run, traffic, optimizer=optimizer, warmup=warmup,
                     clip_norm=clip_norm, augment=augment, seed=seed, edge_at=edge_at,
@@ -303,7 +305,7 @@ def plan_for(config: RunConfig, dataset: Dataset, radio: str, backhaul: str) -> 
     from meshdl.sim.studies.schedule import resolve_plan
 
     with err_console.status(f"planning the compression for {radio}"):
-        config, plan = resolve_plan(config, training_data(config.train, dataset),
+        config, plan = resolve_plan(config, training_data(config.train, dataset, config.model),
                                     profile(radio), natural_medium(radio),
                                     backhaul_profile(backhaul))
     err_console.print(f"compression plan for {radio}: "

@@ -152,8 +152,58 @@ def generate_lounge(cfg: DataConfig) -> Dataset:
 
     Deterministic for a given config. Works for any grid from 1 x 1 (where no neighbour
     pair exists, every label is 0) and any split sizes from 1.
+
+    One lounge logs at most `LOUNGE_TRAIN` training maps before its test period (the
+    source paper's 2,400: 50 days of 30-minute slots, over which its weather warms
+    through a spring and its drifting sensors drift; much longer, the weather and the
+    drift run out of their plausible ranges and every map crosses the threshold). A
+    larger training split is that lounge's training period and those of more lounges of
+    the same design, each with its own weather, sensors, people and anomalies
+    (`_more_lounges`); the test split is always the first lounge's, after its training
+    period. A training split of at most `LOUNGE_TRAIN` is the first lounge's alone, as
+    it always was.
     """
-    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(9)]
+    first = min(cfg.train, LOUNGE_TRAIN)
+    lounge = _lounge(cfg.model_copy(update={"train": first}), cfg.seed)
+    if first == cfg.train:
+        return lounge
+    return _more_lounges(cfg, lounge)
+
+
+LOUNGE_TRAIN = 2400  # the most training maps one lounge logs (the source paper's)
+LOUNGE_STREAM = 0x1A0E  # seeds each further lounge: SeedSequence([seed, this, i])
+
+
+def _more_lounges(cfg: DataConfig, first: Dataset) -> Dataset:
+    """`first` (the first lounge, training split and test split) with the training
+    periods of as many further lounges as `cfg.train` needs, shuffled together."""
+    per = LOUNGE_TRAIN
+    parts, others = [first], []
+    for i, start in enumerate(range(per, cfg.train, per), start=1):
+        size = min(per, cfg.train - start)
+        entropy = [cfg.seed, LOUNGE_STREAM, i]
+        # Its own test period too, so its calibration quotas are those of any lounge.
+        parts.append(_lounge(cfg.model_copy(update={"train": size}), entropy))
+        others.append({"seed_entropy": entropy, "train": size,
+                       "train_positives": int(parts[-1].y_train.sum())})
+    order = np.random.default_rng([cfg.seed, LOUNGE_STREAM]).permutation(cfg.train)
+    X = np.concatenate([part.X_train for part in parts])[order]
+    y = np.concatenate([part.y_train for part in parts])[order]
+    meta = dict(first.meta)
+    meta["config"] = cfg.model_dump()
+    meta["counts"] = {**meta["counts"], "train": cfg.train,
+                      "train_positives": int(y.sum())}
+    meta["split"] = (f"the first lounge's first {per} slots and the first slots of "
+                     f"{len(others)} more lounges (the same design, their own weather, "
+                     "sensors, people and anomalies) are train, shuffled with the seed; the "
+                     "first lounge's last `test` slots are test (in time order)")
+    meta["more_lounges"] = others
+    return Dataset(X, y, first.X_test, first.y_test, meta)
+
+
+def _lounge(cfg: DataConfig, entropy: int | list[int]) -> Dataset:
+    """One lounge, its slots drawn from `entropy` (the seed, for the first lounge)."""
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(entropy).spawn(9)]
     grid = _Grid(cfg.rows, cfg.cols)
     clock = _make_clock(cfg.train + cfg.test, cfg.slot_minutes)
     t_out, cloud = _weather(clock, streams[0])

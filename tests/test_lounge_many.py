@@ -1,0 +1,53 @@
+"""A training split larger than one lounge's 50 days: the training periods of more
+lounges of the same design, so that the data stay a fair test however many maps are
+asked for; the default generated data set is the global recipe's 40,800 maps, and the
+recipe trains fewer epochs on it and as before on a smaller one."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshdl.cli.data import data_config
+from meshdl.config import DataConfig, load_run_config, recipe_epochs
+from meshdl.data.datasets import data_digest, label_maps
+from meshdl.data.lounge import LOUNGE_TRAIN, generate_lounge
+
+
+def test_a_large_training_split_stays_a_fair_test() -> None:
+    """Before, 12,000 maps were one lounge logged for 250 days: its weather warmed past
+    any spring and its drifting sensors drifted degrees, and every test map crossed
+    the threshold."""
+    ds = generate_lounge(DataConfig(train=12_000, seed=100))
+    assert ds.X_train.shape == (12_000, 17, 25)
+    for y in (ds.y_train, ds.y_test):
+        assert 0.3 <= y.mean() <= 0.45  # before: 45 % of the training maps, all 561 test
+    np.testing.assert_array_equal(ds.y_train, label_maps(ds.X_train, 3.0))
+    assert len(ds.meta["more_lounges"]) == 12_000 // LOUNGE_TRAIN - 1
+
+
+def test_more_maps_add_lounges_and_keep_the_first_lounges_test_split() -> None:
+    small = generate_lounge(DataConfig(train=LOUNGE_TRAIN, test=50, rows=6, cols=8, seed=4))
+    large = generate_lounge(DataConfig(train=LOUNGE_TRAIN + 700, test=50, rows=6, cols=8,
+                                       seed=4))
+    np.testing.assert_array_equal(large.X_test, small.X_test)
+    first = {m.tobytes() for m in small.X_train}
+    kept = [m.tobytes() in first for m in large.X_train]
+    assert sum(kept) == LOUNGE_TRAIN  # the first lounge's maps, and 700 of another
+    again = generate_lounge(DataConfig(train=LOUNGE_TRAIN + 700, test=50, rows=6, cols=8,
+                                       seed=4))
+    assert data_digest(again) == data_digest(large)
+
+
+def test_the_default_generated_data_set_is_the_global_recipes() -> None:
+    assert data_config(None, {}).train == 40_800
+    assert data_config(None, {"train": 600}).train == 600
+    assert DataConfig().train == 2400  # `meshdl train`'s own data: the source paper's
+
+
+def test_the_recipe_trains_fewer_epochs_on_more_maps_and_as_before_on_fewer() -> None:
+    assert recipe_epochs(2400) == recipe_epochs(500) == 40
+    assert recipe_epochs(40_800) == 4 and recipe_epochs(12_000) == 8
+    assert load_run_config(model={"pool": "global"}).train.epochs == 4  # 40,800 generated
+    assert load_run_config(model={"pool": "global"}, data_maps=1000).train.epochs == 40
+    assert load_run_config(model={"pool": "global"}, train={"epochs": 9}).train.epochs == 9
+    assert load_run_config().train.epochs == 20  # the seed network's own
