@@ -419,8 +419,9 @@ def load_run_config(toml_file: Path | None = None, data_grid: tuple[int, int] | 
     `data_grid`: the (rows, cols) of the data set the run trains on, the grid unless a
     higher layer sets one. A layer of its own, not a flag: passed as flags it hid the
     TOML file's grid, a bad value there (`rows = "six"`) included, from validation.
-    `data_maps`: the training maps of that data set (else the run generates
-    `[data] train`), which the global recipe's epochs follow (`recipe_epochs`).
+    `data_maps`: the training maps of that data set (without a data set, the run
+    generates `[data] train`), which the global recipe's epochs follow
+    (`recipe_epochs`); a `data_grid` without them: the recipe's 40 epochs.
     """
     if toml_file is not None:
         _check_toml(Path(toml_file))
@@ -455,8 +456,12 @@ def load_run_config(toml_file: Path | None = None, data_grid: tuple[int, int] | 
         if config.model.global_pool:  # the global head trains by its own recipe
             recipe.update({part: dict(values) for part, values in GLOBAL_RECIPE.items()})
             config = with_file(**given)
-            # Its epochs follow the maps it trains on (an epochs set higher up wins).
-            epochs = recipe_epochs(data_maps or config.data.train)
+            # Its epochs follow the maps it trains on (an epochs set higher up wins):
+            # those it generates, or a data set's when its size is given; a data set of
+            # unknown size (a grid alone) is a user's own and trains as it always did.
+            maps = data_maps if data_maps is not None else \
+                None if data_grid is not None else config.data.train
+            epochs = recipe["train"]["epochs"] if maps is None else recipe_epochs(maps)
             if epochs != recipe["train"]["epochs"]:
                 recipe["train"]["epochs"] = epochs
                 config = with_file(**given)

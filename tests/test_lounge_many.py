@@ -50,4 +50,6 @@ def test_the_recipe_trains_fewer_epochs_on_more_maps_and_as_before_on_fewer() ->
     assert load_run_config(model={"pool": "global"}).train.epochs == 4  # 40,800 generated
     assert load_run_config(model={"pool": "global"}, data_maps=1000).train.epochs == 40
     assert load_run_config(model={"pool": "global"}, train={"epochs": 9}).train.epochs == 9
+    # A data set whose size the caller does not say: a user's own, 40 as before.
+    assert load_run_config(model={"pool": "global"}, data_grid=(6, 8)).train.epochs == 40
     assert load_run_config().train.epochs == 20  # the seed network's own
