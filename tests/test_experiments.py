@@ -327,6 +327,12 @@ def test_failures_trains_with_dead_nodes_the_protocol_finds(tmp_path) -> None:
     assert dead["dead_found"]["mean"] == 4  # 20 % of 20 cells, every one found
     assert dead["absent_filled"]["mean"] > 0 == rows[(0.0, "exact")]["absent_filled"]["mean"]
     assert (run / "failures.png").read_bytes().startswith(b"\x89PNG")
+    # Beside it, the model trained with every cell alive whose cells die after training:
+    # with none dead, the exact run's model (the mesh trains the central model).
+    exact = rows[(0.0, "exact")]
+    assert abs(exact["deployed_acc"]["mean"] - exact["test_acc"]["mean"]) <= 0.05
+    assert 0 <= dead["deployed_acc"]["mean"] <= 1
+    assert "deployed %" in json.loads(out)["table"]["header"]
 
 
 def test_failures_refuses_reliable_recovery(tmp_path) -> None:

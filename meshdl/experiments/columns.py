@@ -25,6 +25,8 @@ Format = Callable[[float, float | None], str]
 TITLES = {
     # Accuracy: training's own, then through the mesh, then of the trained model alone.
     "test_acc": "test %", "train_acc": "train %", "clean_test_acc": "clean test %",
+    # Failures: the model trained all alive, cells dead after training; the bound model.
+    "deployed_acc": "deployed %", "bound_acc": "bound %",
     "train_loss": "train loss", "accuracy_cost": "cost (points)",
     # What one mesh wave carries (the sweeps of the network's settings).
     "halo_transmitted": "halo sent", "halo_needed": "halo needed",

@@ -14,18 +14,32 @@ energy it costs).
 Two accuracies: `test_acc` through the mesh under the same faults (inference waves fill
 in too: what a deployment would see), and `clean_test_acc`, the trained parameters on
 the whole test split in this process (what training under loss cost the model).
+
+Failures draws two curves side by side. `test_acc` is the model trained in the mesh
+with the cells already dead ("trained with dead"). `deployed_acc` is what happens to a
+deployed model when its nodes die after training: the same recipe trained with every
+cell alive (centrally, the mesh's model to float32 rounding: tests/test_alive.py), its
+test split read with the trial's dead cells left out (zeros, the alive mask 0:
+`CNN.predict(X, cells)`, as `meshdl evaluate --dead` reads them). `bound_acc` is the
+bound of issue 45 on the same cells, where it was measured (`BOUND`).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from meshdl.experiments.columns import Shown, figures_table, fixed, percent
 from meshdl.experiments.runner import Record, Trial
 from meshdl.report.plots import plain_ticks, pyplot, save_png
+
+if TYPE_CHECKING:
+    from meshdl.config import RunConfig
+    from meshdl.data.datasets import Dataset
+    from meshdl.model.cnn import CNN
 
 
 class FaultSweep(NamedTuple):
@@ -45,7 +59,8 @@ POLICIES = ("zero", "last", "neighbours")
 EXACT = "exact"  # the 0 % trials: no loss, nothing to fill in
 FIGURES = ("test_acc", "clean_test_acc", "train_loss", "seconds_per_epoch",
            "energy_j_per_epoch", "substituted", "substituted_per_wave", "skipped_steps",
-           "messages_lost", "frames_lost", "frames", "dead_found", "absent_filled")
+           "messages_lost", "frames_lost", "frames", "dead_found", "absent_filled",
+           "deployed_acc", "bound_acc")
 
 
 def values(shares: list[float], policies: list[str]) -> list[list[Any]]:
@@ -87,7 +102,8 @@ def run(trial: Trial) -> Record:
     best_effort = None if policy in (EXACT, "reliable") else BestEffort(Policy(policy))
     down = dead_cells(config.model.rows, config.model.cols, share, trial.seed,
                       config.mesh.edge_at) if failures else frozenset()
-    engine = SimEngine(training_data(config.train, data), profile(radio), medium,
+    view = training_data(config.train, data, config.model)  # with the alive mask, if read
+    engine = SimEngine(view, profile(radio), medium,
                        device(natural_device(radio)), device("pi4"), seed=config.train.seed,
                        edge_at=config.mesh.edge_at, params_via="tree" if medium == "shared"
                        else "broadcast", loss=loss, best_effort=best_effort, failing=down)
@@ -95,7 +111,10 @@ def run(trial: Trial) -> Record:
     report = sim_report(engine.mesh, Mode.TRAIN, epochs=config.train.epochs)
     faults = report["faults"]
     clean = model.forward(data.X_test).argmax(axis=1) if len(data.y_test) else np.empty(0)
-    return {
+    after = {} if not failures else {
+        "deployed_acc": deployed_accuracy(config, data, settings, down),
+        "bound_acc": bound_accuracy(settings, share, trial.seed)}
+    return {**after,
         "value": [share, policy], "seed": trial.seed,
         "dead_found": len(set(faults["dead_cells"]) & set(faults["down_cells"])),
         "absent_filled": faults["absent_filled"],
@@ -112,6 +131,52 @@ def run(trial: Trial) -> Record:
         "frames": report["frames_total"],
         "test_acc_per_epoch": [e.test_acc for e in history.epochs],
     }
+
+
+# The deployed model of each recipe and data set, trained once per worker process.
+_DEPLOYED: dict[str, CNN] = {}
+
+
+def deployed_accuracy(config: RunConfig, data: Dataset, settings: dict[str, Any],
+                      down: frozenset[tuple[int, int]]) -> float | None:
+    """The test accuracy of the model trained with every cell alive (the sweep's recipe,
+    central), its `down` cells dead after training: left out as `meshdl evaluate --dead`
+    leaves them (no reading, no output, the alive mask 0)."""
+    from meshdl.sim.faults.dead import cell_numbers
+    from meshdl.training.loop import train
+
+    if not len(data.y_test):
+        return None
+    key = json.dumps([settings["model"], settings["train"], settings["data"],
+                      settings.get("data_file")], sort_keys=True)
+    if key not in _DEPLOYED:
+        _DEPLOYED[key], _ = train(config.model_copy(update={"mode": "central"}), data)
+    model = _DEPLOYED[key]
+    predicted = model.predict(data.X_test, cell_numbers(down, config.model.cols))
+    return float(np.mean(predicted == data.y_test))
+
+
+# The bound model of issue 45 (an independent PyTorch CNN told which cells are dead:
+# readings with the dead zeroed and an alive mask, trained on random masks of 5-25 % a
+# map), measured on the default lounge (`DataConfig()`, its test split) with the cells
+# `dead_cells(17, 25, share, fault seed)` kills: accuracy per share, per fault seed
+# 0-9. The script and its run: docs/results/failures-bound.md.
+BOUND: dict[str, Any] = {"data": {}, "accuracy": {}}
+
+
+def bound_accuracy(settings: dict[str, Any], share: float, seed: int) -> float | None:
+    """The bound model's accuracy with the trial's dead cells, where it was measured:
+    the same data set, grid and edge, a share and fault seed it ran."""
+    from meshdl.config import DataConfig
+
+    per_seed = BOUND["accuracy"].get(f"{share:g}")
+    if settings.get("data_file") is not None or not BOUND["data"] or \
+            DataConfig.model_validate(settings["data"]) != \
+            DataConfig.model_validate(BOUND["data"]) or \
+            tuple(settings["mesh"]["edge_at"]) != (0, 0) or \
+            per_seed is None or seed >= len(per_seed):
+        return None
+    return per_seed[seed]
 
 
 # NAME.png's panels: each figure drawn, its scale, its line, and the panel it is on.
@@ -142,11 +207,21 @@ def plot(out: Path, name: str, rows: list[Record]) -> list[Path]:
             axes[panel].errorbar([r for r, _ in kept], [f["mean"] * scale for _, f in kept],
                                  yerr=[f["std"] * scale for _, f in kept], fmt=style,
                                  capsize=3, color=f"C{index}")
+    after = [(figure_name, style, label) for figure_name, style, label in _AFTER
+             if any(row.get(figure_name) for row in rows)]
+    for figure_name, style, _ in after:  # one line each: the policy plays no part in it
+        series = sorted({row["value"][0]: row for row in rows
+                         if row.get(figure_name)}.values(), key=lambda row: row["value"][0])
+        axes[0].errorbar([100 * row["value"][0] for row in series],
+                         [100 * row[figure_name]["mean"] for row in series],
+                         yerr=[100 * row[figure_name]["std"] for row in series],
+                         fmt=style, capsize=3, color="black" if "deployed" in figure_name
+                         else "grey")
     for panel, (title, ylabel) in zip(axes, _PANELS, strict=True):
         panel.set(xlabel=SWEEPS[name].axis, ylabel=ylabel, title=title)
     for panel in axes[1:]:  # 11,000 J, thousands separated as in the table
         plain_ticks(panel.yaxis)
-    handles = _legend(plt, policies)
+    handles = _legend(plt, policies, [(style, label) for _, style, label in after])
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
     figure.suptitle("training over lossy links" if name == "loss" else
                     "training with dead nodes")
@@ -198,14 +273,26 @@ def compare_plot(path: Path, name: str, sweeps: list[Sweep]) -> Path:
 _POLICY_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."))
 
 
-def _legend(plt: Any, policies: list[str]) -> list[Any]:
+# Failures' lines of models whose cells die after training: figure, style, legend.
+_AFTER = (("deployed_acc", "--s", "deployed: trained all alive, cells die after"),
+          ("bound_acc", ":D", "bound model (PyTorch, told the dead)"))
+
+
+def _legend(plt: Any, policies: list[str],
+            after: list[tuple[str, str]] | None = None) -> list[Any]:
     """The legend's entries: a colour per policy, then what the two accuracies' lines
-    are (solid: through the mesh; dotted: the trained model on clean readings)."""
+    are (solid: through the mesh, trained with the cells dead; dotted: the trained
+    model on clean readings), then the lines of models whose cells die after
+    training."""
     line = plt.Line2D
     return ([line([], [], color=f"C{i}", marker="o", label=p) for i, p in enumerate(policies)]
-            + [line([], [], color="black", linestyle="-", label="test: through the mesh"),
+            + [line([], [], color="black", linestyle="-", label="test: through the mesh"
+                    + (", trained with the dead" if after else "")),
                line([], [], color="black", linestyle=":", marker="x",
-                    label="clean test: the trained model")])
+                    label="clean test: the trained model")]
+            + [line([], [], color="black" if "deployed" in label else "grey",
+                    linestyle=style[:-1], marker=style[-1], label=label)
+               for style, label in after or []])
 
 
 def table(name: str, rows: list[Record]) -> Shown:
@@ -215,7 +302,10 @@ def table(name: str, rows: list[Record]) -> Shown:
     (failures)."""
     last = ("skipped_steps", fixed(1)) if name == "loss" else ("dead_found", fixed(1))
     shares = ("loss %" if name == "loss" else "dead %", lambda value: f"{100 * value[0]:g}")
+    after = [] if name == "loss" else [
+        (figure_name, percent(2)) for figure_name, _, _ in _AFTER
+        if any(row.get(figure_name) for row in rows)]
     return figures_table(rows, [shares, ("policy", lambda value: str(value[1]))],
-                         [("test_acc", percent(2)), ("clean_test_acc", percent(2)),
+                         [("test_acc", percent(2)), *after, ("clean_test_acc", percent(2)),
                           ("seconds_per_epoch", fixed(0)), ("energy_j_per_epoch", fixed(0)),
                           ("substituted_per_wave", fixed(1)), last], seeds_column=True)
