@@ -11,6 +11,7 @@ caller's job (the training loop runs at the edge), so that every mode shares one
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,6 +154,9 @@ class EdgeMachine:
         self.attach_options: tuple[Cell, ...] = (spec.edge_at,)
         self.heard_from_mesh, self.silent_waves = True, 0
         self._weighed = False
+        # The edge's own view of which configured cells are down (`view_down`): those
+        # nobody answered for at commissioning, those whose node host's last will came.
+        self.viewed_down: frozenset[Cell] = frozenset()
         self.plan_since = first_step & 0xFFFFFFFF  # the first wave of the current plan
         self.stats: Counter[str] = Counter()
         self.seq = 0
@@ -161,6 +165,7 @@ class EdgeMachine:
         self.sent_params: np.ndarray | None = None
         self.sent_payload: np.ndarray | None = None
         self.sent_step = 0
+        self.sent_plan = spec.plan_key  # the plan the last PARAMS carried
         self.repaired_step: int | None = None  # the slot of the last repair answered
         # Floating-point operations of the head so far (simulated time's CPU time).
         self.flops = 0
@@ -285,6 +290,31 @@ class EdgeMachine:
         self.suspects, self.comebacks, self.heard_from_mesh = set(), set(), False
         self.replan(edge_at, frozenset(dead))
 
+    def view_down(self, cells: Iterable[Cell]) -> None:
+        """The edge's own view: `cells` (of the configured grid) are down now, those it
+        said before and not now are up again. A roll call at commissioning (the cells
+        nobody answered for), a node host's last will or status record (over MQTT)
+        tell it, not silence: no wave is waited out to find them. From the next wave
+        the plan goes around them (with what HEALTH found); when the edge's own cell is
+        down it attaches to the next of `attach_options` that is up."""
+        cells = frozenset(cells)
+        if cells == self.viewed_down:
+            return
+        back = self.viewed_down - cells
+        self.viewed_down = cells
+        self.comebacks -= cells
+        dead = (set(self.spec.dead) - back) | cells
+        edge_at = self.spec.edge_at
+        if edge_at in dead:
+            up = [c for c in self.attach_options if c not in dead]
+            if not up:
+                raise MeshdlError(f"the cell the edge is linked to, {edge_at}, is down, and "
+                                  "so is every other it may attach to")
+            edge_at = up[0]
+            self.stats["reattached"] += 1
+        self.stats["viewed_down"] = len(cells)
+        self.replan(edge_at, frozenset(dead))
+
     def replan(self, edge_at: Cell, dead: frozenset[Cell]) -> None:
         """From the next wave on, the mesh without `dead` cells, the edge attached to
         `edge_at`: every node takes that plan from the PARAMS that start the wave."""
@@ -310,11 +340,15 @@ class EdgeMachine:
         starts by its own clock on the parameters it cached (`NodeMachine.begin_slot`).
         Nothing goes out: the edge only waits for the slot's GATHER. Its step is the slot
         number, as the nodes number it. The nodes hold the parameters of this edge's last
-        PARAMS: if the model changed since, a wave with PARAMS must carry the new ones
-        first (`start`), else `MeshdlError`."""
+        PARAMS: if the model or the plan changed since (cells found dead, or back), a
+        wave with PARAMS must carry the new ones first (`start`), else `MeshdlError`."""
+        self.weigh_health()  # the plan of this slot
         if self.sent_params is None or not np.array_equal(self._params(), self.sent_params):
             raise MeshdlError("the nodes do not hold this model's parameters: start a wave "
                               "with PARAMS before scheduled slots")
+        if self.sent_plan != self.spec.plan_key:
+            raise MeshdlError("the nodes do not hold this plan (cells went down or came "
+                              "back): start a wave with PARAMS before scheduled slots")
         self._request, self.attempts = BatchOrder(Mode.INFER, Split.LIVE,
                                                   np.array([slot % LIVE_SLOTS], np.int32)), 0
         self._move(EdgeEvent.START)
@@ -465,7 +499,8 @@ class EdgeMachine:
         if self.sum_scales is not None:
             self.wave_scales = self.sum_scales.scales
         params = self._params()
-        self.sent_params, self.sent_step = params, self.step
+        self.sent_params, self.sent_step, self.sent_plan = params, self.step, \
+            self.spec.plan_key
         if self.spec.planned:  # the mesh the wave runs in, for every node to plan it
             tail = PlanTail(self.spec.edge_at, self.spec.dead).pack(self.spec.model.cols)
             params = np.concatenate([params, tail])
@@ -561,18 +596,13 @@ class EdgeMachine:
         return [self._message(Kind.SCATTER, values)]
 
     def _fill_absent(self, pooled: np.ndarray) -> None:
-        """Features of the blocks no live cell pools, by the policy: each block's last
-        level, the mean of its neighbouring blocks that were gathered, or zeros."""
-        gathered = set(self.gather_blocks)
+        """Features of the blocks no live cell pools: zeros, whatever the policy. The
+        plan left their cells out, and a cell left out has no output (the central
+        model's dead cell, `CNN.forward(X, cells)`): the block's maximum over its
+        ReLU outputs is 0. A neighbour's level or an old one would be a made-up
+        feature the model never saw for a dead block."""
         for i, j in self.absent_blocks:
             pooled[:, i, j] = 0.0
-            if self.policy == Policy.LAST and (i, j) in self.last_level:
-                pooled[:, i, j] = self.last_level[(i, j)][:, None]
-            elif self.policy == Policy.NEIGHBOURS:
-                near = [n for n in ((i - 1, j), (i + 1, j), (i, j - 1), (i, j + 1))
-                        if n in gathered]
-                if near:
-                    pooled[:, i, j] = np.mean([pooled[:, a, b] for a, b in near], axis=0)
         self.stats["absent_blocks_filled"] += len(self.absent_blocks)
 
     def _message(self, kind: Kind, payload: np.ndarray, dst: Cell | None = None) -> Message:

@@ -376,6 +376,7 @@ class MqttEngine(WaveEngine):
                     failout: np.ndarray | None = None) -> WaveResult:
         session = await self._session()
         edge = self.edge
+        self._view(edge)
         # Each wave starts with the configured timeouts (a patient wave's grew).
         edge.wave_timeout, edge.wave_cap = self.wave_timeout, self._base_cap
         self._wave_began = time.monotonic()
@@ -392,6 +393,15 @@ class MqttEngine(WaveEngine):
         await session.run(self._handle, tick=tick, until=lambda: edge.result is not None)
         self._count_nodes(edge.spec, mode == Mode.TRAIN, len(indices), edge.step)
         return edge.result
+
+    def _view(self, edge: EdgeMachine) -> None:
+        """Best effort: the cells no online node host serves are down, in the edge's own
+        view (`EdgeMachine.view_down`): at the start those no host answered for (the
+        roll call of `_wait_for_nodes`), later a host's last will or goodbye, and a
+        host back online brings its cells back. The plan goes around them from this
+        wave on, without waiting out their silence."""
+        if self.best_effort is not None and self.session is not None:
+            edge.view_down(self.uncovered(edge.spec))
 
     def _go_on(self, edge: EdgeMachine, now: float) -> None:
         """The edge machine restarted the wave: raise (why the wave got no result) unless
@@ -445,10 +455,15 @@ class MqttEngine(WaveEngine):
         that just started) start it, and their messages complete the wave."""
         session = await self._session()
         edge = self.edge
+        self._view(edge)
         begins = time.monotonic() + max(begins_in, 0.0)
         held, self._params_held = self._params_held, False  # until this slot's result
         if not (held and self._listen(edge, slot)):
-            await session.run(self._handle, until=lambda: time.monotonic() >= begins)
+            # Another plan (cells went down or came back) goes out now, ahead of the
+            # nodes' clocks (the slot's readings are in: sampled at its start), so that
+            # no node starts the slot on the plan it cached; else at the nodes' start.
+            if edge.sent_params is None or edge.sent_plan == edge.spec.plan_key:
+                await session.run(self._handle, until=lambda: time.monotonic() >= begins)
             await self._send_params(session, edge, slot)
         attempts = 1
 
@@ -770,9 +785,17 @@ class MqttEngine(WaveEngine):
                                time.monotonic() > deadline)
         self._check_still_ours()
         missing = self.uncovered(spec)
-        if not missing:
+        # Best effort: the roll call is over; cells nobody serves are planned around
+        # (`_view`), as long as some host answered.
+        if not missing or (self.best_effort is not None and self.online):
             self._check_agreement(spec)
-        if missing:
+        if missing and self.best_effort is not None and self.online:
+            names = ", ".join(name_of(c) for c in sorted(missing)[:8])
+            more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+            self.say(f"{len(missing)} cells have no node host online after "
+                     f"{self.nodes_timeout:g} s: {names}{more}; the waves go around them "
+                     "(best effort) until a host serves them")
+        elif missing:
             names = ", ".join(name_of(c) for c in sorted(missing)[:8])
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             stale = "".join(f"; {client}'s status claims cells but is {age:.0f} s old, "

@@ -13,13 +13,16 @@ publishes a retained JSON alert:
      "label": 1}
 
 A slot whose wave gets no result (a node had no valid reading, a node host is down)
-gives an alert with "error" instead of a probability: never a guess.
+gives an alert with "error" instead of a probability: never a guess. In best effort the
+edge plans around the cells of a node host that went offline (its last will) from the
+next slot, whose alert names them ("left_out": ["r2c0", ...]): the model's reading of
+the room with those cells dead, as `CNN.forward(X, cells)` computes it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,7 +31,8 @@ import numpy as np
 from meshdl.edge.remote import MqttEngine
 from meshdl.errors import MeshdlError
 from meshdl.model.cnn import CNN
-from meshdl.protocol.topics import alerts_topic
+from meshdl.protocol.topics import alerts_topic, name_of
+from meshdl.protocol.topology import Cell
 
 # How long before the node hosts start a slot's wave (halfway through the slot, by their
 # clocks) the edge listens for it, at most a quarter of a slot: the GATHER of a host whose
@@ -46,13 +50,18 @@ def anomaly_probability(logits: np.ndarray) -> float:
 
 
 def slot_alert(slot: int, slot_s: float, logits: np.ndarray | None, threshold: float,
-               error: str | None = None) -> dict[str, Any]:
+               error: str | None = None, left_out: Iterable[Cell] = ()) -> dict[str, Any]:
+    """One slot's alert; `left_out`: the cells the slot's wave went around (down, in
+    best effort), named in it when there are any."""
     stamp = datetime.fromtimestamp(slot * slot_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     if logits is None:
         return {"timestamp": stamp, "slot": slot, "error": error or "no result"}
     probability = anomaly_probability(logits)
-    return {"timestamp": stamp, "slot": slot, "probability": round(probability, 6),
-            "label": int(probability >= threshold)}
+    alert = {"timestamp": stamp, "slot": slot, "probability": round(probability, 6),
+             "label": int(probability >= threshold)}
+    if left_out := sorted(left_out):
+        alert["left_out"] = [name_of(cell) for cell in left_out]
+    return alert
 
 
 def serve(engine: MqttEngine, model: CNN, slot_s: float, slots: int | None = None,
@@ -62,6 +71,7 @@ def serve(engine: MqttEngine, model: CNN, slot_s: float, slots: int | None = Non
     publish alerts."""
     alerts = []
     done = 0
+    served: int | None = None  # the last slot served: never one twice
     try:  # connected, node hosts online: then the slots begin
         engine.open(model)
     except MeshdlError:
@@ -73,13 +83,17 @@ def serve(engine: MqttEngine, model: CNN, slot_s: float, slots: int | None = Non
         slot = int(now // slot_s)
         # Halfway through the slot: the nodes have read their sensors by then.
         start = (slot + 0.5) * slot_s
-        if now > start:
-            slot += 1
-            start += slot_s
+        if now > start or (served is not None and slot <= served):
+            # A slot's wave may end before its halfway point (its PARAMS went out ahead
+            # of the nodes' clocks, with a new plan): the next is the slot after.
+            slot = slot + 1 if served is None else max(slot + 1, served + 1)
+            start = (slot + 0.5) * slot_s
+        served = slot
         engine.idle(start - min(LISTEN_AHEAD_S, slot_s / 4) - clock())
         try:
             logits = engine.live_logits(model, slot, begins_in=start - clock())
-            alert = slot_alert(slot, slot_s, logits, threshold)
+            alert = slot_alert(slot, slot_s, logits, threshold,
+                               left_out=engine.edge.spec.dead)
         except MeshdlError as exc:
             alert = slot_alert(slot, slot_s, None, threshold, str(exc))
         engine.run_coroutine(engine.session.publish_record(alerts_topic(engine.mesh_id),

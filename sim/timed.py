@@ -220,6 +220,7 @@ class TimedMesh:
             self.edge.watch_health = True
             self.edge.attach_options = (spec.edge_at, *attach)
         self.attach = attach
+        self.rolled_call = False  # best effort: the roll call runs before the first wave
         self.plans_change = best_effort is not None
         # The first deadlines by (plan, mode, batch): for the nodes of now and those
         # that come back later.
@@ -247,6 +248,8 @@ class TimedMesh:
         usage = self.usage.setdefault(mode, Usage(radio=self.medium.account(mode)))
         before = self._cpu_seconds()
         if self.best_effort is not None:
+            if not self.rolled_call:  # commissioning: who is there, before any wave
+                self.roll_call()
             edge.weigh_health()  # the plan of this wave, maybe without cells found dead
             if (edge.spec.plan_key, mode, len(indices)) not in self._calibrated:
                 self._calibrate(mode, split, indices)
@@ -377,6 +380,29 @@ class TimedMesh:
             node.effort.hello_after = self.hello_after
         self.edge.set_deadlines(policy, mode, batch, offsets.gather, offsets.reduce,
                                 margins, k, spec)
+
+    def roll_call(self) -> frozenset[Cell]:
+        """Commissioning's roll call (best effort), before the first wave: the edge
+        floods a call from its cell, every node up rebroadcasts it once and answers up
+        the tree of whom it first heard it from, as TAG builds its tree and Glossy
+        floods (one flood of a few milliseconds over several hops). The answers reach
+        the edge from exactly the nodes up and linked to it through nodes up; the
+        others (down, or cut off behind them) are planned around from the first wave
+        (`EdgeMachine.view_down`), so no wave waits out their silence. Its frames, as
+        the deadline probe's, are commissioning's: left out of every figure, the
+        outcome of a loss-free flood. Returns the cells that did not answer."""
+        self.rolled_call = True
+        topo, edge = self.base_spec.topology, self.edge
+        for edge_at in edge.attach_options:
+            if edge_at not in self.down:
+                break
+        else:
+            raise MeshdlError("no cell the edge may attach to is up: nothing answers "
+                              "the roll call")
+        flood = Topology(topo.rows, topo.cols, edge_at, topo.pool, frozenset(self.down))
+        silent = frozenset(topo.cells()) - flood.members
+        edge.view_down(silent)
+        return silent
 
     def kill(self, cell: Cell) -> None:
         """The node of `cell` goes down now: it takes nothing more, sends nothing, draws

@@ -10,9 +10,15 @@ import pytest
 
 from meshdl.config import DataConfig, ModelConfig
 from meshdl.data.lounge import generate_lounge
+from meshdl.edge.agent import EdgeMachine
+from meshdl.errors import MeshdlError
 from meshdl.model.cnn import CNN
+from meshdl.protocol.deadlines import Policy
+from meshdl.protocol.messages import EDGE, Kind, make
+from meshdl.protocol.payloads import PlanTail
 from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.protocol.topology import Topology
+from meshdl.sim.besteffort import BestEffort
 from meshdl.sim.faults.dead import cell_numbers
 from meshdl.sim.radio.device import device
 from meshdl.sim.radio.profiles import profile
@@ -72,3 +78,68 @@ def test_a_mesh_planned_around_its_dead_cells_infers_as_central_with_them_left_o
     result = mesh.run_wave(Mode.INFER, Split.TEST, np.arange(len(data.y_test)))
     want = model.forward(data.X_test, cell_numbers(dead, COLS))
     np.testing.assert_allclose(result.logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_cells_down_before_the_first_wave_are_left_out_of_it_by_the_roll_call() -> None:
+    """Best effort, three nodes down from the start (one of them cutting (4, 5) off):
+    the roll call at commissioning answers for the others only, so the first wave's plan
+    goes around all four, no message is waited out or filled in, and the wave's logits
+    are the central model's with those cells left out."""
+    data, model = _data(), _model()
+    mesh = _mesh(model, data, best_effort=BestEffort(Policy.ZERO))
+    down = frozenset({(2, 2), (3, 5), (4, 4)})
+    for cell in down:
+        mesh.kill(cell)
+    result = mesh.run_wave(Mode.INFER, Split.TEST, np.arange(len(data.y_test)))
+    assert mesh.edge.spec.dead == down | {(4, 5)}  # (4, 5): up, but only they link it
+    assert mesh.filled_in() == 0 and mesh.edge.stats["viewed_down"] == 4
+    want = model.forward(data.X_test, cell_numbers(down | {(4, 5)}, COLS))
+    np.testing.assert_allclose(result.logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_edges_view_replans_at_once_and_a_slot_waits_for_params_of_the_new_plan(
+        ) -> None:
+    """A host's last will says (2, 2) is down: the edge plans around it from the next
+    wave, and refuses to schedule a slot on the parameters the nodes cached under the
+    old plan until PARAMS carry the new one; back up, it is planned back in."""
+    model = _model()
+    spec = MeshSpec(1, model.config, (0, 0), "broadcast")
+    edge = EdgeMachine(spec, model, {})
+    edge.start(Mode.INFER, Split.LIVE, np.array([3]), step=3)
+    edge.handle(make(Kind.GATHER, 1, 3, (0, 0), EDGE, np.zeros((1, 3, 1), np.float32)))
+    edge.view_down({(2, 2)})
+    assert edge.spec.dead == {(2, 2)}
+    with pytest.raises(MeshdlError, match="do not hold this plan"):
+        edge.start_slot(4)
+    sent = edge.start(Mode.INFER, Split.LIVE, np.array([4]), step=4)
+    tail = PlanTail.read(sent[0].payload[spec.params_size:], ROWS, COLS)
+    assert tail == PlanTail((0, 0), frozenset({(2, 2)}))
+    edge.handle(make(Kind.GATHER, 1, 4, (0, 0), EDGE, np.zeros((1, 3, 1), np.float32)))
+    assert edge.result is not None
+    edge.start_slot(5)  # the nodes hold the new plan now
+    edge.view_down(set())
+    assert edge.spec.dead == frozenset()
+
+
+def test_the_edges_view_of_its_own_cell_down_attaches_it_to_the_next() -> None:
+    model = _model()
+    edge = EdgeMachine(MeshSpec(1, model.config, (0, 0), "broadcast"), model, {})
+    edge.attach_options = ((0, 0), (0, 5))
+    edge.view_down({(0, 0), (1, 1)})
+    assert edge.spec.edge_at == (0, 5) and edge.spec.dead == {(0, 0), (1, 1)}
+    with pytest.raises(MeshdlError, match="every other it may attach to"):
+        edge.view_down({(0, 0), (0, 5)})
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_a_pooling_block_without_a_live_cell_reads_as_zeros_whatever_the_policy(
+        policy) -> None:
+    """Block (1, 0) is all dead: the head reads 0 for it (the central model's maximum
+    over outputs left out), never a neighbouring block's level or an old one."""
+    data, model = _data(), _model(2)
+    dead = frozenset({(2, 0), (2, 1), (3, 0), (3, 1)})
+    mesh = _mesh(model, data, dead, BestEffort(policy))
+    mesh.run_wave(Mode.INFER, Split.TEST, np.arange(4))
+    mesh.run_wave(Mode.INFER, Split.TEST, np.arange(4, 8))
+    assert mesh.edge.absent_blocks == [(1, 0)]
+    assert not mesh.edge.trace.pooled[:, 1, 0].any()
