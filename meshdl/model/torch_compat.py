@@ -3,7 +3,9 @@
 `torch_sequential(config)` builds `torch.nn.Sequential` with the module names that make
 meshdl's parameter names line up (`conv1`, ..., `fc1`, `fc2`), so
 `net.load_state_dict(npz_state_dict("model.npz"))` works directly. Normalization
-constants are not part of the network: apply (x - norm.mean) / norm.std first.
+constants are not part of the network: apply (x - norm.mean) / norm.std first. A model
+with the alive mask (`ModelConfig.alive`) reads it as its last input channel: 1 at a
+live cell, and a dead cell's whole input (readings and mask) 0 after normalizing.
 """
 
 from __future__ import annotations
