@@ -24,9 +24,9 @@ from meshdl.model import kernels
 from meshdl.model.cnn import CNN, Trace
 from meshdl.protocol.activations import read_activations
 from meshdl.protocol.deadlines import (
+    EDGE_SILENT_WAVES,
     GATHER_ENTRY,
     REDUCE_ENTRY,
-    SILENT_WAVES,
     Arrivals,
     Learning,
     Margins,
@@ -267,7 +267,7 @@ class EdgeMachine:
         flood down the tree, a reported cell whose tree parent is reported too may only
         be cut off behind it: it is kept for now (it hears from another parent once the
         dead one is planned around, or is reported again). The edge moves to its next
-        attachment cell when nothing came from its own for `SILENT_WAVES` waves."""
+        attachment cell when nothing came from its own for `EDGE_SILENT_WAVES` waves."""
         if not self.watch_health or self._weighed:
             return
         self._weighed = True
@@ -280,7 +280,7 @@ class EdgeMachine:
         dead -= self.comebacks
         edge_at = spec.edge_at
         self.silent_waves = 0 if self.heard_from_mesh else self.silent_waves + 1
-        if self.silent_waves >= SILENT_WAVES:
+        if self.silent_waves >= EDGE_SILENT_WAVES:
             moved = [c for c in self.attach_options if c not in dead and c != edge_at]
             if moved:
                 dead.add(edge_at)

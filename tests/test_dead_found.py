@@ -143,3 +143,23 @@ def test_a_pooling_block_without_a_live_cell_reads_as_zeros_whatever_the_policy(
     mesh.run_wave(Mode.INFER, Split.TEST, np.arange(4, 8))
     assert mesh.edge.absent_blocks == [(1, 0)]
     assert not mesh.edge.trace.pooled[:, 1, 0].any()
+
+
+def test_a_node_that_dies_mid_run_is_planned_around_two_waves_after_the_first_it_misses(
+        ) -> None:
+    """(2, 2) dies between waves: its neighbours find it silent in the first wave it
+    misses and report it with the next wave's start (one silent wave is enough), so the
+    edge's plan leaves it out from the wave after that, which fills nothing in and
+    computes what the central model does without it."""
+    data, model = _data(), _model()
+    mesh = _mesh(model, data, best_effort=BestEffort(Policy.ZERO))
+    batch = np.arange(8)
+    mesh.run_wave(Mode.INFER, Split.TEST, batch)
+    mesh.kill((2, 2))
+    mesh.run_wave(Mode.INFER, Split.TEST, batch)  # the first it misses
+    mesh.run_wave(Mode.INFER, Split.TEST, batch)  # its silence reported
+    before = mesh.filled_in()
+    result = mesh.run_wave(Mode.INFER, Split.TEST, batch)
+    assert mesh.edge.spec.dead == {(2, 2)} and mesh.filled_in() == before
+    want = model.forward(data.X_test[batch], cell_numbers({(2, 2)}, COLS))
+    np.testing.assert_allclose(result.logits, want, rtol=1e-5, atol=1e-5)

@@ -46,7 +46,14 @@ class Policy(StrEnum):
 ALPHA, BETA = 1 / 8, 1 / 4  # RFC 6298's gains for the smoothed time and deviation
 DEFAULT_K = 4.0  # deviations of patience past the smoothed arrival time (RFC 6298's K)
 JITTER_SHARE = 0.25  # of a phase's span: the least margin of its deadlines
-SILENT_WAVES = 2  # waves a neighbour gives nothing in before it is reported dead
+# Waves a neighbour gives nothing in before it is reported dead: one. A live neighbour
+# whose every message of a wave was lost past the link layer's retries is rare; reported
+# by mistake it is planned out and says hello back in, where waiting a second wave
+# delays every real death by a wave, its neighbours filling in all along.
+SILENT_WAVES = 1
+# Waves without a word from its own cell before the edge attaches to the next: a lost
+# GATHER alone must not move it.
+EDGE_SILENT_WAVES = 2
 
 
 class Deadline(NamedTuple):
