@@ -14,8 +14,10 @@ else. Per wave it:
 Every send and computation is a *task* that needs a list of items (cells' or blocks'
 values). Items come from *sources*: a message of the plan (all the items it carries) or
 one of the node's own computations. A task waits for its sources and runs when the last
-one arrives. Values live in one (slots, channels, batch) array per field (`NodePlan`),
-reused from wave to wave (the plan: nodes/plan.py). No sockets, clocks or asyncio:
+one arrives. The plan (`NodePlan`, nodes/plan.py) lays the tasks out as a program
+(`Program`): integer rows per task, run one at a time here by the executor the compiled
+loop runs too (nodes/execute.py, through nodes/steps.py). Values live in one (slots,
+channels, batch) array per field, reused from wave to wave. No sockets, clocks or asyncio:
 transports call `handle`, and `tick` for deadlines; `now` only stamps when each stage
 finished (and, in best effort, what is overdue: nodes/besteffort.py). Bad messages are
 counted in `stats` and dropped; they never raise.
@@ -32,7 +34,7 @@ import numpy as np
 
 from meshdl.compress.codec import Channel, read_or_count
 from meshdl.compress.intsum import SumChannel
-from meshdl.nodes import compute
+from meshdl.nodes import compute, execute
 from meshdl.nodes.besteffort import BestEffort
 from meshdl.nodes.delta import DeltaReceiver, DeltaSender
 from meshdl.nodes.memory import MemoryPlan
@@ -42,13 +44,10 @@ from meshdl.nodes.plan import (
     MODES,
     RECEIVED,
     Expect,
-    Job,
     NodePlan,
     Role,
-    SendJob,
     Wave,
 )
-from meshdl.nodes.steps import STEPS
 from meshdl.protocol.activations import (
     FORWARD_KINDS,
     activation_bytes,
@@ -71,9 +70,8 @@ from meshdl.protocol.messages import (
     seal,
 )
 from meshdl.protocol.payloads import BATCH_HEAD, REPAIR, BatchOrder, PlanTail
-from meshdl.protocol.spec import LIVE_SLOTS, Field, MeshSpec, Mode, Send, Split
+from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.protocol.topology import Cell
-from meshdl.protocol.work import node_work
 
 EARLY_PER_SENDER = 64  # messages kept per neighbour until their wave can use them
 SESSIONS_SEEN = 8  # edge sessions a node remembers the order of (`_take_repair`)
@@ -152,8 +150,8 @@ class NodeMachine:
 
     def _adopt(self, spec: MeshSpec) -> None:
         """Take `spec`'s plan: who this node hears from and sends to, its buffers, its
-        tasks. A cell `spec` leaves out (dead, or cut off) has none: it only waits for
-        PARAMS that take it back in."""
+        tasks (its program's rows, as the hot path reads them). A cell `spec` leaves out
+        (dead, or cut off) has none: it only waits for PARAMS that take it back in."""
         cell = self.cell
         self.spec = spec
         self.mesh_id = spec.mesh_id
@@ -169,95 +167,18 @@ class NodeMachine:
         self._memory: MemoryPlan | None = None  # ... their plan ...
         self._storage_key: tuple = ()  # ... and for which (batch, MemoryPlan)
         topo = spec.topology
-        self.number = cell[0] * spec.model.cols + cell[1]  # as BATCH and WINNER name it
         self.plan = plan = self._plan_for(spec)
+        self.number = plan.number if cell in topo.members else \
+            cell[0] * spec.model.cols + cell[1]  # as BATCH and WINNER name it
         self.inbox = plan.inbox
         self.parent = topo.parent.get(cell)
         self.neighbours = set(topo.neighbours(cell)) if cell in topo.members else set()
         self.children = topo.children.get(cell, [])
-        self.jobs: list[Job] = []
         self.effort.new_plan()
         for delta in (self.delta_out, self.delta_in):  # and delta halos from whole strips
             if delta is not None:
                 delta.reset()
-        if cell not in topo.members:
-            return
-        layers = spec.model.conv_layers
-        before, after = spec.offsets
-        forward = _slots(cell, topo.window(cell, before, after), before, spec.model.kernel)
-        backward = _slots(cell, topo.window(cell, after, before), after, spec.model.kernel)
-        # Buffers and slots the computations read and write. A window lists the cells
-        # inside the grid with their taps (flat kernel positions); cells outside the grid
-        # are absent, i.e. read 0.
-        self.a = [plan.buffers[("a", layer)] for layer in range(layers + 1)]
-        self.dz = [-1] + [plan.buffers[("dz", layer)] for layer in range(1, layers + 1)]
-        self.own_a = [plan.slot(("a", layer), cell) for layer in range(layers + 1)]
-        self.own_dz = [-1] + [plan.slot(("dz", layer), cell) for layer in range(1, layers + 1)]
-        self.conv_slots = [np.empty(0, np.intp)] + [
-            np.array([plan.slot(("a", layer - 1), c) for c, _ in forward], np.intp)
-            for layer in range(1, layers + 1)]
-        self.conv_taps = np.array([tap for _, tap in forward], np.int64)
-        self.grad_slots = [np.empty(0, np.intp)] * 2 + [
-            np.array([plan.slot(("dz", layer), c) for c, _ in backward], np.intp)
-            for layer in range(2, layers + 1)]
-        self.grad_taps = np.array([tap for _, tap in backward], np.int64)
-        self.block = topo.block_of(cell)
-        self.block_cells = topo.pool_members(self.block)
-        # Per field: the slots of its orphans (`NodePlan.orphans`), filled in per wave.
-        self.orphan_rows = {f: np.array([plan.slot(f, c) for c in items], np.intp)
-                            for f, items in plan.orphans.items()}
-        if topo.leader.get(self.block) == cell:  # pooling, and max routing back
-            self.block_slots = np.array([plan.slot(("a", layers), c)
-                                         for c in self.block_cells], np.intp)
-            self.pooled = plan.buffers[("pooled",)]
-            self.pooled_slot = plan.slot(("pooled",), self.block)
-            self.dpooled = plan.buffers[("dpooled",)]
-            self.dpooled_slot = plan.slot(("dpooled",), self.block)
-            self.route_slots = np.array([plan.slot(("route",), c)
-                                         for c in self.block_cells], np.intp)
-        if spec.model.global_pool:  # its subtree's maxima from its own and its children's
-            self._adopt_aggregation(plan, topo.children[cell])
-        self.route = plan.buffers[("route",)]
-        self.own_route = plan.slot(("route",), cell)
-        # The tasks waiting for each of this node's computations.
-        self.made_a = [plan.waiting_for((("a", layer), cell)) for layer in range(layers + 1)]
-        self.made_dz = [()] + [plan.waiting_for((("dz", layer), cell))
-                               for layer in range(1, layers + 1)]
-        self.made_grad = [()] + [plan.waiting_for((("grad", layer), cell))
-                                 for layer in range(1, layers + 1)]
-        if spec.model.global_pool:
-            self.made_pooled = plan.waiting_for((("pooled",), cell))
-            self.made_winner = plan.waiting_for((("winner",), cell))
-            self.made_route = [plan.waiting_for((("route",), cell))] + [
-                plan.waiting_for((("dpooled",), c)) for c in topo.children[cell]]
-        else:
-            self.made_pooled = plan.waiting_for((("pooled",), self.block))
-            self.made_route = [plan.waiting_for((("route",), c)) for c in self.block_cells]
-        for task, train_only, rows in zip(plan.tasks, plan.train_only, plan.send_rows,
-                                          strict=True):
-            if isinstance(task, Send):
-                send = SendJob(task.kind, task.dst, *rows, task.layer, task.phase)
-                self.jobs.append(Job(train_only, send, None, 0, ""))
-            else:
-                self.jobs.append(Job(train_only, None, STEPS[task.step], task.layer,
-                                     task.stage, node_work(spec, cell, task.step,
-                                                           task.layer)))
-
-    def _adopt_aggregation(self, plan: NodePlan, children: list[Cell]) -> None:
-        """Global pooling's slots: of this cell's subtree maxima, first cells and pooled
-        gradient, and of its children's (`steps.aggregate`, `winners`, `split`)."""
-        def slots(f: Field, items: list[Cell]) -> np.ndarray:
-            return np.array([plan.slot(f, c) for c in items], np.intp)
-
-        cell = self.cell
-        self.pooled, self.winner = plan.buffers[("pooled",)], plan.buffers[("winner",)]
-        self.dpooled = plan.buffers[("dpooled",)]
-        self.pooled_slot = plan.slot(("pooled",), cell)
-        self.winner_slot = plan.slot(("winner",), cell)
-        self.dpooled_slot = plan.slot(("dpooled",), cell)
-        self.child_pooled = slots(("pooled",), children)
-        self.child_winner = slots(("winner",), children)
-        self.child_dpooled = slots(("dpooled",), children)
+        self.jobs = plan.jobs
 
     # ------------------------------------------------------------ best effort
     # What a transport asks of the node's best effort (nodes/besteffort.py).
@@ -869,7 +790,7 @@ class NodeMachine:
         payload = wave.batch_payload
         mode, split, indices, failout = BatchOrder.read(payload)
         wave.mode = MODES[mode]
-        # Failout: this cell acts dead in this training wave (`steps.conv_forward`).
+        # Failout: this cell acts dead in this training wave (`execute.run_task`).
         wave.failed_out = bool(failout.size) and self.number in failout
         wave.training = wave.mode == Mode.TRAIN
         self._move(wave, NodeEvent.STARTED)
@@ -895,13 +816,13 @@ class NodeMachine:
             for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
                 body = wave.params_payload if send.kind == Kind.PARAMS else payload
                 out.append(self._message(wave, send.kind, send.dst, body))
-        own = wave.buffers[self.a[0]][self.own_a[0]]
-        compute.normalize(self.readings[split], indices, params[self.layout.mean],
-                          params[self.layout.std], own)
-        if wave.failed_out:  # no reading: the zeros of a filled-in one
-            own[...] = 0.0
+        program = self.plan.program
+        buffer, slot = program.input
+        execute.start_input(self.readings[split], indices, params[self.layout.mean],
+                            params[self.layout.std], wave.failed_out,
+                            wave.buffers[buffer][slot])
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
-        self._arrived(wave, self.made_a[0])
+        self._arrived(wave, tuple(program.slots(*program.started)))
 
     def _field_buffers(self, wave: Wave) -> None:
         """A wave's field buffers (and kept activations), laid out by the memory plan of
@@ -919,7 +840,7 @@ class NodeMachine:
             self._lent.clear()  # (they view the arrays of before)
             self._storage = [None if index is None else self._owned[index]  # type: ignore[misc]
                              for index in memory.fields]
-            self._kept = [None if index is None else self._owned[index][0]
+            self._kept = [None if index is None else self._owned[index]  # (1, channels, batch)
                           for index in memory.kept]
             self._storage_key = key
         self._memory = memory
@@ -959,7 +880,7 @@ class NodeMachine:
         done = wave.done
         while ready:
             task = ready.pop()
-            train_only, send, run, layer, stage, work = jobs[task]
+            train_only, send, run, code, layer, stage, work, operands, made = jobs[task]
             if train_only and not training:
                 continue
             if train_only and wave.holding:  # its writes may land on memory still read
@@ -969,7 +890,7 @@ class NodeMachine:
                 self._take_shared_memory(wave)
             done[task] = 1
             if send is None:
-                run(self, wave, layer, out)  # its step (nodes/steps.py)
+                run(self, wave, code, layer, operands, made, out)  # `steps.run`
                 wave.finished_at[stage] = now
                 self.flops += work.per_sample * wave.batch + work.per_wave
             else:
@@ -1004,7 +925,7 @@ class NodeMachine:
         return wave.phase is NodePhase.DONE
 
     # ------------------------------------------------------------ computation
-    # (the steps themselves: nodes/steps.py)
+    # (the steps themselves: nodes/execute.py, run through nodes/steps.py)
     def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,
                  layer: int = 0, phase: int = 0) -> Message:
         self.seq = (self.seq + 1) & 0xFFFFFFFF
@@ -1035,11 +956,6 @@ def _lend(view: np.ndarray, lent: list[weakref.ref[np.ndarray]]) -> np.ndarray:
 def _scales_valid(scales: np.ndarray) -> bool:
     """Sum scales (intsum) are finite and not negative (0: no scale yet)."""
     return bool(np.all(np.isfinite(scales)) and np.all(scales >= 0.0))
-
-
-def _slots(cell: Cell, window: list[Cell], before: int, kernel: int) -> list[tuple[Cell, int]]:
-    """Each window cell with its tap: the flat index into the k x k kernel positions."""
-    return [(c, (c[0] - cell[0] + before) * kernel + c[1] - cell[1] + before) for c in window]
 
 
 # `NodeMachine.handle`'s dispatch, by message kind (one dict lookup on the slow path).

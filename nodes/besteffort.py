@@ -352,7 +352,7 @@ class BestEffort:
     def fill_orphans(self, wave: Wave, f: Field) -> None:
         """Put the policy's values in the slots of `f`'s orphans (zeros for gradients
         and without a policy) before a kernel reads them."""
-        rows = self.node.orphan_rows.get(f)
+        rows = self.node.plan.orphan_rows.get(f)
         if rows is None:
             return
         buffer = wave.buffers[self.node.plan.buffers[f]]

@@ -1,5 +1,5 @@
-"""Every node's plan of one mesh as flat tables, and an exact wave's rounds run over them
-in one compiled loop: the in-process mesh's dispatch at the cost of a table lookup a
+"""Every node's program of one mesh as flat tables, and an exact wave's rounds run over
+them in one compiled loop: the in-process mesh's dispatch at the cost of a table lookup a
 message.
 
 The node machine (nodes/agent.py) takes one message at a time in Python, which is most
@@ -8,14 +8,14 @@ message of its plan is fixed once the plan is: its values go into the slots its 
 names, the tasks waiting for it count down, and those whose sources are all in run. Here
 the values are not even copied: every slot of the tables is a *home* slot, where the
 item was made (a received item's is in its sender's buffer, or its first sender's when
-relayed), and nothing writes a slot twice in a wave. `tabulate` reads each node
-machine's adopted plan (the very tasks, slots, taps and waiters `NodeMachine._adopt` set
-up) into arrays, once, and `validate` holds every index of them to what it indexes (the
-loop itself checks no bounds); `run_rounds` delivers rounds as the virtual broker does
-(what is sent in round r arrives in round r + 1) and runs each task with the kernel and
-arguments its step in nodes/steps.py uses, so every value is the machines' to the bit
-(tests/test_compiled.py). Only messages to and from the edge leave the loop;
-sim/compiled.py hands them to the edge machine.
+relayed), and nothing writes a slot twice in a wave. `tabulate` reads each node's
+program (`NodePlan.program`: its tasks' steps, operands and waiters, nodes/plan.py) into
+arrays of global numbers, once, and `validate` holds every index of them to what it
+indexes (the loop itself checks no bounds); `run_rounds` delivers rounds as the virtual
+broker does (what is sent in round r arrives in round r + 1) and runs each ready task
+through the executor the machines use too (`execute.run_task`, nodes/execute.py), so
+every value is the machines' to the bit (tests/test_compiled.py). Only messages to and
+from the edge leave the loop; sim/compiled.py hands them to the edge machine.
 
 What it does not do is what an exact in-process wave never needs: deadlines and
 fill-ins, compression, delta halos, replanning, held gradients under shared memory
@@ -31,40 +31,49 @@ import numpy as np
 from numba import njit
 
 from meshdl.errors import MeshdlError
-from meshdl.nodes import compute
 from meshdl.nodes.agent import NodeMachine
-from meshdl.nodes.plan import Computation, Role
+from meshdl.nodes.execute import (
+    CONV,
+    INPUT_GRAD,
+    OPERAND_KINDS,
+    OPERANDS,
+    PAIRED,
+    REDUCE,
+    SEND,
+    WEIGHT_GRAD,
+    run_task,
+    start_input,
+)
+from meshdl.nodes.execute import (
+    UnknownStep as UnknownStep,  # (what the loop raises: the executor's)
+)
+from meshdl.nodes.plan import CHILD_LIST, TAP_LIST, Role
 from meshdl.protocol.messages import EDGE, Kind
-from meshdl.protocol.spec import MeshSpec, Mode, Send
+from meshdl.protocol.spec import MeshSpec, Mode
 from meshdl.protocol.topology import Cell
-from meshdl.protocol.work import Step
 
-# A task's step as a number for the loop; SEND is a task that sends (a `Send`).
-SEND = 0
-STEP_CODES = {step: code for code, step in enumerate(Step, start=1)}
-CONV, POOL, ROUTE, AGGREGATE, WINNERS, SPLIT, DZ_TOP, WEIGHT_GRAD, INPUT_GRAD, REDUCE = (
-    STEP_CODES[s] for s in (Step.CONV, Step.POOL, Step.ROUTE, Step.AGGREGATE, Step.WINNERS,
-                            Step.SPLIT, Step.DZ_TOP, Step.WEIGHT_GRAD, Step.INPUT_GRAD,
-                            Step.REDUCE))
 ITEMS, PARAMETERS, SAMPLES, PARTIAL_GRADIENTS = (int(r) for r in (
     Role.ITEMS, Role.PARAMETERS, Role.SAMPLES, Role.PARTIAL_GRADIENTS))
-NONE = -1  # no such buffer, slot or message; a message's destination: the edge
+NONE = -1  # no such buffer, slot, message or operand; a message's destination: the edge
+# What an operand of a task (`Tables.task_kind`) lists: home slots of the inputs' arena
+# or the filters', kernel taps, or tree children (node numbers).
+INPUTS, FEATURES, TAPS, CHILDREN = range(4)
 # `State.counts`: arrivals of this round (`cur`), of the next (`nxt`), messages to the
 # edge (`to_edge`), tasks ready (`stack`), messages sent in the wave.
 ARRIVALS, NEXT, TO_EDGE, READY, SENT_COUNT = range(5)
 
 
 class Tables(NamedTuple):
-    """The plans of every node of a mesh, numbered: nodes 0..N-1 (in `cells` order), their
-    buffers, inbox entries, tasks and messages, each by a global number. A list per
-    owner (the slots of a window, the tasks waiting for a source) is a range [start,
-    end) of `lists`, given as a (..., 2) array of ranges."""
+    """The programs of every node of a mesh, numbered: nodes 0..N-1 (in `cells` order),
+    their buffers, inbox entries, tasks and messages, each by a global number. A list
+    per owner (the slots of an operand, the tasks waiting for a source) is a range
+    [start, end) of `lists`, given as a (..., 2) array of ranges."""
 
     lists: np.ndarray  # intp: slots, taps, task numbers and node numbers of every list
     # Buffers: each node's field buffers, numbered in node order; their slots live in
-    # the wave's arena `buf_arena` (0 for fields of the input's channels, 1 for the
-    # filters'), an array (home slots, channels, batch): a slot of any list below is a
-    # home slot, where the item's value was made (`_Builder.glob`).
+    # the wave's arena `buf_arena` (INPUTS for fields of the input's channels, FEATURES
+    # for the filters'), an array (home slots, channels, batch): a slot of any list
+    # below is a home slot, where the item's value was made (`_Builder.glob`).
     buf_arena: np.ndarray
     arena_sizes: np.ndarray  # home slots of each arena
     buf_ch: np.ndarray
@@ -77,7 +86,8 @@ class Tables(NamedTuple):
     entry_waiters: np.ndarray  # ranges
     # Tasks: node, step (SEND or a step code), conv layer, training only, sources
     # needed, the message a send (or REDUCE) sends, the tasks waiting for what a
-    # computation makes.
+    # computation makes, and its operands (`Program.args`): what each lists (INPUTS,
+    # FEATURES, TAPS, CHILDREN or NONE) and the range of its list.
     task_node: np.ndarray
     task_step: np.ndarray
     task_layer: np.ndarray
@@ -85,6 +95,8 @@ class Tables(NamedTuple):
     task_needs: np.ndarray
     task_msg: np.ndarray
     task_made: np.ndarray  # ranges
+    task_kind: np.ndarray  # (tasks, OPERANDS)
+    task_args: np.ndarray  # (tasks, OPERANDS, 2) ranges
     node_tasks: np.ndarray  # ranges: a node's tasks are a run of numbers
     # Messages: sender, its buffer and rows (ITEMS), receiver (NONE: the edge) and the
     # inbox entry it fills there.
@@ -93,34 +105,16 @@ class Tables(NamedTuple):
     msg_rows: np.ndarray  # ranges
     msg_dst: np.ndarray
     msg_entry: np.ndarray
-    # Per node, what its steps read and write (as `NodeMachine._adopt` names them).
-    forwards: np.ndarray  # ranges of message numbers: PARAMS and BATCH to the children
-    made_input: np.ndarray  # ranges: the tasks waiting for its own normalized readings
-    active: np.ndarray  # (N, 2): tasks a wave runs, training and inference
-    a_buf: np.ndarray  # (N, layers + 1): buffer of activations a_l, and own slot
-    own_a: np.ndarray
-    dz_buf: np.ndarray  # (N, layers + 1): output gradients dz_l (l >= 1), own slot
-    own_dz: np.ndarray
-    conv_slots: np.ndarray  # (N, layers + 1, 2) ranges: conv l's input window
-    conv_taps: np.ndarray  # (N, 2)
-    grad_slots: np.ndarray  # (N, layers + 1, 2): the transposed window of dz_l
-    grad_taps: np.ndarray  # (N, 2)
-    route_buf: np.ndarray
-    own_route: np.ndarray
-    pooled_buf: np.ndarray
-    pooled_slot: np.ndarray
-    dpooled_buf: np.ndarray
-    dpooled_slot: np.ndarray
-    winner_buf: np.ndarray
-    winner_slot: np.ndarray
-    block_slots: np.ndarray  # ranges: a leader's block (windowed pooling)
-    route_slots: np.ndarray  # ranges
-    child_pooled: np.ndarray  # ranges: global pooling's children's slots
-    child_winner: np.ndarray
-    child_dpooled: np.ndarray
-    children: np.ndarray  # ranges of node numbers: tree children (REDUCE)
-    number: np.ndarray  # float64: row x cols + col
-    by_input: np.ndarray  # uint8: weight gradients above layer 1 from its input
+    # Per node: PARAMS and BATCH to its children (ranges of message numbers), the tasks
+    # waiting for its own normalized readings (ranges) and their home slot (INPUTS),
+    # tasks a wave runs (training, inference), row x cols + col, and whether weight
+    # gradients above layer 1 are taken by input cell.
+    forwards: np.ndarray
+    made_input: np.ndarray
+    input_slot: np.ndarray
+    active: np.ndarray  # (N, 2)
+    number: np.ndarray  # float64
+    by_input: np.ndarray  # uint8
     # The parameters' layout (`ParamsLayout`), per conv layer.
     w_off: np.ndarray
     w_shape: np.ndarray  # (layers + 1, 3)
@@ -139,9 +133,8 @@ class Tables(NamedTuple):
         return len(self.node_tasks)
 
     def arena_slots(self, arena: int) -> int:
-        """Home slots of one arena (0 inputs, 1 features)."""
+        """Home slots of one arena (INPUTS, FEATURES)."""
         return int(self.arena_sizes[arena])
-
 
 
 class MessageKey(NamedTuple):
@@ -242,37 +235,61 @@ class _Builder:
         task_made, node_tasks = np.zeros((tasks, 2), np.int64), np.zeros((n_nodes, 2), np.int64)
         forwards, made_input = np.zeros((n_nodes, 2), np.int64), np.zeros((n_nodes, 2), np.int64)
         active = np.zeros((n_nodes, 2), np.int64)
+        # Operands in the node's numbering, until the home slots are known: (task,
+        # operand, global buffer or NONE, what it lists, its numbers).
+        operands: list[tuple[int, int, int, int, np.ndarray]] = []
         for n, node in enumerate(nodes):
             plan, base = node.plan, self.node_task[n]
-            node_tasks[n] = base, base + len(node.jobs)
-            for i, (task, job) in enumerate(zip(plan.tasks, node.jobs, strict=True)):
+            program, buffers = plan.program, self.node_buffer[n]
+            node_tasks[n] = base, base + len(program.step)
+            task_node[base:base + len(program.step)] = n
+            for name, values in (("step", task_step), ("layer", task_layer),
+                                 ("train", task_train), ("needs", task_needs)):
+                values[base:base + len(program.step)] = getattr(program, name)
+            for i, args in enumerate(program.args):
                 t = base + i
-                task_node[t], task_layer[t] = n, job.layer
-                task_train[t], task_needs[t] = job.train_only, plan.needs_count[i]
-                if isinstance(task, Send):
-                    kind, dst, buffer, rows, layer, phase = job.send
-                    task_step[t] = SEND
-                    task_msg[t] = self.message(n, kind, dst, layer, phase,
-                                               self.node_buffer[n] + buffer, rows)
+                if program.step[i] == SEND:
+                    send, (buffer, start, end) = plan.tasks[i], args[0]
+                    task_msg[t] = self.message(n, send.kind, send.dst, send.layer, send.phase,
+                                               buffers + buffer, program.slots(start, end))
                     continue
-                task_step[t] = STEP_CODES[task.step]
-                task_made[t] = self.put(base + w for w in _made(node, task, layers))
-                if task.step is Step.REDUCE:
+                task_made[t] = self.put(base + w for w in program.slots(*program.made[i]))
+                for k, (buffer, start, end) in enumerate(args):
+                    values = program.slots(start, end)
+                    if buffer >= 0:
+                        operands.append((t, k, buffers + buffer, NONE, values))
+                    elif buffer == TAP_LIST:
+                        operands.append((t, k, NONE, TAPS, values))
+                    elif buffer == CHILD_LIST:
+                        operands.append((t, k, NONE, CHILDREN, np.array(
+                            [self.index[node.children[c]] for c in values], np.int64)))
+                if program.step[i] == REDUCE:
                     task_msg[t] = self.message(n, Kind.REDUCE, plan.reduce_to, 0, 0)
             forwards[n] = self.put([self.message(n, s.kind, s.dst, 0, 0)
                                     for s in plan.forwards])
-            made_input[n] = self.put(base + w for w in node.made_a[0])
+            made_input[n] = self.put(base + w for w in program.slots(*program.started))
             active[n] = plan.active[Mode.TRAIN], plan.active[Mode.INFER]
         self._homes(received, entry_buf)
         for e, slots in received.items():
             entry_slots[e] = self.put(self.glob(entry_buf[e], slots))
+        task_kind = np.full((tasks, OPERANDS), NONE, np.int64)
+        task_args = np.zeros((tasks, OPERANDS, 2), np.int64)
+        for t, k, g, kind, values in operands:
+            if g == NONE:
+                task_kind[t, k], task_args[t, k] = kind, self.put(values)
+            else:
+                task_kind[t, k], task_args[t, k] = self.buf_arena[g], self.put(self.glob(g, values))
+        input_slot = np.array([self.glob(self.node_buffer[n] + node.plan.program.input[0],
+                                         node.plan.program.input[1])[0]
+                               for n, node in enumerate(nodes)], np.int64)
         sent = self.sent
         msg_src, msg_buf, msg_dst, msg_entry = (
             np.array([getattr(m, name) for m in sent], np.int64)
             for name in ("src", "buffer", "dst", "entry"))
         msg_rows = np.array([(0, 0) if m.rows is None else self.put(self.glob(m.buffer, m.rows))
                              for m in sent], np.int64).reshape(-1, 2)
-        named = self._named(layers)  # (its lists are appended too: before it is made)
+        by_input = np.array([(node.plan.memory(Mode.TRAIN, True) if node.memory_plan else
+                              node.plan.unplanned).by_input_cell for node in nodes], np.uint8)
         return Tables(
             lists=np.array(self.lists, np.intp), buf_arena=self.buf_arena,
             arena_sizes=np.array(self.used, np.int64), buf_ch=self.buf_ch,
@@ -280,9 +297,12 @@ class _Builder:
             entry_slots=entry_slots, entry_waiters=entry_waiters, task_node=task_node,
             task_step=task_step, task_layer=task_layer, task_train=task_train,
             task_needs=task_needs, task_msg=task_msg, task_made=task_made,
-            node_tasks=node_tasks, msg_src=msg_src, msg_buf=msg_buf, msg_rows=msg_rows,
-            msg_dst=msg_dst, msg_entry=msg_entry, forwards=forwards, made_input=made_input,
-            active=active, **named, **_parameter_offsets(spec),
+            task_kind=task_kind, task_args=task_args, node_tasks=node_tasks,
+            msg_src=msg_src, msg_buf=msg_buf, msg_rows=msg_rows, msg_dst=msg_dst,
+            msg_entry=msg_entry, forwards=forwards, made_input=made_input,
+            input_slot=input_slot, active=active,
+            number=np.array([float(node.plan.number) for node in nodes], np.float64),
+            by_input=by_input, **_parameter_offsets(spec),
             in_channels=spec.model.in_channels, layers=layers, filters=spec.model.filters)
 
     def _buffers(self) -> None:
@@ -334,65 +354,6 @@ class _Builder:
             kept, self.home[k] = np.unique(home, return_inverse=True)
             self.used[k] = len(kept)
 
-    def _named(self, layers: int) -> dict[str, np.ndarray]:
-        """Per node, the buffers, slots and lists its steps use (`NodeMachine._adopt`)."""
-        nodes, n_nodes = self.nodes, len(self.nodes)
-        out: dict[str, np.ndarray] = {
-            name: np.full((n_nodes, layers + 1), NONE, np.int64)
-            for name in ("a_buf", "own_a", "dz_buf", "own_dz")}
-        for name in ("conv_slots", "grad_slots"):
-            out[name] = np.zeros((n_nodes, layers + 1, 2), np.int64)
-        single = ("route_buf", "own_route", "pooled_buf", "pooled_slot", "dpooled_buf",
-                  "dpooled_slot", "winner_buf", "winner_slot")
-        for name in single:
-            out[name] = np.full(n_nodes, NONE, np.int64)
-        lists = ("conv_taps", "grad_taps", "block_slots", "route_slots", "child_pooled",
-                 "child_winner", "child_dpooled", "children")
-        for name in lists:
-            out[name] = np.zeros((n_nodes, 2), np.int64)
-        out["number"] = np.zeros(n_nodes, np.float64)
-        out["by_input"] = np.zeros(n_nodes, np.uint8)
-        glob = self.glob
-        for n, node in enumerate(nodes):
-            buf = self.node_buffer[n]
-            a = [buf + b for b in node.a]
-            dz = [NONE] + [buf + b for b in node.dz[1:]]
-            for layer in range(layers + 1):
-                out["a_buf"][n, layer] = a[layer]
-                out["own_a"][n, layer] = glob(a[layer], node.own_a[layer])[0]
-                if layer:
-                    out["dz_buf"][n, layer] = dz[layer]
-                    out["own_dz"][n, layer] = glob(dz[layer], node.own_dz[layer])[0]
-                    out["conv_slots"][n, layer] = self.put(
-                        glob(a[layer - 1], node.conv_slots[layer]))
-                if layer > 1:
-                    out["grad_slots"][n, layer] = self.put(
-                        glob(dz[layer], node.grad_slots[layer]))
-            out["conv_taps"][n] = self.put(node.conv_taps)
-            out["grad_taps"][n] = self.put(node.grad_taps)
-            out["route_buf"][n] = buf + node.route
-            out["own_route"][n] = glob(buf + node.route, node.own_route)[0]
-            for name in ("pooled", "dpooled", "winner"):
-                if hasattr(node, name):
-                    g = out[f"{name}_buf"][n] = buf + getattr(node, name)
-                    out[f"{name}_slot"][n] = glob(g, getattr(node, f"{name}_slot"))[0]
-            # A leader's block: its members' last activations, and their routed
-            # gradients; global pooling's children's maxima, first cells and gradients.
-            lists = {"block_slots": a[layers], "route_slots": buf + node.route}
-            for name, field in (("child_pooled", "pooled"), ("child_winner", "winner"),
-                                ("child_dpooled", "dpooled")):
-                if hasattr(node, field):
-                    lists[name] = buf + getattr(node, field)
-            for name, g in lists.items():
-                if hasattr(node, name):
-                    out[name][n] = self.put(glob(g, getattr(node, name)))
-            out["children"][n] = self.put(self.index[c] for c in node.children)
-            out["number"][n] = float(node.number)
-            memory = node.plan.memory(Mode.TRAIN, True) if node.memory_plan else \
-                node.plan.unplanned
-            out["by_input"][n] = memory.by_input_cell
-        return out
-
 
 # ---------------------------------------------------------------- checked before run
 # The loop runs without bounds checks (a checked loop is several times slower), so every
@@ -400,35 +361,25 @@ class _Builder:
 # tables are built, against the size of what it indexes: a table laid out wrong, or
 # tampered with, is refused in one line rather than read past its arrays. Every integer
 # field of `Tables` is declared here as an index (`INDEXES`: what its numbers count) or
-# as a value (`VALUES`); tests/test_compiled.py holds each field to one of the two and
-# tampers every index in turn.
+# as a value (`VALUES`); tests/test_compiled_tables.py holds each field to one of the two
+# and tampers every index in turn. What each step reads of its operands (which arena,
+# one slot or a list, lists walked in pairs) is the executor's (`OPERAND_KINDS`,
+# `PAIRED`: nodes/execute.py).
 
 
 class TablesError(MeshdlError, ValueError):
     """Compiled tables that would make the loop index outside its arrays."""
 
 
-class UnknownStep(MeshdlError):
-    """The loop met a step code it has no arithmetic for (tables changed after
-    `validate`)."""
-
-
-def _top(tb: Tables) -> np.ndarray:
-    return tb.a_buf[:, tb.layers]
-
-
-def _below(tb: Tables) -> np.ndarray:
-    """Per (node, layer), the buffer of layer - 1's activations (NONE for layer 0)."""
-    return np.concatenate([np.full((tb.nodes, 1), NONE, np.int64), tb.a_buf[:, :-1]], 1)
-
-
 class Index(NamedTuple):
     """What the numbers of an index field count (`_counts`): nodes, tasks, messages,
-    entries, buffers, arenas, layers, taps (of a kernel), params (offsets into the
-    PARAMS vector), or slots (of the arena of the buffer `buffer` names, aligned with
-    the field). `listed`: the field holds ranges [start, end) of `lists`, whose numbers
-    are the ones counted; `span`: ranges of the counted numbers themselves. `none`: NONE
-    (nothing there) is allowed; a step that needs the thing checks it is there."""
+    entries, buffers, arenas, layers, kinds (of operand), inputs (home slots of the
+    INPUTS arena), params (offsets into the PARAMS vector), slots (of the arena of the
+    buffer `buffer` names, aligned with the field) or operands (the home slots, taps or
+    nodes an operand lists, by its kind). `listed`: the field holds ranges [start, end)
+    of `lists`, whose numbers are the ones counted; `span`: ranges of the counted numbers
+    themselves. `none`: NONE (nothing there) is allowed; a step that needs the thing
+    checks it is there."""
 
     of: str
     listed: bool = False
@@ -452,6 +403,8 @@ INDEXES: dict[str, Index] = {
     "task_layer": Index("layers"),
     "task_msg": Index("messages", none=True),
     "task_made": Index("tasks", listed=True),
+    "task_kind": Index("kinds", none=True),  # (before the operands it says how to read)
+    "task_args": Index("operands", listed=True),
     "node_tasks": Index("tasks", span=True),
     "msg_src": Index("nodes"),
     "msg_buf": Index("buffers", none=True),
@@ -460,60 +413,18 @@ INDEXES: dict[str, Index] = {
     "msg_entry": Index("entries", none=True),
     "forwards": Index("messages", listed=True),
     "made_input": Index("tasks", listed=True),
-    "a_buf": Index("buffers"),
-    "own_a": Index("slots", buffer=_field("a_buf")),
-    "dz_buf": Index("buffers", none=True),
-    "own_dz": Index("slots", none=True, buffer=_field("dz_buf")),
-    "conv_slots": Index("slots", listed=True, buffer=_below),
-    "conv_taps": Index("taps", listed=True),
-    "grad_slots": Index("slots", listed=True, buffer=_field("dz_buf")),
-    "grad_taps": Index("taps", listed=True),
-    "route_buf": Index("buffers"),
-    "own_route": Index("slots", buffer=_field("route_buf")),
-    "pooled_buf": Index("buffers", none=True),
-    "pooled_slot": Index("slots", none=True, buffer=_field("pooled_buf")),
-    "dpooled_buf": Index("buffers", none=True),
-    "dpooled_slot": Index("slots", none=True, buffer=_field("dpooled_buf")),
-    "winner_buf": Index("buffers", none=True),
-    "winner_slot": Index("slots", none=True, buffer=_field("winner_buf")),
-    "block_slots": Index("slots", listed=True, buffer=_top),
-    "route_slots": Index("slots", listed=True, buffer=_field("route_buf")),
-    "child_pooled": Index("slots", listed=True, buffer=_field("pooled_buf")),
-    "child_winner": Index("slots", listed=True, buffer=_field("winner_buf")),
-    "child_dpooled": Index("slots", listed=True, buffer=_field("dpooled_buf")),
-    "children": Index("nodes", listed=True),
+    "input_slot": Index("inputs"),
     "w_off": Index("params"),  # (each with its layer's w_shape: the whole weight)
     "b_off": Index("params"),  # (with b_len)
     "mean_off": Index("params"),  # (with in_channels)
     "std_off": Index("params"),
 }
 # Numbers that index nothing: sizes, counts, flags, codes (`task_step`: checked as
-# codes below, and the loop refuses an unknown one). (`number` is a float.)
+# codes below, and the executor refuses an unknown one). (`number` is a float.)
 VALUES = frozenset({"arena_sizes", "buf_ch", "entry_role", "task_step", "task_train",
                     "task_needs", "active", "by_input", "w_shape", "b_len",
                     "in_channels", "layers", "filters", "conv_size", "params_size"})
-# Lists a kernel walks by the first's positions, reading the second's at each: the
-# second must be at least as long (a window's slots and their kernel taps; global
-# pooling's children's maxima and their first cells, at a node that runs WINNERS).
-PAIRED = (("conv_slots", "conv_taps", None), ("grad_slots", "grad_taps", None),
-          ("child_pooled", "child_winner", WINNERS))
-# Per step code, what its node must have (the fields NONE may leave out) at the node
-# (`None`), the task's layer (0), the layer below (-1), or the top layer ("top"), and
-# the lowest layer it may run at.
-STEP_NEEDS: dict[int, tuple[tuple[tuple[str, int | str | None], ...], int]] = {
-    SEND: ((("task_msg", "task"),), 0),
-    CONV: ((), 1),
-    POOL: ((("pooled_buf", None), ("pooled_slot", None)), 0),
-    ROUTE: ((("dpooled_buf", None), ("dpooled_slot", None)), 0),
-    AGGREGATE: ((("pooled_buf", None), ("pooled_slot", None)), 0),
-    WINNERS: ((("pooled_buf", None), ("pooled_slot", None), ("winner_buf", None),
-               ("winner_slot", None)), 0),
-    SPLIT: ((("dpooled_buf", None), ("dpooled_slot", None)), 0),
-    DZ_TOP: ((("dz_buf", "top"), ("own_dz", "top")), 0),
-    WEIGHT_GRAD: ((("dz_buf", 0), ("own_dz", 0)), 1),
-    INPUT_GRAD: ((("dz_buf", 0), ("own_dz", 0), ("dz_buf", -1), ("own_dz", -1)), 2),
-    REDUCE: ((("task_msg", "task"),), 0),
-}
+LOWEST_LAYER = {CONV: 1, WEIGHT_GRAD: 1, INPUT_GRAD: 2}  # else 0
 
 
 def _refuse(field: str, at, value: int, bound: str) -> TablesError:
@@ -524,11 +435,16 @@ def _refuse(field: str, at, value: int, bound: str) -> TablesError:
 
 def _counts(tb: Tables) -> dict[str, int]:
     """How many there are of what each kind of index counts."""
-    taps = int(tb.w_shape[1:, 2].min()) if tb.layers else 0
     return {"nodes": tb.nodes, "tasks": len(tb.task_node), "messages": len(tb.msg_src),
             "entries": len(tb.entry_node), "buffers": len(tb.buf_arena),
-            "arenas": len(tb.arena_sizes), "layers": tb.layers + 1, "taps": taps,
+            "arenas": len(tb.arena_sizes), "layers": tb.layers + 1, "kinds": 4,
+            "inputs": int(tb.arena_sizes[INPUTS]) if len(tb.arena_sizes) else 0,
             "params": tb.params_size}
+
+
+def _taps(tb: Tables) -> int:
+    """Kernel taps of the smallest kernel: what a tap list may index."""
+    return int(tb.w_shape[1:, 2].min()) if tb.layers else 0
 
 
 def _within(field: str, values: np.ndarray, bound, what: str, none: bool) -> None:
@@ -552,6 +468,16 @@ def _slot_bounds(tb: Tables, index: Index, shape: tuple[int, ...]) -> np.ndarray
     return np.where(buffers == NONE, 0, sizes)
 
 
+def _operand_bounds(tb: Tables) -> np.ndarray:
+    """Per operand of a task, what its list's numbers may reach: the home slots of its
+    arena, the taps of a kernel, the nodes (0: NONE, no list)."""
+    sizes = np.zeros(4, np.int64)
+    sizes[:len(tb.arena_sizes)] = tb.arena_sizes[:2]
+    sizes[TAPS], sizes[CHILDREN] = _taps(tb), tb.nodes
+    kinds = tb.task_kind
+    return np.where((kinds >= 0) & (kinds < 4), sizes[np.clip(kinds, 0, 3)], 0)
+
+
 def _ranges(field: str, spans: np.ndarray, size: int, what: str) -> None:
     """Every range [start, end) of `field` lies in [0, size]."""
     starts, ends = spans[..., 0], spans[..., 1]
@@ -572,6 +498,8 @@ def _listed(tb: Tables, field: str, index: Index, counts: dict[str, int]) -> Non
     where = starts[owner] + np.arange(len(owner)) - first  # its place in the lists
     if index.of == "slots":
         bound = _slot_bounds(tb, index, spans.shape[:-1]).ravel()[owner]
+    elif index.of == "operands":
+        bound = _operand_bounds(tb).ravel()[owner]
     else:
         bound = counts[index.of]
     values = tb.lists[where]
@@ -588,11 +516,10 @@ def _listed(tb: Tables, field: str, index: Index, counts: dict[str, int]) -> Non
 def validate(tb: Tables) -> None:
     """Refuse (`TablesError`, one line: the field, the position, the bound) tables the
     loop would index outside its arrays with: every index field of `INDEXES` against
-    the size of what it indexes, every step code known, each step's node holding what
-    it needs, the lists a kernel walks in pairs, and each message sent by one sender
-    (the loop's queues hold each message once)."""
+    the size of what it indexes, every step code known, each task's operands what its
+    step reads (`_check_steps`), and each message sent by one sender (the loop's queues
+    hold each message once)."""
     counts = _counts(tb)
-    nodes, layers = tb.nodes, tb.layers
     for field, index in INDEXES.items():
         if field == "lists":
             continue  # (checked through the fields that list its numbers)
@@ -606,24 +533,12 @@ def validate(tb: Tables) -> None:
                     "its buffer's arena", index.none)
         elif index.of != "params":
             _within(field, values, counts[index.of], index.of, index.none)
-    for field in ("a_buf", "dz_buf", "own_a", "own_dz", "conv_slots", "grad_slots"):
-        if getattr(tb, field).shape[:2] != (nodes, layers + 1):
-            raise TablesError(f"compiled tables refused: Tables.{field} has shape "
-                              f"{getattr(tb, field).shape}, not ({nodes}, {layers + 1}, ...)")
+    if tb.task_kind.shape != (len(tb.task_node), OPERANDS) or \
+            tb.task_args.shape != (len(tb.task_node), OPERANDS, 2):
+        raise TablesError(f"compiled tables refused: Tables.task_kind and task_args have "
+                          f"shapes {tb.task_kind.shape}, {tb.task_args.shape}, not "
+                          f"({len(tb.task_node)}, {OPERANDS}[, 2])")
     _check_parameters(tb)
-    for first, second, step in PAIRED:
-        a, b = getattr(tb, first), getattr(tb, second)
-        walked = a[..., 1] - a[..., 0]
-        if step is not None:  # (only where that step runs)
-            runs = np.zeros(nodes, bool)
-            runs[tb.task_node[tb.task_step == step]] = True
-            walked = np.where(runs, walked, 0)
-        read = np.broadcast_to((b[..., 1] - b[..., 0]).reshape(
-            b.shape[:-1] + (1,) * (walked.ndim - b.ndim + 1)), walked.shape)
-        if (walked > read).any():
-            at = np.argwhere(walked > read)[0]
-            raise _refuse(first, at, walked[tuple(at)],
-                          f"a list as long as Tables.{second}'s ({int(read[tuple(at)])})")
     _check_steps(tb)
     senders = np.concatenate([tb.task_msg[tb.task_msg != NONE]] + [
         tb.lists[s:e] for s, e in tb.forwards])
@@ -657,29 +572,64 @@ def _check_parameters(tb: Tables) -> None:
 
 
 def _check_steps(tb: Tables) -> None:
-    """Every task's step code is known, its layer one the step may run at, and its node
-    holds what the step reads."""
-    codes = np.array(sorted(STEP_NEEDS), np.int64)
+    """Every task's step code is known, its layer one the step may run at, each operand
+    it reads of the kind the step reads (an arena of the channels it expects, taps,
+    children; one slot where it reads one), the lists it walks in pairs as long as each
+    other, and its message there where it sends one."""
+    codes = np.array([SEND, *sorted(OPERAND_KINDS)], np.int64)
     unknown = ~np.isin(tb.task_step, codes)
     if unknown.any():
         t = int(np.argmax(unknown))
         raise _refuse("task_step", t, tb.task_step[t],
                       f"a step code ({', '.join(map(str, codes))})")
-    for code, (needs, lowest) in STEP_NEEDS.items():
+    channels = np.array([tb.in_channels, tb.filters, -1, -1])  # of each kind's values
+    lengths = tb.task_args[..., 1] - tb.task_args[..., 0]
+    for code in (SEND, REDUCE):  # they send: their message is there
+        tasks = np.flatnonzero((tb.task_step == code) & (tb.task_msg == NONE))
+        if tasks.size:
+            raise TablesError(f"compiled tables refused: task {int(tasks[0])} (step code "
+                              f"{code}) sends a message, and its Tables.task_msg is NONE")
+    for code, operands in OPERAND_KINDS.items():
         tasks = np.flatnonzero(tb.task_step == code)
-        low = tasks[tb.task_layer[tasks] < lowest]
+        layer = tb.task_layer[tasks]
+        low = tasks[layer < LOWEST_LAYER.get(code, 0)]
         if low.size:
             raise _refuse("task_layer", low[0], tb.task_layer[low[0]],
-                          f"a layer from {lowest} (step code {code})")
-        n, layer = tb.task_node[tasks], tb.task_layer[tasks]
-        for field, at in needs:
-            values = getattr(tb, field)
-            got = (values[tasks] if at == "task" else values[n] if at is None else
-                   values[n, tb.layers] if at == "top" else values[n, layer + at])
-            if (got == NONE).any():
-                t = int(tasks[np.argmax(got == NONE)])
-                raise TablesError(f"compiled tables refused: task {t} (step code {code}) "
-                                  f"needs Tables.{field} of its node, which is NONE")
+                          f"a layer from {LOWEST_LAYER.get(code, 0)} (step code {code})")
+        for k, (what, one) in enumerate(operands):
+            read = tasks
+            if code == WEIGHT_GRAD and k in (3, 4):  # by input cell, above layer 1 only
+                read = tasks[layer > 1]
+            kinds = tb.task_kind[read, k]
+            if what[0] in ("a", "f"):
+                at = tb.layers if what[0] == "a" and what[1] == "top" else \
+                    tb.task_layer[read] + what[1] if what[0] == "a" else None
+                want = np.full(read.size, tb.filters) if at is None else \
+                    np.where(np.asarray(at) == 0, tb.in_channels, tb.filters)
+                bad = (kinds < 0) | (kinds > FEATURES)
+                bad |= channels[np.clip(kinds, 0, 3)] != want
+                expected = "an arena of the channels it reads"
+            else:
+                bad = kinds != (TAPS if what[0] == "taps" else CHILDREN)
+                expected = f"{TAPS if what[0] == 'taps' else CHILDREN} ({what[0]})"
+            if bad.any():
+                t = int(read[np.argmax(bad)])
+                raise _refuse("task_kind", (t, k), tb.task_kind[t, k],
+                              f"{expected} (step code {code}, operand {k})")
+            if one and (lengths[read, k] != 1).any():
+                t = int(read[np.argmax(lengths[read, k] != 1)])
+                raise _refuse("task_args", (t, k, 1), tb.task_args[t, k, 1],
+                              f"the end of a range of one slot (step code {code}, "
+                              f"operand {k})")
+        for first, second in PAIRED.get(code, ()):
+            read = tasks[tb.task_layer[tasks] > 1] if code == WEIGHT_GRAD and first == 3 \
+                else tasks
+            walked, taps = lengths[read, first], lengths[read, second]
+            if (walked > taps).any():
+                t = int(read[np.argmax(walked > taps)])
+                raise _refuse("task_args", (t, first, 1), tb.task_args[t, first, 1],
+                              f"the end of a list as long as operand {second}'s "
+                              f"({int(lengths[t, second])}, step code {code})")
 
 
 def _parameter_offsets(spec: MeshSpec) -> dict[str, np.ndarray | int]:
@@ -701,27 +651,6 @@ def _slot_array(slots) -> np.ndarray:
     if isinstance(slots, slice):
         return np.arange(slots.start, slots.stop, dtype=np.int64)
     return np.atleast_1d(np.asarray(slots, np.int64))
-
-
-def _made(node: NodeMachine, task: Computation, layers: int) -> list[int]:
-    """The tasks of `node` waiting for what `task` makes, as its step tells them
-    (nodes/steps.py: each `_arrived` call, in order; a task counted once per source)."""
-    step, layer = task.step, task.layer
-    if step is Step.CONV:
-        return list(node.made_a[layer])
-    if step in (Step.POOL, Step.AGGREGATE):
-        return list(node.made_pooled)
-    if step in (Step.ROUTE, Step.SPLIT):
-        return [t for made in node.made_route for t in made]
-    if step is Step.WINNERS:
-        return list(node.made_winner)
-    if step is Step.DZ_TOP:
-        return list(node.made_dz[layers])
-    if step is Step.WEIGHT_GRAD:
-        return list(node.made_grad[layer])
-    if step is Step.INPUT_GRAD:
-        return list(node.made_dz[layer - 1])
-    return []  # REDUCE: its result is a message
 
 
 class State(NamedTuple):
@@ -814,39 +743,36 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
     slots are home slots), which no one writes again in the wave. An arrival counts down
     the tasks waiting for its inbox entry (`NodeMachine._arrived`); PARAMS and BATCH both
     in start the node's wave (`_start_wave`); then every ready task runs, as
-    `_run_ready` runs them, each computation as its step in nodes/steps.py does."""
-    lists, buf_arena = tb.lists, tb.buf_arena
+    `_run_ready` runs them: a send is queued for the next round, a computation runs in
+    the executor (`execute.run_task`) on its operands' arenas and lists."""
+    lists = tb.lists
     entry_node, entry_role, entry_waiters = tb.entry_node, tb.entry_role, tb.entry_waiters
     task_node, task_step, task_layer = tb.task_node, tb.task_step, tb.task_layer
     task_train, task_msg, task_made, node_tasks = tb.task_train, tb.task_msg, \
         tb.task_made, tb.node_tasks
+    task_kind, task_args = tb.task_kind, tb.task_args
     msg_dst, msg_entry = tb.msg_dst, tb.msg_entry
-    forwards, made_input, active = tb.forwards, tb.made_input, tb.active
-    a_buf, own_a, dz_buf, own_dz = tb.a_buf, tb.own_a, tb.dz_buf, tb.own_dz
-    conv_slots, conv_taps, grad_slots, grad_taps = tb.conv_slots, tb.conv_taps, \
-        tb.grad_slots, tb.grad_taps
-    route_buf, own_route = tb.route_buf, tb.own_route
-    pooled_buf, pooled_slot = tb.pooled_buf, tb.pooled_slot
-    dpooled_buf, dpooled_slot = tb.dpooled_buf, tb.dpooled_slot
-    winner_buf, winner_slot = tb.winner_buf, tb.winner_slot
-    block_slots, route_slots, children = tb.block_slots, tb.route_slots, tb.children
-    child_pooled, child_winner, child_dpooled = tb.child_pooled, tb.child_winner, \
-        tb.child_dpooled
+    forwards, made_input, input_slot, active = tb.forwards, tb.made_input, tb.input_slot, \
+        tb.active
     number, by_input = tb.number, tb.by_input
-    w_off, w_shape, b_off, b_len = tb.w_off, tb.w_shape, tb.b_off, tb.b_len
-    top, channels = tb.layers, tb.in_channels
     missing, task_round, control = st.missing, st.task_round, st.control
     tasks_done, finished, failed, sent = st.tasks_done, st.finished, st.failed, st.sent
     cur, nxt, to_edge, stack, counts = st.cur, st.nxt, st.to_edge, st.stack, st.counts
     inputs, features, winners, grads, params = w.inputs, w.features, w.winners, w.grads, \
         w.params
     readings, indices, training = w.readings, w.indices, w.training
+    channels = tb.in_channels
     mean = params[tb.mean_off:tb.mean_off + channels]
     std = params[tb.std_off:tb.std_off + channels]
+    layout = np.empty((tb.layers + 1, 6), np.int64)  # the executor's (`layout_rows`)
+    for layer in range(tb.layers + 1):
+        layout[layer, 0] = tb.w_off[layer]
+        layout[layer, 1:4] = tb.w_shape[layer]
+        layout[layer, 4], layout[layer, 5] = tb.b_off[layer], tb.b_len[layer]
     which = 0 if training else 1  # `active`'s column
 
-    def arena(g: int) -> np.ndarray:  # a buffer's arena, whole (inlined by Numba)
-        return inputs if buf_arena[g] == 0 else features
+    def arena(kind: int) -> np.ndarray:  # an operand's arena, whole (inlined by Numba)
+        return inputs if kind == INPUTS else features
 
     # Sources that came, as ranges of waiting tasks (`lists`), still to count down.
     spans = np.empty((2, 2), np.int64)  # (one at a time: they go before tasks)
@@ -866,10 +792,8 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
                 # normalized readings (zeros, failed out), every task already able to run.
                 for k in range(forwards[n, 0], forwards[n, 1]):
                     _enqueue(lists[k], msg_dst, sent, nxt, to_edge, counts)
-                own = arena(a_buf[n, 0])[own_a[n, 0]]
-                compute.normalize(readings[n], indices, mean, std, own)
-                if failed[n]:
-                    own[...] = 0.0
+                start_input(readings[n], indices, mean, std, failed[n] != 0,
+                            inputs[input_slot[n]])
                 for t in range(node_tasks[n, 0], node_tasks[n, 1]):
                     if missing[t] == 0:
                         stack[counts[READY]] = t
@@ -895,7 +819,7 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
                 t = stack[counts[READY]]
                 if task_train[t] and not training:
                     continue
-                n, step, layer = task_node[t], task_step[t], task_layer[t]
+                n, step = task_node[t], task_step[t]
                 task_round[t] = now
                 tasks_done[n] += 1
                 if tasks_done[n] == active[n, which]:
@@ -905,81 +829,18 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
                     continue
                 spans[n_spans, 0], spans[n_spans, 1] = task_made[t, 0], task_made[t, 1]
                 n_spans += 1
-                last = arena(a_buf[n, top])  # the last conv layer's activations
-                if step == CONV:
-                    z = arena(a_buf[n, layer])[own_a[n, layer]]
-                    h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
-                    compute.conv_relu(
-                        arena(a_buf[n, layer - 1]),
-                        lists[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
-                        lists[conv_taps[n, 0]:conv_taps[n, 1]],
-                        params[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk)),
-                        params[b_off[layer]:b_off[layer] + b_len[layer]], z)
-                    if failed[n]:
-                        z[...] = 0.0
-                elif step == POOL:
-                    compute.max_pool(last, lists[block_slots[n, 0]:block_slots[n, 1]],
-                                     arena(pooled_buf[n])[pooled_slot[n]], winners[n])
-                elif step == ROUTE:
-                    compute.route_max(arena(dpooled_buf[n])[dpooled_slot[n]], winners[n],
-                                      lists[route_slots[n, 0]:route_slots[n, 1]],
-                                      arena(route_buf[n]))
-                elif step == AGGREGATE:
-                    pooled = arena(pooled_buf[n])
-                    compute.aggregate_max(last[own_a[n, top]], pooled,
-                                          lists[child_pooled[n, 0]:child_pooled[n, 1]],
-                                          pooled[pooled_slot[n]], winners[n])
-                elif step == WINNERS:
-                    pooled, numbers = arena(pooled_buf[n]), arena(winner_buf[n])
-                    compute.first_winners(number[n], last[own_a[n, top]],
-                                          pooled[pooled_slot[n]], pooled,
-                                          lists[child_pooled[n, 0]:child_pooled[n, 1]],
-                                          numbers,
-                                          lists[child_winner[n, 0]:child_winner[n, 1]],
-                                          numbers[winner_slot[n]], winners[n])
-                elif step == SPLIT:
-                    dpooled = arena(dpooled_buf[n])
-                    compute.split_max(dpooled[dpooled_slot[n]], winners[n],
-                                      arena(route_buf[n])[own_route[n]], dpooled,
-                                      lists[child_dpooled[n, 0]:child_dpooled[n, 1]])
-                elif step == DZ_TOP:
-                    compute.relu_backward(last[own_a[n, top]],
-                                          arena(route_buf[n])[own_route[n]],
-                                          arena(dz_buf[n, top])[own_dz[n, top]])
-                elif step == WEIGHT_GRAD:
-                    h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
-                    grad = grads[n]
-                    dweight = grad[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk))
-                    dbias = grad[b_off[layer]:b_off[layer] + b_len[layer]]
-                    dz, below = arena(dz_buf[n, layer]), arena(a_buf[n, layer - 1])
-                    if by_input[n] and layer > 1:
-                        compute.weight_grad_of_input(
-                            dz, lists[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
-                            lists[grad_taps[n, 0]:grad_taps[n, 1]], own_dz[n, layer],
-                            below[own_a[n, layer - 1]], dweight, dbias)
-                    else:
-                        compute.weight_grad(
-                            dz[own_dz[n, layer]], below,
-                            lists[conv_slots[n, layer, 0]:conv_slots[n, layer, 1]],
-                            lists[conv_taps[n, 0]:conv_taps[n, 1]], dweight, dbias)
-                elif step == INPUT_GRAD:
-                    h, c, kk = w_shape[layer, 0], w_shape[layer, 1], w_shape[layer, 2]
-                    compute.input_grad(
-                        arena(dz_buf[n, layer]),
-                        lists[grad_slots[n, layer, 0]:grad_slots[n, layer, 1]],
-                        lists[grad_taps[n, 0]:grad_taps[n, 1]],
-                        params[w_off[layer]:w_off[layer] + h * c * kk].reshape((h, c, kk)),
-                        arena(a_buf[n, layer - 1])[own_a[n, layer - 1]],
-                        arena(dz_buf[n, layer - 1])[own_dz[n, layer - 1]])
-                elif step == REDUCE:  # the children's totals added in order, as numpy's +=
-                    total = grads[n]
-                    for k in range(children[n, 0], children[n, 1]):
-                        child = grads[lists[k]]
-                        for v in range(total.size):
-                            total[v] += child[v]
+                kind, args = task_kind[t], task_args[t]
+                run_task(step, task_layer[t],
+                         arena(kind[0]), lists[args[0, 0]:args[0, 1]],
+                         arena(kind[1]), lists[args[1, 0]:args[1, 1]],
+                         arena(kind[2]), lists[args[2, 0]:args[2, 1]],
+                         arena(kind[3]), lists[args[3, 0]:args[3, 1]],
+                         arena(kind[4]), lists[args[4, 0]:args[4, 1]],
+                         arena(kind[5]), lists[args[5, 0]:args[5, 1]],
+                         params, layout, grads[n], grads, winners[n], number[n],
+                         failed[n] != 0, by_input[n] != 0)
+                if step == REDUCE:  # its sum is a message up the tree
                     _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
-                else:  # (`validate` refuses such tables: no wave goes on without a step)
-                    raise UnknownStep("a task of the compiled tables has an unknown step code")
         if first:
             for item in pending:
                 nxt[counts[NEXT]] = item

@@ -265,7 +265,7 @@ def warm_up() -> None:
     weight, bias = frozen((1, 1, 1)), frozen((1,))
     normalize(np.zeros((1, 1), np.float32), frozen((1,), np.int32), bias, bias, out)
     conv_relu(values, slots, taps, weight, bias, out)
-    winners = np.zeros((1, 1), np.uint8)  # as `steps.pool` keeps them
+    winners = np.zeros((1, 1), np.uint8)  # as a wave keeps them (nodes/steps.py)
     max_pool(values, slots, out, winners)
     route_max(out, winners, slots, values)
     aggregate_max(out, values, slots, out, winners)

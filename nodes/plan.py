@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from enum import IntEnum, IntFlag
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
+from meshdl.nodes import steps
+from meshdl.nodes.execute import OPERANDS, SEND, STEP_CODES, layout_rows
 from meshdl.nodes.memory import MemoryPlan, plan_memory, unplanned
 from meshdl.protocol.deadlines import Arrivals, Schedule
 from meshdl.protocol.lifecycle import NodePhase
-from meshdl.protocol.messages import ITEM_BYTES, Kind, Message
+from meshdl.protocol.messages import ITEM_BYTES, Kind
 from meshdl.protocol.spec import Field, MeshSpec, Mode, Send
 from meshdl.protocol.topology import Cell
-from meshdl.protocol.work import Step, Work
-
-if TYPE_CHECKING:
-    from meshdl.nodes.agent import NodeMachine
+from meshdl.protocol.work import Step, Work, node_work
 
 Item = tuple[Field, Hashable]
+Run = Callable[..., None]  # `steps.run`: (node, wave, step, layer, operands, made, out)
 ACTIVATION_SCALE_BYTES = 4  # an int8 message's scale: above float32 for a single value
 Source = Hashable  # an inbox key (`InboxKey`), or the item a computation makes
 Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
@@ -66,7 +66,7 @@ class Role(IntEnum):
 class Computation(NamedTuple):
     """A task that runs one of this node's kernels."""
 
-    step: Step  # which computation (nodes/steps.py runs it)
+    step: Step  # which computation (nodes/execute.py runs it)
     layer: int
     stage: str  # its name in the wave's timing ("conv1", "pool", ...)
 
@@ -83,14 +83,68 @@ class SendJob(NamedTuple):
 
 
 class Job(NamedTuple):
-    """One task of a node's plan, ready to run: a send, or a computation's step."""
+    """One task of a node's plan as the machine's hot path reads it (`Program` rows, as
+    Python values): a send, or a computation for the executor (nodes/steps.py)."""
 
     train_only: bool
     send: SendJob | None
-    run: Callable[[NodeMachine, Wave, int, list[Message]], None] | None  # nodes/steps.py
+    run: Run | None  # a computation: what runs it (`steps.run`, around the executor)
+    step: int  # SEND, or a computation's step code (nodes/execute.py)
     layer: int
     stage: str
     work: Work = Work(0)  # a computation's floating-point operations (meshdl/protocol/work.py)
+    operands: tuple[tuple[int, np.ndarray, int], ...] = ()  # (buffer, slots, kept) each
+    made: tuple[int, ...] = ()  # the tasks waiting for what it makes, in order
+
+
+class Operand(NamedTuple):
+    """Where a computation reads or writes (`Program.args`): slots of one of this node's
+    field buffers, or a list of kernel taps (`TAP_LIST`) or of tree children
+    (`CHILD_LIST`); `kept`: the conv layer of this cell's own activation, which a wave
+    may keep apart (nodes/memory.py), else NONE."""
+
+    buffer: int
+    slots: list[int]
+    kept: int = -1
+
+
+NONE = -1  # no operand, no kept activation
+TAP_LIST = -2  # an operand listing kernel taps (flat positions dy * k + dx)
+CHILD_LIST = -3  # an operand listing tree children, by their place in the plan's
+
+
+class Planned(NamedTuple):
+    """A task as the plan lays it out, before it is numbered into the `Program`."""
+
+    task: Computation | Send
+    needs: list[Item]  # what must exist before it runs
+    train_only: bool
+    makes: list[Item]  # what it makes: the tasks waiting for those count down
+    operands: list[Operand]
+
+
+class Program(NamedTuple):
+    """A node's plan as integer rows, one per task, in the node's own numbering (its
+    field buffers and their slots): what the executor runs (nodes/execute.py), the
+    machine one task at a time (nodes/steps.py), the compiled loop over every node's
+    (nodes/compiled.py). A list (slots, taps, task numbers, children) is a range
+    [start, end) of `lists`."""
+
+    step: np.ndarray  # SEND or a step code (`execute.STEP_CODES`)
+    layer: np.ndarray  # its conv layer (0: none, and every send)
+    train: np.ndarray  # uint8: only training waves run it
+    needs: np.ndarray  # sources it waits for
+    made: np.ndarray  # (tasks, 2): the tasks waiting for what it makes, in order
+    args: np.ndarray  # (tasks, OPERANDS, 3): per operand buffer (or TAP_LIST, CHILD_LIST,
+    # NONE), and the range of its slots (taps, children)
+    kept: np.ndarray  # (tasks, OPERANDS): `Operand.kept`
+    started: np.ndarray  # range: the tasks waiting for this cell's own input, a_0
+    input: np.ndarray  # (buffer, slot) of that input
+    layout: np.ndarray  # the PARAMS vector's conv layers (`execute.layout_rows`)
+    lists: np.ndarray  # intp
+
+    def slots(self, start: int, end: int) -> np.ndarray:
+        return self.lists[start:end]
 
 
 class Expect(NamedTuple):
@@ -201,31 +255,71 @@ class NodePlan:
             entries[key] = (Role.PARTIAL_GRADIENTS, cell, 0, 0, True)
             self.writer[(("reduce",), child)] = key  # no buffer: REDUCE is a vector
 
-        # (task, needs, train only): computations, then sends, in a fixed order. A
-        # computation needs every item its kernel reads, so it runs only once they all
+        # Each task: what it is, the items it needs, whether only training runs it, the
+        # items it makes and its operands (where what it reads and writes lives, for
+        # the executor: nodes/execute.py); computations, then sends, in a fixed order.
+        # A computation needs every item its kernel reads, so it runs only once they all
         # exist, in whatever order messages arrive (a message may come early, forged or
         # not: it fills its slot and waits). Own results stand for what they were made
         # from: ("a", layer) of this cell for the window conv `layer` read.
-        tasks: list[tuple[Computation | Send, list[Item], bool]] = []
+        kernel = spec.model.kernel
+        forward = _taps(cell, topo.window(cell, before, after), before, kernel)
+        backward = _taps(cell, topo.window(cell, after, before), after, kernel)
+
+        def of(f: Field, items: Iterable[Hashable], kept: int = NONE) -> Operand:
+            b = self.buffers[f]
+            return Operand(b, [self.slots[b][i] for i in items], kept)
+
+        def own_a(layer: int) -> Operand:  # this cell's activation, maybe kept apart
+            return of(("a", layer), [cell], layer)
+
+        def taps(window: list[tuple[Cell, int]]) -> Operand:
+            return Operand(TAP_LIST, [tap for _, tap in window])
+
+        def cells(window: list[tuple[Cell, int]]) -> list[Cell]:
+            return [c for c, _ in window]
+
+        tasks: list[Planned] = []
         for layer in range(1, layers + 1):
             needs = [(("a", layer - 1), c) for c in topo.window(cell, before, after)
                      if (("a", layer - 1), c) not in orphaned]
-            tasks.append((Computation(Step.CONV, layer, f"conv{layer}"), needs, False))
+            tasks.append(Planned(
+                Computation(Step.CONV, layer, f"conv{layer}"), needs, False,
+                [(("a", layer), cell)],
+                [of(("a", layer - 1), cells(forward)), taps(forward),
+                 of(("a", layer), [cell])]))
         if leads:
             needs = [(("a", layers), c) for c in members]
-            tasks.append((Computation(Step.POOL, layers, "pool"), needs, False))
+            tasks.append(Planned(Computation(Step.POOL, layers, "pool"), needs, False,
+                                 [(("pooled",), block)],
+                                 [of(("a", layers), members), of(("pooled",), [block])]))
             needs = [(("dpooled",), block), (("pooled",), block)]  # and pool's winners
-            tasks.append((Computation(Step.ROUTE, layers, "route"), needs, True))
+            tasks.append(Planned(Computation(Step.ROUTE, layers, "route"), needs, True,
+                                 [(("route",), c) for c in members],
+                                 [of(("dpooled",), [block]), of(("route",), members)]))
         if aggregates:
             needs = [(("a", layers), cell), *((("pooled",), c) for c in children)]
-            tasks.append((Computation(Step.AGGREGATE, layers, "pool"), needs, False))
+            tasks.append(Planned(
+                Computation(Step.AGGREGATE, layers, "pool"), needs, False,
+                [(("pooled",), cell)],
+                [own_a(layers), of(("pooled",), children), of(("pooled",), [cell])]))
             needs = [(("pooled",), cell), *((("winner",), c) for c in children)]
-            tasks.append((Computation(Step.WINNERS, layers, "winners"), needs, True))
+            tasks.append(Planned(
+                Computation(Step.WINNERS, layers, "winners"), needs, True,
+                [(("winner",), cell)],
+                [own_a(layers), of(("pooled",), [cell]), of(("pooled",), children),
+                 of(("winner",), children), of(("winner",), [cell])]))
             needs = [(("dpooled",), cell), (("winner",), cell)]  # and which source won
-            tasks.append((Computation(Step.SPLIT, layers, "route"), needs, True))
+            tasks.append(Planned(
+                Computation(Step.SPLIT, layers, "route"), needs, True,
+                [(("route",), cell), *((("dpooled",), c) for c in children)],
+                [of(("dpooled",), [cell]), of(("route",), [cell]),
+                 of(("dpooled",), children)]))
         needs = [(("route",), cell)] if cell in members else []
         needs.append((("a", layers), cell))  # ReLU's mask
-        tasks.append((Computation(Step.DZ_TOP, layers, "dz_top"), needs, True))
+        tasks.append(Planned(
+            Computation(Step.DZ_TOP, layers, "dz_top"), needs, True, [(("dz", layers), cell)],
+            [own_a(layers), of(("route",), [cell]), of(("dz", layers), [cell])]))
         for layer in range(layers, 0, -1):
             # The weight gradient of a layer is taken either from this cell's output
             # gradient and input window or, above the first layer, from this cell's
@@ -235,17 +329,27 @@ class NodePlan:
             needs = [(("dz", layer), cell), (("a", layer), cell)]  # the input window
             window = [(("dz", layer), c) for c in topo.window(cell, after, before)
                       if (("dz", layer), c) not in orphaned] if layer > 1 else []
-            grad = Computation(Step.WEIGHT_GRAD, layer, f"grad{layer}")
-            tasks.append((grad, needs + window, True))
+            around = [of(("dz", layer), cells(backward)), taps(backward)] if layer > 1 \
+                else [Operand(NONE, []), Operand(NONE, [])]
+            tasks.append(Planned(
+                Computation(Step.WEIGHT_GRAD, layer, f"grad{layer}"), needs + window, True,
+                [(("grad", layer), cell)],  # a marker: the reduce and dinput wait for it
+                [of(("dz", layer), [cell]), of(("a", layer - 1), cells(forward)),
+                 taps(forward), *around, own_a(layer - 1)]))
             if layer > 1:
                 needs = [*window, (("a", layer - 1), cell), (("grad", layer), cell)]
-                dinput = Computation(Step.INPUT_GRAD, layer, f"dinput{layer}")
-                tasks.append((dinput, needs, True))
+                tasks.append(Planned(
+                    Computation(Step.INPUT_GRAD, layer, f"dinput{layer}"), needs, True,
+                    [(("dz", layer - 1), cell)],
+                    [of(("dz", layer), cells(backward)), taps(backward),
+                     own_a(layer - 1), of(("dz", layer - 1), [cell])]))
         needs = [(("grad", layer), cell) for layer in range(1, layers + 1)]
         needs += [(("reduce",), child) for child in topo.children[cell]]
-        tasks.append((Computation(Step.REDUCE, 0, "reduce"), needs, True))
+        tasks.append(Planned(Computation(Step.REDUCE, 0, "reduce"), needs, True, [],
+                             [Operand(CHILD_LIST, list(range(len(children))))]))
         for send in spec.sends[cell]:
-            tasks.append((send, [(send.field, i) for i in send.items], send.train_only))
+            tasks.append(Planned(send, [(send.field, i) for i in send.items],
+                                 send.train_only, [], [of(send.field, send.items)]))
 
         # What this node sends besides items (`MeshSpec.relays`): PARAMS and BATCH on
         # to its tree children as a wave starts, its REDUCE and HEALTH up the tree.
@@ -254,18 +358,18 @@ class NodePlan:
         self.reduce_to = next(s.dst for s in relays if s.kind == Kind.REDUCE)
         self.health_to: Cell | None = next(s.dst for s in relays if s.kind == Kind.HEALTH)
 
-        self.tasks = [task for task, _, _ in tasks]
+        self.tasks = [planned.task for planned in tasks]
         # A send's values: (buffer, slots) of its items.
         self.send_rows: list[tuple[int, Rows] | None] = [
             (self.buffers[task.field], self.rows(task.field, task.items))
-            if isinstance(task, Send) else None for task, _, _ in tasks]
-        self.train_only = [train for _, _, train in tasks]
+            if isinstance(task, Send) else None for task in self.tasks]
+        self.train_only = [planned.train_only for planned in tasks]
         self.waiters: dict[Source, list[int]] = {}
         self.needs_count: list[int] = []
         writer = self.writer.get
-        for index, (_, needs, _) in enumerate(tasks):
+        for index, planned in enumerate(tasks):
             # An item nobody writes is a computation's marker (("grad", layer), cell).
-            sources = dict.fromkeys(map(writer, needs, needs))
+            sources = dict.fromkeys(map(writer, planned.needs, planned.needs))
             self.needs_count.append(len(sources))
             for source in sources:
                 self.waiters.setdefault(source, []).append(index)
@@ -281,11 +385,14 @@ class NodePlan:
             (("reduce",), ()) for key in self.keys]
         # Which task makes each of this node's own items (its own readings are there
         # from the wave's start): a neighbour's value is usable once it is made.
-        self.maker: dict[Item, int] = {}
-        for index, (task, _, _) in enumerate(tasks):
-            if isinstance(task, Computation):
-                for item in _made_by(task, cell, block, members, children):
-                    self.maker[item] = index
+        self.maker: dict[Item, int] = {item: index for index, planned in enumerate(tasks)
+                                       for item in planned.makes if item in self.writer}
+        # Per field: the slots of its orphans, filled in per wave (nodes/besteffort.py).
+        self.orphan_rows = {f: np.array([self.slot(f, c) for c in items], np.intp)
+                            for f, items in self.orphans.items()}
+        self.number = cell[0] * spec.model.cols + cell[1]  # as BATCH and WINNER name it
+        self.program = self._program(spec, cell, tasks)
+        self.jobs = self._jobs(spec, cell)
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
         self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
@@ -323,6 +430,59 @@ class NodePlan:
         self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
         self.layers, self._memory = 0, {}
         self.unplanned = unplanned([], 0)
+        self.orphan_rows, self.number, self.jobs = {}, 0, []
+        self.program = Program(
+            *(np.zeros(0, np.int64) for _ in range(4)), np.zeros((0, 2), np.int64),
+            np.zeros((0, OPERANDS, 3), np.int64), np.zeros((0, OPERANDS), np.int64),
+            np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros((1, 6), np.int64),
+            np.zeros(0, np.intp))
+
+    def _program(self, spec: MeshSpec, cell: Cell, tasks: list[Planned]) -> Program:
+        """The tasks as the executor's integer rows (`Program`)."""
+        lists: list[int] = []
+
+        def put(values: Iterable[int]) -> tuple[int, int]:
+            start = len(lists)
+            lists.extend(int(v) for v in values)
+            return start, len(lists)
+
+        count = len(tasks)
+        made, kept = np.zeros((count, 2), np.int64), np.full((count, OPERANDS), NONE, np.int64)
+        args = np.zeros((count, OPERANDS, 3), np.int64)
+        args[..., 0] = NONE
+        for t, planned in enumerate(tasks):
+            made[t] = put(w for item in planned.makes for w in self.waiting_for(item))
+            for i, operand in enumerate(planned.operands):
+                args[t, i] = (operand.buffer, *put(operand.slots))
+                kept[t, i] = operand.kept
+        a0 = self.buffers[("a", 0)]
+        started = np.array(put(self.waiting_for((("a", 0), cell))), np.int64)
+        return Program(
+            step=np.array([SEND if isinstance(p.task, Send) else STEP_CODES[p.task.step]
+                           for p in tasks], np.int64),
+            layer=np.array([0 if isinstance(p.task, Send) else p.task.layer for p in tasks],
+                           np.int64),
+            train=np.array([p.train_only for p in tasks], np.uint8),
+            needs=np.array(self.needs_count, np.int64), made=made, args=args, kept=kept,
+            started=started, input=np.array([a0, self.slots[a0][cell]], np.int64),
+            layout=layout_rows(spec.params_layout), lists=np.array(lists, np.intp))
+
+    def _jobs(self, spec: MeshSpec, cell: Cell) -> list[Job]:
+        """The program's rows as the machine's hot path reads them."""
+        program, lists = self.program, self.program.lists
+        jobs = []
+        for t, (task, rows) in enumerate(zip(self.tasks, self.send_rows, strict=True)):
+            if isinstance(task, Send):
+                send = SendJob(task.kind, task.dst, *rows, task.layer, task.phase)
+                jobs.append(Job(self.train_only[t], send, None, SEND, 0, ""))
+                continue
+            operands = tuple((int(b), lists[s:e], int(kept)) for (b, s, e), kept in
+                             zip(program.args[t], program.kept[t], strict=True))
+            made = tuple(int(w) for w in lists[program.made[t, 0]:program.made[t, 1]])
+            jobs.append(Job(self.train_only[t], None, steps.run, int(program.step[t]),
+                            int(program.layer[t]), task.stage,
+                            node_work(spec, cell, task.step, task.layer), operands, made))
+        return jobs
 
     def memory(self, mode: Mode, exact: bool) -> MemoryPlan:
         """Where the fields of a wave of `mode` live, exact or best effort
@@ -396,8 +556,8 @@ class Wave:
         self.batch = 0
         # Per field: (slots, channels, batch); None (despite the type, for the hot path)
         # for a field the wave never touches (nodes/memory.py). Per conv layer: this
-        # cell's activation, kept apart where its field's memory goes to gradients in the
-        # backward pass, else None.
+        # cell's activation, (1, channels, batch), kept apart where its field's memory
+        # goes to gradients in the backward pass, else None.
         self.buffers: list[np.ndarray] = []
         self.kept: list[np.ndarray | None] = []
         self.by_input_cell = False  # weight gradients above layer 1: see nodes/memory.py
@@ -439,24 +599,6 @@ def _padded(entry: tuple) -> tuple:
 _EXPECT_DEFAULTS = tuple(Expect._field_defaults.get(name) for name in Expect._fields[:7])
 
 
-def _made_by(task: Computation, cell: Cell, block: Cell, members: list[Cell],
-             children: list[Cell]) -> list[Item]:
-    """The items a computation writes (grad and reduce write none: their results are
-    the wave's gradient vector)."""
-    if task.step is Step.CONV:
-        return [(("a", task.layer), cell)]
-    if task.step is Step.POOL:
-        return [(("pooled",), block)]
-    if task.step is Step.ROUTE:
-        return [(("route",), c) for c in members]
-    if task.step is Step.AGGREGATE:
-        return [(("pooled",), cell)]
-    if task.step is Step.WINNERS:
-        return [(("winner",), cell)]
-    if task.step is Step.SPLIT:
-        return [(("route",), cell), *((("dpooled",), c) for c in children)]
-    if task.step is Step.DZ_TOP:
-        return [(("dz", task.layer), cell)]
-    if task.step is Step.INPUT_GRAD:
-        return [(("dz", task.layer - 1), cell)]
-    return []
+def _taps(cell: Cell, window: list[Cell], before: int, kernel: int) -> list[tuple[Cell, int]]:
+    """Each window cell with its tap: the flat index into the k x k kernel positions."""
+    return [(c, (c[0] - cell[0] + before) * kernel + c[1] - cell[1] + before) for c in window]

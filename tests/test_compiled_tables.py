@@ -133,8 +133,9 @@ def test_a_task_of_an_unknown_step_is_refused_and_stops_the_loop() -> None:
         mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(3))
 
 
-# One slot of `own_a` or one number of `lists` out of range: the loop (no bounds checks)
-# read and wrote outside its arrays and the process died (SIGSEGV) before `validate`.
+# One slot a conv writes (its own activation) or reads (its input window) out of range:
+# the loop (no bounds checks) read and wrote outside its arrays and the process died
+# (SIGSEGV) before `validate`.
 CRASH = textwrap.dedent("""
     import sys
     import numpy as np
@@ -147,10 +148,9 @@ CRASH = textwrap.dedent("""
     build = compiled._Builder.tables
     def tampered(self):
         tables = build(self)
-        if {field!r} == "own_a":
-            own_a = tables.own_a.copy(); own_a[0, 1] = 10**9
-            return tables._replace(own_a=own_a)
-        lists = tables.lists.copy(); lists[tables.conv_slots[0, 1, 0]] = 10**9
+        conv = int(np.flatnonzero(tables.task_step == compiled.CONV)[0])
+        operand = 2 if {field!r} == "own_slot" else 0  # its output, or its input window
+        lists = tables.lists.copy(); lists[tables.task_args[conv, operand, 0]] = 10**9
         return tables._replace(lists=lists)
     compiled._Builder.tables = tampered
     mesh = _mesh(2)
@@ -162,7 +162,7 @@ CRASH = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("field", ["own_a", "lists"])
+@pytest.mark.parametrize("field", ["own_slot", "window_slot"])
 def test_a_mesh_whose_tables_read_out_of_range_refuses_them_and_does_not_crash(field) -> None:
     script = CRASH.format(tests=str(Path(__file__).parent), field=field)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
