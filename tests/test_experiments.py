@@ -399,3 +399,20 @@ def test_trial_workers_end_when_the_experiment_process_is_killed(tmp_path):
         for pid in workers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_bound_models_line_is_drawn_only_on_the_data_it_was_measured_on() -> None:
+    """Its figures are the bound model's on one data set and the cells each fault seed
+    kills: another data set, or another edge (other cells die), has none."""
+    from meshdl.config import DataConfig
+    from meshdl.data.lounge import generate_lounge
+    from meshdl.experiments.faults import BOUND, bound_accuracy
+
+    data = generate_lounge(DataConfig(rows=6, cols=8, train=2400))
+    (measured,) = BOUND.values()
+    at = {"mesh": {"edge_at": (0, 0)}}
+    assert bound_accuracy(data, at, 0.1, 3) == measured["0.1"][3]
+    assert bound_accuracy(data, at, 0.0, 0) == measured["0"][0]
+    assert bound_accuracy(data, {"mesh": {"edge_at": (0, 1)}}, 0.1, 3) is None
+    other = generate_lounge(DataConfig(rows=6, cols=8, train=2400, seed=1))
+    assert bound_accuracy(other, at, 0.1, 3) is None
