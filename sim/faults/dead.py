@@ -1,9 +1,13 @@
 """Dead nodes: a share of the cells that never come up, picked reproducibly by seed.
 
-The plan goes around them (meshdl/protocol/topology.py): the tree, the pooling leaders and their
-routes, the halo relays. Their readings, and values only they could relay, are missing
-inputs that each node fills in by its policy; a pooling block left without a live cell
-is filled in at the edge. The cell the edge is attached to is never picked.
+In best effort the edge knows them before the first wave: the roll call at
+commissioning (`TimedMesh.roll_call`) answers for the nodes up and linked to the edge
+only. The plan goes around the others (meshdl/protocol/topology.py): the tree, the
+pooling leaders and their routes, the halo relays (column first where the row-first
+relay is dead). Their readings, and values only they could relay, are missing inputs
+the nodes fill in where a kernel reads them; a pooling block left without a live cell
+reads zeros at the edge, as the central model reads a dead cell. The cell the edge is
+attached to is never picked.
 
 `dead_cells` is the one draw of a dead-cell set from (grid, share, seed): `meshdl evaluate
 --dead`, `simulate infer|train --dead`, `experiment failures` and (by `DeadCells.pick`)
