@@ -1,7 +1,8 @@
 """Live inference over MQTT with a node host killed mid-run: the edge learns of it from
 the host's last will (the broker's word, not silence), plans around its cells from the
 next slot, and from that slot on every alert is the central model's reading of the
-same readings with those cells left out, and names them."""
+same readings with those cells left out, and names them. A host that never came up is
+the same from the first slot: no status record answers for its cells."""
 
 from __future__ import annotations
 
@@ -104,3 +105,31 @@ def test_a_killed_node_hosts_cells_are_left_out_from_the_next_slot_as_central_wo
         assert alert["probability"] == pytest.approx(want, abs=1e-5), alert
     assert any("planning around dead cells r2c0, r2c1, r2c2, r2c3" in line for line in said)
     assert engine.report()["dead_cells"] == names
+
+
+def test_cells_no_node_host_serves_at_the_start_are_left_out_from_the_first_slot(
+        mosquitto, tmp_path) -> None:
+    mesh = tmp_path / "mesh.toml"
+    mesh.write_text(MESH_TOML)
+    config = load_run_config(mesh)
+    maps = _log(tmp_path / "log.npz")
+    model = CNN(config.model, seed=3)
+    model.set_normalization(21.0, 1.0)
+    top = _host(mosquitto, mesh, tmp_path / "log.npz", "0-1,0-3", "host-top")
+    engine = MqttEngine.for_run(config, None, BrokerAddress.parse(mosquitto.url),
+                                wave_timeout=5 * SLOT_S, max_attempts=3, nodes_timeout=5)
+    said: list[str] = []
+    engine.say = said.append
+    try:
+        alerts = serve(engine, model, SLOT_S, slots=3)
+    finally:
+        engine.close()
+        top.terminate()
+        top.wait(30)
+    names = sorted(f"r2c{c}" for c in range(COLS))
+    for alert in alerts:
+        assert alert.get("left_out") == names, alert
+        readings = maps[alert["slot"] % len(maps)][None]
+        want = anomaly_probability(model.forward(readings, cell_numbers(BOTTOM, COLS)))
+        assert alert["probability"] == pytest.approx(want, abs=1e-5), alert
+    assert any("4 cells have no node host online" in line for line in said), said
