@@ -230,7 +230,7 @@ def plot(out: Path, name: str, rows: list[Record]) -> list[Path]:
     for panel in axes[1:]:  # 11,000 J, thousands separated as in the table
         plain_ticks(panel.yaxis)
     handles = _legend(plt, policies, [(style, label) for _, style, label in after])
-    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3))
     figure.suptitle("training over lossy links" if name == "loss" else
                     "training with dead nodes")
     path = out / f"{name}.png"
