@@ -786,10 +786,12 @@ class MqttEngine(WaveEngine):
         self._check_still_ours()
         missing = self.uncovered(spec)
         # Best effort: the roll call is over; cells nobody serves are planned around
-        # (`_view`), as long as some host answered.
-        if not missing or (self.best_effort is not None and self.online):
+        # (`_view`), as long as the cell the edge is linked to answered.
+        around = bool(missing) and self.best_effort is not None and \
+            spec.edge_at not in missing
+        if not missing or around:
             self._check_agreement(spec)
-        if missing and self.best_effort is not None and self.online:
+        if around:
             names = ", ".join(name_of(c) for c in sorted(missing)[:8])
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             self.say(f"{len(missing)} cells have no node host online after "

@@ -33,7 +33,6 @@ MESH_TOML = f"""
 rows = {ROWS}
 cols = {COLS}
 hidden = 6
-pool = "global"
 
 [mesh]
 recovery = "best-effort"
@@ -117,7 +116,7 @@ def test_cells_no_node_host_serves_at_the_start_are_left_out_from_the_first_slot
     model.set_normalization(21.0, 1.0)
     top = _host(mosquitto, mesh, tmp_path / "log.npz", "0-1,0-3", "host-top")
     engine = MqttEngine.for_run(config, None, BrokerAddress.parse(mosquitto.url),
-                                wave_timeout=5 * SLOT_S, max_attempts=3, nodes_timeout=5)
+                                wave_timeout=5 * SLOT_S, max_attempts=3, nodes_timeout=15)
     said: list[str] = []
     engine.say = said.append
     try:
