@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from meshdl.config import ModelConfig
 from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.host import NodeHost
 from meshdl.nodes.sensors import Reading, Sensor, read_with_retry
@@ -52,6 +53,12 @@ BEGIN_AT = 0.5
 def live_ring(channels: int = 1) -> np.ndarray:
     """An empty LIVE ring for one node: (LIVE_SLOTS, channels), every slot missing."""
     return np.full((LIVE_SLOTS, channels), np.nan, np.float32)
+
+
+def as_recorded(model: ModelConfig, value: float) -> float | np.ndarray:
+    """A sensor's reading as its node's model reads it: with the alive mask
+    (`ModelConfig.alive`), the reading and a 1 (this node is alive: it read it)."""
+    return np.array([value, 1.0], np.float32) if model.alive else value
 
 
 def slot_of(now: float, slot_s: float) -> int:
@@ -84,8 +91,9 @@ class LiveSampler:
             for c in cells))
         self._forget_skipped(slot)
         for cell, reading in zip(cells, readings, strict=True):
-            self.nodes[cell].record(Split.LIVE, slot % LIVE_SLOTS,
-                                    reading.value if reading.ok else None)
+            node = self.nodes[cell]
+            node.record(Split.LIVE, slot % LIVE_SLOTS,
+                        as_recorded(node.spec.model, reading.value) if reading.ok else None)
             if reading.ok:
                 self.stats["readings"] += 1
                 self.last_errors.pop(cell, None)

@@ -62,6 +62,7 @@ class Readings:
     data: Dataset | None = None
     sensors: dict[Cell, Sensor] | None = None
     slot_s: float = 60.0
+    channels: int = 1  # live: values a cell's ring holds (its reading, and the alive mask)
     data_digest: str | None = None  # of the data set as loaded (before augmentation)
 
     @classmethod
@@ -74,22 +75,22 @@ class Readings:
             if (dataset.rows, dataset.cols) != (config.model.rows, config.model.cols):
                 raise MeshdlError(f"data grid {dataset.rows} x {dataset.cols} does not match "
                                   f"the mesh {config.model.rows} x {config.model.cols}")
-            return cls(data=training_data(config.train, dataset),
+            return cls(data=training_data(config.train, dataset, config.model),
                        data_digest=data_digest(dataset))
         kind = sensor.partition(":")[0].lower()
         if len(cells) > 1 and kind in ("ds18b20", "bme280"):
             raise UsageError(f"--sensor {kind} is one physical sensor: serve one cell with "
                              "`meshdl node run`")
-        if config.model.in_channels != 1:
-            raise UsageError("live sensors give one reading per cell: the model must have "
-                             "one input channel")
+        if config.model.readings != 1:
+            raise UsageError("live sensors give one reading per cell: the model must read "
+                             "one input channel (and the alive mask, if it has one)")
         return cls(sensors={cell: sensor_from_spec(sensor, cell) for cell in cells},
-                   slot_s=slot_s)
+                   slot_s=slot_s, channels=config.model.in_channels)
 
     def of(self, cell: Cell) -> dict[int, np.ndarray]:
         if self.data is not None:
             return dataset_readings(self.data, cell)
-        return {Split.LIVE: live_ring()}
+        return {Split.LIVE: live_ring(self.channels)}
 
 
 def host_spec(config: RunConfig) -> MeshSpec:
@@ -264,7 +265,7 @@ class BackgroundNodeHost:
                  data: Dataset | Readings, client: str = "host-local",
                  local_delivery: bool = True) -> None:
         readings = (data if isinstance(data, Readings)
-                    else Readings(data=training_data(config.train, data),
+                    else Readings(data=training_data(config.train, data, config.model),
                                   data_digest=data_digest(data)))
         spec = host_spec(config)
         self.data_digest = readings.data_digest
