@@ -12,6 +12,7 @@ and per network shape.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from meshdl.sim.besteffort import BestEffort
     from meshdl.sim.faults.stragglers import Stragglers
     from meshdl.sim.radio.device import DeviceProfile
+    from meshdl.sim.radio.mac import MacParams
     from meshdl.sim.radio.profiles import RadioProfile
     from meshdl.sim.timed import TimedMesh
     from meshdl.training.runs import RunDir
@@ -217,14 +219,17 @@ def _faults(sim: Flags, config: RunConfig, fault_seed: int) -> dict[str, Any]:
 
 
 def _data_and_config(data: Path | None, config_file: Path | None,
-                     flags: dict[str, dict[str, Any]], grid: tuple[int, int] | None = None
-                     ) -> tuple[Dataset, RunConfig, str]:
+                     flags: dict[str, dict[str, Any]], grid: tuple[int, int] | None = None,
+                     one_lounge: bool = False) -> tuple[Dataset, RunConfig, str]:
     """The run's data set, configuration and the data's source. The grid is the flags'
     (or the config file's), else the data file's, else `grid` (a trained model's), else
     the default; a data file of another grid than the run's is refused (its maps would
-    be read out of bounds)."""
+    be read out of bounds). `one_lounge`: a generated set's training split is at most
+    one lounge's (`LOUNGE_TRAIN`), for a run that replays the test maps, which are the
+    first lounge's whatever the training split (meshdl/data/lounge.py): the global
+    recipe's 40,800 maps of 100 x 100 took 2 minutes and 7 GB to make."""
     from meshdl.data.datasets import load_dataset
-    from meshdl.data.lounge import generate_lounge
+    from meshdl.data.lounge import LOUNGE_TRAIN, generate_lounge
 
     dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
     config = load_run_config(config_file, mode="mesh", **flags, data_grid=grid if
@@ -234,6 +239,9 @@ def _data_and_config(data: Path | None, config_file: Path | None,
         raise UsageError(f"{data} holds {dataset.rows} x {dataset.cols} maps but the run's "
                          f"grid is {run_grid[0]} x {run_grid[1]} (--rows/--cols or the "
                          "config file): drop them or pass data of that grid")
+    if dataset is None and one_lounge and config.data.train > LOUNGE_TRAIN:
+        config = config.model_copy(update={"data": config.data.model_copy(
+            update={"train": LOUNGE_TRAIN})})
     if dataset is None:
         with err_console.status("generating the synthetic lounge data set"):
             dataset = generate_lounge(config.data)
@@ -468,9 +476,18 @@ def simulate_live(
     delta: float | None = typer.Option(None, "--delta", help="Suppress changes up to EPS: "
                                        "delta halos in the mesh, send-on-delta readings "
                                        "in the cloud (both report the alerts it costs)."),
-    timed_slots: int = typer.Option(48, "--timed-slots", help="Slots timed event by "
-                                    "event when slots repeat (no --delta, no --loss); the "
-                                    "others are priced as they are."),
+    timed_slots: int = typer.Option(2, "--timed-slots", help="Slots timed event by "
+                                    "event when slots repeat (no --delta, no --loss): slot "
+                                    "1's price stands for every live slot, each timed slot "
+                                    "checked to be priced alike; the makespan is the timed "
+                                    "slots'."),
+    drift_ppm: float | None = typer.Option(
+        None, "--drift-ppm", help="Under --mac scheduled: the clock drift in ppm that the "
+        "guard time covers (2 x ppm x the slot): each crystal's tolerance (default 40), "
+        "or with --drift-compensated what compensation leaves (default 2)."),
+    drift_compensated: bool = typer.Option(
+        False, "--drift-compensated", help="Under --mac scheduled: each node learns its "
+        "crystal's drift from the sync floods (as TSCH's adaptive timesync)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of a fresh model, of the "
                                     "radios' backoffs and of the clocks' drifts."),
     sim: Flags = SIMULATED,
@@ -487,10 +504,12 @@ def simulate_live(
     if out is not None:  # said before any data is read or made; claimed after validation
         check_run_dir(out, force, resume=None)
     radio_profile, node, edge = _parties(sim)
+    params = _drift_params(mac, drift_ppm, drift_compensated)
+    # The slots replay the test maps: one lounge's (`one_lounge`) hold them all.
     model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
-                                                     edge_at)
+                                                     edge_at, one_lounge=True)
     settings = live.settings_for(slots, slot_seconds, mac, battery, delta, timed_slots,
-                                 config.train.seed, sim, radio_profile)
+                                 config.train.seed, sim, radio_profile, params)
     claimed = _claim(out, force, "simulate-live")
     run_dir = claimed.path
     with _kept_if_finished(claimed, "meshdl simulate live"):
@@ -503,6 +522,25 @@ def simulate_live(
     err_console.print(live.summary_line(report, run_dir), highlight=False, soft_wrap=True)
     if json_out:
         emit_json(report)
+
+
+def _drift_params(mac: str | None, drift_ppm: float | None, compensated: bool
+                  ) -> MacParams:
+    """The scheduled MAC's settings of `--drift-ppm` and `--drift-compensated` (refused
+    under another MAC, whose clocks they do not set)."""
+    from meshdl.sim.radio.mac import MacParams
+
+    if mac != "scheduled":
+        if drift_ppm is not None or compensated:
+            raise UsageError("--drift-ppm and --drift-compensated set the scheduled MAC's "
+                             "guard time: add --mac scheduled")
+        return MacParams()
+    if drift_ppm is not None and not (math.isfinite(drift_ppm) and drift_ppm >= 0):
+        raise UsageError("--drift-ppm must be at least 0")
+    if compensated:
+        return MacParams(sched_drift_compensation=True, **(
+            {} if drift_ppm is None else {"sched_compensated_ppm": drift_ppm}))
+    return MacParams(**({} if drift_ppm is None else {"sched_drift_ppm": drift_ppm}))
 
 
 def _claim(out: Path | None, force: bool, name: str) -> RunDir:
@@ -557,18 +595,18 @@ def _live_progress(slots: int) -> Iterator[Callable[[int], None]]:
 
 
 def _model_and_data(model_path: Path | None, data: Path | None, grid: Flags, net: Flags,
-                    seed: int | None, edge_at: str | None
+                    seed: int | None, edge_at: str | None, one_lounge: bool = False
                     ) -> tuple[CNN, Dataset, RunConfig, str]:
     """The model an inference run computes with (a trained one, whose shape fixes the
     grid, or a fresh one normalizing as the data), its data set, configuration and the
-    data's source."""
+    data's source (`one_lounge`: as `_data_and_config` takes it)."""
     from meshdl.model.cnn import CNN
     from meshdl.training.loop import normalization
 
     trained = CNN.load(model_path) if model_path else None
     flags = overrides(grid, net, seed=seed, edge_at=edge_at)
     if trained is None:
-        dataset, config, source = _data_and_config(data, None, flags)
+        dataset, config, source = _data_and_config(data, None, flags, None, one_lounge)
         model = CNN(config.model, seed=config.train.seed)
         model.set_normalization(*normalization(dataset.X_train))
         return model, dataset, config, source
@@ -581,7 +619,8 @@ def _model_and_data(model_path: Path | None, data: Path | None, grid: Flags, net
     # The model's network, on the grid the flags or the data ask, else its own.
     asked = {axis: n for axis, n in grid.items() if n is not None}
     flags["model"] = {**own.model_dump(exclude={"rows", "cols"}), **asked}
-    dataset, config, source = _data_and_config(data, None, flags, (own.rows, own.cols))
+    dataset, config, source = _data_and_config(data, None, flags, (own.rows, own.cols),
+                                               one_lounge)
     try:  # a globally pooled model runs on any grid; a windowed one on its own alone
         model = trained.on_grid(config.model.rows, config.model.cols)
     except UsageError as exc:

@@ -22,12 +22,17 @@ them until their own clock gets there.
 
 Repetition, and what it allows. Without `--delta` and without loss, a scheduled slot
 sends exactly the same messages (kinds, sizes, senders, receivers) whatever the readings:
-the plan fixes them. Only `timed_slots` slots are then timed event by event (their
-figures are checked to be equal, slot for slot, or the run stops); the others are priced
-as they are, and their values are computed by the same node machines on the in-process
-transport, one wave for up to LIVE_SLOTS slots of the ring at once (a wave's samples never
-mix: tests/test_scheduled_slots.py), which is what makes a year of slots take a minute.
-With `--delta` or loss every slot is timed.
+the plan fixes them, and with them every party's frames, seconds on air (a frame's
+airtime is its size's) and computing (the same kernels on the same shapes). So slot 1,
+timed event by event, is priced once and its price stands for every live slot
+(`run_mesh`); the slots up to `timed_slots` are timed too, each checked to be priced
+alike (`same_price`: the same counts, the same seconds to the rounding of running
+totals, or the run stops), and their waves' lengths, which differ with the backoffs, are
+the makespan's figures. The values of the slots not timed are computed by the same node
+machines on the in-process transport, one wave for up to LIVE_SLOTS slots of the ring at
+once (a wave's samples never mix: tests/test_scheduled_slots.py), which is what makes a
+year of slots take a minute. With `--delta` or loss every slot is timed and priced as it
+went.
 
 The cloud-heavy baseline ships each slot's readings up the same tree (aggregated), with
 the same compact header, MAC, device, battery and value precision; under `--delta` its
@@ -37,6 +42,7 @@ it got. Both sides report what suppression costs in alerts.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -61,6 +67,7 @@ from meshdl.sim.radio.battery import Battery, battery, lifetime_years
 from meshdl.sim.radio.device import DeviceProfile
 from meshdl.sim.radio.loss import FrameLoss
 from meshdl.sim.radio.mac import (
+    MacEnergy,
     MacName,
     MacParams,
     RadioUse,
@@ -98,7 +105,7 @@ class LiveSettings:
     mac: MacName = "lpl"
     battery: Battery | None = None  # None: sim/radio/battery.py's default
     delta: float | None = None  # delta halos in the mesh, send-on-delta in the cloud
-    timed_slots: int = 48  # slots timed event by event when slots repeat (see above)
+    timed_slots: int = 2  # slots timed event by event when slots repeat (see above)
     drift_ppm: float = DRIFT_PPM
     seed: int = 0
     loss: FrameLoss | None = None
@@ -174,10 +181,21 @@ class Side:
     repeats: list[float] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     install: SlotCost | None = None  # the mesh's first slot, which brings the parameters
+    # Where one slot's price stands for the others (`run_mesh`): the timed slots' waves,
+    # each its length and the slots it stands for, and how many were timed. None: each
+    # cost's own.
+    timings: list[tuple[float, float]] | None = None
+    timed: int | None = None
 
     def add(self, cost: SlotCost, repeat: float = 1.0) -> None:
         self.costs.append(cost)
         self.repeats.append(repeat)
+
+    def makespans(self) -> list[tuple[float, float]]:
+        """Each timed wave's length in seconds, and how many slots it stands for."""
+        if self.timings is not None:
+            return self.timings
+        return [(c.makespan_s, n) for c, n in zip(self.costs, self.repeats, strict=True)]
 
     @property
     def slots(self) -> float:
@@ -197,12 +215,32 @@ class NodeSlot(NamedTuple):
     on_air_s: float
 
 
+# What `mac_energy` gave for a MAC and a party's radio use, within one run (its radio,
+# slot length and MAC settings fixed): most nodes do the same in every slot, and many
+# do what others do (a grid's inner nodes), so a run prices each distinct use once.
+Memo = dict[tuple[MacName, RadioUse], MacEnergy]
+
+
+def radio_joules(mac: MacName, radio: RadioProfile, use: RadioUse, slot_s: float,
+                 params: MacParams, memo: Memo | None = None) -> MacEnergy:
+    """`mac_energy` of one party's slot, looked up in `memo` first (the same floats:
+    a pure function of its arguments, of which only `mac` and `use` vary in a run)."""
+    if memo is None:
+        return mac_energy(mac, radio, use, slot_s, params)
+    key = (mac, use)
+    priced = memo.get(key)
+    if priced is None:
+        priced = memo[key] = mac_energy(mac, radio, use, slot_s, params)
+    return priced
+
+
 def node_slot(cost: SlotCost, party: Party, mac: MacName, radio: RadioProfile,
-              device: DeviceProfile, slot_s: float, params: MacParams) -> NodeSlot:
+              device: DeviceProfile, slot_s: float, params: MacParams,
+              memo: Memo | None = None) -> NodeSlot:
     """What one node's slot of `cost` takes under `mac` (priced once for both): under
     the scheduled MAC its processor sleeps (`sleep_w`) when it does not compute."""
     cpu = cost.cpu_s.get(party, 0.0)
-    radio_j = mac_energy(mac, radio, cost.use.get(party, IDLE), slot_s, params)
+    radio_j = radio_joules(mac, radio, cost.use.get(party, IDLE), slot_s, params, memo)
     return NodeSlot(radio_j.total_j + processor_j(device, mac, cpu, slot_s),
                     radio_j.tx_j / radio.tx_w)
 
@@ -215,7 +253,7 @@ def processor_j(device: DeviceProfile, mac: MacName, cpu_s: float, slot_s: float
 
 
 def _per_node(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
-              device: DeviceProfile, settings: LiveSettings
+              device: DeviceProfile, settings: LiveSettings, memo: Memo | None = None
               ) -> tuple[dict[Cell, float], dict[Cell, float]]:
     """Each node's joules and seconds on air a slot (the mesh's install apart)."""
     share = max(side.slots, 1)
@@ -223,7 +261,7 @@ def _per_node(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
     on_air: dict[Cell, float] = {}
     for cell in cells:
         slots = [(node_slot(c, cell, mac, radio, device, settings.slot_s,
-                            settings.mac_params), n)
+                            settings.mac_params, memo), n)
                  for c, n in zip(side.costs, side.repeats, strict=True)]
         per_node[cell] = sum(s.joules * n for s, n in slots) / share
         on_air[cell] = sum(s.on_air_s * n for s, n in slots) / share
@@ -237,13 +275,15 @@ PARTS = ("MAC floor", "sleep", "traffic", "processor")
 
 
 def node_parts(side: Side, cell: Cell, mac: MacName, radio: RadioProfile,
-               device: DeviceProfile, settings: LiveSettings) -> dict[str, float]:
+               device: DeviceProfile, settings: LiveSettings, memo: Memo | None = None
+               ) -> dict[str, float]:
     """One node's joules a slot split into PARTS (they add up to its joules a slot).
     The MAC floor is mac_energy's overhead (beyond the traffic's frames and ACKs); the
     processor is its computing and its idle (or, scheduled, sleeping) time."""
     slot_s, total = settings.slot_s, {part: 0.0 for part in PARTS}
     for cost, n in zip(side.costs, side.repeats, strict=True):
-        radio_j = mac_energy(mac, radio, cost.use.get(cell, IDLE), slot_s, settings.mac_params)
+        radio_j = radio_joules(mac, radio, cost.use.get(cell, IDLE), slot_s,
+                               settings.mac_params, memo)
         cpu = cost.cpu_s.get(cell, 0.0)
         for part, joules in zip(PARTS, (
                 radio_j.overhead_j, radio_j.sleep_j,
@@ -254,31 +294,33 @@ def node_parts(side: Side, cell: Cell, mac: MacName, radio: RadioProfile,
 
 
 def node_figures(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
-                 device: DeviceProfile, settings: LiveSettings, battery: Battery
-                 ) -> dict[str, Any]:
+                 device: DeviceProfile, settings: LiveSettings, battery: Battery,
+                 memo: Memo | None = None) -> dict[str, Any]:
     """sim.json's map of one side under the run's MAC: each node's joules a slot and
     lifetime on `battery`, and the hottest node's joules by part (the report's
     pictures)."""
-    per_node, _ = _per_node(side, cells, mac, radio, device, settings)
+    per_node, _ = _per_node(side, cells, mac, radio, device, settings, memo)
     hottest = max(per_node, key=per_node.__getitem__)
     return {"j_per_slot": {name_of(c): j for c, j in per_node.items()},
             "years": {name_of(c): lifetime_years(battery, j / settings.slot_s)
                       for c, j in per_node.items()},
             "hottest_parts_j_per_slot": node_parts(side, hottest, mac, radio, device,
-                                                   settings)}
+                                                   settings, memo)}
 
 
 def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfile,
-                 device: DeviceProfile, settings: LiveSettings, battery: Battery
-                 ) -> dict[str, Any]:
+                 device: DeviceProfile, settings: LiveSettings, battery: Battery,
+                 memo: Memo | None = None) -> dict[str, Any]:
     """sim.json's figures of one side: per slot (the mesh's install apart), and each
     node's lifetime on `battery` at its mean power."""
     slot_s = settings.slot_s
-    per_node, on_air = _per_node(side, cells, mac, radio, device, settings)
+    per_node, on_air = _per_node(side, cells, mac, radio, device, settings, memo)
     years = {cell: lifetime_years(battery, joules / slot_s) for cell, joules in per_node.items()}
     busiest = max(on_air, key=on_air.__getitem__)
     hottest = max(per_node, key=per_node.__getitem__)
     first = min(years, key=years.__getitem__)
+    spans = side.makespans()
+    longest = max((m for m, _ in spans), default=0.0)
     by_class: dict[str, float] = {}
     for cost, n in zip(side.costs, side.repeats, strict=True):
         for name, size in cost.by_class.items():
@@ -296,10 +338,10 @@ def side_summary(side: Side, cells: list[Cell], mac: MacName, radio: RadioProfil
         "max_tx_share": on_air[busiest] / slot_s,
         "max_tx_share_cell": name_of(busiest),
         "within_duty_cycle": on_air[busiest] <= radio.duty_cycle * slot_s,
-        "makespan_s": {"mean": side.mean(lambda c: c.makespan_s),
-                       "max": max((c.makespan_s for c in side.costs), default=0.0)},
+        "makespan_s": {"mean": sum(m * n for m, n in spans) / max(side.slots, 1),
+                       "max": longest},
         # A slot's wave must be over before the next slot begins.
-        "fits_slot": max((c.makespan_s for c in side.costs), default=0.0) <= slot_s,
+        "fits_slot": longest <= slot_s,
     }
 
 
@@ -322,8 +364,9 @@ class LiveMesh:
         self.radio = radio
         empty = np.full((LIVE_SLOTS, spec.model.in_channels, spec.model.rows, spec.model.cols),
                         np.nan, np.float32)
-        self.timed = TimedMesh(spec, {Split.LIVE: empty}, model, {}, radio, medium, device,
-                               edge_device, settings.seed, trace=True, loss=settings.loss)
+        self._timed: TimedMesh | None = TimedMesh(
+            spec, {Split.LIVE: empty}, model, {}, radio, medium, device, edge_device,
+            settings.seed, trace=True, loss=settings.loss)
         self.cells = [cell for cell in spec.topology.cells() if cell in spec.topology.members]
         rng = np.random.default_rng(settings.seed)
         drift = rng.uniform(-settings.drift_ppm, settings.drift_ppm, len(self.cells)) * 1e-6
@@ -333,6 +376,19 @@ class LiveMesh:
         self.links = plan_links(link for link in spec.links)
         self.hops = flood_hops(spec)
         self._virtual: VirtualMesh | None = None
+
+    @property
+    def timed(self) -> TimedMesh:
+        """The mesh under simulated time (until `release_timed`)."""
+        if self._timed is None:
+            raise MeshdlError("the timed mesh of this live run was released")
+        return self._timed
+
+    def release_timed(self) -> None:
+        """Let the timed mesh go once its slots are run: its machines, queue and medium
+        are as large as the in-process mesh's that computes the slots left (at 100 x 100,
+        most of the memory of a run)."""
+        self._timed = None
 
     # ------------------------------------------------------------------ slots
     def clock_errors(self) -> dict[Cell, float]:
@@ -378,6 +434,8 @@ class LiveMesh:
         after = timed.medium.account(Mode.INFER)
         sent = timed.trace[trace_from:]
         del timed.trace[:]  # a year of traces would not fit: each slot's is used here
+        if timed.receipts is not None:  # kept with the trace; nothing here reads them
+            del timed.receipts[:]
         tx_slot = _grown(after.times.tx, tx)
         rx_slot = _grown(after.times.rx, rx)
         by_class: dict[str, int] = {}
@@ -396,22 +454,42 @@ class LiveMesh:
                         timed.waves[-1].end - timed.waves[-1].start)
         return TimedSlot(cost, result.logits)
 
+    def in_one_wave(self, slots: range) -> bool:
+        """Do `slots` fit one wave (as many slots of the ring as a wave may carry)?"""
+        return len(slots) <= self._chunk()
+
+    def _chunk(self) -> int:
+        return max(1, min(LIVE_SLOTS, self.spec.max_batch))
+
     def logits_in_process(self, series: np.ndarray, slots: range) -> np.ndarray:
-        """Logits of `slots` computed by the same node machines in process, as many
-        slots of the ring per wave as one wave may carry (their samples never mix)."""
-        if self._virtual is None:
-            empty = np.full((LIVE_SLOTS, self.spec.model.in_channels, self.spec.model.rows,
-                             self.spec.model.cols), np.nan, np.float32)
-            self._virtual = VirtualMesh(self.spec, {Split.LIVE: empty}, self.model, {})
-        virtual = self._virtual
-        chunk = max(1, min(LIVE_SLOTS, self.spec.max_batch))
+        """Logits of `slots` computed by the same node machines, as many slots of the
+        ring per wave as one wave may carry (their samples never mix): on the timed
+        mesh while it is kept (its waves' figures are no slot's: they are not read), else
+        on the in-process transport's mesh, built once (compiled dispatch: the same
+        bits). One wave on the mesh built costs less than building another; many cost
+        more."""
+        if self._timed is not None:
+            mesh: TimedMesh | VirtualMesh = self._timed
+        else:
+            if self._virtual is None:
+                empty = np.full((LIVE_SLOTS, self.spec.model.in_channels,
+                                 self.spec.model.rows, self.spec.model.cols), np.nan,
+                                np.float32)
+                self._virtual = VirtualMesh(self.spec, {Split.LIVE: empty}, self.model, {},
+                                            compiled=True)
+            mesh = self._virtual
+        chunk = self._chunk()
         out = []
         for first in range(slots.start, slots.stop, chunk):
             block = range(first, min(first + chunk, slots.stop))
             for slot in block:
-                self.sample(virtual.nodes, series[slot], slot)
+                self.sample(mesh.nodes, series[slot], slot)
             ring = np.array([(self.first_slot + s) % LIVE_SLOTS for s in block])
-            out.append(virtual.run_wave(Mode.INFER, Split.LIVE, ring).logits)
+            out.append(mesh.run_wave(Mode.INFER, Split.LIVE, ring).logits)
+            if self._timed is not None:  # not read: a year of them would not fit
+                del self._timed.trace[:]
+                if self._timed.receipts is not None:
+                    del self._timed.receipts[:]
         return np.concatenate(out) if out else np.zeros((0, self.spec.model.classes))
 
 
@@ -426,34 +504,74 @@ def same_traffic(a: SlotCost, b: SlotCost) -> bool:
         {p: u[2:] for p, u in a.use.items()} == {p: u[2:] for p, u in b.use.items()}
 
 
+# Two slots of the same traffic differ in their seconds on air and computing by the
+# rounding of the running totals they are read from (a slot's is the total after it less
+# the total before: 1e-17 s at most, measured), never by more than this share.
+SAME_SECONDS = 1e-9
+
+
+def same_price(a: SlotCost, b: SlotCost) -> bool:
+    """Would two slots be priced alike: the same traffic (`same_traffic`), and every
+    party on air (sending, receiving) and computing for the same seconds, to rounding?"""
+    def close(x: float, y: float) -> bool:
+        return math.isclose(x, y, rel_tol=SAME_SECONDS, abs_tol=1e-15)
+
+    return same_traffic(a, b) and all(
+        close(u.tx_s, b.use[p].tx_s) and close(u.rx_s, b.use[p].rx_s)
+        for p, u in a.use.items()) and all(
+        close(a.cpu_s.get(p, 0.0), b.cpu_s.get(p, 0.0)) for p in {*a.cpu_s, *b.cpu_s})
+
+
 def run_mesh(live: LiveMesh, series: np.ndarray, say: Callable[[int], None]) -> Side:
-    """Every slot of the mesh side; the repeating shortcut where it holds."""
+    """Every slot of the mesh side.
+
+    With `--delta` or loss every slot is timed and priced as it went. Else a live slot
+    sends the same messages as every other (the plan fixes them), so it costs what slot 1
+    costs: the same frames of the same sizes between the same parties (so the same
+    seconds on air: a frame's airtime is its size's), the same kernels at every node (so
+    the same seconds computing). Only its wave's length differs, with its backoffs. So
+    slot 1's price (`SlotCost` but its makespan) is reused for every live slot; the
+    slots up to `timed_slots` are timed anyway, each checked to be priced alike
+    (`same_price`, or the run stops), and their waves' lengths are the makespan's figures.
+    The values (the alerts) of the slots not timed are computed in process."""
     settings = live.settings
     side = Side()
     repeat = settings.delta is None and settings.loss is None
     timed = settings.slots if not repeat else min(settings.slots, max(settings.timed_slots, 2))
     logits = []
+    spans: list[float] = []
     with cyclic_gc_paused():
         for slot in range(timed):
             cost, slot_logits = live.timed_slot(series, slot)
             logits.append(slot_logits)
             if slot == 0:
                 side.install = cost
-            else:
-                if repeat and side.costs and not same_traffic(cost, side.costs[0]):
-                    raise MeshdlError(f"slot {slot} sent other messages than slot 1: slots "
-                                      "do not repeat, time them all (--timed-slots)")
+            elif not repeat:
                 side.add(cost)
+            elif not side.costs:
+                side.add(cost, settings.slots - 1)  # slot 1's price, for every live slot
+                spans.append(cost.makespan_s)
+            elif same_price(cost, side.costs[0]):
+                spans.append(cost.makespan_s)
+            else:
+                raise MeshdlError(f"slot {slot} was priced other than slot 1 (other "
+                                  "messages, or other seconds on air or computing): slots "
+                                  "do not repeat, and slot 1's price cannot stand for them")
             say(slot + 1)
-        rest = range(timed, settings.slots)
-        if len(rest):
-            # Priced as the timed scheduled slots (equal in traffic, checked above; they
-            # differ only in their backoffs' timing), each standing for as many.
-            side.repeats = [(settings.slots - 1) / len(side.costs)] * len(side.costs)
-            for first in range(rest.start, rest.stop, 1024):
-                block = range(first, min(first + 1024, rest.stop))
-                logits.append(live.logits_in_process(series, block))
-                say(block.stop)
+    if repeat:
+        side.timings = [(m, (settings.slots - 1) / len(spans)) for m in spans]
+        side.timed = len(spans)
+    rest = range(timed, settings.slots)
+    if not live.in_one_wave(rest):
+        # The slots left run on machines of their own: the timed mesh's go first (its
+        # parties refer to each other, so only the cyclic collector frees them).
+        live.release_timed()
+        gc.collect()
+    with cyclic_gc_paused():
+        for first in range(rest.start, rest.stop, 1024):
+            block = range(first, min(first + 1024, rest.stop))
+            logits.append(live.logits_in_process(series, block))
+            say(block.stop)
     side.labels = labels_of(np.concatenate(logits))
     return side
 
@@ -500,14 +618,16 @@ def natural_mac(radio: RadioProfile, params: MacParams) -> MacName:
 
 def settings_for(slots: int, slot_s: float, mac: MacName | None, battery_name: str,
                  delta: float | None, timed_slots: int, seed: int,
-                 sim: Mapping[str, Any], radio: RadioProfile) -> LiveSettings:
+                 sim: Mapping[str, Any], radio: RadioProfile,
+                 mac_params: MacParams | None = None) -> LiveSettings:
     """The settings of the CLI's flags (`sim`: `meshdl simulate`'s radio and fault
     flags; `radio` chooses the default MAC), checked before anything is written."""
-    mac = mac or natural_mac(radio, MacParams())
+    params = mac_params or MacParams()
+    mac = mac or natural_mac(radio, params)
     settings = LiveSettings(slots=slots, slot_s=slot_s, mac=mac, battery=battery(battery_name),
                             delta=delta, timed_slots=timed_slots, seed=seed,
                             loss=FrameLoss(sim["loss"], sim["burst"], sim["fault_seed"])
-                            if sim["loss"] else None)
+                            if sim["loss"] else None, mac_params=params)
     check_settings(settings, radio)
     return settings
 
@@ -571,16 +691,24 @@ def central_labels(model: CNN, series: np.ndarray, chunk: int = 1024) -> list[in
     return labels
 
 
+def live_spec(config: Any, model: CNN, medium: MediumName, settings: LiveSettings
+              ) -> MeshSpec:
+    """The mesh of a live run: `config`'s, with the model's network; parameters down the
+    tree and compact headers on a radio mesh (TCP/IP is not the constraint on the
+    star)."""
+    return MeshSpec(config.mesh.mesh_id, model.config, config.mesh.edge_at,
+                    "tree" if medium == "shared" else "broadcast",
+                    config.mesh.max_message_bytes, delta=settings.delta,
+                    header="compact" if medium == "shared" else "full")
+
+
 def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
              medium: MediumName, device: DeviceProfile, edge_device: DeviceProfile,
              settings: LiveSettings, say: Callable[[int], None] = lambda _: None
              ) -> dict[str, Any]:
     """A live run, mesh and cloud, as sim.json records it."""
     check_settings(settings, radio)
-    header = "compact" if medium == "shared" else "full"  # TCP/IP is not the constraint
-    spec = MeshSpec(config.mesh.mesh_id, model.config, config.mesh.edge_at,
-                    "tree" if medium == "shared" else "broadcast",
-                    config.mesh.max_message_bytes, delta=settings.delta, header=header)
+    spec = live_spec(config, model, medium, settings)
     series, readings = readings_series(data, settings.slots)
     live = LiveMesh(spec, model, radio, medium, device, edge_device, settings)
     mesh = run_mesh(live, series, say)
@@ -588,10 +716,11 @@ def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
     cloud_side, cloud_labels = run_cloud(spec, model, series, radio, medium, device,
                                          edge_device, settings, live.cells)
     bat = settings.battery or battery("2xAA")
+    memo: Memo = {}
     summaries = {mac: {"mesh": side_summary(mesh, live.cells, mac, radio, device, settings,
-                                            bat),
+                                            bat, memo),
                        "cloud": side_summary(cloud_side, live.cells, mac, radio, device,
-                                             settings, bat)}
+                                             settings, bat, memo)}
                  for mac in priced_macs(settings.mac)
                  if unsupported_reason(mac, radio, settings.mac_params) is None}
     chosen = summaries[settings.mac]
@@ -604,7 +733,7 @@ def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
         "slots": settings.slots,
         "slot_seconds": settings.slot_s,
         "first_slot": slot_stamp(live.first_slot, settings.slot_s),
-        "timed_slots": len(mesh.costs) + 1 if mesh.costs else 1,
+        "timed_slots": (len(mesh.costs) if mesh.timed is None else mesh.timed) + 1,
         "radio": radio.model_dump(), "medium": medium, "device": device.name,
         "edge_device": edge_device.name,
         "header_bytes": spec.overhead(Kind.HALO),
@@ -631,7 +760,7 @@ def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
                   else "unaggregated"},
         "macs": summaries,
         "nodes": {name: node_figures(side, live.cells, settings.mac, radio, device,
-                                     settings, bat)
+                                     settings, bat, memo)
                   for name, side in (("mesh", mesh), ("cloud", cloud_side))},
     }
     report["alert_series"] = {"mesh": mesh.labels, "central": central, "cloud": cloud_labels}
