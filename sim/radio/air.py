@@ -50,7 +50,7 @@ from meshdl.sim.radio.clock import Action
 from meshdl.sim.radio.trace import Sent
 
 if TYPE_CHECKING:
-    from meshdl.sim.radio.media import Medium, Sending, Transmission
+    from meshdl.sim.radio.transmission import AirMedium, Sending, Transmission
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False}
 
@@ -522,7 +522,7 @@ class AirQueue:
         self._link_free_tx(0)
         self._actions: dict[int, tuple[Action, Any]] = {}
         self._ids = count()
-        self.medium: Medium | None = None
+        self.medium: AirMedium | None = None
         self._carried: dict[int, Transmission] = {}
         self._classes: dict[Sending, int] = {}
         self._class_list: list[_Class] = []
@@ -530,7 +530,7 @@ class AirQueue:
         self._draw: Callable[[], float] = lambda: 0.0
 
     # ------------------------------------------------------------- the medium
-    def attach(self, medium: Medium) -> None:
+    def attach(self, medium: AirMedium) -> None:
         """Run `medium`'s loss-free contention here (`Medium.contention`): its
         parties' radios, its channel members (each free from the start), its figures."""
         if self.medium is not None or self._layout.i64[HEAP_N]:

@@ -60,35 +60,12 @@ from meshdl.sim.radio.linklayer import MAX_RECOVERIES, send_frames
 from meshdl.sim.radio.loss import NO_LOSS, DownLinks, FrameLoss
 from meshdl.sim.radio.profiles import RadioProfile
 from meshdl.sim.radio.trace import Party, Sent
+from meshdl.sim.radio.transmission import Contention, Sending, Slot, Transmission
 
 BROKER: Party = (-3, -3)
 CHANNEL: Hashable = "channel"  # the star's one channel
 Deliver = Callable[[Party, Any], None]  # (receiver, what the transmission carried to it)
 MediumName = Literal["shared", "star"]
-
-
-@dataclass(slots=True)
-class Transmission:
-    """What one sender puts on air at once: one message, or several messages for
-    different neighbours that share one radio broadcast (`broadcast`: no ACKs)."""
-
-    src: Party
-    receivers: tuple[Party, ...]
-    kind: Kind
-    layer: int
-    size: int  # bytes of the message (or the union the broadcast carries), unframed
-    deliveries: list[tuple[Party, Any]]  # what each receiver gets: a Message, or a test's
-    broadcast: bool = False
-    ready: float = 0.0  # when its sender's CPU has made it: not on air before
-    # A broadcast's: each delivery's own bytes, what a receiver that missed it is sent
-    # again (None: `size` each).
-    sizes: tuple[int, ...] | None = None
-    hold: tuple[int, ...] = ()  # the numbers of the members it holds (`Medium.hold_of`)
-    # Best effort: when its receivers stop waiting for it (None: they wait until it
-    # comes); its lost frames are not taken up again after; and how often a lost frame
-    # is taken up again at most (None: until it arrives).
-    expires: float | None = None
-    rounds: int | None = None
 
 
 class Airtime(NamedTuple):
@@ -107,38 +84,6 @@ class KindFigures(NamedTuple):
 
     bytes: int  # before framing
     frames: int
-
-
-# What a loss-free transmission was, for the figures (`Tally`): (src, receivers, kind,
-# layer, size, broadcast). A plain tuple: one is made on every transmission.
-Sending = tuple[Party, tuple[Party, ...], Kind, int, int, bool]
-
-
-class Slot(NamedTuple):
-    """A loss-free transmission of one size, from its first bit (`Medium.slot_of`)."""
-
-    channel: float  # held
-    last_bit: float
-    delivered: float  # received, plus the hop latency
-    radio_free: float  # the sender may go on air again (channel, or duty cycle)
-    frames: int
-
-
-class Contention(NamedTuple):
-    """A loss-free medium's contention, for a backend that runs it elsewhere
-    (`Medium.contention`): every radio, numbered in the order of `parties`; channel
-    members numbered 0 .. `members` - 1, each free from the start; the one backoff
-    stream; and the profile's figures the CCA uses."""
-
-    parties: list[Party]
-    members: int
-    draw: Callable[[], float]  # the next backoff draw, uniform in [0, 1)
-    access: float  # from the CCA to the first bit: the CCA and the turnaround
-    unit: float  # the backoff unit period (0: no backoff drawn)
-    min_be: int
-    max_be: int
-    takes_turns: bool  # a busy channel: queue for it (the star), or sense again
-    tracing: bool  # the medium keeps a trace
 
 
 @dataclass
