@@ -76,6 +76,10 @@ SYNC_MODES = ("bsp", "bsp+overlap", "ssp:2", "async")  # meshes.MODES
 MESH_BATCH = 50  # meshes.DEFAULT_BATCH
 COMPRESSIONS = ("none", "hylo", "intsum", "plan", "none/int8")  # compression.POLICIES
 EPSILONS = (0.0, 0.01, 0.05, 0.1, 0.25)  # delta.EPSILONS
+CROSSOVER_GRIDS = ("17x25", "30x40", "50x50", "100x100", "150x150")  # crossover.GRIDS
+CROSSOVER_RADIOS = ("802.15.4", "ble")  # crossover.RADIOS
+CROSSOVER_MACS = ("lpl", "tsch", "ideal", "scheduled",  # crossover.MACS
+                  "scheduled-compensated")
 
 app = typer.Typer(help="Experiments over a swept value and several seeds: tables, "
                   "plots and a summary in a run directory.", no_args_is_help=True)
@@ -294,6 +298,79 @@ def edge_vs_cloud_command(
              lambda: edge_vs_cloud.plot(run_dir, rows_), edge_vs_cloud.table(rows_),
              f"one inference slot, {over(seeds)}; cloud: the better variant",
              json_out)
+
+
+def _grid_size(text: str) -> list[int]:
+    """'100x100' -> [100, 100]: a grid's rows and columns."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        raise ValueError("not ROWSxCOLS")
+    rows, cols = (int(part) for part in parts)
+    if rows < 1 or cols < 1 or rows * cols < 2:
+        raise ValueError("a grid of at least 2 cells")
+    return [rows, cols]
+
+
+@app.command("crossover", cls=ListsCommand)
+@grouped
+def crossover_command(
+    grids: list[str] = list_option("--grid", _grid_size, CROSSOVER_GRIDS,
+                                   "Grid sizes, ROWSxCOLS.", "RxC[,...]"),
+    radios: list[str] = list_option("--radio", str, CROSSOVER_RADIOS,
+                                    "Radio profiles (see meshdl radio list).",
+                                    "RADIO[,...]"),
+    macs: list[str] = list_option("--mac", str, CROSSOVER_MACS, "MACs priced (those a "
+                                  "radio lacks are left out).", "MAC[,...]"),
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Seeds per point (the "
+                                       "backoffs: they change no joules).")] = 1,
+    net: Flags = NETWORK, runner: Flags = RUNNER,
+) -> None:
+    """Where the mesh pays: the hottest node's joules a slot and the first death, mesh
+    against cloud, by grid size, MAC and radio (live slots, the global head unless --pool
+    says otherwise), and the sizes where the mesh draws 1x, 1/2 and 1/10 of the cloud."""
+    from meshdl.experiments import crossover
+    from meshdl.sim.radio.profiles import profile
+
+    if not grids or len({tuple(g) for g in grids}) != len(grids):
+        raise UsageError("--grid: distinct grid sizes")
+    if not radios or len(set(radios)) != len(radios):
+        raise UsageError(f"--radio {' '.join(radios)}: distinct radio profiles")
+    if not macs or len(set(macs)) != len(macs) or any(m not in crossover.MACS for m in macs):
+        raise UsageError(f"--mac {' '.join(macs)}: distinct ones of "
+                         f"{', '.join(crossover.MACS)}")
+    for radio in radios:
+        if radio == "wifi":
+            raise UsageError("--radio wifi: a star of Pis has no low-power MAC to compare")
+        profile(radio)  # an unknown name fails here, naming the known ones
+    flags = overrides(net)
+    model = flags.setdefault("model", {})
+    if model.get("pool") is None:  # the head made for the mesh, unless --pool says
+        model["pool"] = "global"
+    base = load_run_config(mode="mesh", **flags)
+    settings: Record = {"experiment": "crossover", "model": base.model.model_dump(
+        exclude={"rows", "cols"})}
+    points = [[*grid, radio] for radio in radios for grid in grids]
+    trials = [Trial(i, value, seed, settings) for i, (value, seed) in
+              enumerate((v, s) for v in points for s in range(seeds))]
+    run_dir, records, rows_ = _run_sweep(
+        "crossover", trials, f"{len(grids)} grids x {len(radios)} radio(s) x {seeds} "
+        "seed(s), a live run each", Runner(**runner), crossover.run, crossover.FIGURES,
+        lambda record: said(record, [("scheduled_ratio", digits(3)),
+                                     ("tsch_ratio", digits(3))]))
+    fitted = crossover.crossovers(rows_, macs)
+    summary = {"experiment": "crossover", "mode": "live slots under simulated time, the "
+               "live slot's price for every slot", "values": points, "seeds": seeds,
+               "rows": rows_, "paper": [], "macs": macs, "crossover": fitted,
+               "crossover_table": crossover.crossover_table(fitted)._asdict()}
+    title = f"crossover: {over(seeds)}; hottest node, mesh / cloud"
+    _publish(run_dir, {"experiment": "crossover", "values": points,
+                       "seeds": list(range(seeds)), "settings": settings},
+             records, summary, crossover.FIGURES,
+             lambda: crossover.plot(run_dir, rows_, macs), crossover.table(rows_, macs),
+             title, runner["json_out"], ("rows", "cols", "radio"))
+    if not runner["json_out"]:
+        _print_table(crossover.crossover_table(fitted), "mesh at 1x, 1/2, 1/10 of the "
+                     "cloud (fitted; * extrapolated)")
 
 
 @app.command("loss", cls=ListsCommand)
