@@ -104,14 +104,3 @@ def test_a_failout_range_draws_a_share_for_each_update_and_one_share_draws_as_be
     with pytest.raises(ValueError, match="failout_max"):
         TrainConfig(failout=0.2, failout_max=0.1)
 
-
-def test_training_the_alive_mask_over_mqtt_is_refused_in_one_line(cli, small_data_file,
-                                                                   tmp_path) -> None:
-    """Node hosts over MQTT hold the readings alone: a model reading two values a cell
-    would read past them, so the run is refused before anything connects."""
-    from tests.helpers import assert_one_line_error
-
-    code, _, err = cli("train", "--data", small_data_file, "--pool", "global", "--transport",
-                       "mqtt", "--broker", "mqtt://localhost:1", "--out", tmp_path / "run")
-    assert_one_line_error(code, err, 2, "alive mask")
-    assert not (tmp_path / "run").exists()

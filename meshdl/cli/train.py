@@ -222,12 +222,6 @@ def _run(config: RunConfig, dataset: Dataset, source: str, claim: Callable[[], R
     if transport == "mqtt" and config.parallel.meshes > 1:
         raise UsageError("--meshes runs virtual meshes: several meshes over MQTT are "
                          "not built yet")
-    if transport == "mqtt" and config.model.alive:
-        # Their node hosts would hold the readings alone, where the model reads two
-        # values a cell (nodes/serve.py's view of the data set takes no alive mask yet).
-        raise UsageError("the alive mask (the global recipe's) is not yet held by node "
-                         "hosts over MQTT: train it with --transport virtual, or set "
-                         "[model] alive = false")
     dataset.require_classes(config.model.classes, source)  # before a run directory exists
     if config.mesh.compress == PLAN:
         config = plan_for(config, dataset, PLAN_RADIO, "wifi")
