@@ -880,7 +880,7 @@ class NodeMachine:
         done = wave.done
         while ready:
             task = ready.pop()
-            train_only, send, run, code, layer, stage, work, operands, made = jobs[task]
+            train_only, send, run, operation, stage, work = jobs[task]
             if train_only and not training:
                 continue
             if train_only and wave.holding:  # its writes may land on memory still read
@@ -890,7 +890,7 @@ class NodeMachine:
                 self._take_shared_memory(wave)
             done[task] = 1
             if send is None:
-                run(self, wave, code, layer, operands, made, out)  # `steps.run`
+                run(self, wave, operation, out)  # `steps.run`
                 wave.finished_at[stage] = now
                 self.flops += work.per_sample * wave.batch + work.per_wave
             else:

@@ -181,6 +181,7 @@ class _Builder:
         self.spec, self.nodes = spec, nodes
         self.index: dict[Cell, int] = {node.cell: n for n, node in enumerate(nodes)}
         self.lists: list[int] = []
+        self.known: dict[tuple[int, ...], tuple[int, int]] = {}  # operands' lists put
         self.node_buffer: list[int] = []
         self.node_entry: list[int] = []
         self.node_task: list[int] = []
@@ -201,6 +202,16 @@ class _Builder:
         start = len(self.lists)
         self.lists.extend(int(v) for v in values)
         return start, len(self.lists)
+
+    def put_operand(self, values) -> tuple[int, int]:
+        """An operand's list: where the same operand list already is, or appended (a
+        window's slots are read by several tasks: one copy keeps the loop's lists
+        small)."""
+        values = tuple(int(v) for v in values)
+        at = self.known.get(values)
+        if at is None:
+            at = self.known[values] = self.put(values)
+        return at
 
     def glob(self, buffer: int, slots) -> np.ndarray:
         """Where the values of `slots` of a (global) buffer live: their home slots in its
@@ -276,9 +287,10 @@ class _Builder:
         task_args = np.zeros((tasks, OPERANDS, 2), np.int64)
         for t, k, g, kind, values in operands:
             if g == NONE:
-                task_kind[t, k], task_args[t, k] = kind, self.put(values)
+                task_kind[t, k], task_args[t, k] = kind, self.put_operand(values)
             else:
-                task_kind[t, k], task_args[t, k] = self.buf_arena[g], self.put(self.glob(g, values))
+                task_kind[t, k] = self.buf_arena[g]
+                task_args[t, k] = self.put_operand(self.glob(g, values))
         input_slot = np.array([self.glob(self.node_buffer[n] + node.plan.program.input[0],
                                          node.plan.program.input[1])[0]
                                for n, node in enumerate(nodes)], np.int64)
@@ -771,8 +783,7 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
         layout[layer, 4], layout[layer, 5] = tb.b_off[layer], tb.b_len[layer]
     which = 0 if training else 1  # `active`'s column
 
-    def arena(kind: int) -> np.ndarray:  # an operand's arena, whole (inlined by Numba)
-        return inputs if kind == INPUTS else features
+    arenas = (inputs, features)  # by INPUTS, FEATURES: what an operand's kind picks
 
     # Sources that came, as ranges of waiting tasks (`lists`), still to count down.
     spans = np.empty((2, 2), np.int64)  # (one at a time: they go before tasks)
@@ -829,16 +840,9 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
                     continue
                 spans[n_spans, 0], spans[n_spans, 1] = task_made[t, 0], task_made[t, 1]
                 n_spans += 1
-                kind, args = task_kind[t], task_args[t]
-                run_task(step, task_layer[t],
-                         arena(kind[0]), lists[args[0, 0]:args[0, 1]],
-                         arena(kind[1]), lists[args[1, 0]:args[1, 1]],
-                         arena(kind[2]), lists[args[2, 0]:args[2, 1]],
-                         arena(kind[3]), lists[args[3, 0]:args[3, 1]],
-                         arena(kind[4]), lists[args[4, 0]:args[4, 1]],
-                         arena(kind[5]), lists[args[5, 0]:args[5, 1]],
-                         params, layout, grads[n], grads, winners[n], number[n],
-                         failed[n] != 0, by_input[n] != 0)
+                run_task(step, task_layer[t], arenas, task_kind[t], lists, task_args[t],
+                         params, layout, grads, grads, winners, n, number[n], failed[n] != 0,
+                         by_input[n] != 0)
                 if step == REDUCE:  # its sum is a message up the tree
                     _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
         if first:

@@ -24,10 +24,12 @@ differs between the two callers is delivery only: the machine resolves operands 
 field buffers and sends messages, fills in orphans, compresses a REDUCE and counts
 flops (nodes/steps.py); the loop resolves them to its arenas and delivers in rounds.
 
-A task's operands (`Program.args`, nodes/plan.py) are up to `OPERANDS` (array, slots)
-pairs, each array (slots, channels, batch) float32 and its slots a list of rows of it; a
-kernel-tap list or a list of tree children is an operand with a dummy array. Per step,
-the operands in order (`OPERAND_KINDS` says what each is, for `validate`):
+A task's operands (`Program.args`, nodes/plan.py) are up to `OPERANDS`: operand i is the
+rows lists[at[i, 0]:at[i, 1]] of the array values[which[i]], (slots, channels, batch)
+float32 (the machine passes an array per operand; the loop its two arenas, `which`
+picking one); a list of kernel taps or of tree children is an operand whose array is
+never read. Per step, the operands in order (`OPERAND_KINDS` says what each is, for
+`validate`):
   CONV l       a_{l-1} window, its taps, own a_l (out)
   POOL         a_top block members, own pooled (out)
   ROUTE        own dpooled, route of the members (out)
@@ -107,60 +109,76 @@ def start_input(readings: np.ndarray, indices: np.ndarray, mean: np.ndarray,
         out[...] = 0.0
 
 
-@njit(**_JIT)
-def run_task(step: int, layer: int, x0: np.ndarray, s0: np.ndarray, x1: np.ndarray,
-             s1: np.ndarray, x2: np.ndarray, s2: np.ndarray, x3: np.ndarray,
-             s3: np.ndarray, x4: np.ndarray, s4: np.ndarray, x5: np.ndarray,
-             s5: np.ndarray, params: np.ndarray, layout: np.ndarray, grad: np.ndarray,
-             rows: np.ndarray, winners: np.ndarray, number: float, failed: bool,
-             by_input: bool) -> None:
+# Inlined into the compiled loop, which calls it for every task of every node (a call with
+# its arrays cost several % of a wave); from Python it is an ordinary compiled function.
+@njit(**_JIT, inline="always")
+def run_task(step: int, layer: int, values: tuple[np.ndarray, ...], which: np.ndarray,
+             lists: np.ndarray, at: np.ndarray, params: np.ndarray, layout: np.ndarray,
+             grads: np.ndarray,
+             rows: np.ndarray, winners: np.ndarray, node: int, number: float,
+             failed: bool, by_input: bool) -> None:
     """Run one computation of a node's program: step code `step` at conv layer `layer`
-    on its operands (x_i rows s_i: see the module's docstring), with the PARAMS vector
-    `params` laid out by `layout`, this node's gradient vector `grad`, the vectors
-    `rows` a REDUCE adds to it, the wave's pooling `winners` (filters, batch), this
-    cell's `number` (row x cols + col), whether failout leaves it out, and whether
-    weight gradients above layer 1 are taken by input cell (nodes/memory.py). A step
-    code without arithmetic here raises `UnknownStep`."""
+    on its operands (operand i: rows lists[at[i, 0]:at[i, 1]] of values[which[i]]: see
+    the module's
+    docstring), with the PARAMS vector `params` laid out by `layout`, this node's
+    gradient vector `grads[node]`, the vectors `rows` a REDUCE adds to it, the wave's
+    pooling `winners[node]` (filters, batch), this cell's `number` (row x cols + col),
+    whether failout leaves it out, and whether weight gradients above layer 1 are taken
+    by input cell (nodes/memory.py). A step code without arithmetic here raises
+    `UnknownStep`."""
+
+    def x(i: int) -> np.ndarray:  # operand i's values (slots, channels, batch)
+        return values[which[i]]
+
+    def s(i: int) -> np.ndarray:  # operand i's rows (slots, taps or children)
+        return lists[at[i, 0]:at[i, 1]]
+
+    def one(i: int) -> int:  # the one slot of operand i
+        return lists[at[i, 0]]
+
     if step == CONV:
         h, c, kk = layout[layer, W_FILTERS], layout[layer, W_CHANNELS], layout[layer, W_TAPS]
         w, b = layout[layer, W_OFF], layout[layer, B_OFF]
-        z = x2[s2[0]]
-        compute.conv_relu(x0, s0, s1, params[w:w + h * c * kk].reshape((h, c, kk)),
+        z = x(2)[one(2)]
+        compute.conv_relu(x(0), s(0), s(1), params[w:w + h * c * kk].reshape((h, c, kk)),
                           params[b:b + layout[layer, B_LEN]], z)
         if failed:  # failout: a dead cell has no output (the zeros filled in)
             z[...] = 0.0
     elif step == POOL:
-        compute.max_pool(x0, s0, x1[s1[0]], winners)
+        compute.max_pool(x(0), s(0), x(1)[one(1)], winners[node])
     elif step == ROUTE:
-        compute.route_max(x0[s0[0]], winners, s1, x1)
+        compute.route_max(x(0)[one(0)], winners[node], s(1), x(1))
     elif step == AGGREGATE:
-        compute.aggregate_max(x0[s0[0]], x1, s1, x2[s2[0]], winners)
+        compute.aggregate_max(x(0)[one(0)], x(1), s(1), x(2)[one(2)], winners[node])
     elif step == WINNERS:
-        compute.first_winners(number, x0[s0[0]], x1[s1[0]], x2, s2, x3, s3, x4[s4[0]],
-                              winners)
+        compute.first_winners(number, x(0)[one(0)], x(1)[one(1)], x(2), s(2), x(3), s(3),
+                              x(4)[one(4)], winners[node])
     elif step == SPLIT:
-        compute.split_max(x0[s0[0]], winners, x1[s1[0]], x2, s2)
+        compute.split_max(x(0)[one(0)], winners[node], x(1)[one(1)], x(2), s(2))
     elif step == DZ_TOP:
-        compute.relu_backward(x0[s0[0]], x1[s1[0]], x2[s2[0]])
+        compute.relu_backward(x(0)[one(0)], x(1)[one(1)], x(2)[one(2)])
     elif step == WEIGHT_GRAD:
         h, c, kk = layout[layer, W_FILTERS], layout[layer, W_CHANNELS], layout[layer, W_TAPS]
         w, b = layout[layer, W_OFF], layout[layer, B_OFF]
+        grad = grads[node]
         dweight = grad[w:w + h * c * kk].reshape((h, c, kk))
         dbias = grad[b:b + layout[layer, B_LEN]]
         if by_input and layer > 1:
-            compute.weight_grad_of_input(x3, s3, s4, s0[0], x5[s5[0]], dweight, dbias)
+            compute.weight_grad_of_input(x(3), s(3), s(4), one(0), x(5)[one(5)], dweight,
+                                         dbias)
         else:
-            compute.weight_grad(x0[s0[0]], x1, s1, s2, dweight, dbias)
+            compute.weight_grad(x(0)[one(0)], x(1), s(1), s(2), dweight, dbias)
     elif step == INPUT_GRAD:
         h, c, kk = layout[layer, W_FILTERS], layout[layer, W_CHANNELS], layout[layer, W_TAPS]
         w = layout[layer, W_OFF]
         # Under the memory plan the first layer's output gradient may be written over
         # the activation it masks (`compute.input_grad` allows it).
-        compute.input_grad(x0, s0, s1, params[w:w + h * c * kk].reshape((h, c, kk)),
-                           x2[s2[0]], x3[s3[0]])
+        compute.input_grad(x(0), s(0), s(1), params[w:w + h * c * kk].reshape((h, c, kk)),
+                           x(2)[one(2)], x(3)[one(3)])
     elif step == REDUCE:  # the children's vectors added in order, as numpy's +=
-        for k in range(len(s0)):
-            child = rows[s0[k]]
+        grad = grads[node]
+        for k in range(at[0, 0], at[0, 1]):
+            child = rows[lists[k]]
             for v in range(grad.size):
                 grad[v] += child[v]
     else:

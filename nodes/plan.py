@@ -24,7 +24,7 @@ from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import Step, Work, node_work
 
 Item = tuple[Field, Hashable]
-Run = Callable[..., None]  # `steps.run`: (node, wave, step, layer, operands, made, out)
+Run = Callable[..., None]  # `steps.run`: (node, wave, operation, out)
 ACTIVATION_SCALE_BYTES = 4  # an int8 message's scale: above float32 for a single value
 Source = Hashable  # an inbox key (`InboxKey`), or the item a computation makes
 Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
@@ -82,19 +82,30 @@ class SendJob(NamedTuple):
     phase: int
 
 
+class Operation(NamedTuple):
+    """A computation of the program as the machine's hot path reads it (its `Program`
+    rows, as Python values and views), for `steps.run`."""
+
+    step: int  # its step code (nodes/execute.py)
+    layer: int
+    buffers: tuple[int, ...]  # per operand: its field buffer, or < 0 (a list, or none)
+    at: np.ndarray  # (OPERANDS, 2): each operand's range in the program's lists
+    kept: tuple[int, int] | None  # (operand, conv layer): this cell's own activation,
+    # which a wave may keep apart (nodes/memory.py) ...
+    kept_at: np.ndarray  # ... and `at` where it is: that operand's one slot then 0
+    made: tuple[int, ...]  # the tasks waiting for what it makes, in order
+
+
 class Job(NamedTuple):
-    """One task of a node's plan as the machine's hot path reads it (`Program` rows, as
-    Python values): a send, or a computation for the executor (nodes/steps.py)."""
+    """One task of a node's plan as the machine's hot path reads it: a send, or a
+    computation for the executor (`steps.run`, nodes/execute.py)."""
 
     train_only: bool
     send: SendJob | None
     run: Run | None  # a computation: what runs it (`steps.run`, around the executor)
-    step: int  # SEND, or a computation's step code (nodes/execute.py)
-    layer: int
+    operation: Operation | None  # ... and its operands
     stage: str
     work: Work = Work(0)  # a computation's floating-point operations (meshdl/protocol/work.py)
-    operands: tuple[tuple[int, np.ndarray, int], ...] = ()  # (buffer, slots, kept) each
-    made: tuple[int, ...] = ()  # the tasks waiting for what it makes, in order
 
 
 class Operand(NamedTuple):
@@ -141,7 +152,7 @@ class Program(NamedTuple):
     started: np.ndarray  # range: the tasks waiting for this cell's own input, a_0
     input: np.ndarray  # (buffer, slot) of that input
     layout: np.ndarray  # the PARAMS vector's conv layers (`execute.layout_rows`)
-    lists: np.ndarray  # intp
+    lists: np.ndarray  # intp; its last number a 0 (`Operation.kept_at`)
 
     def slots(self, start: int, end: int) -> np.ndarray:
         return self.lists[start:end]
@@ -457,6 +468,7 @@ class NodePlan:
                 kept[t, i] = operand.kept
         a0 = self.buffers[("a", 0)]
         started = np.array(put(self.waiting_for((("a", 0), cell))), np.int64)
+        put([0])  # the one slot of an activation kept apart (`Operation.kept_at`)
         return Program(
             step=np.array([SEND if isinstance(p.task, Send) else STEP_CODES[p.task.step]
                            for p in tasks], np.int64),
@@ -470,18 +482,24 @@ class NodePlan:
     def _jobs(self, spec: MeshSpec, cell: Cell) -> list[Job]:
         """The program's rows as the machine's hot path reads them."""
         program, lists = self.program, self.program.lists
+        zero = len(lists) - 1  # (a 0)
         jobs = []
         for t, (task, rows) in enumerate(zip(self.tasks, self.send_rows, strict=True)):
             if isinstance(task, Send):
                 send = SendJob(task.kind, task.dst, *rows, task.layer, task.phase)
-                jobs.append(Job(self.train_only[t], send, None, SEND, 0, ""))
+                jobs.append(Job(self.train_only[t], send, None, None, ""))
                 continue
-            operands = tuple((int(b), lists[s:e], int(kept)) for (b, s, e), kept in
-                             zip(program.args[t], program.kept[t], strict=True))
+            at = np.ascontiguousarray(program.args[t, :, 1:])
+            kept_at, kept = at.copy(), None
+            for i, layer in enumerate(program.kept[t]):
+                if layer != NONE:
+                    kept, kept_at[i] = (i, int(layer)), (zero, zero + 1)
             made = tuple(int(w) for w in lists[program.made[t, 0]:program.made[t, 1]])
-            jobs.append(Job(self.train_only[t], None, steps.run, int(program.step[t]),
-                            int(program.layer[t]), task.stage,
-                            node_work(spec, cell, task.step, task.layer), operands, made))
+            operation = Operation(int(program.step[t]), int(program.layer[t]),
+                                  tuple(int(b) for b in program.args[t, :, 0]), at, kept,
+                                  kept_at, made)
+            jobs.append(Job(self.train_only[t], None, steps.run, operation, task.stage,
+                            node_work(spec, cell, task.step, task.layer)))
         return jobs
 
     def memory(self, mode: Mode, exact: bool) -> MemoryPlan:

@@ -21,21 +21,28 @@ import numpy as np
 
 from meshdl.compress.intsum import add_shares
 from meshdl.nodes import execute
-from meshdl.nodes.execute import AGGREGATE, CONV, DZ_TOP, INPUT_GRAD, POOL, REDUCE, WEIGHT_GRAD
+from meshdl.nodes.execute import (
+    AGGREGATE,
+    CONV,
+    DZ_TOP,
+    INPUT_GRAD,
+    OPERANDS,
+    POOL,
+    REDUCE,
+    WEIGHT_GRAD,
+)
 from meshdl.protocol.messages import Kind, Message
 from meshdl.protocol.spec import Field
 
 if TYPE_CHECKING:
     from meshdl.nodes.agent import NodeMachine
-    from meshdl.nodes.plan import Wave
-
-Operands = tuple[tuple[int, np.ndarray, int], ...]  # per operand: buffer, slots, kept layer
+    from meshdl.nodes.plan import Operation, Wave
 
 NO_VALUES = np.zeros((0, 0, 0), np.float32)  # an operand that is a list, or unused
 NO_ROWS = np.zeros((0, 0), np.float32)
-NO_WINNERS = np.zeros((0, 0), np.uint8)
-NO_GRAD = np.zeros(0, np.float32)
-KEPT_SLOT = np.zeros(1, np.intp)  # an activation kept apart: slot 0 of its own array
+NO_GRADS = np.zeros((0, 0), np.float32)
+NO_WINNERS = np.zeros((0, 0, 0), np.uint8)
+IDENTITY = np.arange(OPERANDS, dtype=np.int64)  # operand i's values: the i-th array
 
 
 def orphans_read(step: int, layer: int, by_input_cell: bool) -> Field | None:
@@ -52,10 +59,10 @@ def orphans_read(step: int, layer: int, by_input_cell: bool) -> Field | None:
     return None
 
 
-def run(node: NodeMachine, wave: Wave, step: int, layer: int, operands: Operands,
-        made: tuple[int, ...], out: list[Message]) -> None:
+def run(node: NodeMachine, wave: Wave, operation: Operation, out: list[Message]) -> None:
     """Run one computation of the node's program in `wave` (see the module's
     docstring)."""
+    step, layer, buffers, at, kept, kept_at, made = operation
     if node.plan.orphan_rows:
         f = orphans_read(step, layer, wave.by_input_cell)
         if f is not None:
@@ -65,31 +72,28 @@ def run(node: NodeMachine, wave: Wave, step: int, layer: int, operands: Operands
         return
     if step in (POOL, AGGREGATE):  # which source held each maximum (<= 64 of them)
         wave.winners = np.empty((node.spec.model.filters, wave.batch), np.uint8)
-    buffers, kept = wave.buffers, wave.kept
-    args: list[np.ndarray] = []
-    for buffer, slots, keeps in operands:
-        if buffer < 0:  # a list of taps or children, or nothing
-            args += (NO_VALUES, slots)
-        elif keeps >= 0 and kept[keeps] is not None:
-            args += (kept[keeps], KEPT_SLOT)
-        else:
-            values = buffers[buffer]
-            args += (NO_VALUES if values is None else values, slots)
+    fields = wave.buffers
+    values = [NO_VALUES if b < 0 or fields[b] is None else fields[b] for b in buffers]
+    if kept is not None:
+        i, own = kept
+        if wave.kept[own] is not None:  # (1, channels, batch): its one slot is 0
+            values[i], at = wave.kept[own], kept_at
     children = NO_ROWS
     if step == REDUCE and node.children:
         # In process a child's payload is its own `wave.grad`, read-only here and never
         # written again by the child: REDUCE is its wave's last task.
         children = np.stack([wave.reduce[child] for child in node.children])
-    winners = wave.winners
-    execute.run_task(step, layer, *args, wave.params_vector, node.plan.program.layout,
-                     NO_GRAD if wave.grad is None else wave.grad, children,
-                     NO_WINNERS if winners is None else winners, float(node.number),
-                     wave.failed_out, wave.by_input_cell)
+    grad, winners = wave.grad, wave.winners
+    execute.run_task(step, layer, tuple(values), IDENTITY, node.plan.program.lists, at,
+                     wave.params_vector, node.plan.program.layout,
+                     NO_GRADS if grad is None else grad[None], children,
+                     NO_WINNERS if winners is None else winners[None], 0,
+                     float(node.number), wave.failed_out, wave.by_input_cell)
     if step == CONV:
-        own = kept[layer]
+        own = wave.kept[layer]
         if own is not None:  # its field's memory goes to gradients in the backward pass
-            _, slots, _ = operands[2]
-            own[0] = buffers[operands[2][0]][slots[0]]
+            lists = node.plan.program.lists
+            own[0] = values[2][lists[at[2, 0]]]
     elif step == REDUCE:
         _send_reduce(node, wave, out)
     node._arrived(wave, made)

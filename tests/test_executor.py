@@ -63,17 +63,20 @@ def test_a_task_of_an_unknown_step_stops_the_node_machines_wave() -> None:
     saying why."""
     mesh = _mesh(compiled=False)
     node = next(iter(mesh.nodes.values()))
-    conv = next(t for t, job in enumerate(node.jobs) if job.step == CONV)
+    conv = next(t for t, job in enumerate(node.jobs)
+                if job.operation is not None and job.operation.step == CONV)
     node.jobs = [*node.jobs]  # (the plan's own list stays as it is)
-    node.jobs[conv] = node.jobs[conv]._replace(step=99)
+    job = node.jobs[conv]
+    node.jobs[conv] = job._replace(operation=job.operation._replace(step=99))
     with pytest.raises(MeshdlError, match=r"isolated: UnknownStep: .*unknown step code"):
         mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(3))
 
 
 def test_the_executor_refuses_a_step_code_it_does_not_know() -> None:
-    values, slots = np.zeros((1, 1, 1), np.float32), np.zeros(1, np.intp)
+    values = (np.zeros((1, 1, 1), np.float32),) * execute.OPERANDS
     with pytest.raises(UnknownStep):
-        execute.run_task(99, 1, *(values, slots) * execute.OPERANDS,
-                         np.zeros(1, np.float32), np.zeros((2, 6), np.int64),
-                         np.zeros(1, np.float32), np.zeros((0, 1), np.float32),
-                         np.zeros((1, 1), np.uint8), 0.0, False, False)
+        execute.run_task(99, 1, values, np.arange(execute.OPERANDS), np.zeros(1, np.intp),
+                         np.zeros((execute.OPERANDS, 2), np.int64), np.zeros(1, np.float32),
+                         np.zeros((2, 6), np.int64), np.zeros((1, 1), np.float32),
+                         np.zeros((0, 1), np.float32), np.zeros((1, 1, 1), np.uint8), 0,
+                         0.0, False, False)
