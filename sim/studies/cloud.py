@@ -149,7 +149,9 @@ class _Shipping:
         self.parties_run = parties
         topo = spec.topology
         self.topo = topo
-        self.values_per_cell = samples * spec.model.in_channels
+        # Its readings, not the alive mask of a model that takes one: the edge knows
+        # which cells' readings came (the mesh's nodes know their neighbours' too).
+        self.values_per_cell = samples * spec.model.readings
         # Refuses at once a header that leaves no room for a value.
         piece_sizes(0, 0, False, header_bytes, spec.max_message_bytes)
         self.queue: Clock = AirQueue() if compiled else EventQueue()
