@@ -206,9 +206,16 @@ def crossover_table(entries: Sequence[Record], factors: Sequence[int] = FACTORS)
 
 def plot(out: Path, rows: Sequence[Record], macs: Sequence[str] = MACS) -> list[Path]:
     """crossover.png: the mesh's hottest node's joules over the cloud's against the
-    nodes (log x), one line per MAC, a panel per radio; 1, 1/2 and 1/10 marked."""
+    nodes (log x, ticked at the grids swept), one line per MAC in one colour on every
+    panel, a panel per radio; 1, 1/2 and 1/10 marked."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullFormatter
+
+    from meshdl.report.numbers import given
+
     plt = pyplot()
     radios = list(dict.fromkeys(row["value"][2] for row in rows))
+    colour = {mac: f"C{i}" for i, mac in enumerate(MACS)}
     figure, axes = plt.subplots(1, len(radios), figsize=(6 * len(radios), 4.8), dpi=100,
                                 layout="constrained", squeeze=False)
     for panel, radio in zip(axes[0], radios, strict=True):
@@ -219,18 +226,21 @@ def plot(out: Path, rows: Sequence[Record], macs: Sequence[str] = MACS) -> list[
             if kept:
                 panel.plot([row["nodes"]["mean"] for row in kept],
                            [row[f"{mac}_ratio"]["mean"] for row in kept], marker="o",
-                           label=mac)
+                           color=colour[mac])
         for level, text in ((1.0, "1x"), (0.5, "2x"), (0.1, "10x")):
             panel.axhline(level, color="grey", linewidth=0.8, linestyle=":")
             panel.annotate(text, (1.0, level), xycoords=("axes fraction", "data"),
                            xytext=(3, 0), textcoords="offset points", va="center",
                            color="grey")
         panel.set_xscale("log")
+        nodes = sorted({row["nodes"]["mean"] for row in points})
+        panel.set_xticks(nodes, [given(n) for n in nodes])
+        panel.xaxis.set_minor_formatter(NullFormatter())
         panel.set_ylim(bottom=0)
         panel.set(xlabel="nodes (log scale)", ylabel="mesh / cloud, hottest node's J/slot",
                   title=radio)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncols=len(labels))
+    handles = [Line2D([], [], color=colour[mac], marker="o", label=mac) for mac in macs]
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
     figure.suptitle("where the mesh pays: its hottest node against the cloud's")
     path = out / "crossover.png"
     save_png(figure, path)
