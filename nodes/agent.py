@@ -55,7 +55,13 @@ from meshdl.protocol.activations import (
     read_activations,
 )
 from meshdl.protocol.deadlines import Learning, Margins, Policy
-from meshdl.protocol.lifecycle import NodeEvent, NodePhase, next_node_phase
+from meshdl.protocol.lifecycle import (
+    NodeEvent,
+    NodePhase,
+    next_node_phase,
+    node_phase_after,
+    node_wave_events,
+)
 from meshdl.protocol.messages import (
     ALL,
     BYTES,
@@ -498,24 +504,63 @@ class NodeMachine:
         tail = PlanTail.read(payload[self.params_size:], spec.model.rows, spec.model.cols)
         return tail is not None and (tail.edge_at, tail.dead) == spec.plan_key
 
+    def takes_control(self, params: Message, batch: Message) -> bool:
+        """Would this node take `params` and `batch` as a wave's PARAMS and BATCH, by their
+        dtypes, shapes and values (`_store_params`, `_store_batch`; a live slot's
+        readings aside)? The compiled dispatch asks before it runs a wave without the
+        machines (sim/compiled.py)."""
+        return self._params_valid(params) and self._batch_valid(batch)
+
+    def _params_valid(self, message: Message) -> bool:
+        h, payload = message.header, message.payload
+        return h.dtype == FLOAT32 and self._params_shaped(payload) and \
+            compute.all_positive(payload[self.layout.std]) and \
+            _scales_valid(payload[self.layout.scales])
+
+    def _batch_valid(self, message: Message) -> bool:
+        return message.header.dtype == INT32 and self._valid_batch(message.payload)
+
+    def keep_params(self, session: int, step: int, payload: np.ndarray) -> None:
+        """Keep the PARAMS `payload` of wave `step` of edge session `session` for the
+        scheduled slots to come: the last parameters this node had (a wave it started,
+        or one the compiled dispatch ran for it: sim/compiled.py). Asks for parameters
+        this flood overtook are void: the children that asked get the flood too (from
+        this node down the tree, or from the edge's broadcast), so none is answered and
+        none waits."""
+        self.cached = CachedParams(session, step, payload, payload[:self.params_size])
+        self.asking.clear()
+        self.pending_slot = None
+
+    def ran_compiled(self, wave: Wave) -> None:
+        """`wave` ran for this cell in the compiled dispatch (sim/compiled.py), without
+        this machine: from now on it is this node's current wave, over (DONE), every
+        message of it taken (a copy that comes late is a duplicate), its lifecycle moved
+        by the table once for every node (`compiled_wave`). The messages it took the
+        dispatch counts (`count_accepted`)."""
+        if wave.session not in self.sessions:
+            self.sessions.append(wave.session)
+        self.wave = wave
+
+    def count_accepted(self, messages: int) -> None:
+        """Count `messages` taken in compiled waves as this machine counts its own."""
+        self.stats["accepted"] += messages
+
     def _store_params(self, wave: Wave, message: Message, expect: Expect) -> bool:
         """PARAMS (from the tree parent or the edge) into `wave`, if they are valid."""
-        h, payload = message.header, message.payload
-        if h.dtype != FLOAT32 or not self._params_shaped(payload) or \
-                not compute.all_positive(payload[self.layout.std]) or \
-                not _scales_valid(payload[self.layout.scales]):
+        if not self._params_valid(message):
             self.stats["rejected:bad_params"] += 1
             return False
+        payload = message.payload
         wave.params_payload, wave.params_vector = payload, payload[:self.params_size]
         return True
 
     def _store_batch(self, wave: Wave, message: Message, expect: Expect) -> bool:
         """BATCH (from the tree parent or the edge) into `wave`, if it is valid and this
         sensor has readings for its samples."""
-        h, payload = message.header, message.payload
-        if h.dtype != INT32 or not self._valid_batch(payload):
+        if not self._batch_valid(message):
             self.stats["rejected:bad_batch"] += 1
             return False
+        payload = message.payload
         _, split, indices, _ = BatchOrder.read(payload)
         if split == Split.LIVE and not np.isfinite(self.readings[split][:, indices]).all():
             # The sensor gave nothing usable for that slot: never send a made-up
@@ -805,14 +850,7 @@ class NodeMachine:
         if wave.training:
             wave.grad = np.empty(self.spec.conv_size, np.float32)
         if not wave.scheduled:
-            # Kept for the scheduled slots to come: the last parameters this node had.
-            self.cached = CachedParams(wave.session, wave.step, wave.params_payload,
-                                       params)
-            # Asks for parameters this flood overtook are void: the children that asked
-            # get the flood too (from this node down the tree, or from the edge's
-            # broadcast), so none is answered and none waits.
-            self.asking.clear()
-            self.pending_slot = None
+            self.keep_params(wave.session, wave.step, wave.params_payload)
             for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
                 body = wave.params_payload if send.kind == Kind.PARAMS else payload
                 out.append(self._message(wave, send.kind, send.dst, body))
@@ -938,6 +976,21 @@ class NodeMachine:
         """When (in transport time) this node finished each stage of its last wave; the
         wave's own dict, not a copy (the transport keeps it after the wave)."""
         return self.wave.finished_at if self.wave else {}
+
+
+def compiled_wave(mode: Mode, batch: int, plans: list[NodePlan]) -> Wave:
+    """A wave of `mode` and `batch` the compiled dispatch runs for the nodes of `plans`,
+    as their machines see it once it is over (`NodeMachine.ran_compiled`): its
+    lifecycle moved by the table through a whole wave's events (`node_wave_events`),
+    every message of every inbox taken and every task run. One such wave stands for
+    every node's, and for every wave of its mode and batch (`Wave.renumber`): none of
+    them reads its buffers, it is over."""
+    wave = Wave(0, 0, plans[0])
+    wave.mode, wave.training, wave.batch = mode, mode == Mode.TRAIN, batch
+    wave.phase = node_phase_after(node_wave_events(wave.training))
+    wave.seen = bytearray([RECEIVED]) * max(len(plan.inbox) for plan in plans)
+    wave.done = bytearray([1]) * max(len(plan.tasks) for plan in plans)
+    return wave
 
 
 def _lend(view: np.ndarray, lent: list[weakref.ref[np.ndarray]]) -> np.ndarray:

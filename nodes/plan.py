@@ -608,6 +608,11 @@ class Wave:
         self.backward_at: float | None = None
         self.next_forward = self.next_backward = 0
 
+    def renumber(self, step: int, session: int) -> None:
+        """The same wave as wave `step` of edge session `session`: one finished wave the
+        compiled dispatch runs stands for each of its kind (`agent.compiled_wave`)."""
+        self.step, self.session = step, session
+
 
 def _padded(entry: tuple) -> tuple:
     """An inbox entry's first seven `Expect` fields, the defaults after what it gives."""

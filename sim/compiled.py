@@ -10,23 +10,27 @@ The node machines' adopted plans are what the tables are read from, once; every 
 wave computes is theirs to the bit (tests/test_compiled.py), and so are the counts, the
 rounds and each node's stage timing. A wave that does not qualify goes through the
 machines as before (`VirtualMesh.run_wave`). The machines' own state is not kept up by
-compiled waves (their phases, stats, last wave); what a later machine wave or a
-scheduled slot needs of it, the parameters each node keeps for its slots, `settle`
-hands back. The readings are shared: a node's `record` reaches compiled waves too.
+compiled waves message by message: once per wave each node's lifecycle moves as the
+machines' waves do (`NodeMachine.ran_compiled`: its current wave, DONE), and before a
+machine wave, a scheduled slot or a report (`VirtualMesh.settle`) `settle` hands each
+node the messages it took (its stats) and the parameters it keeps for its slots
+(`NodeMachine.keep_params`). What it needs of
+the nodes and the mesh it asks through their public methods. The readings are shared: a
+node's `record` reaches compiled waves too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from meshdl.edge.agent import WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
-from meshdl.nodes import compute
-from meshdl.nodes.agent import CachedParams
+from meshdl.nodes.agent import compiled_wave
 from meshdl.nodes.compiled import (
     ARRIVALS,
     NONE,
@@ -42,10 +46,11 @@ from meshdl.nodes.compiled import (
 )
 from meshdl.protocol.messages import ALL, EDGE, FLOAT32, INT32, Kind, Message, make
 from meshdl.protocol.payloads import BatchOrder
-from meshdl.protocol.spec import Mode, Split
+from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.protocol.topology import Cell
 
 if TYPE_CHECKING:
+    from meshdl.nodes.plan import Wave
     from meshdl.sim.mesh import VirtualMesh
 
 ITEM_KINDS = frozenset((Kind.HALO, Kind.POOL, Kind.GATHER, Kind.SCATTER, Kind.ROUTE,
@@ -61,17 +66,48 @@ class Started(NamedTuple):
     batch: np.ndarray  # the BATCH payload
 
 
+# What the compiled dispatch supports: of a mesh's spec (`MeshSpec`) and its model
+# (`ModelConfig`), the fields that may take any value, and those that may take some;
+# every other field must keep its default. A field added later therefore runs through
+# the machines until it is added here (and to the loop, if it changes a wave).
+SPEC_ANY = frozenset({"mesh_id", "model", "edge_at", "params_via", "max_message_bytes",
+                      "header", "topology"})
+SPEC_WHEN: dict[str, Callable[[MeshSpec], bool]] = {
+    "home": lambda spec: not spec.planned,  # the configured plan, wherever it says home is
+}
+MODEL_ANY = frozenset({"rows", "cols", "in_channels", "alive", "kernel", "filters",
+                       "conv_layers", "pool", "hidden", "classes"})
+
+
+def unsupported(spec: MeshSpec) -> list[str]:
+    """The fields of `spec` (and `model.` its model's) the compiled dispatch does not
+    support at the values they have: none, and its waves may run compiled."""
+    names = []
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if f.name in SPEC_ANY or SPEC_WHEN.get(f.name, lambda _: False)(spec):
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
+            else f.default
+        if value != default:
+            names.append(f.name)
+    model = spec.model
+    names += [f"model.{name}" for name, info in type(model).model_fields.items()
+              if name not in MODEL_ANY and getattr(model, name) != info.get_default(
+                  call_default_factory=True)]
+    return names
+
+
 def compiled_applies(mesh: VirtualMesh) -> bool:
-    """Can `mesh`'s next wave run compiled: an exact wave of the configured plan, in
-    process, that no party has failed in? (Only simulated time gives nodes deadlines,
-    and only a planned spec's PARAMS another plan.)"""
+    """Can `mesh`'s next wave run compiled? Only what the dispatch supports: a spec of
+    supported fields (`unsupported`), every cell a member, in process with no bytes on
+    a wire or injected faults, an edge without deadlines or their learning, no party
+    failed. Anything else goes through the machines."""
     spec = mesh.spec
-    return not mesh.wire and mesh.chaos is None and not spec.auth and \
-        spec.reduce_codec is None and spec.reduce_sum is None and \
-        spec.activation_codec is None and spec.delta is None and not spec.planned and \
+    return not unsupported(spec) and \
         len(spec.topology.members) == spec.model.rows * spec.model.cols and \
-        mesh.edge.policy is None and mesh.edge.learning is None and \
-        not any(mesh.isolated)
+        not mesh.wire and mesh.chaos is None and mesh.edge.policy is None and \
+        mesh.edge.learning is None and not any(mesh.isolated)
 
 
 class CompiledWaves:
@@ -119,20 +155,30 @@ class CompiledWaves:
         self.stats: Counter[str] = Counter()
         self._unsettled: Started | None = None  # the last wave, not yet handed back
         self._seen = np.zeros(len(tb.entry_node), np.uint8)  # the edge's, this wave
+        # Messages each node took in compiled waves, not yet in its stats (`settle`).
+        self._accepted = np.zeros(tb.nodes, np.int64)
+        self._plans = [node.plan for node in nodes]
+        self._waves: dict[tuple[Mode, int], Wave] = {}  # the nodes' view of a wave
+        # What every node has as its current wave, and of which edge session (until the
+        # machines run a wave: `settle`).
+        self._handed: tuple[Wave, int] | None = None
 
     def settle(self) -> None:
-        """Hand the node machines what a machine wave or a scheduled slot needs of the
-        compiled waves before it: each node's cached parameters, as its
-        `NodeMachine._start_wave` keeps them (and no ask for them pending)."""
+        """Hand the node machines what a machine wave, a scheduled slot or a report
+        needs of the compiled waves before it: the messages each took (its stats), and
+        each node's cached parameters, as its own waves keep them
+        (`NodeMachine.keep_params`: and no ask for them pending)."""
+        for node, count in zip(self.nodes, self._accepted.tolist(), strict=True):
+            if count:
+                node.count_accepted(count)
+        self._accepted[:] = 0
+        self._handed = None  # (the machines may run next: their waves replace it)
         started, self._unsettled = self._unsettled, None
         if started is None:
             return
-        edge, size = self.mesh.edge, self.nodes[0].params_size
-        cached = CachedParams(edge.session, edge.step, started.params, started.params[:size])
+        edge = self.mesh.edge
         for node in self.nodes:
-            node.cached = cached
-            node.asking.clear()
-            node.pending_slot = None
+            node.keep_params(edge.session, edge.step, started.params)
 
     # ------------------------------------------------------------------ a wave
     def run_wave(self, mode: Mode, split: Split, indices: np.ndarray,
@@ -145,7 +191,7 @@ class CompiledWaves:
         if started is None:  # what a node would refuse: the machines say why
             self.settle()
             mesh.send(out)
-            return mesh._finish_wave(mode)
+            return mesh.finish_wave(mode)
         wave = started.wave
         mesh.ledger.record_all(out)
         failed = np.zeros(tb.nodes, np.uint8)
@@ -182,9 +228,29 @@ class CompiledWaves:
             self._stalled(now - start, now >= limit)
         mesh.ledger.record_wave(edge.step, self._sent_keys(started))
         mesh.last_wave_rounds = now - start
-        mesh._timing[mode] = (start, now - start, Finished(self, st.task_round.copy(),
-                                                          st.finished.copy()))
+        mesh.record_timing(mode, start, now - start, Finished(self, st.task_round.copy(),
+                                                              st.finished.copy()))
+        self._moved(mode, wave.batch)
         return edge.result
+
+    def _moved(self, mode: Mode, batch: int) -> None:
+        """Each node's lifecycle, moved once for the wave: one finished wave of its mode
+        and batch stands for every node's (`compiled_wave`: DONE by the table), handed
+        to each (`NodeMachine.ran_compiled`) unless each has it from the wave before; the
+        messages each took (the tables' it was sent, and the edge's) counted here until
+        `settle`."""
+        tb, st, edge = self.tables, self.state, self.mesh.edge
+        wave = self._waves.get((mode, batch))
+        if wave is None:
+            wave = self._waves[(mode, batch)] = compiled_wave(mode, batch, self._plans)
+        wave.renumber(edge.step, edge.session)
+        if self._handed != (wave, edge.session):
+            for node in self.nodes:
+                node.ran_compiled(wave)
+            self._handed = (wave, edge.session)
+        to_nodes = (st.sent != 0) & (tb.msg_dst != NONE)
+        self._accepted += np.bincount(tb.msg_dst[to_nodes], minlength=tb.nodes)
+        self._accepted += np.bincount(tb.entry_node[self._seen != 0], minlength=tb.nodes)
 
     def _stalled(self, rounds: int, at_limit: bool) -> None:
         """Raise why a compiled wave cannot finish, naming what was dropped of the edge's
@@ -199,15 +265,11 @@ class CompiledWaves:
 
     def _start(self, out: list[Message]) -> Started | None:
         """The wave the edge's PARAMS and BATCH start, or None if a node would refuse
-        them (`NodeMachine._store_params`, `_store_batch`) or a live slot's reading may
+        them (`NodeMachine.takes_control`) or a live slot's reading may
         be missing: the machines then run it, and say why."""
-        node = self._checker
         params = next((m for m in out if m.header.kind == Kind.PARAMS), None)
         batch = next((m for m in out if m.header.kind == Kind.BATCH), None)
-        if params is None or batch is None or batch.header.dtype != INT32 or \
-                params.header.dtype != FLOAT32 or not node._params_shaped(params.payload) or \
-                not compute.all_positive(params.payload[node.layout.std]) or \
-                not node._valid_batch(batch.payload):
+        if params is None or batch is None or not self._checker.takes_control(params, batch):
             return None
         mode, split, indices, _ = BatchOrder.read(batch.payload)
         if split == Split.LIVE:
@@ -309,7 +371,7 @@ class CompiledWaves:
 
 class Finished:
     """Each node's finishing round of each stage in a compiled wave, as
-    `VirtualMesh._record_timing` keeps the machines' (cell, `finish_times`) pairs;
+    `VirtualMesh.record_timing` keeps the machines' (cell, `finish_times`) pairs;
     made into dicts only when a report asks."""
 
     def __init__(self, waves: CompiledWaves, task_round: np.ndarray,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -174,27 +174,28 @@ class VirtualMesh:
             if self._compiled is None:
                 self._compiled = CompiledWaves(self)
             return self._compiled.run_wave(mode, split, indices, failout)
-        self._settle()
+        self.settle()
         self.send(self.edge.start(mode, split, indices, failout=failout))
-        return self._finish_wave(mode)
+        return self.finish_wave(mode)
 
     def run_slot(self, slot: int) -> WaveResult:
         """One scheduled slot of live inference: every node starts it on the parameters
         it cached (a wave with PARAMS must have brought them), all in the same round."""
-        self._settle()
+        self.settle()
         out = self.edge.start_slot(slot)
         for node in self.nodes.values():
             out.extend(node.begin_slot(slot))
         self.send(out)
-        return self._finish_wave(Mode.INFER)
+        return self.finish_wave(Mode.INFER)
 
-    def _settle(self) -> None:
-        """Before the machines run a wave: what they need of the compiled waves before it
-        (`CompiledWaves.settle`)."""
+    def settle(self) -> None:
+        """Bring the node machines up to date with the compiled waves before now (the
+        messages they took, the parameters they keep: `CompiledWaves.settle`): before
+        the machines run a wave, and before their counts are read."""
         if self._compiled is not None:
             self._compiled.settle()
 
-    def _finish_wave(self, mode: Mode) -> WaveResult:
+    def finish_wave(self, mode: Mode) -> WaveResult:
         """Deliver rounds until the edge has the wave's result, then the wave's tail."""
         start_round = self.broker.round
         self.gather_rounds = None
@@ -209,7 +210,8 @@ class VirtualMesh:
             self.deliver_round()
         self.ledger.tally()
         self.last_wave_rounds = self.broker.round - start_round
-        self._record_timing(mode, start_round)
+        finished = [(cell, node.finish_times) for cell, node in self.nodes.items()]
+        self.record_timing(mode, start_round, self.last_wave_rounds, finished)
         return self.edge.result
 
     def _stalled(self, start_round: int) -> None:
@@ -230,11 +232,14 @@ class VirtualMesh:
             raise NonFiniteError(message)
         raise MeshdlError(message)
 
-    def _record_timing(self, mode: Mode, start_round: int) -> None:
-        """Keep what `wave_report` needs of this wave: each node's finishing rounds (the
-        dicts themselves: a node starts a new one each wave, so these stay as they are)."""
-        finished = [(cell, node.finish_times) for cell, node in self.nodes.items()]
-        self._timing[mode] = (start_round, self.last_wave_rounds, finished)
+    def record_timing(self, mode: Mode, start_round: int, rounds: int,
+                      finished: Iterable[tuple[Cell, dict[str, float]]]) -> None:
+        """Keep what `wave_report` needs of the last wave of `mode` (started in round
+        `start_round`, `rounds` long): each node's finishing round of each stage, as
+        (cell, {stage: round}) pairs (a machine's `finish_times`, the very dicts: a node
+        starts a new one each wave, so these stay as they are; or the compiled
+        dispatch's)."""
+        self._timing[mode] = (start_round, rounds, finished)
 
     def timing(self, mode: Mode) -> dict[str, Any]:
         """Rounds (relative to the wave's start) at which nodes finished each stage, in the
@@ -265,6 +270,7 @@ class VirtualMesh:
 
     def node_stats(self) -> Counter[str]:
         """Every count of the node hosts and their cells (rejections wherever made)."""
+        self.settle()
         total: Counter[str] = Counter()
         for host in self.hosts.values():
             total.update(host.node_stats())

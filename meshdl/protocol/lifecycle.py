@@ -88,6 +88,22 @@ def next_node_phase(phase: NodePhase, event: NodeEvent) -> NodePhase:
     return transition(NODE_TRANSITIONS, "node", phase, event)
 
 
+def node_wave_events(training: bool) -> tuple[NodeEvent, ...]:
+    """The events of a node's wave that runs every task of its mode, in order (a wave the
+    compiled dispatch runs moves through them at once: sim/compiled.py)."""
+    if training:
+        return NodeEvent.STARTED, NodeEvent.FORWARD_DONE, NodeEvent.FINISHED
+    return NodeEvent.STARTED, NodeEvent.FINISHED
+
+
+def node_phase_after(events: tuple[NodeEvent, ...],
+                     phase: NodePhase = NodePhase.AWAITING_CONTROL) -> NodePhase:
+    """The phase `events` move a node's wave to from `phase`, one by one by the table."""
+    for event in events:
+        phase = next_node_phase(phase, event)
+    return phase
+
+
 # ---------------------------------------------------------------------- the edge
 class EdgePhase(Enum):
     IDLE = "idle"  # no wave asked for yet
