@@ -3,7 +3,8 @@
 Readings normalized, dead cells' readings zeroed, plus an alive-mask channel; trained on
 random masks of 5-25 % drawn per map; evaluated on the test split with the very cells
 `meshdl evaluate --dead S --fault-seeds 0-9` kills (meshdl.sim.faults.dead.dead_cells).
-Usage: bound.py DATA_SEED TRAIN_MAPS EPOCHS [OUT.json]
+Usage: bound.py DATA_SEED|DATA.npz TRAIN_MAPS EPOCHS [OUT.json]
+(a data file: its own training maps; TRAIN_MAPS is then ignored)
 """
 import json
 import sys
@@ -14,12 +15,18 @@ import torch
 from torch import nn
 
 from meshdl.config import DataConfig
+from meshdl.data.datasets import data_digest, load_dataset
 from meshdl.data.lounge import generate_lounge
 from meshdl.sim.faults.dead import dead_cells
 
 torch.set_num_threads(1)
-data_seed, n_train, epochs = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-ds = generate_lounge(DataConfig(seed=data_seed, train=n_train))
+source, n_train, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if source.endswith(".npz"):
+    ds, data_seed = load_dataset(source), source
+    n_train = len(ds.y_train)
+else:
+    data_seed = int(source)
+    ds = generate_lounge(DataConfig(seed=data_seed, train=n_train))
 R, C = ds.rows, ds.cols
 mean, std = float(ds.X_train.mean()), float(ds.X_train.std())
 
@@ -76,7 +83,7 @@ def accuracy(cells: frozenset) -> float:
     return float(np.mean(pred == ds.y_test))
 
 
-out = {"data_seed": data_seed, "train_maps": n_train, "epochs": epochs,
+out = {"data_seed": data_seed, "data_digest": data_digest(ds), "train_maps": n_train, "epochs": epochs,
        "train_s": round(time.perf_counter() - started, 1), "clean": accuracy(frozenset())}
 for share in (0.1, 0.2):
     accs = [accuracy(dead_cells(R, C, share, s)) for s in range(10)]
