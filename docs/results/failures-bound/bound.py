@@ -60,7 +60,7 @@ steps = epochs * -(-n_train // 100)
 sched = torch.optim.lr_scheduler.OneCycleLR(opt, 3e-3, total_steps=steps)
 y_train = torch.from_numpy(ds.y_train)
 started = time.perf_counter()
-for epoch in range(epochs):
+for _epoch in range(epochs):
     order = rng.permutation(n_train)
     for i in range(0, n_train, 100):
         idx = order[i:i + 100]
@@ -83,8 +83,9 @@ def accuracy(cells: frozenset) -> float:
     return float(np.mean(pred == ds.y_test))
 
 
-out = {"data_seed": data_seed, "data_digest": data_digest(ds), "train_maps": n_train, "epochs": epochs,
-       "train_s": round(time.perf_counter() - started, 1), "clean": accuracy(frozenset())}
+out = {"data_seed": data_seed, "data_digest": data_digest(ds), "train_maps": n_train,
+       "epochs": epochs, "train_s": round(time.perf_counter() - started, 1),
+       "clean": accuracy(frozenset())}
 for share in (0.1, 0.2):
     accs = [accuracy(dead_cells(R, C, share, s)) for s in range(10)]
     out[f"dead_{share}"] = {"mean": float(np.mean(accs)), "std": float(np.std(accs, ddof=1)),
@@ -92,4 +93,5 @@ for share in (0.1, 0.2):
     out[f"lost_{share}"] = out["clean"] - float(np.mean(accs))
 print(json.dumps(out))
 if len(sys.argv) > 4:
-    open(sys.argv[4], "w").write(json.dumps(out, indent=1))
+    with open(sys.argv[4], "w") as file:
+        file.write(json.dumps(out, indent=1))
