@@ -405,9 +405,14 @@ class LiveMesh:
 
     def sample(self, nodes: Mapping[Cell, Any], reading: np.ndarray, slot: int) -> None:
         """Every node reads its sensor at the boundary of `slot` (a run's slot index):
-        `reading` is that slot's map, ([channels,] rows, cols)."""
+        `reading` is that slot's map, ([channels,] rows, cols). A model that takes the
+        alive mask reads each reading beside a 1: its node is alive, it read it (as a
+        live sensor's node records it, nodes/live.py `as_recorded`)."""
         at = (self.first_slot + slot) % LIVE_SLOTS
         values = reading.reshape(-1, *reading.shape[-2:])
+        model = self.spec.model
+        if model.alive and len(values) == model.readings:
+            values = np.concatenate([values, np.ones_like(values[:1])])
         for (r, c), node in nodes.items():
             node.record(Split.LIVE, at, values[:, r, c])
 
