@@ -854,13 +854,11 @@ class NodeMachine:
             for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
                 body = wave.params_payload if send.kind == Kind.PARAMS else payload
                 out.append(self._message(wave, send.kind, send.dst, body))
-        program = self.plan.program
-        buffer, slot = program.input
+        buffer, slot, waiting = self.plan.input  # (`Program.input`, `Program.started`)
         execute.start_input(self.readings[split], indices, params[self.layout.mean],
-                            params[self.layout.std], wave.failed_out,
-                            wave.buffers[buffer][slot])
+                            params[self.layout.std], wave.failed_out, wave.buffers[buffer][slot])
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
-        self._arrived(wave, tuple(program.slots(*program.started)))
+        self._arrived(wave, waiting)
 
     def _field_buffers(self, wave: Wave) -> None:
         """A wave's field buffers (and kept activations), laid out by the memory plan of

@@ -402,8 +402,11 @@ class NodePlan:
         self.orphan_rows = {f: np.array([self.slot(f, c) for c in items], np.intp)
                             for f, items in self.orphans.items()}
         self.number = cell[0] * spec.model.cols + cell[1]  # as BATCH and WINNER name it
-        self.program = self._program(spec, cell, tasks)
+        self.program = program = self._program(spec, cell, tasks)
         self.jobs = self._jobs(spec, cell)
+        # The program's input as the machine reads it: (buffer, slot, waiting tasks).
+        self.input = (int(program.input[0]), int(program.input[1]),
+                      tuple(int(t) for t in program.slots(*program.started)))
         self.active = {mode: sum(1 for t in self.train_only if mode == Mode.TRAIN or not t)
                        for mode in Mode}
         self.ready_at_start = [i for i, n in enumerate(self.needs_count) if n == 0]
@@ -441,7 +444,7 @@ class NodePlan:
         self.ready_at_start, self.early_bytes, self.buffer_shapes = [], {}, []
         self.layers, self._memory = 0, {}
         self.unplanned = unplanned([], 0)
-        self.orphan_rows, self.number, self.jobs = {}, 0, []
+        self.orphan_rows, self.number, self.jobs, self.input = {}, 0, [], (0, 0, ())
         self.program = Program(
             *(np.zeros(0, np.int64) for _ in range(4)), np.zeros((0, 2), np.int64),
             np.zeros((0, OPERANDS, 3), np.int64), np.zeros((0, OPERANDS), np.int64),
