@@ -33,7 +33,6 @@ from tests.test_layering import _type_checking, cycles, modules
 ANNOTATION_CIRCLES_LEFT = [
     ["meshdl.nodes.agent", "meshdl.nodes.besteffort", "meshdl.nodes.plan",
      "meshdl.nodes.steps"],
-    ["meshdl.sim.radio.air", "meshdl.sim.radio.media"],
     ["meshdl.sim.besteffort", "meshdl.sim.timed"],
     ["meshdl.sim.compiled", "meshdl.sim.mesh"],
 ]
