@@ -956,6 +956,7 @@ class NodeMachine:
             wave.finished_at.setdefault("finished", now)
             if wave.learnt is not None:
                 self.effort.learnt(wave)
+            out.extend(self.effort.finished(wave, now))  # best effort: silence, at once
 
     def _finished(self, wave: Wave) -> bool:
         return wave.phase is NodePhase.DONE

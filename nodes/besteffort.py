@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from meshdl.nodes.memory import GRADIENTS
 from meshdl.nodes.plan import (
     FILLED_IN,
     ITEMS,
@@ -65,6 +64,7 @@ class BestEffort:
         self.silent: Counter[Cell] = Counter()
         self.suspects: list[Cell] = []
         self.judged = (0, 0)  # the (step, session) of the wave they were found in
+        self.judged_wave: Wave | None = None  # ... and the wave itself
         self.hello_after: float | None = None
         self.heard_at = 0.0  # the last PARAMS taken, or the boot
         self.hello_at: float | None = None
@@ -79,13 +79,7 @@ class BestEffort:
         and the wave gets its deadlines (or, learning, is waited out to teach them)."""
         node = self.node
         self.heard_at = now
-        if self.suspects and node.plan.health_to is not None:  # dated by the wave judged
-            suspects = np.array([c[0] * node.spec.model.cols + c[1] + 1
-                                 for c in self.suspects[:HEALTH_MAX]], np.int32)
-            node.seq = (node.seq + 1) & 0xFFFFFFFF
-            out.append(make(Kind.HEALTH, node.mesh_id, self.judged[0], node.cell,
-                            node.plan.health_to, suspects, seq=node.seq,
-                            session=self.judged[1]))
+        self._report(out)  # dated by the wave judged
         if self.policy is None:
             return
         key = (node.spec.plan_key, wave.mode, wave.batch)
@@ -211,10 +205,40 @@ class BestEffort:
                 self.last_level[(f, item)] = level
 
     # ---------------------------------------------------------------- health
+    def finished(self, wave: Wave, now: float) -> list[Message]:
+        """This node's part of a best-effort wave is done: judge it now, and report a
+        neighbour found silent at once (HEALTH up the tree), so that the edge hears of
+        it before its next wave, not one wave later; `start` says it again with each
+        wave until the edge's plan leaves it out."""
+        if wave.schedule is None or wave is self.judged_wave:
+            return []
+        before = list(self.suspects)
+        self.judge(wave)
+        if not self.suspects or self.suspects == before:
+            return []
+        out: list[Message] = []
+        self._report(out)
+        return out
+
+    def _report(self, out: list[Message]) -> None:
+        """The HEALTH of the last wave judged, to the tree parent."""
+        node = self.node
+        if not self.suspects or node.plan.health_to is None:
+            return
+        suspects = np.array([c[0] * node.spec.model.cols + c[1] + 1
+                             for c in self.suspects[:HEALTH_MAX]], np.int32)
+        node.seq = (node.seq + 1) & 0xFFFFFFFF
+        out.append(make(Kind.HEALTH, node.mesh_id, self.judged[0], node.cell,
+                        node.plan.health_to, suspects, seq=node.seq,
+                        session=self.judged[1]))
+
     def judge(self, wave: Wave) -> None:
         """A best-effort wave is over: a neighbour all of whose messages in it had to be
         filled in was silent; after `SILENT_WAVES` such waves in a row it is reported
-        (with the next wave's start) until the edge's plan leaves it out."""
+        (at once, and with each wave's start) until the edge's plan leaves it out."""
+        if wave is self.judged_wave:  # at its end already
+            return
+        self.judged_wave = wave
         heard: dict[Cell, bool] = {}
         for index, seen in enumerate(wave.seen):
             expect, src = self.node.plan.expected[index], self.node.plan.keys[index].src
@@ -350,14 +374,15 @@ class BestEffort:
         self.node._arrived(wave, expect.waiters)
 
     def fill_orphans(self, wave: Wave, f: Field) -> None:
-        """Put the policy's values in the slots of `f`'s orphans (zeros for gradients
-        and without a policy) before a kernel reads them."""
+        """Put zeros in the slots of `f`'s orphans before a kernel reads them, whatever
+        the policy: they are values the plan left out (a cell known dead or cut off,
+        or a value only such cells relay), and the central model reads a cell left
+        out as zeros (`CNN.forward(X, cells)`); a neighbour's or an old value would be
+        a made-up one, a false step beside a dead cell."""
         rows = self.node.plan.orphan_rows.get(f)
         if rows is None:
             return
-        buffer = wave.buffers[self.node.plan.buffers[f]]
-        buffer[rows] = 0.0 if f[0] in GRADIENTS or self.policy in (None, Policy.ZERO) \
-            else self._filling(wave, f, self.node.plan.orphans[f])
+        wave.buffers[self.node.plan.buffers[f]][rows] = 0.0
         self.node.stats["absent_filled"] += len(rows)
 
     def _filling(self, wave: Wave, f: Field, items: Sequence[Hashable]

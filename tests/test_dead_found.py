@@ -80,13 +80,16 @@ def test_a_mesh_planned_around_its_dead_cells_infers_as_central_with_them_left_o
     np.testing.assert_allclose(result.logits, want, rtol=1e-5, atol=1e-5)
 
 
-def test_cells_down_before_the_first_wave_are_left_out_of_it_by_the_roll_call() -> None:
+@pytest.mark.parametrize("policy", list(Policy))
+def test_cells_down_before_the_first_wave_are_left_out_of_it_by_the_roll_call(
+        policy) -> None:
     """Best effort, three nodes down from the start (one of them cutting (4, 5) off):
     the roll call at commissioning answers for the others only, so the first wave's plan
     goes around all four, no message is waited out or filled in, and the wave's logits
-    are the central model's with those cells left out."""
+    are the central model's with those cells left out, whatever the policy (a value
+    the plan left out reads as zero)."""
     data, model = _data(), _model()
-    mesh = _mesh(model, data, best_effort=BestEffort(Policy.ZERO))
+    mesh = _mesh(model, data, best_effort=BestEffort(policy))
     down = frozenset({(2, 2), (3, 5), (4, 4)})
     for cell in down:
         mesh.kill(cell)
@@ -145,19 +148,18 @@ def test_a_pooling_block_without_a_live_cell_reads_as_zeros_whatever_the_policy(
     assert not mesh.edge.trace.pooled[:, 1, 0].any()
 
 
-def test_a_node_that_dies_mid_run_is_planned_around_two_waves_after_the_first_it_misses(
+def test_a_node_that_dies_mid_run_is_planned_around_from_the_wave_after_the_first_it_misses(
         ) -> None:
     """(2, 2) dies between waves: its neighbours find it silent in the first wave it
-    misses and report it with the next wave's start (one silent wave is enough), so the
-    edge's plan leaves it out from the wave after that, which fills nothing in and
-    computes what the central model does without it."""
+    misses and report it at once, as their part of that wave ends, so the edge's plan
+    leaves it out from the next wave, which fills nothing in and computes what the
+    central model does without it."""
     data, model = _data(), _model()
     mesh = _mesh(model, data, best_effort=BestEffort(Policy.ZERO))
     batch = np.arange(8)
     mesh.run_wave(Mode.INFER, Split.TEST, batch)
     mesh.kill((2, 2))
-    mesh.run_wave(Mode.INFER, Split.TEST, batch)  # the first it misses
-    mesh.run_wave(Mode.INFER, Split.TEST, batch)  # its silence reported
+    mesh.run_wave(Mode.INFER, Split.TEST, batch)  # the first it misses: reported
     before = mesh.filled_in()
     result = mesh.run_wave(Mode.INFER, Split.TEST, batch)
     assert mesh.edge.spec.dead == {(2, 2)} and mesh.filled_in() == before
