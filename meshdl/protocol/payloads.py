@@ -142,7 +142,7 @@ NO_CELLS = np.empty(0, np.int32)
 class BatchOrder(NamedTuple):
     """What a BATCH says: the wave's mode, the split its samples come from, which ones,
     and (failout) the cells that act dead in the wave: no reading, no output
-    (nodes/steps.py), as numbers n = row x cols + col. They travel as -(n + 1), as
+    (nodes/execute.py), as numbers n = row x cols + col. They travel as -(n + 1), as
     HEALTH's cells, after the indices, which are never negative."""
 
     mode: int

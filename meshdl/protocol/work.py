@@ -22,7 +22,7 @@ from meshdl.protocol.topology import Cell
 
 
 class Step(StrEnum):
-    """A node's computations, in a wave's order (nodes/steps.py runs them). Each equals
+    """A node's computations, in a wave's order (nodes/execute.py runs them). Each equals
     its string, the name `meshdl plan` prints."""
 
     CONV = "conv"  # a conv layer's output at this cell, then ReLU
