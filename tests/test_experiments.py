@@ -405,11 +405,12 @@ def test_the_bound_models_line_is_drawn_only_on_the_data_it_was_measured_on() ->
     """Its figures are the bound model's on one data set and the cells each fault seed
     kills: another data set, or another edge (other cells die), has none."""
     from meshdl.config import DataConfig
+    from meshdl.data.datasets import data_digest
     from meshdl.data.lounge import generate_lounge
     from meshdl.experiments.faults import BOUND, bound_accuracy
 
     data = generate_lounge(DataConfig(rows=6, cols=8, train=2400))
-    (measured,) = BOUND.values()
+    measured = BOUND[data_digest(data)]
     at = {"mesh": {"edge_at": (0, 0)}}
     assert bound_accuracy(data, at, 0.1, 3) == measured["0.1"][3]
     assert bound_accuracy(data, at, 0.0, 0) == measured["0"][0]

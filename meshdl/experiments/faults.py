@@ -162,6 +162,15 @@ def deployed_accuracy(config: RunConfig, data: Dataset, settings: dict[str, Any]
 # cells `dead_cells(rows, cols, share, fault seed)` kills (edge at 0,0) for fault seeds
 # 0-9. The script and its runs: docs/results/failures-bound/.
 BOUND: dict[str, dict[str, list[float]]] = {
+    # `meshdl data generate` (seed 0, 40,800 maps), the data of `meshdl experiment
+    # failures --pool global`: 8 epochs, measured 2026-11-29.
+    "01862e2202342943": {
+        "0": [0.9768],
+        "0.1": [0.9572, 0.9715, 0.9590, 0.9697, 0.9733, 0.9715, 0.9733, 0.9733, 0.9733,
+                0.9661],
+        "0.2": [0.9501, 0.9394, 0.9465, 0.9661, 0.9465, 0.9697, 0.9483, 0.9643, 0.9519,
+                0.9643],
+    },
     # `meshdl data generate --rows 6 --cols 8 --train 2400` (seed 0): 40 epochs on its
     # 2,400 training maps, measured 2026-11-29.
     "d3989c5c0f1b4c38": {
