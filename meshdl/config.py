@@ -211,18 +211,16 @@ class TrainConfig(_Strict):
         return self
 
 
-# The global-pooling head's recipe: what `[model]` and `[train]` take, unless set, when
-# the model pools globally (tuned on data seeds 0-63 x training seeds 0-1, held out on
-# 100-109 x 0-2: mean 98.17 %, worst 96.97 %; docs/results/global-pooling-recipe.md).
-# 16 filters and 40 epochs gain 0.9 points held out over the seed's 5 and 20 and carry
-# to 12 x 20 and 30 x 40 grids (every lounge >= 95 %); mirrors do not help a head that
-# cannot learn positions. Since issue 45 the head knows which cells are dead: the alive
-# mask as a second input channel, trained with 5 to 25 % of the cells dead in each
-# update (failout over a range), where failout 0.02 without the mask lost 2.55 / 4.22
-# points at 10 / 20 % dead (docs/experiments.md, "failures").
-# The data it needs: 40,800 training maps (17 lounges' 50 days), the global head's
-# ceiling on held-out lounges where 2,400 maps left it a point below; on such a set it
-# trains fewer epochs (`recipe_epochs`), on a smaller one 40 as before.
+# The global-pooling head's recipe: what `[model]`, `[train]` and `[data]` take, unless
+# set, when the model pools globally (docs/results/global-pooling-recipe.md). 16 filters
+# and 40 epochs gained 0.9 points held out over the seed's 5 and 20 and carry to 12 x 20
+# and 30 x 40 grids; mirrors do not help a head that cannot learn positions. Since issue
+# 45 the head knows which cells are dead: the alive mask as a second input channel,
+# trained with 5 to 25 % of the cells dead in each update (failout over a range), on
+# 40,800 generated maps (17 lounges) for 4 epochs (`recipe_epochs`; 40 on 2,400 maps or
+# fewer). Held out (data seeds 100-109 x training seeds 0-2): 97.91 % mean, 96.97 %
+# worst with every cell alive, 0.96 / 2.41 points lost with 10 / 20 % of the cells dead
+# after training, where failout 0.02 without the mask lost 2.48 / 6.34 (data seed 23).
 GLOBAL_RECIPE: dict[str, dict[str, Any]] = {
     "model": {"filters": 16, "alive": True},
     "train": {"augment": "none", "failout": 0.05, "failout_max": 0.25, "epochs": 40},
