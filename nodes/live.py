@@ -36,7 +36,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from meshdl.config import ModelConfig
 from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.host import NodeHost
 from meshdl.nodes.sensors import Reading, Sensor, read_with_retry
@@ -55,10 +54,10 @@ def live_ring(channels: int = 1) -> np.ndarray:
     return np.full((LIVE_SLOTS, channels), np.nan, np.float32)
 
 
-def as_recorded(model: ModelConfig, value: float) -> float | np.ndarray:
+def as_recorded(alive: bool, value: float) -> float | np.ndarray:
     """A sensor's reading as its node's model reads it: with the alive mask
     (`ModelConfig.alive`), the reading and a 1 (this node is alive: it read it)."""
-    return np.array([value, 1.0], np.float32) if model.alive else value
+    return np.array([value, 1.0], np.float32) if alive else value
 
 
 def slot_of(now: float, slot_s: float) -> int:
@@ -70,8 +69,9 @@ class LiveSampler:
 
     def __init__(self, nodes: dict[Cell, NodeMachine], sensors: dict[Cell, Sensor],
                  slot_s: float, clock: Callable[[], float] = time.time,
-                 attempts: int = 3, timeout_s: float = 2.0) -> None:
+                 attempts: int = 3, timeout_s: float = 2.0, alive: bool = False) -> None:
         self.nodes = nodes
+        self.alive = alive  # the model reads the alive mask: each reading beside a 1
         self.sensors = sensors
         self.slot_s = slot_s
         self.clock = clock
@@ -91,9 +91,9 @@ class LiveSampler:
             for c in cells))
         self._forget_skipped(slot)
         for cell, reading in zip(cells, readings, strict=True):
-            node = self.nodes[cell]
-            node.record(Split.LIVE, slot % LIVE_SLOTS,
-                        as_recorded(node.spec.model, reading.value) if reading.ok else None)
+            self.nodes[cell].record(Split.LIVE, slot % LIVE_SLOTS,
+                                    as_recorded(self.alive, reading.value) if reading.ok
+                                    else None)
             if reading.ok:
                 self.stats["readings"] += 1
                 self.last_errors.pop(cell, None)

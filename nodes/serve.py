@@ -124,7 +124,7 @@ def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
     host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
     best_effort(host, config)
     sampler = None if readings.sensors is None else LiveSampler(
-        host.nodes, readings.sensors, readings.slot_s)
+        host.nodes, readings.sensors, readings.slot_s, alive=config.model.alive)
     asyncio.run(serve_host(host, address, client, stop, sampler, Notifier(),
                            readings.data_digest, auth, say))
     return host
@@ -273,7 +273,7 @@ class BackgroundNodeHost:
         self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
         best_effort(self.host, config)
         self.sampler = None if readings.sensors is None else LiveSampler(
-            self.host.nodes, readings.sensors, readings.slot_s)
+            self.host.nodes, readings.sensors, readings.slot_s, alive=config.model.alive)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
