@@ -22,7 +22,7 @@ from meshdl.data.datasets import check_label_range
 from meshdl.errors import MeshdlError, StepSkipped, UsageError
 from meshdl.model import kernels
 from meshdl.model.cnn import CNN, Trace
-from meshdl.protocol.activations import read_activations
+from meshdl.protocol.activations import StaticCodes, read_activations
 from meshdl.protocol.deadlines import (
     EDGE_SILENT_WAVES,
     GATHER_ENTRY,
@@ -467,7 +467,16 @@ class EdgeMachine:
     def _params(self) -> np.ndarray:
         """The PARAMS payload of the model as it is (without the plan's tail)."""
         return self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
-                                            self.model.norm_std, self.wave_scales)
+                                            self.model.norm_std, self.wave_scales,
+                                            self._act_scales())
+
+    def _act_scales(self) -> np.ndarray | None:
+        """Under int8-static, the model's calibrated activation scales (PARAMS carry
+        them: nodes quantize by them and read codes with them); UsageError if it has
+        none."""
+        if not isinstance(self.spec.activation_codec, StaticCodes):
+            return None
+        return self.model.scales_for_inference()
 
     def _begin(self, now: float, step: int | None = None,
                scheduled: bool = False) -> list[Message]:
@@ -532,7 +541,8 @@ class EdgeMachine:
             shape = (len(self.gather_blocks), self.spec.model.filters, self.batch)
             payload = read_or_count(
                 lambda: read_activations(self.spec.activation_codec, h, message.payload,
-                                         shape), self.stats, "rejected:bad_shape")
+                                         shape, self._act_scales()),
+                self.stats, "rejected:bad_shape")
             if payload is None:
                 return []
             self.stats["accepted"] += 1

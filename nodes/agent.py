@@ -50,9 +50,11 @@ from meshdl.nodes.plan import (
 )
 from meshdl.protocol.activations import (
     FORWARD_KINDS,
+    StaticCodes,
     activation_bytes,
     encode_activations,
     read_activations,
+    valid_act_scales,
 )
 from meshdl.protocol.deadlines import Learning, Margins, Policy
 from meshdl.protocol.lifecycle import (
@@ -473,6 +475,7 @@ class NodeMachine:
                 h.dtype != FLOAT32 or not self._params_shaped(payload) or \
                 not compute.all_positive(payload[self.layout.std]) or \
                 not _scales_valid(payload[self.layout.scales]) or \
+                not self._act_scales_valid(payload) or \
                 not self._of_this_plan(payload):
             self.stats["rejected:bad_params"] += 1
             return []
@@ -496,6 +499,11 @@ class NodeMachine:
         self.pending_slot = None
         return out
 
+    def _act_scales_valid(self, payload: np.ndarray) -> bool:
+        """Under int8-static, PARAMS' activation scales are finite and positive."""
+        return not isinstance(self.activation_codec, StaticCodes) or \
+            valid_act_scales(payload[self.layout.act_scales])
+
     def _of_this_plan(self, payload: np.ndarray) -> bool:
         """Do PARAMS say this node's plan (no tail: the configured one)?"""
         spec = self.spec
@@ -515,7 +523,7 @@ class NodeMachine:
         h, payload = message.header, message.payload
         return h.dtype == FLOAT32 and self._params_shaped(payload) and \
             compute.all_positive(payload[self.layout.std]) and \
-            _scales_valid(payload[self.layout.scales])
+            _scales_valid(payload[self.layout.scales]) and self._act_scales_valid(payload)
 
     def _batch_valid(self, message: Message) -> bool:
         return message.header.dtype == INT32 and self._valid_batch(message.payload)
@@ -614,7 +622,8 @@ class NodeMachine:
                 return []
         else:
             payload = read_or_count(
-                lambda: read_activations(self.activation_codec, h, message.payload, shape),
+                lambda: read_activations(self.activation_codec, h, message.payload, shape,
+                                         wave.params_vector[self.layout.act_scales]),
                 self.stats, "rejected:bad_shape")
             if payload is None:
                 return []
@@ -759,7 +768,7 @@ class NodeMachine:
                 return len(shape) == 1  # its rows are known once its wave has started
             if h.dtype == BYTES and self.activation_codec is not None and \
                     h.kind in FORWARD_KINDS and len(shape) == 1:
-                return self._compressed_batch(shape[0], expect) is not None
+                return self._compressed_batch(shape[0], expect, h) is not None
             return h.dtype == FLOAT32 and len(shape) == 3 and \
                 shape[:2] == (expect.rows, expect.channels) and \
                 1 <= shape[2] <= self.spec.max_batch
@@ -778,13 +787,15 @@ class NodeMachine:
                 BATCH_HEAD < shape[0] <= self.spec.max_batch_values
         return h.dtype == FLOAT32 and self._params_shaped(message.payload)
 
-    def _compressed_batch(self, size: int, expect: Expect) -> int | None:
+    def _compressed_batch(self, size: int, expect: Expect, h: Header) -> int | None:
         """The batch whose compressed activations for `expect` take `size` bytes, if
         one within the mesh's limits does (their size is linear in the batch)."""
         assert self.activation_codec is not None
-        one = activation_bytes(self.activation_codec, (expect.rows, expect.channels, 1))
+        one = activation_bytes(self.activation_codec, (expect.rows, expect.channels, 1),
+                               h.kind, h.layer)
         per_sample = activation_bytes(self.activation_codec,
-                                      (expect.rows, expect.channels, 2)) - one
+                                      (expect.rows, expect.channels, 2), h.kind,
+                                      h.layer) - one
         batch, rest = divmod(size - one + per_sample, per_sample)
         return batch if rest == 0 and 1 <= batch <= self.spec.max_batch else None
 
@@ -825,6 +836,8 @@ class NodeMachine:
         if mode not in (Mode.TRAIN, Mode.INFER) or split not in self.readings or \
                 not 0 < indices.size <= self.spec.max_batch:
             return False
+        if mode == Mode.TRAIN and isinstance(self.activation_codec, StaticCodes):
+            return False  # int8-static is inference only: training runs in float32
         return order.valid_failout(self.spec.model.rows * self.spec.model.cols) and \
             compute.indices_within(indices, self.readings[split].shape[1])
 
@@ -855,8 +868,11 @@ class NodeMachine:
                 body = wave.params_payload if send.kind == Kind.PARAMS else payload
                 out.append(self._message(wave, send.kind, send.dst, body))
         buffer, slot, waiting = self.plan.input  # (`Program.input`, `Program.started`)
+        scales = params[self.layout.act_scales]  # int8-static's, else none
         execute.start_input(self.readings[split], indices, params[self.layout.mean],
-                            params[self.layout.std], wave.failed_out, wave.buffers[buffer][slot])
+                            params[self.layout.std], wave.failed_out,
+                            float(scales[0]) if scales.size else 0.0,
+                            wave.buffers[buffer][slot])
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
         self._arrived(wave, waiting)
 
@@ -937,7 +953,10 @@ class NodeMachine:
                     values = self.delta_out.encode((kind, layer, phase, dst), values)
                     dtype = BYTES
                 elif self.activation_codec is not None and kind in FORWARD_KINDS:
-                    values, dtype = encode_activations(self.activation_codec, values), BYTES
+                    values = encode_activations(self.activation_codec, values,
+                                                wave.params_vector[self.layout.act_scales],
+                                                kind, layer)
+                    dtype = BYTES
                 elif type(rows) is slice:  # a view of the buffer: lent (`_lend`)
                     values = _lend(values, self._lent)
                 out.append(seal(kind, mesh, step, cell, dst, values, layer, phase, self.seq,

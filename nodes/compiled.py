@@ -776,11 +776,12 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
     channels = tb.in_channels
     mean = params[tb.mean_off:tb.mean_off + channels]
     std = params[tb.std_off:tb.std_off + channels]
-    layout = np.empty((tb.layers + 1, 6), np.int64)  # the executor's (`layout_rows`)
+    layout = np.empty((tb.layers + 1, 7), np.int64)  # the executor's (`layout_rows`)
     for layer in range(tb.layers + 1):
         layout[layer, 0] = tb.w_off[layer]
         layout[layer, 1:4] = tb.w_shape[layer]
         layout[layer, 4], layout[layer, 5] = tb.b_off[layer], tb.b_len[layer]
+        layout[layer, 6] = -1  # not quantized: int8-static waves run on the machines
     which = 0 if training else 1  # `active`'s column
 
     arenas = (inputs, features)  # by INPUTS, FEATURES: what an operand's kind picks
@@ -803,7 +804,8 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
                 # normalized readings (zeros, failed out), every task already able to run.
                 for k in range(forwards[n, 0], forwards[n, 1]):
                     _enqueue(lists[k], msg_dst, sent, nxt, to_edge, counts)
-                start_input(readings[n], indices, mean, std, failed[n] != 0,
+                # (0.0: never quantized; int8-static waves run on the machines)
+                start_input(readings[n], indices, mean, std, failed[n] != 0, 0.0,
                             inputs[input_slot[n]])
                 for t in range(node_tasks[n, 0], node_tasks[n, 1]):
                     if missing[t] == 0:

@@ -51,6 +51,7 @@ from numba import njit
 from meshdl.errors import MeshdlError
 from meshdl.nodes import compute
 from meshdl.protocol.work import Step
+from meshdl.quantize import ACTIVATION_LEVELS, INPUT_LEVELS, quantize_cell
 
 # A task's step as a number; SEND is a task that sends (a `Send` of the plan).
 SEND = 0
@@ -86,8 +87,9 @@ PAIRED: dict[int, tuple[tuple[int, int], ...]] = {
     WINNERS: ((2, 3),),
 }
 # Parameter layout rows (`layout[layer]`): where a conv layer's weight and bias sit in the
-# PARAMS vector and in a node's gradient vector (`ParamsLayout`).
-W_OFF, W_FILTERS, W_CHANNELS, W_TAPS, B_OFF, B_LEN = range(6)
+# PARAMS vector and in a node's gradient vector (`ParamsLayout`), and where its output's
+# activation scale does under int8-static (-1: not quantized; row 0: the input's).
+W_OFF, W_FILTERS, W_CHANNELS, W_TAPS, B_OFF, B_LEN, A_SCALE = range(7)
 
 
 class UnknownStep(MeshdlError):
@@ -100,13 +102,16 @@ _JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "nump
 
 @njit(**_JIT)
 def start_input(readings: np.ndarray, indices: np.ndarray, mean: np.ndarray,
-                std: np.ndarray, failed: bool, out: np.ndarray) -> None:
+                std: np.ndarray, failed: bool, scale: float, out: np.ndarray) -> None:
     """A wave's input at this cell: its readings of the wave's samples, normalized
     (`compute.normalize`); zeros, the values of a filled-in reading, where failout leaves
-    the cell out."""
+    the cell out; under int8-static (`scale` > 0, from PARAMS) their quantized values
+    (int16 codes: meshdl/quantize.py)."""
     compute.normalize(readings, indices, mean, std, out)
     if failed:
         out[...] = 0.0
+    if scale > 0.0:
+        quantize_cell(out, np.float32(scale), INPUT_LEVELS)
 
 
 # Inlined into the compiled loop, which calls it for every task of every node (a call with
@@ -144,6 +149,8 @@ def run_task(step: int, layer: int, values: tuple[np.ndarray, ...], which: np.nd
                           params[b:b + layout[layer, B_LEN]], z)
         if failed:  # failout: a dead cell has no output (the zeros filled in)
             z[...] = 0.0
+        if layout[layer, A_SCALE] >= 0:  # int8-static: quantized where it is made
+            quantize_cell(z, params[layout[layer, A_SCALE]], ACTIVATION_LEVELS)
     elif step == POOL:
         compute.max_pool(x(0), s(0), x(1)[one(1)], winners[node])
     elif step == ROUTE:
@@ -186,11 +193,17 @@ def run_task(step: int, layer: int, values: tuple[np.ndarray, ...], which: np.nd
 
 
 def layout_rows(layout) -> np.ndarray:
-    """A `ParamsLayout` as the executor's (layers + 1, 6) rows (layer 0 unused)."""
+    """A `ParamsLayout` as the executor's (layers + 1, 7) rows (layer 0: only its
+    A_SCALE, the input's)."""
     layers = max(layout.layers, default=0)
-    rows = np.zeros((layers + 1, 6), np.int64)
+    rows = np.zeros((layers + 1, 7), np.int64)
+    rows[:, A_SCALE] = -1
+    quantized = layout.act_scales.stop > layout.act_scales.start
     for layer, where in layout.layers.items():
         h, c, kk = where.kernel_shape
-        rows[layer] = (where.weight.start, h, c, kk, where.bias.start,
-                       where.bias.stop - where.bias.start)
+        rows[layer, :A_SCALE] = (where.weight.start, h, c, kk, where.bias.start,
+                                 where.bias.stop - where.bias.start)
+    if quantized:
+        rows[:, A_SCALE] = np.arange(layout.act_scales.start, layout.act_scales.start +
+                                     layers + 1)
     return rows

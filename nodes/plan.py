@@ -448,7 +448,7 @@ class NodePlan:
         self.program = Program(
             *(np.zeros(0, np.int64) for _ in range(4)), np.zeros((0, 2), np.int64),
             np.zeros((0, OPERANDS, 3), np.int64), np.zeros((0, OPERANDS), np.int64),
-            np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros((1, 6), np.int64),
+            np.zeros(2, np.int64), np.zeros(2, np.int64), np.full((1, 7), -1, np.int64),
             np.zeros(0, np.intp))
 
     def _program(self, spec: MeshSpec, cell: Cell, tasks: list[Planned]) -> Program:

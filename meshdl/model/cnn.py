@@ -81,6 +81,9 @@ class CNN:
         self.params = views(self.flat, self.shapes)
         self.norm_mean = np.zeros(config.in_channels, np.float32)
         self.norm_std = np.ones(config.in_channels, np.float32)
+        # Static int8 inference (meshdl/quantize.py): each activation layer's scale, the
+        # input's first, fixed after training (`calibrate`); None: not calibrated.
+        self.act_scales: np.ndarray | None = None
         self._grad_flat = np.zeros_like(self.flat)
         self._plane_cache: dict[int, kernels.ConvPlanes] = {}  # conv buffers per batch size
         self._grads = views(self._grad_flat, self.shapes)
@@ -135,10 +138,13 @@ class CNN:
         return x
 
     # ---------------------------------------------------------------- forward
-    def forward_trace(self, x: np.ndarray, failout: np.ndarray | None = None) -> Trace:
+    def forward_trace(self, x: np.ndarray, failout: np.ndarray | None = None,
+                      quantized: bool = False) -> Trace:
         """Forward pass on batch-last, normalized input (c,rows,cols,B), keeping a trace.
         `failout`: cells (row x cols + col) with no reading and no output, zeros in every
-        layer (meshdl/training/failout.py)."""
+        layer (meshdl/training/failout.py). `quantized`: the central int8 emulation, each
+        activation quantized where it is made by the calibrated `act_scales` (what a mesh
+        under `--activations int8-static` computes; inference only)."""
         cfg, p = self.config, self.params
         planes = self._planes(x.shape[-1])
         layers = range(1, cfg.conv_layers + 1)
@@ -147,7 +153,8 @@ class CNN:
         if failout is not None and len(failout):
             dead = np.divmod(np.asarray(failout, np.intp), cfg.cols)
             x[:, dead[0], dead[1]] = 0.0
-        planes.forward(x, weights, [p[f"conv{n}.bias"] for n in layers], dead)
+        planes.forward(x, weights, [p[f"conv{n}.bias"] for n in layers], dead,
+                       self.scales_for_inference() if quantized else None)
         trace = self.head_forward(planes.pooled)
         trace.activations, trace.winners, trace.planes = list(planes.views), planes.winners, planes
         return trace
@@ -170,14 +177,32 @@ class CNN:
         cache[batch] = planes  # most recently used last
         return planes
 
-    def forward(self, X: np.ndarray, failout: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, X: np.ndarray, failout: np.ndarray | None = None,
+                quantized: bool = False) -> np.ndarray:
         """Logits (B, classes) for X of shape (B,rows,cols) or (B,c_in,rows,cols);
-        `failout`: cells read as dead (`forward_trace`)."""
-        return np.ascontiguousarray(self.forward_trace(self.to_batch_last(X), failout).logits.T)
+        `failout`: cells read as dead, `quantized`: int8 emulation (`forward_trace`)."""
+        trace = self.forward_trace(self.to_batch_last(X), failout, quantized)
+        return np.ascontiguousarray(trace.logits.T)
 
-    def predict(self, X: np.ndarray, failout: np.ndarray | None = None) -> np.ndarray:
+    def predict(self, X: np.ndarray, failout: np.ndarray | None = None,
+                quantized: bool = False) -> np.ndarray:
         """Predicted class per sample (int64)."""
-        return self.forward(X, failout).argmax(axis=1).astype(np.int64)
+        return self.forward(X, failout, quantized).argmax(axis=1).astype(np.int64)
+
+    def scales_for_inference(self) -> np.ndarray:
+        """The calibrated activation scales; UsageError if the model has none."""
+        if self.act_scales is None:
+            raise UsageError("the model has no int8 activation scales: calibrate it "
+                             "(`meshdl model calibrate`, or train it again)")
+        return self.act_scales
+
+    def calibrate(self, X: np.ndarray, percentile: float = 100.0) -> np.ndarray:
+        """Fix the int8 activation scales from maps X (the training split): each
+        layer's largest |value| (or `percentile`) of the float32 forward pass."""
+        from meshdl.quantize import calibrate_scales
+
+        self.act_scales = calibrate_scales(self, X, percentile=percentile)
+        return self.act_scales
 
     # --------------------------------------------------------------- backward
     def loss_and_grads(self, X: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
@@ -294,6 +319,7 @@ class CNN:
         other = CNN(cfg.model_copy(update={"rows": rows, "cols": cols}))
         other.flat[...] = self.flat
         other.norm_mean, other.norm_std = self.norm_mean.copy(), self.norm_std.copy()
+        other.act_scales = None if self.act_scales is None else self.act_scales.copy()
         return other
 
     # ------------------------------------------------------------ persistence
@@ -302,6 +328,8 @@ class CNN:
         arrays = {name: value.copy() for name, value in self.params.items()}
         arrays["norm.mean"] = self.norm_mean
         arrays["norm.std"] = self.norm_std
+        if self.act_scales is not None:  # static int8 inference's (meshdl/quantize.py)
+            arrays["quant.scales"] = self.act_scales
         arrays["config"] = np.array(self.config.model_dump_json())
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -340,4 +368,11 @@ class CNN:
             model.set_normalization(arrays.get("norm.mean", 0.0), arrays.get("norm.std", 1.0))
         except (UsageError, ValueError) as exc:
             raise ModelFileError(f"{path}: bad normalization constants ({exc})") from None
+        scales = arrays.get("quant.scales")
+        if scales is not None:
+            if scales.shape != (config.conv_layers + 1,) or \
+                    not np.all(np.isfinite(scales)) or not np.all(scales > 0):
+                raise ModelFileError(f"{path}: quant.scales must be {config.conv_layers + 1} "
+                                     "finite scales > 0")
+            model.act_scales = scales.astype(np.float32)
         return model

@@ -53,6 +53,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from meshdl.quantize import levels, quantize_planes
+
 _JIT = {"cache": True, "fastmath": True, "nogil": True, "boundscheck": False,
         "error_model": "numpy"}
 _PARALLEL = {**_JIT, "parallel": True}  # the twins of the two heaviest kernels
@@ -881,12 +883,17 @@ class ConvPlanes:
         return self.views[layer]
 
     def forward(self, x: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray],
-                dead: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                dead: tuple[np.ndarray, np.ndarray] | None = None,
+                scales: np.ndarray | None = None) -> None:
         """Conv + ReLU layers then max-pool of x (Ci, rows, cols, B) into `pooled`, `winners`.
         `dead` (failout): (rows, cols) of cells whose every layer's output is 0; their
-        ReLU then passes no gradient back either."""
+        ReLU then passes no gradient back either. `scales` (layers + 1): the central
+        int8 emulation (meshdl/quantize.py): the input and each layer's ReLU output
+        replaced by its quantized values where it is made, as the mesh's nodes do."""
         geo, base = self.geometry, self.act_base
         self.views[0][...] = x
+        if scales is not None:
+            quantize_planes(self.views[0], scales[0], levels(0))
         for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
             padded_weights(w, self.weights[layer], flip=False)
             self.biases[layer][: len(b)] = b
@@ -900,6 +907,8 @@ class ConvPlanes:
                 zero_overhang(self.acts[layer + 1], base, *self.grid_args)
             if dead is not None:
                 self.views[layer + 1][:, dead[0], dead[1]] = 0.0
+            if scales is not None:
+                quantize_planes(self.views[layer + 1], scales[layer + 1], levels(layer + 1))
         self._pool()
 
     def _pool(self) -> None:

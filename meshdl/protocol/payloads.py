@@ -31,7 +31,7 @@ cannot disagree on an offset.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -109,10 +109,15 @@ class ParamsLayout:
     std: slice
     # Under intsum, each conv layer's scale of the in-network sum (compress/intsum.py).
     scales: slice
+    # Under `--activations int8-static`, each activation layer's scale, the input's first
+    # (meshdl/quantize.py): what a node quantizes its values by and reads codes with.
+    act_scales: slice = field(default_factory=lambda: slice(0, 0))
 
     @classmethod
-    def of(cls, model: ModelConfig, scales: int = 0) -> ParamsLayout:
-        """The layout for `model`, with `scales` values of sum scales at its end."""
+    def of(cls, model: ModelConfig, scales: int = 0, act_scales: bool = False
+           ) -> ParamsLayout:
+        """The layout for `model`, with `scales` values of sum scales at its end, then
+        (`act_scales`) one activation scale per layer (the input's and each conv's)."""
         shapes = [s for name, s in param_shapes(model).items() if name.startswith("conv")]
         offsets = [int(o) for o in np.cumsum([0, *(math.prod(s) for s in shapes)])]
         layers = {layer: LayerSlices(slice(offsets[2 * layer - 2], offsets[2 * layer - 1]),
@@ -120,20 +125,27 @@ class ParamsLayout:
                                      (*shapes[2 * layer - 2][:2], model.kernel ** 2))
                   for layer in range(1, model.conv_layers + 1)}
         end, c = offsets[-1], model.in_channels
+        sums = end + 2 * c + scales
+        acts = model.conv_layers + 1 if act_scales else 0
         return cls(layers, end, slice(end, end + c), slice(end + c, end + 2 * c),
-                   slice(end + 2 * c, end + 2 * c + scales))
+                   slice(end + 2 * c, sums), slice(sums, sums + acts))
 
     @property
     def size(self) -> int:
         """Values of a PARAMS payload."""
-        return self.scales.stop
+        return max(self.scales.stop, self.act_scales.stop)
 
     def pack(self, conv: np.ndarray, mean: np.ndarray, std: np.ndarray,
-             scales: np.ndarray | None = None) -> np.ndarray:
-        """PARAMS from the model's flat conv parameters, its normalization and (under
-        intsum) the sum scales."""
+             scales: np.ndarray | None = None, act_scales: np.ndarray | None = None
+             ) -> np.ndarray:
+        """PARAMS from the model's flat conv parameters, its normalization, (under
+        intsum) the sum scales and (int8-static) the activation scales."""
         scales = np.zeros(self.scales.stop - self.scales.start) if scales is None else scales
-        return np.concatenate([conv[: self.conv_size], mean, std, scales]).astype(np.float32)
+        acts = self.act_scales.stop - self.act_scales.start
+        if act_scales is None or not acts:
+            act_scales = np.zeros(acts)
+        return np.concatenate([conv[: self.conv_size], mean, std, scales,
+                               act_scales]).astype(np.float32)
 
 
 NO_CELLS = np.empty(0, np.int32)

@@ -27,7 +27,7 @@ from meshdl.compress.policy import CompressionPolicy, reduce_segments
 from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
 from meshdl.limits import MAX_MESSAGE_BYTES
-from meshdl.protocol.activations import activation_compressor
+from meshdl.protocol.activations import STATIC, StaticCodes, activation_compressor
 from meshdl.protocol.auth import link, tag_bytes
 from meshdl.protocol.compact import (
     ANY,
@@ -122,7 +122,8 @@ class MeshSpec:
     # The --compress policy (meshdl/compress/policy.py): REDUCE carries the conv layers'
     # gradients compressed as it says, re-compressed at every hop.
     compress: str = "none"
-    # HALO, POOL and GATHER payloads: float32, or lossy fp16 / int8 (protocol/activations.py).
+    # HALO, POOL and GATHER payloads: float32, lossy fp16 / int8, or int8-static: the
+    # codes of calibrated per-layer scales, which PARAMS carry (protocol/activations.py).
     activations: str = "float32"
     # Live inference: HALOs carry only the cells that changed by more than this since
     # the last wave (nodes/delta.py); None sends every value.
@@ -181,7 +182,8 @@ class MeshSpec:
         """Where each conv layer's weights, biases, the normalization and (intsum) the
         sum scales sit in PARAMS."""
         summed = self.reduce_sum
-        return ParamsLayout.of(self.model, 0 if summed is None else len(summed.parts))
+        return ParamsLayout.of(self.model, 0 if summed is None else len(summed.parts),
+                               self.activations == STATIC)
 
     @cached_property
     def params_size(self) -> int:
@@ -297,9 +299,9 @@ class MeshSpec:
         return np.zeros(self.conv_size, np.float32) if summed is None else summed.zeros()
 
     @cached_property
-    def activation_codec(self) -> Compressor | None:
+    def activation_codec(self) -> Compressor | StaticCodes | None:
         """How forward activations travel (HALO, POOL, GATHER); None: float32."""
-        return activation_compressor(self.activations)
+        return activation_compressor(self.activations, self.model.conv_layers)
 
     def read_reduce(self, header: Header, payload: np.ndarray
                     ) -> np.ndarray | SumShare | None:
