@@ -304,9 +304,11 @@ class MeshConfig(_Strict):
         "in the mesh's REDUCE and from each edge to the parameter server: none, "
         "hylo[:T[:c]], NAME[:ARG] (fp16, int8, 2bit, 2bitmean, topk, randk, ktopk, "
         "powersgd, intsum) or LAYER=NAME[:ARG],... (meshdl/compress)")
-    activations: Literal["float32", "fp16", "int8"] = Field(
+    activations: Literal["float32", "fp16", "int8", "int8-static"] = Field(
         "float32", description="forward activations between nodes (HALO, POOL, GATHER): "
-        "float32, or lossy half precision or 8 bits with a scale per message")
+        "float32, lossy half precision or 8 bits with a scale per message, or "
+        "int8-static: inference exact to the central int8 emulation, by the model's "
+        "calibrated per-layer scales (int16 readings, uint8 activations)")
     delta: float | None = Field(
         None, ge=0.0, le=1e6, description="live inference: a HALO carries only the cells "
         "that changed by more than this since the last wave (0: every change, exactly)")

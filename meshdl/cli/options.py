@@ -52,9 +52,12 @@ EdgeAt = Annotated[str | None, typer.Option("--edge-at", metavar="R,C",
                                             help="Border cell R,C of the edge.")]
 Auth = Annotated[bool | None, typer.Option("--auth", help="Every message with its link tag "
                                            "or the edge's signature (mesh.auth).")]
-Activations = Annotated[Literal["float32", "fp16", "int8"] | None, typer.Option(
+Activations = Annotated[Literal["float32", "fp16", "int8", "int8-static"] | None,
+                        typer.Option(
     "--activations", help="Forward activations between nodes (HALO, POOL, GATHER): "
-    "float32, or lossy fp16 or int8.")]
+    "float32, lossy fp16 or int8 (a scale per message), or int8-static (inference "
+    "only: the model's calibrated per-layer scales, exact to the central int8 "
+    "emulation).")]
 Compress = Annotated[str | None, typer.Option(
     "--compress", help="Gradient compression with error feedback (REDUCE in the mesh, "
     "edge to server): none, hylo[:T[:c]], NAME[:ARG] or LAYER=NAME[:ARG],... "

@@ -90,6 +90,10 @@ def engine_for(config: RunConfig, data: Dataset) -> Engine:
     """The engine of `config.mode`: this process, or the virtual mesh."""
     if config.mode == "central":
         return CentralEngine(data)
+    if config.mesh.activations == "int8-static":
+        raise UsageError("--activations int8-static is inference only (its scales are "
+                         "calibrated on the trained model): train with float32, then "
+                         "infer with int8-static")
     from meshdl.sim.mesh import MeshEngine  # the simulator is only loaded when used
 
     return MeshEngine(data, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,

@@ -1,0 +1,156 @@
+"""int8-static inference: the mesh computes what the central int8 emulation computes, to
+the bit (each value quantized where it is made by its layer's calibrated scale), its
+forward messages carry the codes alone, and forged codes or scales are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshdl import CNN, ModelConfig
+from meshdl.data.datasets import Dataset
+from meshdl.errors import UsageError
+from meshdl.protocol.activations import StaticCodes
+from meshdl.protocol.messages import BYTES, Kind
+from meshdl.protocol.spec import MeshSpec
+from meshdl.quantize import calibrate_scales
+from meshdl.sim.mesh import MeshEngine
+from tests.helpers import noise_dataset, normalized_model
+
+SAMPLES = np.arange(4)
+
+
+def _setup(pool, alive: bool = False, rows: int = 4, cols: int = 5
+           ) -> tuple[CNN, Dataset]:
+    config = ModelConfig(rows=rows, cols=cols, kernel=3, filters=3, hidden=8, pool=pool,
+                         alive=alive)
+    model = normalized_model(config)
+    raw = noise_dataset(config, 24)
+    X = model.with_alive(raw.X_train)  # the mask travels as the cell's second value
+    data = Dataset(X, raw.y_train, X[:4], raw.y_train[:4], {})
+    model.calibrate(data.X_train)
+    return model, data
+
+
+@pytest.mark.parametrize(("pool", "alive"), [(2, False), ("global", True), (3, True)],
+                         ids=["windowed", "global", "windowed-3"])
+@pytest.mark.parametrize("wire", [False, True], ids=["objects", "bytes"])
+def test_the_mesh_equals_the_central_int8_emulation_to_the_bit(pool, alive, wire):
+    model, data = _setup(pool, alive)
+    engine = MeshEngine(data, activations="int8-static", wire=wire)
+    mesh = engine.logits(model, "test", SAMPLES)
+    central = model.forward(data.X_test[SAMPLES], quantized=True)
+    assert np.array_equal(mesh, central)
+    assert not np.array_equal(central, model.forward(data.X_test[SAMPLES]))  # quantized
+
+
+def test_the_central_emulation_computes_on_whole_numbers_of_each_layers_scale():
+    model, data = _setup("global", True)
+    trace = model.forward_trace(model.to_batch_last(data.X_test), quantized=True)
+    for layer, act in enumerate(trace.activations):
+        codes = np.rint(act / model.act_scales[layer])
+        assert np.array_equal(codes.astype(np.float32) * model.act_scales[layer], act)
+        assert np.abs(codes).max() <= (32767 if layer == 0 else 255)
+    assert np.array_equal(model.act_scales, calibrate_scales(model, data.X_train))
+
+
+def test_forward_messages_carry_the_codes_one_byte_an_activation_two_a_reading():
+    model, data = _setup(2)
+    plain = MeshEngine(data, wire=True)
+    static = MeshEngine(data, wire=True, activations="int8-static")
+    plain.logits(model, "test", SAMPLES)
+    static.logits(model, "test", SAMPLES)
+    a, b = plain.report()["classes"], static.report()["classes"]
+    spec = static.spec_for(model)
+    for name, per_value in (("halo/conv1", 2), ("halo/conv2", 1), ("pool", 1),
+                            ("gather", 1)):
+        assert a[name]["messages"] == b[name]["messages"]
+        values = (a[name]["bytes"] - a[name]["messages"] * spec.overhead(Kind.HALO)) // 4
+        # float32 -> codes: exactly 4 - per_value bytes fewer per value, headers alike
+        assert a[name]["bytes"] - b[name]["bytes"] == values * (4 - per_value)
+    # each PARAMS (one per tree link; the class counts BATCH too) carries one scale per
+    # layer more: 3 float32
+    links = model.config.rows * model.config.cols
+    assert b["params"]["bytes"] - a["params"]["bytes"] == \
+        links * 4 * (model.config.conv_layers + 1)
+
+
+def test_a_halo_is_its_codes_and_decodes_to_the_senders_values():
+    codec = StaticCodes(2)
+    scales = np.array([0.001, 0.02, 0.03], np.float32)
+    values = (np.arange(12, dtype=np.float32).reshape(2, 3, 2) * scales[1])
+    payload = codec.encode(values, scales, Kind.HALO, 2)
+    assert payload.dtype == np.uint8 and payload.size == 12
+    assert np.array_equal(payload, np.arange(12, dtype=np.uint8))
+    assert np.array_equal(codec.decode(payload, (2, 3, 2), scales, Kind.HALO, 2), values)
+    readings = np.array([-32767, -1, 0, 5, 32767, 7], np.float32).reshape(1, 2, 3) * \
+        scales[0]
+    payload = codec.encode(readings, scales, Kind.HALO, 1)  # conv1's window: int16
+    assert payload.size == 12
+    assert np.array_equal(payload.view("<i2"), [-32767, -1, 0, 5, 32767, 7])
+    forged = payload.copy()
+    forged[:2] = np.array([-32768], "<i2").view(np.uint8)  # a code no node makes
+    assert codec.decode(forged, (1, 2, 3), scales, Kind.HALO, 1) is None
+    assert codec.decode(payload[:-1], (1, 2, 3), scales, Kind.HALO, 1) is None
+
+
+def _params_message(engine, model):
+    mesh = engine.mesh_for(model)
+    return mesh, mesh.edge._params()
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.01, np.nan, np.inf])
+def test_params_with_a_forged_activation_scale_are_refused(scale):
+    from meshdl.nodes.agent import NodeMachine
+    from meshdl.protocol.messages import EDGE, FLOAT32, make
+
+    model, data = _setup(2)
+    spec = MeshSpec(1, model.config, activations="int8-static")
+    node = NodeMachine(spec, (0, 0), {0: data.X_train[:, :1, 0].astype(np.float32)})
+    payload = spec.params_layout.pack(model.flat, model.norm_mean, model.norm_std,
+                                      None, model.act_scales)
+    ok = make(Kind.PARAMS, 1, 1, EDGE, (0, 0), payload)
+    assert ok.header.dtype == FLOAT32
+    forged = payload.copy()
+    forged[spec.params_layout.act_scales.start + 1] = scale
+    node.handle(make(Kind.PARAMS, 1, 1, EDGE, (0, 0), forged), 0.0)
+    assert node.stats["rejected:bad_params"] == 1
+    node.handle(ok, 0.0)
+    assert node.stats["rejected:bad_params"] == 1
+
+
+def test_a_float32_halo_is_refused_where_codes_are_expected():
+    from meshdl.protocol.activations import read_activations
+    from meshdl.protocol.messages import make
+
+    codec = StaticCodes(2)
+    values = np.zeros((1, 3, 2), np.float32)
+    message = make(Kind.HALO, 1, 1, (0, 1), (0, 0), values, layer=2)
+    assert read_activations(codec, message.header, message.payload, (1, 3, 2),
+                            np.ones(3, np.float32)) is None
+    coded = make(Kind.HALO, 1, 1, (0, 1), (0, 0), np.zeros(6, np.uint8), layer=2)
+    assert coded.header.dtype == BYTES
+    assert np.array_equal(read_activations(codec, coded.header, coded.payload, (1, 3, 2),
+                                           np.ones(3, np.float32)), values)
+
+
+def test_int8_static_is_inference_only():
+    from meshdl.config import RunConfig
+    from meshdl.training.loop import engine_for
+
+    model, data = _setup(2)
+    config = RunConfig(model=model.config.model_dump(), mode="mesh",
+                       mesh={"activations": "int8-static"})
+    with pytest.raises(UsageError, match="inference only"):
+        engine_for(config, data)
+    uncalibrated = normalized_model(model.config)
+    engine = MeshEngine(data, activations="int8-static")
+    with pytest.raises(UsageError, match="calibrate"):
+        engine.logits(uncalibrated, "test", SAMPLES)
+
+
+def test_a_saved_model_keeps_its_scales(tmp_path):
+    model, _ = _setup("global", True)
+    model.save(tmp_path / "model.npz")
+    again = CNN.load(tmp_path / "model.npz")
+    assert np.array_equal(again.act_scales, model.act_scales)
