@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 def register(app: typer.Typer) -> None:
     app.command("evaluate")(evaluate)
     app.command("infer")(infer)
+    app.command("calibrate")(calibrate)
     config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
     config_app.command("show")(config_show)
     config_app.command("init")(config_init)
@@ -63,6 +64,10 @@ def evaluate(
     fault_seeds: str | None = DeadSeeds,
     edge_at: str = typer.Option("0,0", "--edge-at", metavar="R,C", help="With --dead: the "
                                 "edge's cell, never dead (as in the mesh)."),
+    int8_static: bool = typer.Option(False, "--int8-static", help="The central int8 "
+                                     "emulation: what a mesh under --activations "
+                                     "int8-static computes (the model's calibrated "
+                                     "scales)."),
     json_out: JsonReport = False,
 ) -> None:
     """Accuracy and confusion matrix of a saved model on a data set: all its cells, or
@@ -92,7 +97,9 @@ def evaluate(
         check_label_range(labels, model.config.classes, f"y_{part}", str(data_path))
     X = np.concatenate([x for x, _ in parts])
     y = np.concatenate([t for _, t in parts])
-    model = model.on_grid(*X.shape[1:])  # global pooling: any grid; else the model's
+    model = model.on_grid(*X.shape[-2:])  # global pooling: any grid; else the model's
+    if int8_static:
+        model.scales_for_inference()  # said before any prediction
     rows, cols = model.config.rows, model.config.cols
     edge = parse_cell(edge_at)
     if not (0 <= edge[0] < rows and 0 <= edge[1] < cols):
@@ -102,14 +109,16 @@ def evaluate(
     draws: list[DeadDraw] = []
     for seed in seeds:
         down = dead_cells(rows, cols, dead, seed, edge)
-        predicted = np.concatenate([model.predict(X[i : i + 500], cell_numbers(down, cols))
+        predicted = np.concatenate([model.predict(X[i : i + 500], cell_numbers(down, cols),
+                                                  quantized=int8_static)
                                     for i in range(0, len(X), 500)])
         draws.append(DeadDraw(seed, [name_of(cell) for cell in sorted(down)], predicted))
     report = classification_report(np.tile(y, len(draws)),
                                    np.concatenate([d.predicted for d in draws]),
                                    model.config.classes)
     report.update({"model": str(model_path), "data": str(data_path), "split": split,
-                   "dead": dead, "dead_cells": len(draws[0].down)})
+                   "dead": dead, "dead_cells": len(draws[0].down),
+                   "activations": "int8-static" if int8_static else "float32"})
     if dead:
         report.update(dead_spread(draws, y))
     if json_out:
@@ -127,6 +136,44 @@ def evaluate(
     if dead:
         for line in dead_lines(report):
             out_console.print(line, highlight=False)
+
+
+def calibrate(
+    model_path: ModelFile,
+    data_path: DataFile,
+    percentile: float = typer.Option(100.0, "--percentile", min=50.0, max=100.0,
+                                     help="Each layer's scale covers this percentile of "
+                                     "its |values| on the training maps (100: the "
+                                     "maximum; the rest saturate)."),
+    maps: int = typer.Option(0, "--maps", min=0, help="Calibrate on the first MAPS "
+                             "training maps (0: all)."),
+    out: Path | None = typer.Option(None, "--out", help="Write the calibrated model here "
+                                    "(default: over MODEL)."),
+    json_out: JsonReport = False,
+) -> None:
+    """Fix a trained model's int8 activation scales (`--activations int8-static`) from
+    a data set's training split: the input's (int16 codes) and each conv layer's ReLU
+    output's (uint8 codes), saved in model.npz as quant.scales. Training does it with
+    the maximum; this is for models trained before, or another percentile."""
+    from meshdl.data.datasets import load_split
+    from meshdl.model.cnn import CNN
+
+    model = CNN.load(model_path)
+    X, _ = load_split(data_path, "train")
+    if maps:
+        X = X[:maps]
+    scales = model.on_grid(*X.shape[-2:]).calibrate(X, percentile)
+    model.act_scales = scales
+    target = out or model_path
+    model.save(target)
+    report = {"model": str(target), "data": str(data_path), "percentile": percentile,
+              "maps": len(X), "scales": [float(s) for s in scales]}
+    if json_out:
+        emit_json(report)
+        return
+    out_console.print(f"{target}: int8 scales {', '.join(f'{s:.6g}' for s in scales)} "
+                      f"(input, then each conv layer) from {len(X)} training maps",
+                      highlight=False)
 
 
 class DeadDraw(NamedTuple):

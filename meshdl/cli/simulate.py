@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from meshdl.cli.common import emit_json, err_console, parse_cell
 from meshdl.cli.flags import GRID, NETWORK, TRAFFIC, TRAINING, Flags, Group, grouped, overrides
 from meshdl.cli.options import (
+    Activations,
     BackhaulName,
     Cols,
     ConvLayers,
@@ -52,6 +53,9 @@ from meshdl.cli.train import (
 from meshdl.compress_grammar import PLAN
 from meshdl.config import RunConfig, load_run_config, model_from_flags, recipe_default
 from meshdl.errors import UsageError, format_validation_error
+
+STATIC = "int8-static"  # `--activations`'s exact 8-bit inference (protocol/activations.py)
+CALIBRATION_MAPS = 2400  # a fresh model's calibration: one lounge's training maps
 
 # The simulator, the model, the data and the protocol (numpy, Numba: most of a second)
 # load when a command runs, not for `meshdl --help`.
@@ -373,6 +377,7 @@ def simulate_infer(
     net: Flags = NETWORK,
     batch: int = typer.Option(1, "--batch", help="Samples per wave (1: one time slot)."),
     waves: int = typer.Option(1, "--waves", help="Inference waves (time slots)."),
+    activations: Activations = None,
     seed: int | None = typer.Option(None, "--seed", help="Seed of a fresh model and of the "
                                     "radios' backoffs."),
     sim: Flags = SIMULATED,
@@ -396,12 +401,13 @@ def simulate_infer(
     radio_profile, node, edge = _parties(sim)
     medium = sim["medium"]
     model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
-                                                     edge_at)
+                                                     edge_at, activations=activations)
     engine = SimEngine(dataset, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes,
-                       **_faults(sim, config, sim["fault_seed"]), lasting=True)
+                       **_faults(sim, config, sim["fault_seed"]), lasting=True,
+                       activations=config.mesh.activations)
     if batch > engine.spec_for(model).max_batch:
         raise UsageError(f"--batch {batch}: at most {engine.spec_for(model).max_batch} "
                          "samples fit the mesh's max_message_bytes")
@@ -430,7 +436,8 @@ def simulate_infer(
         # The model run centrally with the down cells left out (`evaluate --dead`'s
         # reading): what the mesh would give if it lost nothing else.
         central = float(np.mean(model.predict(dataset.X_test[labels], cell_numbers(
-            mesh.down, config.model.cols)) == dataset.y_test[labels]))
+            mesh.down, config.model.cols), quantized=config.mesh.activations == STATIC)
+            == dataset.y_test[labels]))
         report = _finish(run_dir, mesh, Mode.INFER, baseline, trace, {
             "accuracy": accuracy, "central_accuracy": central,
             "dead_found_at_wave": {name_of(c): w for c, w in sorted(found_at.items())},
@@ -490,6 +497,7 @@ def simulate_live(
         "crystal's drift from the sync floods (as TSCH's adaptive timesync)."),
     seed: int | None = typer.Option(None, "--seed", help="Seed of a fresh model, of the "
                                     "radios' backoffs and of the clocks' drifts."),
+    activations: Activations = None,
     sim: Flags = SIMULATED,
     json_out: JsonSim = False,
 ) -> None:
@@ -507,7 +515,8 @@ def simulate_live(
     params = _drift_params(mac, drift_ppm, drift_compensated)
     # The slots replay the test maps: one lounge's (`one_lounge`) hold them all.
     model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
-                                                     edge_at, one_lounge=True)
+                                                     edge_at, one_lounge=True,
+                                                     activations=activations)
     settings = live.settings_for(slots, slot_seconds, mac, battery, delta, timed_slots,
                                  config.train.seed, sim, radio_profile, params)
     claimed = _claim(out, force, "simulate-live")
@@ -595,21 +604,30 @@ def _live_progress(slots: int) -> Iterator[Callable[[int], None]]:
 
 
 def _model_and_data(model_path: Path | None, data: Path | None, grid: Flags, net: Flags,
-                    seed: int | None, edge_at: str | None, one_lounge: bool = False
+                    seed: int | None, edge_at: str | None, one_lounge: bool = False,
+                    activations: str | None = None
                     ) -> tuple[CNN, Dataset, RunConfig, str]:
     """The model an inference run computes with (a trained one, whose shape fixes the
-    grid, or a fresh one normalizing as the data), its data set, configuration and the
-    data's source (`one_lounge`: as `_data_and_config` takes it)."""
+    grid, or a fresh one normalizing as the data, and under int8-static calibrated on
+    its training maps), its data set, configuration and the data's source
+    (`one_lounge`: as `_data_and_config` takes it). A trained model without int8
+    scales under int8-static: UsageError (calibrate it first)."""
     from meshdl.model.cnn import CNN
     from meshdl.training.loop import normalization
 
     trained = CNN.load(model_path) if model_path else None
-    flags = overrides(grid, net, seed=seed, edge_at=edge_at)
+    flags = overrides(grid, net, seed=seed, edge_at=edge_at, activations=activations)
     if trained is None:
         dataset, config, source = _data_and_config(data, None, flags, None, one_lounge)
         model = CNN(config.model, seed=config.train.seed)
         model.set_normalization(*normalization(dataset.X_train))
+        if config.mesh.activations == STATIC:
+            model.calibrate(dataset.X_train[:CALIBRATION_MAPS])
         return model, dataset, config, source
+    if activations == STATIC and trained.act_scales is None:
+        raise UsageError(f"{model_path} has no int8 activation scales: run `meshdl "
+                         f"calibrate {model_path} DATA` (models trained since int8-static "
+                         "have them)")
     own = trained.config
     differ = [f"--{name.replace('_', '-')} {value} (the model's: {getattr(own, name)})"
               for name, value in net.items() if value is not None

@@ -303,6 +303,12 @@ class MeshSpec:
         """How forward activations travel (HALO, POOL, GATHER); None: float32."""
         return activation_compressor(self.activations, self.model.conv_layers)
 
+    @property
+    def reading_bytes(self) -> int:
+        """Bytes of one reading (a value of the input) on the air: 2 under int8-static
+        (int16 codes), else 4 (float32). The cloud baseline ships its readings so too."""
+        return 2 if self.activations == STATIC else ITEM_BYTES
+
     def read_reduce(self, header: Header, payload: np.ndarray
                     ) -> np.ndarray | SumShare | None:
         """A REDUCE's conv gradients (float32, `conv_size`; under intsum its subtree's

@@ -10,12 +10,14 @@ medium, radio and device profiles as the mesh and is timed the same way (sim/rad
 - over the MQTT star, each node publishes its readings and the broker passes them to
   the edge.
 
-Messages carry the mesh's own header (48 bytes) and float32 values, so bytes compare
-like for like; a caller whose mesh sends a smaller header (a compact radio header) passes
-its size (`header_bytes`), so that both sides get the same care. For inference the
-readings are one time slot (the batch); for training the raw training set is shipped
-once and every epoch then runs at the edge (the cloud behind it computes the same),
-against in-mesh training, which crosses the mesh at every step.
+Messages carry the mesh's own header (48 bytes) and its readings' width (float32; 16
+bits where the mesh sends 16-bit readings, `--activations int8-static`:
+`MeshSpec.reading_bytes`), so bytes compare like for like; a caller whose mesh sends a
+smaller header (a compact radio header) passes its size (`header_bytes`), so that both
+sides get the same care. For inference the readings are one time slot (the batch); for
+training the raw training set is shipped once and every epoch then runs at the edge (the
+cloud behind it computes the same), against in-mesh training, which crosses the mesh at
+every step.
 
 A slot may ship only some cells' readings (`senders`: send-on-delta, whose cells and
 byte layout are sim/studies/sendondelta.py's): aggregated, a node sends its parent one
@@ -209,7 +211,7 @@ class _Shipping:
         cells = 1 if self.relays else self.active[cell]
         indexed = not self.relays and cells < self.subtree[cell]
         return cells, piece_sizes(cells, self.values_per_cell, indexed, self.header_bytes,
-                                  self.spec.max_message_bytes)
+                                  self.spec.max_message_bytes, self.spec.reading_bytes)
 
     # ------------------------------------------------------------ parties
     def _after_cpu(self, party: Party, messages: int, then: Callable[[Party, Any], None],
@@ -232,7 +234,7 @@ class _Shipping:
     def _send(self, src: Party, cells: int, indexed: bool) -> None:
         """Readings of `cells` cells to the next hop, in messages within the limit."""
         sizes = piece_sizes(cells, self.values_per_cell, indexed, self.header_bytes,
-                            self.spec.max_message_bytes)
+                            self.spec.max_message_bytes, self.spec.reading_bytes)
         for size in sizes[:-1]:
             self._forward(src, Piece(size, 0))
         self._forward(src, Piece(sizes[-1], cells))  # the last piece completes them

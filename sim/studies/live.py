@@ -57,6 +57,7 @@ from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.model.cnn import CNN
 from meshdl.protocol.accounting import class_name
+from meshdl.protocol.activations import STATIC
 from meshdl.protocol.messages import Kind
 from meshdl.protocol.spec import LIVE_SLOTS, MeshSpec, Mode, Split
 from meshdl.protocol.topics import name_of
@@ -676,7 +677,7 @@ def run_cloud(spec: MeshSpec, model: CNN, series: np.ndarray, radio: RadioProfil
     side = Side()
     if settings.delta is None:
         side.add(ship(None), settings.slots - 1)
-        return CloudRun(side, central_labels(model, series))
+        return CloudRun(side, central_labels(model, series, spec.activations == STATIC))
     # Channels last: a cell's values together.
     flat = np.moveaxis(series.reshape(len(series), -1, spec.model.rows * spec.model.cols),
                        1, 2)
@@ -685,14 +686,16 @@ def run_cloud(spec: MeshSpec, model: CNN, series: np.ndarray, radio: RadioProfil
     for slot in range(1, len(series)):
         side.add(ship(senders_of(sod.sends[slot], rows, cols)))
     held = np.moveaxis(sod.held, 2, 1).reshape(series.shape)
-    return CloudRun(side, central_labels(model, held))
+    return CloudRun(side, central_labels(model, held, spec.activations == STATIC))
 
 
-def central_labels(model: CNN, series: np.ndarray, chunk: int = 1024) -> list[int]:
-    """Central inference on the same readings, as alerts."""
+def central_labels(model: CNN, series: np.ndarray, quantized: bool = False,
+                   chunk: int = 1024) -> list[int]:
+    """Central inference on the same readings, as alerts (`quantized`: the central
+    int8 emulation, what a mesh under int8-static computes)."""
     labels: list[int] = []
     for first in range(0, len(series), chunk):
-        labels += labels_of(model.forward(series[first:first + chunk]))
+        labels += labels_of(model.forward(series[first:first + chunk], quantized=quantized))
     return labels
 
 
@@ -704,7 +707,8 @@ def live_spec(config: Any, model: CNN, medium: MediumName, settings: LiveSetting
     return MeshSpec(config.mesh.mesh_id, model.config, config.mesh.edge_at,
                     "tree" if medium == "shared" else "broadcast",
                     config.mesh.max_message_bytes, delta=settings.delta,
-                    header="compact" if medium == "shared" else "full")
+                    header="compact" if medium == "shared" else "full",
+                    activations=config.mesh.activations)
 
 
 def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
@@ -717,7 +721,7 @@ def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
     series, readings = readings_series(data, settings.slots)
     live = LiveMesh(spec, model, radio, medium, device, edge_device, settings)
     mesh = run_mesh(live, series, say)
-    central = central_labels(model, series)
+    central = central_labels(model, series, spec.activations == STATIC)
     cloud_side, cloud_labels = run_cloud(spec, model, series, radio, medium, device,
                                          edge_device, settings, live.cells)
     bat = settings.battery or battery("2xAA")

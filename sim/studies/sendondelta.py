@@ -95,21 +95,22 @@ def senders_of(sends: np.ndarray, rows: int, cols: int) -> frozenset[Cell]:
 
 
 def piece_sizes(cells: int, values_per_cell: int, indexed: bool, header_bytes: int,
-                max_message_bytes: int) -> list[int]:
+                max_message_bytes: int, value_bytes: int = ITEM_BYTES) -> list[int]:
     """Bytes of each message that carries `cells` cells' readings of `values_per_cell`
-    values, with an index a cell or not, within the limit (the module docstring's
-    layout). At least one message: no reading at all is a header alone."""
+    values of `value_bytes` each (float32; 2 where the mesh sends 16-bit readings,
+    int8-static), with an index a cell or not, within the limit (the module
+    docstring's layout). At least one message: no reading at all is a header alone."""
     if header_bytes < 0:
         raise ValueError(f"header_bytes must be >= 0, got {header_bytes}")
     room = max_message_bytes - header_bytes
-    if room < ITEM_BYTES:
+    if room < value_bytes:
         raise ValueError(f"a message of {max_message_bytes} bytes has no room for a "
                          f"value after a {header_bytes}-byte header")
     if indexed:  # the index-and-values stream, cut at whole bytes
         unit, per_message = 1, room
-        total = cells * (INDEX_BYTES + ITEM_BYTES * values_per_cell)
+        total = cells * (INDEX_BYTES + value_bytes * values_per_cell)
     else:  # values, cut at whole values
-        unit, per_message = ITEM_BYTES, room // ITEM_BYTES
+        unit, per_message = value_bytes, room // value_bytes
         total = cells * values_per_cell
     pieces = max(1, math.ceil(total / per_message))
     return [header_bytes + unit * min(per_message, total - index * per_message)
