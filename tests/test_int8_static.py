@@ -154,3 +154,21 @@ def test_a_saved_model_keeps_its_scales(tmp_path):
     model.save(tmp_path / "model.npz")
     again = CNN.load(tmp_path / "model.npz")
     assert np.array_equal(again.act_scales, model.act_scales)
+
+
+def test_a_nodes_own_readings_are_the_central_emulations_int16_input():
+    """What a node computes on at its own cell (and sends its neighbours the codes of)
+    is the central emulation's quantized input there, not its exact reading."""
+    from meshdl.nodes.execute import start_input
+
+    model, data = _setup("global", True)
+    maps = data.X_test[SAMPLES]  # (B, 2, rows, cols): reading and alive mask
+    central = model.forward_trace(model.to_batch_last(maps), quantized=True).activations[0]
+    exact = model.to_batch_last(maps)
+    for r, c in ((0, 0), (2, 3)):
+        readings = np.ascontiguousarray(maps[:, :, r, c].T, np.float32)  # (channels, B)
+        out = np.empty_like(readings)
+        start_input(readings, SAMPLES.astype(np.int64), model.norm_mean, model.norm_std,
+                    False, float(model.act_scales[0]), out)
+        assert np.array_equal(out, central[:, r, c])
+        assert not np.array_equal(out, exact[:, r, c])
