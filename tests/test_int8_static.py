@@ -172,3 +172,21 @@ def test_a_nodes_own_readings_are_the_central_emulations_int16_input():
                     False, float(model.act_scales[0]), out)
         assert np.array_equal(out, central[:, r, c])
         assert not np.array_equal(out, exact[:, r, c])
+
+
+def test_simulate_live_under_int8_static_alerts_as_the_int8_model_on_fewer_bytes(tmp_path):
+    """The global head (alive mask, 16 filters): the slots' alerts are the central int8
+    emulation's; halos and GATHER carry codes, the cloud 16-bit readings."""
+    from tests.test_cli_live import _live
+
+    runs = {a: _live(tmp_path / a, "--rows", "5", "--cols", "6", "--slots", "5",
+                     "--pool", "global", "--activations", a)
+            for a in ("float32", "int8-static")}
+    for run in runs.values():
+        assert run["alerts_equal_central"] is True
+    plain, static = (runs[a]["mesh"]["bytes_per_slot_by_class"]
+                     for a in ("float32", "int8-static"))
+    for name in ("halo/conv1", "halo/conv2", "gather"):
+        assert static[name] < plain[name]
+    assert runs["int8-static"]["cloud"]["bytes_per_slot"] < \
+        runs["float32"]["cloud"]["bytes_per_slot"]
