@@ -190,3 +190,25 @@ def test_simulate_live_under_int8_static_alerts_as_the_int8_model_on_fewer_bytes
         assert static[name] < plain[name]
     assert runs["int8-static"]["cloud"]["bytes_per_slot"] < \
         runs["float32"]["cloud"]["bytes_per_slot"]
+
+
+def test_int8_static_inference_over_mqtt_equals_the_central_int8_emulation(mosquitto):
+    """Node hosts and the edge through a real broker: the spec's activations say
+    int8-static on both sides, PARAMS bring the scales, the logits are the emulation's."""
+    from meshdl.config import load_run_config
+    from meshdl.edge.remote import MqttEngine
+    from meshdl.mqtt.session import BrokerAddress
+    from meshdl.nodes.serve import BackgroundNodeHost
+
+    model, data = _setup("global", True)
+    config = load_run_config(None, model=model.config.model_dump(),
+                             mesh={"activations": "int8-static"})
+    address = BrokerAddress.parse(mosquitto.url)
+    cells = [(r, c) for r in range(4) for c in range(5)]
+    with BackgroundNodeHost(config, cells, address, data):
+        engine = MqttEngine.for_run(config, data, address, wave_timeout=5.0)
+        try:
+            logits = engine.logits(model, "test", SAMPLES)
+        finally:
+            engine.close()
+    assert np.array_equal(logits, model.forward(data.X_test[SAMPLES], quantized=True))
