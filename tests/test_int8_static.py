@@ -212,3 +212,34 @@ def test_int8_static_inference_over_mqtt_equals_the_central_int8_emulation(mosqu
         finally:
             engine.close()
     assert np.array_equal(logits, model.forward(data.X_test[SAMPLES], quantized=True))
+
+
+def test_calibrate_writes_the_scales_and_evaluate_runs_the_int8_emulation(tmp_path):
+    import json
+
+    from meshdl.data.datasets import save_dataset
+    from tests.test_cli_simulate import _meshdl
+
+    model, data = _setup("global", True)
+    model.act_scales = None  # a model trained before int8-static
+    model.save(tmp_path / "model.npz")
+    raw = Dataset(data.X_train[:, 0], data.y_train, data.X_test[:, 0], data.y_test, {})
+    save_dataset(raw, tmp_path / "data.npz")
+    code, _, err = _meshdl("evaluate", tmp_path / "model.npz", tmp_path / "data.npz",
+                           "--int8-static")
+    assert code == 2 and "calibrate" in err  # a usage error, in one line
+    code, out, err = _meshdl("calibrate", tmp_path / "model.npz", tmp_path / "data.npz",
+                             "--json")
+    assert code == 0, err
+    scales = json.loads(out)["scales"]
+    assert np.allclose(scales, calibrate_scales(model, data.X_train))
+    assert np.array_equal(CNN.load(tmp_path / "model.npz").act_scales,
+                          np.array(scales, np.float32))
+    code, out, err = _meshdl("evaluate", tmp_path / "model.npz", tmp_path / "data.npz",
+                             "--int8-static", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["activations"] == "int8-static"
+    model.act_scales = np.array(scales, np.float32)
+    expected = np.mean(model.predict(data.X_test, quantized=True) == data.y_test)
+    assert report["accuracy"] == pytest.approx(expected)
