@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+PERCENTILE_MAPS = 4000  # a percentile's maps: 4,000 x 425 cells x 16 filters, 109 MB
 INPUT_LEVELS = 32767  # int16 codes of the readings: -32767..32767
 ACTIVATION_LEVELS = 255  # uint8 codes of a ReLU output: 0..255
 CODE_DTYPES = (np.dtype(np.int16), np.dtype(np.uint8))  # layer 0, layers above
@@ -105,7 +106,9 @@ def calibrate_scales(model, X: np.ndarray, batch: int = 1000,
                      percentile: float = 100.0) -> np.ndarray:
     """The scales (conv_layers + 1, float32) of `model` on maps X (the training
     split): each layer's `percentile` of |activation| over every cell and sample (100:
-    the maximum), over its levels. Runs the float32 forward pass."""
+    the maximum, over every map), over its levels; a percentile below 100 of a ReLU
+    layer is over its positive values, on the first `PERCENTILE_MAPS` maps (every value
+    is held at once). Runs the float32 forward pass."""
     layers = model.config.conv_layers + 1
     if percentile >= 100.0:
         peaks = np.zeros(layers)
@@ -114,6 +117,7 @@ def calibrate_scales(model, X: np.ndarray, batch: int = 1000,
             for layer, act in enumerate(trace.activations):
                 peaks[layer] = max(peaks[layer], float(np.abs(act).max()))
     else:
+        X = X[:PERCENTILE_MAPS]
         samples: list[list[np.ndarray]] = [[] for _ in range(layers)]
         for start in range(0, len(X), batch):
             trace = model.forward_trace(model.to_batch_last(X[start:start + batch]))
