@@ -144,7 +144,8 @@ def calibrate(
     percentile: float = typer.Option(100.0, "--percentile", min=50.0, max=100.0,
                                      help="Each layer's scale covers this percentile of "
                                      "its |values| on the training maps (100: the "
-                                     "maximum; the rest saturate)."),
+                                     "maximum; the rest saturate; below 100, on at "
+                                     "most the first 4,000 maps)."),
     maps: int = typer.Option(0, "--maps", min=0, help="Calibrate on the first MAPS "
                              "training maps (0: all)."),
     out: Path | None = typer.Option(None, "--out", help="Write the calibrated model here "
