@@ -243,3 +243,16 @@ def test_calibrate_writes_the_scales_and_evaluate_runs_the_int8_emulation(tmp_pa
     model.act_scales = np.array(scales, np.float32)
     expected = np.mean(model.predict(data.X_test, quantized=True) == data.y_test)
     assert report["accuracy"] == pytest.approx(expected)
+
+
+def test_int8_static_under_chaos_computes_what_a_clean_run_does():
+    """Corrupted, duplicated, stale and shuffled messages on the wire: the waves that
+    finish give the clean run's logits, the emulation's."""
+    from meshdl.sim.faults.chaos import Chaos
+
+    model, data = _setup(2)
+    chaos = Chaos(seed=2, corrupt=0.3, duplicate=0.2, stale=0.1, shuffle=True)
+    engine = MeshEngine(data, wire=True, chaos=chaos, activations="int8-static")
+    logits = engine.logits(model, "test", SAMPLES)
+    assert np.array_equal(logits, model.forward(data.X_test[SAMPLES], quantized=True))
+    assert engine.report()["rejected"]["rejected:codec:checksum"] > 0  # it did corrupt
