@@ -56,7 +56,7 @@ def _words(text: str) -> str:
 def test_flags_show_no_value_type_and_a_few_values_show_as_choices(helps) -> None:
     assert [path for path, text in helps.items() if "<bool>" in text] == []
     choices = [("train", "--optimizer", "[sgd|adam]"),
-               ("train", "--activations", "[float32|fp16|int8]"),
+               ("train", "--activations", "[float32|fp16|int8|int8-static]"),
                ("evaluate", "--split", "[test|train|all]"),
                ("infer", "--mode", "[mesh|central]")]
     for path, option, values in choices:

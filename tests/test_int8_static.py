@@ -136,13 +136,13 @@ def test_a_float32_halo_is_refused_where_codes_are_expected():
 
 def test_int8_static_is_inference_only():
     from meshdl.config import RunConfig
-    from meshdl.training.loop import engine_for
+    from meshdl.training.loop import train
 
     model, data = _setup(2)
     config = RunConfig(model=model.config.model_dump(), mode="mesh",
                        mesh={"activations": "int8-static"})
     with pytest.raises(UsageError, match="inference only"):
-        engine_for(config, data)
+        train(config, data)
     uncalibrated = normalized_model(model.config)
     engine = MeshEngine(data, activations="int8-static")
     with pytest.raises(UsageError, match="calibrate"):
@@ -256,3 +256,25 @@ def test_int8_static_under_chaos_computes_what_a_clean_run_does():
     logits = engine.logits(model, "test", SAMPLES)
     assert np.array_equal(logits, model.forward(data.X_test[SAMPLES], quantized=True))
     assert engine.report()["rejected"]["rejected:codec:checksum"] > 0  # it did corrupt
+
+
+def test_infer_under_int8_static_predicts_alike_in_the_mesh_and_centrally(tmp_path):
+    import json
+
+    from meshdl.data.datasets import save_dataset
+    from tests.test_cli_simulate import _meshdl
+
+    model, data = _setup(2)
+    model.save(tmp_path / "model.npz")
+    save_dataset(data, tmp_path / "data.npz")
+    reports = {}
+    for mode in ("mesh", "central"):
+        code, out, err = _meshdl("infer", tmp_path / "model.npz", tmp_path / "data.npz",
+                                 "--mode", mode, "--activations", "int8-static",
+                                 "--predictions", tmp_path / f"{mode}.csv", "--json")
+        assert code == 0, err
+        reports[mode] = json.loads(out)
+    assert reports["mesh"]["activations"] == "int8-static"
+    assert (tmp_path / "mesh.csv").read_text() == (tmp_path / "central.csv").read_text()
+    expected = np.mean(model.predict(data.X_test, quantized=True) == data.y_test)
+    assert reports["central"]["accuracy"] == pytest.approx(expected)

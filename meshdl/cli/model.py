@@ -15,6 +15,7 @@ import typer
 
 from meshdl.cli.common import emit_json, err_console, out_console
 from meshdl.cli.options import (
+    Activations,
     Cols,
     Config,
     DataFile,
@@ -246,6 +247,7 @@ def infer(
     split: Literal["test", "train"] = typer.Option("test", "--split",
                                                    help="The samples to predict."),
     edge_at: EdgeAt = "0,0",
+    activations: Activations = None,
     predictions: Path | None = typer.Option(
         None, "--predictions", help="Write each sample's prediction to this CSV file: "
         "sample, label (predicted), probability (of an anomaly, class 1, as the edge's "
@@ -266,8 +268,12 @@ def infer(
     model = model.on_grid(data.rows, data.cols)  # global pooling: any grid
     y = data.y_test if split == "test" else data.y_train
     check_label_range(y, model.config.classes, f"y_{split}", str(data_path))  # before waves
-    config = load_run_config(mode=mode, model=model.config.model_dump(),
-                             mesh={"edge_at": parse_cell(edge_at)})
+    mesh = {"edge_at": parse_cell(edge_at)}
+    if activations is not None:
+        mesh["activations"] = activations
+    if activations == "int8-static":
+        model.scales_for_inference()  # said before any wave
+    config = load_run_config(mode=mode, model=model.config.model_dump(), mesh=mesh)
     engine = engine_for(config, data)
     try:
         logits = np.concatenate([engine.logits(model, split, idx) for idx in
@@ -277,7 +283,7 @@ def infer(
         engine.close()
     report = classification_report(y, logits.argmax(axis=1), model.config.classes)
     report.update({"model": str(model_path), "data": str(data_path), "split": split,
-                   "mode": mode, "comm": comm})
+                   "mode": mode, "activations": config.mesh.activations, "comm": comm})
     if predictions is not None:
         write_predictions(predictions, logits, y)
         report["predictions"] = str(predictions)

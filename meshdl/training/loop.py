@@ -60,8 +60,10 @@ class Stalls(Protocol):
 class CentralEngine:
     """Everything in this process: the reference every other engine must equal."""
 
-    def __init__(self, data: Dataset) -> None:
+    def __init__(self, data: Dataset, quantized: bool = False) -> None:
+        """`quantized`: inference is the central int8 emulation (`CNN.forward`)."""
         self.splits = {"train": (data.X_train, data.y_train), "test": (data.X_test, data.y_test)}
+        self.quantized = quantized
         self.train_samples = len(data.y_train)
         # Each pass on the thread count fastest on this machine at the moment (1 or all
         # cores for the conv kernels, 1 for BLAS): the same bits whichever runs.
@@ -77,7 +79,8 @@ class CentralEngine:
 
     def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:
         X, _ = self.splits[split]
-        return self.threads.run(("forward", len(indices)), lambda: model.forward(X[indices]))
+        return self.threads.run(("forward", len(indices)),
+                                lambda: model.forward(X[indices], quantized=self.quantized))
 
     def report(self) -> dict[str, Any]:
         return {}  # nothing crosses a network
@@ -89,11 +92,8 @@ class CentralEngine:
 def engine_for(config: RunConfig, data: Dataset) -> Engine:
     """The engine of `config.mode`: this process, or the virtual mesh."""
     if config.mode == "central":
-        return CentralEngine(data)
-    if config.mesh.activations == "int8-static":
-        raise UsageError("--activations int8-static is inference only (its scales are "
-                         "calibrated on the trained model): train with float32, then "
-                         "infer with int8-static")
+        # int8-static: what a mesh under it computes, centrally (inference only: `train`)
+        return CentralEngine(data, config.mesh.activations == "int8-static")
     from meshdl.sim.mesh import MeshEngine  # the simulator is only loaded when used
 
     return MeshEngine(data, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
@@ -210,6 +210,10 @@ def train(
     to go on from (same configuration, or more epochs where `extension_refusal` allows),
     ending where the uninterrupted run would. The history is the whole run's: a resumed
     run's counts, wall time and epochs include those before its checkpoint."""
+    if config.mode == "mesh" and config.mesh.activations == "int8-static":
+        raise UsageError("--activations int8-static is inference only (its scales are "
+                         "calibrated on the trained model): train with float32, then "
+                         "infer with int8-static")
     if (data.rows, data.cols) != (config.model.rows, config.model.cols):
         raise UsageError(
             f"data grid {data.rows} x {data.cols} does not match model grid "
