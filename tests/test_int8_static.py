@@ -278,3 +278,41 @@ def test_infer_under_int8_static_predicts_alike_in_the_mesh_and_centrally(tmp_pa
     assert (tmp_path / "mesh.csv").read_text() == (tmp_path / "central.csv").read_text()
     expected = np.mean(model.predict(data.X_test, quantized=True) == data.y_test)
     assert reports["central"]["accuracy"] == pytest.approx(expected)
+
+
+def test_the_emulations_conv_is_the_nodes_arithmetic_to_the_bit():
+    """The central emulation convolves in the node's order (`compute.conv_relu`), so a
+    value on a rounding boundary rounds alike on both sides; the planes' kernels
+    (fastmath) may differ from it by an ulp."""
+    from meshdl.model.kernels import conv_relu_node_order
+    from meshdl.nodes.compute import conv_relu
+
+    rng = np.random.default_rng(7)
+    rows, cols, c, h, k, batch = 5, 6, 2, 4, 3, 7
+    x = rng.normal(size=(c, rows, cols, batch)).astype(np.float32)
+    weight = rng.normal(size=(h, c, k, k)).astype(np.float32)
+    bias = rng.normal(size=h).astype(np.float32)
+    out = np.empty((h, rows, cols, batch), np.float32)
+    conv_relu_node_order(x, weight, bias, 1, out)
+    for r in range(rows):
+        for q in range(cols):
+            window = [(i, j) for i in range(max(0, r - 1), min(rows, r + 2))
+                      for j in range(max(0, q - 1), min(cols, q + 2))]
+            values = np.stack([x[:, i, j] for i, j in window])  # (slots, c, batch)
+            taps = np.array([(i - r + 1) * k + j - q + 1 for i, j in window], np.int64)
+            cell = np.empty((h, batch), np.float32)
+            conv_relu(values, np.arange(len(window), dtype=np.int64), taps,
+                      weight.reshape(h, c, k * k), bias, cell)
+            assert np.array_equal(cell, out[:, r, q])
+
+
+def test_a_wide_global_head_equals_the_emulation_on_many_maps():
+    """16 filters, 20 maps at once, on 9 x 11: the logits to the bit."""
+    model, data = _setup("global", True, rows=9, cols=11)
+    model = CNN(model.config.model_copy(update={"filters": 16}), seed=4)
+    model.set_normalization(20.0, 3.0)
+    model.calibrate(data.X_train)
+    maps = Dataset(data.X_train, data.y_train, data.X_train[:20], data.y_train[:20], {})
+    engine = MeshEngine(maps, activations="int8-static")
+    assert np.array_equal(engine.logits(model, "test", np.arange(20)),
+                          model.forward(maps.X_test, quantized=True))

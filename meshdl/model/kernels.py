@@ -827,6 +827,42 @@ def _softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray,
     return loss / batch
 
 
+# The central int8 emulation's conv: the node's arithmetic (nodes/compute.py `conv_relu`),
+# cell by cell, in the node's order (bias, then the window's cells in row-major tap order,
+# each over its channels; cells outside the grid left out), without fastmath. The planes'
+# kernels reassociate (fastmath), which moves a value by an ulp now and then: harmless in
+# float32, but quantization would round it the other way where it sits on a boundary.
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def conv_relu_node_order(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, before: int,
+                         out: np.ndarray) -> None:
+    """out (h, rows, cols, B) = relu(conv of x (c, rows, cols, B)) with weight
+    (h, c, k, k), 'same' windows reaching `before` cells up and left."""
+    filters, channels, k, _ = weight.shape
+    rows, cols, batch = x.shape[1], x.shape[2], x.shape[3]
+    for r in range(rows):
+        for q in range(cols):
+            for h in range(filters):
+                for j in range(batch):
+                    out[h, r, q, j] = bias[h]
+            for dy in range(k):
+                i = r + dy - before
+                if i < 0 or i >= rows:
+                    continue
+                for dx in range(k):
+                    m = q + dx - before
+                    if m < 0 or m >= cols:
+                        continue
+                    for h in range(filters):
+                        for c in range(channels):
+                            w = weight[h, c, dy, dx]
+                            for j in range(batch):
+                                out[h, r, q, j] += w * x[c, i, m, j]
+            for h in range(filters):
+                for j in range(batch):
+                    if out[h, r, q, j] < 0.0:
+                        out[h, r, q, j] = 0.0
+
+
 class ConvPlanes:
     """The plane buffers of a conv stack for one batch size, reused from step to step.
 
@@ -895,6 +931,13 @@ class ConvPlanes:
         if scales is not None:
             quantize_planes(self.views[0], scales[0], levels(0))
         for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
+            if scales is not None:  # the int8 emulation: the node's arithmetic, exactly
+                conv_relu_node_order(self.views[layer], w, b, self.before,
+                                     self.views[layer + 1])
+                if dead is not None:
+                    self.views[layer + 1][:, dead[0], dead[1]] = 0.0
+                quantize_planes(self.views[layer + 1], scales[layer + 1], levels(layer + 1))
+                continue
             padded_weights(w, self.weights[layer], flip=False)
             self.biases[layer][: len(b)] = b
             out = self.acts[layer + 1]  # (also the gate, which a forward pass ignores)
@@ -907,8 +950,6 @@ class ConvPlanes:
                 zero_overhang(self.acts[layer + 1], base, *self.grid_args)
             if dead is not None:
                 self.views[layer + 1][:, dead[0], dead[1]] = 0.0
-            if scales is not None:
-                quantize_planes(self.views[layer + 1], scales[layer + 1], levels(layer + 1))
         self._pool()
 
     def _pool(self) -> None:
