@@ -44,6 +44,7 @@ slots the test split (in time order). Everything is vectorized numpy; one
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -163,11 +164,33 @@ def generate_lounge(cfg: DataConfig) -> Dataset:
     period. A training split of at most `LOUNGE_TRAIN` is the first lounge's alone, as
     it always was.
     """
+    _require_memory(cfg)
     first = min(cfg.train, LOUNGE_TRAIN)
     lounge = _lounge(cfg.model_copy(update={"train": first}), cfg.seed)
     if first == cfg.train:
         return lounge
     return _more_lounges(cfg, lounge)
+
+
+def _require_memory(cfg: DataConfig) -> None:
+    """MemoryError naming the whole request when its maps alone (float32, every lounge's
+    together) exceed this machine's memory: before a lounge is drawn, not at the first
+    lounge's working arrays, whose size says nothing of what was asked."""
+    maps = cfg.train + cfg.test
+    need = maps * cfg.rows * cfg.cols * np.dtype(np.float32).itemsize
+    have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > have:
+        raise MemoryError(f"{_binary(need)} for {maps:,} maps of {cfg.rows} x {cfg.cols}, "
+                          f"on a machine of {_binary(have)}")
+
+
+def _binary(size: int) -> str:
+    """Bytes in binary units, as numpy's allocation errors give them (12.2 TiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.3g} {unit}"
+        size /= 1024
+    return f"{size:.3g} TiB"
 
 
 LOUNGE_TRAIN = 2400  # the most training maps one lounge logs (the source paper's)
