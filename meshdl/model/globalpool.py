@@ -8,7 +8,7 @@ winner's ReLU passes it exactly when the feature is > 0 (the feature is its outp
 `GlobalPlanes` is the conv stack of `kernels.ConvPlanes` with this pooling in place of
 the windowed one; `pooled` is (filters, 1, 1, B) and `winners` the row-major number
 r * cols + c of each feature's cell (int32), which is also what the mesh's aggregation
-carries up its tree (nodes/steps.py) to break ties the same way.
+carries up its tree (nodes/execute.py) to break ties the same way.
 """
 
 from __future__ import annotations

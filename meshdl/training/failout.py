@@ -7,7 +7,7 @@ conv layer's output there are 0, the values best effort's default policy ("zero"
 fills in for a dead cell's, and it holds no pooled maximum (0 never beats a ReLU
 output). The central model zeroes those cells (`CNN.gradient_pass`); in the mesh the
 edge names them in the wave's BATCH and each of them zeroes its own values
-(nodes/steps.py), so both compute the same step. A model with the alive mask
+(nodes/execute.py), so both compute the same step. A model with the alive mask
 (`ModelConfig.alive`) has that mask among the zeroed inputs: it is told which cells
 are gone, and learns from these steps what to make of the live ones around them.
 
