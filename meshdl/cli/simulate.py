@@ -309,7 +309,7 @@ def simulate_train(
     link = backhaul_profile(backhaul)
     if straggler_radio is not None and n_meshes < 2:
         raise UsageError("--straggler-radio needs --meshes 2 or more")
-    view = training_data(config.train, dataset)
+    view = training_data(config.train, dataset, config.model)
 
     def engine_of(i: int) -> SimEngine:
         """Mesh i: its own id, backoffs and faults (seeds offset by i); the last one

@@ -60,10 +60,10 @@ def train_with_server(config: RunConfig, data: Dataset, engine: MqttEngine,
         raise UsageError("over MQTT the meshes push whole steps: run without overlap")
     sync = Sync.parse(config.parallel.sync)
     _seal_pushes(config, engine)
-    view = training_data(tc, data)
+    view = training_data(tc, data, config.model)
     n_train, n_test = originals(view), len(view.y_test)
     model = CNN(config.model, seed=tc.seed)  # the server's version 0, from the same seed
-    model.set_normalization(*normalization(view.X_train))
+    model.set_normalization(*normalization(view.X_train, config.model.alive))
     worker = MeshWorker(config.mesh.mesh_id, sync, model, session=None,
                         compress=config.mesh.compress)
     engine.on_weights = worker.handle
