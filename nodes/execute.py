@@ -49,9 +49,9 @@ import numpy as np
 from numba import njit
 
 from meshdl.errors import MeshdlError
+from meshdl.model.quantize import ACTIVATION_LEVELS, INPUT_LEVELS, quantize_cell
 from meshdl.nodes import compute
 from meshdl.protocol.work import Step
-from meshdl.quantize import ACTIVATION_LEVELS, INPUT_LEVELS, quantize_cell
 
 # A task's step as a number; SEND is a task that sends (a `Send` of the plan).
 SEND = 0
@@ -106,7 +106,7 @@ def start_input(readings: np.ndarray, indices: np.ndarray, mean: np.ndarray,
     """A wave's input at this cell: its readings of the wave's samples, normalized
     (`compute.normalize`); zeros, the values of a filled-in reading, where failout leaves
     the cell out; under int8-static (`scale` > 0, from PARAMS) their quantized values
-    (int16 codes: meshdl/quantize.py)."""
+    (int16 codes: meshdl/model/quantize.py)."""
     compute.normalize(readings, indices, mean, std, out)
     if failed:
         out[...] = 0.0

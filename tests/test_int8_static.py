@@ -10,10 +10,10 @@ import pytest
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
 from meshdl.errors import UsageError
+from meshdl.model.quantize import calibrate_scales
 from meshdl.protocol.activations import StaticCodes
 from meshdl.protocol.messages import BYTES, Kind
 from meshdl.protocol.spec import MeshSpec
-from meshdl.quantize import calibrate_scales
 from meshdl.sim.mesh import MeshEngine
 from tests.helpers import noise_dataset, normalized_model
 

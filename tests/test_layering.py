@@ -24,8 +24,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # to one thread.
     ("leaves", ("meshdl.errors", "meshdl.config", "meshdl.limits", "meshdl.sync",
                 "meshdl.compress_grammar", "meshdl.blas")),
-    # Numba kernels: the CNN's, the compressors', a node's own cell's.
-    ("kernels", ("meshdl.model.kernels", "meshdl.compress.kernels", "meshdl.nodes.compute")),
+    # Numba kernels: the CNN's and its int8 quantization's, the compressors', a node's own cell's.
+    ("kernels", ("meshdl.model.kernels", "meshdl.model.quantize", "meshdl.compress.kernels",
+                 "meshdl.nodes.compute")),
     # The model, the data it learns from, and the pages and plots that show results.
     ("model", ("meshdl", "meshdl.model", "meshdl.data", "meshdl.report")),
     ("compress", ("meshdl.compress",)),

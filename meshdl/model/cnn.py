@@ -81,7 +81,7 @@ class CNN:
         self.params = views(self.flat, self.shapes)
         self.norm_mean = np.zeros(config.in_channels, np.float32)
         self.norm_std = np.ones(config.in_channels, np.float32)
-        # Static int8 inference (meshdl/quantize.py): each activation layer's scale, the
+        # Static int8 inference (meshdl/model/quantize.py): each activation layer's scale, the
         # input's first, fixed after training (`calibrate`); None: not calibrated.
         self.act_scales: np.ndarray | None = None
         self._grad_flat = np.zeros_like(self.flat)
@@ -199,7 +199,7 @@ class CNN:
     def calibrate(self, X: np.ndarray, percentile: float = 100.0) -> np.ndarray:
         """Fix the int8 activation scales from maps X (the training split): each
         layer's largest |value| (or `percentile`) of the float32 forward pass."""
-        from meshdl.quantize import calibrate_scales
+        from meshdl.model.quantize import calibrate_scales
 
         self.act_scales = calibrate_scales(self, X, percentile=percentile)
         return self.act_scales
@@ -328,7 +328,7 @@ class CNN:
         arrays = {name: value.copy() for name, value in self.params.items()}
         arrays["norm.mean"] = self.norm_mean
         arrays["norm.std"] = self.norm_std
-        if self.act_scales is not None:  # static int8 inference's (meshdl/quantize.py)
+        if self.act_scales is not None:  # static int8 inference's (meshdl/model/quantize.py)
             arrays["quant.scales"] = self.act_scales
         arrays["config"] = np.array(self.config.model_dump_json())
         path = Path(path)

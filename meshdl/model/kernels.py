@@ -53,7 +53,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from meshdl.quantize import levels, quantize_planes
+from meshdl.model.quantize import levels, quantize_planes
 
 _JIT = {"cache": True, "fastmath": True, "nogil": True, "boundscheck": False,
         "error_model": "numpy"}
@@ -924,7 +924,7 @@ class ConvPlanes:
         """Conv + ReLU layers then max-pool of x (Ci, rows, cols, B) into `pooled`, `winners`.
         `dead` (failout): (rows, cols) of cells whose every layer's output is 0; their
         ReLU then passes no gradient back either. `scales` (layers + 1): the central
-        int8 emulation (meshdl/quantize.py): the input and each layer's ReLU output
+        int8 emulation (meshdl/model/quantize.py): the input and each layer's ReLU output
         replaced by its quantized values where it is made, as the mesh's nodes do."""
         geo, base = self.geometry, self.act_base
         self.views[0][...] = x

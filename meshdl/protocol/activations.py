@@ -7,7 +7,7 @@ receiver computes on the rounded values, the sender on its exact ones (equal to 
 central model).
 
 int8-static (`StaticCodes`) is exact: every value was quantized where it was made, by
-its layer's calibrated scale (meshdl/quantize.py), and the message carries its codes
+its layer's calibrated scale (meshdl/model/quantize.py), and the message carries its codes
 alone, 2 bytes a reading (int16, little-endian), 1 byte a ReLU output (uint8), no scale:
 the receiver has the layer's scale from PARAMS and computes on `code x scale`, the very
 values the sender computes on. The mesh then equals the central int8 emulation.
@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from meshdl.compress.compressors import ChannelState, Compressor, Half, Int8, Segment
+from meshdl.model.quantize import code_dtype, from_codes, to_codes
 from meshdl.protocol.messages import BYTES, FLOAT32, Header, Kind
-from meshdl.quantize import code_dtype, from_codes, to_codes
 
 STATIC = "int8-static"
 ACTIVATION_FORMATS = ("float32", "fp16", "int8", STATIC)
@@ -34,7 +34,7 @@ _NO_STATE = ChannelState(np.random.default_rng(0))  # neither compressor draws f
 
 class StaticCodes:
     """`--activations int8-static`: a forward message's values as the codes of its
-    layer's calibrated scale (meshdl/quantize.py). Which layer a message carries: a
+    layer's calibrated scale (meshdl/model/quantize.py). Which layer a message carries: a
     HALO of conv l the input of l (layer l - 1: 0 is the readings, int16), POOL and
     GATHER the last conv layer's (pooled maxima of quantized values are quantized
     values: their codes are exact)."""

@@ -110,7 +110,7 @@ class ParamsLayout:
     # Under intsum, each conv layer's scale of the in-network sum (compress/intsum.py).
     scales: slice
     # Under `--activations int8-static`, each activation layer's scale, the input's first
-    # (meshdl/quantize.py): what a node quantizes its values by and reads codes with.
+    # (meshdl/model/quantize.py): what a node quantizes its values by and reads codes with.
     act_scales: slice = field(default_factory=lambda: slice(0, 0))
 
     @classmethod

@@ -345,7 +345,7 @@ def train(
             train_pred = predictions(engine, model, "train", n_train)
         history.final = final_metrics(config.model.classes, train_pred,
                                       data.y_train[:n_train], test_pred, data.y_test)
-        # Static int8 inference's scales (meshdl/quantize.py), fixed now that training
+        # Static int8 inference's scales (meshdl/model/quantize.py), fixed now that training
         # is over: the largest value of each layer on the training maps.
         model.calibrate(data.X_train[:n_train])
         history.comm = add_comm(history.comm, engine.report())

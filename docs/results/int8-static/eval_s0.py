@@ -7,7 +7,7 @@ import numpy as np
 
 from meshdl.data.datasets import load_split
 from meshdl.model.cnn import CNN
-from meshdl.quantize import calibrate_scales
+from meshdl.model.quantize import calibrate_scales
 
 model = CNN.load(sys.argv[1])
 X0, _ = load_split("/tmp/int8runs/full/seed0.npz", "train")
