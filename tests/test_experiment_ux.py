@@ -65,15 +65,16 @@ def test_a_value_that_is_no_number_names_itself_and_the_list_forms(tmp_path) -> 
 
 
 def test_help_shows_the_grid_and_epochs_an_unset_flag_leaves(monkeypatch) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "220")
     code, out, err = _meshdl("experiment", "failures", "--help")
     assert code == 0, err
     text = " ".join(out.split())
     for shown in ("[default: 17, or the --data set's grid]",
                   "[default: 25, or the --data set's grid]",
-                  "Training epochs. [default: 20; 40 with --pool global]",
+                  "Training epochs. [default: 20; with --pool global 40 on 2,400 maps or "
+                  "fewer, 4 on the default 40,800]",
                   "Filters per conv layer. [default: 5; 16 with --pool global]",
-                  "[default: 0.0; 0.02 with --pool global]",
+                  "[default: 0.0; 0.05-0.25 with --pool global]",
                   "[default: 0.0, 0.05, 0.1, 0.2]", "Repeat the flag or give a comma list"):
         assert shown in text, shown
 

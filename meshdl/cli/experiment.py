@@ -39,7 +39,7 @@ from meshdl.cli.options import (
     json_option,
 )
 from meshdl.cli.sweep_progress import Estimate, Left, interrupted, taking
-from meshdl.config import GLOBAL_RECIPE, RunConfig, load_run_config
+from meshdl.config import GLOBAL_RECIPE, RunConfig, load_run_config, recipe_epochs
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.experiments.columns import (
     Shown,
@@ -123,6 +123,12 @@ def _default_of(name: str, grid_from: str | None) -> str:
     value = getattr(getattr(_BUILT_IN, section), name)
     if grid_from and name in ("rows", "cols"):
         return f"{value}, or {grid_from}'s grid"
+    if name == "epochs":  # the global head's follow its training maps (recipe_epochs)
+        return (f"{value}; with --pool global {GLOBAL_RECIPE[section][name]} on 2,400 "
+                f"maps or fewer, {recipe_epochs(40_800)} on the default 40,800")
+    if name == "failout" and "failout_max" in GLOBAL_RECIPE.get(section, {}):
+        return (f"{value}; {GLOBAL_RECIPE[section][name]}-"
+                f"{GLOBAL_RECIPE[section]['failout_max']} with --pool global")
     if name in GLOBAL_RECIPE.get(section, {}):  # the global head's recipe differs
         return f"{value}; {GLOBAL_RECIPE[section][name]} with --pool global"
     return str(value)
