@@ -55,7 +55,7 @@ def test_training_under_simulated_time_gives_the_virtual_mesh_parameters(radio, 
                                     "pool": pool},
                              train={"epochs": 2, "batch": 16, "seed": 4, "failout": failout})
     data = generate_lounge(DataConfig(rows=5, cols=6, train=48, test=16, seed=2))
-    view = training_data(config.train, data)
+    view = training_data(config.train, data, config.model)
     virtual, _ = train(config, data, engine=MeshEngine(view))
     engine = SimEngine(view, profile(radio), medium, device("pi-zero-2w"), device("pi4"),
                        params_via="tree")

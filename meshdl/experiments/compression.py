@@ -65,8 +65,8 @@ def run(trial: Trial) -> Record:
     radio = settings["radio"]
     medium = natural_medium(radio)
     if compress == PLAN:  # the optimal plan of `meshdl schedule` for this radio
-        config, _ = resolve_plan(config, training_data(config.train, data), profile(radio),
-                                 medium, backhaul_profile("wifi"))
+        config, _ = resolve_plan(config, training_data(config.train, data, config.model),
+                                 profile(radio), medium, backhaul_profile("wifi"))
         compress, activations = config.mesh.compress, config.mesh.activations
     model, history = train_parallel(config, data)
     per_mesh = history.parallel["per_mesh"]

@@ -69,7 +69,7 @@ def run(trial: Trial) -> Record:
         "mesh": settings["mesh"], "data": settings["data"],
         "parallel": {"meshes": n, "sync": sync, "overlap": overlap == "overlap"}})
     data = dataset(config.data, settings.get("data_file"))
-    view = training_data(config.train, data)
+    view = training_data(config.train, data, config.model)
     radio = settings["radio"]
     medium = natural_medium(radio)
 
