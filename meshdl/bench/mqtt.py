@@ -41,7 +41,7 @@ def mesh_messages(config: RunConfig, data: Dataset, clients: int = 1) -> tuple[i
     `clients` node hosts, counted on the virtual mesh's ledger with the edge broadcasting
     parameters. The ledger counts a broadcast once per cell; a broker delivers it once
     per subscribed client."""
-    engine = MeshEngine(training_data(config.train, data), config.mesh.edge_at,
+    engine = MeshEngine(training_data(config.train, data, config.model), config.mesh.edge_at,
                         config.mesh.mesh_id, params_via="broadcast")
     try:
         train(config, data, engine=engine)

@@ -68,7 +68,7 @@ def bench_training(config: RunConfig, data: Dataset, radio: str = "802.15.4",
 
 def _training_pair(config: RunConfig, data: Dataset, radio: str,
                    log: Callable[[str], None]) -> dict[str, Any]:
-    view = training_data(config.train, data)
+    view = training_data(config.train, data, config.model)
     medium, node = natural_medium(radio), device(natural_device(radio))
     # One wave first, so that neither run pays for loading the compiled kernels.
     MeshEngine(view, compiled=False).loss_and_grads(CNN(config.model, seed=config.train.seed),

@@ -329,7 +329,7 @@ def compress(
 
     config = load_run_config()
     with err_console.status("generating the synthetic lounge data set"):
-        data = training_data(config.train, generate_lounge(config.data))
+        data = training_data(config.train, generate_lounge(config.data), config.model)
     result = bench_compress(config, data, waves, log=lambda text: err_console.print(text))
     if json_out:
         emit_json(result)

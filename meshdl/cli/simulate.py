@@ -387,6 +387,7 @@ def simulate_infer(
     """Inference waves under simulated time (one time slot each, by default)."""
     import numpy as np
 
+    from meshdl.data.augment import with_alive
     from meshdl.protocol.spec import Mode
     from meshdl.protocol.topics import name_of
     from meshdl.sim.faults.dead import cell_numbers, found_line
@@ -402,7 +403,10 @@ def simulate_infer(
     medium = sim["medium"]
     model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
                                                      edge_at, activations=activations)
-    engine = SimEngine(dataset, radio_profile, medium, node, edge, seed=config.train.seed,
+    # Its nodes hold the data as the model reads it (the alive mask beside each reading;
+    # no mirrors: inference reads the test maps).
+    view = with_alive(dataset) if config.model.alive else dataset
+    engine = SimEngine(view, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),
                        max_message_bytes=config.mesh.max_message_bytes,
