@@ -27,9 +27,9 @@ def test_simulate_infer_of_a_head_with_the_alive_mask_is_its_central_accuracy(cl
     code, _, err = cli("train", "--mode", "central", "--data", data, "--pool", "global",
                        "--epochs", "6", "--batch", "20", "--out", tmp_path / "m")
     assert code == 0, err
-    code, out, err = cli("simulate", "infer", "--model", tmp_path / "m" / "model.npz",
-                         "--data", data, "--batch", "100", "--json",
-                         "--out", tmp_path / "inf")
+    code, _, err = cli("simulate", "infer", "--model", tmp_path / "m" / "model.npz",
+                       "--data", data, "--batch", "100", "--json",
+                       "--out", tmp_path / "inf")
     assert code == 0, err
     sim = json.loads((tmp_path / "inf" / "sim.json").read_text())
     # A model that tells the classes apart (a collapsed one would agree with anything);
