@@ -142,6 +142,12 @@ class CompiledWaves:
         self.readings = {split: np.ascontiguousarray(np.stack(
             [node.readings[split] for node in nodes]), np.float32)
             for split in nodes[0].readings}
+        for split, logs in self.readings.items():  # (nodes, channels, samples): the loop
+            if logs.ndim != 3 or logs.shape[1] != tb.in_channels:  # reads in_channels
+                raise MeshdlError(f"the nodes hold {logs.shape[1] if logs.ndim == 3 else '?'}"
+                                  f" values a cell ({Split(split).name.lower()} split), the "
+                                  f"model reads {tb.in_channels}: give them the data as it "
+                                  "reads it (augment.as_read_by)")
         for n, node in enumerate(nodes):
             node.readings = {split: logs[n] for split, logs in self.readings.items()}
         self.nodes = nodes

@@ -30,6 +30,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from meshdl.config import ModelConfig
+from meshdl.data.augment import as_read_by
 from meshdl.data.datasets import Dataset
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
@@ -315,7 +316,8 @@ class MeshEngine(WaveEngine):
             spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
                             self.max_message_bytes, self.auth, compress=self.compress,
                             activations=self.activations, delta=self.delta)
-            readings, labels = by_split(self.data)
+            # Each node holds its cell's values as the model reads them (the alive mask).
+            readings, labels = by_split(as_read_by(self.data, model.config))
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
                                     wire=self.wire, keys=self.keys,
                                     memory_plan=self.memory_plan, compiled=self.compiled)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from meshdl.data.augment import as_read_by
 from meshdl.data.datasets import Dataset
 from meshdl.edge.agent import WaveEngine, WaveResult
 from meshdl.limits import MAX_MESSAGE_BYTES
@@ -100,7 +101,8 @@ class SimEngine(WaveEngine):
         spec = MeshSpec(self.mesh_id, model.config, self.edge_at, self.params_via,
                         self.max_message_bytes, dead=self.known_dead,
                         compress=self.compress, activations=self.activations)
-        readings, labels = by_split(self.data)
+        # Each node holds its cell's values as the model reads them (the alive mask).
+        readings, labels = by_split(as_read_by(self.data, model.config))
         self.mesh = TimedMesh(spec, readings, model, labels, self.radio, self.medium,
                               self.device, self.edge_device, self.seed, self.trace,
                               loss=self.loss, stragglers=self.stragglers,

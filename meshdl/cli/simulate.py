@@ -387,7 +387,7 @@ def simulate_infer(
     """Inference waves under simulated time (one time slot each, by default)."""
     import numpy as np
 
-    from meshdl.data.augment import with_alive
+    from meshdl.data.augment import as_read_by
     from meshdl.protocol.spec import Mode
     from meshdl.protocol.topics import name_of
     from meshdl.sim.faults.dead import cell_numbers, found_line
@@ -405,7 +405,7 @@ def simulate_infer(
                                                      edge_at, activations=activations)
     # Its nodes hold the data as the model reads it (the alive mask beside each reading;
     # no mirrors: inference reads the test maps).
-    view = with_alive(dataset) if config.model.alive else dataset
+    view = as_read_by(dataset, config.model)
     engine = SimEngine(view, radio_profile, medium, node, edge, seed=config.train.seed,
                        trace=trace, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
                        params_via=_params_via(config, medium),

@@ -43,9 +43,15 @@ def training_data(config: TrainConfig, data: Dataset,
     view: a model with the mask reads two values per cell."""
     view = data if config.augment == "none" or data.meta.get(_MARK) == "mirror" \
         else mirrored(data)
-    if model is not None and model.alive and data.meta.get(_INPUTS) != "alive":
-        view = with_alive(view)
-    return view
+    return view if model is None else as_read_by(view, model)
+
+
+def as_read_by(data: Dataset, model: ModelConfig) -> Dataset:
+    """`data` as `model` reads it: with the alive mask as every map's last channel when
+    the model takes one and the data does not hold it yet (`with_alive`), else as it is."""
+    if model.alive and data.meta.get(_INPUTS) != "alive":
+        return with_alive(data)
+    return data
 
 
 def with_alive(data: Dataset) -> Dataset:

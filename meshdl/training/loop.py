@@ -20,7 +20,7 @@ import numpy as np
 
 from meshdl.blas import one_blas_thread
 from meshdl.config import RunConfig, TrainConfig
-from meshdl.data.augment import orientations, originals, training_data
+from meshdl.data.augment import as_read_by, orientations, originals, training_data
 from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError, NonFiniteError, StepSkipped, UsageError
 from meshdl.model.cnn import CNN
@@ -96,7 +96,9 @@ def engine_for(config: RunConfig, data: Dataset) -> Engine:
         return CentralEngine(data, config.mesh.activations == "int8-static")
     from meshdl.sim.mesh import MeshEngine  # the simulator is only loaded when used
 
-    return MeshEngine(data, edge_at=config.mesh.edge_at, mesh_id=config.mesh.mesh_id,
+    # Its nodes hold each cell's values as the model reads them (the alive mask too).
+    return MeshEngine(as_read_by(data, config.model), edge_at=config.mesh.edge_at,
+                      mesh_id=config.mesh.mesh_id,
                       wire=config.mesh.wire, params_via=config.mesh.params_via,
                       max_message_bytes=config.mesh.max_message_bytes,
                       auth=config.mesh.auth, compress=config.mesh.compress,
