@@ -142,7 +142,8 @@ KINDS: tuple[KindRow, ...] = (
             "last, once its own gradients and its children's REDUCEs are in", FLOAT32, "",
             "conv-parameter gradients of a subtree, summed", 0),
     KindRow(Kind.HEALTH, _NODE, "child", "parent", Phase.START,
-            "in best effort, with the wave after two silent ones; relayed up to the edge",
+            "in best effort, as a silent wave ends and with each wave after; relayed up to "
+            "the edge",
             INT32, "cells", "+(n+1) silent, -(n+1) back", 0,
             "a hello: to a grid neighbour"),
     KindRow(Kind.PUSH, _EDGE, "edge", "parameter server", Phase.AFTER,
