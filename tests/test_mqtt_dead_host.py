@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 
-from meshdl.config import load_run_config
+from meshdl.config import RunConfig, load_run_config
 from meshdl.edge.remote import MqttEngine
 from meshdl.edge.serve import anomaly_probability, serve
 from meshdl.model.cnn import CNN
@@ -51,6 +52,25 @@ def _log(path: Path) -> np.ndarray:
     return maps.astype(np.float32)
 
 
+class Setup(NamedTuple):
+    """A test's mesh file, its configuration, the replayed log's maps and the model."""
+
+    mesh: Path
+    config: RunConfig
+    maps: np.ndarray
+    model: CNN
+
+
+def _setup(tmp_path: Path) -> Setup:
+    mesh = tmp_path / "mesh.toml"
+    mesh.write_text(MESH_TOML)
+    config = load_run_config(mesh)
+    maps = _log(tmp_path / "log.npz")
+    model = CNN(config.model, seed=3)
+    model.set_normalization(21.0, 1.0)
+    return Setup(mesh, config, maps, model)
+
+
 def _host(broker: Mosquitto, mesh: Path, log: Path, cells: str, name: str
           ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
@@ -63,12 +83,7 @@ def _host(broker: Mosquitto, mesh: Path, log: Path, cells: str, name: str
 
 def test_a_killed_node_hosts_cells_are_left_out_from_the_next_slot_as_central_would(
         mosquitto, tmp_path) -> None:
-    mesh = tmp_path / "mesh.toml"
-    mesh.write_text(MESH_TOML)
-    config = load_run_config(mesh)
-    maps = _log(tmp_path / "log.npz")
-    model = CNN(config.model, seed=3)
-    model.set_normalization(21.0, 1.0)
+    mesh, config, maps, model = _setup(tmp_path)
     top = _host(mosquitto, mesh, tmp_path / "log.npz", "0-1,0-3", "host-top")
     bottom = _host(mosquitto, mesh, tmp_path / "log.npz", "2,0-3", "host-bottom")
     engine = MqttEngine.for_run(config, None, BrokerAddress.parse(mosquitto.url),
@@ -108,12 +123,7 @@ def test_a_killed_node_hosts_cells_are_left_out_from_the_next_slot_as_central_wo
 
 def test_cells_no_node_host_serves_at_the_start_are_left_out_from_the_first_slot(
         mosquitto, tmp_path) -> None:
-    mesh = tmp_path / "mesh.toml"
-    mesh.write_text(MESH_TOML)
-    config = load_run_config(mesh)
-    maps = _log(tmp_path / "log.npz")
-    model = CNN(config.model, seed=3)
-    model.set_normalization(21.0, 1.0)
+    mesh, config, maps, model = _setup(tmp_path)
     top = _host(mosquitto, mesh, tmp_path / "log.npz", "0-1,0-3", "host-top")
     engine = MqttEngine.for_run(config, None, BrokerAddress.parse(mosquitto.url),
                                 wave_timeout=5 * SLOT_S, max_attempts=3, nodes_timeout=15)
