@@ -10,7 +10,7 @@ import pytest
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
 from meshdl.errors import UsageError
-from meshdl.model.quantize import calibrate_scales
+from meshdl.model.quantize import calibrate_scales, calibration_batch
 from meshdl.protocol.activations import StaticCodes
 from meshdl.protocol.messages import BYTES, Kind
 from meshdl.protocol.spec import MeshSpec
@@ -52,6 +52,16 @@ def test_the_central_emulation_computes_on_whole_numbers_of_each_layers_scale():
         assert np.array_equal(codes.astype(np.float32) * model.act_scales[layer], act)
         assert np.abs(codes).max() <= (32767 if layer == 0 else 255)
     assert np.array_equal(model.act_scales, calibrate_scales(model, data.X_train))
+
+
+def test_calibration_holds_a_bounded_batch_and_its_scales_do_not_depend_on_it():
+    model, data = _setup("global", True)
+    assert np.array_equal(calibrate_scales(model, data.X_train, batch=1),
+                          calibrate_scales(model, data.X_train, batch=1000))
+    big = CNN(ModelConfig(rows=100, cols=100, filters=16, pool="global", alive=True))
+    # 100 x 100 x 16 float32 activations a map: 1,000 maps at once were 640 MB a layer
+    assert calibration_batch(big) * 100 * 100 * 16 * 4 <= 32 << 20
+    assert calibration_batch(model) == 1000  # 4 x 5 x 3: far under the bound
 
 
 def test_forward_messages_carry_the_codes_one_byte_an_activation_two_a_reading():

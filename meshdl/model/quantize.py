@@ -27,6 +27,10 @@ import numpy as np
 from numba import njit
 
 PERCENTILE_MAPS = 4000  # a percentile's maps: 4,000 x 425 cells x 16 filters, 109 MB
+# The maps a calibration pass holds at once: about this many bytes of one layer's
+# activations (1,000 maps on 17 x 25 with 16 filters, 27; on 100 x 100, 6). A layer's
+# peak is a maximum over maps, so the batch changes no scale, only the memory.
+CALIBRATION_BATCH_BYTES = 32 << 20
 INPUT_LEVELS = 32767  # int16 codes of the readings: -32767..32767
 ACTIVATION_LEVELS = 255  # uint8 codes of a ReLU output: 0..255
 CODE_DTYPES = (np.dtype(np.int16), np.dtype(np.uint8))  # layer 0, layers above
@@ -102,14 +106,26 @@ def scale_of(peak: float, layer: int) -> np.float32:
                       1.0 / levels(layer))
 
 
-def calibrate_scales(model, X: np.ndarray, batch: int = 1000,
+def calibration_batch(model, limit: int = 1000) -> int:
+    """Maps a calibration pass runs at once: at most `limit`, and no more than hold
+    about `CALIBRATION_BATCH_BYTES` of one layer's float32 activations (at 100 x 100
+    a batch of 1,000 held 640 MB a layer and `simulate live --activations int8-static`
+    peaked at 3.8 GB)."""
+    cfg = model.config
+    per_map = cfg.rows * cfg.cols * max(cfg.filters, cfg.in_channels) * 4
+    return max(1, min(limit, CALIBRATION_BATCH_BYTES // per_map))
+
+
+def calibrate_scales(model, X: np.ndarray, batch: int | None = None,
                      percentile: float = 100.0) -> np.ndarray:
     """The scales (conv_layers + 1, float32) of `model` on maps X (the training
     split): each layer's `percentile` of |activation| over every cell and sample (100:
     the maximum, over every map), over its levels; a percentile below 100 of a ReLU
     layer is over its positive values, on the first `PERCENTILE_MAPS` maps (every value
-    is held at once). Runs the float32 forward pass."""
+    is held at once). Runs the float32 forward pass, `batch` maps at a time (default:
+    `calibration_batch`)."""
     layers = model.config.conv_layers + 1
+    batch = batch or calibration_batch(model)
     if percentile >= 100.0:
         peaks = np.zeros(layers)
         for start in range(0, len(X), batch):
