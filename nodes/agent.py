@@ -48,6 +48,7 @@ from meshdl.nodes.plan import (
     Role,
     Wave,
 )
+from meshdl.nodes.steps import run as run_computation
 from meshdl.protocol.activations import (
     FORWARD_KINDS,
     StaticCodes,
@@ -929,10 +930,10 @@ class NodeMachine:
             return
         jobs, buffers, training, ready = self.jobs, wave.buffers, wave.training, wave.ready
         mesh, step, session, cell = self.mesh_id, wave.step, wave.session, self.cell
-        done = wave.done
+        done, run = wave.done, run_computation
         while ready:
             task = ready.pop()
-            train_only, send, run, operation, stage, work = jobs[task]
+            train_only, send, operation, stage, work = jobs[task]
             if train_only and not training:
                 continue
             if train_only and wave.holding:  # its writes may land on memory still read

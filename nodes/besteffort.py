@@ -9,14 +9,16 @@ policy, no `hello_after`) none of it runs. It holds its own state; of its node i
 the current plan, wave and spec, and hands back what a fill-in readied (`_arrived`,
 `_run_ready`). The node calls it where a wave starts (`start`), a message of it comes
 (`took`, `late`), a kernel reads orphans (`fill_orphans`), a wave ends (`judge`,
-`learnt`) and a HEALTH passes (`relay_health`).
+`learnt`) and a HEALTH passes (`relay_health`). What it reads and calls of its node is
+`NodeForEffort` (below), not the machine's class: nodes/agent.py imports this module,
+and an import back would close a circle.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -25,7 +27,9 @@ from meshdl.nodes.plan import (
     ITEMS,
     LATE,
     Expect,
+    InboxKey,
     Item,
+    NodePlan,
     Role,
     Wave,
 )
@@ -43,14 +47,36 @@ from meshdl.protocol.payloads import HEALTH_MAX, health_entries
 from meshdl.protocol.spec import Field, MeshSpec, Mode
 from meshdl.protocol.topology import Cell
 
-if TYPE_CHECKING:
-    from meshdl.nodes.agent import NodeMachine
+
+class NodeForEffort(Protocol):
+    """What the best effort reads and calls of its node (`NodeMachine`, nodes/agent.py,
+    which imports this module). The underscored names are the machine's own: the best
+    effort is a part of it."""
+
+    cell: Cell
+    spec: MeshSpec
+    mesh_id: int
+    plan: NodePlan
+    inbox: dict[InboxKey, Expect]  # the plan's
+    wave: Wave | None
+    neighbours: set[Cell]
+    children: list[Cell]
+    stats: Counter[str]
+    seq: int
+    plans_change: bool
+    _plans: dict[tuple, NodePlan]
+
+    def _plan_for(self, spec: MeshSpec) -> NodePlan: ...
+
+    def _arrived(self, wave: Wave, waiters: tuple[int, ...]) -> None: ...
+
+    def _run_ready(self, wave: Wave, now: float, out: list[Message]) -> None: ...
 
 
 class BestEffort:
     """Deadlines, fill-ins and health of one node (`NodeMachine.effort`)."""
 
-    def __init__(self, node: NodeMachine) -> None:
+    def __init__(self, node: NodeForEffort) -> None:
         self.node = node
         # None waits for every message (exact); else arrival times per (plan, mode,
         # batch), and what fills in a missed message.

@@ -7,13 +7,12 @@ node machine (nodes/agent.py) runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from enum import IntEnum, IntFlag
 from typing import NamedTuple
 
 import numpy as np
 
-from meshdl.nodes import steps
 from meshdl.nodes.execute import OPERANDS, SEND, STEP_CODES, layout_rows
 from meshdl.nodes.memory import MemoryPlan, plan_memory, unplanned
 from meshdl.protocol.deadlines import Arrivals, Schedule
@@ -24,7 +23,6 @@ from meshdl.protocol.topology import Cell
 from meshdl.protocol.work import Step, Work, node_work
 
 Item = tuple[Field, Hashable]
-Run = Callable[..., None]  # `steps.run`: (node, wave, operation, out)
 ACTIVATION_SCALE_BYTES = 4  # an int8 message's scale: above float32 for a single value
 Source = Hashable  # an inbox key (`InboxKey`), or the item a computation makes
 Rows = slice | np.ndarray  # buffer slots: a run of them, or any (a send's items)
@@ -98,12 +96,13 @@ class Operation(NamedTuple):
 
 class Job(NamedTuple):
     """One task of a node's plan as the machine's hot path reads it: a send, or a
-    computation for the executor (`steps.run`, nodes/execute.py)."""
+    computation for the executor (the machine runs it through `steps.run`, around
+    nodes/execute.py: this module names no runner, since steps.py reads this one's
+    `Operation` and `Wave`)."""
 
     train_only: bool
     send: SendJob | None
-    run: Run | None  # a computation: what runs it (`steps.run`, around the executor)
-    operation: Operation | None  # ... and its operands
+    operation: Operation | None  # a computation: its operands, else None
     stage: str
     work: Work = Work(0)  # a computation's floating-point operations (meshdl/protocol/work.py)
 
@@ -490,7 +489,7 @@ class NodePlan:
         for t, (task, rows) in enumerate(zip(self.tasks, self.send_rows, strict=True)):
             if isinstance(task, Send):
                 send = SendJob(task.kind, task.dst, *rows, task.layer, task.phase)
-                jobs.append(Job(self.train_only[t], send, None, None, ""))
+                jobs.append(Job(self.train_only[t], send, None, ""))
                 continue
             at = np.ascontiguousarray(program.args[t, :, 1:])
             kept_at, kept = at.copy(), None
@@ -501,7 +500,7 @@ class NodePlan:
             operation = Operation(int(program.step[t]), int(program.layer[t]),
                                   tuple(int(b) for b in program.args[t, :, 0]), at, kept,
                                   kept_at, made)
-            jobs.append(Job(self.train_only[t], None, steps.run, operation, task.stage,
+            jobs.append(Job(self.train_only[t], None, operation, task.stage,
                             node_work(spec, cell, task.step, task.layer)))
         return jobs
 

@@ -10,12 +10,14 @@ conv output apart, sends the REDUCE (compressed through the node's channel where
 compresses it, or under intsum summed in whole numbers here: meshdl/compress/intsum.py);
 and tells the node what the task made (`NodeMachine._arrived`), which readies the tasks
 waiting for it. `NodeMachine._run_ready` calls it for each computation, and counts its
-flops.
+flops. What it reads and calls of the machine is `NodeForSteps` (below), not the
+machine's class: nodes/agent.py imports this module, and an import back would close a
+circle.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -35,14 +37,41 @@ from meshdl.protocol.messages import Kind, Message
 from meshdl.protocol.spec import Field
 
 if TYPE_CHECKING:
-    from meshdl.nodes.agent import NodeMachine
-    from meshdl.nodes.plan import Operation, Wave
+    from meshdl.compress.codec import Channel
+    from meshdl.compress.intsum import SumChannel
+    from meshdl.nodes.besteffort import BestEffort
+    from meshdl.nodes.plan import NodePlan, Operation, Wave
+    from meshdl.protocol.payloads import ParamsLayout
+    from meshdl.protocol.spec import MeshSpec
+    from meshdl.protocol.topology import Cell
 
 NO_VALUES = np.zeros((0, 0, 0), np.float32)  # an operand that is a list, or unused
 NO_ROWS = np.zeros((0, 0), np.float32)
 NO_GRADS = np.zeros((0, 0), np.float32)
 NO_WINNERS = np.zeros((0, 0, 0), np.uint8)
 IDENTITY = np.arange(OPERANDS, dtype=np.int64)  # operand i's values: the i-th array
+
+
+class NodeForSteps(Protocol):
+    """What a computation's delivery reads and calls of the node machine that runs it
+    (`NodeMachine`, nodes/agent.py, which imports this module). `_arrived` and
+    `_message` are the machine's own: this module is a part of it, as its best effort
+    is."""
+
+    spec: MeshSpec
+    plan: NodePlan
+    effort: BestEffort  # fills in the orphans a step reads
+    layout: ParamsLayout
+    number: int  # row x cols + col
+    children: list[Cell]
+    reduce_channel: Channel | None
+    sum_channel: SumChannel | None
+    flops: int
+
+    def _arrived(self, wave: Wave, waiters: tuple[int, ...]) -> None: ...
+
+    def _message(self, wave: Wave, kind: Kind, dst: Cell, payload: np.ndarray,
+                 layer: int = 0, phase: int = 0) -> Message: ...
 
 
 def orphans_read(step: int, layer: int, by_input_cell: bool) -> Field | None:
@@ -59,7 +88,7 @@ def orphans_read(step: int, layer: int, by_input_cell: bool) -> Field | None:
     return None
 
 
-def run(node: NodeMachine, wave: Wave, operation: Operation, out: list[Message]) -> None:
+def run(node: NodeForSteps, wave: Wave, operation: Operation, out: list[Message]) -> None:
     """Run one computation of the node's program in `wave` (see the module's
     docstring)."""
     step, layer, buffers, at, kept, kept_at, made = operation
@@ -99,7 +128,7 @@ def run(node: NodeMachine, wave: Wave, operation: Operation, out: list[Message])
     node._arrived(wave, made)
 
 
-def _send_reduce(node: NodeMachine, wave: Wave, out: list[Message]) -> None:
+def _send_reduce(node: NodeForSteps, wave: Wave, out: list[Message]) -> None:
     """Own partial gradients plus the children's (added by the executor), as one message
     up the tree (the REDUCE row of `MeshSpec.relays`), compressed where the mesh
     compresses it (the rest kept for next time)."""
@@ -110,7 +139,7 @@ def _send_reduce(node: NodeMachine, wave: Wave, out: list[Message]) -> None:
     out.append(node._message(wave, Kind.REDUCE, node.plan.reduce_to, total))
 
 
-def _reduce_in_whole_numbers(node: NodeMachine, wave: Wave, out: list[Message]) -> None:
+def _reduce_in_whole_numbers(node: NodeForSteps, wave: Wave, out: list[Message]) -> None:
     """Under intsum: own share in whole numbers of the mesh's scales plus the children's,
     exactly (meshdl/compress/intsum.py), as one REDUCE up the tree."""
     share = node.sum_channel.quantize(wave.grad, wave.params_vector[node.layout.scales])

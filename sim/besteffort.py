@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from meshdl.errors import UsageError
 from meshdl.protocol.deadlines import DEFAULT_K, JITTER_SHARE, Margins, Policy
-from meshdl.protocol.messages import EDGE, Kind
+from meshdl.protocol.messages import EDGE, Header, Kind
 from meshdl.protocol.topology import Cell
 from meshdl.sim.radio.profiles import RadioProfile
+from meshdl.sim.radio.trace import Party
 
 if TYPE_CHECKING:
     from meshdl.nodes.agent import NodeMachine
-    from meshdl.sim.timed import Receipt
 
 # Loss-free waves measured per kind of wave: their order on the air changes with each
 # wave's random backoffs, and so does when a message comes (by 2x on small meshes).
@@ -47,6 +47,16 @@ class BestEffort:
         if not 1.0 <= self.patience <= 100.0:
             raise UsageError(f"--patience {self.patience}: parties wait from 1 to 100 mean "
                              "deviations past a message's smoothed arrival time")
+
+
+class Receipt(NamedTuple):
+    """A message as its receiver took it (kept with the trace). Here, where the probe
+    reads the receipts, rather than in sim/timed.py, which keeps them: the timed mesh
+    imports this module, so this one names it without importing the timed mesh back."""
+
+    at: float
+    party: Party
+    header: Header
 
 
 class Offsets(NamedTuple):

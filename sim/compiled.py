@@ -15,16 +15,18 @@ machines' waves do (`NodeMachine.ran_compiled`: its current wave, DONE), and bef
 machine wave, a scheduled slot or a report (`VirtualMesh.settle`) `settle` hands each
 node the messages it took (its stats) and the parameters it keeps for its slots
 (`NodeMachine.keep_params`). What it needs of
-the nodes and the mesh it asks through their public methods. The readings are shared: a
-node's `record` reaches compiled waves too.
+the nodes and the mesh it asks through their public methods; what it needs of the mesh
+is `InProcessMesh` (below), not the class: sim/mesh.py imports this module, and an
+import back would close a circle. The readings are shared: a node's `record` reaches
+compiled waves too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -50,8 +52,12 @@ from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.protocol.topology import Cell
 
 if TYPE_CHECKING:
+    from meshdl.edge.agent import EdgeMachine
+    from meshdl.nodes.agent import NodeMachine
     from meshdl.nodes.plan import Wave
-    from meshdl.sim.mesh import VirtualMesh
+    from meshdl.protocol.accounting import Ledger
+    from meshdl.sim.broker import VirtualBroker
+    from meshdl.sim.faults.chaos import Chaos
 
 ITEM_KINDS = frozenset((Kind.HALO, Kind.POOL, Kind.GATHER, Kind.SCATTER, Kind.ROUTE,
                         Kind.GRAD_HALO))
@@ -98,7 +104,33 @@ def unsupported(spec: MeshSpec) -> list[str]:
     return names
 
 
-def compiled_applies(mesh: VirtualMesh) -> bool:
+class InProcessMesh(Protocol):
+    """What the compiled waves read and call of the virtual mesh whose exact waves they
+    run (`VirtualMesh`, sim/mesh.py, which imports this module): its parties, broker
+    and ledger, whether anything comes between its parties (a wire, faults, a failed
+    cell), and where a wave's end and rounds go."""
+
+    spec: MeshSpec
+    nodes: dict[Cell, NodeMachine]
+    edge: EdgeMachine
+    broker: VirtualBroker
+    ledger: Ledger
+    wire: bool
+    chaos: Chaos | None
+    isolated: list[dict[Cell, str]]  # each host's failed cells, and why
+    max_rounds: int
+    last_wave_rounds: int
+    gather_rounds: int | None
+
+    def send(self, messages: list[Message]) -> None: ...
+
+    def finish_wave(self, mode: Mode) -> WaveResult: ...
+
+    def record_timing(self, mode: Mode, start_round: int, rounds: int,
+                      finished: Iterable[tuple[Cell, dict[str, float]]]) -> None: ...
+
+
+def compiled_applies(mesh: InProcessMesh) -> bool:
     """Can `mesh`'s next wave run compiled? Only what the dispatch supports: a spec of
     supported fields (`unsupported`), every cell a member, in process with no bytes on
     a wire or injected faults, an edge without deadlines or their learning, no party
@@ -113,7 +145,7 @@ def compiled_applies(mesh: VirtualMesh) -> bool:
 class CompiledWaves:
     """A virtual mesh's node hosts and broker, for its exact waves."""
 
-    def __init__(self, mesh: VirtualMesh) -> None:
+    def __init__(self, mesh: InProcessMesh) -> None:
         self.mesh = mesh
         spec = mesh.spec
         self.cells: list[Cell] = list(spec.topology.cells())

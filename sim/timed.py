@@ -31,7 +31,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -42,12 +42,19 @@ from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.host import NodeHost
 from meshdl.protocol.accounting import message_items
 from meshdl.protocol.deadlines import Margins
-from meshdl.protocol.messages import ALL, DTYPES, EDGE, Header, Kind, Message, payload_bytes
+from meshdl.protocol.messages import ALL, DTYPES, EDGE, Kind, Message, payload_bytes
 from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.protocol.topics import TopicNames
 from meshdl.protocol.topology import Cell, Topology
 from meshdl.protocol.work import optimizer_work
-from meshdl.sim.besteffort import PROBE_WAVES, BestEffort, Offsets, latest, offsets_from
+from meshdl.sim.besteffort import (
+    PROBE_WAVES,
+    BestEffort,
+    Offsets,
+    Receipt,
+    latest,
+    offsets_from,
+)
 from meshdl.sim.faults.stragglers import Stragglers
 from meshdl.sim.parties import MeshParties
 from meshdl.sim.radio.air import AirQueue
@@ -125,14 +132,6 @@ class Usage:
             grown = value - cpu_before[party]
             if grown:
                 cpu[party] = cpu.get(party, 0.0) + grown
-
-
-class Receipt(NamedTuple):
-    """A message as its receiver took it (kept with the trace)."""
-
-    at: float
-    party: Party
-    header: Header
 
 
 @dataclass
