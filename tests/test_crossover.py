@@ -76,6 +76,34 @@ def test_a_point_is_the_live_run_of_its_grid(small: tuple[dict, Path], tmp_path:
             report["macs"]["tsch"][side]["hottest_node_j_per_slot"], rel=1e-9)
 
 
+def test_int8_static_points_are_the_live_runs_of_int8_static_with_16_bit_readings(
+        small: tuple[dict, Path], tmp_path: Path) -> None:
+    """`--activations int8-static`: the mesh's forward messages carry codes, the cloud
+    ships 16-bit readings (fewer bytes on both sides than float32), and a point is
+    `simulate live --activations int8-static` of its grid."""
+    floats, _ = small
+    code, stdout, err = _meshdl("experiment", "crossover", "--out", tmp_path / "int8",
+                                "--json", "--grid", "4x5", "--radio", "802.15.4",
+                                "--filters", "3", "--activations", "int8-static")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["activations"] == "int8-static"
+    point = summary["rows"][0]
+    before = next(row for row in floats["rows"] if row["value"] == [4, 5, "802.15.4"])
+    for side in ("mesh", "cloud"):
+        assert point[f"{side}_bytes"]["mean"] < before[f"{side}_bytes"]["mean"]
+    code, stdout, err = _meshdl("simulate", "live", "--rows", "4", "--cols", "5", "--pool",
+                                "global", "--filters", "3", "--mac", "scheduled",
+                                "--slots", "4", "--seed", "0", "--activations",
+                                "int8-static", "--out", tmp_path / "run", "--json")
+    assert code == 0, err
+    report = json.loads(stdout)
+    for side in ("mesh", "cloud"):
+        assert point[f"{side}_bytes"]["mean"] == report[side]["bytes_per_slot"]
+        assert point[f"scheduled_{side}_j"]["mean"] == pytest.approx(
+            report[side]["hottest_node_j_per_slot"], rel=1e-9)
+
+
 def test_the_fitted_crossover_is_where_the_lines_meet_by_hand() -> None:
     """Cloud 0.01 + 2e-5 N, mesh 0.02 flat: equal at N = (0.02 - 0.01) / 2e-5 = 500,
     half at (2 x 0.02 - 0.01) / 2e-5 = 1,500, a tenth at (0.2 - 0.01) / 2e-5 = 9,500."""

@@ -15,7 +15,7 @@ import json
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import typer
 from rich.cells import cell_len
@@ -329,6 +329,10 @@ def crossover_command(
                                   "radio lacks are left out).", "MAC[,...]"),
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="Seeds per point (the "
                                        "backoffs: they change no joules).")] = 1,
+    activations: Annotated[Literal["float32", "int8-static"], typer.Option(
+        "--activations", help="What the mesh's forward messages carry: float32, or "
+        "int8-static's codes (int16 readings, uint8 activations); the cloud then ships "
+        "16-bit readings, as lean as the mesh.")] = "float32",
     net: Flags = NETWORK, runner: Flags = RUNNER,
 ) -> None:
     """Where the mesh pays: the hottest node's joules a slot and the first death, mesh
@@ -354,7 +358,7 @@ def crossover_command(
         model["pool"] = "global"
     base = load_run_config(mode="mesh", **flags)
     settings: Record = {"experiment": "crossover", "model": base.model.model_dump(
-        exclude={"rows", "cols"})}
+        exclude={"rows", "cols"}), "activations": activations}
     points = [[*grid, radio] for radio in radios for grid in grids]
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in points for s in range(seeds))]
@@ -366,7 +370,8 @@ def crossover_command(
     fitted = crossover.crossovers(rows_, macs)
     summary = {"experiment": "crossover", "mode": "live slots under simulated time, the "
                "live slot's price for every slot", "values": points, "seeds": seeds,
-               "rows": rows_, "paper": [], "macs": macs, "crossover": fitted,
+               "rows": rows_, "paper": [], "macs": macs, "activations": activations,
+               "crossover": fitted,
                "crossover_table": crossover.crossover_table(fitted)._asdict()}
     title = f"crossover: {over(seeds)}; hottest node, mesh / cloud"
     _publish(run_dir, {"experiment": "crossover", "values": points,

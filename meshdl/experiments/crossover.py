@@ -29,6 +29,7 @@ import numpy as np
 
 from meshdl.experiments.columns import Shown, digits, fixed
 from meshdl.experiments.runner import Record, Trial
+from meshdl.protocol.activations import STATIC
 from meshdl.report.numbers import figure as number
 from meshdl.report.plots import pyplot, save_png
 
@@ -64,14 +65,19 @@ def run(trial: Trial) -> Record:
 
     rows, cols, radio_name = trial.value
     settings = trial.settings
+    # float32 unless the sweep says (a journal from before the option has no key)
+    activations = settings.get("activations", "float32")
     config = load_run_config(mode="mesh", model={**settings["model"], "rows": rows,
-                                                 "cols": cols})
+                                                 "cols": cols},
+                             mesh={"activations": activations})
     radio, medium = profile(radio_name), natural_medium(radio_name)
     node, edge = device(natural_device(radio_name)), device("pi4")
     model = CNN(config.model, seed=trial.seed)
     model.set_normalization(20.0, 3.0)
     rng = np.random.default_rng([trial.seed, rows, cols])
     series = rng.normal(20.0, 3.0, (SLOTS, rows, cols)).astype(np.float32)
+    if activations == STATIC:  # scales from the slots' own maps: codes cost the same
+        model.calibrate(model.with_alive(series))  # bytes whatever the scale
     timed = live.LiveSettings(slots=SLOTS, mac="scheduled", seed=trial.seed)
     spec = live.live_spec(config, model, medium, timed)
     mesh_run = live.LiveMesh(spec, model, radio, medium, node, edge, timed)
