@@ -104,6 +104,37 @@ def test_int8_static_points_are_the_live_runs_of_int8_static_with_16_bit_reading
             report[side]["hottest_node_j_per_slot"], rel=1e-9)
 
 
+def test_the_floor_is_a_node_that_only_syncs_and_sleeps_by_hand() -> None:
+    """802.15.4 (CC2420 at 3 V: TX 52.2 mW, RX and listening 56.4 mW, regulator off 0.06
+    uW) on a Cortex-M4 node (nRF52832 asleep with RTC and RAM: 2.2 uA at 3 V), a 30-minute
+    slot under the scheduled MAC: the sync flood's 2 receptions and 2 sends of a 25-byte
+    frame (0.8 ms each), the guard 2 x 40 ppm x 1,800 s = 0.144 s early plus three
+    turnarounds listening, the radio asleep the rest, the processor asleep throughout."""
+    from meshdl.sim.radio.device import device
+    from meshdl.sim.radio.mac import MacParams
+    from meshdl.sim.radio.profiles import profile
+
+    air, turn = 8 * 25 / 250e3, 192e-6
+    listen = 2 * 40e-6 * 1800 + 3 * turn
+    on = 4 * air + listen
+    radio_j = 2 * air * 52.2e-3 + 2 * air * 56.4e-3 + listen * 56.4e-3 + (1800 - on) * 6e-8
+    processor_j = 1800 * 2.2e-6 * 3
+    floor = crossover.floor_j("scheduled", profile("802.15.4"), device("cortex-m4"), 1800.0,
+                              MacParams())
+    assert floor == pytest.approx(radio_j + processor_j, rel=1e-9)
+    compensated = crossover.floor_j("scheduled", profile("802.15.4"), device("cortex-m4"),
+                                    1800.0, MacParams(sched_drift_compensation=True))
+    assert floor - compensated == pytest.approx(2 * 38e-6 * 1800 * (56.4e-3 - 6e-8))
+
+
+def test_no_point_draws_less_than_its_floor(small: tuple[dict, Path]) -> None:
+    for row in small[0]["rows"]:
+        for mac in crossover.MACS:
+            if row[f"{mac}_ratio"] is not None:
+                assert row[f"{mac}_floor_j"]["mean"] <= row[f"{mac}_mesh_j"]["mean"]
+                assert row[f"{mac}_floor_ratio"]["mean"] <= row[f"{mac}_ratio"]["mean"]
+
+
 def test_the_fitted_crossover_is_where_the_lines_meet_by_hand() -> None:
     """Cloud 0.01 + 2e-5 N, mesh 0.02 flat: equal at N = (0.02 - 0.01) / 2e-5 = 500,
     half at (2 x 0.02 - 0.01) / 2e-5 = 1,500, a tenth at (0.2 - 0.01) / 2e-5 = 9,500."""

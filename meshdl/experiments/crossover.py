@@ -11,6 +11,12 @@ MAC twice (each crystal's 40 ppm, and 2 ppm left by drift compensation). The rea
 seeded noise maps: what a slot sends, and so what it costs, does not depend on them.
 Lifetimes are the first node's death on two AA cells.
 
+Beside each ratio, its floor: the joules of a node that only wakes, takes the slot's
+sync (under the scheduled MAC) and sleeps (`floor_j`), over the cloud's hottest node.
+No mesh whose nodes run that MAC on that hardware can draw less at its hottest node, so
+no design of the wave brings the ratio below the floor; where a target lies below it,
+the target needs other hardware (a processor that sleeps on less, a better crystal).
+
 The crossover of a factor k is where mesh_j = cloud_j / k, with each side fitted as a
 line in the number of nodes N (least squares over the grids): the cloud's hottest node,
 next to the edge, relays every reading (its joules grow with N); the mesh's does the same
@@ -39,9 +45,9 @@ RADIOS = ("802.15.4", "ble")
 # compensation; a radio without one (BLE has no LPL) leaves its figures out.
 MACS = ("lpl", "tsch", "ideal", "scheduled", "scheduled-compensated")
 FACTORS = (1, 2, 10)
-MEASURES = ("mesh_j", "cloud_j", "ratio", "mesh_years", "cloud_years")
+MEASURES = ("mesh_j", "cloud_j", "ratio", "floor_ratio", "mesh_years", "cloud_years")
 FIGURES = ("nodes", "mesh_bytes", "cloud_bytes",
-           *(f"{mac}_{measure}" for mac in MACS for measure in MEASURES))
+           *(f"{mac}_{measure}" for mac in MACS for measure in (*MEASURES, "floor_j")))
 SLOTS = 2  # the install, and the live slot whose price stands for every other
 
 
@@ -50,6 +56,18 @@ def mac_of(name: str) -> tuple[str, dict[str, Any]]:
     if name == "scheduled-compensated":
         return "scheduled", {"sched_drift_compensation": True}
     return name, {}
+
+
+def floor_j(mac: str, radio, device, slot_s: float, params) -> float:
+    """A slot's joules of a node with no traffic of its own under `mac`: its MAC's own
+    cost (under the scheduled MAC: the sync flood after the slot's sleep, with its guard;
+    a node a hop or more from the edge, which the relay counter makes alike), its radio
+    asleep and its processor idle or asleep, priced as live prices every node."""
+    from meshdl.sim.studies import live
+
+    use = live.IDLE._replace(sync_hops=1)
+    return live.radio_joules(mac, radio, use, slot_s, params).total_j + \
+        live.processor_j(device, mac, 0.0, slot_s)
 
 
 def run(trial: Trial) -> Record:
@@ -99,7 +117,10 @@ def run(trial: Trial) -> Record:
         sides = {side: live.side_summary(figures, mesh_run.cells, mac, radio, node, priced,
                                          bat, memo)
                  for side, figures in (("mesh", mesh), ("cloud", cloud))}
+        floor = floor_j(mac, radio, node, priced.slot_s, params)
         record.update({
+            f"{name}_floor_j": floor,
+            f"{name}_floor_ratio": floor / sides["cloud"]["hottest_node_j_per_slot"],
             f"{name}_mesh_j": sides["mesh"]["hottest_node_j_per_slot"],
             f"{name}_cloud_j": sides["cloud"]["hottest_node_j_per_slot"],
             f"{name}_ratio": sides["mesh"]["hottest_node_j_per_slot"]
@@ -172,11 +193,17 @@ def _grid(value: Sequence[Any]) -> str:
     return f"{value[0]} x {value[1]}"
 
 
+def _floor(row: Record, mac: str) -> str:
+    """The floor's ratio, or n/a in a journal written before the floor was priced."""
+    floor = row.get(f"{mac}_floor_ratio")
+    return "n/a" if floor is None else digits(3)(floor["mean"], None)
+
+
 def table(rows: Sequence[Record], macs: Sequence[str] = MACS) -> Shown:
     """One line per grid, radio and MAC: the hottest node's joules a slot and the first
     death in the mesh and the cloud, and the mesh's share of the cloud's joules."""
     header = ["grid", "nodes", "radio", "MAC", "mesh J/slot", "cloud J/slot", "mesh / cloud",
-              "mesh years", "cloud years"]
+              "floor", "mesh years", "cloud years"]
     show, years = digits(4), digits(4)
     body = []
     for row in rows:
@@ -188,6 +215,7 @@ def table(rows: Sequence[Record], macs: Sequence[str] = MACS) -> Shown:
                          show(row[f"{mac}_mesh_j"]["mean"], None),
                          show(row[f"{mac}_cloud_j"]["mean"], None),
                          digits(3)(row[f"{mac}_ratio"]["mean"], None),
+                         _floor(row, mac),
                          years(row[f"{mac}_mesh_years"]["mean"], None),
                          years(row[f"{mac}_cloud_years"]["mean"], None)])
     keys = [f"{mac}_{m}" for mac in macs for m in MEASURES]
