@@ -236,9 +236,8 @@ def _lounge(cfg: DataConfig, entropy: int | list[int]) -> Dataset:
     # Sums in place (the same additions, bit for bit: no (n, rows, cols) array more).
     base = _background(grid, clock.n, streams[2])
     base += t_in[:, None, None]
-    offsets, drifting = _sensor_offsets(grid, clock, cfg.slot_minutes, streams[3])
-    base += offsets
-    base += streams[4].normal(0.0, SENSOR_NOISE, base.shape)
+    drifting = _add_sensor_offsets(base, grid, clock, cfg.slot_minutes, streams[3])
+    _add_noise(base, streams[4])
     stuck, stuck_cells = _stuck_sensors(grid, base, cfg.slot_minutes, streams[5])
 
     gradients = _window(grid, clock, t_in, t_out, cloud)
@@ -249,9 +248,10 @@ def _lounge(cfg: DataConfig, entropy: int | list[int]) -> Dataset:
     gradients[stuck] = 0.0  # a stuck sensor reports its frozen value, whatever happens
     anomaly[stuck] = 0.0
 
-    field = _calibrate(base, gradients, anomaly, caps, events > 0, cfg, streams[8])
-
-    maps = field.astype(np.float32)
+    # The maps as stored (float32, each value rounded from its float64 sum as
+    # `astype` rounds it), without a float64 copy; the working maps go before labelling.
+    maps = _calibrate(base, gradients, anomaly, caps, events > 0, cfg, streams[8])
+    del base, gradients, anomaly, stuck
     labels = label_maps(maps, cfg.threshold)
     order = streams[8].permutation(cfg.train)
     meta = _meta(cfg, grid, events, labels, drifting=drifting, stuck=stuck_cells)
@@ -379,24 +379,44 @@ def _background(grid: _Grid, n: int, rng: np.random.Generator) -> np.ndarray:
     return np.einsum("nk,krc->nrc", amplitude, np.stack(modes))
 
 
-def _sensor_offsets(
-    grid: _Grid, clock: _Clock, slot_minutes: int, rng: np.random.Generator
-) -> tuple[np.ndarray, list[dict[str, float]]]:
-    """Per-sensor calibration offsets, plus a linear drift for about 1 % of the sensors."""
+def _add_sensor_offsets(
+    base: np.ndarray, grid: _Grid, clock: _Clock, slot_minutes: int, rng: np.random.Generator
+) -> list[dict[str, float]]:
+    """Adds to `base` (n, rows, cols) per-sensor calibration offsets, plus a linear drift
+    for about 1 % of the sensors; returns a record of the drifting ones.
+
+    In place, with the bits of adding the (n, rows, cols) array of offsets the first
+    version made: a drifting sensor's offset and drift are summed first, then added."""
     offsets = rng.normal(0.0, SENSOR_OFFSET, (grid.rows, grid.cols))
-    out = np.broadcast_to(offsets, (clock.n, grid.rows, grid.cols)).copy()
     cells = grid.rows * grid.cols
     n_drift = int(rng.binomial(cells, 0.01))
     days = np.arange(clock.n) * slot_minutes / 1440.0
     drifting: list[dict[str, float]] = []
+    summed: list[tuple[int, int, np.ndarray]] = []  # a drifting sensor's readings
     for cell in rng.choice(cells, size=n_drift, replace=False):
         r, c = divmod(int(cell), grid.cols)
         onset = float(rng.uniform(0.0, 0.7 * days[-1]))
         rate = float(rng.uniform(0.005, 0.02) * rng.choice((-1.0, 1.0)))  # °C per day
-        out[:, r, c] += rate * np.clip(days - onset, 0.0, None)
+        summed.append((r, c, base[:, r, c] + (offsets[r, c] + rate * np.clip(
+            days - onset, 0.0, None))))
         drifting.append({"row": r, "col": c, "onset_day": round(onset, 2),
                          "degC_per_day": round(rate, 4)})
-    return out, drifting
+    base += offsets
+    for r, c, readings in summed:
+        base[:, r, c] = readings
+    return drifting
+
+
+NOISE_CHUNK = 64  # slots whose reading noise is drawn at once (the same draws in order)
+
+
+def _add_noise(base: np.ndarray, rng: np.random.Generator) -> None:
+    """Adds each reading's noise to `base` in place: `rng`'s normal draws of the whole
+    (n, rows, cols) at once, drawn a few slots at a time (a generator's draws are the
+    same numbers in the same order however they are split)."""
+    for start in range(0, len(base), NOISE_CHUNK):
+        part = base[start : start + NOISE_CHUNK]
+        part += rng.normal(0.0, SENSOR_NOISE, part.shape)
 
 
 def _stuck_sensors(
@@ -621,7 +641,8 @@ def _calibrate(
     cfg: DataConfig,
     rng: np.random.Generator,
 ) -> np.ndarray:
-    """The final maps: base plus the gradients and the anomaly at their calibrated strengths.
+    """The final maps (float32, as stored): base plus the gradients and the anomaly at
+    their calibrated strengths.
 
     In anomaly slots the ordinary gradients are first set to a calm level (below the band),
     so the anomaly is the sharpest feature and carries the target; in the other slots the
@@ -653,7 +674,7 @@ def _calibrate(
     s_gradients = np.where(anomalous, s_calm, s_normal)
     s_anomaly = np.where(anomalous, _scale_to_target(calmed, anomaly, target, caps, anomalies),
                          0.0)
-    return _Maps(base, gradients, s_gradients, anomaly, s_anomaly).made()
+    return _Maps(base, gradients, s_gradients, anomaly, s_anomaly).made(np.float32)
 
 
 def _targets(
@@ -765,9 +786,10 @@ class _Maps:
         return (self.base, self.f1, zero if self.s1 is None else self.s1,
                 self.f1 if self.f2 is None else self.f2, zero if self.s2 is None else self.s2)
 
-    def made(self) -> np.ndarray:
-        """The maps themselves."""
-        out = np.empty(self.base.shape)
+    def made(self, dtype: type = np.float64) -> np.ndarray:
+        """The maps themselves (in float32: each value rounded from its float64 sum,
+        as `astype` rounds it)."""
+        out = np.empty(self.base.shape, dtype)
         _made(*self.scales(), out)
         return out
 
