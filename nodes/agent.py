@@ -36,6 +36,7 @@ from meshdl.compress.codec import Channel, read_or_count
 from meshdl.compress.intsum import SumChannel
 from meshdl.nodes import compute, execute
 from meshdl.nodes.besteffort import BestEffort
+from meshdl.nodes.compiled import validate_program
 from meshdl.nodes.delta import DeltaReceiver, DeltaSender
 from meshdl.nodes.memory import MemoryPlan
 from meshdl.nodes.plan import (
@@ -371,6 +372,12 @@ class NodeMachine:
             self.stats["resynchronised"] += 1
         if session not in self.sessions:  # seen again (a replay, say): not newer for it
             self.sessions.append(session)
+        if not self.plan.checked:  # its program, once, before any task of it runs:
+            # the executor indexes without bounds checks (nodes/execute.py), so the
+            # program is held to what it indexes by the checks the compiled loop's
+            # tables pass (nodes/compiled.py), and refused in one line
+            validate_program(self.plan, self.spec, self.cell)
+            self.plan.checked = True
         self.wave = Wave(step, session, self.plan)
         return self.wave
 

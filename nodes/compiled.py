@@ -25,14 +25,16 @@ fill-ins, compression, delta halos, replanning, held gradients under shared memo
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 from numba import njit
 
 from meshdl.errors import MeshdlError
-from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.execute import (
+    A_SCALE,
+    B_LEN,
+    B_OFF,
     CONV,
     INPUT_GRAD,
     OPERAND_KINDS,
@@ -40,6 +42,9 @@ from meshdl.nodes.execute import (
     PAIRED,
     REDUCE,
     SEND,
+    W_FILTERS,
+    W_OFF,
+    W_TAPS,
     WEIGHT_GRAD,
     run_task,
     start_input,
@@ -47,7 +52,7 @@ from meshdl.nodes.execute import (
 from meshdl.nodes.execute import (
     UnknownStep as UnknownStep,  # (what the loop raises: the executor's)
 )
-from meshdl.nodes.plan import CHILD_LIST, TAP_LIST, Role
+from meshdl.nodes.plan import CHILD_LIST, TAP_LIST, Job, NodePlan, Role
 from meshdl.protocol.messages import EDGE, Kind
 from meshdl.protocol.spec import MeshSpec, Mode
 from meshdl.protocol.topology import Cell
@@ -137,6 +142,19 @@ class Tables(NamedTuple):
         return int(self.arena_sizes[arena])
 
 
+class AdoptedNode(Protocol):
+    """What the tables are read from of a node machine (`NodeMachine`, nodes/agent.py,
+    which imports this module to check its own program: `validate_program`): its cell,
+    its adopted plan and the plan's tasks, its tree children, and whether its waves lay
+    their fields out by the memory plan."""
+
+    cell: Cell
+    plan: NodePlan
+    jobs: list[Job]
+    children: list[Cell]
+    memory_plan: bool
+
+
 class MessageKey(NamedTuple):
     """A message of the tables as its header names it (the payload's shape aside)."""
 
@@ -165,7 +183,7 @@ class MeshTables(NamedTuple):
     stages: list[str]  # "" for a send
 
 
-def tabulate(spec: MeshSpec, nodes: list[NodeMachine]) -> MeshTables:
+def tabulate(spec: MeshSpec, nodes: list[AdoptedNode]) -> MeshTables:
     """The tables of `nodes` (every member of `spec`'s mesh, adopted to `spec`)."""
     builder = _Builder(spec, nodes)
     tables = builder.tables()
@@ -177,7 +195,7 @@ def tabulate(spec: MeshSpec, nodes: list[NodeMachine]) -> MeshTables:
 class _Builder:
     """Reads node machines' adopted plans into `Tables`."""
 
-    def __init__(self, spec: MeshSpec, nodes: list[NodeMachine]) -> None:
+    def __init__(self, spec: MeshSpec, nodes: list[AdoptedNode]) -> None:
         self.spec, self.nodes = spec, nodes
         self.index: dict[Cell, int] = {node.cell: n for n, node in enumerate(nodes)}
         self.lists: list[int] = []
@@ -439,10 +457,14 @@ VALUES = frozenset({"arena_sizes", "buf_ch", "entry_role", "task_step", "task_tr
 LOWEST_LAYER = {CONV: 1, WEIGHT_GRAD: 1, INPUT_GRAD: 2}  # else 0
 
 
+REFUSED = "compiled tables refused: "
+
+
 def _refuse(field: str, at, value: int, bound: str) -> TablesError:
+    """`field`: of `Tables`, or named with its owner (`Program.args`)."""
     where = ", ".join(str(int(i)) for i in np.atleast_1d(at))
-    return TablesError(f"compiled tables refused: Tables.{field}[{where}] = {int(value)}, "
-                       f"not {bound}")
+    name = field if "." in field else f"Tables.{field}"
+    return TablesError(f"{REFUSED}{name}[{where}] = {int(value)}, not {bound}")
 
 
 def _counts(tb: Tables) -> dict[str, int]:
@@ -603,6 +625,8 @@ def _check_steps(tb: Tables) -> None:
                               f"{code}) sends a message, and its Tables.task_msg is NONE")
     for code, operands in OPERAND_KINDS.items():
         tasks = np.flatnonzero(tb.task_step == code)
+        if not tasks.size:  # (a node's program runs a few of the steps)
+            continue
         layer = tb.task_layer[tasks]
         low = tasks[layer < LOWEST_LAYER.get(code, 0)]
         if low.size:
@@ -642,6 +666,130 @@ def _check_steps(tb: Tables) -> None:
                 raise _refuse("task_args", (t, first, 1), tb.task_args[t, first, 1],
                               f"the end of a list as long as operand {second}'s "
                               f"({int(lengths[t, second])}, step code {code})")
+
+
+# A node machine's program is checked by the same code before its first task runs: read
+# as the tables of a mesh of that node alone (`program_tables`), every index the machine's
+# executor reads (operands' lists, taps, task numbers, the layer, the layout's offsets) is
+# held by `validate` to what it indexes. Checked first, and only here, is what those
+# tables cannot say: that each list of slots lies in its own buffer (the machine hands
+# the executor a buffer an operand, where the loop hands it a whole arena), and each
+# child a REDUCE lists one of the node's.
+
+
+def validate_program(plan: NodePlan, spec: MeshSpec, cell: Cell) -> None:
+    """Refuse (`TablesError`, one line) a node's program (`NodePlan.program`) its
+    machine would index outside its buffers, lists or parameters with. Each plan once,
+    as its machine starts its first wave of it (`NodeMachine._new_wave`), before any
+    task of it runs."""
+    if not len(plan.program.step):
+        return  # a cell the mesh leaves out: no tasks, no buffers
+    try:
+        validate(program_tables(plan, spec, len(spec.topology.children.get(cell, []))))
+    except TablesError as refused:
+        raise TablesError(f"program of cell {cell} refused (read as one node's tables): "
+                          f"{str(refused).removeprefix(REFUSED)}") from None
+
+
+def program_tables(plan: NodePlan, spec: MeshSpec, children: int) -> Tables:
+    """One node's program as the tables of a mesh of that node alone, numbered as the
+    program numbers them (tasks, buffers, inbox entries; its `lists` first, at their own
+    places): its buffers end to end in the arena of their channels (slot s of buffer b
+    at `offset[b] + s`), each send and REDUCE a message to the edge, its tree children
+    nodes 0, 1, ... as a REDUCE lists them and itself the node after, and the
+    parameters' offsets those of the program's `layout`, which its executor reads."""
+    program, shapes, layers = plan.program, plan.buffer_shapes, spec.model.conv_layers
+    tasks, entries, nodes, me = len(program.step), len(plan.expected), children + 1, children
+    args, buffers, size = program.args, len(shapes), len(program.lists)
+    # What must hold before the program can be read as tables at all.
+    named = np.where(np.isin(args[..., 0], (TAP_LIST, CHILD_LIST)), NONE, args[..., 0])
+    _within("Program.args", named, buffers, "buffers of the node", True)
+    for field, spans in (("args", args[..., 1:]), ("made", program.made),
+                         ("started", program.started[None])):
+        _ranges(f"Program.{field}", spans, size, "numbers of the lists")
+    _within("Program.kept", program.kept, layers + 1, "layers", True)
+    _within("Program.layout", program.layout[:, A_SCALE], spec.params_size,
+            "values of PARAMS (its activation scale)", True)
+    _within("Program.input", program.input[:1], buffers, "buffers of the node", False)
+    items = [e for e, expect in enumerate(plan.expected) if expect.role == Role.ITEMS]
+    entry_buf = np.full(entries, NONE, np.int64)
+    entry_buf[items] = [plan.expected[e].buffer for e in items]
+    _within("Expect.buffer", entry_buf, buffers, "buffers of the node", True)
+    # Each number an operand lists: a slot inside its buffer, a child of the node; and
+    # each slot an inbox entry fills, and the input's, inside theirs.
+    slots = np.array([n for n, _ in shapes], np.int64)
+    arena = np.array([0 if c == spec.model.in_channels else 1 for _, c in shapes], np.int64)
+    offset = np.zeros(buffers, np.int64)
+    for k in (0, 1):
+        offset[arena == k] = np.cumsum(slots[arena == k]) - slots[arena == k]
+    own = args[..., 0] >= 0
+    for reads, limit, what in ((own, slots, "slots of the buffer its operand reads"),
+                               (args[..., 0] == CHILD_LIST, None, "children of the node")):
+        at = _positions(args[..., 1:][reads])
+        listed, bound = np.zeros(size, np.int64), np.ones(size, np.int64)  # (0 < 1: others)
+        listed[at] = program.lists[at]
+        bound[at] = children if limit is None else np.repeat(
+            limit[args[..., 0][reads]], (args[..., 2] - args[..., 1])[reads])
+        _within("Program.lists", listed, bound, what, False)
+    a0, first = (int(v) for v in program.input)
+    _within("Program.input", np.array([first]), slots[a0], f"slots of buffer {a0}", False)
+    filled = [_slot_array(plan.expected[e].slots) for e in items]
+    _within("Expect.slots", np.concatenate([np.zeros(0, np.int64), *filled]),
+            np.repeat(slots[entry_buf[items]], [len(f) for f in filled]),
+            "slots of its buffer (the inbox entries' slots, in order)", False)
+    # The tables: the program's lists, then the same with each operand's slots at their
+    # arena places, then the inbox entries' waiters and slots.
+    shift = np.zeros(size, np.int64)
+    shift[_positions(args[..., 1:][own])] = np.repeat(
+        offset[args[..., 0][own]], (args[..., 2] - args[..., 1])[own])
+    task_args = np.array(args[..., 1:])
+    task_args[own] += size
+    task_kind = np.select([own, args[..., 0] == TAP_LIST, args[..., 0] == CHILD_LIST],
+                          [arena[np.where(own, args[..., 0], 0)], TAPS, CHILDREN], NONE)
+    waiters = [np.array(expect.waiters, np.int64) for expect in plan.expected]
+    homes = [offset[entry_buf[e]] + f for e, f in zip(items, filled, strict=True)]
+    ends = 2 * size + np.cumsum([len(w) for w in waiters + homes], dtype=np.int64)
+    spans = np.column_stack([ends - [len(w) for w in waiters + homes], ends])
+    entry_slots = np.zeros((entries, 2), np.int64)
+    entry_slots[items] = spans[entries:]
+    sends = np.flatnonzero((program.step == SEND) | (program.step == REDUCE))
+    task_msg = np.full(tasks, NONE, np.int64)
+    task_msg[sends] = np.arange(len(sends))
+    msg_buf = np.where(program.step[sends] == SEND, args[sends, 0, 0], NONE)
+    layout = program.layout
+    others = np.zeros((children, 2), np.int64)  # the children: no tasks, no input
+    return Tables(
+        lists=np.concatenate([program.lists, program.lists + shift, *waiters,
+                              *homes]).astype(np.intp),
+        buf_arena=arena, arena_sizes=np.array([slots[arena == k].sum() for k in (0, 1)]),
+        buf_ch=np.array([c for _, c in shapes], np.int64),
+        entry_node=np.full(entries, me, np.int64),
+        entry_role=np.array([int(e.role) for e in plan.expected], np.int64),
+        entry_buf=entry_buf, entry_slots=entry_slots, entry_waiters=spans[:entries],
+        task_node=np.full(tasks, me, np.int64), task_step=program.step,
+        task_layer=program.layer, task_train=program.train.astype(np.int64),
+        task_needs=program.needs, task_msg=task_msg, task_made=program.made,
+        task_kind=task_kind, task_args=task_args,
+        node_tasks=np.vstack([others, [(0, tasks)]]),
+        msg_src=np.full(len(sends), me, np.int64), msg_buf=msg_buf,
+        msg_rows=np.where((msg_buf != NONE)[:, None], task_args[sends, 0], 0),
+        msg_dst=np.full(len(sends), NONE, np.int64),
+        msg_entry=np.full(len(sends), NONE, np.int64), forwards=np.zeros((nodes, 2), np.int64),
+        made_input=np.vstack([others, program.started[None]]),
+        input_slot=np.array([0] * children + [offset[a0] + first], np.int64),
+        active=np.zeros((nodes, 2), np.int64), number=np.full(nodes, float(plan.number)),
+        by_input=np.zeros(nodes, np.uint8),
+        **{**_parameter_offsets(spec), "w_off": layout[:, W_OFF],
+           "w_shape": layout[:, W_FILTERS:W_TAPS + 1], "b_off": layout[:, B_OFF],
+           "b_len": layout[:, B_LEN]},
+        in_channels=spec.model.in_channels, layers=layers, filters=spec.model.filters)
+
+
+def _positions(spans: np.ndarray) -> np.ndarray:
+    """Every place [start, end) of `spans` (n, 2) covers, in order."""
+    lengths = spans[:, 1] - spans[:, 0]
+    return np.repeat(spans[:, 0] - np.cumsum(lengths) + lengths, lengths) + \
+        np.arange(lengths.sum())
 
 
 def _parameter_offsets(spec: MeshSpec) -> dict[str, np.ndarray | int]:

@@ -193,6 +193,9 @@ class NodePlan:
 
     def __init__(self, spec: MeshSpec, cell: Cell) -> None:
         topo, layers = spec.topology, spec.model.conv_layers
+        # Its program held to its buffers, lists and parameters (nodes/compiled.py
+        # `validate_program`): by the machine, before its first wave of this plan.
+        self.checked = False
         if cell not in topo.members:  # left out of this mesh: nothing to do in it
             self._empty()
             return
