@@ -125,3 +125,33 @@ def test_a_slot_outside_its_buffer_is_refused_and_does_not_run(slot) -> None:
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 1 and "program of cell" in lines[0], lines
     assert "Program.lists[" in lines[0] and "slots of the buffer its operand reads" in lines[0]
+
+
+def test_a_program_with_the_numbers_of_one_passed_is_not_read_again(monkeypatch) -> None:
+    """Nodes with the same neighbourhood have the same program: each distinct one is
+    read once (`program_digest`), and a tampered copy of a passed one is still read,
+    and refused."""
+    from meshdl.nodes import compiled
+
+    read: list[bytes] = []
+    tables = compiled.program_tables
+    monkeypatch.setattr(compiled, "_CHECKED", compiled.OrderedDict())
+    monkeypatch.setattr(compiled, "program_tables", lambda plan, spec, children: (
+        read.append(compiled.program_digest(plan, spec, children)),
+        tables(plan, spec, children))[1])
+    config = ModelConfig(rows=6, cols=7, kernel=3, filters=2, hidden=4)
+    X = np.random.default_rng(0).normal(20.0, 3.0, (4, 6, 7)).astype(np.float32)
+    model = CNN(config, seed=0)
+    model.set_normalization(20.0, 3.0)
+    labels = np.zeros(4, np.int64)
+    mesh = VirtualMesh(MeshSpec(1, config), {Split.TRAIN: X, Split.TEST: X}, model,
+                       {Split.TRAIN: labels, Split.TEST: labels})  # the machines
+    mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(3))
+    digests = {compiled.program_digest(node.plan, mesh.spec,
+                                       len(mesh.spec.topology.children.get(cell, [])))
+               for cell, node in mesh.nodes.items()}
+    assert len(read) == len(set(read)) == len(digests) < len(mesh.nodes)
+    twin = next(node.plan for node in mesh.nodes.values())
+    twin.program.layer[_conv(twin.program)] = 7
+    with pytest.raises(MeshdlError, match="not one of the 3 layers"):
+        compiled.validate_program(twin, mesh.spec, next(iter(mesh.nodes)))
