@@ -521,6 +521,10 @@ def simulate_live(
     model, dataset, config, source = _model_and_data(model_path, data, grid, net, seed,
                                                      edge_at, one_lounge=True,
                                                      activations=activations)
+    # Only the test maps are replayed: the training maps (which made the model's
+    # normalization) go before the mesh is built.
+    maps = dataset.X_test
+    del dataset
     settings = live.settings_for(slots, slot_seconds, mac, battery, delta, timed_slots,
                                  config.train.seed, sim, radio_profile, params)
     claimed = _claim(out, force, "simulate-live")
@@ -528,7 +532,7 @@ def simulate_live(
     with _kept_if_finished(claimed, "meshdl simulate live"):
         start_run(run_dir, config, source)
         with _live_progress(slots) as say:
-            report = live.simulate(dataset, model, config, radio_profile, sim["medium"],
+            report = live.simulate(maps, model, config, radio_profile, sim["medium"],
                                    node, edge, settings, say)
         report["model"] = _model_record(model_path)
         live.write(report, run_dir)

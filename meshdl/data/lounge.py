@@ -258,7 +258,9 @@ def _lounge(cfg: DataConfig, entropy: int | list[int]) -> Dataset:
     return Dataset(
         X_train=maps[: cfg.train][order],
         y_train=labels[: cfg.train][order],
-        X_test=maps[cfg.train :],
+        # A copy, not a view that would keep every map of the lounge (the training
+        # ones twice: shuffled above) for as long as the test maps are used.
+        X_test=maps[cfg.train :].copy(),
         y_test=labels[cfg.train :],
         meta=meta,
     )

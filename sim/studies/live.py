@@ -53,7 +53,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from meshdl.data.datasets import Dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.model.cnn import CNN
 from meshdl.protocol.accounting import class_name
@@ -129,6 +128,11 @@ def with_sync_hops(use: dict[Party, RadioUse], hops: Mapping[Party, int]
     every = {**dict.fromkeys(hops, IDLE), **use}
     return {party: u._replace(sync_hops=hops.get(party, u.sync_hops))
             for party, u in every.items()}
+
+
+def live_cells(spec: MeshSpec) -> list[Cell]:
+    """The cells of a live run's nodes, in the topology's order."""
+    return [cell for cell in spec.topology.cells() if cell in spec.topology.members]
 
 
 def flood_hops(spec: MeshSpec) -> dict[Party, int]:
@@ -368,7 +372,7 @@ class LiveMesh:
         self._timed: TimedMesh | None = TimedMesh(
             spec, {Split.LIVE: empty}, model, {}, radio, medium, device, edge_device,
             settings.seed, trace=True, loss=settings.loss)
-        self.cells = [cell for cell in spec.topology.cells() if cell in spec.topology.members]
+        self.cells = live_cells(spec)
         rng = np.random.default_rng(settings.seed)
         drift = rng.uniform(-settings.drift_ppm, settings.drift_ppm, len(self.cells)) * 1e-6
         self.drift = dict(zip(self.cells, drift.tolist(), strict=True))
@@ -582,10 +586,9 @@ def run_mesh(live: LiveMesh, series: np.ndarray, say: Callable[[int], None]) -> 
     return side
 
 
-def readings_series(data: Dataset, slots: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """A reading per slot: the data set's test maps in time order, from the start again
-    when the run is longer."""
-    maps = data.X_test
+def readings_series(maps: np.ndarray, slots: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """A reading per slot: a data set's test maps (`maps`) in time order, from the start
+    again when the run is longer."""
     if not len(maps):
         raise UsageError("the data set has no test maps to replay")
     index = np.arange(slots) % len(maps)
@@ -711,19 +714,22 @@ def live_spec(config: Any, model: CNN, medium: MediumName, settings: LiveSetting
                     activations=config.mesh.activations)
 
 
-def simulate(data: Dataset, model: CNN, config: Any, radio: RadioProfile,
+def simulate(maps: np.ndarray, model: CNN, config: Any, radio: RadioProfile,
              medium: MediumName, device: DeviceProfile, edge_device: DeviceProfile,
              settings: LiveSettings, say: Callable[[int], None] = lambda _: None
              ) -> dict[str, Any]:
-    """A live run, mesh and cloud, as sim.json records it."""
+    """A live run, mesh and cloud, as sim.json records it: its slots replay `maps`, a
+    data set's test maps (`readings_series`)."""
     check_settings(settings, radio)
     spec = live_spec(config, model, medium, settings)
-    series, readings = readings_series(data, settings.slots)
-    live = LiveMesh(spec, model, radio, medium, device, edge_device, settings)
-    mesh = run_mesh(live, series, say)
+    series, readings = readings_series(maps, settings.slots)
+    # Central inference and the cloud first: what they worked with is freed before the
+    # mesh is built, the most of a run's memory (at 100 x 100, 1.2 GB of its 1.6).
     central = central_labels(model, series, spec.activations == STATIC)
     cloud_side, cloud_labels = run_cloud(spec, model, series, radio, medium, device,
-                                         edge_device, settings, live.cells)
+                                         edge_device, settings, live_cells(spec))
+    live = LiveMesh(spec, model, radio, medium, device, edge_device, settings)
+    mesh = run_mesh(live, series, say)
     bat = settings.battery or battery("2xAA")
     memo: Memo = {}
     summaries = {mac: {"mesh": side_summary(mesh, live.cells, mac, radio, device, settings,
