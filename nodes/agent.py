@@ -561,6 +561,21 @@ class NodeMachine:
         """Count `messages` taken in compiled waves as this machine counts its own."""
         self.stats["accepted"] += messages
 
+    def wave_flops(self, training: bool, batch: int) -> int:
+        """The operations this machine counts in an exact wave of its plan (`_run_ready`:
+        each computation's `work`, a training wave's too; `_start_wave`: its readings
+        normalized): what a compiled wave ran for it (`count_flops`)."""
+        per_sample, per_wave = 2 * self.spec.model.in_channels, 0
+        for train_only, send, _, _, work in self.jobs:
+            if send is None and (training or not train_only):
+                per_sample += work.per_sample
+                per_wave += work.per_wave
+        return per_sample * batch + per_wave
+
+    def count_flops(self, flops: int) -> None:
+        """Count the operations of compiled waves as this machine counts its own."""
+        self.flops += flops
+
     def _store_params(self, wave: Wave, message: Message, expect: Expect) -> bool:
         """PARAMS (from the tree parent or the edge) into `wave`, if they are valid."""
         if not self._params_valid(message):

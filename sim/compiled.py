@@ -195,6 +195,9 @@ class CompiledWaves:
         self._seen = np.zeros(len(tb.entry_node), np.uint8)  # the edge's, this wave
         # Messages each node took in compiled waves, not yet in its stats (`settle`).
         self._accepted = np.zeros(tb.nodes, np.int64)
+        # And the operations each ran (its `flops`), by the wave's mode and batch.
+        self._flops = np.zeros(tb.nodes, np.int64)
+        self._wave_flops: dict[tuple[Mode, int], np.ndarray] = {}
         self._plans = [node.plan for node in nodes]
         self._waves: dict[tuple[Mode, int], Wave] = {}  # the nodes' view of a wave
         # What every node has as its current wave, and of which edge session (until the
@@ -206,10 +209,14 @@ class CompiledWaves:
         needs of the compiled waves before it: the messages each took (its stats), and
         each node's cached parameters, as its own waves keep them
         (`NodeMachine.keep_params`: and no ask for them pending)."""
-        for node, count in zip(self.nodes, self._accepted.tolist(), strict=True):
+        for node, count, flops in zip(self.nodes, self._accepted.tolist(),
+                                      self._flops.tolist(), strict=True):
             if count:
                 node.count_accepted(count)
+            if flops:
+                node.count_flops(flops)
         self._accepted[:] = 0
+        self._flops[:] = 0
         self._handed = None  # (the machines may run next: their waves replace it)
         started, self._unsettled = self._unsettled, None
         if started is None:
@@ -275,8 +282,8 @@ class CompiledWaves:
         """Each node's lifecycle, moved once for the wave: one finished wave of its mode
         and batch stands for every node's (`compiled_wave`: DONE by the table), handed
         to each (`NodeMachine.ran_compiled`) unless each has it from the wave before; the
-        messages each took (the tables' it was sent, and the edge's) counted here until
-        `settle`."""
+        messages each took (the tables' it was sent, and the edge's) and the operations
+        it ran (`NodeMachine.wave_flops`) counted here until `settle`."""
         tb, st, edge = self.tables, self.state, self.mesh.edge
         wave = self._waves.get((mode, batch))
         if wave is None:
@@ -286,6 +293,11 @@ class CompiledWaves:
             for node in self.nodes:
                 node.ran_compiled(wave)
             self._handed = (wave, edge.session)
+        flops = self._wave_flops.get((mode, batch))
+        if flops is None:
+            flops = self._wave_flops[(mode, batch)] = np.array(
+                [node.wave_flops(mode == Mode.TRAIN, batch) for node in self.nodes], np.int64)
+        self._flops += flops
         to_nodes = (st.sent != 0) & (tb.msg_dst != NONE)
         self._accepted += np.bincount(tb.msg_dst[to_nodes], minlength=tb.nodes)
         self._accepted += np.bincount(tb.entry_node[self._seen != 0], minlength=tb.nodes)

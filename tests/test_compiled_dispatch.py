@@ -77,7 +77,27 @@ def test_after_a_compiled_wave_each_node_is_where_the_machines_leave_it() -> Non
             (machine.wave.step, machine.wave.mode, machine.wave.batch)
         assert node.wave.session == meshes[True].edge.session
         assert node.stats["accepted"] == machine.stats["accepted"] > 0
+        assert node.flops == machine.flops > 0  # the operations it ran, as it counts them
         assert list(node.sessions) == [meshes[True].edge.session]
+
+
+def test_a_node_counts_the_operations_of_compiled_waves_as_of_its_own() -> None:
+    """Windowed and global pooling, three layers, a training wave with failout and an
+    inference wave: each node's flops after the compiled waves (settled) are those its
+    machine counts running them."""
+    for config in (CONFIG, CONFIG.model_copy(update={"pool": "global", "alive": True}),
+                   ModelConfig(rows=5, cols=6, kernel=3, filters=2, hidden=4,
+                               conv_layers=3)):
+        flops = {}
+        for compiled in (True, False):
+            mesh = _mesh(MeshSpec(1, config), compiled=compiled)
+            mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(3), failout=np.array([1]))
+            mesh.run_wave(Mode.INFER, Split.TEST, np.arange(5))
+            mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(4))
+            mesh.settle()
+            assert (mesh._compiled is not None) == compiled
+            flops[compiled] = {cell: node.flops for cell, node in mesh.nodes.items()}
+        assert flops[True] == flops[False]
 
 
 def test_the_compiled_dispatch_reaches_into_no_other_objects_private_members() -> None:
