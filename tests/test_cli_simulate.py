@@ -416,7 +416,7 @@ def test_an_impossible_recovery_flag_is_a_usage_error(tmp_path, flags, needle) -
 
 
 def test_dead_nodes_are_found_and_named_in_sim_json(tmp_path) -> None:
-    # Three epochs of three steps: time for two silent waves, a report and a replan.
+    # Three epochs of three steps: time for a silent wave, a report and a replan.
     code, out, err = _meshdl("simulate", "train", *GRID, "--epochs", "3", "--batch", "16",
                              "--hidden", "8", "--config", _config(tmp_path), "--dead", "0.2",
                              "--recovery", "best-effort", "--fault-seed", "3",

@@ -187,7 +187,7 @@ def test_a_params_tail_that_is_not_a_plan_is_rejected() -> None:
 
 
 def test_a_dead_node_is_found_by_its_silence_planned_around_and_taken_back() -> None:
-    """(2, 2) crashes: after two silent waves its neighbours report it up the tree, the
+    """(2, 2) crashes: after a silent wave its neighbours report it up the tree, the
     edge leaves it out of the next wave's plan (its children hang under others now)
     and says so in the PARAMS; rebooted, it says hello, and the edge takes it back."""
     mesh = _live_mesh()
