@@ -172,7 +172,7 @@ class NodeMachine:
         self.wave = None  # the PARAMS that brought the new plan start a new wave
         self._storage: list[np.ndarray] = []  # the field buffers of the last wave ...
         self._kept: list[np.ndarray | None] = []  # ... its kept activations ...
-        self._owned: list[np.ndarray] = []  # ... the distinct arrays among them ...
+        self._owned: list[np.ndarray] = []  # ... the distinct arrays (arena slots) ...
         self._lent: list[weakref.ref[np.ndarray]] = []  # ... payloads that view them ...
         self._memory: MemoryPlan | None = None  # ... their plan ...
         self._storage_key: tuple = ()  # ... and for which (batch, MemoryPlan)
@@ -910,8 +910,9 @@ class NodeMachine:
             else self.plan.unplanned
         key = (wave.batch, memory)
         if key != self._storage_key or self._lent_out():
-            self._owned = [np.empty((*shape, wave.batch), np.float32)
-                           for shape in memory.arrays]
+            arenas = [np.empty((*shape, wave.batch), np.float32) for shape in memory.arenas]
+            self._owned = [arenas[k][first:first + slots] for (k, first), (slots, _) in
+                           zip(memory.places, memory.arrays, strict=True)]
             self._lent.clear()  # (they view the arrays of before)
             self._storage = [None if index is None else self._owned[index]  # type: ignore[misc]
                              for index in memory.fields]

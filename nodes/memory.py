@@ -52,7 +52,9 @@ TRAINING = (*GRADIENTS, "winner")  # fields only a training wave touches
 
 
 class MemoryPlan(NamedTuple):
-    """Which arrays a wave allocates, and which of them each field uses."""
+    """Which arrays a wave allocates, and which of them each field uses: laid out as
+    slot ranges of a node's arenas (one per channel count), so that sharing is slot
+    aliasing, two fields on the same slots of one arena."""
 
     arrays: tuple[tuple[int, int], ...]  # (slots, channels) of each array allocated
     fields: tuple[int | None, ...]  # per field buffer: its array; None: never touched
@@ -62,6 +64,28 @@ class MemoryPlan(NamedTuple):
     # the plan, exact or not, so that all nodes of a mesh split the sum alike.
     by_input_cell: bool = False
     later: tuple[int, ...] = ()  # the gradient fields written over another field's values
+
+    @property
+    def arenas(self) -> tuple[tuple[int, int], ...]:
+        """(slots, channels) of each arena a node allocates for a wave: one per channel
+        count (the input's, the filters'), its arrays end to end (`places`)."""
+        slots: dict[int, int] = {}
+        for rows, channels in self.arrays:
+            slots[channels] = slots.get(channels, 0) + rows
+        return tuple((rows, channels) for channels, rows in slots.items())
+
+    @property
+    def places(self) -> tuple[tuple[int, int], ...]:
+        """(arena, first slot) of each array: a field's slots are those of its array,
+        so fields that share an array alias the same slots of one arena."""
+        arena = {channels: k for k, (_, channels) in enumerate(self.arenas)}
+        filled = [0] * len(arena)
+        places = []
+        for rows, channels in self.arrays:
+            k = arena[channels]
+            places.append((k, filled[k]))
+            filled[k] += rows
+        return tuple(places)
 
     @property
     def shares(self) -> bool:

@@ -99,6 +99,27 @@ def test_an_exact_training_wave_writes_gradients_over_the_dead_forward_values() 
     assert len(set(arrays)) == len(arrays)  # nothing else shares
 
 
+def test_shared_fields_alias_slots_of_one_arena_per_channel_count() -> None:
+    """The memory plan as slot aliasing: every field buffer (and kept activation) is a
+    range of slots of the node's arena of its channel count, the arrays end to end, and
+    two fields that share memory are the same slots."""
+    node, spec = _node(LEADER)
+    _start_wave(node, spec, 1, [0, 1])
+    memory = node.plan.memory(Mode.TRAIN, True)
+    views = [b for b in (*node.wave.buffers, *node.wave.kept) if b is not None]
+    arenas: dict[int, np.ndarray] = {}
+    for view in views:
+        assert view.base is not None and view.base.shape[1:] == view.shape[1:]
+        assert arenas.setdefault(view.shape[1], view.base) is view.base  # one a count
+    assert sorted(a.shape[:2] for a in arenas.values()) == sorted(memory.arenas)
+    for arena in arenas.values():  # no slot of an arena left unused
+        rows = {(v.__array_interface__["data"][0], v.shape[0]) for v in views
+                if v.base is arena}
+        assert sum(n for _, n in rows) == arena.shape[0]
+    dz2, a1 = _field_buffer(node, ("dz", 2)), _field_buffer(node, ("a", 1))
+    assert dz2 is a1 and np.shares_memory(dz2, a1)
+
+
 def test_best_effort_keeps_the_features_apart_from_the_gradients() -> None:
     """A late GATHER may still come in after the SCATTER there."""
     node, spec = _node(RELAY)
