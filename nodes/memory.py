@@ -1,9 +1,10 @@
 """A node's memory plan for one wave (seed 002: a buffer whose values are dead is
 overwritten rather than a new one allocated).
 
-A wave's values live in one (slots, channels, batch) array per field (nodes/plan.py). The
-plan says which fields may share an array, from the order in which the wave writes and
-reads them:
+A wave's values live in one (slots, channels, batch) array per field (nodes/plan.py), each
+a range of slots of the node's arena of its channel count (`MemoryPlan.arenas`,
+`places`). The plan says which fields may share an array, and so alias the same slots,
+from the order in which the wave writes and reads them:
   - An inference wave never touches a gradient field (dz, route, dpooled), nor under
     global pooling the winners: they get no memory. In the seed mesh that is half of a
     node's buffers.
