@@ -92,3 +92,28 @@ def test_central_inference_and_the_cloud_run_before_the_mesh_is_built(
                            device("pi4"), settings)
     assert order[0] == "central" and order.index("cloud") < order.index("mesh")
     assert report["alerts_equal_central"]
+
+
+def test_the_mesh_is_kept_out_of_the_cyclic_collector_while_the_run_uses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its objects frozen once built (no collection traverses them again) and thawed as
+    the run returns, so nothing of it stays frozen."""
+    import gc
+
+    frozen: list[int] = []
+    real = live.run_mesh
+
+    def run_mesh(*args, **kwargs):
+        frozen.append(gc.get_freeze_count())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(live, "run_mesh", run_mesh)
+    config = load_run_config(mode="mesh", model={"rows": 3, "cols": 4, "pool": "global",
+                                                 "filters": 2})
+    maps = np.random.default_rng(0).normal(20.0, 2.0, (5, 3, 4)).astype(np.float32)
+    before = gc.get_freeze_count()
+    live.simulate(maps, normalized_model(config.model), config, profile("802.15.4"),
+                  "shared", device("cortex-m4"), device("pi4"),
+                  live.LiveSettings(slots=3, mac="scheduled"))
+    assert frozen[0] > before
+    assert gc.get_freeze_count() == 0
