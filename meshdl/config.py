@@ -201,6 +201,9 @@ class TrainConfig(_Strict):
         None, ge=0, lt=1, allow_inf_nan=False, description="failout over a range: each "
         "update's share of dead cells drawn anew, uniformly between failout and this "
         "(none: always failout)")
+    failout_clean: float = Field(
+        0.0, ge=0, lt=1, allow_inf_nan=False, description="with failout, the share of the "
+        "updates drawn clean (no cell dead), from the same per-update stream")
     seed: int = Field(0, ge=0, description="seeds parameter init and batch shuffling")
 
     @model_validator(mode="after")

@@ -15,8 +15,10 @@ Which cells: `round(share x cells)` of them, drawn for each update from the run'
 and the update's number alone, so that a run resumed from a checkpoint draws the same.
 With a range (`share_max`), the update's share is drawn first, uniformly between the
 two, from the same stream: a model then sees few and many dead cells, as a deployment
-may. One set of cells per update, not per map: the mesh names the dead of a wave once,
-in its BATCH, so a step the mesh can run is a step with one mask.
+may. With `clean` (a probability), an update first draws, from the same stream, whether
+it is a clean one with no cell dead at all: the model also learns the intact grid it
+reads most of the time. One set of cells per update, not per map: the mesh names the
+dead of a wave once, in its BATCH, so a step the mesh can run is a step with one mask.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ FAILOUT_STREAM = 0xFA11  # keeps these draws apart from the seed's other uses
 
 
 def failout_cells(rows: int, cols: int, share: float, seed: int, update: int,
-                  share_max: float | None = None) -> np.ndarray:
+                  share_max: float | None = None, clean: float = 0.0) -> np.ndarray:
     """The cells (row x cols + col, increasing, int32) that act dead in update
     `update` (counted from 0 over the whole run): `share` of them, or a share drawn
-    between `share` and `share_max`."""
+    between `share` and `share_max`; none with probability `clean` (0: the draws are
+    those of a run without it)."""
     cells = rows * cols
     rng = np.random.default_rng([seed, FAILOUT_STREAM, update])
+    if clean > 0 and rng.uniform() < clean:
+        return np.empty(0, np.int32)
     if share_max is not None and share_max > share:
         share = float(rng.uniform(share, share_max))
     count = round(share * cells)

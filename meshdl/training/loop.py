@@ -282,7 +282,8 @@ def train(
                 # Failout: the cells acting dead in this update (a skipped one too).
                 failed = () if not (tc.failout or tc.failout_max) else (failout_cells(
                     config.model.rows, config.model.cols, tc.failout, tc.seed,
-                    (epoch - 1) * per_epoch + step - 1, tc.failout_max),)
+                    (epoch - 1) * per_epoch + step - 1, tc.failout_max,
+                    tc.failout_clean),)
                 try:
                     # Overflow in a diverging run is no warning to print: the check
                     # below turns it into one clean error.
