@@ -7,6 +7,7 @@ Usage: tune.py LABEL DATA_SEED TRAIN_SEED JOURNAL [section.name=value ...]
 One JSON line appended to JOURNAL (and printed).
 """
 import json
+import os
 import sys
 import time
 
@@ -30,6 +31,8 @@ cpu0, wall0 = time.process_time(), time.perf_counter()
 data = generate_lounge(cfg.data)
 gen_cpu = time.process_time() - cpu0
 model, history = train(cfg, data)
+if os.environ.get("TUNE_SAVE"):  # a directory to keep the model in
+    model.save(f"{os.environ['TUNE_SAVE']}/{label}_d{ds}_t{ts}.npz")
 X, y = data.X_test, data.y_test
 record = {"label": label, "data_seed": ds, "train_seed": ts, "overrides": sys.argv[5:],
           "maps": len(data.y_train), "epochs": cfg.train.epochs, "lr": cfg.train.lr,
