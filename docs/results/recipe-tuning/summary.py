@@ -1,7 +1,7 @@
 """The tuning journal by configuration: each run (clean %, points lost at 10 / 20 % dead,
 CPU s), then the mean and worst over data seeds 0-2 where all three ran.
 
-Usage: summary.py recipe-tuning.jsonl
+Usage: summary.py docs/results/recipe-tuning/journal.jsonl
 """
 import json
 import sys
