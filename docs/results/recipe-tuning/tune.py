@@ -3,7 +3,7 @@ default global recipe with overrides; clean and with 10 / 20 % of the cells dead
 seeds 0-9, the cells `meshdl evaluate --dead` kills). TUNING data seeds only (0-2).
 
 Usage: tune.py LABEL DATA_SEED TRAIN_SEED JOURNAL [section.name=value ...]
-  e.g. tune.py clean50 0 0 docs/results/recipe-tuning/journal.jsonl train.failout_clean=0.5 train.epochs=8
+  e.g. tune.py clean50 0 0 journal.jsonl train.failout_clean=0.5 train.epochs=8
 One JSON line appended to JOURNAL (and printed).
 """
 import json
