@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import socket
 import subprocess
 import time
@@ -26,8 +27,40 @@ from meshdl.mqtt.tools import find_tool
 HOST = "127.0.0.1"
 
 
+# Listening ports are taken below the kernel's ephemeral range, where no outgoing
+# connection takes its local port: a port the kernel hands out for binding 0 is an
+# ephemeral one, and a bridge or client connecting before the broker meant to listen
+# there starts may take it ("Address already in use": seen once in the suite). And not
+# one this process handed out already, which nothing holds until its broker starts.
+LISTEN_PORTS_FROM = 20000
+_HANDED: set[int] = set()
+_PICK = random.Random()  # which free port: no run's output depends on it
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral ports (Linux's ip_local_port_range; IANA's elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on now: bind port 0 and let the kernel choose."""
+    """A TCP port nobody listens on now, below the ephemeral range and not handed out
+    before by this process (else, the range too narrow, one the kernel chooses)."""
+    low, _ = ephemeral_range()
+    for _ in range(200 if low - LISTEN_PORTS_FROM >= 1000 else 0):
+        port = _PICK.randrange(LISTEN_PORTS_FROM, low)
+        if port in _HANDED:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+        _HANDED.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])

@@ -1,0 +1,21 @@
+"""Ports for the suite's brokers: below the kernel's ephemeral range, where an outgoing
+connection (a bridge, a client) never takes its local port before the broker meant to
+listen there starts, and never the same one twice in a process."""
+
+from __future__ import annotations
+
+import socket
+
+from meshdl.mqtt.localbroker import HOST, LISTEN_PORTS_FROM, ephemeral_range, free_port
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_never_handed_out_twice() -> None:
+    low, high = ephemeral_range()
+    assert 0 < low <= high
+    ports = [free_port() for _ in range(100)]
+    assert len(set(ports)) == len(ports)
+    if low - LISTEN_PORTS_FROM >= 1000:
+        assert all(LISTEN_PORTS_FROM <= port < low for port in ports)
+    for port in ports[:5]:  # free: a listener can bind each
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, port))
