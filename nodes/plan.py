@@ -15,6 +15,7 @@ import numpy as np
 
 from meshdl.nodes.execute import OPERANDS, SEND, STEP_CODES, layout_rows
 from meshdl.nodes.memory import MemoryPlan, plan_memory, unplanned
+from meshdl.nodes.shared import Held, held_program, interned, read_only, slice_of
 from meshdl.protocol.deadlines import Arrivals, Schedule
 from meshdl.protocol.lifecycle import NodePhase
 from meshdl.protocol.messages import ITEM_BYTES, Kind
@@ -377,7 +378,7 @@ class NodePlan:
             (self.buffers[task.field], self.rows(task.field, task.items))
             if isinstance(task, Send) else None for task in self.tasks]
         self.train_only = [planned.train_only for planned in tasks]
-        self.waiters: dict[Source, list[int]] = {}
+        waiters: dict[Source, list[int]] = {}
         self.needs_count: list[int] = []
         writer = self.writer.get
         for index, planned in enumerate(tasks):
@@ -385,7 +386,9 @@ class NodePlan:
             sources = dict.fromkeys(map(writer, planned.needs, planned.needs))
             self.needs_count.append(len(sources))
             for source in sources:
-                self.waiters.setdefault(source, []).append(index)
+                waiters.setdefault(source, []).append(index)
+        self.waiters: dict[Source, tuple[int, ...]] = {
+            source: interned(tuple(tasks)) for source, tasks in waiters.items()}
         self.inbox: dict[InboxKey, Expect] = {
             key: Expect(*_padded(entry), index, self.waiting_for(key))
             for index, (key, entry) in enumerate(entries.items())}
@@ -404,8 +407,11 @@ class NodePlan:
         self.orphan_rows = {f: np.array([self.slot(f, c) for c in items], np.intp)
                             for f, items in self.orphans.items()}
         self.number = cell[0] * spec.model.cols + cell[1]  # as BATCH and WINNER name it
-        self.program = program = self._program(spec, cell, tasks)
-        self.jobs = self._jobs(spec, cell)
+        # Held once for every plan of the same content (nodes/shared.py), with the jobs
+        # of its computations.
+        held = held_program(self._program(spec, cell, tasks))
+        self.program = program = held.program
+        self.jobs = self._jobs(spec, cell, held)
         # The program's input as the machine reads it: (buffer, slot, waiting tasks).
         self.input = (int(program.input[0]), int(program.input[1]),
                       tuple(int(t) for t in program.slots(*program.started)))
@@ -484,28 +490,38 @@ class NodePlan:
             started=started, input=np.array([a0, self.slots[a0][cell]], np.int64),
             layout=layout_rows(spec.params_layout), lists=np.array(lists, np.intp))
 
-    def _jobs(self, spec: MeshSpec, cell: Cell) -> list[Job]:
-        """The program's rows as the machine's hot path reads them."""
-        program, lists = self.program, self.program.lists
-        zero = len(lists) - 1  # (a 0)
+    def _jobs(self, spec: MeshSpec, cell: Cell, held: Held) -> list[Job]:
+        """The program's rows as the machine's hot path reads them: a computation's job
+        is the one made for the held program (`held.jobs`) when its own figures (its
+        flops) are the same."""
         jobs = []
         for t, (task, rows) in enumerate(zip(self.tasks, self.send_rows, strict=True)):
             if isinstance(task, Send):
                 send = SendJob(task.kind, task.dst, *rows, task.layer, task.phase)
                 jobs.append(Job(self.train_only[t], send, None, ""))
                 continue
-            at = np.ascontiguousarray(program.args[t, :, 1:])
-            kept_at, kept = at.copy(), None
-            for i, layer in enumerate(program.kept[t]):
-                if layer != NONE:
-                    kept, kept_at[i] = (i, int(layer)), (zero, zero + 1)
-            made = tuple(int(w) for w in lists[program.made[t, 0]:program.made[t, 1]])
-            operation = Operation(int(program.step[t]), int(program.layer[t]),
-                                  tuple(int(b) for b in program.args[t, :, 0]), at, kept,
-                                  kept_at, made)
-            jobs.append(Job(self.train_only[t], None, operation, task.stage,
-                            node_work(spec, cell, task.step, task.layer)))
+            key = (t, task.stage, node_work(spec, cell, task.step, task.layer))
+            job = held.jobs.get(key)
+            if job is None:
+                job = held.jobs[key] = self._computation(t, task, key[2])
+            jobs.append(job)
         return jobs
+
+    def _computation(self, t: int, task: Computation, work: Work) -> Job:
+        """Task `t`'s job, a computation of the program (read-only: held jobs are
+        shared by plans)."""
+        program, lists = self.program, self.program.lists
+        zero = len(lists) - 1  # (a 0)
+        at = np.ascontiguousarray(program.args[t, :, 1:])
+        kept_at, kept = at.copy(), None
+        for i, layer in enumerate(program.kept[t]):
+            if layer != NONE:
+                kept, kept_at[i] = (i, int(layer)), (zero, zero + 1)
+        made = interned(tuple(int(w) for w in lists[program.made[t, 0]:program.made[t, 1]]))
+        operation = Operation(int(program.step[t]), int(program.layer[t]),
+                              tuple(int(b) for b in program.args[t, :, 0]), read_only(at),
+                              kept, read_only(kept_at), made)
+        return Job(self.train_only[t], None, operation, task.stage, work)
 
     def memory(self, mode: Mode, exact: bool) -> MemoryPlan:
         """Where the fields of a wave of `mode` live, exact or best effort
@@ -547,7 +563,7 @@ class NodePlan:
     def waiting_for(self, source: Source) -> tuple[int, ...]:
         """The tasks that wait for a message (its inbox key) or a computation (the item
         it makes)."""
-        return tuple(self.waiters.get(source, ()))
+        return self.waiters.get(source, ())
 
     def slot(self, f: Field, item: Hashable) -> int:
         return self.slots[self.buffers[f]][item]
@@ -556,7 +572,7 @@ class NodePlan:
         """The slots of `items` in field `f`'s buffer: a slice when they are a run."""
         slots = list(map(self.slots[self.buffers[f]].__getitem__, items))
         if slots == list(range(slots[0], slots[0] + len(slots))):
-            return slice(slots[0], slots[0] + len(slots))
+            return slice_of(slots[0], slots[0] + len(slots))
         return np.array(slots, np.intp)
 
 

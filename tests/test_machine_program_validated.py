@@ -19,7 +19,7 @@ import pytest
 from meshdl import CNN, ModelConfig
 from meshdl.errors import MeshdlError
 from meshdl.nodes.execute import CONV
-from meshdl.nodes.plan import Program
+from meshdl.nodes.plan import NodePlan, Program
 from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.sim.mesh import VirtualMesh
 
@@ -32,6 +32,13 @@ def _mesh() -> VirtualMesh:
     labels = np.zeros(4, np.int64)
     return VirtualMesh(MeshSpec(1, config), {Split.TRAIN: X, Split.TEST: X}, model,
                        {Split.TRAIN: labels, Split.TEST: labels})
+
+
+def _own(plan: NodePlan) -> Program:
+    """The plan's program as its own writable copy: plans of the same content share
+    one read-only program (nodes/shared.py), so a tamper changes a copy."""
+    plan.program = Program(*(values.copy() for values in plan.program))
+    return plan.program
 
 
 def _conv(program: Program) -> int:
@@ -81,7 +88,7 @@ def _waiter(p: Program, t: int) -> str:
 def test_a_tampered_index_of_a_nodes_program_is_refused_in_one_line(tamper) -> None:
     mesh = _mesh()
     node = next(iter(mesh.nodes.values()))
-    named = tamper(node.plan.program, _conv(node.plan.program))
+    named = tamper(_own(node.plan), _conv(node.plan.program))
     with pytest.raises(MeshdlError) as refused:
         mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(3))
     line = str(refused.value)
@@ -100,12 +107,12 @@ OUT_OF_BUFFER = textwrap.dedent("""
     from meshdl.errors import MeshdlError
     from meshdl.protocol.spec import Mode, Split
     sys.path.insert(0, {tests!r})
-    from test_machine_program_validated import _conv, _mesh
+    from test_machine_program_validated import _conv, _mesh, _own
 
     mesh = _mesh()
     node = next(iter(mesh.nodes.values()))
     plan = node.plan
-    program, t = plan.program, _conv(plan.program)
+    program, t = _own(plan), _conv(plan.program)
     buffer, start, _ = program.args[t, 2]  # its own activation's one slot
     program.lists[start] = {slot}(plan.buffer_shapes[buffer][0])
     try:
@@ -152,6 +159,6 @@ def test_a_program_with_the_numbers_of_one_passed_is_not_read_again(monkeypatch)
                for cell, node in mesh.nodes.items()}
     assert len(read) == len(set(read)) == len(digests) < len(mesh.nodes)
     twin = next(node.plan for node in mesh.nodes.values())
-    twin.program.layer[_conv(twin.program)] = 7
+    _own(twin).layer[_conv(twin.program)] = 7
     with pytest.raises(MeshdlError, match="not one of the 3 layers"):
         compiled.validate_program(twin, mesh.spec, next(iter(mesh.nodes)))
