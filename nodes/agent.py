@@ -37,7 +37,7 @@ from meshdl.compress.intsum import SumChannel
 from meshdl.nodes import compute, execute
 from meshdl.nodes.besteffort import BestEffort
 from meshdl.nodes.compiled import validate_program
-from meshdl.nodes.delta import DeltaReceiver, DeltaSender
+from meshdl.nodes.delta import FLOAT32_ROWS, CodedRows, DeltaReceiver, DeltaSender, Rows
 from meshdl.nodes.memory import MemoryPlan
 from meshdl.nodes.plan import (
     FILLED_IN,
@@ -639,7 +639,8 @@ class NodeMachine:
         h = message.header
         if h.dtype == BYTES and self.delta_in is not None and h.kind == Kind.HALO and \
                 not wave.training:
-            payload = self.delta_in.decode((h.kind, h.layer, h.phase, h.src), payload, shape)
+            payload = self.delta_in.decode((h.kind, h.layer, h.phase, h.src), payload, shape,
+                                           self._delta_rows(wave, h.kind, h.layer))
             if payload is None:
                 self.stats["rejected:bad_delta"] += 1
                 return []
@@ -974,7 +975,8 @@ class NodeMachine:
                 self.seq = (self.seq + 1) & 0xFFFFFFFF
                 values, dtype = buffers[buffer][rows], FLOAT32
                 if self.delta_out is not None and kind == Kind.HALO and not training:
-                    values = self.delta_out.encode((kind, layer, phase, dst), values)
+                    values = self.delta_out.encode((kind, layer, phase, dst), values,
+                                                   self._delta_rows(wave, kind, layer))
                     dtype = BYTES
                 elif self.activation_codec is not None and kind in FORWARD_KINDS:
                     values = encode_activations(self.activation_codec, values,
@@ -1000,6 +1002,15 @@ class NodeMachine:
             if wave.learnt is not None:
                 self.effort.learnt(wave)
             out.extend(self.effort.finished(wave, now))  # best effort: silence, at once
+
+    def _delta_rows(self, wave: Wave, kind: Kind, layer: int) -> Rows:
+        """How a delta HALO carries its rows' values: under int8-static the codes a
+        whole HALO carries (exact: its values were quantized where they were made),
+        else float32 (a lossy codec's rounding would part sender and receiver)."""
+        if isinstance(self.activation_codec, StaticCodes) and wave.params_vector is not None:
+            return CodedRows(self.activation_codec,
+                             wave.params_vector[self.layout.act_scales], kind, layer)
+        return FLOAT32_ROWS
 
     def _finished(self, wave: Wave) -> bool:
         return wave.phase is NodePhase.DONE

@@ -17,7 +17,11 @@ first layer, activations above.
 
 Payload (bytes): mode u8 (0 full, 1 delta), 3 zero bytes, count u32, then for a delta
 the count rows' indices (u16, increasing, padded with zeros to 4 bytes), then the rows'
-values as float32 (rows, channels, batch).
+values (rows, channels, batch): float32, or under int8-static the codes a whole HALO
+carries (`Rows`: int16 readings, uint8 activations; meshdl/protocol/activations.py).
+Those values were quantized where they were made, so a code's row is its row exactly,
+and a delta over codes computes what one over float32 does, in a quarter or half of
+the bytes.
 """
 
 from __future__ import annotations
@@ -26,9 +30,47 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from meshdl.protocol.activations import StaticCodes
+from meshdl.protocol.messages import Kind
+
 REFRESH = 16  # waves between whole strips
 FULL, DELTA = 0, 1
 _HEAD = 8
+
+
+class Rows:
+    """How a delta payload carries its rows' values: float32 (this class), or the codes
+    of a message's layer (`CodedRows`)."""
+
+    itemsize = 4
+
+    def to_bytes(self, values: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(values, "<f4").reshape(-1).view(np.uint8)
+
+    def from_bytes(self, payload: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+        """The values of `shape` (the payload is that many values' bytes); None if
+        one is not finite."""
+        values = payload.copy().view("<f4").reshape(shape)
+        return values if np.all(np.isfinite(values)) else None
+
+
+FLOAT32_ROWS = Rows()
+
+
+class CodedRows(Rows):
+    """int8-static: a HALO's rows as its layer's codes (`StaticCodes`, with the wave's
+    scales from PARAMS)."""
+
+    def __init__(self, codes: StaticCodes, scales: np.ndarray, kind: Kind, layer: int) -> None:
+        self.codes, self.scales, self.kind, self.layer = codes, scales, kind, layer
+        self.itemsize = codes.itemsize(kind, layer)
+
+    def to_bytes(self, values: np.ndarray) -> np.ndarray:
+        return self.codes.encode(values, self.scales, self.kind, self.layer)
+
+    def from_bytes(self, payload: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+        """None if a code is one no node makes."""
+        return self.codes.decode(payload, shape, self.scales, self.kind, self.layer)
 
 
 def _indices_bytes(count: int) -> int:
@@ -48,33 +90,36 @@ class DeltaSender:
         self.held.clear()
         self.since_full.clear()
 
-    def encode(self, key: Hashable, values: np.ndarray) -> np.ndarray:
-        """The payload for `values` (rows, channels, batch) of message `key`."""
+    def encode(self, key: Hashable, values: np.ndarray,
+               rows: Rows = FLOAT32_ROWS) -> np.ndarray:
+        """The payload for `values` (rows, channels, batch) of message `key`, its
+        values as `rows` carries them."""
         held = self.held.get(key)
         waves = self.since_full.get(key, REFRESH)
         if held is None or held.shape != values.shape or waves >= REFRESH:
             self.held[key] = values.copy()
             self.since_full[key] = 1
             self.rows_sent += values.shape[0]
-            return _payload(FULL, values.shape[0], None, values)
+            return _payload(FULL, values.shape[0], None, rows.to_bytes(values))
         changed = np.flatnonzero(
             np.abs(values - held).reshape(values.shape[0], -1).max(axis=1) > self.epsilon)
-        per_row = 4 * values[0].size
+        per_row = rows.itemsize * values[0].size
         if _indices_bytes(changed.size) + per_row * changed.size >= per_row * len(values):
             # Nearly everything moved: the whole strip is smaller than its changes.
             held[...] = values
             self.since_full[key] = waves + 1
             self.rows_sent += values.shape[0]
-            return _payload(FULL, values.shape[0], None, values)
+            return _payload(FULL, values.shape[0], None, rows.to_bytes(values))
         held[changed] = values[changed]
         self.since_full[key] = waves + 1
         self.rows_sent += changed.size
         self.rows_skipped += values.shape[0] - changed.size
-        return _payload(DELTA, changed.size, changed, values[changed])
+        return _payload(DELTA, changed.size, changed, rows.to_bytes(values[changed]))
 
 
 def _payload(mode: int, count: int, rows: np.ndarray | None,
              values: np.ndarray) -> np.ndarray:
+    """The payload's bytes: `values` are the rows' values as bytes already."""
     head = np.zeros(_HEAD, np.uint8)
     head[0] = mode
     head[4:8] = np.array([count], "<u4").view(np.uint8)
@@ -83,7 +128,7 @@ def _payload(mode: int, count: int, rows: np.ndarray | None,
         index = np.zeros(_indices_bytes(count) // 2, "<u2")
         index[:count] = rows
         parts.append(index.view(np.uint8))
-    parts.append(np.ascontiguousarray(values, "<f4").reshape(-1).view(np.uint8))
+    parts.append(values)
     return np.concatenate(parts)
 
 
@@ -96,36 +141,36 @@ class DeltaReceiver:
     def reset(self) -> None:
         self.held.clear()
 
-    def decode(self, key: Hashable, payload: np.ndarray,
-               shape: tuple[int, int, int]) -> np.ndarray | None:
-        """The (rows, channels, batch) values message `key` brings, or None if the
-        payload is not a well-formed one for `shape` (or a delta with nothing to apply
-        it to)."""
+    def decode(self, key: Hashable, payload: np.ndarray, shape: tuple[int, int, int],
+               rows_as: Rows = FLOAT32_ROWS) -> np.ndarray | None:
+        """The (rows, channels, batch) values message `key` brings, its values as
+        `rows_as` carries them, or None if the payload is not a well-formed one for
+        `shape` (or a delta with nothing to apply it to)."""
         if payload.dtype != np.uint8 or payload.ndim != 1 or payload.size < _HEAD:
             return None
         mode, count = int(payload[0]), int(payload[4:8].copy().view("<u4")[0])
-        rows, per_row = shape[0], shape[1] * shape[2]
+        rows, per_row = shape[0], shape[1] * shape[2] * rows_as.itemsize
         if mode not in (FULL, DELTA) or payload[1:4].any() or count > rows:
             return None
         if mode == FULL:
-            if count != rows or payload.size != _HEAD + 4 * rows * per_row:
+            if count != rows or payload.size != _HEAD + rows * per_row:
                 return None
-            values = payload[_HEAD:].copy().view("<f4").reshape(shape)
-            if not np.all(np.isfinite(values)):
+            values = rows_as.from_bytes(payload[_HEAD:], shape)
+            if values is None:
                 return None
             self.held[key] = values.copy()
             return values
         held = self.held.get(key)
         start = _HEAD + _indices_bytes(count)
         if held is None or held.shape != shape or \
-                payload.size != start + 4 * count * per_row:
+                payload.size != start + count * per_row:
             return None
         index = payload[_HEAD:start].copy().view("<u2").astype(np.int64)
         picked, pad = index[:count], index[count:]
         if pad.any() or (count and (picked[-1] >= rows or np.any(np.diff(picked) <= 0))):
             return None
-        values = payload[start:].copy().view("<f4").reshape(count, *shape[1:])
-        if not np.all(np.isfinite(values)):
+        values = rows_as.from_bytes(payload[start:], (count, *shape[1:]))
+        if values is None:
             return None
         held[picked] = values
         return held.copy()

@@ -9,6 +9,7 @@ import pytest
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
 from meshdl.nodes.delta import REFRESH, DeltaReceiver, DeltaSender
+from meshdl.protocol.messages import Kind
 from meshdl.sim.mesh import MeshEngine
 
 CONFIG = ModelConfig(rows=5, cols=6, kernel=3, filters=3, hidden=8)
@@ -96,3 +97,61 @@ def test_a_strip_that_moved_everywhere_goes_whole():
     sender.encode("k", values)
     payload = sender.encode("k", values + 1.0)
     assert payload[0] == 0 and payload.size == 8 + 4 * 6
+
+
+def _int8_slots(delta: float | None) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """20 slots of slowly changing maps through int8-static halos, one wave a slot:
+    the mesh's logits, the central int8 emulation's, and the halo bytes by layer."""
+    config = ModelConfig(rows=5, cols=6, kernel=3, filters=16, hidden=8, pool="global",
+                         alive=True)
+    raw = _slowly_changing()
+    model = CNN(config, seed=1)
+    model.set_normalization(21.0, 1.0)
+    X = model.with_alive(raw.X_test[:, None])
+    data = Dataset(X, raw.y_test, X, raw.y_test, {})
+    model.calibrate(X)
+    engine = MeshEngine(data, wire=True, delta=delta, activations="int8-static")
+    logits = np.concatenate([engine.logits(model, "test", np.array([t])) for t in range(20)])
+    halo = {name: c["bytes"] for name, c in engine.report()["classes"].items()
+            if name.startswith("halo")}
+    central = np.concatenate([model.forward(X[t:t + 1], quantized=True) for t in range(20)])
+    return logits, central, halo
+
+
+def test_int8_static_delta_halos_carry_codes_and_compute_the_central_int8_emulation(
+        monkeypatch):
+    """Before, a delta HALO carried float32 whatever the mesh's activations (as
+    `FLOAT32_ROWS` below): exact too, but in 4 bytes a value where a code takes 1 or 2."""
+    from meshdl.nodes import agent
+    from meshdl.nodes.delta import FLOAT32_ROWS
+
+    whole, central, whole_bytes = _int8_slots(None)
+    delta, _, delta_bytes = _int8_slots(0.0)
+    assert np.array_equal(whole, central)
+    assert np.array_equal(delta, central)  # to the bit, every slot
+    # One cell moves a slot: conv2's strips (16 bytes of codes, the recipe's 16 filters)
+    # mostly go as an 8-byte head; conv1's one-cell strips (4 bytes of codes) cost more
+    # with it.
+    assert delta_bytes["halo/conv2"] < whole_bytes["halo/conv2"]
+    monkeypatch.setattr(agent.NodeMachine, "_delta_rows", lambda *_: FLOAT32_ROWS)
+    as_float, _, float_bytes = _int8_slots(0.0)
+    assert np.array_equal(as_float, central)
+    for name, size in delta_bytes.items():
+        assert size < float_bytes[name], (name, size, float_bytes[name])
+
+
+def test_a_coded_delta_row_no_node_makes_is_refused():
+    from meshdl.nodes.delta import CodedRows
+    from meshdl.protocol.activations import StaticCodes
+
+    scales = np.array([0.01, 0.02], np.float32)
+    codes = CodedRows(StaticCodes(1), scales, Kind.HALO, 2)  # conv2's input: uint8 codes
+    sender, receiver = DeltaSender(0.0), DeltaReceiver()
+    values = (np.arange(8, dtype=np.float32).reshape(4, 2, 1) * scales[1])
+    payload = sender.encode("k", values, codes)
+    assert payload.size == 8 + values.size  # head, then one byte a value
+    assert np.array_equal(receiver.decode("k", payload, values.shape, codes), values)
+    forged = payload.copy()
+    forged[8:] = 0
+    assert receiver.decode("k", forged[:-1], values.shape, codes) is None  # a byte short
+    assert receiver.decode("k", payload, values.shape) is None  # read as float32: sizes differ
