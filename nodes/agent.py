@@ -37,7 +37,7 @@ from meshdl.compress.intsum import SumChannel
 from meshdl.nodes import compute, execute
 from meshdl.nodes.besteffort import BestEffort
 from meshdl.nodes.compiled import validate_program
-from meshdl.nodes.delta import FLOAT32_ROWS, CodedRows, DeltaReceiver, DeltaSender, Rows
+from meshdl.nodes.delta import FLOAT32_ROWS, CodedRows, DeltaReceiver, DeltaSender, RowForm
 from meshdl.nodes.memory import MemoryPlan
 from meshdl.nodes.plan import (
     FILLED_IN,
@@ -1003,11 +1003,12 @@ class NodeMachine:
                 self.effort.learnt(wave)
             out.extend(self.effort.finished(wave, now))  # best effort: silence, at once
 
-    def _delta_rows(self, wave: Wave, kind: Kind, layer: int) -> Rows:
+    def _delta_rows(self, wave: Wave, kind: Kind, layer: int) -> RowForm:
         """How a delta HALO carries its rows' values: under int8-static the codes a
         whole HALO carries (exact: its values were quantized where they were made),
         else float32 (a lossy codec's rounding would part sender and receiver)."""
-        if isinstance(self.activation_codec, StaticCodes) and wave.params_vector is not None:
+        if isinstance(self.activation_codec, StaticCodes):
+            assert wave.params_vector is not None  # (a wave starts with its PARAMS)
             return CodedRows(self.activation_codec,
                              wave.params_vector[self.layout.act_scales], kind, layer)
         return FLOAT32_ROWS

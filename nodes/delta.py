@@ -18,7 +18,7 @@ first layer, activations above.
 Payload (bytes): mode u8 (0 full, 1 delta), 3 zero bytes, count u32, then for a delta
 the count rows' indices (u16, increasing, padded with zeros to 4 bytes), then the rows'
 values (rows, channels, batch): float32, or under int8-static the codes a whole HALO
-carries (`Rows`: int16 readings, uint8 activations; meshdl/protocol/activations.py).
+carries (`RowForm`: int16 readings, uint8 activations; meshdl/protocol/activations.py).
 Those values were quantized where they were made, so a code's row is its row exactly,
 and a delta over codes computes what one over float32 does, in a quarter or half of
 the bytes.
@@ -38,11 +38,13 @@ FULL, DELTA = 0, 1
 _HEAD = 8
 
 
-class Rows:
+class RowForm:
     """How a delta payload carries its rows' values: float32 (this class), or the codes
-    of a message's layer (`CodedRows`)."""
+    of a message's layer (`CodedRows`). Its `tag` names the form: a delta applies only
+    to rows held in the same one (a new scale after a model update: a whole strip)."""
 
     itemsize = 4
+    tag: float | None = None
 
     def to_bytes(self, values: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(values, "<f4").reshape(-1).view(np.uint8)
@@ -54,16 +56,17 @@ class Rows:
         return values if np.all(np.isfinite(values)) else None
 
 
-FLOAT32_ROWS = Rows()
+FLOAT32_ROWS = RowForm()
 
 
-class CodedRows(Rows):
+class CodedRows(RowForm):
     """int8-static: a HALO's rows as its layer's codes (`StaticCodes`, with the wave's
     scales from PARAMS)."""
 
     def __init__(self, codes: StaticCodes, scales: np.ndarray, kind: Kind, layer: int) -> None:
         self.codes, self.scales, self.kind, self.layer = codes, scales, kind, layer
         self.itemsize = codes.itemsize(kind, layer)
+        self.tag = float(scales[codes.layer_of(kind, layer)])
 
     def to_bytes(self, values: np.ndarray) -> np.ndarray:
         return self.codes.encode(values, self.scales, self.kind, self.layer)
@@ -83,21 +86,25 @@ class DeltaSender:
     def __init__(self, epsilon: float) -> None:
         self.epsilon = epsilon
         self.held: dict[Hashable, np.ndarray] = {}
+        self.forms: dict[Hashable, float | None] = {}  # the `RowForm.tag` held in
         self.since_full: dict[Hashable, int] = {}
         self.rows_sent = self.rows_skipped = 0
 
     def reset(self) -> None:
         self.held.clear()
+        self.forms.clear()
         self.since_full.clear()
 
     def encode(self, key: Hashable, values: np.ndarray,
-               rows: Rows = FLOAT32_ROWS) -> np.ndarray:
+               rows: RowForm = FLOAT32_ROWS) -> np.ndarray:
         """The payload for `values` (rows, channels, batch) of message `key`, its
         values as `rows` carries them."""
         held = self.held.get(key)
         waves = self.since_full.get(key, REFRESH)
-        if held is None or held.shape != values.shape or waves >= REFRESH:
+        if held is None or held.shape != values.shape or waves >= REFRESH or \
+                self.forms[key] != rows.tag:
             self.held[key] = values.copy()
+            self.forms[key] = rows.tag
             self.since_full[key] = 1
             self.rows_sent += values.shape[0]
             return _payload(FULL, values.shape[0], None, rows.to_bytes(values))
@@ -137,12 +144,14 @@ class DeltaReceiver:
 
     def __init__(self) -> None:
         self.held: dict[Hashable, np.ndarray] = {}
+        self.forms: dict[Hashable, float | None] = {}  # the `RowForm.tag` held in
 
     def reset(self) -> None:
         self.held.clear()
+        self.forms.clear()
 
     def decode(self, key: Hashable, payload: np.ndarray, shape: tuple[int, int, int],
-               rows_as: Rows = FLOAT32_ROWS) -> np.ndarray | None:
+               rows_as: RowForm = FLOAT32_ROWS) -> np.ndarray | None:
         """The (rows, channels, batch) values message `key` brings, its values as
         `rows_as` carries them, or None if the payload is not a well-formed one for
         `shape` (or a delta with nothing to apply it to)."""
@@ -159,10 +168,11 @@ class DeltaReceiver:
             if values is None:
                 return None
             self.held[key] = values.copy()
+            self.forms[key] = rows_as.tag
             return values
         held = self.held.get(key)
         start = _HEAD + _indices_bytes(count)
-        if held is None or held.shape != shape or \
+        if held is None or held.shape != shape or self.forms[key] != rows_as.tag or \
                 payload.size != start + count * per_row:
             return None
         index = payload[_HEAD:start].copy().view("<u2").astype(np.int64)

@@ -13,6 +13,7 @@ before, half of it copies of nine programs and their jobs; 26 KB now (SIMULATION
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -56,7 +57,8 @@ def held_program(program: Program) -> Held:
     key = content_digest(tuple(program))
     held = _HELD.get(key)
     if held is not None:
-        _HELD.move_to_end(key)
+        with contextlib.suppress(KeyError):  # let go meanwhile (a node host's thread)
+            _HELD.move_to_end(key)
         return held
     for values in program:
         values.flags.writeable = False

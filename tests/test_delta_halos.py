@@ -145,13 +145,47 @@ def test_a_coded_delta_row_no_node_makes_is_refused():
     from meshdl.protocol.activations import StaticCodes
 
     scales = np.array([0.01, 0.02], np.float32)
-    codes = CodedRows(StaticCodes(1), scales, Kind.HALO, 2)  # conv2's input: uint8 codes
+    readings = CodedRows(StaticCodes(1), scales, Kind.HALO, 1)  # conv1's input: int16
     sender, receiver = DeltaSender(0.0), DeltaReceiver()
-    values = (np.arange(8, dtype=np.float32).reshape(4, 2, 1) * scales[1])
-    payload = sender.encode("k", values, codes)
-    assert payload.size == 8 + values.size  # head, then one byte a value
-    assert np.array_equal(receiver.decode("k", payload, values.shape, codes), values)
-    forged = payload.copy()
-    forged[8:] = 0
-    assert receiver.decode("k", forged[:-1], values.shape, codes) is None  # a byte short
-    assert receiver.decode("k", payload, values.shape) is None  # read as float32: sizes differ
+    values = np.arange(8, dtype=np.float32).reshape(4, 2, 1) * scales[0]
+    full = sender.encode("k", values, readings)
+    assert full.size == 8 + 2 * values.size  # head, then two bytes a value
+    assert np.array_equal(receiver.decode("k", full, values.shape, readings), values)
+    moved = values.copy()
+    moved[2] += scales[0]
+    delta = sender.encode("k", moved, readings)
+    assert delta[0] == 1 and delta.size == 8 + 4 + 2 * 2  # head, one index, one row
+    never = np.array([-32768], "<i2").view(np.uint8)  # the one int16 no node makes
+    for payload, start in ((full, 8), (delta, 12)):
+        forged = payload.copy()
+        forged[start:start + 2] = never
+        fresh = DeltaReceiver()
+        fresh.decode("k", full, values.shape, readings)
+        assert fresh.decode("k", forged, values.shape, readings) is None
+    # Sizes: a byte short, or read as float32 rows.
+    assert receiver.decode("k", delta[:-1], values.shape, readings) is None
+    assert receiver.decode("k", full, values.shape) is None
+
+
+def test_a_new_scale_starts_from_a_whole_strip():
+    """After a model update a layer's scale changes: a delta of rows held in the old
+    one's codes would decode to other values, so the sender sends the strip whole and
+    the receiver takes no delta onto the old rows."""
+    from meshdl.nodes.delta import CodedRows
+    from meshdl.protocol.activations import StaticCodes
+
+    old = CodedRows(StaticCodes(1), np.array([0.01, 0.02], np.float32), Kind.HALO, 2)
+    new = CodedRows(StaticCodes(1), np.array([0.01, 0.04], np.float32), Kind.HALO, 2)
+    sender, receiver = DeltaSender(0.0), DeltaReceiver()
+    values = np.full((4, 2, 1), 0.08, np.float32)  # 4 codes of 0.02, 2 of 0.04
+    receiver.decode("k", sender.encode("k", values, old), values.shape, old)
+    again = sender.encode("k", values, new)
+    assert again[0] == 0  # whole, though no value moved
+    assert np.array_equal(receiver.decode("k", again, values.shape, new), values)
+    stale = DeltaSender(0.0)
+    stale.encode("k", values, new)
+    empty_delta = stale.encode("k", values, new)
+    assert empty_delta[0] == 1
+    fresh = DeltaReceiver()
+    fresh.decode("k", sender.encode("j", values, old), values.shape, old)
+    assert fresh.decode("j", empty_delta, values.shape, new) is None  # held in the old

@@ -50,6 +50,8 @@ def test_a_held_program_past_the_kept_number_is_a_plans_own(monkeypatch) -> None
     assert again.program is not first.program
     assert shared.content_digest(tuple(again.program)) == \
         shared.content_digest(tuple(first.program))
+    assert NodePlan(spec, (1, 1)).program is again.program  # held again, once
+    assert not first.program.lists.flags.writeable  # let go, still nobody's to change
 
 
 def test_a_mesh_of_shared_plans_computes_what_unshared_plans_do(monkeypatch) -> None:
