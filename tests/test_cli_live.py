@@ -44,7 +44,8 @@ def test_after_the_first_slot_no_parameter_goes_on_air_and_alerts_are_central(
 def test_sim_json_holds_what_the_issue_promises(seed_like: dict, tmp_path: Path) -> None:
     assert {"slots", "mac", "battery", "alerts_equal_central", "mesh", "cloud"} <= \
         set(seed_like)
-    assert seed_like["slots"] == 6 and seed_like["mac"] == "lpl"
+    # The default on a radio with a deep sleep: wake for the slot, sleep in between.
+    assert seed_like["slots"] == 6 and seed_like["mac"] == "scheduled"
     assert seed_like["battery"]["name"] == "2xAA"
     for side in ("mesh", "cloud"):
         assert set(seed_like[side]) >= SIDE_KEYS
@@ -53,12 +54,13 @@ def test_sim_json_holds_what_the_issue_promises(seed_like: dict, tmp_path: Path)
     # Compact radio headers: 6 bytes where the MQTT-era header had 48.
     assert seed_like["header_bytes"] == COMPACT_HEADER_BYTES == 6
     # Every MAC the radio has, priced on the same traffic.
-    assert set(seed_like["macs"]) == {"always-on", "ideal", "lpl", "tsch"}
+    assert set(seed_like["macs"]) == {"always-on", "ideal", "lpl", "tsch", "scheduled"}
     macs = seed_like["macs"]
     for side in ("mesh", "cloud"):
         joules = {mac: macs[mac][side]["hottest_node_j_per_slot"] for mac in macs}
         assert joules["ideal"] < joules["tsch"] < joules["always-on"]
         assert joules["ideal"] < joules["lpl"] < joules["always-on"]
+        assert joules["scheduled"] < joules["ideal"]  # the radio off, not idle, between
 
 
 def test_alerts_jsonl_has_one_line_per_slot_and_the_report_puts_mesh_against_cloud(
@@ -71,8 +73,8 @@ def test_alerts_jsonl_has_one_line_per_slot_and_the_report_puts_mesh_against_clo
     code, _, err = _meshdl("report", tmp_path / "run")
     assert code == 0, err
     page = (tmp_path / "run" / "report.html").read_text()
-    assert "MAC lpl (the run&#x27;s)" in page or "MAC lpl (the run's)" in page
-    assert page.count("first death (years)") == 4  # one table per MAC of 802.15.4
+    assert "MAC scheduled (the run&#x27;s)" in page or "MAC scheduled (the run's)" in page
+    assert page.count("first death (years)") == 5  # one table per MAC of 802.15.4
 
 
 def test_another_shape_under_ten_percent_frame_loss_alerts_as_central(tmp_path: Path) -> None:

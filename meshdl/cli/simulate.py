@@ -481,8 +481,8 @@ def simulate_live(
         None, "--mac", help="The radios' MAC: always-on, ideal (asleep whenever not "
         "sending or receiving: a floor), lpl (low-power listening: ContikiMAC; LoRa's "
         "preamble sampling), tsch (6TiSCH minimal; BLE's connection events) or scheduled "
-        "(a sync flood at each slot, deep sleep between). Default: lpl where the radio "
-        "has it, else tsch, else always-on."),
+        "(a sync flood at each slot, deep sleep between). Default: scheduled where the "
+        "radio has a deep sleep, else lpl, else tsch, else always-on."),
     battery: BatteryName = typer.Option("2xAA", "--battery", help="Each node's battery."),
     delta: float | None = typer.Option(None, "--delta", help="Suppress changes up to EPS: "
                                        "delta halos in the mesh, send-on-delta readings "

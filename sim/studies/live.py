@@ -648,9 +648,12 @@ def check_settings(settings: LiveSettings, radio: RadioProfile | None = None) ->
 
 
 def natural_mac(radio: RadioProfile, params: MacParams) -> MacName:
-    """The duty-cycled MAC a radio runs by default: low-power listening where it has it,
-    else its scheduled MAC, else none (always on: Wi-Fi's power save is not modelled)."""
-    for mac in ("lpl", "tsch"):
+    """The MAC a live run's radio runs by default. One wave a slot at a time every party
+    knows: wake for it and sleep in between (`scheduled`, as TAG's epochs and the
+    Low-power Wireless Bus do, the sync flood a service of the MAC, priced by it) where
+    the radio has a deep sleep; else low-power listening, else TSCH, else none (always
+    on: Wi-Fi's power save is not modelled)."""
+    for mac in ("scheduled", "lpl", "tsch"):
         if unsupported_reason(mac, radio, params) is None:
             return mac
     return "always-on"
