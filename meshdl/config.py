@@ -480,7 +480,7 @@ def _check_toml(path: Path) -> None:
     """A config file that exists and parses, or one clear error naming it (the settings
     loader's own errors name neither the file nor the line)."""
     if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
+        raise FileNotFoundError(2, "config file not found", str(path))
     try:
         tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

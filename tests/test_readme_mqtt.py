@@ -99,7 +99,7 @@ def test_the_readmes_mqtt_block_runs_as_pasted_and_writes_the_same_run_twice(tmp
     mesh = tomllib.loads((tmp_path / "mesh.toml").read_text())
     grid = (mesh["model"]["rows"], mesh["model"]["cols"])
     assert "rows" not in mesh["data"] and "cols" not in mesh["data"]  # the grid once
-    data = load_dataset(tmp_path / "d.npz")
+    data = load_dataset(tmp_path / "data" / "d.npz")
     assert (data.rows, data.cols) == grid
     runs = [tmp_path / "runs" / name for name in ("mqtt", "mqtt1")]
     for run in runs:

@@ -75,7 +75,10 @@ def read_npz(source: Path, what: str, error: type[MeshdlError],
     if not source.exists():
         raise error(f"{what} not found: {source}")
     if source.is_dir():
-        raise error(f"{source}: is a directory, not a {what} file")
+        kind = what if what.endswith("file") else f"{what} file"
+        inside = source / "model.npz"  # a run directory given for its model
+        hint = f" (did you mean {inside}?)" if inside.is_file() else ""
+        raise error(f"{source}: is a directory, not a {kind}{hint}")
     with open(source, "rb") as fh:
         magic = fh.read(6)
     if magic.startswith(_NPY):

@@ -219,7 +219,8 @@ def train(
     if (data.rows, data.cols) != (config.model.rows, config.model.cols):
         raise UsageError(
             f"data grid {data.rows} x {data.cols} does not match model grid "
-            f"{config.model.rows} x {config.model.cols} (pass --rows/--cols or other data)"
+            f"{config.model.rows} x {config.model.cols} (--rows/--cols or the config "
+            "file): drop them or pass data of that grid"
         )
     data.require_classes(config.model.classes)  # before any engine connects or computes
     started = time.perf_counter()
