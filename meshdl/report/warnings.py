@@ -49,7 +49,8 @@ def _collapsed(final: Mapping[str, Any]) -> str:
     which = f"class {totals.index(max(totals))}" if totals else "one class"
     return (f"The model collapsed to one class: it predicts {which} for every sample, so "
             "it detects nothing, and its accuracy is only the share of that class. "
-            "Train again with another --seed or a lower --lr.")
+            "Train longer (a short run may not have left it yet), or again with another "
+            "--seed or a lower --lr.")
 
 
 def _collapsed_trials(run_dir: Path) -> list[str]:

@@ -70,7 +70,8 @@ def single_class_warning(final: dict[str, Any]) -> str | None:
     counts = final["predicted_per_class"]
     predicted = int(np.argmax(np.add(counts["train"], counts["test"])))
     return (f"warning: the model predicts class {predicted} for every sample (a collapsed "
-            "run: it detects nothing); train again with another --seed or a lower --lr")
+            "run: it detects nothing); train longer (--epochs: a short run may not have left "
+            "it yet), or again with another --seed or a lower --lr")
 
 
 # What a run leaves in its directory: a directory holding any of them holds a run.
