@@ -490,7 +490,7 @@ class NodePlan:
             started=started, input=np.array([a0, self.slots[a0][cell]], np.int64),
             layout=layout_rows(spec.params_layout), lists=np.array(lists, np.intp))
 
-    def _jobs(self, spec: MeshSpec, cell: Cell, held: Held) -> list[Job]:
+    def _jobs(self, spec: MeshSpec, cell: Cell, held: Held[Program]) -> list[Job]:
         """The program's rows as the machine's hot path reads them: a computation's job
         is the one made for the held program (`held.jobs`) when its own figures (its
         flops) are the same."""

@@ -17,27 +17,31 @@ import contextlib
 import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, Generic, TypeVar
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from meshdl.nodes.plan import Program
 
 # Distinct contents kept: far more than any mesh has (9 programs on a grid, a few per
 # dead cell or tree shape); beyond it the oldest goes (a plan then keeps its own copy).
 KEPT = 4096
 
+# A plan's `Program` (nodes/plan.py), a NamedTuple of arrays: named by a type variable,
+# not imported, since plan.py imports this module.
+P = TypeVar("P", bound=tuple)
 
-class Held(NamedTuple):
+
+class Held(Generic[P]):
     """A program held once, and the jobs of its computations, made for it once (by
     task number and the node's own figures a job also carries)."""
 
-    program: Program
-    jobs: dict[Hashable, Any]
+    __slots__ = ("jobs", "program")
+
+    def __init__(self, program: P) -> None:
+        self.program = program
+        self.jobs: dict[Hashable, Any] = {}
 
 
-_HELD: OrderedDict[bytes, Held] = OrderedDict()
+_HELD: OrderedDict[bytes, Held[Any]] = OrderedDict()
 _TUPLES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _SLICES: dict[tuple[int, int], slice] = {}
 
@@ -52,7 +56,7 @@ def content_digest(arrays: tuple[np.ndarray, ...]) -> bytes:
     return digest.digest()
 
 
-def held_program(program: Program) -> Held:
+def held_program(program: P) -> Held[P]:
     """The program held for `program`'s content: this one (made read-only) if none is."""
     key = content_digest(tuple(program))
     held = _HELD.get(key)
@@ -62,7 +66,7 @@ def held_program(program: Program) -> Held:
         return held
     for values in program:
         values.flags.writeable = False
-    held = _HELD[key] = Held(program, {})
+    held = _HELD[key] = Held(program)
     if len(_HELD) > KEPT:
         _HELD.popitem(last=False)
     return held
