@@ -29,3 +29,20 @@ for label, seeds in by.items():
               f"{sum(r['lost_0.1'] for r in rs) / 3:.2f} | "
               f"{sum(r['lost_0.2'] for r in rs) / 3:.2f} | "
               f"{sum(r['cpu_s'] for r in rs) / 3:.0f} |")
+print()
+print("Every seed a configuration ran on (mean, and the range over seeds):")
+print()
+print("| configuration | data seeds | clean mean / worst | lost 10 % mean (range) | "
+      "lost 20 % mean (range) | dead 10 % mean | CPU s mean |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for label, seeds in by.items():
+    rs = [seeds[s] for s in sorted(seeds)]
+    n = len(rs)
+    clean = [100 * r["clean"] for r in rs]
+    l1, l2 = [r["lost_0.1"] for r in rs], [r["lost_0.2"] for r in rs]
+    print(f"| {label} | {','.join(str(s) for s in sorted(seeds))} | "
+          f"{sum(clean) / n + 1e-9:.2f} / {min(clean):.2f} | "
+          f"{sum(l1) / n:.2f} ({min(l1):.2f}-{max(l1):.2f}) | "
+          f"{sum(l2) / n:.2f} ({min(l2):.2f}-{max(l2):.2f}) | "
+          f"{sum(100 * r['dead_0.1'] for r in rs) / n:.2f} | "
+          f"{sum(r['cpu_s'] for r in rs) / n:.0f} |")
