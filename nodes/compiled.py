@@ -55,6 +55,7 @@ from meshdl.nodes.execute import (
     UnknownStep as UnknownStep,  # (what the loop raises: the executor's)
 )
 from meshdl.nodes.plan import CHILD_LIST, TAP_LIST, Job, NodePlan, Role
+from meshdl.nodes.shared import hash_arrays
 from meshdl.protocol.messages import EDGE, Kind
 from meshdl.protocol.spec import MeshSpec, Mode
 from meshdl.protocol.topology import Cell
@@ -717,14 +718,7 @@ def program_digest(plan: NodePlan, spec: MeshSpec, children: int) -> bytes:
     entries' roles, buffers, slots and waiters, the node's children and the mesh's
     parameter layout."""
     digest = hashlib.blake2b(digest_size=16)
-
-    def add(values: np.ndarray) -> None:
-        values = np.ascontiguousarray(values)
-        digest.update(f"{values.dtype.str}{values.shape}".encode())
-        digest.update(values.tobytes())
-
-    for values in plan.program:
-        add(values)
+    hash_arrays(digest, plan.program)
     model = spec.model
     digest.update(repr((plan.buffer_shapes, children, spec.params_size, model.conv_layers,
                         model.in_channels, model.filters)).encode())
@@ -734,9 +728,8 @@ def program_digest(plan: NodePlan, spec: MeshSpec, children: int) -> bytes:
         if isinstance(slots, slice):  # (slice(0) where an entry fills no buffer)
             digest.update(repr((slots.start, slots.stop, slots.step)).encode())
         else:
-            add(np.asarray(slots))
-    for values in _parameter_offsets(spec).values():
-        add(np.asarray(values))
+            hash_arrays(digest, [np.asarray(slots)])
+    hash_arrays(digest, map(np.asarray, _parameter_offsets(spec).values()))
     return digest.digest()
 
 

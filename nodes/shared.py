@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -46,13 +46,18 @@ _TUPLES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _SLICES: dict[tuple[int, int], slice] = {}
 
 
-def content_digest(arrays: tuple[np.ndarray, ...]) -> bytes:
-    """BLAKE2b (16 bytes) of arrays' dtypes, shapes and bytes, in order."""
-    digest = hashlib.blake2b(digest_size=16)
+def hash_arrays(digest: Any, arrays: Iterable[np.ndarray]) -> None:
+    """Feed arrays' dtypes, shapes and bytes, in order, to a hashlib digest."""
     for values in arrays:
         values = np.ascontiguousarray(values)
         digest.update(f"{values.dtype.str}{values.shape}".encode())
         digest.update(values.tobytes())
+
+
+def content_digest(arrays: tuple[np.ndarray, ...]) -> bytes:
+    """BLAKE2b (16 bytes) of arrays' dtypes, shapes and bytes, in order."""
+    digest = hashlib.blake2b(digest_size=16)
+    hash_arrays(digest, arrays)
     return digest.digest()
 
 
