@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from meshdl.experiments import compression, delta, edge_vs_cloud, faults, meshes, sweep
+from meshdl.experiments import compression, crossover, delta, edge_vs_cloud, faults, meshes, sweep
 from meshdl.report.plots import min_font_pt
 from tests.helpers import saved_figures
 
@@ -80,6 +80,21 @@ def _sweep_rows(values: tuple[int, ...]) -> list[Record]:
             for v in values]
 
 
+def _crossover_rows(radios: tuple[str, ...]) -> list[Record]:
+    """Made-up crossover points: each MAC's ratio falling with the nodes, its floor
+    a fifth below it."""
+    rows = []
+    for radio in radios:
+        for k, (r, c) in enumerate(((17, 25), (30, 40), (100, 100))):
+            row: Record = {"value": [r, c, radio], "nodes": _fig(float(r * c))}
+            for m, mac in enumerate(crossover.MACS):
+                ratio = 1.0 - 0.1 * m - 0.2 * k
+                row[f"{mac}_ratio"] = _fig(ratio)
+                row[f"{mac}_floor_ratio"] = _fig(0.8 * ratio)
+            rows.append(row)
+    return rows
+
+
 # Each experiment's plot on made-up rows: (module whose save_png draws, the call).
 PLOTS: dict[str, tuple[Any, Callable[[Path], Any]]] = {
     "failures": (faults, lambda out: faults.plot(out, "failures", _fault_rows())),
@@ -95,6 +110,10 @@ PLOTS: dict[str, tuple[Any, Callable[[Path], Any]]] = {
         out, "filter-size", _sweep_rows((3, 5)),
         [{"value": 3, "train_acc": 0.944, "test_acc": 0.928}])),
     "grid": (sweep, lambda out: sweep.plot(out, "grid", _sweep_rows((5, 10, 20)), [])),
+    "crossover": (crossover, lambda out: crossover.plot(
+        out, _crossover_rows(("802.15.4", "ble")))),
+    "crossover-one-radio": (crossover, lambda out: crossover.plot(
+        out, _crossover_rows(("802.15.4",)))),
 }
 
 
@@ -262,3 +281,19 @@ def test_the_edge_position_cost_plot_draws_its_cells_as_bars_from_zero(
     assert not set.intersection(*xs)
     labels = [t.get_text() for t in cost.legends[0].texts]
     assert labels == ["needed", "transmitted", "(k²-1)·m·n·c_in"]
+
+
+def test_the_crossover_plot_draws_each_macs_floor_dashed_beneath_its_ratio(
+        monkeypatch, tmp_path) -> None:
+    rows = _crossover_rows(("802.15.4",))
+    (figure,) = _saved(monkeypatch, tmp_path, "crossover-one-radio")
+    (panel,) = _panels(figure)
+    solid = [line for line in panel.get_lines() if line.get_linestyle() == "-"]
+    dashed = [line for line in panel.get_lines() if line.get_linestyle() == "--"]
+    assert len(solid) == len(dashed) == len(crossover.MACS)
+    for mac, ratio, floor in zip(crossover.MACS, solid, dashed, strict=True):
+        assert floor.get_color() == ratio.get_color()
+        assert list(floor.get_ydata()) == [row[f"{mac}_floor_ratio"]["mean"] for row in rows]
+        assert all(f < r for f, r in zip(floor.get_ydata(), ratio.get_ydata(), strict=True))
+    labels = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert "floor: its MAC with no traffic" in labels

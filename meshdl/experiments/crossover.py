@@ -241,7 +241,9 @@ def crossover_table(entries: Sequence[Record], factors: Sequence[int] = FACTORS)
 def plot(out: Path, rows: Sequence[Record], macs: Sequence[str] = MACS) -> list[Path]:
     """crossover.png: the mesh's hottest node's joules over the cloud's against the
     nodes (log x, ticked at the grids swept), one line per MAC in one colour on every
-    panel, a panel per radio; 1, 1/2 and 1/10 marked."""
+    panel, a panel per radio; 1, 1/2 and 1/10 marked. Beneath each MAC's line, dashed
+    in its colour, its floor (`floor_j` over the cloud's hottest node): how far the
+    wave's own cost could still fall is the gap between the two, read at a glance."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import NullFormatter
 
@@ -261,6 +263,11 @@ def plot(out: Path, rows: Sequence[Record], macs: Sequence[str] = MACS) -> list[
                 panel.plot([row["nodes"]["mean"] for row in kept],
                            [row[f"{mac}_ratio"]["mean"] for row in kept], marker="o",
                            color=colour[mac])
+            floored = [row for row in kept if row.get(f"{mac}_floor_ratio") is not None]
+            if floored:  # a journal written before the floor was priced has none
+                panel.plot([row["nodes"]["mean"] for row in floored],
+                           [row[f"{mac}_floor_ratio"]["mean"] for row in floored],
+                           color=colour[mac], linestyle="--", linewidth=0.9)
         for level, text in ((1.0, "1x"), (0.5, "2x"), (0.1, "10x")):
             panel.axhline(level, color="grey", linewidth=0.8, linestyle=":")
             panel.annotate(text, (1.0, level), xycoords=("axes fraction", "data"),
@@ -274,7 +281,11 @@ def plot(out: Path, rows: Sequence[Record], macs: Sequence[str] = MACS) -> list[
         panel.set(xlabel="nodes (log scale)", ylabel="mesh / cloud, hottest node's J/slot",
                   title=radio)
     handles = [Line2D([], [], color=colour[mac], marker="o", label=mac) for mac in macs]
-    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+    if any(row.get(f"{mac}_floor_ratio") is not None for row in rows for mac in macs):
+        handles.append(Line2D([], [], color="grey", linestyle="--", linewidth=0.9,
+                              label="floor: its MAC with no traffic"))
+    figure.legend(handles=handles, loc="outside lower center",
+                  ncols=min(len(handles), 3 * len(radios)))  # a narrow figure: two rows
     figure.suptitle("where the mesh pays: its hottest node against the cloud's")
     path = out / "crossover.png"
     save_png(figure, path)
