@@ -628,6 +628,10 @@ class NodeMachine:
             return self._buffer(message, expect, "buffered_early")
         if wave.seen[expect.index]:
             if wave.seen[expect.index] == FILLED_IN:
+                # Too late for this wave, but a delta HALO still moves what this node
+                # holds of its sender's strip: the sender's next delta is against it.
+                if self._is_delta(wave, message):
+                    self._decode_delta(wave, message, expect)
                 return self.effort.late(wave, expect, now)
             self.stats["duplicates"] += 1
             return []
@@ -635,16 +639,13 @@ class NodeMachine:
             self.stats["rejected:unexpected"] += 1
             return []
         payload = message.payload
-        shape = (expect.rows, expect.channels, wave.batch)
         h = message.header
-        if h.dtype == BYTES and self.delta_in is not None and h.kind == Kind.HALO and \
-                not wave.training:
-            payload = self.delta_in.decode((h.kind, h.layer, h.phase, h.src), payload, shape,
-                                           self._delta_rows(wave, h.kind, h.layer))
+        if self._is_delta(wave, message):
+            payload = self._decode_delta(wave, message, expect)
             if payload is None:
-                self.stats["rejected:bad_delta"] += 1
                 return []
         else:
+            shape = (expect.rows, expect.channels, wave.batch)
             payload = read_or_count(
                 lambda: read_activations(self.activation_codec, h, message.payload, shape,
                                          wave.params_vector[self.layout.act_scales]),
@@ -1002,6 +1003,25 @@ class NodeMachine:
             if wave.learnt is not None:
                 self.effort.learnt(wave)
             out.extend(self.effort.finished(wave, now))  # best effort: silence, at once
+
+    def _is_delta(self, wave: Wave, message: Message) -> bool:
+        """Does `message` carry a delta HALO (nodes/delta.py)? Inference waves only."""
+        h = message.header
+        return h.dtype == BYTES and self.delta_in is not None and h.kind == Kind.HALO and \
+            not wave.training
+
+    def _decode_delta(self, wave: Wave, message: Message, expect: Expect
+                      ) -> np.ndarray | None:
+        """The values a delta HALO brings, applied to what this node holds of its
+        sender's strip; None (counted) if it is not one for this wave's shape."""
+        h = message.header
+        assert self.delta_in is not None
+        values = self.delta_in.decode((h.kind, h.layer, h.phase, h.src), message.payload,
+                                      (expect.rows, expect.channels, wave.batch),
+                                      self._delta_rows(wave, h.kind, h.layer))
+        if values is None:
+            self.stats["rejected:bad_delta"] += 1
+        return values
 
     def _delta_rows(self, wave: Wave, kind: Kind, layer: int) -> RowForm:
         """How a delta HALO carries its rows' values: under int8-static the codes a

@@ -15,6 +15,12 @@ so a receiver that lost its state (a restarted node host) is back in step within
 `REFRESH` waves. Epsilon is in the units the HALO carries: normalized readings for the
 first layer, activations above.
 
+Under best effort a delta that comes after its deadline (its wave filled it in) is still
+applied to what the receiver holds, since the sender's next delta is against it
+(nodes/agent.py `_take_items`). One lost outright, or one that comes after its wave has
+ended, is not: the rows it changed stay at their older values at the receiver until
+they change again or the next whole strip, at most `REFRESH` waves on.
+
 Payload (bytes): mode u8 (0 full, 1 delta), 3 zero bytes, count u32, then for a delta
 the count rows' indices (u16, increasing, padded with zeros to 4 bytes), then the rows'
 values (rows, channels, batch): float32, or under int8-static the codes a whole HALO

@@ -8,8 +8,12 @@ import pytest
 
 from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
+from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.delta import REFRESH, DeltaReceiver, DeltaSender
-from meshdl.protocol.messages import Kind
+from meshdl.protocol.deadlines import Margins, Policy
+from meshdl.protocol.messages import Kind, make
+from meshdl.protocol.payloads import BatchOrder
+from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.sim.mesh import MeshEngine
 
 CONFIG = ModelConfig(rows=5, cols=6, kernel=3, filters=3, hidden=8)
@@ -189,3 +193,69 @@ def test_a_new_scale_starts_from_a_whole_strip():
     fresh = DeltaReceiver()
     fresh.decode("k", sender.encode("j", values, old), values.shape, old)
     assert fresh.decode("j", empty_delta, values.shape, new) is None  # held in the old
+
+
+# ------------------------------------------------ best effort: a delta that comes late
+UP = (0, 1)  # its phase-1 halo to the centre carries three rows: a delta can carry one
+
+
+def _best_effort_node() -> tuple[MeshSpec, NodeMachine]:
+    """The centre of a 3 x 3 mesh with delta halos, giving up on layer 1's halos one
+    second into an inference wave."""
+    config = ModelConfig(rows=3, cols=3, kernel=3, filters=2, hidden=4)
+    spec = MeshSpec(1, config, (0, 0), "tree", delta=0.0)
+    readings = np.random.default_rng(0).normal(size=(8, 1)).astype(np.float32)
+    node = NodeMachine(spec, (1, 1), {Split.TEST: readings})
+    first = {key: 1.0 if key[0] == Kind.HALO and key[1] == 1 else 100.0
+             for key, expect in node.inbox.items() if not expect.train_only}
+    node.set_deadlines(Policy.LAST, Mode.INFER, 4, first, Margins(0.0, 0.0), k=0.0)
+    return spec, node
+
+
+def _infer_wave(spec: MeshSpec, node: NodeMachine, senders: dict, step: int,
+                strips: dict, late: tuple = ()) -> None:
+    """Wave `step` (at 10 s a step): PARAMS, BATCH, then every layer-1 halo as its
+    sender's delta of `strips[key]`, but the `late` ones, given after the deadline."""
+    now = 10.0 * step
+    parent = node.spec.topology.parent[node.cell]
+    params = spec.params_layout.pack(CNN(spec.model).flat, np.zeros(1), np.ones(1))
+    order = BatchOrder(Mode.INFER, Split.TEST, np.arange(4)).pack()
+    for kind, payload in ((Kind.PARAMS, params), (Kind.BATCH, order)):
+        node.handle(make(kind, 1, step, parent, node.cell, payload), now)
+    held_back = []
+    for key, values in strips.items():
+        payload = senders.setdefault(key, DeltaSender(0.0)).encode(key, values)
+        message = make(Kind.HALO, 1, step, key.src, node.cell, payload, key.layer, key.phase)
+        if key in late:
+            held_back.append(message)
+        else:
+            node.handle(message, now + 0.5)
+    node.tick(now + 1.0)  # the held-back ones are filled in
+    for message in held_back:
+        node.handle(message, now + 1.2)
+
+
+def test_a_delta_halo_that_came_late_still_moves_what_the_receiver_holds() -> None:
+    """A node that got its neighbour's delta after the deadline (filled in for that
+    wave) computes the next wave on the values one that got it in time does: the
+    sender's next delta is against what it sent, late or not."""
+    for late in (False, True):
+        spec, node = _best_effort_node()
+        keys = [key for key in node.inbox if key.kind == Kind.HALO and key.layer == 1]
+        up = next(key for key in keys if key.src == UP)
+        rng = np.random.default_rng(3)
+        strips = {key: rng.normal(size=(node.inbox[key].rows, 1, 4)).astype(np.float32)
+                  for key in keys}
+        senders: dict = {}
+        _infer_wave(spec, node, senders, 1, strips)
+        strips[up] = strips[up].copy()
+        strips[up][0] += 5.0  # wave 2 moves UP's first row ...
+        _infer_wave(spec, node, senders, 2, strips, late=(up,) if late else ())
+        assert node.stats["late"] == (1 if late else 0)
+        strips[up] = strips[up].copy()
+        strips[up][2] -= 5.0  # ... wave 3 its last: its delta carries that row alone
+        _infer_wave(spec, node, senders, 3, strips)
+        expect = node.inbox[up]
+        computed_on = node.wave.buffers[expect.buffer][expect.slots]
+        np.testing.assert_array_equal(computed_on.reshape(strips[up].shape), strips[up])
+        assert node.stats["rejected:bad_delta"] == 0
