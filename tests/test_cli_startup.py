@@ -7,6 +7,7 @@ that those modules define are written in the command modules: checked here to be
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import typing
@@ -127,3 +128,32 @@ def test_a_value_not_among_the_choices_is_a_one_line_usage_error(cli, args) -> N
     assert_one_line_error(code, err, 2, args[-2], repr(args[-1]))
     assert out == ""
     assert "Value error" not in err  # pydantic's prefix, not a word for the user
+
+
+def test_no_help_read_off_a_terminal_cuts_an_option_or_a_default_short() -> None:
+    """Piped into a pager or a log, rich would draw help 80 columns wide and cut long
+    option names and defaults with an ellipsis ("--straggler-slowd…"): every command's
+    help, as `meshdl` renders it with stdout not a terminal, shows each whole."""
+    code = (
+        "import contextlib, io, json\n"
+        "from meshdl.cli import command, main\n"
+        "def paths(cmd, prefix):\n"
+        "    yield prefix\n"
+        "    for name, sub in getattr(cmd, 'commands', {}).items():\n"
+        "        yield from paths(sub, [*prefix, name])\n"
+        "cut = {}\n"
+        "for args in paths(command(), []):\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "        main([*args, '--help'])\n"
+        "    assert 'Usage: meshdl' in out.getvalue(), args\n"
+        "    cut[' '.join(args)] = [line.strip() for line in out.getvalue().splitlines()\n"
+        "                           if '\u2026' in line]\n"
+        "print(json.dumps(cut))")
+    env = {key: value for key, value in os.environ.items() if key != "TERMINAL_WIDTH"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    cut = json.loads(done.stdout.splitlines()[-1])
+    assert len(cut) > 40  # every command of every group was rendered
+    assert {args: lines for args, lines in cut.items() if lines} == {}

@@ -123,6 +123,23 @@ def command() -> Any:
 
 
 # ------------------------------------------------------------------------- help
+HELP_WIDTH_OFF_TERMINAL = 120  # the widest option row of any command fits whole
+
+
+def help_width_off_terminal() -> None:
+    """Help read through a pipe, a pager or a log: rich would draw it 80 columns wide
+    and cut long option names and defaults short with an ellipsis ("--straggler-slowd…",
+    "runs/<timestamp>-simu…"); drawn `HELP_WIDTH_OFF_TERMINAL` wide, none is cut. A
+    terminal keeps its own width, and typer's own TERMINAL_WIDTH wins over both."""
+    import os
+
+    if os.environ.get("TERMINAL_WIDTH") or sys.stdout.isatty():
+        return
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TERMINAL
+
+
 def tidy_help(cmd: Any) -> None:
     """Help as a reader expects it, for every command below `cmd`, whoever declared it:
     - a flag shows no value type (typer's panel prints `<bool>` for `--json`);
@@ -210,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     from meshdl.cli.common import err_console
     from meshdl.mqtt.quiet import quiet_abandoned_clients
 
+    help_width_off_terminal()
     debug = "--debug" in args
     if not debug:
         quiet_abandoned_clients()
