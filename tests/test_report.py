@@ -78,9 +78,13 @@ def test_report_out_writes_where_it_is_told(runs, tmp_path) -> None:
     assert target.read_text().startswith("<!DOCTYPE html>")
 
 
-def test_a_directory_that_is_no_run_is_a_usage_error(tmp_path) -> None:
+def test_a_directory_that_is_no_run_or_holds_corrupt_json_exits_1(tmp_path) -> None:
+    """A wrong or corrupt file, as README says (exit 2 is for a wrong request)."""
     code, _, err = _meshdl("report", tmp_path)
-    assert_one_line_error(code, err, 2, "not a run directory")
+    assert_one_line_error(code, err, 1, "not a run directory")
+    (tmp_path / "metrics.json").write_text("{not json")
+    code, _, err = _meshdl("report", tmp_path)
+    assert_one_line_error(code, err, 1, "metrics.json: not valid JSON")
 
 
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
@@ -126,11 +130,14 @@ def test_the_report_renders_in_headless_chromium_with_every_image_loaded(
     (tmp_path / "screenshot.png").write_bytes(screenshot)
 
 
-def test_a_missing_run_directory_is_a_missing_file_exit_1(cli, tmp_path) -> None:
-    """README: a missing file exits 1; `report` said 'not a directory' with exit 2."""
+def test_a_missing_run_directory_or_a_file_in_its_place_exits_1(cli, tmp_path) -> None:
+    """README: a missing or wrong file exits 1, as `evaluate` says of a directory given
+    as its model file (`report` said 'not a directory' with exit 2)."""
     code, _, err = cli("report", tmp_path / "nonexistent")
     assert_one_line_error(code, err, 1, "run directory not found", "nonexistent")
     some_file = tmp_path / "file.txt"
     some_file.write_text("x")
     code, _, err = cli("report", some_file)
-    assert_one_line_error(code, err, 2, "not a directory")
+    assert_one_line_error(code, err, 1, "is a file, not a run directory")
+    code, _, err = cli("evaluate", tmp_path, some_file)
+    assert_one_line_error(code, err, 1, "is a directory, not a model file")

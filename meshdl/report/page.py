@@ -29,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from meshdl.errors import MeshdlError, UsageError
+from meshdl.errors import MeshdlError
 from meshdl.report.baseline import FIGURES, Costs, Strongest, cloud_costs, strongest, variants
 from meshdl.report.live import lifetime_figure, mac_figure, parts_figure
 from meshdl.report.maps import energy_figure
@@ -52,12 +52,13 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 0.85em; }
 
 
 def build_report(run_dir: Path) -> str:
-    """The HTML page of `run_dir`: MeshdlError (exit 1, as any missing file) if it is
-    not there, `UsageError` if it names a file rather than a directory."""
+    """The HTML page of `run_dir`: MeshdlError (exit 1, as any missing or wrong file:
+    a directory given as a model file says so with 1 too) if it is not there or names
+    a file rather than a directory."""
     if not run_dir.exists():
         raise MeshdlError(f"run directory not found: {run_dir}")
     if not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: not a directory")
+        raise MeshdlError(f"{run_dir}: is a file, not a run directory")
     title, body = _page(run_dir)
     metrics = _json(run_dir / "metrics.json")
     sim = _json(run_dir / "sim.json") or (metrics or {}).get("sim")
@@ -92,7 +93,7 @@ def _page(run_dir: Path) -> tuple[str, list[str]]:
         return _stopped_experiment(run_dir)
     if (run_dir / "config.json").is_file():
         return _unfinished(run_dir)
-    raise UsageError(f"{run_dir}: no summary.json, metrics.json, sim.json or config.json: "
+    raise MeshdlError(f"{run_dir}: no summary.json, metrics.json, sim.json or config.json: "
                      "not a run directory of meshdl experiment, train, simulate, edge run "
                      "or ps run")
 
@@ -487,7 +488,7 @@ def _json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc})") from None
+        raise MeshdlError(f"{path}: not valid JSON ({exc})") from None
 
 
 def _section(title: str, content: str) -> str:
