@@ -630,8 +630,10 @@ class NodeMachine:
             if wave.seen[expect.index] == FILLED_IN:
                 # Too late for this wave, but a delta HALO still moves what this node
                 # holds of its sender's strip: the sender's next delta is against it.
-                if self._is_delta(wave, message):
-                    self._decode_delta(wave, message, expect)
+                # One refused is not taken as come: a good copy may follow.
+                if self._is_delta(wave, message) and \
+                        self._decode_delta(wave, message, expect) is None:
+                    return []
                 return self.effort.late(wave, expect, now)
             self.stats["duplicates"] += 1
             return []
@@ -1013,7 +1015,8 @@ class NodeMachine:
     def _decode_delta(self, wave: Wave, message: Message, expect: Expect
                       ) -> np.ndarray | None:
         """The values a delta HALO brings, applied to what this node holds of its
-        sender's strip; None (counted) if it is not one for this wave's shape."""
+        sender's strip; None (counted as bad_delta) if it is not a well-formed one for
+        this wave, or a delta with nothing to apply it to."""
         h = message.header
         assert self.delta_in is not None
         values = self.delta_in.decode((h.kind, h.layer, h.phase, h.src), message.payload,

@@ -17,9 +17,10 @@ first layer, activations above.
 
 Under best effort a delta that comes after its deadline (its wave filled it in) is still
 applied to what the receiver holds, since the sender's next delta is against it
-(nodes/agent.py `_take_items`). One lost outright, or one that comes after its wave has
-ended, is not: the rows it changed stay at their older values at the receiver until
-they change again or the next whole strip, at most `REFRESH` waves on.
+(nodes/agent.py `_take_items`). One lost outright, or one that comes once the receiver
+has begun a later wave (counted stale), is not: the rows it changed stay at their older
+values at the receiver until they change again or the next whole strip, at most
+`REFRESH` waves on.
 
 Payload (bytes): mode u8 (0 full, 1 delta), 3 zero bytes, count u32, then for a delta
 the count rows' indices (u16, increasing, padded with zeros to 4 bytes), then the rows'

@@ -1,5 +1,6 @@
 """Delta halos in live inference: at epsilon 0 the same logits as whole halos, fewer
-bytes when readings change slowly; malformed payloads refused."""
+bytes when readings change slowly; malformed payloads refused; under best effort a delta
+that comes after its deadline still moves what the receiver holds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from meshdl import CNN, ModelConfig
 from meshdl.data.datasets import Dataset
 from meshdl.nodes.agent import NodeMachine
 from meshdl.nodes.delta import REFRESH, DeltaReceiver, DeltaSender
+from meshdl.nodes.plan import InboxKey
 from meshdl.protocol.deadlines import Margins, Policy
 from meshdl.protocol.messages import Kind, make
 from meshdl.protocol.payloads import BatchOrder
@@ -212,10 +214,15 @@ def _best_effort_node() -> tuple[MeshSpec, NodeMachine]:
     return spec, node
 
 
-def _infer_wave(spec: MeshSpec, node: NodeMachine, senders: dict, step: int,
-                strips: dict, late: tuple = ()) -> None:
+Strips = dict[InboxKey, np.ndarray]
+
+
+def _infer_wave(spec: MeshSpec, node: NodeMachine, senders: dict[InboxKey, DeltaSender],
+                step: int, strips: Strips, late: tuple[InboxKey, ...] = (),
+                broken_first: bool = False) -> None:
     """Wave `step` (at 10 s a step): PARAMS, BATCH, then every layer-1 halo as its
-    sender's delta of `strips[key]`, but the `late` ones, given after the deadline."""
+    sender's delta of `strips[key]`, but the `late` ones, given after the deadline
+    (`broken_first`: each after a copy cut short)."""
     now = 10.0 * step
     parent = node.spec.topology.parent[node.cell]
     params = spec.params_layout.pack(CNN(spec.model).flat, np.zeros(1), np.ones(1))
@@ -225,37 +232,55 @@ def _infer_wave(spec: MeshSpec, node: NodeMachine, senders: dict, step: int,
     held_back = []
     for key, values in strips.items():
         payload = senders.setdefault(key, DeltaSender(0.0)).encode(key, values)
-        message = make(Kind.HALO, 1, step, key.src, node.cell, payload, key.layer, key.phase)
         if key in late:
-            held_back.append(message)
+            held_back.append((key, payload))
         else:
-            node.handle(message, now + 0.5)
+            node.handle(make(Kind.HALO, 1, step, key.src, node.cell, payload, key.layer,
+                             key.phase), now + 0.5)
     node.tick(now + 1.0)  # the held-back ones are filled in
-    for message in held_back:
-        node.handle(message, now + 1.2)
+    for key, payload in held_back:
+        for copy in ([payload[:-4]] if broken_first else []) + [payload]:
+            node.handle(make(Kind.HALO, 1, step, key.src, node.cell, copy, key.layer,
+                             key.phase), now + 1.2)
 
 
-def test_a_delta_halo_that_came_late_still_moves_what_the_receiver_holds() -> None:
+def _up_strip_of_wave_3(late: bool, broken_first: bool = False
+                        ) -> tuple[NodeMachine, np.ndarray, np.ndarray]:
+    """UP's strip moves a row in wave 2 (its delta given in time or `late`) and another
+    in wave 3, whose delta carries that row alone: the centre's stats, the values it
+    computes wave 3 on for UP's strip, and UP's values."""
+    spec, node = _best_effort_node()
+    keys = [key for key in node.inbox if key.kind == Kind.HALO and key.layer == 1]
+    up = next(key for key in keys if key.src == UP)
+    rng = np.random.default_rng(3)
+    strips = {key: rng.normal(size=(node.inbox[key].rows, 1, 4)).astype(np.float32)
+              for key in keys}
+    senders: dict[InboxKey, DeltaSender] = {}
+    _infer_wave(spec, node, senders, 1, strips)
+    strips[up] = strips[up].copy()
+    strips[up][0] += 5.0
+    _infer_wave(spec, node, senders, 2, strips, (up,) if late else (), broken_first)
+    strips[up] = strips[up].copy()
+    strips[up][2] -= 5.0
+    _infer_wave(spec, node, senders, 3, strips)
+    expect = node.inbox[up]
+    computed_on = node.wave.buffers[expect.buffer][expect.slots]
+    return node, computed_on.reshape(strips[up].shape), strips[up]
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["in time", "late"])
+def test_a_delta_halo_that_came_late_still_moves_what_the_receiver_holds(late) -> None:
     """A node that got its neighbour's delta after the deadline (filled in for that
     wave) computes the next wave on the values one that got it in time does: the
     sender's next delta is against what it sent, late or not."""
-    for late in (False, True):
-        spec, node = _best_effort_node()
-        keys = [key for key in node.inbox if key.kind == Kind.HALO and key.layer == 1]
-        up = next(key for key in keys if key.src == UP)
-        rng = np.random.default_rng(3)
-        strips = {key: rng.normal(size=(node.inbox[key].rows, 1, 4)).astype(np.float32)
-                  for key in keys}
-        senders: dict = {}
-        _infer_wave(spec, node, senders, 1, strips)
-        strips[up] = strips[up].copy()
-        strips[up][0] += 5.0  # wave 2 moves UP's first row ...
-        _infer_wave(spec, node, senders, 2, strips, late=(up,) if late else ())
-        assert node.stats["late"] == (1 if late else 0)
-        strips[up] = strips[up].copy()
-        strips[up][2] -= 5.0  # ... wave 3 its last: its delta carries that row alone
-        _infer_wave(spec, node, senders, 3, strips)
-        expect = node.inbox[up]
-        computed_on = node.wave.buffers[expect.buffer][expect.slots]
-        np.testing.assert_array_equal(computed_on.reshape(strips[up].shape), strips[up])
-        assert node.stats["rejected:bad_delta"] == 0
+    node, computed_on, sent = _up_strip_of_wave_3(late)
+    np.testing.assert_array_equal(computed_on, sent)
+    assert node.stats["late"] == (1 if late else 0)
+    assert node.stats["rejected:bad_delta"] == 0
+
+
+def test_a_late_delta_cut_short_is_refused_and_its_good_copy_still_taken() -> None:
+    node, computed_on, sent = _up_strip_of_wave_3(late=True, broken_first=True)
+    np.testing.assert_array_equal(computed_on, sent)
+    assert node.stats["rejected:bad_delta"] == 1
+    assert node.stats["late"] == 1 and node.stats["duplicates"] == 0

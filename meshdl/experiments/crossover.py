@@ -284,8 +284,9 @@ def plot(out: Path, rows: Sequence[Record], macs: Sequence[str] = MACS) -> list[
     if any(row.get(f"{mac}_floor_ratio") is not None for row in rows for mac in macs):
         handles.append(Line2D([], [], color="grey", linestyle="--", linewidth=0.9,
                               label="floor: its MAC with no traffic"))
+    per_panel = 3  # legend entries one 6-inch panel holds: one radio's legend wraps
     figure.legend(handles=handles, loc="outside lower center",
-                  ncols=min(len(handles), 3 * len(radios)))  # a narrow figure: two rows
+                  ncols=min(len(handles), per_panel * len(radios)))
     figure.suptitle("where the mesh pays: its hottest node against the cloud's")
     path = out / "crossover.png"
     save_png(figure, path)
