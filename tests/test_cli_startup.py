@@ -150,7 +150,8 @@ def test_no_help_read_off_a_terminal_cuts_an_option_or_a_default_short() -> None
         "    cut[' '.join(args)] = [line.strip() for line in out.getvalue().splitlines()\n"
         "                           if '\u2026' in line]\n"
         "print(json.dumps(cut))")
-    env = {key: value for key, value in os.environ.items() if key != "TERMINAL_WIDTH"}
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TERMINAL_WIDTH", "COLUMNS")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr

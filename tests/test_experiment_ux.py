@@ -124,6 +124,24 @@ def test_the_time_left_is_the_measured_trial_time_spread_over_the_jobs() -> None
         "under a minute", "about 2 min", "about 1 h", "about 1 h 5 min", "about 2 h 5 min"]
 
 
+def test_trials_of_different_sizes_leave_the_work_left_at_the_pace_so_far() -> None:
+    """A crossover sweep's first trial, 17 x 25, is over in seconds; its 150 x 150 takes
+    minutes: the time left is the nodes left at the pace of the nodes done, not the
+    trials left at the first trial's time."""
+    from meshdl.cli.sweep_progress import Estimate
+
+    clock = Clock()
+    nodes = [425, 1_200, 22_500]
+    estimate = Estimate(to_run=3, jobs=1, clock=clock, work=sum(nodes))
+    clock.now += 4.25  # 10 ms a node
+    estimate.finished(nodes[0])
+    assert estimate.left() == pytest.approx(0.01 * (1_200 + 22_500))
+    assert estimate.said() == "about 4 min left"  # 2 trials at 4.25 s: "under a minute"
+    clock.now += 24.0  # 20 ms a node: the pace is the work's, 28.25 s over 1,625 nodes
+    estimate.finished(nodes[1])
+    assert estimate.left() == pytest.approx(28.25 / 1_625 * 22_500)
+
+
 # ------------------------------------------------------------------ item 3: Ctrl-C, reruns
 def test_ctrl_c_during_a_sweep_says_in_one_line_what_finished_and_how_to_go_on(
         tmp_path, monkeypatch) -> None:

@@ -130,14 +130,19 @@ def help_width_off_terminal() -> None:
     """Help read through a pipe, a pager or a log: rich would draw it 80 columns wide
     and cut long option names and defaults short with an ellipsis ("--straggler-slowd…",
     "runs/<timestamp>-simu…"); drawn `HELP_WIDTH_OFF_TERMINAL` wide, none is cut. A
-    terminal keeps its own width, and typer's own TERMINAL_WIDTH wins over both."""
+    terminal keeps its own width, as does a COLUMNS the user set, and typer's own
+    TERMINAL_WIDTH wins over all (set on every call: a process may run several)."""
     import os
 
-    if os.environ.get("TERMINAL_WIDTH") or sys.stdout.isatty():
-        return
     import typer.rich_utils
 
-    typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TERMINAL
+    asked = os.environ.get("TERMINAL_WIDTH", "")
+    if asked.isdigit():
+        typer.rich_utils.MAX_WIDTH = int(asked)
+    elif os.environ.get("COLUMNS") or sys.stdout.isatty():
+        typer.rich_utils.MAX_WIDTH = None  # rich reads them
+    else:
+        typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TERMINAL
 
 
 def tidy_help(cmd: Any) -> None:

@@ -366,7 +366,8 @@ def crossover_command(
         "crossover", trials, f"{len(grids)} grids x {len(radios)} radio(s) x {seeds} "
         "seed(s), a live run each", Runner(**runner), crossover.run, crossover.FIGURES,
         lambda record: said(record, [("scheduled_ratio", digits(3)),
-                                     ("tsch_ratio", digits(3))]))
+                                     ("tsch_ratio", digits(3))]),
+        work=lambda trial: trial.value[0] * trial.value[1])  # a live run's time: its nodes
     fitted = crossover.crossovers(rows_, macs)
     summary = {"experiment": "crossover", "mode": "live slots under simulated time, the "
                "live slot's price for every slot", "values": points, "seeds": seeds,
@@ -724,32 +725,39 @@ def _fault_experiment(name: str, shares: list[float], policies: list[str], loss:
 
 def _run_sweep(name: str, trials: list[Trial], what: str, runner: Runner,
                run: Callable[[Trial], Record], figures: tuple[str, ...],
-               describe: Callable[[Record], str]
+               describe: Callable[[Record], str],
+               work: Callable[[Trial], float] | None = None
                ) -> tuple[Path, list[Record], list[Record]]:
     """Announce a sweep, run its trials with `run` and summarize them: its run directory,
-    the trials' records and the summary's rows."""
+    the trials' records and the summary's rows. `work`: a trial's size (`Estimate`)."""
     run_dir = _announce(name, trials, what, runner.jobs, runner.ray, runner.out)
-    records = _run_with_progress(run, trials, runner.jobs, runner.ray, run_dir, describe)
+    records = _run_with_progress(run, trials, runner.jobs, runner.ray, run_dir, describe,
+                                 work)
     return run_dir, records, summarize(trials, records, figures)
 
 
 def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs: int,
                        ray: str | None, run_dir: Path,
-                       describe: Callable[[Record], str]) -> list[Record]:
+                       describe: Callable[[Record], str],
+                       work: Callable[[Trial], float] | None = None) -> list[Record]:
     """The trials' records, with one progress bar for the whole sweep on stderr (the
     time left measured from the trials as they finish) and a line for each trial as it
     finishes (the lines alone where stderr is no terminal). Each finished trial goes
     to the run directory's journal at once: the same command with `--out` of a sweep
     that was stopped runs only what it had not finished. Ctrl-C stops the trials and
-    says so in one line (exit 130)."""
+    says so in one line (exit 130). `work`: a trial's size, for the time left (`Estimate`);
+    None, every trial alike."""
     journal = run_dir / "journal.jsonl"
     finished = read_journal(journal)
     stamps: dict[str, str | None] = {}
-    taken = sum(journal_key(trial, stamps) in finished for trial in trials)
+    to_run = [trial for trial in trials if journal_key(trial, stamps) not in finished]
+    taken = len(trials) - len(to_run)
     if taken:
         err_console.print(taking(taken, len(trials), journal), highlight=False,
                           soft_wrap=True)
-    estimate = Estimate(len(trials) - taken, 1 if ray is None and jobs <= 1 else jobs)
+    size = work or (lambda trial: 1.0)
+    estimate = Estimate(len(to_run), 1 if ray is None and jobs <= 1 else jobs,
+                        work=sum(map(size, to_run)))
     columns_ = (TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), Left(estimate))
     done = [taken]
@@ -762,7 +770,7 @@ def _run_with_progress(run: Callable[[Trial], Record], trials: list[Trial], jobs
 
             def on_done(trial: Trial, record: Record) -> None:
                 done[0] += 1
-                estimate.finished()
+                estimate.finished(size(trial))
                 bar.advance(task)
                 left = "" if done[0] == len(trials) else f"; {estimate.said()}"
                 bar.console.print(f"trial {done[0]}/{len(trials)}: {_value(trial.value)} "

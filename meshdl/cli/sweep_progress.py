@@ -36,24 +36,34 @@ def about(seconds: float) -> str:
 
 class Estimate:
     """The time left of a sweep that runs `to_run` trials `jobs` at a time, from the
-    trials it has finished (those taken from a journal took no time and do not count)."""
+    trials it has finished (those taken from a journal took no time and do not count).
+    Trials of different sizes say so by their `work` (a grid's nodes: a 150 x 150 live
+    run takes 50 times a 17 x 25 one), `work` the sum of theirs to run: the time left is
+    then the work left at the pace so far, not the trials left at the mean trial's."""
 
-    def __init__(self, to_run: int, jobs: int, clock: Clock = time.monotonic) -> None:
+    def __init__(self, to_run: int, jobs: int, clock: Clock = time.monotonic,
+                 work: float | None = None) -> None:
         self.to_run = to_run
         self.jobs = max(1, min(jobs, to_run))
         self.clock = clock
         self.start = clock()
         self.done = 0
+        self.work_left = float(to_run) if work is None else work
+        self.work_done = 0.0
         self._left: float | None = None
         self._at = self.start
 
-    def finished(self) -> None:
-        """One more trial done: estimate again. `jobs` trials run side by side, so
-        after k of them each took the elapsed time over the rounds of `jobs` so far."""
+    def finished(self, work: float = 1.0) -> None:
+        """One more trial done, of `work`: estimate again. `jobs` trials run side by
+        side, so after k of them each took the elapsed time over the rounds of `jobs`
+        so far, and a unit of work that over the mean work of a trial."""
         self.done += 1
+        self.work_done += work
+        self.work_left = max(0.0, self.work_left - work)
         self._at = self.clock()
         per_trial = (self._at - self.start) / math.ceil(self.done / self.jobs)
-        self._left = per_trial * (self.to_run - self.done) / self.jobs
+        per_work = per_trial / (self.work_done / self.done) if self.work_done > 0 else 0.0
+        self._left = per_work * self.work_left / self.jobs
 
     def left(self) -> float | None:
         """Seconds left, counting down since the last estimate; None before the first
