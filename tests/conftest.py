@@ -21,7 +21,18 @@ from meshdl.cli import main
 from meshdl.config import DataConfig
 from meshdl.data.datasets import save_dataset
 from meshdl.data.lounge import generate_lounge
+from meshdl.mqtt import localbroker
+from meshdl.mqtt.localbroker import ephemeral_range
 from tests.conftest_mqtt import mosquitto, mosquitto_factory  # noqa: F401  (fixtures)
+from tests.mosquitto import worker_ports
+
+# Parallel workers (pytest-xdist) each hand out listening ports of their own slice: a
+# port one picked and has not yet bound cannot be the other's.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    localbroker.LISTEN_PORTS_FROM, localbroker.LISTEN_PORTS_BELOW = worker_ports(
+        int(os.environ["PYTEST_XDIST_WORKER"][2:]),
+        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+        localbroker.LISTEN_PORTS_FROM, ephemeral_range()[0])
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):

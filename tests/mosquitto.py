@@ -13,7 +13,7 @@ from meshdl.errors import MeshdlError
 from meshdl.mqtt.localbroker import HOST, Mosquitto, free_port, wait_for_port
 
 __all__ = ["HOST", "Mosquitto", "free_port", "mosquitto_binary", "self_signed",
-           "wait_for_port"]
+           "wait_for_port", "worker_ports"]
 
 
 def mosquitto_binary(name: str = "mosquitto") -> str:
@@ -40,3 +40,11 @@ def self_signed(tls_dir: Path) -> None:
          "-keyout", str(tls_dir / "server.key"), "-out", str(tls_dir / "server.crt")],
         check=True, capture_output=True, timeout=30)
     shutil.copy(tls_dir / "server.crt", tls_dir / "ca.crt")
+
+
+def worker_ports(worker: int, workers: int, low: int, below: int) -> tuple[int, int]:
+    """The listening ports [from, below) of parallel test worker `worker` of `workers`:
+    its own slice of [low, below), so that a port one worker picked and has not bound
+    yet is never the other's."""
+    width = (below - low) // max(1, workers)
+    return low + worker * width, low + (worker + 1) * width

@@ -65,14 +65,16 @@ def test_an_index_out_of_range_raises_when_bounds_are_checked() -> None:
 
 @pytest.mark.skipif(CHECKED, reason="this process already checks bounds")
 def test_the_compiled_meshes_run_with_bounds_checks(tmp_path) -> None:
-    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    env = {**{key: value for key, value in os.environ.items()
+              if not key.startswith("PYTEST_XDIST")},  # not a worker of this run's
+           "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
     tests = [f"tests/{Path(__file__).name}",
              "tests/test_compiled.py::test_the_seed_mesh_trains_as_its_node_machines_to_the_bit",
              "tests/test_compiled_tables.py::test_a_task_of_an_unknown_step_is_refused_and_"
              "stops_the_loop"]
     this = f"{tests[0]}::test_the_compiled_meshes_run_with_bounds_checks"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-rs", "--deselect", this, *tests], cwd=ROOT, env=env,
+                          "-n", "0", "-rs", "--deselect", this, *tests], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert f"{len(MESHES) + 3} passed" in run.stdout and "skipped" not in run.stdout, \

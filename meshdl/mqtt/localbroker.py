@@ -33,6 +33,8 @@ HOST = "127.0.0.1"
 # there starts may take it ("Address already in use": seen once in the suite). And not
 # one this process handed out already, which nothing holds until its broker starts.
 LISTEN_PORTS_FROM = 20000
+LISTEN_PORTS_BELOW: int | None = None  # None: up to the ephemeral range (a test worker's
+# slice of it otherwise, tests/conftest.py: two processes never hand out one port)
 _HANDED: set[int] = set()
 _PICK = random.Random()  # which free port: no run's output depends on it
 
@@ -50,6 +52,8 @@ def free_port() -> int:
     """A TCP port nobody listens on now, below the ephemeral range and not handed out
     before by this process (else, the range too narrow, one the kernel chooses)."""
     low, _ = ephemeral_range()
+    if LISTEN_PORTS_BELOW is not None:
+        low = min(low, LISTEN_PORTS_BELOW)
     for _ in range(200 if low - LISTEN_PORTS_FROM >= 1000 else 0):
         port = _PICK.randrange(LISTEN_PORTS_FROM, low)
         if port in _HANDED:
