@@ -45,6 +45,8 @@ def self_signed(tls_dir: Path) -> None:
 def worker_ports(worker: int, workers: int, low: int, below: int) -> tuple[int, int]:
     """The listening ports [from, below) of parallel test worker `worker` of `workers`:
     its own slice of [low, below), so that a port one worker picked and has not bound
-    yet is never the other's."""
+    yet is never the other's (a worker that replaces a crashed one, numbered `workers`
+    or above, takes the slice of the one it replaces)."""
     width = (below - low) // max(1, workers)
+    worker %= max(1, workers)
     return low + worker * width, low + (worker + 1) * width

@@ -158,3 +158,32 @@ def test_no_help_read_off_a_terminal_cuts_an_option_or_a_default_short() -> None
     cut = json.loads(done.stdout.splitlines()[-1])
     assert len(cut) > 40  # every command of every group was rendered
     assert {args: lines for args, lines in cut.items() if lines} == {}
+
+
+def test_help_keeps_a_terminals_width_or_the_one_asked_for(monkeypatch) -> None:
+    """Off every terminal help is drawn 120 wide; piped to a pager from a terminal, rich
+    reads the terminal's width; COLUMNS and typer's TERMINAL_WIDTH win; a command that
+    shows no help leaves the width alone."""
+    import typer.rich_utils
+
+    from meshdl import cli
+
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", None)  # restored after the test
+    monkeypatch.delenv("TERMINAL_WIDTH", raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(cli, "_is_terminal", lambda stream: False)
+    cli.set_help_width(["train", "--help"])
+    assert typer.rich_utils.MAX_WIDTH == cli.HELP_WIDTH_OFF_TERMINAL
+    monkeypatch.setattr(cli, "_is_terminal", lambda stream: stream is sys.stderr)
+    cli.set_help_width(["train", "--help"])
+    assert typer.rich_utils.MAX_WIDTH is None  # `meshdl train --help | less`
+    monkeypatch.setattr(cli, "_is_terminal", lambda stream: False)
+    monkeypatch.setenv("COLUMNS", "200")
+    cli.set_help_width(["--help"])
+    assert typer.rich_utils.MAX_WIDTH is None
+    monkeypatch.setenv("TERMINAL_WIDTH", "90")
+    cli.set_help_width(["--help"])
+    assert typer.rich_utils.MAX_WIDTH == 90
+    typer.rich_utils.MAX_WIDTH = 7
+    cli.set_help_width(["train", "--epochs", "3"])
+    assert typer.rich_utils.MAX_WIDTH == 7

@@ -223,6 +223,7 @@ def test_compare_draws_each_runs_policies_in_its_own_colour_from_its_exact_run(
     (["seed", "loss"], "runs of one of", True),
     # A missing run directory is a missing file: exit 1, not a wrong request (README).
     (["seed", "nothing"], "not a finished experiment's run directory", False),
+    (["seed", "deep"], "not a finished experiment's run directory", False),  # corrupt
 ])
 def test_compare_refuses_what_it_cannot_overlay_in_one_line(tmp_path, args, says,
                                                             usage) -> None:
@@ -235,6 +236,8 @@ def test_compare_refuses_what_it_cannot_overlay_in_one_line(tmp_path, args, says
     _run_dir(tmp_path / "global", "global", _fault_rows())
     _run_dir(tmp_path / "loss", 2, _fault_rows(), experiment="loss")
     (tmp_path / "one").mkdir()
+    _run_dir(tmp_path / "deep", 2, _fault_rows())
+    (tmp_path / "deep" / "summary.json").write_text("[" * 200_000)  # nested past the parser
     named = [str(tmp_path / a) if not a.startswith("-") and a != "only one" else a
              for a in args]
     result = CliRunner().invoke(app, ["compare", *named, "--out", str(tmp_path / "c.png")])

@@ -82,9 +82,10 @@ def test_a_directory_that_is_no_run_or_holds_corrupt_json_exits_1(tmp_path) -> N
     """A wrong or corrupt file, as README says (exit 2 is for a wrong request)."""
     code, _, err = _meshdl("report", tmp_path)
     assert_one_line_error(code, err, 1, "not a run directory")
-    (tmp_path / "metrics.json").write_text("{not json")
-    code, _, err = _meshdl("report", tmp_path)
-    assert_one_line_error(code, err, 1, "metrics.json: not valid JSON")
+    for corrupt in ("{not json", "[" * 200_000):  # the second nests past the parser
+        (tmp_path / "metrics.json").write_text(corrupt)
+        code, _, err = _meshdl("report", tmp_path)
+        assert_one_line_error(code, err, 1, "metrics.json: not valid JSON")
 
 
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),

@@ -14,6 +14,7 @@ PEP 562).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -126,23 +127,37 @@ def command() -> Any:
 HELP_WIDTH_OFF_TERMINAL = 120  # the widest option row of any command fits whole
 
 
-def help_width_off_terminal() -> None:
-    """Help read through a pipe, a pager or a log: rich would draw it 80 columns wide
-    and cut long option names and defaults short with an ellipsis ("--straggler-slowd…",
-    "runs/<timestamp>-simu…"); drawn `HELP_WIDTH_OFF_TERMINAL` wide, none is cut. A
-    terminal keeps its own width, as does a COLUMNS the user set, and typer's own
-    TERMINAL_WIDTH wins over all (set on every call: a process may run several)."""
-    import os
-
-    import typer.rich_utils
-
+def set_help_width(args: list[str]) -> None:
+    """Help read off any terminal (a log, a captured subprocess): rich would draw it 80
+    columns wide and cut long option names and defaults short with an ellipsis
+    ("--straggler-slowd…", "runs/<timestamp>-simu…"); drawn `HELP_WIDTH_OFF_TERMINAL`
+    wide, none is cut. Where a standard stream is a terminal (help piped to a pager),
+    rich reads its width, as it reads a COLUMNS the user set; typer's own TERMINAL_WIDTH
+    wins over all. Only where help may be shown (a help option, or a group alone):
+    typer's help module costs every other command 30 ms to load. Set on every call: a
+    process may run several."""
+    if not any(arg in HELP_OPTIONS for arg in args) and \
+            sum(not arg.startswith("-") for arg in args) > 1:
+        return
+    try:
+        import typer.rich_utils
+    except ValueError:  # typer reads TERMINAL_WIDTH as a number: it fails as it would
+        return
     asked = os.environ.get("TERMINAL_WIDTH", "")
     if asked.isdigit():
         typer.rich_utils.MAX_WIDTH = int(asked)
-    elif os.environ.get("COLUMNS") or sys.stdout.isatty():
+    elif os.environ.get("COLUMNS") or any(_is_terminal(stream) for stream in
+                                           (sys.stdin, sys.stdout, sys.stderr)):
         typer.rich_utils.MAX_WIDTH = None  # rich reads them
     else:
         typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TERMINAL
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (ValueError, OSError):  # a closed stream
+        return False
 
 
 def tidy_help(cmd: Any) -> None:
@@ -232,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     from meshdl.cli.common import err_console
     from meshdl.mqtt.quiet import quiet_abandoned_clients
 
-    help_width_off_terminal()
+    set_help_width(args)
     debug = "--debug" in args
     if not debug:
         quiet_abandoned_clients()

@@ -470,7 +470,7 @@ def _finished_sweep(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         config = json.loads((run_dir / "config.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # (nested past the parser)
         raise MeshdlError(f"{run_dir}: not a finished experiment's run directory "
                           f"({type(error).__name__}: {error})") from None
     if not (isinstance(config, dict) and isinstance(config.get("settings"), dict)

@@ -33,8 +33,9 @@ HOST = "127.0.0.1"
 # there starts may take it ("Address already in use": seen once in the suite). And not
 # one this process handed out already, which nothing holds until its broker starts.
 LISTEN_PORTS_FROM = 20000
-LISTEN_PORTS_BELOW: int | None = None  # None: up to the ephemeral range (a test worker's
-# slice of it otherwise, tests/conftest.py: two processes never hand out one port)
+# None: up to the ephemeral range; a parallel test worker's slice of it otherwise
+# (tests/conftest.py), so that two processes never hand out one port.
+LISTEN_PORTS_BELOW: int | None = None
 _HANDED: set[int] = set()
 _PICK = random.Random()  # which free port: no run's output depends on it
 

@@ -94,8 +94,8 @@ def _page(run_dir: Path) -> tuple[str, list[str]]:
     if (run_dir / "config.json").is_file():
         return _unfinished(run_dir)
     raise MeshdlError(f"{run_dir}: no summary.json, metrics.json, sim.json or config.json: "
-                     "not a run directory of meshdl experiment, train, simulate, edge run "
-                     "or ps run")
+                      "not a run directory of meshdl experiment, train, simulate, edge run "
+                      "or ps run")
 
 
 def _experiment(run_dir: Path, summary: dict[str, Any]) -> tuple[str, list[str]]:
@@ -487,8 +487,9 @@ def _json(path: Path) -> Any:
         return None
     try:
         return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MeshdlError(f"{path}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        # (RecursionError: nested deeper than the parser goes, the file's fault too)
+        raise MeshdlError(f"{path}: not valid JSON ({type(exc).__name__}: {exc})") from None
 
 
 def _section(title: str, content: str) -> str:
