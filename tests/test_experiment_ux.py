@@ -80,9 +80,21 @@ def test_help_shows_the_grid_and_epochs_an_unset_flag_leaves(monkeypatch) -> Non
 
 
 # ------------------------------------------------------------------ item 4: time left
-def test_a_sweep_says_its_trials_up_front_and_the_time_left_after_each(tmp_path) -> None:
+def test_a_sweep_says_its_trials_up_front_and_the_time_left_after_each(
+        tmp_path, monkeypatch) -> None:
+    import meshdl.cli.experiment as experiment
+
+    works = []
+    real = experiment.Estimate
+
+    def estimate(to_run, jobs, clock=None, work=None):  # the time left's weights, kept
+        works.append(work)
+        return real(to_run, jobs, work=work)
+
+    monkeypatch.setattr(experiment, "Estimate", estimate)
     code, _, err = _meshdl("experiment", "grid", *THREE_GRIDS, "--out", tmp_path / "run")
     assert code == 0, err
+    assert works == [3 * 3 + 5 * 5 + 7 * 7]  # each grid's trial weighs its cells
     lines = err.replace("\n/", " /").splitlines()  # the run directory may wrap
     first = " ".join(err.split())
     assert first.startswith("grid: 3 trials") and \

@@ -834,11 +834,15 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None,
                              f"{spec.max_batch} fit (lower --batch)")
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in values for s in range(seeds))]
+    # A trial's time goes with its cells (a 40 x 40 grid's trains 64 times a 5 x 5's).
+    cells = {json.dumps(value): float(config.model.rows * config.model.cols) for value, config
+             in ((v, sweep.trial_config(settings, v, 0)) for v in values)}
     what = "training and one mesh wave" if sweep.SWEEPS[name].trains else "one mesh wave"
     run_dir, records, rows = _run_sweep(
         name, trials, f"{len(values)} values x {seeds} seed(s), {what} each", runner,
         sweep.run, sweep.figures(name),
-        lambda record: said(record, [("test_acc", percent(1)), ("wave_bytes", size)]))
+        lambda record: said(record, [("test_acc", percent(1)), ("wave_bytes", size)]),
+        work=lambda trial: cells[json.dumps(trial.value)])
     summary = {"experiment": name, "setting": sweep.SWEEPS[name].setting,
                "mode": ("central (accuracy); " if sweep.SWEEPS[name].trains else "")
                + "one mesh training wave per value (cost)",
