@@ -821,8 +821,11 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None,
         "train": base.train.model_dump(exclude={"seed"}),
         "mesh": base.mesh.model_dump(mode="json"), "data": base.data.model_dump(),
         "data_file": str(data.resolve()) if data is not None else None}  # workers: any cwd
+    # A trial's time goes with its cells (a 40 x 40 grid's trains 64 times a 5 x 5's).
+    cells: dict[str, float] = {}
     for value in values:  # an impossible value fails here, before any trial
         config = sweep.trial_config(settings, value, 0)
+        cells[json.dumps(value)] = float(config.model.rows * config.model.cols)
         if name == "edge-position":
             _check_border(config.mesh.edge_at, config.model.rows, config.model.cols)
         spec = MeshSpec(config.mesh.mesh_id, config.model, config.mesh.edge_at,
@@ -834,9 +837,6 @@ def _experiment(name: str, values: list, seeds: int, data: Path | None,
                              f"{spec.max_batch} fit (lower --batch)")
     trials = [Trial(i, value, seed, settings) for i, (value, seed) in
               enumerate((v, s) for v in values for s in range(seeds))]
-    # A trial's time goes with its cells (a 40 x 40 grid's trains 64 times a 5 x 5's).
-    cells = {json.dumps(value): float(config.model.rows * config.model.cols) for value, config
-             in ((v, sweep.trial_config(settings, v, 0)) for v in values)}
     what = "training and one mesh wave" if sweep.SWEEPS[name].trains else "one mesh wave"
     run_dir, records, rows = _run_sweep(
         name, trials, f"{len(values)} values x {seeds} seed(s), {what} each", runner,
