@@ -459,6 +459,13 @@ def load_run_config(toml_file: Path | None = None, data_grid: tuple[int, int] | 
         if config.model.global_pool:  # the global head trains by its own recipe
             recipe.update({part: dict(values) for part, values in GLOBAL_RECIPE.items()})
             config = with_file(**given)
+            if config.train.failout != recipe["train"].get("failout", 0.0):
+                # A failout of one's own is one share: the recipe's range and clean
+                # updates belong to its own failout (a failout_max or failout_clean
+                # given with it still wins).
+                for name in ("failout_max", "failout_clean"):
+                    recipe["train"].pop(name, None)
+                config = with_file(**given)
             # Its epochs follow the maps it trains on (an epochs set higher up wins):
             # those it generates, or a data set's when its size is given; a data set of
             # unknown size (a grid alone) is a user's own and trains as it always did.

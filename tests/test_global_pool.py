@@ -145,6 +145,23 @@ def test_model_evaluate_reads_a_share_of_the_cells_as_dead_when_asked(
                                     for p in range(2)] for t in range(2)]
 
 
+def test_a_failout_of_ones_own_drops_the_recipes_range_and_clean_updates(tmp_path) -> None:
+    """`--failout 0` with the global head meant no failout and trained with 0-25 % of
+    the cells dead: the recipe's failout_max stayed below the flag."""
+    off = load_run_config(model={"pool": "global"}, train={"failout": 0.0})
+    assert (off.train.failout, off.train.failout_max, off.train.failout_clean) == (0.0, None, 0.0)
+    one = load_run_config(model={"pool": "global"}, train={"failout": 0.1})
+    assert (one.train.failout, one.train.failout_max) == (0.1, None)
+    ranged = load_run_config(model={"pool": "global"}, train={"failout": 0.1,
+                                                               "failout_max": 0.3})
+    assert (ranged.train.failout, ranged.train.failout_max) == (0.1, 0.3)
+    toml = tmp_path / "run.toml"
+    toml.write_text('[model]\npool = "global"\n[train]\nfailout = 0.0\n')
+    assert load_run_config(toml).train.failout_max is None
+    recipe = load_run_config(model={"pool": "global"})
+    assert (recipe.train.failout, recipe.train.failout_max) == (0.05, 0.25)
+
+
 def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_path) -> None:
     from meshdl.config import GLOBAL_RECIPE
 
