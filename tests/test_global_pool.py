@@ -145,19 +145,27 @@ def test_model_evaluate_reads_a_share_of_the_cells_as_dead_when_asked(
                                     for p in range(2)] for t in range(2)]
 
 
-def test_a_failout_of_ones_own_drops_the_recipes_range_and_clean_updates(tmp_path) -> None:
+def test_a_failout_of_ones_own_drops_the_recipes_range_and_clean_updates(
+        tmp_path, monkeypatch) -> None:
     """`--failout 0` with the global head meant no failout and trained with 0-25 % of
     the cells dead: the recipe's failout_max stayed below the flag."""
     off = load_run_config(model={"pool": "global"}, train={"failout": 0.0})
     assert (off.train.failout, off.train.failout_max, off.train.failout_clean) == (0.0, None, 0.0)
     one = load_run_config(model={"pool": "global"}, train={"failout": 0.1})
     assert (one.train.failout, one.train.failout_max) == (0.1, None)
+    same = load_run_config(model={"pool": "global"}, train={"failout": 0.05})  # the recipe's
+    assert (same.train.failout, same.train.failout_max, same.train.failout_clean) == \
+        (0.05, None, 0.0)
     ranged = load_run_config(model={"pool": "global"}, train={"failout": 0.1,
                                                                "failout_max": 0.3})
     assert (ranged.train.failout, ranged.train.failout_max) == (0.1, 0.3)
     toml = tmp_path / "run.toml"
     toml.write_text('[model]\npool = "global"\n[train]\nfailout = 0.0\n')
     assert load_run_config(toml).train.failout_max is None
+    monkeypatch.setenv("MESHDL_TRAIN__FAILOUT", "0.1")
+    env = load_run_config(model={"pool": "global"})
+    assert (env.train.failout, env.train.failout_max) == (0.1, None)
+    monkeypatch.delenv("MESHDL_TRAIN__FAILOUT")
     recipe = load_run_config(model={"pool": "global"})
     assert (recipe.train.failout, recipe.train.failout_max) == (0.05, 0.25)
 
@@ -169,7 +177,8 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
     for part, values in GLOBAL_RECIPE.items():
         values = {k: v for k, v in values.items() if k != "epochs"}  # they follow the maps
         assert {k: getattr(getattr(config, part), k) for k in values} == values
-    assert (config.model.filters, config.data.train, config.train.epochs) == (16, 40_800, 4)
+    assert (config.model.filters, config.model.conv_layers, config.data.train,
+            config.train.epochs) == (16, 2, 163_200, 12)
     assert load_run_config(model={"pool": "global"}, data_maps=2400).train.epochs == 40
     seed = load_run_config()
     assert seed.train.augment == "mirror" and seed.train.failout == 0.0  # the seed's own
@@ -177,10 +186,10 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
     small = load_run_config(data_grid=(6, 8), model={"pool": "global"})  # both layers
     assert (small.model.rows, small.model.cols, small.model.filters) == (6, 8, 16)
     toml = tmp_path / "run.toml"
-    toml.write_text('[model]\npool = "global"\nfilters = 4\n[train]\naugment = "mirror"\n')
+    toml.write_text('[model]\npool = "global"\nfilters = 4\n[train]\naugment = "none"\n')
     mine = load_run_config(toml, train={"failout": 0.0})
-    assert mine.train.augment == "mirror" and mine.train.failout == 0.0
-    assert mine.model.filters == 4 and mine.train.epochs == 4  # unset: the recipe's
+    assert mine.train.augment == "none" and mine.train.failout == 0.0  # not the recipe's
+    assert mine.model.filters == 4 and mine.train.epochs == 12  # unset: the recipe's
 
 
 def test_commands_without_a_config_file_take_the_global_recipe_too(cli) -> None:
@@ -209,7 +218,7 @@ def test_config_init_with_pool_global_writes_the_recipe(cli, tmp_path) -> None:
     assert code == 0, err
     written = load_run_config(tmp_path / "g.toml")
     assert written == load_run_config(model={"pool": "global", "rows": 6})
-    assert (written.model.filters, written.train.epochs) == (16, 4)
+    assert (written.model.filters, written.train.epochs) == (16, 12)
     code, _, err = cli("config", "init", tmp_path / "seed.toml")
     assert code == 0, err
     assert load_run_config(tmp_path / "seed.toml") == load_run_config()

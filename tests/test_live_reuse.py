@@ -148,8 +148,9 @@ def test_drift_flags_without_the_scheduled_mac_are_a_one_line_error(
 def test_a_live_run_makes_one_lounge_whose_test_maps_are_the_recipes(tmp_path: Path) -> None:
     config = load_run_config(None, mode="mesh", model={"rows": 3, "cols": 4,
                                                        "pool": "global"})
-    assert config.data.train > LOUNGE_TRAIN  # the global recipe's 17 lounges
-    whole = generate_lounge(config.data)
+    assert config.data.train > LOUNGE_TRAIN  # the global recipe's 68 lounges
+    # Two lounges stand for them all: each adds training maps, none test maps.
+    whole = generate_lounge(config.data.model_copy(update={"train": 2 * LOUNGE_TRAIN}))
     one = generate_lounge(config.data.model_copy(update={"train": LOUNGE_TRAIN}))
     assert np.array_equal(whole.X_test, one.X_test)
     code, _, err = _meshdl("simulate", "live", "--rows", "3", "--cols", "4", "--pool",

@@ -1,6 +1,6 @@
 """A training split larger than one lounge's 50 days: the training periods of more
 lounges of the same design, so that the data stay a fair test however many maps are
-asked for; the default generated data set is the global recipe's 40,800 maps, and the
+asked for; the default generated data set is the global recipe's 163,200 maps, and the
 recipe trains fewer epochs on it and as before on a smaller one."""
 
 from __future__ import annotations
@@ -39,17 +39,38 @@ def test_more_maps_add_lounges_and_keep_the_first_lounges_test_split() -> None:
 
 
 def test_the_default_generated_data_set_is_the_global_recipes() -> None:
-    assert data_config(None, {}).train == 40_800
+    assert data_config(None, {}).train == 163_200
     assert data_config(None, {"train": 600}).train == 600
     assert DataConfig().train == 2400  # `meshdl train`'s own data: the source paper's
 
 
 def test_the_recipe_trains_fewer_epochs_on_more_maps_and_as_before_on_fewer() -> None:
     assert recipe_epochs(2400) == recipe_epochs(500) == 40
-    assert recipe_epochs(40_800) == 4 and recipe_epochs(12_000) == 8
-    assert load_run_config(model={"pool": "global"}).train.epochs == 4  # 40,800 generated
+    assert recipe_epochs(4800) == 20 and recipe_epochs(163_200) == recipe_epochs(12_000) == 12
+    assert load_run_config(model={"pool": "global"}).train.epochs == 12  # 163,200 generated
     assert load_run_config(model={"pool": "global"}, data_maps=1000).train.epochs == 40
     assert load_run_config(model={"pool": "global"}, train={"epochs": 9}).train.epochs == 9
     # A data set whose size the caller does not say: a user's own, 40 as before.
     assert load_run_config(model={"pool": "global"}, data_grid=(6, 8)).train.epochs == 40
     assert load_run_config().train.epochs == 20  # the seed network's own
+
+
+def test_experiments_and_simulate_train_take_the_epochs_of_the_data_set_they_are_given(
+        tmp_path) -> None:
+    """`experiment ... --data` and `simulate train --data` gave the data set's grid but not
+    its size: a global head trained the epochs of the default 163,200 maps (12) on 2,400,
+    or 40 on 163,200."""
+    from meshdl.cli.experiment import _with_data_grid
+    from meshdl.cli.simulate import _data_and_config
+    from meshdl.data.datasets import save_dataset
+
+    path = save_dataset(generate_lounge(DataConfig(rows=4, cols=5, train=300, test=20)),
+                        tmp_path / "small.npz")
+    flags = _with_data_grid({"model": {"pool": "global"}}, path)
+    assert load_run_config(mode="mesh", **flags).train.epochs == recipe_epochs(300) == 40
+    _, config, _ = _data_and_config(path, None, {"model": {"pool": "global"}})
+    assert config.train.epochs == 40
+    _, config, _ = _data_and_config(None, None, {"model": {"pool": "global", "rows": 4,
+                                                           "cols": 5},
+                                                 "data": {"train": 4800}})
+    assert config.train.epochs == recipe_epochs(4800) == 20

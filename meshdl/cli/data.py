@@ -39,7 +39,7 @@ def _help(text: str, field: str) -> str:
 
 def generated_default(field: str) -> Any:
     """What `generate` makes of an unset `field` without --config: the data set the
-    global head's recipe needs to reach its ceiling (40,800 training maps: 17 lounges),
+    global head's recipe needs to reach its ceiling (163,200 training maps: 68 lounges),
     else the field's default."""
     return GLOBAL_RECIPE["data"].get(field, DataConfig.model_fields[field].default)
 

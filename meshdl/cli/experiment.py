@@ -124,11 +124,15 @@ def _default_of(name: str, grid_from: str | None) -> str:
     if grid_from and name in ("rows", "cols"):
         return f"{value}, or {grid_from}'s grid"
     if name == "epochs":  # the global head's follow its training maps (recipe_epochs)
+        maps = GLOBAL_RECIPE["data"]["train"]
         return (f"{value}; with --pool global {GLOBAL_RECIPE[section][name]} on 2,400 "
-                f"maps or fewer, {recipe_epochs(40_800)} on the default 40,800")
+                f"maps or fewer, {recipe_epochs(maps)} on the default {maps:,}")
     if name == "failout" and "failout_max" in GLOBAL_RECIPE.get(section, {}):
+        clean = GLOBAL_RECIPE[section].get("failout_clean", 0.0)
         return (f"{value}; {GLOBAL_RECIPE[section][name]}-"
-                f"{GLOBAL_RECIPE[section]['failout_max']} with --pool global")
+                f"{GLOBAL_RECIPE[section]['failout_max']}"
+                + (f" ({clean:.0%} clean)" if clean else "")
+                + " with --pool global")
     if name in GLOBAL_RECIPE.get(section, {}):  # the global head's recipe differs
         return f"{value}; {GLOBAL_RECIPE[section][name]} with --pool global"
     return str(value)
@@ -795,9 +799,11 @@ def _check_values(flag: str, values: list[int], minimum: int) -> None:
                          f"least {minimum}")
 
 
-def _with_data_grid(flags: dict[str, Record], data: Path | None) -> dict[str, Record]:
+def _with_data_grid(flags: dict[str, Any], data: Path | None) -> dict[str, Any]:
     """`flags` with the grid of the data set `data` (if any) where they leave it unset:
-    its grid is the network's."""
+    its grid is the network's; and its training maps as `data_maps`, which the global
+    head's epochs follow (`load_run_config`: 40 on 2,400 maps, not the 12 of the
+    default 163,200)."""
     from meshdl.data.datasets import load_dataset
 
     if data is not None:
@@ -805,6 +811,7 @@ def _with_data_grid(flags: dict[str, Record], data: Path | None) -> dict[str, Re
         model = flags.setdefault("model", {})
         model["rows"] = model.get("rows") or grid.rows
         model["cols"] = model.get("cols") or grid.cols
+        flags["data_maps"] = len(grid.y_train)
     return flags
 
 

@@ -230,14 +230,17 @@ def _data_and_config(data: Path | None, config_file: Path | None,
     the default; a data file of another grid than the run's is refused (its maps would
     be read out of bounds). `one_lounge`: a generated set's training split is at most
     one lounge's (`LOUNGE_TRAIN`), for a run that replays the test maps, which are the
-    first lounge's whatever the training split (meshdl/data/lounge.py): the global
-    recipe's 40,800 maps of 100 x 100 took 2 minutes and 7 GB to make."""
+    first lounge's whatever the training split (meshdl/data/lounge.py): 40,800 maps of
+    100 x 100 took 2 minutes and 7 GB to make, and the global recipe's are four times as
+    many."""
     from meshdl.data.datasets import load_dataset
     from meshdl.data.lounge import LOUNGE_TRAIN, generate_lounge
 
     dataset, source = (load_dataset(data), str(data)) if data else (None, "synthetic lounge")
+    # A data set's size sets the global head's epochs (40 on 2,400 maps, 12 on 163,200).
     config = load_run_config(config_file, mode="mesh", **flags, data_grid=grid if
-                             dataset is None else (dataset.rows, dataset.cols))
+                             dataset is None else (dataset.rows, dataset.cols),
+                             data_maps=None if dataset is None else len(dataset.y_train))
     run_grid = (config.model.rows, config.model.cols)
     if dataset is not None and (dataset.rows, dataset.cols) != run_grid:
         raise UsageError(f"{data} holds {dataset.rows} x {dataset.cols} maps but the run's "

@@ -162,8 +162,8 @@ def deployed_accuracy(config: RunConfig, data: Dataset, settings: dict[str, Any]
 # cells `dead_cells(rows, cols, share, fault seed)` kills (edge at 0,0) for fault seeds
 # 0-9. The script and its runs: docs/results/failures-bound/.
 BOUND: dict[str, dict[str, list[float]]] = {
-    # `meshdl data generate` (seed 0, 40,800 maps), the data of `meshdl experiment
-    # failures --pool global`: 8 epochs, measured 2026-11-29.
+    # `meshdl data generate --train 40800` (seed 0; the default data set until the
+    # recipe took 163,200 maps): 8 epochs, measured 2026-11-29.
     "01862e2202342943": {
         "0": [0.9768],
         "0.1": [0.9572, 0.9715, 0.9590, 0.9697, 0.9733, 0.9715, 0.9733, 0.9733, 0.9733,
