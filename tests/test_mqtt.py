@@ -599,8 +599,14 @@ def test_a_frozen_broker_ends_the_run_in_one_line_and_every_process_obeys_sigter
                 process.kill()
     lines = err.decode().strip().splitlines()
     assert edge.returncode == 1
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert "--resume" in lines[0]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == lines[-1:], lines  # one error line, the last
+    # On a loaded machine the wave's attempts can run out while the hosts' last
+    # heartbeats are still fresh: the edge then says, once, that it tries on (a progress
+    # line, wrapped as the console wraps it) before the broker's silence ends the run.
+    before = " ".join(lines[:-1])
+    assert not before or (before.startswith("wave ") and "trying on" in before), lines
+    assert "--resume" in lines[-1]
     assert "Traceback" not in host_err and "Event loop is closed" not in host_err, host_err
     assert host.returncode == 0 and "stopped:" in host_err, host_err
 
