@@ -213,7 +213,12 @@ def test_production_conf_reads_the_credentials_limits_and_throws_out_a_larger_me
                                            [limit + PACKET_OVERHEAD, 1_040_000]))
     assert (got, thrown_out) == ([], True)
     assert "disconnected due to oversize packet" in broker.log_text()
-    assert "Error" not in broker.log_text()
+    # The factory's readiness probe opens and closes a bare TCP connection on the TLS
+    # port; as the broker happens to read it (a loaded machine), it logs an OpenSSL
+    # "unexpected eof" for a client it never knew: not the thrown-out message.
+    probe = ("unexpected eof while reading", "Client <unknown> disconnected")
+    assert not [line for line in broker.log_text().splitlines()
+                if "Error" in line and not any(p in line for p in probe)]
 
 
 def test_a_broker_shared_by_two_meshes_keeps_the_larger_limit(tmp_path,
