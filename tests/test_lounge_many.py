@@ -5,11 +5,16 @@ recipe trains fewer epochs on it and as before on a smaller one."""
 
 from __future__ import annotations
 
+import os
+import tracemalloc
+
 import numpy as np
+import pytest
 
 from meshdl.cli.data import data_config
 from meshdl.config import DataConfig, load_run_config, recipe_epochs
-from meshdl.data.datasets import data_digest, label_maps
+from meshdl.data import datasets, lounge
+from meshdl.data.datasets import data_digest, dataset_stats, label_maps
 from meshdl.data.lounge import LOUNGE_TRAIN, generate_lounge
 
 
@@ -74,3 +79,51 @@ def test_experiments_and_simulate_train_take_the_epochs_of_the_data_set_they_are
                                                            "cols": 5},
                                                  "data": {"train": 4800}})
     assert config.train.epochs == recipe_epochs(4800) == 20
+
+
+def test_many_lounges_hold_the_data_set_and_one_lounge_at_their_peak() -> None:
+    """The lounges were concatenated and then shuffled into a copy: three times the data
+    set at once, so the default 163,200 maps of a 100 x 100 grid (6.5 GB) did not fit in
+    24 GiB. Each lounge now goes straight to its shuffled places."""
+    cfg = DataConfig(rows=24, cols=30, train=8 * LOUNGE_TRAIN, test=100, seed=2)
+    generate_lounge(DataConfig(rows=3, cols=3, train=4, test=2))  # compiled
+    tracemalloc.start()
+    try:
+        ds = generate_lounge(cfg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    data_set = ds.X_train.nbytes + ds.X_test.nbytes + ds.y_train.nbytes + ds.y_test.nbytes
+    # Before: 3.2 x the data set, above this bound; now what one lounge holds at most.
+    assert data_set + lounge._working_bytes(cfg) > peak > data_set
+
+
+def test_a_request_beyond_the_machines_memory_is_refused_before_any_lounge(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is asked counts its peak, the maps and one lounge's working arrays, so the
+    refusal comes before minutes of lounges and not as the kernel's kill at the last."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    cfg = DataConfig(rows=100, cols=100, train=163_200)
+    maps_only = (cfg.train + cfg.test) * 100 * 100 * 4
+    pages = (maps_only + lounge._working_bytes(cfg) // 2) // page  # the maps fit, the peak not
+    monkeypatch.setattr(lounge.os, "sysconf",
+                        lambda name: pages if name == "SC_PHYS_PAGES" else page)
+    monkeypatch.setattr(lounge, "_lounge", lambda *a: pytest.fail("a lounge was drawn"))
+    with pytest.raises(MemoryError, match="163,761 maps of 100 x 100"):
+        generate_lounge(cfg)
+
+
+def test_the_statistics_of_a_data_set_take_no_copy_of_its_maps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`data generate` and `data inspect` read each split's largest differences twice
+    (statistics and labels): two temporaries the size of the maps each time, before."""
+    monkeypatch.setattr(datasets, "DIFF_BLOCK_BYTES", 1 << 20)  # blocks of a small set
+    ds = generate_lounge(DataConfig(rows=24, cols=30, train=6000, test=100, seed=1))
+    tracemalloc.start()
+    try:
+        stats = dataset_stats(ds)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stats["train"]["labels_match_rule"] == 1.0
+    assert peak < 0.5 * ds.X_train.nbytes

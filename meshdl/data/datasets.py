@@ -84,13 +84,22 @@ def max_neighbour_diff(X: np.ndarray) -> np.ndarray:
     if maps.ndim < 2:
         raise ValueError(f"maps need at least 2 dimensions (rows, cols), got shape {maps.shape}")
     out = np.zeros(maps.shape[:-2], dtype=np.float32)
-    if maps.shape[-2] > 1:
-        vertical = np.abs(np.diff(maps, axis=-2)).max(axis=(-2, -1))
-        out = np.maximum(out, vertical)
-    if maps.shape[-1] > 1:
-        horizontal = np.abs(np.diff(maps, axis=-1)).max(axis=(-2, -1))
-        out = np.maximum(out, horizontal)
+    flat, flat_out = maps.reshape(-1, *maps.shape[-2:]), out.reshape(-1)
+    # A block of maps at a time: the differences are two temporaries the size of what
+    # they are taken of, and a data set may be most of the machine's memory.
+    step = max(1, DIFF_BLOCK_BYTES // max(1, flat[:1].nbytes))
+    for start in range(0, len(flat), step):
+        block, largest = flat[start:start + step], flat_out[start:start + step]
+        if maps.shape[-2] > 1:
+            np.maximum(largest, np.abs(np.diff(block, axis=-2)).max(axis=(-2, -1)),
+                       out=largest)
+        if maps.shape[-1] > 1:
+            np.maximum(largest, np.abs(np.diff(block, axis=-1)).max(axis=(-2, -1)),
+                       out=largest)
     return out
+
+
+DIFF_BLOCK_BYTES = 1 << 25  # 32 MiB of maps a block in `max_neighbour_diff`
 
 
 def label_maps(X: np.ndarray, threshold: float = 3.0) -> np.ndarray:
@@ -308,9 +317,9 @@ def _as_labels(y: np.ndarray, key: str, where: str) -> np.ndarray:
 
 
 def _check_finite(X: np.ndarray, split: str, key: str, where: str) -> None:
+    if X.size == 0 or (np.isfinite(X.min()) and np.isfinite(X.max())):
+        return  # NaN wins min and max, and an inf is one of them: no mask of the maps
     bad = ~np.isfinite(X)
-    if not bad.any():
-        return
     n_nan = int(np.isnan(X).sum())
     n_inf = int(bad.sum()) - n_nan
     kinds = " and ".join(

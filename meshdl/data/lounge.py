@@ -173,15 +173,28 @@ def generate_lounge(cfg: DataConfig) -> Dataset:
 
 
 def _require_memory(cfg: DataConfig) -> None:
-    """MemoryError naming the whole request when its maps alone (float32, every lounge's
-    together) exceed this machine's memory: before a lounge is drawn, not at the first
-    lounge's working arrays, whose size says nothing of what was asked."""
+    """MemoryError naming the whole request when what generating it holds at its peak
+    exceeds this machine's memory: every lounge's maps (float32, written in place) and
+    one lounge's working arrays (`_working_bytes`). Raised before a lounge is drawn, not
+    at some lounge's arrays minutes in, whose size says nothing of what was asked."""
     maps = cfg.train + cfg.test
-    need = maps * cfg.rows * cfg.cols * np.dtype(np.float32).itemsize
+    need = maps * cfg.rows * cfg.cols * np.dtype(np.float32).itemsize + _working_bytes(cfg)
     have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if need > have:
         raise MemoryError(f"{_binary(need)} for {maps:,} maps of {cfg.rows} x {cfg.cols}, "
                           f"on a machine of {_binary(have)}")
+
+
+#: One lounge's working arrays at their peak, in float64 maps of that lounge: the base,
+#: its gradients and anomaly fields and their calibration (3.2-4.5 measured with
+#: tracemalloc on 24 x 30 lounges; tests/test_lounge_many.py holds the generator to it).
+WORKING_MAPS = 6
+
+
+def _working_bytes(cfg: DataConfig) -> int:
+    """What one lounge (training period and test period) holds while it is drawn."""
+    slots = min(cfg.train, LOUNGE_TRAIN) + cfg.test
+    return WORKING_MAPS * slots * cfg.rows * cfg.cols * np.dtype(np.float64).itemsize
 
 
 def _binary(size: int) -> str:
@@ -199,19 +212,31 @@ LOUNGE_STREAM = 0x1A0E  # seeds each further lounge: SeedSequence([seed, this, i
 
 def _more_lounges(cfg: DataConfig, first: Dataset) -> Dataset:
     """`first` (the first lounge, training split and test split) with the training
-    periods of as many further lounges as `cfg.train` needs, shuffled together."""
+    periods of as many further lounges as `cfg.train` needs, shuffled together.
+
+    The maps are those of every lounge's training period one after the other, in the
+    order of a permutation drawn from the seed; each lounge is written straight to its
+    places in the one output array and let go, so the peak is the data set and one
+    lounge, not the lounges, their concatenation and its shuffled copy (3 x the data
+    set: 100 x 100 cells of 163,200 maps would not fit in 24 GiB)."""
     per = LOUNGE_TRAIN
-    parts, others = [first], []
+    order = np.random.default_rng([cfg.seed, LOUNGE_STREAM]).permutation(cfg.train)
+    place = np.empty_like(order)  # where the j-th map of the lounges in turn goes
+    place[order] = np.arange(cfg.train)
+    X = np.empty((cfg.train, *first.X_train.shape[1:]), dtype=first.X_train.dtype)
+    y = np.empty(cfg.train, dtype=first.y_train.dtype)
+    X[place[:per]], y[place[:per]] = first.X_train, first.y_train
+    others = []
     for i, start in enumerate(range(per, cfg.train, per), start=1):
         size = min(per, cfg.train - start)
         entropy = [cfg.seed, LOUNGE_STREAM, i]
         # Its own test period too, so its calibration quotas are those of any lounge.
-        parts.append(_lounge(cfg.model_copy(update={"train": size}), entropy))
+        part = _lounge(cfg.model_copy(update={"train": size}), entropy)
+        to = place[start:start + size]
+        X[to], y[to] = part.X_train, part.y_train
         others.append({"seed_entropy": entropy, "train": size,
-                       "train_positives": int(parts[-1].y_train.sum())})
-    order = np.random.default_rng([cfg.seed, LOUNGE_STREAM]).permutation(cfg.train)
-    X = np.concatenate([part.X_train for part in parts])[order]
-    y = np.concatenate([part.y_train for part in parts])[order]
+                       "train_positives": int(part.y_train.sum())})
+        del part
     meta = dict(first.meta)
     meta["config"] = cfg.model_dump()
     meta["counts"] = {**meta["counts"], "train": cfg.train,
