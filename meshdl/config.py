@@ -512,7 +512,7 @@ def commented_config(values: dict[str, dict[str, Any]] | None = None) -> str:
     RunConfig.model_validate(values)  # a ValidationError names a bad value
     recipe = ", ".join(f"{name} {_toml_value(value)}" + (
         f" on 2,400 maps or fewer, {recipe_epochs(GLOBAL_RECIPE['data']['train'])} on "
-        f"{_toml_value(GLOBAL_RECIPE['data']['train'])}" if name == "epochs" else "")
+        f"{GLOBAL_RECIPE['data']['train']:,} maps" if name == "epochs" else "")
         for part in GLOBAL_RECIPE.values() for name, value in part.items())
     lines = ["# meshdl configuration: defaults < this file < MESHDL_* environment < flags.",
              "# Every setting is at its default; delete what you do not change.",

@@ -317,8 +317,8 @@ def _as_labels(y: np.ndarray, key: str, where: str) -> np.ndarray:
 
 
 def _check_finite(X: np.ndarray, split: str, key: str, where: str) -> None:
-    if X.size == 0 or (np.isfinite(X.min()) and np.isfinite(X.max())):
-        return  # NaN wins min and max, and an inf is one of them: no mask of the maps
+    if X.size == 0 or (X.dtype.kind == "f" and np.isfinite(X.min()) and np.isfinite(X.max())):
+        return  # NaN wins a float min and max, an inf is one of them: no mask of the maps
     bad = ~np.isfinite(X)
     n_nan = int(np.isnan(X).sum())
     n_inf = int(bad.sum()) - n_nan
