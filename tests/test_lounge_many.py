@@ -127,3 +127,16 @@ def test_the_statistics_of_a_data_set_take_no_copy_of_its_maps(
         tracemalloc.stop()
     assert stats["train"]["labels_match_rule"] == 1.0
     assert peak < 0.5 * ds.X_train.nbytes
+
+
+def test_reads_in_blocks_are_the_reads_of_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block boundary must not change a map's largest difference or what dead cells
+    hide: the blocks split maps, never a map."""
+    ds = generate_lounge(DataConfig(rows=9, cols=11, train=400, test=50, seed=5))
+    dead = np.random.default_rng(5).uniform(size=(9, 11)) < 0.15
+    whole = (datasets.max_neighbour_diff(ds.X_train),
+             datasets.hidden_by_dead(ds.X_train, dead))
+    assert whole[1].any()  # some anomaly only dead cells show
+    monkeypatch.setattr(datasets, "DIFF_BLOCK_BYTES", 7 * ds.X_train[0].nbytes + 5)
+    np.testing.assert_array_equal(datasets.max_neighbour_diff(ds.X_train), whole[0])
+    np.testing.assert_array_equal(datasets.hidden_by_dead(ds.X_train, dead), whole[1])

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -84,12 +84,7 @@ def max_neighbour_diff(X: np.ndarray) -> np.ndarray:
     if maps.ndim < 2:
         raise ValueError(f"maps need at least 2 dimensions (rows, cols), got shape {maps.shape}")
     out = np.zeros(maps.shape[:-2], dtype=np.float32)
-    flat, flat_out = maps.reshape(-1, *maps.shape[-2:]), out.reshape(-1)
-    # A block of maps at a time: the differences are two temporaries the size of what
-    # they are taken of, and a data set may be most of the machine's memory.
-    step = max(1, DIFF_BLOCK_BYTES // max(1, flat[:1].nbytes))
-    for start in range(0, len(flat), step):
-        block, largest = flat[start:start + step], flat_out[start:start + step]
+    for block, largest in _blocks(maps, out):
         if maps.shape[-2] > 1:
             np.maximum(largest, np.abs(np.diff(block, axis=-2)).max(axis=(-2, -1)),
                        out=largest)
@@ -99,7 +94,17 @@ def max_neighbour_diff(X: np.ndarray) -> np.ndarray:
     return out
 
 
-DIFF_BLOCK_BYTES = 1 << 25  # 32 MiB of maps a block in `max_neighbour_diff`
+DIFF_BLOCK_BYTES = 1 << 25  # 32 MiB of maps a block (`_blocks`)
+
+
+def _blocks(maps: np.ndarray, out: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`maps` (..., rows, cols) a block of maps at a time, each with its part of `out`
+    (shape `maps.shape[:-2]`, written through): differences of a whole data set are
+    temporaries its size, and a data set may be most of the machine's memory."""
+    flat, flat_out = maps.reshape(-1, *maps.shape[-2:]), out.reshape(-1)
+    step = max(1, DIFF_BLOCK_BYTES // max(1, flat[:1].nbytes))
+    for start in range(0, len(flat), step):
+        yield flat[start:start + step], flat_out[start:start + step]
 
 
 def label_maps(X: np.ndarray, threshold: float = 3.0) -> np.ndarray:
@@ -117,12 +122,13 @@ def hidden_by_dead(X: np.ndarray, dead: np.ndarray, threshold: float = 3.0) -> n
     live = ~np.asarray(dead, dtype=bool)
     limit = np.float32(threshold)
     seen = np.zeros(maps.shape[:-2], dtype=bool)
-    if maps.shape[-2] > 1:
-        both = live[1:, :] & live[:-1, :]
-        seen |= ((np.abs(np.diff(maps, axis=-2)) >= limit) & both).any(axis=(-2, -1))
-    if maps.shape[-1] > 1:
-        both = live[:, 1:] & live[:, :-1]
-        seen |= ((np.abs(np.diff(maps, axis=-1)) >= limit) & both).any(axis=(-2, -1))
+    for block, part in _blocks(maps, seen):
+        if maps.shape[-2] > 1:
+            both = live[1:, :] & live[:-1, :]
+            part |= ((np.abs(np.diff(block, axis=-2)) >= limit) & both).any(axis=(-2, -1))
+        if maps.shape[-1] > 1:
+            both = live[:, 1:] & live[:, :-1]
+            part |= ((np.abs(np.diff(block, axis=-1)) >= limit) & both).any(axis=(-2, -1))
     return (label_maps(maps, threshold) == 1) & ~seen
 
 
