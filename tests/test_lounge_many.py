@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import tracemalloc
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -16,6 +18,8 @@ from meshdl.config import DataConfig, load_run_config, recipe_epochs
 from meshdl.data import datasets, lounge
 from meshdl.data.datasets import data_digest, dataset_stats, label_maps
 from meshdl.data.lounge import LOUNGE_TRAIN, generate_lounge
+
+T = TypeVar("T")
 
 
 def test_a_large_training_split_stays_a_fair_test() -> None:
@@ -81,18 +85,22 @@ def test_experiments_and_simulate_train_take_the_epochs_of_the_data_set_they_are
     assert config.train.epochs == recipe_epochs(4800) == 20
 
 
+def _with_peak(call: Callable[..., T], *args: Any) -> tuple[T, int]:
+    """What `call(*args)` returns, and the most it allocated at once (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        return call(*args), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_many_lounges_hold_the_data_set_and_one_lounge_at_their_peak() -> None:
     """The lounges were concatenated and then shuffled into a copy: three times the data
     set at once, so the default 163,200 maps of a 100 x 100 grid (6.5 GB) did not fit in
     24 GiB. Each lounge now goes straight to its shuffled places."""
     cfg = DataConfig(rows=24, cols=30, train=8 * LOUNGE_TRAIN, test=100, seed=2)
     generate_lounge(DataConfig(rows=3, cols=3, train=4, test=2))  # compiled
-    tracemalloc.start()
-    try:
-        ds = generate_lounge(cfg)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    ds, peak = _with_peak(generate_lounge, cfg)
     data_set = ds.X_train.nbytes + ds.X_test.nbytes + ds.y_train.nbytes + ds.y_test.nbytes
     # Before: 3.2 x the data set, above this bound; now what one lounge holds at most.
     assert data_set + lounge._working_bytes(cfg) > peak > data_set
@@ -119,12 +127,7 @@ def test_the_statistics_of_a_data_set_take_no_copy_of_its_maps(
     (statistics and labels): two temporaries the size of the maps each time, before."""
     monkeypatch.setattr(datasets, "DIFF_BLOCK_BYTES", 1 << 20)  # blocks of a small set
     ds = generate_lounge(DataConfig(rows=24, cols=30, train=6000, test=100, seed=1))
-    tracemalloc.start()
-    try:
-        stats = dataset_stats(ds)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    stats, peak = _with_peak(dataset_stats, ds)
     assert stats["train"]["labels_match_rule"] == 1.0
     assert peak < 0.5 * ds.X_train.nbytes
 
