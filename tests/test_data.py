@@ -546,6 +546,26 @@ def test_cli_generate_keeps_an_existing_data_set_unless_forced(tmp_path: Path, c
     assert out.read_bytes() != before
 
 
+def test_cli_generate_refuses_a_directory_before_drawing_any_lounge(
+        tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--out DIR --force` drew the whole data set, wrote DIR.partial and then failed on
+    "Is a directory: DIR.partial" (exit 1, a path the user never typed); without
+    --force it advised --force. Both are a wrong request, refused before any work."""
+    from meshdl.data import lounge
+    from tests.helpers import assert_one_line_error
+
+    monkeypatch.setattr(lounge, "generate_lounge", lambda cfg: pytest.fail("generated"))
+    (tmp_path / "kept.txt").write_text("mine")
+    for force in ((), ("--force",)):
+        code, _, err = cli("data", "generate", "--out", tmp_path, *force)
+        assert_one_line_error(code, err, 2, f"{tmp_path} is a directory")
+        code, _, err = cli("data", "generate", "--out", tmp_path / "kept.txt" / "x.npz", *force)
+        assert_one_line_error(code, err, 2, "kept.txt is a file, not a directory")
+    code, _, err = cli("config", "init", tmp_path, "--force")
+    assert_one_line_error(code, err, 2, "is a directory")
+    assert [path.name for path in tmp_path.iterdir()] == ["kept.txt"]
+
+
 def test_cli_generate_then_inspect_json_reports_the_passing_checks(
     tmp_path: Path, data_cli: Any
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -37,3 +38,20 @@ def parse_cell(text: str) -> tuple[int, int]:
     except ValueError:
         raise UsageError(f"expected a cell as ROW,COL (e.g. 0,0), got {text!r}") from None
     return row, col
+
+
+def file_to_write(path: Path, force: bool, other: str = "") -> Path:
+    """`path`, checked before a command spends anything on what it will write there: a
+    UsageError when it is a directory or sits under a file (no --force makes either a
+    file it can write), a MeshdlError when it exists and `force` is off (`other`: what
+    else the user may pass, e.g. ", or --out another file")."""
+    from meshdl.errors import MeshdlError, UsageError
+
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; give the path of the file to write")
+    above = next((parent for parent in path.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UsageError(f"{path}: {above} is a file, not a directory")
+    if path.exists() and not force:
+        raise MeshdlError(f"{path} exists; pass --force to overwrite it{other}")
+    return path

@@ -16,10 +16,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from meshdl.cli.common import emit_json, err_console, parse_cell
+from meshdl.cli.common import emit_json, err_console, file_to_write, parse_cell
 from meshdl.cli.options import EdgeAt, JsonReport, json_option
 from meshdl.config import GLOBAL_RECIPE, DataConfig, load_run_config
-from meshdl.errors import MeshdlError, UsageError
+from meshdl.errors import UsageError
 
 # The data sets and the generator (numpy, Numba) load when a command runs, not for
 # `meshdl --help`.
@@ -47,7 +47,7 @@ def generated_default(field: str) -> Any:
 @app.command()
 def generate(
     out: Path = typer.Option(
-        Path("data/lounge.npz"), "--out", "-o", help="Data set file to write (dirs are created)."
+        Path("data/lounges.npz"), "--out", "-o", help="Data set file to write (dirs are created)."
     ),
     config: Path | None = typer.Option(
         None, "--config", help="A run configuration (the mesh file): its [data] section, "
@@ -72,8 +72,9 @@ def generate(
     from meshdl.data.datasets import dataset_stats, save_dataset
     from meshdl.data.lounge import generate_lounge
 
-    if out.exists() and not force:  # another grid's or seed's data set would be lost
-        raise MeshdlError(f"{out} exists; pass --force to overwrite it, or --out another file")
+    # Before minutes of lounges: another grid's or seed's data set would be lost, and a
+    # directory (or a path under a file) could not take the data set at all.
+    file_to_write(out, force, ", or --out another file")
     flags = {"rows": rows, "cols": cols, "train": train, "test": test, "seed": seed,
              "threshold": threshold, "slot_minutes": slot_minutes}
     cfg = data_config(config, flags)
@@ -81,10 +82,12 @@ def generate(
     ds = generate_lounge(cfg)
     seconds = time.perf_counter() - started
     path = save_dataset(ds, out)
+    written = time.perf_counter() - started - seconds  # compressing: most of a large set's
     stats = dataset_stats(ds, cfg.threshold)
     err_console.print(
         f"wrote {path}: {cfg.train} train + {cfg.test} test maps of {cfg.rows} x {cfg.cols}, "
-        f"seed {cfg.seed}, threshold {cfg.threshold:g} °C, generated in {seconds:.2f} s",
+        f"seed {cfg.seed}, threshold {cfg.threshold:g} °C, generated in {seconds:.2f} s, "
+        f"written in {written:.2f} s",
         highlight=False,
     )
     err_console.print(_one_line_stats(stats), highlight=False)

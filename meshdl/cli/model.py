@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import typer
 
-from meshdl.cli.common import emit_json, err_console, out_console
+from meshdl.cli.common import emit_json, err_console, file_to_write, out_console
 from meshdl.cli.options import (
     Activations,
     Cols,
@@ -26,7 +26,7 @@ from meshdl.cli.options import (
     Rows,
     json_option,
 )
-from meshdl.errors import MeshdlError, UsageError
+from meshdl.errors import UsageError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -373,8 +373,7 @@ def config_init(
     --pool global, the settings the global head's recipe sets are written at its values."""
     from meshdl.config import commented_config
 
-    if path.exists() and not force:
-        raise MeshdlError(f"{path} exists; pass --force to overwrite it")
+    file_to_write(path, force)
     grid = {axis: n for axis, n in (("rows", rows), ("cols", cols)) if n is not None}
     model = {**grid, **({} if pool is None else {"pool": pool})}
     text = commented_config({"model": model} if model else None)
