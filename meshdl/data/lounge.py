@@ -21,7 +21,7 @@ time (consecutive slots from a Monday in early spring) and its map is the sum of
 Calibration. A classifier must not be able to separate the classes by a wide margin, so
 the strengths of the features are calibrated per map. Each slot gets a target for its
 largest neighbour difference: above the threshold for most anomaly slots, below it for
-most others, and in each split 35 % of the positives within [thr, thr + 0.6) °C and 35 %
+most others, and in each split 28 % of the positives within [thr, thr + 0.6) °C and 28 %
 of the negatives within [thr - 0.6, thr) (quotas, not coin flips, so this holds for every
 seed; the acceptance rule asks for 25 %). Then the ordinary gradients (sun, airflow,
 people) or the anomaly are scaled so the map's largest difference lands exactly on the
