@@ -40,6 +40,12 @@ def test_train_writes_model_config_and_metrics(cli, small_data_file, tmp_path) -
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     assert set(metrics["epochs"][0]) == {"epoch", "train_loss", "train_acc", "test_acc",
                                          "skipped_steps"}
+    # The epoch line's accuracy is the running one, the last line's the trained model's:
+    # a newcomer saw two "train" figures that differed and nothing saying why.
+    first = next(line for line in err.splitlines() if line.startswith("epoch   1"))
+    assert f"train (running) {metrics['epochs'][0]['train_acc']:.4f}" in first
+    done = next(line for line in err.splitlines() if " done in " in line)
+    assert f"train acc {metrics['final']['train_acc']:.4f}" in done
     assert set(metrics["final"]) == {"train_acc", "test_acc", "predicted_per_class",
                                      "single_class"}
     assert sum(metrics["final"]["predicted_per_class"]["test"]) == 40

@@ -374,7 +374,7 @@ def ps_run(broker: Broker = ..., mesh: MeshFile = ...,
     run_dir = claimed.path
 
     def said(e) -> None:
-        err_console.print(f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train "
+        err_console.print(f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train (running) "
                           f"{e.train_acc:.4f}", highlight=False)
 
     run = ServerRun(config, training_data(config.train, dataset), checkpoints=run_dir,

@@ -369,7 +369,9 @@ def fit_with_progress(config: RunConfig, dataset: Dataset, fit: Fit,
                        epoch=epoch, loss=loss)
 
         def on_epoch(e: EpochMetrics) -> None:
-            bar.console.print(f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train "
+            # "running": the epoch's own forward passes, before each update (the final
+            # line's train acc is the trained model's, read afterwards)
+            bar.console.print(f"epoch {e.epoch:3d}  loss {e.train_loss:.4f}  train (running) "
                               f"{e.train_acc:.4f}  test {e.test_acc:.4f}", highlight=False)
 
         if config.parallel.meshes > 1:
