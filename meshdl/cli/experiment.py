@@ -39,7 +39,7 @@ from meshdl.cli.options import (
     json_option,
 )
 from meshdl.cli.sweep_progress import Estimate, Left, interrupted, taking
-from meshdl.config import GLOBAL_RECIPE, RunConfig, load_run_config, recipe_epochs
+from meshdl.config import GLOBAL_RECIPE, RunConfig, load_run_config, recipe_epochs_said
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.experiments.columns import (
     Shown,
@@ -124,9 +124,7 @@ def _default_of(name: str, grid_from: str | None) -> str:
     if grid_from and name in ("rows", "cols"):
         return f"{value}, or {grid_from}'s grid"
     if name == "epochs":  # the global head's follow its training maps (recipe_epochs)
-        maps = GLOBAL_RECIPE["data"]["train"]
-        return (f"{value}; with --pool global {GLOBAL_RECIPE[section][name]} on 2,400 "
-                f"maps or fewer, {recipe_epochs(maps)} on the default {maps:,}")
+        return f"{value}; with --pool global {recipe_epochs_said()}"
     if name == "failout" and "failout_max" in GLOBAL_RECIPE.get(section, {}):
         clean = GLOBAL_RECIPE[section].get("failout_clean", 0.0)
         return (f"{value}; {GLOBAL_RECIPE[section][name]}-"
