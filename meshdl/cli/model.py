@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
     app.command("evaluate")(evaluate)
     app.command("infer")(infer)
     app.command("calibrate")(calibrate)
+    app.command("mirror-banks")(mirror_banks_command)
     config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
     config_app.command("show")(config_show)
     config_app.command("init")(config_init)
@@ -176,6 +177,36 @@ def calibrate(
     out_console.print(f"{target}: int8 scales {', '.join(f'{s:.6g}' for s in scales)} "
                       f"(input, then each conv layer) from {len(X)} training maps",
                       highlight=False)
+
+
+def mirror_banks_command(
+    model_path: ModelFile,
+    out: Path = typer.Option(..., "--out", "-o", help="The model file to write."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --out if it exists."),
+    json_out: JsonReport = False,
+) -> None:
+    """Write a global-pool model that reads every map in its four mirror orientations,
+    logits averaged: one model of 4 x the filters and hidden units (block-diagonal
+    weights), so it runs as any model does (`evaluate --dead`, `simulate infer`, `edge
+    serve`), the mesh included. Fewer errors with dead cells than the model alone
+    (docs/results/recipe-tuning/README.md), for 4 x a halo's values and conv compute."""
+    from meshdl.model.cnn import CNN
+    from meshdl.model.mirrors import mirror_banks
+
+    file_to_write(out, force, ", or --out another file")
+    model = CNN.load(model_path)
+    banks = mirror_banks(model)
+    banks.save(out)
+    cfg = banks.config
+    report = {"model": str(model_path), "out": str(out), "filters": cfg.filters,
+              "hidden": cfg.hidden, "parameters": int(banks.flat.size),
+              "parameters_alone": int(model.flat.size)}
+    if json_out:
+        emit_json(report)
+        return
+    out_console.print(f"{out}: {model_path} in four mirror orientations, {cfg.filters} "
+                      f"filters and {cfg.hidden} hidden units ({banks.flat.size:,} parameters, "
+                      f"{model.flat.size:,} alone)", highlight=False)
 
 
 class DeadDraw(NamedTuple):
