@@ -39,17 +39,25 @@ def _maps(count: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(21.0, 2.0, (count, ROWS, COLS)).astype(np.float32)
 
 
+# Every flip of a map, spelled out here rather than taken from the module under test.
+ALL_FLIPS = [(up_down, left_right) for up_down in (False, True) for left_right in (False, True)]
+
+
 def _mirrored_mean(model: CNN, X: np.ndarray, dead: set) -> np.ndarray:
     """The four readings of test-time augmentation, done the long way: each map and its
     dead cells flipped, read by the model, the logits averaged."""
     total = np.zeros((len(X), model.config.classes), np.float64)
-    for up_down, left_right in ORIENTATIONS:
+    for up_down, left_right in ALL_FLIPS:
         maps = X[..., ::-1, :] if up_down else X
         maps = np.ascontiguousarray(maps[..., ::-1] if left_right else maps)
         cells = {(ROWS - 1 - r if up_down else r, COLS - 1 - c if left_right else c)
                  for r, c in dead}
         total += model.forward(maps, cell_numbers(cells, COLS) if cells else None)
-    return total / len(ORIENTATIONS)
+    return total / len(ALL_FLIPS)
+
+
+def test_the_banks_are_the_four_flips_the_first_the_map_as_it_is() -> None:
+    assert sorted(ORIENTATIONS) == ALL_FLIPS and ORIENTATIONS[0] == (False, False)
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3])
@@ -70,6 +78,13 @@ def test_a_map_that_is_its_own_mirror_image_reads_as_the_model_alone() -> None:
     X = (X + X[..., ::-1, :] + X[..., ::-1] + X[..., ::-1, ::-1]) / 4  # symmetric maps
     np.testing.assert_allclose(mirror_banks(model).forward(X), model.forward(X),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_banks_beyond_what_a_model_may_hold_are_refused_before_anything_is_written() -> None:
+    """A model file must load back: 300 filters make banks of 1,200, over the cap."""
+    model = CNN(ModelConfig(rows=ROWS, cols=COLS, pool="global", filters=300, hidden=3))
+    with pytest.raises(UsageError, match="filters"):
+        mirror_banks(model)
 
 
 def test_a_windowed_pool_or_an_even_kernel_is_refused() -> None:
@@ -97,12 +112,14 @@ def test_the_banks_run_in_the_mesh_around_dead_cells_as_centrally() -> None:
 
 def test_the_command_writes_the_banks_and_refuses_to_overwrite(tmp_path: Path) -> None:
     model = _model()
+    model.act_scales = np.ones(3, np.float32)  # int8 scales: not carried over, and said so
     source, out = tmp_path / "model.npz", tmp_path / "banks.npz"
     model.save(source)
     code, printed, err = _meshdl("mirror-banks", source, "--out", out, "--json")
     assert code == 0, err
     report = json.loads(printed)
     assert (report["filters"], report["hidden"]) == (12, 20)
+    assert report["int8_scales_dropped"] and CNN.load(out).act_scales is None
     X = _maps(3, 1)
     np.testing.assert_array_equal(CNN.load(out).forward(X), mirror_banks(model).forward(X))
     code, _, err = _meshdl("mirror-banks", source, "--out", out)

@@ -1,5 +1,6 @@
-"""`meshdl evaluate`, `meshdl infer` and `meshdl config show|init`: look at a trained model,
-or at a configuration, or write one to start from.
+"""`meshdl evaluate`, `meshdl infer`, `meshdl calibrate`, `meshdl mirror-banks` and `meshdl
+config show|init`: look at a trained model, fix its int8 scales or write its mirror banks,
+or look at a configuration, or write one to start from.
 
 numpy, the model (Numba) and the data sets are imported by the commands that use them,
 not with the module: `meshdl --help` builds every command's options and runs none.
@@ -188,8 +189,9 @@ def mirror_banks_command(
     """Write a global-pool model that reads every map in its four mirror orientations,
     logits averaged: one model of 4 x the filters and hidden units (block-diagonal
     weights), so it runs as any model does (`evaluate --dead`, `simulate infer`, `edge
-    serve`), the mesh included. Fewer errors with dead cells than the model alone
-    (docs/results/recipe-tuning/README.md), for 4 x a halo's values and conv compute."""
+    serve`), the mesh included: fewer errors with dead cells than the model alone, for
+    4 x a halo's values and the conv layers' compute. The model's int8 scales are not
+    carried over (the four orientations read wider): `meshdl calibrate` the banks."""
     from meshdl.model.cnn import CNN
     from meshdl.model.mirrors import mirror_banks
 
@@ -198,15 +200,19 @@ def mirror_banks_command(
     banks = mirror_banks(model)
     banks.save(out)
     cfg = banks.config
+    dropped = model.act_scales is not None
     report = {"model": str(model_path), "out": str(out), "filters": cfg.filters,
               "hidden": cfg.hidden, "parameters": int(banks.flat.size),
-              "parameters_alone": int(model.flat.size)}
+              "parameters_alone": int(model.flat.size), "int8_scales_dropped": dropped}
     if json_out:
         emit_json(report)
         return
     out_console.print(f"{out}: {model_path} in four mirror orientations, {cfg.filters} "
                       f"filters and {cfg.hidden} hidden units ({banks.flat.size:,} parameters, "
                       f"{model.flat.size:,} alone)", highlight=False)
+    if dropped:
+        err_console.print(f"int8 scales not carried over; for --activations int8-static "
+                          f"run: meshdl calibrate {out} DATA", highlight=False)
 
 
 class DeadDraw(NamedTuple):

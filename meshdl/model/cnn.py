@@ -193,7 +193,7 @@ class CNN:
         """The calibrated activation scales; UsageError if the model has none."""
         if self.act_scales is None:
             raise UsageError("the model has no int8 activation scales: calibrate it "
-                             "(`meshdl model calibrate`, or train it again)")
+                             "(`meshdl calibrate MODEL DATA`, or train it again)")
         return self.act_scales
 
     def calibrate(self, X: np.ndarray, percentile: float = 100.0) -> np.ndarray:

@@ -18,17 +18,23 @@ the stock layers (block-diagonal weights, zeros between the banks), so it runs a
 model does: centrally, in the virtual mesh, over MQTT, with the same cells left out.
 It costs what four models cost (4 x the filters: 4 x a halo's values, and conv2 reads
 all 4 x 16 channels, zeros included), and it is for inference: a trained model's
-banks, not a model to train on.
+banks, not a model to train on. The banks equal the four readings in float32 and under
+int8-static (once calibrated: their scales are those of the model calibrated on all
+four orientations, not the model's own); under `--activations int8` one message's scale
+covers the four banks, so there they only come near them.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from pydantic import ValidationError
 
+from meshdl.config import ModelConfig
 from meshdl.errors import UsageError
 from meshdl.model.cnn import CNN
 
-# The orientations, as (flip up-down, flip left-right): augment.ORIENTATIONS' order.
+# The orientations, as (flip up-down, flip left-right), in the order of the training
+# view's mirrors (`augment.mirrored`); the first is the map as it is.
 ORIENTATIONS = ((False, False), (True, False), (False, True), (True, True))
 
 
@@ -55,7 +61,14 @@ def mirror_banks(model: CNN) -> CNN:
                          "puts more zeros on one side, which a flip moves)")
     banks = len(ORIENTATIONS)
     f, hidden = cfg.filters, cfg.hidden
-    out = CNN(cfg.model_copy(update={"filters": banks * f, "hidden": banks * hidden}))
+    try:  # validated: a model file must load back
+        wide = ModelConfig.model_validate({**cfg.model_dump(), "filters": banks * f,
+                                           "hidden": banks * hidden})
+    except ValidationError as exc:
+        detail = exc.errors()[0]
+        raise UsageError(f"mirror banks of this model exceed what a model may hold: "
+                         f"{detail['loc'][0]}: {detail['msg']}") from None
+    out = CNN(wide)
     p, q = model.params, out.params
     for name in q:
         q[name][...] = 0.0
@@ -72,4 +85,6 @@ def mirror_banks(model: CNN) -> CNN:
         q["fc2.weight"][:, units] = p["fc2.weight"] / np.float32(banks)
     q["fc2.bias"][...] = p["fc2.bias"]
     out.norm_mean, out.norm_std = model.norm_mean.copy(), model.norm_std.copy()
-    return out  # (int8 scales: calibrate it anew; the banks' ranges are the model's)
+    # No int8 scales: the model's were calibrated on the maps as they are, and the banks
+    # read the four orientations, whose ranges are wider (`meshdl calibrate` the banks).
+    return out
