@@ -504,3 +504,13 @@ def test_the_summary_of_an_mqtt_run_says_nothing_of_wave_depth_it_cannot_see(
     print_comm_summary(comm, console)
     text = console.export_text()
     assert "busiest link" in text and "None" not in text and "depth" not in text
+
+
+def test_config_show_of_the_seed_network_says_what_a_global_head_takes(cli) -> None:
+    """`data generate` makes the global recipe's 163,200 maps while `config show` of the
+    seed network says data.train 2400: the table says why (a new user asked)."""
+    code, out, _ = cli("config", "show")
+    assert code == 0
+    said = " ".join(out.split())
+    assert "global head" in said and "163,200 training maps" in said
+    assert "12 on the default 163,200" in said

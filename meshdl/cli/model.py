@@ -394,6 +394,20 @@ def config_show(
         else:
             table.add_row(section, str(values))
     out_console.print(table)
+    if not config.model.global_pool:  # data generate's default is the global head's size
+        out_console.print(global_recipe_said(), highlight=False)
+
+
+def global_recipe_said() -> str:
+    """What a global head takes for what is left unset, in one sentence: `config show`
+    of another model says it, since `data generate` makes the recipe's maps."""
+    from meshdl.config import GLOBAL_RECIPE, recipe_epochs_said
+
+    model, data = GLOBAL_RECIPE["model"], GLOBAL_RECIPE["data"]
+    return (f"A global head (pool = \"global\") takes its own recipe for what is unset: "
+            f"{model['filters']} filters, the alive mask, failout, {data['train']:,} "
+            f"training maps (`meshdl data generate`'s default), and its epochs: "
+            f"{recipe_epochs_said()}.")
 
 
 def config_init(
