@@ -70,8 +70,7 @@ def mirror_banks(model: CNN) -> CNN:
                          f"{detail['loc'][0]}: {detail['msg']}") from None
     out = CNN(wide)
     p, q = model.params, out.params
-    for name in q:
-        q[name][...] = 0.0
+    out.flat[...] = 0.0  # (q views it) the zeros between the banks
     for o, (ud, lr) in enumerate(ORIENTATIONS):
         rows = slice(o * f, (o + 1) * f)
         for layer in range(1, cfg.conv_layers + 1):
