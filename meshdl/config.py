@@ -60,6 +60,12 @@ class ModelConfig(_Strict):
                         "read from the data: 1 at a live cell, 0 at a dead one (zeroed with "
                         "the rest of a dead cell's input), so the model knows which cells "
                         "are gone; never normalized")
+    position_bias: bool = Field(False, description="the last conv layer adds a learned "
+                                "bias per filter and cell (parameter `position`, filters x "
+                                "rows x cols, at the end of the flat vector): where in this "
+                                "room anomalies show, which a filter shared by every cell "
+                                "cannot know; a node would hold its own. Ties the model to "
+                                "its grid; central only for now")
     kernel: int = Field(3, ge=1, description="convolution filter size k (odd or even)")
     filters: int = Field(5, ge=1, le=1024, description="filters h per conv layer")
     conv_layers: int = Field(2, ge=1, le=16, description="number of conv + ReLU layers")
@@ -133,6 +139,8 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes["fc1.bias"] = (config.hidden,)
     shapes["fc2.weight"] = (config.classes, config.hidden)
     shapes["fc2.bias"] = (config.classes,)
+    if config.position_bias:  # last, so that the other parameters keep their places
+        shapes["position"] = (h, config.rows, config.cols)
     return shapes
 
 
@@ -390,6 +398,15 @@ class RunConfig(BaseSettings):
             parse_policy(self.mesh.compress, layer_sizes(self.model))
         except UsageError as exc:
             raise ValueError(f"mesh.compress: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _position_bias_is_central(self) -> RunConfig:
+        if self.model.position_bias and self.mode != "central":
+            raise ValueError("model.position_bias: the mesh does not carry a bias per cell "
+                             "yet; train and run such a model with mode = 'central'")
+        if self.model.position_bias and not self.model.global_pool:
+            raise ValueError("model.position_bias: only with pool = 'global'")
         return self
 
     @model_validator(mode="after")

@@ -302,8 +302,11 @@ def test_the_emulations_conv_is_the_nodes_arithmetic_to_the_bit():
     x = rng.normal(size=(c, rows, cols, batch)).astype(np.float32)
     weight = rng.normal(size=(h, c, k, k)).astype(np.float32)
     bias = rng.normal(size=h).astype(np.float32)
+    # each cell's bias: the layer's plus a position bias, added as a node adds them
+    position = rng.normal(size=(h, rows, cols)).astype(np.float32)
+    cell_bias = bias[:, None, None] + position
     out = np.empty((h, rows, cols, batch), np.float32)
-    conv_relu_node_order(x, weight, bias, 1, out)
+    conv_relu_node_order(x, weight, cell_bias, 1, out)
     for r in range(rows):
         for q in range(cols):
             window = [(i, j) for i in range(max(0, r - 1), min(rows, r + 2))
@@ -312,7 +315,7 @@ def test_the_emulations_conv_is_the_nodes_arithmetic_to_the_bit():
             taps = np.array([(i - r + 1) * k + j - q + 1 for i, j in window], np.int64)
             cell = np.empty((h, batch), np.float32)
             conv_relu(values, np.arange(len(window), dtype=np.int64), taps,
-                      weight.reshape(h, c, k * k), bias, cell)
+                      weight.reshape(h, c, k * k), bias + position[:, r, q], cell)
             assert np.array_equal(cell, out[:, r, q])
 
 

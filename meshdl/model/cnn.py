@@ -19,6 +19,13 @@ With `alive` the last input channel is the alive mask: 1 at a live cell, and 0 a
 dead one because a dead cell's whole input is zeroed (failout, `forward_trace`). Its
 constants are always mean 0, std 1, so the 1 reaches conv1 as it is; maps given
 without it (the readings alone) get it here, as a live node appends it to its reading.
+
+With `position_bias` the last conv layer adds `position` (h, rows, cols), a learned bias
+per filter and cell, before its ReLU: a filter shared by every cell cannot know that a
+dead cell beside a socket is likelier to hide a heater than one in mid-floor (the
+lounge's anomalies come from fixed sockets, doors and diffusers). It starts at 0 (the
+plain model), sits last in the flat vector, and, while training on mirrors, flips with
+each map (`oriented_position`): the room's installations move with the mirror.
 """
 
 from __future__ import annotations
@@ -51,6 +58,34 @@ def fan_in(name: str, shapes: dict[str, tuple[int, ...]]) -> int:
     """Inputs feeding one unit of the layer owning `name` (PyTorch's init bound)."""
     weight = shapes[name.rsplit(".", 1)[0] + ".weight"]
     return math.prod(weight[1:])
+
+
+# A map's mirror (`meshdl.data.augment`): as is, up-down, left-right, both. The room's
+# installations flip with the map, so the position bias does too.
+_FLIPS = ((slice(None), slice(None)), (slice(None, None, -1), slice(None)),
+          (slice(None), slice(None, None, -1)), (slice(None, None, -1), slice(None, None, -1)))
+
+
+def oriented_position(position: np.ndarray, orientation: np.ndarray) -> np.ndarray:
+    """The position bias (h, rows, cols) as each map of a batch sees it, (h, rows, cols,
+    B): flipped as map b was (`orientation[b]`, 0-3)."""
+    out = np.empty((*position.shape, len(orientation)), np.float32)
+    for o, (r, c) in enumerate(_FLIPS):
+        pick = orientation == o
+        if pick.any():
+            out[..., pick] = position[:, r, c][..., None]
+    return out
+
+
+def position_gradient(top: np.ndarray, orientation: np.ndarray, out: np.ndarray) -> None:
+    """d(loss)/d(position) from the last layer's d(pre-activation) (h, rows, cols, B)
+    of maps in mirror `orientation`: each map's share flipped back to the room's frame
+    (a flip is its own inverse)."""
+    out[...] = 0.0
+    for o, (r, c) in enumerate(_FLIPS):
+        pick = orientation == o
+        if pick.any():
+            out += top[..., pick].sum(axis=-1)[:, r, c]
 
 
 @dataclass
@@ -89,6 +124,8 @@ class CNN:
         self._grads = views(self._grad_flat, self.shapes)
         rng = np.random.default_rng(seed)
         for name, value in self.params.items():
+            if name == "position":
+                continue  # starts at 0: the model is the plain one until it learns
             # PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases.
             bound = 1.0 / math.sqrt(fan_in(name, self.shapes))
             value[...] = rng.uniform(-bound, bound, value.shape)
@@ -139,12 +176,15 @@ class CNN:
 
     # ---------------------------------------------------------------- forward
     def forward_trace(self, x: np.ndarray, failout: np.ndarray | None = None,
-                      quantized: bool = False) -> Trace:
+                      quantized: bool = False, orientation: np.ndarray | None = None
+                      ) -> Trace:
         """Forward pass on batch-last, normalized input (c,rows,cols,B), keeping a trace.
         `failout`: cells (row x cols + col) with no reading and no output, zeros in every
         layer (meshdl/training/failout.py). `quantized`: the central int8 emulation, each
         activation quantized where it is made by the calibrated `act_scales` (what a mesh
-        under `--activations int8-static` computes; inference only)."""
+        under `--activations int8-static` computes; inference only). `orientation` (B,)
+        of 0-3 (`augment.ORIENTATIONS`): each map's mirror while training on mirrors,
+        which the position bias follows (`oriented_position`)."""
         cfg, p = self.config, self.params
         planes = self._planes(x.shape[-1])
         layers = range(1, cfg.conv_layers + 1)
@@ -153,8 +193,11 @@ class CNN:
         if failout is not None and len(failout):
             dead = np.divmod(np.asarray(failout, np.intp), cfg.cols)
             x[:, dead[0], dead[1]] = 0.0
+        position = p.get("position")
+        if position is not None and orientation is not None:
+            position = oriented_position(position, orientation)
         planes.forward(x, weights, [p[f"conv{n}.bias"] for n in layers], dead,
-                       self.scales_for_inference() if quantized else None)
+                       self.scales_for_inference() if quantized else None, position)
         trace = self.head_forward(planes.pooled)
         trace.activations, trace.winners, trace.planes = list(planes.views), planes.winners, planes
         return trace
@@ -214,21 +257,21 @@ class CNN:
         loss, _ = self.gradient_pass(X, y)
         return loss, self._grads
 
-    def gradient_pass(self, X: np.ndarray, y: np.ndarray, failout: np.ndarray | None = None
-                      ) -> tuple[float, np.ndarray]:
+    def gradient_pass(self, X: np.ndarray, y: np.ndarray, failout: np.ndarray | None = None,
+                      orientation: np.ndarray | None = None) -> tuple[float, np.ndarray]:
         """Forward and backward of one batch: (loss, logits (B, classes)); `failout`: the
-        cells acting dead in it (`forward_trace`).
+        cells acting dead in it, `orientation`: each map's mirror (`forward_trace`).
 
         Fills `grad_flat` (the flat gradient, laid out like `flat`), which the next call
         overwrites.
         """
         x = self.to_batch_last(X)
         labels = self.check_labels(y, x.shape[-1])
-        trace = self.forward_trace(x, failout)
+        trace = self.forward_trace(x, failout, orientation=orientation)
         dlogits = np.empty_like(trace.logits)
         loss = kernels.softmax_cross_entropy(trace.logits, labels, dlogits)
         dfeatures = self.head_backward(trace, dlogits)
-        self.conv_backward(trace, dfeatures)
+        self.conv_backward(trace, dfeatures, orientation)
         return float(loss), np.ascontiguousarray(trace.logits.T)
 
     @property
@@ -287,8 +330,10 @@ class CNN:
             return trace.pooled
         return (p["fc1.weight"].T @ dhidden).reshape(trace.pooled.shape)
 
-    def conv_backward(self, trace: Trace, dpooled: np.ndarray) -> None:
-        """Gradients of every conv layer into the grad buffer, from dL/d(pooled)."""
+    def conv_backward(self, trace: Trace, dpooled: np.ndarray,
+                      orientation: np.ndarray | None = None) -> None:
+        """Gradients of every conv layer (and the position bias) into the grad buffer,
+        from dL/d(pooled); `orientation` as in `forward_trace`."""
         cfg, p, g = self.config, self.params, self._grads
         planes = trace.planes
         if planes is None:  # a trace built by hand: lay its arrays out in planes first
@@ -303,7 +348,14 @@ class CNN:
             [p[f"conv{n}.weight"] for n in layers],
             [g[f"conv{n}.weight"] for n in layers],
             [g[f"conv{n}.bias"] for n in layers],
+            keep_top="position" in g,
         )
+        if "position" in g:  # the last layer's d(pre-activation), summed over the batch
+            top = planes.top_gradient()
+            if orientation is None:
+                top.sum(axis=-1, out=g["position"])
+            else:
+                position_gradient(top, orientation, g["position"])
 
     def on_grid(self, rows: int, cols: int) -> CNN:
         """This model for a grid of `rows` x `cols`: under global pooling the same
@@ -312,6 +364,9 @@ class CNN:
         cfg = self.config
         if (rows, cols) == (cfg.rows, cfg.cols):
             return self
+        if cfg.position_bias:
+            raise UsageError(f"the model's position bias holds a value per cell of its "
+                             f"{cfg.rows} x {cfg.cols} grid: it cannot run on {rows} x {cols}")
         if not cfg.global_pool:
             raise UsageError(f"the model's fc1 reads the pooled blocks of its "
                              f"{cfg.rows} x {cfg.cols} grid: it cannot run on {rows} x {cols} "

@@ -836,14 +836,16 @@ def _softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray,
 def conv_relu_node_order(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, before: int,
                          out: np.ndarray) -> None:
     """out (h, rows, cols, B) = relu(conv of x (c, rows, cols, B)) with weight
-    (h, c, k, k), 'same' windows reaching `before` cells up and left."""
+    (h, c, k, k), 'same' windows reaching `before` cells up and left, and each cell's
+    bias (h, rows, cols): the layer's, plus the position bias where there is one, as a
+    node adds them (float32) before its sum."""
     filters, channels, k, _ = weight.shape
     rows, cols, batch = x.shape[1], x.shape[2], x.shape[3]
     for r in range(rows):
         for q in range(cols):
             for h in range(filters):
                 for j in range(batch):
-                    out[h, r, q, j] = bias[h]
+                    out[h, r, q, j] = bias[h, r, q]
             for dy in range(k):
                 i = r + dy - before
                 if i < 0 or i >= rows:
@@ -885,6 +887,8 @@ class ConvPlanes:
         taps, h = geo.taps, filters
         self.acts = [geo.zeros(in_channels)] + [geo.zeros(slots(h)) for _ in range(layers)]
         self.grads: list[np.ndarray] = []  # allocated by the first backward pass
+        self._ones: np.ndarray | None = None  # the gate of a layer with a position bias
+        self._top: np.ndarray | None = None  # the last layer's d(pre-activation), if kept
         fan = [in_channels] + [h] * (layers - 1)
         self.weights = [np.zeros((slots(h), c, taps, taps), np.float32) for c in fan]
         self.flipped = [np.zeros((slots(c), h, taps, taps), np.float32) for c in fan]
@@ -920,19 +924,27 @@ class ConvPlanes:
 
     def forward(self, x: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray],
                 dead: tuple[np.ndarray, np.ndarray] | None = None,
-                scales: np.ndarray | None = None) -> None:
+                scales: np.ndarray | None = None,
+                position: np.ndarray | None = None) -> None:
         """Conv + ReLU layers then max-pool of x (Ci, rows, cols, B) into `pooled`, `winners`.
         `dead` (failout): (rows, cols) of cells whose every layer's output is 0; their
         ReLU then passes no gradient back either. `scales` (layers + 1): the central
         int8 emulation (meshdl/model/quantize.py): the input and each layer's ReLU output
-        replaced by its quantized values where it is made, as the mesh's nodes do."""
+        replaced by its quantized values where it is made, as the mesh's nodes do.
+        `position`: the last layer's bias per cell, (h, rows, cols) or per map too
+        (h, rows, cols, B), added before its ReLU."""
+        last = len(weights) - 1
         geo, base = self.geometry, self.act_base
         self.views[0][...] = x
         if scales is not None:
             quantize_planes(self.views[0], scales[0], levels(0))
         for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
             if scales is not None:  # the int8 emulation: the node's arithmetic, exactly
-                conv_relu_node_order(self.views[layer], w, b, self.before,
+                cell_bias = np.empty((len(b), geo.rows, geo.cols), np.float32)
+                cell_bias[...] = b[:, None, None]
+                if position is not None and layer == last:
+                    cell_bias += position  # per map only while training: not here
+                conv_relu_node_order(self.views[layer], w, cell_bias, self.before,
                                      self.views[layer + 1])
                 if dead is not None:
                     self.views[layer + 1][:, dead[0], dead[1]] = 0.0
@@ -943,14 +955,31 @@ class ConvPlanes:
             out = self.acts[layer + 1]  # (also the gate, which a forward pass ignores)
             correlate = correlate_planes_parallel if self._parallel(w.shape[1]) \
                 else correlate_planes
-            correlate(self.acts[layer], self.weights[layer], self.biases[layer], out, base,
-                      self.slots, self.blocks, geo.row_stride, geo.batch, out, base, True,
-                      self.dsums)
+            if position is not None and layer == last:  # bias per cell, then the ReLU
+                if self._ones is None:  # a gate that passes everything
+                    self._ones = np.ones_like(out)
+                correlate(self.acts[layer], self.weights[layer], self.biases[layer], out,
+                          base, self.slots, self.blocks, geo.row_stride, geo.batch,
+                          self._ones, base, False, self.dsums)
+                top = self.views[layer + 1]
+                top += position if position.ndim == 4 else position[..., None]
+                np.maximum(top, 0.0, out=top)
+            else:
+                correlate(self.acts[layer], self.weights[layer], self.biases[layer], out,
+                          base, self.slots, self.blocks, geo.row_stride, geo.batch, out, base,
+                          True, self.dsums)
             if self.multi_row:
                 zero_overhang(self.acts[layer + 1], base, *self.grid_args)
             if dead is not None:
                 self.views[layer + 1][:, dead[0], dead[1]] = 0.0
         self._pool()
+
+    def top_gradient(self) -> np.ndarray:
+        """The last layer's d(pre-activation) (h, rows, cols, B) of the last `backward`
+        with `keep_top`."""
+        if self._top is None:
+            raise RuntimeError("no backward pass kept the top gradient")
+        return self._top
 
     def _pool(self) -> None:
         """The last layer's ReLU output, max-pooled into `pooled`, `winners`."""
@@ -967,11 +996,13 @@ class ConvPlanes:
 
     def backward(
         self, dpooled: np.ndarray, weights: list[np.ndarray],
-        dweights: list[np.ndarray], dbiases: list[np.ndarray],
+        dweights: list[np.ndarray], dbiases: list[np.ndarray], keep_top: bool = False,
     ) -> None:
         """Weight and bias gradients of every layer from dL/d(pooled), into dweights/dbiases.
 
-        Uses the activations, `pooled` and `winners` of the last `forward`.
+        Uses the activations, `pooled` and `winners` of the last `forward`. `keep_top`:
+        also keep the last layer's d(pre-activation) (`top_gradient`), what a position
+        bias learns from.
         """
         geo, grad_base = self.geometry, self.grad_base
         if not self.grads:
@@ -980,6 +1011,8 @@ class ConvPlanes:
         dz, below = self.grads
         dpooled = np.ascontiguousarray(dpooled, dtype=np.float32)
         self._route(dpooled, dz, dbiases[-1])
+        if keep_top:
+            self._top = geo.grid(dz, self.after, self.filters).copy()
         for layer in range(self.layers - 1, -1, -1):
             dw = self.dweights[layer]
             parallel = self._parallel(dw.shape[1])  # weight gradient: Ci by Co as forward

@@ -82,6 +82,8 @@ def mirror_banks(model: CNN) -> CNN:
         q["fc1.weight"][units, rows] = p["fc1.weight"]
         q["fc1.bias"][units] = p["fc1.bias"]
         q["fc2.weight"][:, units] = p["fc2.weight"] / np.float32(banks)
+        if "position" in p:  # as trained: the room flips with the map, so in the map's
+            q["position"][rows] = p["position"]  # frame the installations stay put
     q["fc2.bias"][...] = p["fc2.bias"]
     out.norm_mean, out.norm_std = model.norm_mean.copy(), model.norm_std.copy()
     # No int8 scales: the model's were calibrated on the maps as they are, and the banks

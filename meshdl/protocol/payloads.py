@@ -38,6 +38,7 @@ import numpy as np
 
 from meshdl.compress.codec import Channel, VectorCodec
 from meshdl.config import ModelConfig, param_shapes
+from meshdl.errors import UsageError
 
 
 class PlanTail(NamedTuple):
@@ -118,6 +119,9 @@ class ParamsLayout:
            ) -> ParamsLayout:
         """The layout for `model`, with `scales` values of sum scales at its end, then
         (`act_scales`) one activation scale per layer (the input's and each conv's)."""
+        if model.position_bias:  # its nodes would run without it: refuse, never guess
+            raise UsageError("a model with a position bias runs centrally only: the mesh "
+                             "does not carry a bias per cell yet")
         shapes = [s for name, s in param_shapes(model).items() if name.startswith("conv")]
         offsets = [int(o) for o in np.cumsum([0, *(math.prod(s) for s in shapes)])]
         layers = {layer: LayerSlices(slice(offsets[2 * layer - 2], offsets[2 * layer - 1]),

@@ -65,6 +65,7 @@ class CentralEngine:
         self.splits = {"train": (data.X_train, data.y_train), "test": (data.X_test, data.y_test)}
         self.quantized = quantized
         self.train_samples = len(data.y_train)
+        self.originals = originals(data)  # maps before mirrors
         # Each pass on the thread count fastest on this machine at the moment (1 or all
         # cores for the conv kernels, 1 for BLAS): the same bits whichever runs.
         self.threads = ThreadChooser()
@@ -73,8 +74,13 @@ class CentralEngine:
                        failout: np.ndarray | None = None
                        ) -> tuple[float, np.ndarray, np.ndarray]:
         X, y = self.splits["train"]
+        # Which mirror each map is (`augment.batches`' index o x n + i): a position bias
+        # flips with its map, the room's installations and all.
+        orientation = indices // self.originals \
+            if model.config.position_bias and self.originals < len(y) else None
         loss, logits = self.threads.run(
-            ("step", len(indices)), lambda: model.gradient_pass(X[indices], y[indices], failout))
+            ("step", len(indices)),
+            lambda: model.gradient_pass(X[indices], y[indices], failout, orientation))
         return loss, logits, model.grad_flat
 
     def logits(self, model: CNN, split: str, indices: np.ndarray) -> np.ndarray:

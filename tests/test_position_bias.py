@@ -1,0 +1,185 @@
+"""The position bias (`ModelConfig.position_bias`): a learned bias per filter and cell
+at the last conv layer, what a filter shared by every cell cannot learn (where in this
+room anomalies show). Its forward and gradient against PyTorch and finite differences,
+its mirror (the room flips with the map while training on mirrors), the int8 emulation,
+and the places that must refuse it (the mesh, another grid)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshdl.config import ModelConfig, load_run_config
+from meshdl.errors import UsageError
+from meshdl.model.cnn import CNN, oriented_position
+from meshdl.model.mirrors import mirror_banks
+from meshdl.protocol.payloads import ParamsLayout
+
+ROWS, COLS = 5, 6
+
+
+def _config(**over) -> ModelConfig:
+    return ModelConfig(**{"rows": ROWS, "cols": COLS, "pool": "global", "alive": True,
+                          "in_channels": 2, "filters": 3, "hidden": 7, "conv_layers": 2,
+                          "position_bias": True, **over})
+
+
+def _maps(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(batch, 2, ROWS, COLS)).astype(np.float32)
+    X[:, 1] = 1.0  # the alive mask
+    return X, rng.integers(0, 2, batch)
+
+
+def _with_position(seed: int = 1) -> CNN:
+    model = CNN(_config(), seed=0)
+    rng = np.random.default_rng(seed)
+    model.params["position"][...] = rng.normal(0, 0.5, model.params["position"].shape)
+    return model
+
+
+def test_a_zero_position_bias_is_the_plain_model_to_the_bit():
+    plain = CNN(_config(position_bias=False), seed=0)
+    model = CNN(_config(), seed=0)
+    n = plain.flat.size
+    assert np.array_equal(model.flat[:n], plain.flat)  # the other parameters keep places
+    assert not model.params["position"].any()
+    X, y = _maps(4)
+    dead = np.array([3, 17], np.int32)
+    loss, logits = model.gradient_pass(X, y, dead)
+    loss0, logits0 = plain.gradient_pass(X, y, dead)
+    assert loss == loss0 and np.array_equal(logits, logits0)
+    assert np.array_equal(model.grad_flat[:n], plain.grad_flat)
+
+
+@pytest.mark.torch
+def test_forward_and_gradients_equal_pytorch_with_mirrored_maps_and_dead_cells():
+    torch = pytest.importorskip("torch")
+    model = _with_position()
+    X, y = _maps(6)
+    orientation = np.array([0, 1, 2, 3, 2, 0])
+    dead = np.array([0, 8, 29], np.int32)
+    loss, logits = model.gradient_pass(X, y, dead, orientation)
+    p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
+         for k, v in model.params.items()}
+    alive = torch.ones(ROWS * COLS, dtype=torch.float64)
+    alive[torch.from_numpy(dead.astype(np.int64))] = 0
+    alive = alive.reshape(1, 1, ROWS, COLS)
+    h = torch.tensor(X, dtype=torch.float64) * alive
+    pos = torch.stack([p["position"], p["position"].flip(1), p["position"].flip(2),
+                       p["position"].flip(1, 2)])[torch.from_numpy(orientation)]
+    h = torch.relu(torch.nn.functional.conv2d(h, p["conv1.weight"], p["conv1.bias"],
+                                              padding=1)) * alive
+    h = torch.nn.functional.conv2d(h, p["conv2.weight"], p["conv2.bias"], padding=1) + pos
+    h = torch.relu(h) * alive
+    features = h.amax(dim=(2, 3))
+    hidden = torch.relu(features @ p["fc1.weight"].T + p["fc1.bias"])
+    out = hidden @ p["fc2.weight"].T + p["fc2.bias"]
+    ref = torch.nn.functional.cross_entropy(out, torch.from_numpy(y))
+    ref.backward()
+    assert np.allclose(logits, out.detach().numpy(), atol=1e-5)
+    assert loss == pytest.approx(ref.item(), abs=1e-5)
+    for name, value in p.items():
+        assert np.allclose(model._grads[name], value.grad.numpy(), atol=1e-5), name
+
+
+def test_the_position_gradient_equals_finite_differences():
+    model = _with_position()
+    X, y = _maps(5, seed=3)
+    orientation = np.array([1, 3, 0, 2, 1])
+    model.gradient_pass(X, y, None, orientation)
+    grad = model._grads["position"].copy()
+    position = model.params["position"]
+    for index in np.argsort(-np.abs(grad).ravel())[:4]:
+        at = np.unravel_index(index, grad.shape)
+        position[at] += 1e-3
+        up, _ = model.gradient_pass(X, y, None, orientation)
+        position[at] -= 2e-3
+        down, _ = model.gradient_pass(X, y, None, orientation)
+        position[at] += 1e-3
+        assert grad[at] == pytest.approx((up - down) / 2e-3, rel=2e-2, abs=2e-4)
+
+
+def test_a_mirrored_map_sees_the_room_mirrored_with_it():
+    model = _with_position()
+    X, y = _maps(1, seed=4)
+    for o, flip in enumerate([lambda a: a, lambda a: a[..., ::-1, :],
+                              lambda a: a[..., ::-1], lambda a: a[..., ::-1, ::-1]]):
+        mirrored = np.ascontiguousarray(flip(X))
+        _, as_mirror = model.gradient_pass(mirrored, y, None, np.array([o]))
+        turned = CNN(model.config)
+        turned.flat[...] = model.flat
+        turned.params["position"][...] = flip(model.params["position"])
+        _, as_room = turned.gradient_pass(mirrored, y)
+        assert np.array_equal(as_mirror, as_room)
+    assert oriented_position(model.params["position"], np.array([2])).shape == \
+        (*model.params["position"].shape, 1)
+
+
+def test_int8_emulation_adds_the_position_as_a_node_adds_its_bias():
+    model = _with_position()
+    constant = CNN(_config(), seed=0)
+    constant.flat[...] = model.flat
+    constant.params["position"][...] = 0.25
+    shifted = CNN(_config(), seed=0)
+    shifted.flat[...] = model.flat
+    shifted.params["position"][...] = 0.0
+    shifted.params["conv2.bias"][...] += np.float32(0.25)
+    X, _ = _maps(8, seed=5)
+    scales = constant.calibrate(X)
+    shifted.act_scales = scales.copy()
+    assert np.array_equal(constant.forward(X, quantized=True),
+                          shifted.forward(X, quantized=True))
+
+
+def test_the_mesh_another_grid_and_a_windowed_head_refuse_a_position_bias():
+    with pytest.raises(UsageError, match="centrally only"):
+        ParamsLayout.of(_config())
+    with pytest.raises(ValueError, match="mode = 'central'"):
+        load_run_config(mode="mesh", model={"pool": "global", "position_bias": True})
+    with pytest.raises(ValueError, match="pool = 'global'"):
+        load_run_config(mode="central", model={"position_bias": True})
+    with pytest.raises(UsageError, match="cannot run on 7 x 6"):
+        _with_position().on_grid(7, 6)
+
+
+def test_the_position_bias_is_saved_and_loaded(tmp_path):
+    model = _with_position()
+    model.save(tmp_path / "m.npz")
+    back = CNN.load(tmp_path / "m.npz")
+    assert back.config.position_bias
+    assert np.array_equal(back.flat, model.flat)
+
+
+def test_mirror_banks_keep_the_room_in_place_for_every_bank():
+    model = _with_position()
+    banks = mirror_banks(model)
+    X, _ = _maps(3, seed=6)
+    readings = []
+    for o, flip in enumerate([lambda a: a, lambda a: a[..., ::-1, :],
+                              lambda a: a[..., ::-1], lambda a: a[..., ::-1, ::-1]]):
+        x = np.ascontiguousarray(flip(X))
+        readings.append(model.forward(x) if o == 0 else
+                        _reading_with_room_flipped(model, x, flip))
+    assert np.allclose(banks.forward(X), np.mean(readings, axis=0), atol=1e-5)
+
+
+def _reading_with_room_flipped(model: CNN, x: np.ndarray, flip) -> np.ndarray:
+    turned = CNN(model.config)
+    turned.flat[...] = model.flat
+    turned.params["position"][...] = flip(model.params["position"])
+    return turned.forward(x)
+
+
+def test_central_training_learns_a_position_bias_deterministically():
+    cfg = load_run_config(mode="central", model={"pool": "global", "rows": ROWS,
+                                                 "cols": COLS, "position_bias": True},
+                          data={"train": 96, "test": 32}, train={"epochs": 1, "batch": 16})
+    from meshdl.data.lounge import generate_lounge
+    from meshdl.training.loop import train
+
+    data = generate_lounge(cfg.data)
+    first, _ = train(cfg, data)
+    again, _ = train(cfg, data)
+    assert first.params["position"].any()
+    assert np.array_equal(first.flat, again.flat)
