@@ -330,6 +330,9 @@ class EdgeMachine:
         `step`: the wave's number (a live slot's PARAMS: the slot's); default the next.
         `failout` (training): cell numbers (row x cols + col, increasing) that act dead
         in the wave."""
+        if mode == Mode.TRAIN and self.spec.model.position_bias:
+            raise UsageError("a model with a position bias trains centrally (mode = "
+                             "'central'): a REDUCE carries the conv layers' gradients only")
         cells = NO_CELLS if failout is None else np.asarray(failout, np.int32)
         self._request, self.attempts = BatchOrder(mode, split, np.asarray(indices), cells), 0
         self._move(EdgeEvent.START)
@@ -468,7 +471,8 @@ class EdgeMachine:
         """The PARAMS payload of the model as it is (without the plan's tail)."""
         return self.spec.params_layout.pack(self.model.flat, self.model.norm_mean,
                                             self.model.norm_std, self.wave_scales,
-                                            self._act_scales())
+                                            self._act_scales(),
+                                            self.model.params.get("position"))
 
     def _act_scales(self) -> np.ndarray | None:
         """Under int8-static, the model's calibrated activation scales (PARAMS carry

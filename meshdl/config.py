@@ -65,7 +65,8 @@ class ModelConfig(_Strict):
                                 "rows x cols, at the end of the flat vector): where in this "
                                 "room anomalies show, which a filter shared by every cell "
                                 "cannot know; a node would hold its own. Ties the model to "
-                                "its grid; central only for now")
+                                "its grid; trains centrally (a REDUCE carries the conv "
+                                "layers' gradients only), runs in the mesh too")
     kernel: int = Field(3, ge=1, description="convolution filter size k (odd or even)")
     filters: int = Field(5, ge=1, le=1024, description="filters h per conv layer")
     conv_layers: int = Field(2, ge=1, le=16, description="number of conv + ReLU layers")
@@ -401,10 +402,7 @@ class RunConfig(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _position_bias_is_central(self) -> RunConfig:
-        if self.model.position_bias and self.mode != "central":
-            raise ValueError("model.position_bias: the mesh does not carry a bias per cell "
-                             "yet; train and run such a model with mode = 'central'")
+    def _position_bias_is_global(self) -> RunConfig:
         if self.model.position_bias and not self.model.global_pool:
             raise ValueError("model.position_bias: only with pool = 'global'")
         return self

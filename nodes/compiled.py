@@ -41,6 +41,8 @@ from meshdl.nodes.execute import (
     INPUT_GRAD,
     OPERAND_KINDS,
     OPERANDS,
+    P_CELLS,
+    P_OFF,
     PAIRED,
     REDUCE,
     SEND,
@@ -720,8 +722,11 @@ def program_digest(plan: NodePlan, spec: MeshSpec, children: int) -> bytes:
     digest = hashlib.blake2b(digest_size=16)
     hash_arrays(digest, plan.program)
     model = spec.model
+    # A position bias makes the node's number one of the numbers read (its column).
+    own = plan.number if np.any(plan.program.layout[:, P_OFF] != NONE) else None
     digest.update(repr((plan.buffer_shapes, children, spec.params_size, model.conv_layers,
-                        model.in_channels, model.filters)).encode())
+                        model.in_channels, model.filters, own,
+                        model.rows * model.cols)).encode())
     for expect in plan.expected:
         digest.update(repr((int(expect.role), expect.buffer, expect.waiters)).encode())
         slots = expect.slots
@@ -752,6 +757,18 @@ def program_tables(plan: NodePlan, spec: MeshSpec, children: int) -> Tables:
     _within("Program.kept", program.kept, layers + 1, "layers", True)
     _within("Program.layout", program.layout[:, A_SCALE], spec.params_size,
             "values of PARAMS (its activation scale)", True)
+    # A position bias: the node reads value f of its column at P_OFF + f x P_CELLS +
+    # its number, for each of the layer's filters; all of them inside PARAMS.
+    p_off, p_cells = program.layout[:, P_OFF], program.layout[:, P_CELLS]
+    cells = spec.model.rows * spec.model.cols
+    _within("Program.layout", np.where(p_off == NONE, NONE, p_cells), cells + 1,
+            "cells of the grid (its position bias's stride)", True)
+    _within("Program.layout", np.where(
+        p_off == NONE, NONE, p_off + (program.layout[:, W_FILTERS] - 1) * p_cells +
+        plan.number), spec.params_size, "values of PARAMS (its position bias)", True)
+    if plan.number >= cells or np.any((p_off != NONE) & (p_cells != cells)):
+        raise _refuse("Program.layout", (), plan.number,
+                      f"a cell of the {cells} whose position bias has a column each")
     _within("Program.input", program.input[:1], buffers, "buffers of the node", False)
     items = [e for e, expect in enumerate(plan.expected) if expect.role == Role.ITEMS]
     entry_buf = np.full(entries, NONE, np.int64)
@@ -966,12 +983,14 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
     channels = tb.in_channels
     mean = params[tb.mean_off:tb.mean_off + channels]
     std = params[tb.std_off:tb.std_off + channels]
-    layout = np.empty((tb.layers + 1, 7), np.int64)  # the executor's (`layout_rows`)
+    layout = np.empty((tb.layers + 1, 9), np.int64)  # the executor's (`layout_rows`)
     for layer in range(tb.layers + 1):
         layout[layer, 0] = tb.w_off[layer]
         layout[layer, 1:4] = tb.w_shape[layer]
         layout[layer, 4], layout[layer, 5] = tb.b_off[layer], tb.b_len[layer]
         layout[layer, 6] = -1  # not quantized: int8-static waves run on the machines
+        layout[layer, 7] = -1  # no position bias: its waves run on the machines
+        layout[layer, 8] = 0
     which = 0 if training else 1  # `active`'s column
 
     arenas = (inputs, features)  # by INPUTS, FEATURES: what an operand's kind picks

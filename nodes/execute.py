@@ -89,7 +89,10 @@ PAIRED: dict[int, tuple[tuple[int, int], ...]] = {
 # Parameter layout rows (`layout[layer]`): where a conv layer's weight and bias sit in the
 # PARAMS vector and in a node's gradient vector (`ParamsLayout`), and where its output's
 # activation scale does under int8-static (-1: not quantized; row 0: the input's).
-W_OFF, W_FILTERS, W_CHANNELS, W_TAPS, B_OFF, B_LEN, A_SCALE = range(7)
+# P_OFF, P_CELLS: where the layer's position bias table starts in PARAMS (-1: none) and
+# its cells (filter f of cell n at P_OFF + f x P_CELLS + n).
+W_OFF, W_FILTERS, W_CHANNELS, W_TAPS, B_OFF, B_LEN, A_SCALE, P_OFF, P_CELLS = range(9)
+LAYOUT_COLUMNS = 9
 
 
 class UnknownStep(MeshdlError):
@@ -145,8 +148,13 @@ def run_task(step: int, layer: int, values: tuple[np.ndarray, ...], which: np.nd
         h, c, kk = layout[layer, W_FILTERS], layout[layer, W_CHANNELS], layout[layer, W_TAPS]
         w, b = layout[layer, W_OFF], layout[layer, B_OFF]
         z = x(2)[one(2)]
+        bias = params[b:b + layout[layer, B_LEN]]
+        p, cells = layout[layer, P_OFF], layout[layer, P_CELLS]
+        if p >= 0:  # the position bias: this cell's own value of each filter, added first
+            own = p + np.int64(number)
+            bias = bias + params[own:own + h * cells:cells]
         compute.conv_relu(x(0), s(0), s(1), params[w:w + h * c * kk].reshape((h, c, kk)),
-                          params[b:b + layout[layer, B_LEN]], z)
+                          bias, z)
         if failed:  # failout: a dead cell has no output (the zeros filled in)
             z[...] = 0.0
         if layout[layer, A_SCALE] >= 0:  # int8-static: quantized where it is made
@@ -193,11 +201,11 @@ def run_task(step: int, layer: int, values: tuple[np.ndarray, ...], which: np.nd
 
 
 def layout_rows(layout) -> np.ndarray:
-    """A `ParamsLayout` as the executor's (layers + 1, 7) rows (layer 0: only its
-    A_SCALE, the input's)."""
+    """A `ParamsLayout` as the executor's (layers + 1, LAYOUT_COLUMNS) rows (layer 0:
+    only its A_SCALE, the input's)."""
     layers = max(layout.layers, default=0)
-    rows = np.zeros((layers + 1, 7), np.int64)
-    rows[:, A_SCALE] = -1
+    rows = np.zeros((layers + 1, LAYOUT_COLUMNS), np.int64)
+    rows[:, A_SCALE] = rows[:, P_OFF] = -1
     quantized = layout.act_scales.stop > layout.act_scales.start
     for layer, where in layout.layers.items():
         h, c, kk = where.kernel_shape
@@ -206,4 +214,8 @@ def layout_rows(layout) -> np.ndarray:
     if quantized:
         rows[:, A_SCALE] = np.arange(layout.act_scales.start, layout.act_scales.start +
                                      layers + 1)
+    table = layout.position.stop - layout.position.start
+    if table:  # the last layer's; a node reads its own column
+        rows[layers, P_OFF] = layout.position.start
+        rows[layers, P_CELLS] = table // rows[layers, W_FILTERS]
     return rows

@@ -2,7 +2,8 @@
 at the last conv layer, what a filter shared by every cell cannot learn (where in this
 room anomalies show). Its forward and gradient against PyTorch and finite differences,
 its mirror (the room flips with the map while training on mirrors), the int8 emulation,
-and the places that must refuse it (the mesh, another grid)."""
+the mesh (which carries the table in PARAMS and runs it, but does not train it), and
+the places that must refuse it (another grid, a windowed head)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from meshdl.config import ModelConfig, load_run_config
 from meshdl.errors import UsageError
 from meshdl.model.cnn import CNN, oriented_position
 from meshdl.model.mirrors import mirror_banks
-from meshdl.protocol.payloads import ParamsLayout
 
 ROWS, COLS = 5, 6
 
@@ -132,11 +132,7 @@ def test_int8_emulation_adds_the_position_as_a_node_adds_its_bias():
                           shifted.forward(X, quantized=True))
 
 
-def test_the_mesh_another_grid_and_a_windowed_head_refuse_a_position_bias():
-    with pytest.raises(UsageError, match="centrally only"):
-        ParamsLayout.of(_config())
-    with pytest.raises(ValueError, match="mode = 'central'"):
-        load_run_config(mode="mesh", model={"pool": "global", "position_bias": True})
+def test_another_grid_and_a_windowed_head_refuse_a_position_bias():
     with pytest.raises(ValueError, match="pool = 'global'"):
         load_run_config(mode="central", model={"position_bias": True})
     with pytest.raises(UsageError, match="cannot run on 7 x 6"):
@@ -183,3 +179,73 @@ def test_central_training_learns_a_position_bias_deterministically():
     again, _ = train(cfg, data)
     assert first.params["position"].any()
     assert np.array_equal(first.flat, again.flat)
+
+
+# ----------------------------------------------------------------------------- the mesh
+DEAD = {(0, 1), (2, 2), (3, 5)}
+
+
+def _mesh_with_position(spec_dead=frozenset(DEAD)):
+    from meshdl.config import DataConfig
+    from meshdl.data.lounge import generate_lounge
+    from meshdl.protocol.spec import MeshSpec, Split
+    from meshdl.sim.mesh import VirtualMesh
+
+    model = _with_position()
+    model.set_normalization(21.0, 2.0)
+    data = generate_lounge(DataConfig(rows=ROWS, cols=COLS, train=8, test=6, seed=2))
+    spec = MeshSpec(1, model.config, (0, 0), "tree", dead=spec_dead)
+    X = {Split.TRAIN: model.with_alive(data.X_train), Split.TEST: model.with_alive(data.X_test)}
+    labels = {Split.TRAIN: data.y_train, Split.TEST: data.y_test}
+    return model, data, VirtualMesh(spec, X, model, labels, compiled=True)
+
+
+def test_the_mesh_runs_the_position_bias_around_dead_cells_as_centrally():
+    """One inference wave of the virtual mesh planned around three dead cells: each
+    node adds its own column of the position table (PARAMS carry the whole table) and
+    the logits are the central model's with the same cells left out. The compiled
+    dispatch does not list the field, so the machines run the wave."""
+    from meshdl.protocol.spec import Mode, Split
+    from meshdl.sim.compiled import unsupported
+    from meshdl.sim.faults.dead import cell_numbers
+
+    model, data, mesh = _mesh_with_position()
+    assert "model.position_bias" in unsupported(mesh.spec)
+    layout = mesh.spec.params_layout
+    assert layout.position.stop - layout.position.start == 3 * ROWS * COLS
+    result = mesh.run_wave(Mode.INFER, Split.TEST, np.arange(6))
+    np.testing.assert_allclose(result.logits,
+                               model.forward(data.X_test, cell_numbers(DEAD, COLS)),
+                               rtol=1e-4, atol=1e-5)
+    zeroed = CNN(model.config)
+    zeroed.flat[...] = model.flat
+    zeroed.set_normalization(21.0, 2.0)
+    zeroed.params["position"][...] = 0.0
+    assert not np.allclose(result.logits, zeroed.forward(data.X_test, cell_numbers(DEAD, COLS)),
+                           atol=1e-3)  # (the table mattered)
+
+
+def test_the_mesh_refuses_to_train_a_position_bias_in_one_line():
+    from meshdl.protocol.spec import Mode, Split
+
+    _, _, mesh = _mesh_with_position()
+    with pytest.raises(UsageError, match="trains centrally") as refused:
+        mesh.run_wave(Mode.TRAIN, Split.TRAIN, np.arange(3))
+    assert "\n" not in str(refused.value)
+
+
+def test_a_position_column_outside_params_is_refused_before_any_task_runs():
+    from meshdl.errors import MeshdlError
+    from meshdl.nodes.execute import P_OFF
+    from meshdl.nodes.plan import Program
+    from meshdl.protocol.spec import Mode, Split
+
+    _, _, mesh = _mesh_with_position(frozenset())
+    node = next(iter(mesh.nodes.values()))
+    node.plan.program = Program(*(values.copy() for values in node.plan.program))
+    layout = node.plan.program.layout
+    layout[-1, P_OFF] = mesh.spec.params_layout.size  # past the end of PARAMS
+    with pytest.raises(MeshdlError) as refused:
+        mesh.run_wave(Mode.INFER, Split.TEST, np.arange(3))
+    assert "values of PARAMS (its position bias)" in str(refused.value)
+    assert node.flops == 0

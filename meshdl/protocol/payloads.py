@@ -113,15 +113,16 @@ class ParamsLayout:
     # Under `--activations int8-static`, each activation layer's scale, the input's first
     # (meshdl/model/quantize.py): what a node quantizes its values by and reads codes with.
     act_scales: slice = field(default_factory=lambda: slice(0, 0))
+    # With a position bias (`ModelConfig.position_bias`), its whole (filters, rows, cols)
+    # table, last: one signed payload for every node, each reading its own column.
+    position: slice = field(default_factory=lambda: slice(0, 0))
 
     @classmethod
     def of(cls, model: ModelConfig, scales: int = 0, act_scales: bool = False
            ) -> ParamsLayout:
         """The layout for `model`, with `scales` values of sum scales at its end, then
-        (`act_scales`) one activation scale per layer (the input's and each conv's)."""
-        if model.position_bias:  # its nodes would run without it: refuse, never guess
-            raise UsageError("a model with a position bias runs centrally only: the mesh "
-                             "does not carry a bias per cell yet")
+        (`act_scales`) one activation scale per layer (the input's and each conv's), then
+        the position bias of a model with one (filters x cells)."""
         shapes = [s for name, s in param_shapes(model).items() if name.startswith("conv")]
         offsets = [int(o) for o in np.cumsum([0, *(math.prod(s) for s in shapes)])]
         layers = {layer: LayerSlices(slice(offsets[2 * layer - 2], offsets[2 * layer - 1]),
@@ -131,25 +132,34 @@ class ParamsLayout:
         end, c = offsets[-1], model.in_channels
         sums = end + 2 * c + scales
         acts = model.conv_layers + 1 if act_scales else 0
+        table = model.filters * model.rows * model.cols if model.position_bias else 0
         return cls(layers, end, slice(end, end + c), slice(end + c, end + 2 * c),
-                   slice(end + 2 * c, sums), slice(sums, sums + acts))
+                   slice(end + 2 * c, sums), slice(sums, sums + acts),
+                   slice(sums + acts, sums + acts + table))
 
     @property
     def size(self) -> int:
         """Values of a PARAMS payload."""
-        return max(self.scales.stop, self.act_scales.stop)
+        return max(self.scales.stop, self.act_scales.stop, self.position.stop)
 
     def pack(self, conv: np.ndarray, mean: np.ndarray, std: np.ndarray,
-             scales: np.ndarray | None = None, act_scales: np.ndarray | None = None
-             ) -> np.ndarray:
+             scales: np.ndarray | None = None, act_scales: np.ndarray | None = None,
+             position: np.ndarray | None = None) -> np.ndarray:
         """PARAMS from the model's flat conv parameters, its normalization, (under
-        intsum) the sum scales and (int8-static) the activation scales."""
+        intsum) the sum scales, (int8-static) the activation scales and the position
+        bias (its model's, when the layout has one)."""
+        table = self.position.stop - self.position.start
+        if table and (position is None or position.size != table):
+            raise UsageError(f"PARAMS of this layout carry a position bias of {table} "
+                             "values: the model has none of that size")
         scales = np.zeros(self.scales.stop - self.scales.start) if scales is None else scales
         acts = self.act_scales.stop - self.act_scales.start
         if act_scales is None or not acts:
             act_scales = np.zeros(acts)
-        return np.concatenate([conv[: self.conv_size], mean, std, scales,
-                               act_scales]).astype(np.float32)
+        parts = [conv[: self.conv_size], mean, std, scales, act_scales]
+        if table:
+            parts.append(np.asarray(position).ravel())
+        return np.concatenate(parts).astype(np.float32)
 
 
 NO_CELLS = np.empty(0, np.int32)
