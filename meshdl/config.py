@@ -405,6 +405,9 @@ class RunConfig(BaseSettings):
     def _position_bias_is_global(self) -> RunConfig:
         if self.model.position_bias and not self.model.global_pool:
             raise ValueError("model.position_bias: only with pool = 'global'")
+        if self.model.position_bias and self.mesh.compress != "none":
+            raise ValueError("model.position_bias: gradient compression (mesh.compress) "
+                             "knows the conv and fc layers only; train it uncompressed")
         return self
 
     @model_validator(mode="after")

@@ -249,3 +249,68 @@ def test_a_position_column_outside_params_is_refused_before_any_task_runs():
         mesh.run_wave(Mode.INFER, Split.TEST, np.arange(3))
     assert "values of PARAMS (its position bias)" in str(refused.value)
     assert node.flops == 0
+
+
+def test_the_central_engine_tells_each_mirrored_map_its_orientation():
+    """`CentralEngine` reads a map's mirror from its index (o x originals + i, the
+    training view's order): its gradient is the one of the maps with their
+    orientations given by hand."""
+    from meshdl.data.augment import mirrored
+    from meshdl.data.datasets import Dataset
+    from meshdl.training.loop import CentralEngine
+
+    X, y = _maps(4, seed=7)
+    view = mirrored(Dataset(X, y, X[:1], y[:1], {}))
+    engine = CentralEngine(view)
+    model = _with_position()
+    indices = np.array([1, 6, 11, 12, 3])  # orientations 0, 1, 2, 3, 0
+    engine.loss_and_grads(model, indices)
+    by_engine = model.grad_flat.copy()
+    model.gradient_pass(view.X_train[indices], view.y_train[indices], None,
+                        np.array([0, 1, 2, 3, 0]))
+    assert np.array_equal(by_engine, model.grad_flat)
+
+
+def test_what_cannot_carry_the_table_refuses_it_in_one_line():
+    from meshdl.errors import MeshdlError
+    from meshdl.model.torch_compat import torch_sequential
+    from meshdl.protocol.payloads import ParamsLayout
+
+    with pytest.raises(MeshdlError, match=r"no torch\.nn\.Sequential twin"):
+        torch_sequential(_config())
+    with pytest.raises(ValueError, match="train it uncompressed"):
+        load_run_config(mode="central", model={"pool": "global", "position_bias": True},
+                        mesh={"compress": "2bit"})
+    plain = ParamsLayout.of(_config(position_bias=False))
+    model = _with_position()
+    with pytest.raises(UsageError, match="spec and the model disagree"):
+        plain.pack(model.flat, model.norm_mean, model.norm_std,
+                   position=model.params["position"])
+    with pytest.raises(UsageError, match="orientation is 0-3"):
+        oriented_position(model.params["position"], np.array([0, 4]))
+
+
+def test_training_in_the_mesh_is_refused_before_anything_starts():
+    from meshdl.data.lounge import generate_lounge
+    from meshdl.training.loop import train
+
+    cfg = load_run_config(mode="mesh", model={"pool": "global", "rows": ROWS, "cols": COLS,
+                                              "position_bias": True},
+                          data={"train": 16, "test": 8}, train={"epochs": 1})
+    with pytest.raises(UsageError, match="trains centrally"):
+        train(cfg, generate_lounge(cfg.data))
+
+
+def test_a_checkpoint_from_before_the_field_resumes():
+    """A checkpoint's configuration written before `model.position_bias` existed lacks
+    the key: it is the same run, not another configuration."""
+    from meshdl.errors import MeshdlError
+    from meshdl.training.loop import check_same_run
+
+    cfg = load_run_config(mode="central", model={"pool": "global"})
+    saved = cfg.model_dump(mode="json")
+    del saved["model"]["position_bias"]
+    check_same_run(saved, cfg)
+    saved["model"]["filters"] += 1
+    with pytest.raises(MeshdlError, match="another configuration"):
+        check_same_run(saved, cfg)

@@ -66,9 +66,15 @@ _FLIPS = ((slice(None), slice(None)), (slice(None, None, -1), slice(None)),
           (slice(None), slice(None, None, -1)), (slice(None, None, -1), slice(None, None, -1)))
 
 
+def _check_orientation(orientation: np.ndarray) -> None:
+    if orientation.size and not (orientation.min() >= 0 and orientation.max() < len(_FLIPS)):
+        raise UsageError(f"a map's mirror orientation is 0-{len(_FLIPS) - 1}")
+
+
 def oriented_position(position: np.ndarray, orientation: np.ndarray) -> np.ndarray:
     """The position bias (h, rows, cols) as each map of a batch sees it, (h, rows, cols,
     B): flipped as map b was (`orientation[b]`, 0-3)."""
+    _check_orientation(orientation)
     out = np.empty((*position.shape, len(orientation)), np.float32)
     for o, (r, c) in enumerate(_FLIPS):
         pick = orientation == o
@@ -81,6 +87,7 @@ def position_gradient(top: np.ndarray, orientation: np.ndarray, out: np.ndarray)
     """d(loss)/d(position) from the last layer's d(pre-activation) (h, rows, cols, B)
     of maps in mirror `orientation`: each map's share flipped back to the room's frame
     (a flip is its own inverse)."""
+    _check_orientation(orientation)
     out[...] = 0.0
     for o, (r, c) in enumerate(_FLIPS):
         pick = orientation == o

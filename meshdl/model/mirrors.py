@@ -21,7 +21,9 @@ all 4 x 16 channels, zeros included), and it is for inference: a trained model's
 banks, not a model to train on. The banks equal the four readings in float32 and under
 int8-static (once calibrated: their scales are those of the model calibrated on all
 four orientations, not the model's own); under `--activations int8` one message's scale
-covers the four banks, so there they only come near them.
+covers the four banks, so there they only come near them. A position bias stays where
+it is in every bank: the head trained with it flipping with each mirrored map, so its
+reading o is the map and the room flipped together (`cnn.oriented_position`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,11 @@ def import_torch() -> Any:
 
 
 def torch_sequential(config: ModelConfig) -> Any:
-    """torch.nn.Sequential equal to meshdl's CNN for `config` (same names and shapes)."""
+    """torch.nn.Sequential equal to meshdl's CNN for `config` (same names and shapes);
+    MeshdlError for a model with a position bias, which no stock layer adds."""
+    if config.position_bias:
+        raise MeshdlError("a model with a position bias has no torch.nn.Sequential twin "
+                          "(no stock layer adds a bias per cell)")
     nn = import_torch().nn
     layers: OrderedDict[str, Any] = OrderedDict()
     for layer in range(1, config.conv_layers + 1):

@@ -149,6 +149,9 @@ class ParamsLayout:
         intsum) the sum scales, (int8-static) the activation scales and the position
         bias (its model's, when the layout has one)."""
         table = self.position.stop - self.position.start
+        if not table and position is not None:
+            raise UsageError("this layout's model has no position bias, yet one was given: "
+                             "the mesh's spec and the model disagree")
         if table and (position is None or position.size != table):
             raise UsageError(f"PARAMS of this layout carry a position bias of {table} "
                              "values: the model has none of that size")

@@ -9,6 +9,7 @@ mesh be checked against the centralized model step by step.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from pydantic import ValidationError
 
 from meshdl.blas import one_blas_thread
 from meshdl.config import RunConfig, TrainConfig
@@ -218,6 +220,9 @@ def train(
     to go on from (same configuration, or more epochs where `extension_refusal` allows),
     ending where the uninterrupted run would. The history is the whole run's: a resumed
     run's counts, wall time and epochs include those before its checkpoint."""
+    if config.mode == "mesh" and config.model.position_bias:
+        raise UsageError("a model with a position bias trains centrally (mode = "
+                         "'central'): a REDUCE carries the conv layers' gradients only")
     if config.mode == "mesh" and config.mesh.activations == "int8-static":
         raise UsageError("--activations int8-static is inference only (its scales are "
                          "calibrated on the trained model): train with float32, then "
@@ -437,6 +442,10 @@ def check_same_run(saved: dict[str, Any], config: RunConfig) -> None:
     """The checkpoint's run is `config`'s, or `config` is it with more epochs where
     `extension_refusal` allows; else MeshdlError saying which."""
     now = config.model_dump(mode="json")
+    # A checkpoint from before a field was added holds its default (one that does not
+    # validate is compared as it is: it differs).
+    with contextlib.suppress(ValidationError):
+        saved = type(config).model_validate(saved).model_dump(mode="json")
     if saved == now:
         return
     before = saved.get("train", {}).get("epochs") if isinstance(saved.get("train"), dict) \
