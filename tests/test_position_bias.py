@@ -314,3 +314,24 @@ def test_a_checkpoint_from_before_the_field_resumes():
     saved["model"]["filters"] += 1
     with pytest.raises(MeshdlError, match="another configuration"):
         check_same_run(saved, cfg)
+
+
+def test_the_cli_trains_it_centrally_and_refuses_the_mesh_in_one_line(tmp_path):
+    """A config file's `[model] position_bias = true`: `meshdl train --mode central`
+    writes a model with its table; the default mode (the virtual mesh) refuses it in one
+    line saying where it trains (exit 2: a usage error)."""
+    from tests.test_cli_simulate import _meshdl
+
+    data, config = tmp_path / "d.npz", tmp_path / "pos.toml"
+    config.write_text("[model]\nposition_bias = true\n")
+    code, _, err = _meshdl("data", "generate", "--rows", ROWS, "--cols", COLS, "--train",
+                           48, "--test", 8, "--out", data)
+    assert code == 0, err
+    common = ("train", "--data", data, "--pool", "global", "--config", config,
+              "--epochs", 1)
+    code, _, err = _meshdl(*common, "--out", tmp_path / "mesh")
+    assert code == 2 and "trains centrally" in err and len(err.strip().splitlines()) == 1
+    code, _, err = _meshdl(*common, "--mode", "central", "--out", tmp_path / "central")
+    assert code == 0, err
+    model = CNN.load(tmp_path / "central" / "model.npz")
+    assert model.config.position_bias and model.params["position"].any()
