@@ -67,7 +67,8 @@ class CentralEngine:
         self.splits = {"train": (data.X_train, data.y_train), "test": (data.X_test, data.y_test)}
         self.quantized = quantized
         self.train_samples = len(data.y_train)
-        self.originals = originals(data)  # maps before mirrors
+        # Maps before mirrors (a bare stand-in without `meta` holds none).
+        self.originals = originals(data) if hasattr(data, "meta") else self.train_samples
         # Each pass on the thread count fastest on this machine at the moment (1 or all
         # cores for the conv kernels, 1 for BLAS): the same bits whichever runs.
         self.threads = ThreadChooser()
