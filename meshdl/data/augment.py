@@ -22,7 +22,20 @@ import numpy as np
 from meshdl.config import ModelConfig, TrainConfig
 from meshdl.data.datasets import Dataset
 
-ORIENTATIONS = 4  # as is, flipped up-down, flipped left-right, both
+# The mirrors, in the training view's order, as (flip up-down, flip left-right): as is,
+# up-down, left-right, both. The one definition: mirror banks and the position bias
+# read it too.
+FLIPS = ((False, False), (True, False), (False, True), (True, True))
+ORIENTATIONS = len(FLIPS)
+
+
+def flip(a: np.ndarray, up_down: bool, left_right: bool) -> np.ndarray:
+    """`a` (..., rows, cols) flipped on its last two axes as a mirror of `FLIPS` does."""
+    if up_down:
+        a = a[..., ::-1, :]
+    if left_right:
+        a = a[..., ::-1]
+    return a
 _MARK = "augment"  # the meta key that says a data set already holds its mirrors
 _INPUTS = "inputs"  # the meta key that says a data set's maps carry the alive mask
 
@@ -30,7 +43,7 @@ _INPUTS = "inputs"  # the meta key that says a data set's maps carry the alive m
 def mirrored(data: Dataset) -> Dataset:
     """`data` with the three mirror images of every training map appended, in that order."""
     X, y = data.X_train, data.y_train
-    maps = np.concatenate([X, X[..., ::-1, :], X[..., ::-1], X[..., ::-1, ::-1]])
+    maps = np.concatenate([flip(X, ud, lr) for ud, lr in FLIPS])
     return Dataset(maps, np.tile(y, ORIENTATIONS), data.X_test, data.y_test,
                    {**data.meta, _MARK: "mirror"})
 

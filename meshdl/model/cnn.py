@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from meshdl.config import ModelConfig, param_shapes
+from meshdl.data.augment import FLIPS, flip
 from meshdl.data.npzfile import read_npz
 from meshdl.errors import ModelFileError, UsageError
 from meshdl.model import kernels
@@ -60,15 +61,13 @@ def fan_in(name: str, shapes: dict[str, tuple[int, ...]]) -> int:
     return math.prod(weight[1:])
 
 
-# A map's mirror (`meshdl.data.augment`): as is, up-down, left-right, both. The room's
-# installations flip with the map, so the position bias does too.
-_FLIPS = ((slice(None), slice(None)), (slice(None, None, -1), slice(None)),
-          (slice(None), slice(None, None, -1)), (slice(None, None, -1), slice(None, None, -1)))
+# A map's mirror is one of `augment.FLIPS`; the room's installations flip with the map,
+# so the position bias does too.
 
 
 def _check_orientation(orientation: np.ndarray) -> None:
-    if orientation.size and not (orientation.min() >= 0 and orientation.max() < len(_FLIPS)):
-        raise UsageError(f"a map's mirror orientation is 0-{len(_FLIPS) - 1}")
+    if orientation.size and not (orientation.min() >= 0 and orientation.max() < len(FLIPS)):
+        raise UsageError(f"a map's mirror orientation is 0-{len(FLIPS) - 1}")
 
 
 def oriented_position(position: np.ndarray, orientation: np.ndarray) -> np.ndarray:
@@ -76,10 +75,10 @@ def oriented_position(position: np.ndarray, orientation: np.ndarray) -> np.ndarr
     B): flipped as map b was (`orientation[b]`, 0-3)."""
     _check_orientation(orientation)
     out = np.empty((*position.shape, len(orientation)), np.float32)
-    for o, (r, c) in enumerate(_FLIPS):
+    for o, (up_down, left_right) in enumerate(FLIPS):
         pick = orientation == o
         if pick.any():
-            out[..., pick] = position[:, r, c][..., None]
+            out[..., pick] = flip(position, up_down, left_right)[..., None]
     return out
 
 
@@ -89,10 +88,10 @@ def position_gradient(top: np.ndarray, orientation: np.ndarray, out: np.ndarray)
     (a flip is its own inverse)."""
     _check_orientation(orientation)
     out[...] = 0.0
-    for o, (r, c) in enumerate(_FLIPS):
+    for o, (up_down, left_right) in enumerate(FLIPS):
         pick = orientation == o
         if pick.any():
-            out += top[..., pick].sum(axis=-1)[:, r, c]
+            out += flip(top[..., pick].sum(axis=-1), up_down, left_right)
 
 
 @dataclass

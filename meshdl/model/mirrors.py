@@ -32,21 +32,15 @@ import numpy as np
 from pydantic import ValidationError
 
 from meshdl.config import ModelConfig
+from meshdl.data.augment import FLIPS, flip
 from meshdl.errors import UsageError
 from meshdl.model.cnn import CNN
 
 # The orientations, as (flip up-down, flip left-right), in the order of the training
-# view's mirrors (`augment.mirrored`); the first is the map as it is.
-ORIENTATIONS = ((False, False), (True, False), (False, True), (True, True))
-
-
-def flipped(weight: np.ndarray, up_down: bool, left_right: bool) -> np.ndarray:
-    """Conv weights (out, in, k, k) flipped as a map flipped that way needs them."""
-    if up_down:
-        weight = weight[..., ::-1, :]
-    if left_right:
-        weight = weight[..., ::-1]
-    return weight
+# view's mirrors (`augment.FLIPS`); the first is the map as it is. Conv weights
+# (out, in, k, k) flip as a map flipped that way needs them: on their last two axes.
+ORIENTATIONS = FLIPS
+flipped = flip
 
 
 def mirror_banks(model: CNN) -> CNN:
