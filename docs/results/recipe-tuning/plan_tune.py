@@ -1,10 +1,9 @@
-"""tune.py with the room's plan as a second reading (plan_channel below). One tuning run of the global head's recipe, read as heldout.py reads it (central, the
-default global recipe with overrides; clean and with 10 / 20 % of the cells dead, fault
-seeds 0-9, the cells `meshdl evaluate --dead` kills). TUNING data seeds only (0-2).
+"""tune.py with the room's plan as a second reading per cell (`plan_channel`): one
+tuning run of the global head's recipe, read as heldout.py reads it (clean and with
+10 / 20 % of the cells dead, fault seeds 0-9). Tuning data seeds only, unless HELDOUT
+is set. Run with model.in_channels=3 (two readings and the alive mask).
 
-Usage: tune.py LABEL DATA_SEED TRAIN_SEED JOURNAL [section.name=value ...]
-  e.g. tune.py clean50 0 0 journal.jsonl train.failout_clean=0.5 train.epochs=8
-One JSON line appended to JOURNAL (and printed).
+Usage: plan_tune.py LABEL DATA_SEED TRAIN_SEED JOURNAL [section.name=value ...]
 """
 import json
 import os
@@ -14,11 +13,10 @@ import time
 import numpy as np
 
 from meshdl.config import load_run_config
-from meshdl.data.lounge import generate_lounge
+from meshdl.data.datasets import Dataset
+from meshdl.data.lounge import _Grid, generate_lounge
 from meshdl.sim.faults.dead import cell_numbers, dead_cells
 from meshdl.training.loop import train
-from meshdl.data.datasets import Dataset
-from meshdl.data.lounge import _Grid
 
 
 def plan_channel(rows: int, cols: int) -> np.ndarray:
@@ -31,18 +29,22 @@ def plan_channel(rows: int, cols: int) -> np.ndarray:
     return np.exp(-d2 / 2).astype(np.float32)
 
 
-def with_plan(data):
+def with_plan(data: Dataset) -> Dataset:
+    """`data` with the plan as every map's second reading."""
     plan = plan_channel(*data.X_train.shape[-2:])
     # the run normalizes every reading channel with one mean and std (`normalization`):
     # give the plan the temperatures' so that both read as standardized values
-    t_mean, t_std = float(data.X_train.mean(dtype=np.float64)), float(data.X_train.std(dtype=np.float64))
-    plan = (t_mean + t_std * (plan - plan.mean()) / plan.std()).astype(np.float32)
-    def two(X):
+    mean = float(data.X_train.mean(dtype=np.float64))
+    std = float(data.X_train.std(dtype=np.float64))
+    plan = (mean + std * (plan - plan.mean()) / plan.std()).astype(np.float32)
+
+    def two(X: np.ndarray) -> np.ndarray:
         out = np.empty((len(X), 2, *X.shape[-2:]), np.float32)
         out[:, 0] = X
         out[:, 1] = plan
         return out
     return Dataset(two(data.X_train), data.y_train, two(data.X_test), data.y_test, data.meta)
+
 
 label, ds, ts, journal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if ds >= 100 and not os.environ.get("HELDOUT"):
