@@ -1,22 +1,17 @@
-"""tune.py with the room's plan as a second reading per cell (`plan_channel`): one
-tuning run of the global head's recipe, read as heldout.py reads it (clean and with
-10 / 20 % of the cells dead, fault seeds 0-9). Tuning data seeds only, unless HELDOUT
-is set. Run with model.in_channels=3 (two readings and the alive mask).
+"""tune.py with the room's plan as a second reading per cell (`plan_channel`): the same
+tuning run and reading, on the lounge generator's maps with the plan added to each. Run
+with model.in_channels=3 (two readings and the alive mask).
 
 Usage: plan_tune.py LABEL DATA_SEED TRAIN_SEED JOURNAL [section.name=value ...]
 """
-import json
-import os
-import sys
-import time
+import runpy
+from pathlib import Path
 
 import numpy as np
 
-from meshdl.config import load_run_config
+import meshdl.data.lounge as lounge
 from meshdl.data.datasets import Dataset
-from meshdl.data.lounge import _Grid, generate_lounge
-from meshdl.sim.faults.dead import cell_numbers, dead_cells
-from meshdl.training.loop import train
+from meshdl.data.lounge import _Grid
 
 
 def plan_channel(rows: int, cols: int) -> np.ndarray:
@@ -46,38 +41,6 @@ def with_plan(data: Dataset) -> Dataset:
     return Dataset(two(data.X_train), data.y_train, two(data.X_test), data.y_test, data.meta)
 
 
-label, ds, ts, journal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-if ds >= 100 and not os.environ.get("HELDOUT"):
-    sys.exit("data seeds 100-109 are held out")
-over: dict[str, dict] = {"model": {"pool": "global"}, "data": {"seed": ds}, "train": {"seed": ts}}
-for item in sys.argv[5:]:
-    key, value = item.split("=", 1)
-    section, name = key.split(".")
-    over.setdefault(section, {})[name] = json.loads(value)
-cfg = load_run_config(mode="central", data_maps=over.get("data", {}).get("train"), **over)
-cpu0, wall0 = time.process_time(), time.perf_counter()
-data = with_plan(generate_lounge(cfg.data))
-gen_cpu = time.process_time() - cpu0
-model, history = train(cfg, data)
-if os.environ.get("TUNE_SAVE"):  # a directory to keep the model in
-    model.save(f"{os.environ['TUNE_SAVE']}/{label}_d{ds}_t{ts}.npz")
-X, y = data.X_test, data.y_test
-record = {"label": label, "data_seed": ds, "train_seed": ts, "overrides": sys.argv[5:],
-          "maps": len(data.y_train), "epochs": cfg.train.epochs, "lr": cfg.train.lr,
-          "batch": cfg.train.batch, "warmup": cfg.train.warmup_fraction,
-          "failout": [cfg.train.failout, cfg.train.failout_max,
-                      getattr(cfg.train, "failout_clean", 0.0)],
-          "clean": float(np.mean(model.predict(X) == y))}
-for share in (0.1, 0.2):
-    accs = [float(np.mean(model.predict(X, cell_numbers(dead_cells(17, 25, share, s), 25)) == y))
-            for s in range(10)]
-    record[f"dead_{share}"] = round(float(np.mean(accs)), 5)
-    record[f"lost_{share}"] = round(100 * (record["clean"] - record[f"dead_{share}"]), 2)
-record["clean"] = round(record["clean"], 5)
-record["gen_cpu_s"] = round(gen_cpu, 1)
-record["cpu_s"] = round(time.process_time() - cpu0, 1)
-record["wall_s"] = round(time.perf_counter() - wall0, 1)
-line = json.dumps(record)
-print(line, flush=True)
-with open(journal, "a") as f:
-    f.write(line + "\n")
+generate = lounge.generate_lounge
+lounge.generate_lounge = lambda cfg: with_plan(generate(cfg))  # what tune.py imports
+runpy.run_path(str(Path(__file__).parent / "tune.py"), run_name="__main__")
