@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from meshdl.config import DataConfig, ModelConfig
+from meshdl.data.augment import FLIPS
 from meshdl.data.lounge import generate_lounge
 from meshdl.errors import UsageError
 from meshdl.model.cnn import CNN
-from meshdl.model.mirrors import ORIENTATIONS, mirror_banks
+from meshdl.model.mirrors import mirror_banks
 from meshdl.protocol.spec import MeshSpec, Mode, Split
 from meshdl.sim.faults.dead import cell_numbers
 from meshdl.sim.radio.device import device
@@ -57,7 +58,7 @@ def _mirrored_mean(model: CNN, X: np.ndarray, dead: set) -> np.ndarray:
 
 
 def test_the_banks_are_the_four_flips_the_first_the_map_as_it_is() -> None:
-    assert sorted(ORIENTATIONS) == ALL_FLIPS and ORIENTATIONS[0] == (False, False)
+    assert sorted(FLIPS) == ALL_FLIPS and FLIPS[0] == (False, False)
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3])

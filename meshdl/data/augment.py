@@ -36,6 +36,8 @@ def flip(a: np.ndarray, up_down: bool, left_right: bool) -> np.ndarray:
     if left_right:
         a = a[..., ::-1]
     return a
+
+
 _MARK = "augment"  # the meta key that says a data set already holds its mirrors
 _INPUTS = "inputs"  # the meta key that says a data set's maps carry the alive mask
 

@@ -61,11 +61,9 @@ def fan_in(name: str, shapes: dict[str, tuple[int, ...]]) -> int:
     return math.prod(weight[1:])
 
 
-# A map's mirror is one of `augment.FLIPS`; the room's installations flip with the map,
-# so the position bias does too.
-
-
 def _check_orientation(orientation: np.ndarray) -> None:
+    """A map's mirror is one of `augment.FLIPS` (0-3); the room's installations flip
+    with the map, so the position bias does too."""
     if orientation.size and not (orientation.min() >= 0 and orientation.max() < len(FLIPS)):
         raise UsageError(f"a map's mirror orientation is 0-{len(FLIPS) - 1}")
 

@@ -36,11 +36,9 @@ from meshdl.data.augment import FLIPS, flip
 from meshdl.errors import UsageError
 from meshdl.model.cnn import CNN
 
-# The orientations, as (flip up-down, flip left-right), in the order of the training
-# view's mirrors (`augment.FLIPS`); the first is the map as it is. Conv weights
-# (out, in, k, k) flip as a map flipped that way needs them: on their last two axes.
-ORIENTATIONS = FLIPS
-flipped = flip
+# Bank o reads the map in orientation o of `augment.FLIPS` (the training view's order,
+# the first as it is): conv weights (out, in, k, k) flip as the map would, on their
+# last two axes (`augment.flip`).
 
 
 def mirror_banks(model: CNN) -> CNN:
@@ -55,7 +53,7 @@ def mirror_banks(model: CNN) -> CNN:
     if cfg.kernel % 2 == 0:
         raise UsageError(f"mirror banks need an odd kernel ({cfg.kernel}: 'same' padding "
                          "puts more zeros on one side, which a flip moves)")
-    banks = len(ORIENTATIONS)
+    banks = len(FLIPS)
     f, hidden = cfg.filters, cfg.hidden
     try:  # validated: a model file must load back
         wide = ModelConfig.model_validate({**cfg.model_dump(), "filters": banks * f,
@@ -67,10 +65,10 @@ def mirror_banks(model: CNN) -> CNN:
     out = CNN(wide)
     p, q = model.params, out.params
     out.flat[...] = 0.0  # (q views it) the zeros between the banks
-    for o, (ud, lr) in enumerate(ORIENTATIONS):
+    for o, (ud, lr) in enumerate(FLIPS):
         rows = slice(o * f, (o + 1) * f)
         for layer in range(1, cfg.conv_layers + 1):
-            weight = flipped(p[f"conv{layer}.weight"], ud, lr)
+            weight = flip(p[f"conv{layer}.weight"], ud, lr)
             inputs = slice(None) if layer == 1 else rows  # its own bank's channels
             q[f"conv{layer}.weight"][rows, inputs] = weight
             q[f"conv{layer}.bias"][rows] = p[f"conv{layer}.bias"]
