@@ -330,9 +330,6 @@ class EdgeMachine:
         `step`: the wave's number (a live slot's PARAMS: the slot's); default the next.
         `failout` (training): cell numbers (row x cols + col, increasing) that act dead
         in the wave."""
-        if mode == Mode.TRAIN and self.spec.model.position_bias:
-            raise UsageError("a model with a position bias trains centrally (mode = "
-                             "'central'): a REDUCE carries the conv layers' gradients only")
         cells = NO_CELLS if failout is None else np.asarray(failout, np.int32)
         self._request, self.attempts = BatchOrder(mode, split, np.asarray(indices), cells), 0
         self._move(EdgeEvent.START)
@@ -461,11 +458,21 @@ class EdgeMachine:
                         gathered[row] = self.last_level[block][:, None]
             return self._head(gathered, now)
         self.stats["filled_in:reduce"] += 1
-        grads = self.model.grad_flat
-        grads[: self.spec.conv_size] = 0.0
+        grads = self._take_gradients(np.zeros(self.spec.reduce_size, np.float32))
         self._result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
         self._move(EdgeEvent.REDUCE_MISSED)
         return []
+
+    def _take_gradients(self, reduced: np.ndarray) -> np.ndarray:
+        """The model's flat gradient with the mesh's part from the root's REDUCE (the
+        head's the edge computed itself): the conv layers' first, and a position bias's
+        last, where the model's flat vector holds it too (`config.param_shapes`)."""
+        grads, conv = self.model.grad_flat, self.spec.conv_size
+        grads[:conv] = reduced[:conv]
+        table = reduced.size - conv
+        if table:
+            grads[grads.size - table:] = reduced[conv:]
+        return grads
 
     def _params(self) -> np.ndarray:
         """The PARAMS payload of the model as it is (without the plan's tail)."""
@@ -572,8 +579,7 @@ class EdgeMachine:
             self.stats["accepted"] += 1
             if self._timed is not None or self._learnt is not None:
                 self._arrival(Kind.REDUCE, now)
-            grads = self.model.grad_flat
-            grads[: self.spec.conv_size] = payload
+            grads = self._take_gradients(payload)
             self._result = WaveResult(self.step, Mode.TRAIN, self.logits, self.loss, grads)
             self._move(EdgeEvent.REDUCED)
             if self._learnt is not None:

@@ -845,7 +845,7 @@ def _reduce_payload(spec: MeshSpec, src: Cell) -> tuple[tuple[int, ...], int]:
         return (spec.reduce_sum.max_nbytes(spec.topology.subtree_sizes.get(src, 1)),), BYTES
     if spec.reduce_codec is not None:
         return (spec.reduce_codec.nbytes,), BYTES
-    return (spec.conv_size,), FLOAT32
+    return (spec.reduce_size,), FLOAT32
 
 
 def _header(spec: MeshSpec, kind: Kind, layer: int, phase: int, src: Cell, dst: Cell,

@@ -64,9 +64,9 @@ class ModelConfig(_Strict):
                                 "bias per filter and cell (parameter `position`, filters x "
                                 "rows x cols, at the end of the flat vector): where in this "
                                 "room anomalies show, which a filter shared by every cell "
-                                "cannot know; a node would hold its own. Ties the model to "
-                                "its grid; trains centrally (a REDUCE carries the conv "
-                                "layers' gradients only), runs in the mesh too")
+                                "cannot know; a node adds its own column. Ties the model to "
+                                "its grid; trains in the mesh (a REDUCE carries the table's "
+                                "gradient after the conv layers') and centrally")
     kernel: int = Field(3, ge=1, description="convolution filter size k (odd or even)")
     filters: int = Field(5, ge=1, le=1024, description="filters h per conv layer")
     conv_layers: int = Field(2, ge=1, le=16, description="number of conv + ReLU layers")
@@ -408,6 +408,10 @@ class RunConfig(BaseSettings):
         if self.model.position_bias and self.mesh.compress != "none":
             raise ValueError("model.position_bias: gradient compression (mesh.compress) "
                              "knows the conv and fc layers only; train it uncompressed")
+        if self.model.position_bias and self.parallel.overlap:
+            raise ValueError("model.position_bias: parallel.overlap pushes the head's "
+                             "gradient before the mesh's REDUCE, which brings the table's; "
+                             "train it without overlap")
         return self
 
     @model_validator(mode="after")

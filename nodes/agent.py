@@ -34,6 +34,8 @@ import numpy as np
 
 from meshdl.compress.codec import Channel, read_or_count
 from meshdl.compress.intsum import SumChannel
+from meshdl.data.augment import FLIPS
+from meshdl.errors import MeshdlError
 from meshdl.nodes import compute, execute
 from meshdl.nodes.besteffort import BestEffort
 from meshdl.nodes.compiled import validate_program
@@ -103,12 +105,22 @@ class NodeMachine:
     """One cell of the mesh."""
 
     def __init__(self, spec: MeshSpec, cell: Cell, readings: dict[int, np.ndarray],
-                 memory_plan: bool = True) -> None:
+                 memory_plan: bool = True, originals: int | None = None) -> None:
         """`readings[split]` is (samples, in_channels) float32: this sensor's own log.
         `memory_plan`: lay each wave's buffers out by the memory plan (nodes/memory.py);
         False, every field its own buffer in every wave, as before the plan (only to
-        measure what the plan saves, `meshdl bench memory`, or to test without it)."""
+        measure what the plan saves, `meshdl bench memory`, or to test without it).
+        `originals`: the training readings hold mirrors (`augment.training_data`), sample
+        o x originals + i being map i in mirror o; a position bias flips with the map,
+        so this cell then reads the mirrored cell's column (`_position_columns`). None:
+        no mirrors."""
+        train = readings.get(Split.TRAIN)
+        if originals is not None and (train is None or originals < 1 or
+                                      len(train) != len(FLIPS) * originals):
+            raise ValueError(f"mirrored training readings hold {len(FLIPS)} x originals "
+                             f"samples ({originals} originals)")
         self.cell = cell
+        self.originals = originals
         self.memory_plan = memory_plan  # read at each wave's start
         # Channel-major, as the node's activations are (channels, batch).
         self.readings = {split: np.ascontiguousarray(x.T, np.float32)
@@ -808,7 +820,7 @@ class NodeMachine:
             codec = self.spec.reduce_codec
             if codec is not None:
                 return h.dtype == BYTES and shape == (codec.nbytes,)
-            return h.dtype == FLOAT32 and shape == (self.spec.conv_size,)
+            return h.dtype == FLOAT32 and shape == (self.spec.reduce_size,)
         if expect.role == Role.SAMPLES:
             return h.dtype == INT32 and len(shape) == 1 and \
                 BATCH_HEAD < shape[0] <= self.spec.max_batch_values
@@ -887,8 +899,9 @@ class NodeMachine:
             wave.weights[layer] = params[where.weight].reshape(where.kernel_shape)
             wave.biases[layer] = params[where.bias]
         self._field_buffers(wave)
+        wave.columns = self._position_columns(split, indices)
         if wave.training:
-            wave.grad = np.empty(self.spec.conv_size, np.float32)
+            wave.grad = np.empty(self.spec.reduce_size, np.float32)
         if not wave.scheduled:
             self.keep_params(wave.session, wave.step, wave.params_payload)
             for send in self.plan.forwards:  # PARAMS and BATCH on to the tree children
@@ -902,6 +915,31 @@ class NodeMachine:
                             wave.buffers[buffer][slot])
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
         self._arrived(wave, waiting)
+
+    def _position_columns(self, split: int, indices: np.ndarray) -> np.ndarray | None:
+        """With a position bias, the column of its table this cell reads for each map of
+        the wave: its own number, or for a mirrored training map (`originals`) the cell
+        its mirror puts here, as the central model flips the table with the map
+        (`cnn.oriented_position`). The executor reads the table at them unchecked: each
+        is a cell of the grid by construction, and checked here all the same. None
+        without a table."""
+        if self.layout.position.stop == self.layout.position.start:
+            return None
+        rows, cols = self.spec.model.rows, self.spec.model.cols
+        row, col = divmod(self.number, cols)
+        if split != Split.TRAIN or self.originals is None:
+            return np.full(len(indices), self.number, np.int64)
+        orientation = np.asarray(indices, np.int64) // self.originals
+        if not (orientation.min() >= 0 and orientation.max() < len(FLIPS)):  # (BATCH
+            # indices are held within the readings, 4 x originals: never, but unchecked
+            # columns would index past the table)
+            raise MeshdlError(f"a training sample past the {len(FLIPS)} mirrors of "
+                              f"{self.originals} maps")
+        columns = np.empty(len(indices), np.int64)
+        for o, (up_down, left_right) in enumerate(FLIPS):
+            r, c = (rows - 1 - row if up_down else row), (cols - 1 - col if left_right else col)
+            columns[orientation == o] = r * cols + c
+        return columns
 
     def _field_buffers(self, wave: Wave) -> None:
         """A wave's field buffers (and kept activations), laid out by the memory plan of

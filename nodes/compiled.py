@@ -65,6 +65,8 @@ from meshdl.protocol.topology import Cell
 ITEMS, PARAMETERS, SAMPLES, PARTIAL_GRADIENTS = (int(r) for r in (
     Role.ITEMS, Role.PARAMETERS, Role.SAMPLES, Role.PARTIAL_GRADIENTS))
 NONE = -1  # no such buffer, slot, message or operand; a message's destination: the edge
+# The columns of a position bias each map reads: none here (its waves run on the machines).
+NO_COLUMNS = np.zeros(0, np.int64)
 # What an operand of a task (`Tables.task_kind`) lists: home slots of the inputs' arena
 # or the filters', kernel taps, or tree children (node numbers).
 INPUTS, FEATURES, TAPS, CHILDREN = range(4)
@@ -757,15 +759,16 @@ def program_tables(plan: NodePlan, spec: MeshSpec, children: int) -> Tables:
     _within("Program.kept", program.kept, layers + 1, "layers", True)
     _within("Program.layout", program.layout[:, A_SCALE], spec.params_size,
             "values of PARAMS (its activation scale)", True)
-    # A position bias: the node reads value f of its column at P_OFF + f x P_CELLS +
-    # its number, for each of the layer's filters; all of them inside PARAMS.
+    # A position bias: the node reads value f of a column at P_OFF + f x P_CELLS + the
+    # column (its own number, or under a mirror another cell's: `Wave.columns`, each
+    # below the cells), for each of the layer's filters; all of them inside PARAMS.
     p_off, p_cells = program.layout[:, P_OFF], program.layout[:, P_CELLS]
     cells = spec.model.rows * spec.model.cols
     _within("Program.layout", np.where(p_off == NONE, NONE, p_cells), cells + 1,
             "cells of the grid (its position bias's stride)", True)
     _within("Program.layout", np.where(
-        p_off == NONE, NONE, p_off + (program.layout[:, W_FILTERS] - 1) * p_cells +
-        plan.number), spec.params_size, "values of PARAMS (its position bias)", True)
+        p_off == NONE, NONE, p_off + program.layout[:, W_FILTERS] * p_cells - 1),
+        spec.params_size, "values of PARAMS (its position bias)", True)
     if plan.number >= cells or np.any((p_off != NONE) & (p_cells != cells)):
         raise _refuse("Program.layout", (), plan.number,
                       f"a cell of the {cells} whose position bias has a column each")
@@ -1052,8 +1055,8 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
                 spans[n_spans, 0], spans[n_spans, 1] = task_made[t, 0], task_made[t, 1]
                 n_spans += 1
                 run_task(step, task_layer[t], arenas, task_kind[t], lists, task_args[t],
-                         params, layout, grads, grads, winners, n, number[n], failed[n] != 0,
-                         by_input[n] != 0)
+                         params, layout, grads, grads, winners, n, number[n], NO_COLUMNS,
+                         failed[n] != 0, by_input[n] != 0)
                 if step == REDUCE:  # its sum is a message up the tree
                     _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
         if first:

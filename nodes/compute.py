@@ -27,11 +27,33 @@ def conv_relu(values: np.ndarray, slots: np.ndarray, taps: np.ndarray, weight: n
               bias: np.ndarray, out: np.ndarray) -> None:
     """out[h, j] = relu(bias[h] + sum over window cells t, channels c of
     weight[h, c, taps[t]] * values[slots[t], c, j]); weight is (filters, channels, k * k)."""
+    for h in range(weight.shape[0]):
+        for j in range(out.shape[1]):
+            out[h, j] = bias[h]
+    _convolve_relu(values, slots, taps, weight, out)
+
+
+@njit(**_JIT)
+def conv_relu_placed(values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
+                     weight: np.ndarray, bias: np.ndarray, table: np.ndarray,
+                     columns: np.ndarray, out: np.ndarray) -> None:
+    """`conv_relu` with a position bias: map j's bias is bias[h] + table[h, columns[j]],
+    the column of the (filters, cells) table this cell reads for that map (its own, or
+    under a mirror the mirrored cell's: `Wave.columns`). Columns are checked by the
+    caller (`NodeMachine._position_columns`)."""
+    for h in range(weight.shape[0]):
+        for j in range(out.shape[1]):
+            out[h, j] = bias[h] + table[h, columns[j]]
+    _convolve_relu(values, slots, taps, weight, out)
+
+
+@njit(**_JIT, inline="always")
+def _convolve_relu(values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
+                   weight: np.ndarray, out: np.ndarray) -> None:
+    """out[h, j] += sum over window cells t, channels c of weight[h, c, taps[t]] *
+    values[slots[t], c, j]; then the ReLU. `out` holds the biases."""
     filters, channels, _ = weight.shape
     batch = out.shape[1]
-    for h in range(filters):
-        for j in range(batch):
-            out[h, j] = bias[h]
     for t in range(len(slots)):
         v = values[slots[t]]
         tap = taps[t]
@@ -44,6 +66,17 @@ def conv_relu(values: np.ndarray, slots: np.ndarray, taps: np.ndarray, weight: n
         for j in range(batch):
             if out[h, j] < 0.0:
                 out[h, j] = 0.0
+
+
+@njit(**_JIT)
+def position_grad(dz: np.ndarray, columns: np.ndarray, table: np.ndarray) -> None:
+    """The position bias's gradient from this cell (its share of the REDUCE's table):
+    table[h, columns[j]] = sum over the maps j reading that column of dz[h, j], the
+    others 0. `table` is (filters, cells); columns as in `conv_relu_placed`."""
+    table[...] = 0.0
+    for h in range(dz.shape[0]):
+        for j in range(dz.shape[1]):
+            table[h, columns[j]] += dz[h, j]
 
 
 # Reassociating the batch sums lets them vectorize; NaN and inf still propagate.
@@ -265,6 +298,9 @@ def warm_up() -> None:
     weight, bias = frozen((1, 1, 1)), frozen((1,))
     normalize(np.zeros((1, 1), np.float32), frozen((1,), np.int32), bias, bias, out)
     conv_relu(values, slots, taps, weight, bias, out)
+    columns = np.zeros(1, np.int64)
+    conv_relu_placed(values, slots, taps, weight, bias, frozen((1, 1)), columns, out)
+    position_grad(out, columns, np.zeros((1, 1), np.float32))
     winners = np.zeros((1, 1), np.uint8)  # as a wave keeps them (nodes/steps.py)
     max_pool(values, slots, out, winners)
     route_max(out, winners, slots, values)

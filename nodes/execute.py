@@ -7,13 +7,16 @@ exists here once.
 Where each step's arithmetic lives: here, in `run_task`, by its step code (each branch
 calling the Numba kernels of nodes/compute.py):
   CONV         conv l's output at this cell, then ReLU, zeros where failout leaves the
-               cell out (`compute.conv_relu`)
+               cell out (`compute.conv_relu`; with a position bias, each map's column
+               of the table added to the bias, `compute.conv_relu_placed`)
   POOL         a leader's block maximum and which member held it (`compute.max_pool`)
   ROUTE        max-pool backward to each member (`compute.route_max`)
   AGGREGATE    global pooling: its subtree's maxima (`compute.aggregate_max`)
   WINNERS      global pooling: the first cell holding each maximum (`compute.first_winners`)
   SPLIT        global pooling backward to the source that won (`compute.split_max`)
-  DZ_TOP       the routed gradient through the last ReLU (`compute.relu_backward`)
+  DZ_TOP       the routed gradient through the last ReLU (`compute.relu_backward`); with
+               a position bias, this cell's share of the table's gradient, the last
+               (filters x cells) values of its gradient vector (`compute.position_grad`)
   WEIGHT_GRAD  this cell's share of conv l's weight and bias gradients, by output cell
                (`compute.weight_grad`) or by input cell (`compute.weight_grad_of_input`)
   INPUT_GRAD   d(loss)/d(input of conv l), the transposed convolution (`compute.input_grad`)
@@ -124,14 +127,16 @@ def run_task(step: int, layer: int, values: tuple[np.ndarray, ...], which: np.nd
              lists: np.ndarray, at: np.ndarray, params: np.ndarray, layout: np.ndarray,
              grads: np.ndarray,
              rows: np.ndarray, winners: np.ndarray, node: int, number: float,
-             failed: bool, by_input: bool) -> None:
+             columns: np.ndarray, failed: bool, by_input: bool) -> None:
     """Run one computation of a node's program: step code `step` at conv layer `layer`
     on its operands (operand i: rows lists[at[i, 0]:at[i, 1]] of values[which[i]]: see
     the module's
     docstring), with the PARAMS vector `params` laid out by `layout`, this node's
     gradient vector `grads[node]`, the vectors `rows` a REDUCE adds to it, the wave's
     pooling `winners[node]` (filters, batch), this cell's `number` (row x cols + col),
-    whether failout leaves it out, and whether weight gradients above layer 1 are taken
+    the column of the position bias table it reads for each map (`Wave.columns`: its
+    number, or under a mirror the mirrored cell's; read only with a table), whether
+    failout leaves it out, and whether weight gradients above layer 1 are taken
     by input cell (nodes/memory.py). A step code without arithmetic here raises
     `UnknownStep`."""
 
@@ -148,13 +153,14 @@ def run_task(step: int, layer: int, values: tuple[np.ndarray, ...], which: np.nd
         h, c, kk = layout[layer, W_FILTERS], layout[layer, W_CHANNELS], layout[layer, W_TAPS]
         w, b = layout[layer, W_OFF], layout[layer, B_OFF]
         z = x(2)[one(2)]
+        weight = params[w:w + h * c * kk].reshape((h, c, kk))
         bias = params[b:b + layout[layer, B_LEN]]
         p, cells = layout[layer, P_OFF], layout[layer, P_CELLS]
-        if p >= 0:  # the position bias: this cell's own value of each filter, added first
-            own = p + np.int64(number)
-            bias = bias + params[own:own + h * cells:cells]
-        compute.conv_relu(x(0), s(0), s(1), params[w:w + h * c * kk].reshape((h, c, kk)),
-                          bias, z)
+        if p >= 0:  # the position bias: each map's column of the table, added first
+            compute.conv_relu_placed(x(0), s(0), s(1), weight, bias,
+                                     params[p:p + h * cells].reshape((h, cells)), columns, z)
+        else:
+            compute.conv_relu(x(0), s(0), s(1), weight, bias, z)
         if failed:  # failout: a dead cell has no output (the zeros filled in)
             z[...] = 0.0
         if layout[layer, A_SCALE] >= 0:  # int8-static: quantized where it is made
@@ -171,7 +177,13 @@ def run_task(step: int, layer: int, values: tuple[np.ndarray, ...], which: np.nd
     elif step == SPLIT:
         compute.split_max(x(0)[one(0)], winners[node], x(1)[one(1)], x(2), s(2))
     elif step == DZ_TOP:
-        compute.relu_backward(x(0)[one(0)], x(1)[one(1)], x(2)[one(2)])
+        dz = x(2)[one(2)]
+        compute.relu_backward(x(0)[one(0)], x(1)[one(1)], dz)
+        h, cells = layout[layer, W_FILTERS], layout[layer, P_CELLS]
+        if layout[layer, P_OFF] >= 0:  # the table's gradient: last in the gradient vector
+            grad = grads[node]
+            table = grad[grad.size - h * cells:].reshape((h, cells))
+            compute.position_grad(dz, columns, table)
     elif step == WEIGHT_GRAD:
         h, c, kk = layout[layer, W_FILTERS], layout[layer, W_CHANNELS], layout[layer, W_TAPS]
         w, b = layout[layer, W_OFF], layout[layer, B_OFF]

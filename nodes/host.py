@@ -50,13 +50,15 @@ class NodeHost:
     def __init__(self, spec: MeshSpec, cells: list[Cell],
                  readings: Callable[[Cell], dict[int, np.ndarray]],
                  clock: Callable[[], float] = lambda: 0.0,
-                 local_delivery: bool = True, memory_plan: bool = True) -> None:
+                 local_delivery: bool = True, memory_plan: bool = True,
+                 originals: int | None = None) -> None:
         topo = spec.topology
         for cell in cells:
             if not topo.inside(cell):
                 raise ValueError(f"cell {cell} is outside the {topo.rows} x {topo.cols} grid")
         self.spec = spec
-        self.nodes = {cell: NodeMachine(spec, cell, readings(cell), memory_plan=memory_plan)
+        # `originals`: the training readings hold mirrors (`NodeMachine`).
+        self.nodes = {cell: NodeMachine(spec, cell, readings(cell), memory_plan, originals)
                       for cell in cells}
         _warm_up()
         self.clock = clock

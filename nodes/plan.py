@@ -421,7 +421,7 @@ class NodePlan:
         # What a sender may have waiting here: two waves' worth of its messages, each at
         # the largest batch (an honest sender is at most one wave ahead).
         self.early_bytes: dict[Cell, int] = {}
-        fixed = {Role.PARTIAL_GRADIENTS: spec.conv_size, Role.PARAMETERS: spec.params_size,
+        fixed = {Role.PARTIAL_GRADIENTS: spec.reduce_size, Role.PARAMETERS: spec.params_size,
                  Role.SAMPLES: spec.max_batch_values}
         for (_, _, _, src), expect in self.inbox.items():
             values = expect.rows * expect.channels * spec.max_batch \
@@ -610,7 +610,11 @@ class Wave:
         self.missing = list(plan.needs_count)  # per task: sources still to come
         self.ready: list[int] = list(plan.ready_at_start)
         self.tasks_done = 0
-        self.grad: np.ndarray | None = None  # training: this subtree's conv gradients
+        # Training: this subtree's gradients (the conv layers', then a position bias's).
+        self.grad: np.ndarray | None = None
+        # With a position bias: the column of its table this cell reads for each map
+        # (`NodeMachine._position_columns`); None: the model has none.
+        self.columns: np.ndarray | None = None
         self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
         self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)
         self.winners: np.ndarray | None = None  # leader: argmax over its block's cells

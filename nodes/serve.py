@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from meshdl.config import RunConfig
-from meshdl.data.augment import training_data
+from meshdl.data.augment import mirrors_of, training_data
 from meshdl.data.datasets import Dataset, data_digest, load_dataset
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.mqtt.sdnotify import Notifier, stop_task
@@ -87,6 +87,11 @@ class Readings:
         return cls(sensors={cell: sensor_from_spec(sensor, cell) for cell in cells},
                    slot_s=slot_s, channels=config.model.in_channels)
 
+    @property
+    def originals(self) -> int | None:
+        """Maps per mirror of the training readings (`augment.mirrors_of`), or None."""
+        return None if self.data is None else mirrors_of(self.data)
+
     def of(self, cell: Cell) -> dict[int, np.ndarray]:
         if self.data is not None:
             return dataset_readings(self.data, cell)
@@ -121,7 +126,8 @@ def serve_cells(config: RunConfig, cells: list[Cell], address: BrokerAddress,
     the lines a person watching should read (serving, stopped, isolated cells)."""
     spec = host_spec(config)
     auth = authenticator_for(spec, cells, config.mesh.keys, config.mesh.auth)
-    host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
+    host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery,
+                    originals=readings.originals)
     best_effort(host, config)
     sampler = None if readings.sensors is None else LiveSampler(
         host.nodes, readings.sensors, readings.slot_s, alive=config.model.alive)
@@ -270,7 +276,8 @@ class BackgroundNodeHost:
         spec = host_spec(config)
         self.data_digest = readings.data_digest
         self.auth = authenticator_for(spec, cells, config.mesh.keys, config.mesh.auth)
-        self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery)
+        self.host = NodeHost(spec, cells, readings.of, time.monotonic, local_delivery,
+                             originals=readings.originals)
         best_effort(self.host, config)
         self.sampler = None if readings.sensors is None else LiveSampler(
             self.host.nodes, readings.sensors, readings.slot_s, alive=config.model.alive)

@@ -49,6 +49,7 @@ NO_VALUES = np.zeros((0, 0, 0), np.float32)  # an operand that is a list, or unu
 NO_ROWS = np.zeros((0, 0), np.float32)
 NO_GRADS = np.zeros((0, 0), np.float32)
 NO_WINNERS = np.zeros((0, 0, 0), np.uint8)
+NO_COLUMNS = np.zeros(0, np.int64)  # a model without a position bias reads none
 IDENTITY = np.arange(OPERANDS, dtype=np.int64)  # operand i's values: the i-th array
 
 
@@ -117,7 +118,8 @@ def run(node: NodeForSteps, wave: Wave, operation: Operation, out: list[Message]
                      wave.params_vector, node.plan.program.layout,
                      NO_GRADS if grad is None else grad[None], children,
                      NO_WINNERS if winners is None else winners[None], 0,
-                     float(node.number), wave.failed_out, wave.by_input_cell)
+                     float(node.number), NO_COLUMNS if wave.columns is None else wave.columns,
+                     wave.failed_out, wave.by_input_cell)
     if step == CONV:
         own = wave.kept[layer]
         if own is not None:  # its field's memory goes to gradients in the backward pass

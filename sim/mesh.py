@@ -30,7 +30,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from meshdl.config import ModelConfig
-from meshdl.data.augment import as_read_by
+from meshdl.data.augment import as_read_by, mirrors_of
 from meshdl.data.datasets import Dataset
 from meshdl.edge.agent import EdgeMachine, WaveEngine, WaveResult
 from meshdl.errors import MeshdlError, NonFiniteError
@@ -57,13 +57,13 @@ class VirtualMesh:
                  labels: dict[int, np.ndarray], max_rounds: int | None = None,
                  chaos: Chaos | None = None, wire: bool = False,
                  keys: MeshKeys | None = None, memory_plan: bool = True,
-                 compiled: bool = False) -> None:
+                 compiled: bool = False, originals: int | None = None) -> None:
         """`readings[split]` holds maps, (samples, [in_channels,] rows, cols): each node
         gets its cell's. `keys`: those of an authenticating mesh (default: from seed 0).
         `memory_plan`: see `MeshParties`. `compiled`: run every exact wave through the
         compiled dispatch (sim/compiled.py: the same values, counts and rounds, without
         a Python call per message); the others, and scheduled slots, go through the
-        machines."""
+        machines. `originals`: see `MeshParties`."""
         self.spec = spec
         self.compiled = compiled
         self._compiled: CompiledWaves | None = None  # built by the first compiled wave
@@ -83,7 +83,7 @@ class VirtualMesh:
         if chaos is not None and chaos.shuffle:
             self.broker.shuffle = chaos.rng
         topo = spec.topology
-        self.parties = MeshParties(spec, readings, model, labels, memory_plan)
+        self.parties = MeshParties(spec, readings, model, labels, memory_plan, originals)
         self.ledger = self.parties.ledger
         self.hosts: dict[Cell, NodeHost] = self.parties.hosts
         # Each host's isolated cells (the hosts stay for the mesh's life): none, or the
@@ -320,7 +320,8 @@ class MeshEngine(WaveEngine):
             readings, labels = by_split(as_read_by(self.data, model.config))
             self.mesh = VirtualMesh(spec, readings, model, labels, chaos=self.chaos,
                                     wire=self.wire, keys=self.keys,
-                                    memory_plan=self.memory_plan, compiled=self.compiled)
+                                    memory_plan=self.memory_plan, compiled=self.compiled,
+                                    originals=mirrors_of(self.data))
         return self.mesh
 
     def spec_for(self, model: CNN) -> MeshSpec:

@@ -28,12 +28,16 @@ class MeshParties:
     and the ledger of one mesh."""
 
     def __init__(self, spec: MeshSpec, readings: dict[int, np.ndarray], model: CNN,
-                 labels: dict[int, np.ndarray], memory_plan: bool = True) -> None:
+                 labels: dict[int, np.ndarray], memory_plan: bool = True,
+                 originals: int | None = None) -> None:
         """`readings[split]` holds maps, (samples, [in_channels,] rows, cols): each node
         gets its cell's. `memory_plan`: the nodes and the edge lay their buffers out by
         the memory plan (nodes/memory.py); False only to measure what it saves
-        (`meshdl bench memory`) or to test without it."""
+        (`meshdl bench memory`) or to test without it. `originals`: the training maps
+        hold mirrors, o x originals + i (`augment.mirrors_of`; a node reads a position
+        bias by them), or None."""
         self.spec, self.readings, self.memory_plan = spec, readings, memory_plan
+        self.originals = originals
         self.ledger = Ledger(spec)
         # One node host per cell, as one Raspberry Pi per cell: each receives through its
         # own topics, checks them against the headers and isolates a failing cell, on
@@ -48,7 +52,8 @@ class MeshParties:
         """A new node host for `cell`, as it boots: the configured mesh, no wave yet
         (a node that crashed and comes back gets one too)."""
         return NodeHost(self.spec, [cell], cell_readings(self.readings),
-                        local_delivery=False, memory_plan=self.memory_plan)
+                        local_delivery=False, memory_plan=self.memory_plan,
+                        originals=self.originals)
 
 
 def cell_readings(readings: dict[int, np.ndarray]) -> Callable[[Cell], dict[int, np.ndarray]]:

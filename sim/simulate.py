@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from meshdl.data.augment import as_read_by
+from meshdl.data.augment import as_read_by, mirrors_of
 from meshdl.data.datasets import Dataset
 from meshdl.edge.agent import WaveEngine, WaveResult
 from meshdl.limits import MAX_MESSAGE_BYTES
@@ -107,7 +107,8 @@ class SimEngine(WaveEngine):
                               self.device, self.edge_device, self.seed, self.trace,
                               loss=self.loss, stragglers=self.stragglers,
                               best_effort=self.best_effort, attach=self.attach,
-                              compiled=not (self.paired_backoffs or self.failing))
+                              compiled=not (self.paired_backoffs or self.failing),
+                              originals=mirrors_of(self.data))
         if self.paired_backoffs:
             self.mesh.medium.pair_backoffs()
         for cell in sorted(self.failing):

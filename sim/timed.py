@@ -157,7 +157,7 @@ class TimedMesh:
                  stragglers: Stragglers | None = None,
                  best_effort: BestEffort | None = None, receipts: bool = False,
                  attach: tuple[Cell, ...] = (), compiled: bool = True,
-                 memory_plan: bool = True) -> None:
+                 memory_plan: bool = True, originals: int | None = None) -> None:
         """`loss`: frames the links lose (sim/radio/loss.py); the link layer retries and the
         sender recovers what is still lost, so every message arrives and the results
         are the lossless run's (reliable mode), at the cost the trace shows.
@@ -170,7 +170,7 @@ class TimedMesh:
         `compiled`: run the loss-free medium's contention compiled (sim/radio/air.py: the same
         events, faster) where it can be: without lossy links, best effort or dead
         cells. A mesh whose nodes will be killed, or whose radios get their own backoff
-        streams, needs False. `memory_plan`: see `MeshParties`."""
+        streams, needs False. `memory_plan`, `originals`: see `MeshParties`."""
         if medium == "shared" and spec.params_via != "tree":
             raise UsageError("a radio mesh floods PARAMS down the tree: params_via "
                              "'broadcast' needs the MQTT star (--medium star)")
@@ -193,7 +193,7 @@ class TimedMesh:
         self.seed, self.readings = seed, readings
         # Every cell has its host, the dead too: a cell that comes back takes part again
         # once the edge's PARAMS bring a plan with it (sim/faults/dead.py).
-        self.parties = MeshParties(spec, readings, model, labels, memory_plan)
+        self.parties = MeshParties(spec, readings, model, labels, memory_plan, originals)
         self.ledger = self.parties.ledger
         self.hosts: dict[Cell, NodeHost] = self.parties.hosts
         self.nodes: dict[Cell, NodeMachine] = self.parties.nodes

@@ -19,9 +19,9 @@ from meshdl.sim.mesh import VirtualMesh
 
 ROOT = Path(__file__).resolve().parents[1]
 # The kernels that do a step's arithmetic (nodes/compute.py), and the normalization.
-KERNELS = {"conv_relu", "max_pool", "route_max", "aggregate_max", "first_winners",
-           "split_max", "relu_backward", "weight_grad", "weight_grad_of_input",
-           "input_grad", "normalize"}
+KERNELS = {"conv_relu", "conv_relu_placed", "position_grad", "max_pool", "route_max",
+           "aggregate_max", "first_winners", "split_max", "relu_backward", "weight_grad",
+           "weight_grad_of_input", "input_grad", "normalize"}
 
 
 def _callers(kernel_names: set[str]) -> dict[str, set[str]]:
@@ -79,4 +79,4 @@ def test_the_executor_refuses_a_step_code_it_does_not_know() -> None:
                          np.zeros((execute.OPERANDS, 2), np.int64), np.zeros(1, np.float32),
                          np.zeros((2, 6), np.int64), np.zeros((1, 1), np.float32),
                          np.zeros((0, 1), np.float32), np.zeros((1, 1, 1), np.uint8), 0,
-                         0.0, False, False)
+                         0.0, np.zeros(0, np.int64), False, False)

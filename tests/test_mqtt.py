@@ -480,6 +480,25 @@ def test_global_pooling_with_failout_over_mqtt_equals_the_virtual_mesh(
     _assert_same_model(CNN.load(tmp_path / "r" / "model.npz"), reference)
 
 
+def test_a_position_bias_trained_over_mqtt_on_mirrors_equals_the_virtual_mesh(
+        small_mesh, mosquitto, cli, tmp_path) -> None:
+    """The global head with a position bias, on mirrored maps (the recipe's): each node
+    host tells its maps' mirrors by their indices and reads the mirrored cell's column;
+    the REDUCE brings the table's gradient through a real broker."""
+    _, data, _, data_file, _plain = small_mesh
+    mesh_file = tmp_path / "position.toml"
+    mesh_file.write_text(MESH_TOML.replace("[model]", '[model]\npool = "global"\n'
+                                           "position_bias = true"))
+    config = load_run_config(mesh_file)
+    assert config.model.position_bias and config.train.augment == "mirror"
+    reference, _ = train(config, data)  # the virtual mesh
+    assert reference.params["position"].any()
+    code, _, err = cli("train", "--transport", "mqtt", "--broker", mosquitto.url, "--config",
+                       str(mesh_file), "--data", str(data_file), "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    _assert_same_model(CNN.load(tmp_path / "r" / "model.npz"), reference)
+
+
 # ------------------------------------------------------------------- one edge, one mesh
 
 

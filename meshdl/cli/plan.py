@@ -148,7 +148,7 @@ def _relay_values(spec: MeshSpec, kind: Kind) -> tuple[int, int]:
     from meshdl.protocol.payloads import BATCH_HEAD
 
     return {Kind.PARAMS: (0, spec.params_size), Kind.BATCH: (1, BATCH_HEAD),
-            Kind.REDUCE: (0, spec.conv_size)}[kind]
+            Kind.REDUCE: (0, spec.reduce_size)}[kind]
 
 
 def _source(source: Hashable, global_pool: bool) -> str:

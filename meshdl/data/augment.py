@@ -90,6 +90,13 @@ def originals(data: Dataset) -> int:
     return n // ORIENTATIONS if data.meta.get(_MARK) == "mirror" else n
 
 
+def mirrors_of(data: Dataset) -> int | None:
+    """Maps per mirror of a mirrored training view (sample o x n + i is map i in mirror
+    o), what a node holding it tells its maps' orientations by; None: no mirrors."""
+    meta = getattr(data, "meta", {})
+    return originals(data) if meta.get(_MARK) == "mirror" else None
+
+
 def orientations(config: TrainConfig) -> int:
     """Orientations an epoch draws each training map in: 4 with mirrors, else 1."""
     return ORIENTATIONS if config.augment == "mirror" else 1

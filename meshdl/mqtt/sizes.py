@@ -137,10 +137,11 @@ def largest_messages(config: RunConfig) -> list[Largest]:
         f"{batch} samples and every cell by failout")
     add("HEALTH", spec.overhead(Kind.HEALTH) + ITEM_BYTES * cells, "every cell named")
     summed, codec = spec.reduce_sum, spec.reduce_codec
-    reduce_bytes = max(ITEM_BYTES * spec.conv_size,
+    reduce_bytes = max(ITEM_BYTES * spec.reduce_size,
                        0 if codec is None else codec.nbytes,
                        0 if summed is None else summed.max_nbytes(cells))
-    add("REDUCE", spec.overhead(Kind.REDUCE) + reduce_bytes, "the conv gradients")
+    add("REDUCE", spec.overhead(Kind.REDUCE) + reduce_bytes,
+        "the conv gradients (and a position bias's)")
     add("status", status_bytes(spec), "a node host's status record naming every cell "
                                       "as served, failed and unread")
     add("alert", alert_bytes(config.model.rows, config.model.cols),

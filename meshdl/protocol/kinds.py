@@ -140,7 +140,7 @@ KINDS: tuple[KindRow, ...] = (
             "d loss / d conv output", 0),
     KindRow(Kind.REDUCE, _NODE, "child", "parent", Phase.BACKWARD,
             "last, once its own gradients and its children's REDUCEs are in", FLOAT32, "",
-            "conv-parameter gradients of a subtree, summed", 0),
+            "conv-parameter gradients of a subtree, summed (then a position bias's)", 0),
     KindRow(Kind.HEALTH, _NODE, "child", "parent", Phase.START,
             "in best effort, as a silent wave ends and with each wave after; relayed up to "
             "the edge",

@@ -142,6 +142,12 @@ class ParamsLayout:
         """Values of a PARAMS payload."""
         return max(self.scales.stop, self.act_scales.stop, self.position.stop)
 
+    @property
+    def reduce_size(self) -> int:
+        """Values of a REDUCE payload (a node's gradient vector): the conv parameters'
+        gradients, then a position bias's (filters x cells, as PARAMS carry it)."""
+        return self.conv_size + self.position.stop - self.position.start
+
     def pack(self, conv: np.ndarray, mean: np.ndarray, std: np.ndarray,
              scales: np.ndarray | None = None, act_scales: np.ndarray | None = None,
              position: np.ndarray | None = None) -> np.ndarray:

@@ -268,8 +268,13 @@ class MeshSpec:
 
     @property
     def conv_size(self) -> int:
-        """Values of the conv parameters: of a REDUCE payload."""
+        """Values of the conv parameters: a REDUCE's first."""
         return self.params_layout.conv_size
+
+    @property
+    def reduce_size(self) -> int:
+        """Values of a REDUCE payload: the conv gradients, then a position bias's."""
+        return self.params_layout.reduce_size
 
     @cached_property
     def reduce_codec(self) -> VectorCodec | None:
@@ -296,7 +301,7 @@ class MeshSpec:
     def empty_reduce(self) -> np.ndarray | SumShare:
         """What a subtree that sent nothing adds (best effort): zeros."""
         summed = self.reduce_sum
-        return np.zeros(self.conv_size, np.float32) if summed is None else summed.zeros()
+        return np.zeros(self.reduce_size, np.float32) if summed is None else summed.zeros()
 
     @cached_property
     def activation_codec(self) -> Compressor | StaticCodes | None:
@@ -311,7 +316,7 @@ class MeshSpec:
 
     def read_reduce(self, header: Header, payload: np.ndarray
                     ) -> np.ndarray | SumShare | None:
-        """A REDUCE's conv gradients (float32, `conv_size`; under intsum its subtree's
+        """A REDUCE's gradients (float32, `reduce_size`; under intsum its subtree's
         whole-number sums), or None if its payload is not the one this mesh sends (dtype,
         shape); CodecError if compressed bytes are not any its compressors write."""
         summed = self.reduce_sum
@@ -323,7 +328,7 @@ class MeshSpec:
             return summed.decode(payload, cells)
         codec = self.reduce_codec
         if codec is None:
-            ok = header.dtype == FLOAT32 and payload.shape == (self.conv_size,)
+            ok = header.dtype == FLOAT32 and payload.shape == (self.reduce_size,)
             return payload if ok else None
         if header.dtype != BYTES or payload.shape != (codec.nbytes,):
             return None
@@ -458,7 +463,7 @@ def expected_shape(spec: MeshSpec, dst: Cell, key: PlanKey, batch: int) -> Shape
         relayed = True  # a hello: a cell the plan may leave out greets its grid neighbours
     if not relayed:
         return None
-    return (spec.conv_size,) if kind == Kind.REDUCE else (ANY,)
+    return (spec.reduce_size,) if kind == Kind.REDUCE else (ANY,)
 
 
 def plan_shapes(spec: MeshSpec, dst: Cell, batch: int) -> ShapeOf:

@@ -52,15 +52,18 @@ def node_work(spec: MeshSpec, cell: Cell, step: Step, layer: int) -> Work:
     """Operations of one of `cell`'s computations (`step`, at conv layer `layer`)."""
     topo, h = spec.topology, spec.model.filters
     before, after = spec.offsets
+    # A position bias: one more add per filter and map at the top layer forward (its
+    # column), and backward its gradient added into the table (zeroed once a wave).
+    table = spec.model.position_bias and layer == spec.model.conv_layers
     if step == Step.CONV:  # window x c_in x h multiply-adds, then bias and ReLU
         taps = len(topo.window(cell, before, after))
-        return Work(2 * taps * spec.channels(layer - 1) * h + 2 * h)
+        return Work(2 * taps * spec.channels(layer - 1) * h + (3 if table else 2) * h)
     if step in (Step.POOL, Step.ROUTE):  # one comparison (or one copy) per member value
         return Work(len(topo.block_cells(topo.block_of(cell))) * h)
     if step in (Step.AGGREGATE, Step.WINNERS, Step.SPLIT):  # one per source value
         return Work((1 + len(topo.children[cell])) * h)
     if step == Step.DZ_TOP:  # ReLU's mask on the routed gradient
-        return Work(h)
+        return Work(2 * h, h * topo.rows * topo.cols) if table else Work(h)
     if step == Step.WEIGHT_GRAD:  # d(weights): dz x window multiply-adds; d(bias): dz summed
         taps = len(topo.window(cell, before, after))
         return Work(2 * taps * spec.channels(layer - 1) * h + h)
@@ -69,7 +72,7 @@ def node_work(spec: MeshSpec, cell: Cell, step: Step, layer: int) -> Work:
         c_in = spec.channels(layer - 1)
         return Work(2 * taps * h * c_in + c_in)
     if step == Step.REDUCE:  # each child's partial gradients added to this node's
-        return Work(0, len(topo.children[cell]) * spec.conv_size)
+        return Work(0, len(topo.children[cell]) * spec.reduce_size)
     raise ValueError(f"unknown computation {step!r}")
 
 
@@ -101,10 +104,12 @@ def central_work(model: ModelConfig, training: bool) -> Work:
     cells, h, k2 = model.rows * model.cols, model.filters, model.kernel**2
     c_in = [model.in_channels if layer == 1 else h for layer in range(1, model.conv_layers + 1)]
     forward = sum(cells * (2 * k2 * c * h + 2 * h) for c in c_in) + cells * h  # + pooling
+    table = cells * h if model.position_bias else 0  # a position bias added, its gradient
+    forward += table
     head = head_work(model, training).per_sample
     if not training:
         return Work(forward + head)
     weights = sum(cells * (2 * k2 * c * h + h) for c in c_in)
     inputs = sum(cells * (2 * k2 * h * c + c) for c in c_in[1:])
     routing = 2 * cells * h  # the max's position, then ReLU's mask of the top layer
-    return Work(forward + weights + inputs + routing + head)
+    return Work(forward + weights + inputs + routing + table + head)

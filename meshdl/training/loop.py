@@ -221,9 +221,6 @@ def train(
     to go on from (same configuration, or more epochs where `extension_refusal` allows),
     ending where the uninterrupted run would. The history is the whole run's: a resumed
     run's counts, wall time and epochs include those before its checkpoint."""
-    if config.mode == "mesh" and config.model.position_bias:
-        raise UsageError("a model with a position bias trains centrally (mode = "
-                         "'central'): a REDUCE carries the conv layers' gradients only")
     if config.mode == "mesh" and config.mesh.activations == "int8-static":
         raise UsageError("--activations int8-static is inference only (its scales are "
                          "calibrated on the trained model): train with float32, then "

@@ -105,9 +105,6 @@ def train_parallel(
     `config.parallel.first_mesh_id` + i); `wave_time` (in `time_unit`s) and `backhaul` set the
     cluster's clock;
     `on_update(version, params)` sees every update of the server."""
-    if config.mode == "mesh" and config.model.position_bias:
-        raise UsageError("a model with a position bias trains centrally (mode = "
-                         "'central'): a REDUCE carries the conv layers' gradients only")
     started = time.perf_counter()
     tc, n_meshes = config.train, config.parallel.meshes
     sync = Sync.parse(config.parallel.sync)

@@ -218,7 +218,7 @@ class Attacker:
         elif kind == Kind.PARAMS:
             payload = np.full(self.spec.params_size, rng.uniform(-2, 2), np.float32)
         elif kind == Kind.REDUCE:
-            payload = np.full(self.spec.conv_size, rng.uniform(-2, 2), np.float32)
+            payload = np.full(self.spec.reduce_size, rng.uniform(-2, 2), np.float32)
         else:
             payload = np.full((1, self.spec.model.filters, rng.randrange(1, 101)),
                               rng.uniform(-50, 50), np.float32)
