@@ -34,7 +34,7 @@ import numpy as np
 
 from meshdl.compress.codec import Channel, read_or_count
 from meshdl.compress.intsum import SumChannel
-from meshdl.data.augment import FLIPS
+from meshdl.data.augment import FLIPS, mirror_cells, mirror_orientations
 from meshdl.errors import MeshdlError
 from meshdl.nodes import compute, execute
 from meshdl.nodes.besteffort import BestEffort
@@ -899,7 +899,7 @@ class NodeMachine:
             wave.weights[layer] = params[where.weight].reshape(where.kernel_shape)
             wave.biases[layer] = params[where.bias]
         self._field_buffers(wave)
-        wave.columns = self._position_columns(split, indices)
+        wave.columns = self.position_columns(split, indices)
         if wave.training:
             wave.grad = np.empty(self.spec.reduce_size, np.float32)
         if not wave.scheduled:
@@ -916,30 +916,35 @@ class NodeMachine:
         self.flops += 2 * self.spec.model.in_channels * wave.batch  # (x - mean) / std
         self._arrived(wave, waiting)
 
-    def _position_columns(self, split: int, indices: np.ndarray) -> np.ndarray | None:
+    def position_columns(self, split: int, indices: np.ndarray) -> np.ndarray | None:
         """With a position bias, the column of its table this cell reads for each map of
         the wave: its own number, or for a mirrored training map (`originals`) the cell
         its mirror puts here, as the central model flips the table with the map
-        (`cnn.oriented_position`). The executor reads the table at them unchecked: each
-        is a cell of the grid by construction, and checked here all the same. None
-        without a table."""
+        (`cnn.oriented_position`). None without a table."""
         if self.layout.position.stop == self.layout.position.start:
             return None
-        rows, cols = self.spec.model.rows, self.spec.model.cols
-        row, col = divmod(self.number, cols)
-        if split != Split.TRAIN or self.originals is None:
-            return np.full(len(indices), self.number, np.int64)
-        orientation = np.asarray(indices, np.int64) // self.originals
-        if not (orientation.min() >= 0 and orientation.max() < len(FLIPS)):  # (BATCH
-            # indices are held within the readings, 4 x originals: never, but unchecked
-            # columns would index past the table)
+        return self.mirrored_columns(split, indices, np.array([self.number]))[0]
+
+    def mirrored_columns(self, split: int, indices: np.ndarray,
+                         numbers: np.ndarray) -> np.ndarray:
+        """(len(numbers), batch): `position_columns` of the cells `numbers` whose
+        readings are laid out as this node's (the compiled dispatch's nodes, all at
+        once). The executor reads the table at them unchecked: each is a cell of the
+        grid by construction (`augment.mirror_cells`), and checked here all the same."""
+        model = self.spec.model
+        originals = self.originals if split == Split.TRAIN else None
+        orientation = mirror_orientations(indices, originals)
+        if orientation.size and not (orientation.min() >= 0 and
+                                     orientation.max() < len(FLIPS)):  # (BATCH indices
+            # are held within the readings, 4 x originals: never, but unchecked columns
+            # would index past the table)
             raise MeshdlError(f"a training sample past the {len(FLIPS)} mirrors of "
-                              f"{self.originals} maps")
-        columns = np.empty(len(indices), np.int64)
-        for o, (up_down, left_right) in enumerate(FLIPS):
-            r, c = (rows - 1 - row if up_down else row), (cols - 1 - col if left_right else col)
-            columns[orientation == o] = r * cols + c
-        return columns
+                              f"{originals} maps")
+        columns = mirror_cells(numbers, model.rows, model.cols)[orientation].T
+        if columns.size and not (columns.min() >= 0 and
+                                 columns.max() < model.rows * model.cols):
+            raise MeshdlError("a position bias column outside the grid")
+        return np.ascontiguousarray(columns)
 
     def _field_buffers(self, wave: Wave) -> None:
         """A wave's field buffers (and kept activations), laid out by the memory plan of

@@ -65,8 +65,6 @@ from meshdl.protocol.topology import Cell
 ITEMS, PARAMETERS, SAMPLES, PARTIAL_GRADIENTS = (int(r) for r in (
     Role.ITEMS, Role.PARAMETERS, Role.SAMPLES, Role.PARTIAL_GRADIENTS))
 NONE = -1  # no such buffer, slot, message or operand; a message's destination: the edge
-# The columns of a position bias each map reads: none here (its waves run on the machines).
-NO_COLUMNS = np.zeros(0, np.int64)
 # What an operand of a task (`Tables.task_kind`) lists: home slots of the inputs' arena
 # or the filters', kernel taps, or tree children (node numbers).
 INPUTS, FEATURES, TAPS, CHILDREN = range(4)
@@ -132,12 +130,17 @@ class Tables(NamedTuple):
     w_shape: np.ndarray  # (layers + 1, 3)
     b_off: np.ndarray
     b_len: np.ndarray
+    # A position bias: where its (filters, cells) table starts in PARAMS, at the last
+    # layer (NONE: none, at every other), and the grid's cells (its stride).
+    p_off: np.ndarray
+    cells: int
     mean_off: int
     std_off: int
     in_channels: int
     layers: int
     filters: int
-    conv_size: int  # values of a node's gradient vector (`grads`' rows)
+    conv_size: int  # values of the conv parameters: a gradient vector's first
+    grad_size: int  # values of a node's gradient vector (`grads`' rows): then a table's
     params_size: int  # values of the PARAMS vector the offsets above index
 
     @property
@@ -453,6 +456,7 @@ INDEXES: dict[str, Index] = {
     "input_slot": Index("inputs"),
     "w_off": Index("params"),  # (each with its layer's w_shape: the whole weight)
     "b_off": Index("params"),  # (with b_len)
+    "p_off": Index("params", none=True),  # (with filters x cells: the table)
     "mean_off": Index("params"),  # (with in_channels)
     "std_off": Index("params"),
 }
@@ -460,7 +464,8 @@ INDEXES: dict[str, Index] = {
 # codes below, and the executor refuses an unknown one). (`number` is a float.)
 VALUES = frozenset({"arena_sizes", "buf_ch", "entry_role", "task_step", "task_train",
                     "task_needs", "active", "by_input", "w_shape", "b_len",
-                    "in_channels", "layers", "filters", "conv_size", "params_size"})
+                    "in_channels", "layers", "filters", "conv_size", "params_size",
+                    "cells", "grad_size"})
 LOWEST_LAYER = {CONV: 1, WEIGHT_GRAD: 1, INPUT_GRAD: 2}  # else 0
 
 
@@ -605,6 +610,17 @@ def _check_parameters(tb: Tables) -> None:
             if start < 0 or start + size > tb.conv_size:
                 raise _refuse(field, layer, start, f"the start of {int(size)} values "
                               f"within the {tb.conv_size} conv parameters")
+    table = tb.filters * tb.cells
+    for layer in range(tb.layers + 1):
+        start = tb.p_off[layer]
+        if start != NONE and (layer != tb.layers or start < 0 or
+                              start + table > tb.params_size):
+            raise _refuse("p_off", layer, start, f"the start of the {table} values of PARAMS "
+                          "(its position bias) at the last layer, or NONE")
+    tables = int(np.count_nonzero(tb.p_off != NONE))
+    if tb.grad_size != tb.conv_size + tables * table:
+        raise _refuse("grad_size", (), tb.grad_size, f"the {tb.conv_size} conv parameters' "
+                      f"gradients and {tables} position bias tables' of {table}")
     for field in ("mean_off", "std_off"):
         start = getattr(tb, field)
         if start < 0 or start + tb.in_channels > tb.params_size:
@@ -761,14 +777,12 @@ def program_tables(plan: NodePlan, spec: MeshSpec, children: int) -> Tables:
             "values of PARAMS (its activation scale)", True)
     # A position bias: the node reads value f of a column at P_OFF + f x P_CELLS + the
     # column (its own number, or under a mirror another cell's: `Wave.columns`, each
-    # below the cells), for each of the layer's filters; all of them inside PARAMS.
+    # below the cells), for each of the layer's filters: its stride the grid's cells
+    # (here), the whole table inside PARAMS (`_check_parameters`, Tables.p_off).
     p_off, p_cells = program.layout[:, P_OFF], program.layout[:, P_CELLS]
     cells = spec.model.rows * spec.model.cols
     _within("Program.layout", np.where(p_off == NONE, NONE, p_cells), cells + 1,
             "cells of the grid (its position bias's stride)", True)
-    _within("Program.layout", np.where(
-        p_off == NONE, NONE, p_off + program.layout[:, W_FILTERS] * p_cells - 1),
-        spec.params_size, "values of PARAMS (its position bias)", True)
     if plan.number >= cells or np.any((p_off != NONE) & (p_cells != cells)):
         raise _refuse("Program.layout", (), plan.number,
                       f"a cell of the {cells} whose position bias has a column each")
@@ -843,7 +857,7 @@ def program_tables(plan: NodePlan, spec: MeshSpec, children: int) -> Tables:
         by_input=np.zeros(nodes, np.uint8),
         **{**_parameter_offsets(spec), "w_off": layout[:, W_OFF],
            "w_shape": layout[:, W_FILTERS:W_TAPS + 1], "b_off": layout[:, B_OFF],
-           "b_len": layout[:, B_LEN]},
+           "b_len": layout[:, B_LEN], "p_off": layout[:, P_OFF]},
         in_channels=spec.model.in_channels, layers=layers, filters=spec.model.filters)
 
 
@@ -863,9 +877,14 @@ def _parameter_offsets(spec: MeshSpec) -> dict[str, np.ndarray | int]:
     for layer, where in layout.layers.items():
         w_off[layer], w_shape[layer] = where.weight.start, where.kernel_shape
         b_off[layer], b_len[layer] = where.bias.start, where.bias.stop - where.bias.start
+    p_off = np.full(layers + 1, NONE, np.int64)
+    if layout.position.stop > layout.position.start:  # the last layer's
+        p_off[layers] = layout.position.start
     return {"w_off": w_off, "w_shape": w_shape, "b_off": b_off, "b_len": b_len,
+            "p_off": p_off, "cells": spec.model.rows * spec.model.cols,
             "mean_off": layout.mean.start, "std_off": layout.std.start,
-            "conv_size": layout.conv_size, "params_size": layout.size}
+            "conv_size": layout.conv_size, "grad_size": layout.reduce_size,
+            "params_size": layout.size}
 
 
 def _slot_array(slots) -> np.ndarray:
@@ -916,8 +935,10 @@ class State(NamedTuple):
 class WaveArrays(NamedTuple):
     """What one wave computes with: its two arenas of buffers (float32, (slots, channels,
     batch): of the input's channels, of the filters'), the winners of pooling (N,
-    filters, batch), every node's gradient vector (N, conv size), the PARAMS vector,
-    this split's readings (N, channels, samples), the samples, and whether it trains."""
+    filters, batch), every node's gradient vector (N, `Tables.grad_size`), the PARAMS
+    vector, this split's readings (N, channels, samples), the samples, whether it
+    trains, and with a position bias the column of its table each node reads for each
+    map (N, batch; `NodeMachine.position_columns`; (N, 0) without one)."""
 
     inputs: np.ndarray
     features: np.ndarray
@@ -928,6 +949,7 @@ class WaveArrays(NamedTuple):
     indices: np.ndarray
     batch: int
     training: bool
+    columns: np.ndarray
 
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "numpy"}
@@ -982,7 +1004,7 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
     cur, nxt, to_edge, stack, counts = st.cur, st.nxt, st.to_edge, st.stack, st.counts
     inputs, features, winners, grads, params = w.inputs, w.features, w.winners, w.grads, \
         w.params
-    readings, indices, training = w.readings, w.indices, w.training
+    readings, indices, training, columns = w.readings, w.indices, w.training, w.columns
     channels = tb.in_channels
     mean = params[tb.mean_off:tb.mean_off + channels]
     std = params[tb.std_off:tb.std_off + channels]
@@ -992,8 +1014,7 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
         layout[layer, 1:4] = tb.w_shape[layer]
         layout[layer, 4], layout[layer, 5] = tb.b_off[layer], tb.b_len[layer]
         layout[layer, 6] = -1  # not quantized: int8-static waves run on the machines
-        layout[layer, 7] = -1  # no position bias: its waves run on the machines
-        layout[layer, 8] = 0
+        layout[layer, 7], layout[layer, 8] = tb.p_off[layer], tb.cells
     which = 0 if training else 1  # `active`'s column
 
     arenas = (inputs, features)  # by INPUTS, FEATURES: what an operand's kind picks
@@ -1055,7 +1076,7 @@ def run_rounds(tb: Tables, st: State, w: WaveArrays, now: int, limit: int,
                 spans[n_spans, 0], spans[n_spans, 1] = task_made[t, 0], task_made[t, 1]
                 n_spans += 1
                 run_task(step, task_layer[t], arenas, task_kind[t], lists, task_args[t],
-                         params, layout, grads, grads, winners, n, number[n], NO_COLUMNS,
+                         params, layout, grads, grads, winners, n, number[n], columns[n],
                          failed[n] != 0, by_input[n] != 0)
                 if step == REDUCE:  # its sum is a message up the tree
                     _enqueue(task_msg[t], msg_dst, sent, nxt, to_edge, counts)
@@ -1076,6 +1097,7 @@ def warm_up(tables: Tables, state: State) -> None:
     empty = np.zeros(0, np.float32)
     wave = WaveArrays(np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32),
                       np.zeros((0, 0, 0), np.uint8), np.zeros((0, 0), np.float32), empty,
-                      np.zeros((0, 0, 0), np.float32), np.zeros(0, np.int32), 0, False)
+                      np.zeros((0, 0, 0), np.float32), np.zeros(0, np.int32), 0, False,
+                      np.zeros((0, 0), np.int64))
     state.counts[:] = 0
     run_rounds(tables, state, wave, 0, 0, np.zeros(0, np.int64))

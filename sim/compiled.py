@@ -82,7 +82,7 @@ SPEC_WHEN: dict[str, Callable[[MeshSpec], bool]] = {
     "home": lambda spec: not spec.planned,  # the configured plan, wherever it says home is
 }
 MODEL_ANY = frozenset({"rows", "cols", "in_channels", "alive", "kernel", "filters",
-                       "conv_layers", "pool", "hidden", "classes"})
+                       "conv_layers", "pool", "hidden", "classes", "position_bias"})
 
 
 def unsupported(spec: MeshSpec) -> list[str]:
@@ -183,7 +183,10 @@ class CompiledWaves:
         for n, node in enumerate(nodes):
             node.readings = {split: logs[n] for split, logs in self.readings.items()}
         self.nodes = nodes
-        self.grads = np.zeros((len(nodes), spec.conv_size), np.float32)
+        self.grads = np.zeros((len(nodes), tb.grad_size), np.float32)
+        # A position bias's columns: each node's, per map of a wave (`_columns`).
+        self.table = bool(np.any(tb.p_off != NONE))
+        self.no_columns = np.zeros((len(nodes), 0), np.int64)
         self.number = {cell[0] * spec.model.cols + cell[1]: n
                        for n, cell in enumerate(self.cells)}
         self._arenas: dict[int, tuple[np.ndarray, ...]] = {}  # by batch, the latest last
@@ -336,8 +339,17 @@ class CompiledWaves:
         self._arenas[size] = arenas
         wave = WaveArrays(*arenas, self.grads, np.array(params.payload, np.float32),
                     self.readings[split], np.array(indices, np.int32), size,
-                    mode == Mode.TRAIN)
+                    mode == Mode.TRAIN, self._columns(split, indices))
         return Started(wave, params.payload, batch.payload)
+
+    def _columns(self, split: int, indices: np.ndarray) -> np.ndarray:
+        """With a position bias, the column of its table each node reads for each map
+        (nodes, batch), as each node's machine would (`NodeMachine.mirrored_columns`:
+        every node's readings are laid out alike); else none."""
+        if not self.table:
+            return self.no_columns
+        numbers = self.tables.number.astype(np.int64)
+        return self._checker.mirrored_columns(split, indices, numbers)
 
     def _inject(self, messages: list[Message], wave: WaveArrays) -> list[int]:
         """What the edge sent, as arrivals of the loop (-1 - entry), items put into
@@ -409,7 +421,7 @@ class CompiledWaves:
                 elif key.kind == Kind.BATCH:
                     shape, dtype = (batch,), INT32
                 elif key.kind == Kind.REDUCE:
-                    shape, dtype = (spec.conv_size,), FLOAT32
+                    shape, dtype = (spec.reduce_size,), FLOAT32
                 else:
                     rows = int(tb.msg_rows[m, 1] - tb.msg_rows[m, 0])
                     shape = (rows, int(tb.buf_ch[tb.msg_buf[m]]), wave.batch)

@@ -34,8 +34,10 @@ BIG = 10**6  # past anything a small mesh's tables count
 
 
 def _mesh(pool, compiled: bool = True) -> VirtualMesh:
-    config = ModelConfig(rows=4, cols=5, kernel=3, filters=2, conv_layers=2, pool=pool,
-                         hidden=4)
+    """A small mesh pooling by `pool`; "position": globally, with a position bias."""
+    table = pool == "position"
+    config = ModelConfig(rows=4, cols=5, kernel=3, filters=2, conv_layers=2,
+                         pool="global" if table else pool, hidden=4, position_bias=table)
     X = np.random.default_rng(0).normal(20.0, 3.0, (6, 4, 5)).astype(np.float32)
     model = CNN(config, seed=0)
     model.set_normalization(20.0, 3.0)
@@ -63,7 +65,8 @@ def _live(tables: Tables, field: str) -> tuple[int, ...] | None:
 def _tampered(field: str, via: str | None, value: int) -> tuple[Tables, str]:
     """Tables of a mesh with one number of `field` set to `value` (of `lists`: the first
     number the range field `via` lists), and what the refusal must name."""
-    for pool in (2, "global"):  # (windowed pooling has block lists, global children's)
+    # (windowed pooling has block lists, global children's; a position bias its table)
+    for pool in (2, "global", "position"):
         tables = _tables(pool)
         at = _live(tables, via or field)
         if at is not None:
@@ -112,7 +115,7 @@ def test_a_tampered_index_is_refused_in_one_line(field, via, value) -> None:
 
 
 def test_the_tables_of_a_mesh_pass() -> None:
-    for pool in (1, 2, "global"):
+    for pool in (1, 2, "global", "position"):
         validate(_tables(pool))
 
 

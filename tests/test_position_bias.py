@@ -186,7 +186,7 @@ def test_central_training_learns_a_position_bias_deterministically():
 DEAD = {(0, 1), (2, 2), (3, 5)}
 
 
-def _mesh_with_position(spec_dead=frozenset(DEAD)):
+def _mesh_with_position(spec_dead=frozenset(DEAD), compiled: bool = True):
     from meshdl.config import DataConfig
     from meshdl.data.lounge import generate_lounge
     from meshdl.protocol.spec import MeshSpec, Split
@@ -198,20 +198,20 @@ def _mesh_with_position(spec_dead=frozenset(DEAD)):
     spec = MeshSpec(1, model.config, (0, 0), "tree", dead=spec_dead)
     X = {Split.TRAIN: model.with_alive(data.X_train), Split.TEST: model.with_alive(data.X_test)}
     labels = {Split.TRAIN: data.y_train, Split.TEST: data.y_test}
-    return model, data, VirtualMesh(spec, X, model, labels, compiled=True)
+    return model, data, VirtualMesh(spec, X, model, labels, compiled=compiled)
 
 
 def test_the_mesh_runs_the_position_bias_around_dead_cells_as_centrally():
     """One inference wave of the virtual mesh planned around three dead cells: each
     node adds its own column of the position table (PARAMS carry the whole table) and
-    the logits are the central model's with the same cells left out. The compiled
-    dispatch does not list the field, so the machines run the wave."""
+    the logits are the central model's with the same cells left out. (A plan around
+    dead cells runs on the machines; the compiled dispatch runs the table too.)"""
     from meshdl.protocol.spec import Mode, Split
     from meshdl.sim.compiled import unsupported
     from meshdl.sim.faults.dead import cell_numbers
 
     model, data, mesh = _mesh_with_position()
-    assert "model.position_bias" in unsupported(mesh.spec)
+    assert unsupported(mesh.spec) == ["dead"]
     layout = mesh.spec.params_layout
     assert layout.position.stop - layout.position.start == 3 * ROWS * COLS
     result = mesh.run_wave(Mode.INFER, Split.TEST, np.arange(6))
@@ -278,6 +278,32 @@ def test_the_mesh_trains_the_table_as_centrally_step_by_step_on_mirrors_and_fail
         np.testing.assert_allclose(mesh.flat, central.flat, rtol=1e-5, atol=1e-6)
 
 
+def test_the_compiled_dispatch_trains_the_table_as_the_machines_do_to_the_bit():
+    """The compiled loop reads each node's columns for the wave's maps (the nodes'
+    own `mirrored_columns`) and sums the table's gradient into its REDUCE rows: a
+    training wave over mirrored maps with cells failing out, and an evaluation wave,
+    give the machines' loss, logits and gradient bit for bit."""
+    from meshdl.sim.mesh import MeshEngine
+    from meshdl.training.failout import failout_cells
+
+    config = _config()
+    view = _mirrored_view(config, 10, seed=9)
+    indices, dead = np.array([3, 12, 25, 38, 7, 21]), failout_cells(ROWS, COLS, 0.2, 4, 0)
+    results = []
+    for compiled in (False, True):
+        model = _with_position()
+        model.set_normalization(21.0, 2.0)
+        engine = MeshEngine(view, compiled=compiled)
+        loss, logits, grads = engine.loss_and_grads(model, indices, dead)
+        test = engine.logits(model, "test", np.arange(4))
+        results.append((loss, logits.copy(), grads.copy(), test))
+        assert (engine.mesh._compiled is not None) == compiled  # (it did run compiled)
+    (loss_m, logits_m, grads_m, test_m), (loss_c, logits_c, grads_c, test_c) = results
+    assert loss_c == loss_m
+    for machines, compiled in ((logits_m, logits_c), (grads_m, grads_c), (test_m, test_c)):
+        assert np.array_equal(compiled, machines)
+
+
 def test_a_node_told_of_mirrors_its_readings_do_not_hold_is_refused():
     from meshdl.nodes.agent import NodeMachine
     from meshdl.protocol.spec import MeshSpec, Split
@@ -295,7 +321,7 @@ def test_a_position_column_outside_params_is_refused_before_any_task_runs():
     from meshdl.nodes.plan import Program
     from meshdl.protocol.spec import Mode, Split
 
-    _, _, mesh = _mesh_with_position(frozenset())
+    _, _, mesh = _mesh_with_position(frozenset(), compiled=False)  # (the machines' check)
     node = next(iter(mesh.nodes.values()))
     node.plan.program = Program(*(values.copy() for values in node.plan.program))
     layout = node.plan.program.layout
@@ -350,8 +376,8 @@ def test_what_cannot_carry_the_table_refuses_it_in_one_line():
 
 def test_a_run_in_the_virtual_mesh_learns_the_table_as_a_central_run_does():
     """The training loop, mirrors and failout as the global recipe draws them: the
-    model the mesh trains (the machines run its waves: the compiled dispatch does not
-    list the field) is the central run's."""
+    model the mesh trains (its waves through the compiled dispatch) is the central
+    run's."""
     from meshdl.data.lounge import generate_lounge
     from meshdl.training.loop import train
 

@@ -90,6 +90,24 @@ def originals(data: Dataset) -> int:
     return n // ORIENTATIONS if data.meta.get(_MARK) == "mirror" else n
 
 
+def mirror_cells(numbers: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """(len(FLIPS), len(numbers)) int64: for each mirror o, the cell (row x cols + col)
+    whose value mirror o puts at each of `numbers` (a mirror is its own inverse): the
+    column of a position bias a node at that cell reads for a map in mirror o."""
+    row, col = np.divmod(np.asarray(numbers, np.int64), cols)
+    return np.stack([(rows - 1 - row if up_down else row) * cols +
+                     (cols - 1 - col if left_right else col)
+                     for up_down, left_right in FLIPS])
+
+
+def mirror_orientations(indices: np.ndarray, originals: int | None) -> np.ndarray:
+    """Which mirror each training sample of a mirrored view is (index o x originals +
+    i); all 0 without mirrors (`originals` None). Indices past the four mirrors give
+    orientations past `FLIPS`: the caller holds indices within its readings."""
+    indices = np.asarray(indices, np.int64)
+    return np.zeros(len(indices), np.int64) if originals is None else indices // originals
+
+
 def mirrors_of(data: Dataset) -> int | None:
     """Maps per mirror of a mirrored training view (sample o x n + i is map i in mirror
     o), what a node holding it tells its maps' orientations by; None: no mirrors."""
