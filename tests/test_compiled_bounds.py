@@ -5,9 +5,10 @@ Every kernel is compiled with `boundscheck=False` (a checked loop is several tim
 slower), and nodes/compiled.py `validate` holds the tables to their arrays before the
 loop runs. What `validate` cannot see, an index a kernel computes wrong, shows only
 with the checks on: `test_the_compiled_meshes_run_with_bounds_checks` runs the meshes
-below, each compiled and through the machines, to the bit, and the seed mesh, in a
-process with NUMBA_BOUNDSCHECK=1 and a cache of its own (Numba's cache does not key on
-the checks: a cached unchecked build would be loaded). The suite as a whole passes that
+below, each compiled and through the machines, to the bit, the seed mesh, and a
+position bias's training wave over mirrored maps, in a process with NUMBA_BOUNDSCHECK=1
+and a cache of its own (Numba's cache does not key on the checks: a cached unchecked
+build would be loaded). The suite as a whole passes that
 way too (`NUMBA_BOUNDSCHECK=1 pytest`), which takes several times as long.
 """
 
@@ -71,11 +72,13 @@ def test_the_compiled_meshes_run_with_bounds_checks(tmp_path) -> None:
     tests = [f"tests/{Path(__file__).name}",
              "tests/test_compiled.py::test_the_seed_mesh_trains_as_its_node_machines_to_the_bit",
              "tests/test_compiled_tables.py::test_a_task_of_an_unknown_step_is_refused_and_"
-             "stops_the_loop"]
+             "stops_the_loop",
+             "tests/test_position_bias.py::test_the_compiled_dispatch_trains_the_table_as_"
+             "the_machines_do_to_the_bit"]
     this = f"{tests[0]}::test_the_compiled_meshes_run_with_bounds_checks"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "-n", "0", "-rs", "--deselect", this, *tests], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert f"{len(MESHES) + 3} passed" in run.stdout and "skipped" not in run.stdout, \
+    assert f"{len(MESHES) + 4} passed" in run.stdout and "skipped" not in run.stdout, \
         run.stdout[-2000:]
