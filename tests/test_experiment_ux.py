@@ -74,6 +74,7 @@ def test_help_shows_the_grid_and_epochs_an_unset_flag_leaves(monkeypatch) -> Non
                   "Training epochs. [default: 20; with --pool global 40 on 2,400 maps or "
                   "fewer, 12 on the default 163,200]",
                   "Filters per conv layer. [default: 5; 16 with --pool global]",
+                  "Conv layers. [default: 2; 3 with --pool global on more than 2,400 maps]",
                   "[default: 0.0; 0.05-0.25 (30% clean) with --pool global]",
                   "[default: 0.0, 0.05, 0.1, 0.2]", "Repeat the flag or give a comma list"):
         assert shown in text, shown

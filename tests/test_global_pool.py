@@ -58,9 +58,14 @@ def test_a_windowed_model_refuses_another_grid() -> None:
 
 def test_model_evaluate_runs_a_global_model_on_a_data_set_of_another_grid(
         cli, small_data_file, tmp_path: Path) -> None:
-    code, _, err = cli("train", "--data", small_data_file, "--out", tmp_path / "run",
-                       "--epochs", "1", "--batch", "32", "--hidden", "8", "--pool", "global",
-                       "--mode", "central", "--json")
+    """A global head without a position bias (the recipe's on a small data set) runs on
+    any grid; one with the table, which holds a value per cell of its own grid (the
+    recipe's on the default data set), refuses another in one line."""
+    table = tmp_path / "table.toml"
+    table.write_text("[model]\nposition_bias = true\n")
+    common = ("train", "--data", small_data_file, "--epochs", "1", "--batch", "32",
+              "--hidden", "8", "--pool", "global", "--mode", "central", "--json")
+    code, _, err = cli(*common, "--out", tmp_path / "run")
     assert code == 0, err
     other = tmp_path / "other.npz"
     save_dataset(generate_lounge(DataConfig(rows=5, cols=11, train=10, test=30, seed=4)),
@@ -71,6 +76,10 @@ def test_model_evaluate_runs_a_global_model_on_a_data_set_of_another_grid(
     code, out, err = cli("infer", tmp_path / "run" / "model.npz", other, "--json")
     assert code == 0, err
     assert json.loads(out)["samples"] == 30
+    code, _, err = cli(*common, "--out", tmp_path / "table", "--config", table)
+    assert code == 0, err
+    code, _, err = cli("evaluate", tmp_path / "table" / "model.npz", other, "--json")
+    assert code != 0 and "cannot run on 5 x 11" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("share", [0.1, 0.5])
@@ -178,8 +187,26 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
         values = {k: v for k, v in values.items() if k != "epochs"}  # they follow the maps
         assert {k: getattr(getattr(config, part), k) for k in values} == values
     assert (config.model.filters, config.model.conv_layers, config.data.train,
-            config.train.epochs) == (16, 2, 163_200, 12)
-    assert load_run_config(model={"pool": "global"}, data_maps=2400).train.epochs == 40
+            config.train.epochs) == (16, 3, 163_200, 12)
+    assert config.model.position_bias
+    # Compression and overlap know no position bias: a run asking for either trains the
+    # rest of the recipe without the table; one that also asks for the table is refused.
+    for mesh, parallel in (({"compress": "2bit"}, {}), ({}, {"meshes": 2, "overlap": True})):
+        other = load_run_config(model={"pool": "global"}, mesh=mesh, parallel=parallel)
+        assert not other.model.position_bias and other.model.conv_layers == 3
+        with pytest.raises(ValueError, match="position_bias"):
+            load_run_config(model={"pool": "global", "position_bias": True}, mesh=mesh,
+                            parallel=parallel)
+    # On 2,400 maps or fewer (or a data set of unknown size), the head of the recipe
+    # before three layers and the table: they were tuned on 163,200.
+    small = load_run_config(model={"pool": "global"}, data_maps=2400)
+    assert (small.train.epochs, small.model.conv_layers, small.model.position_bias) == \
+        (40, 2, False)
+    grid = load_run_config(model={"pool": "global"}, data_grid=(17, 25))
+    assert (grid.model.conv_layers, grid.model.position_bias) == (2, False)
+    mine = load_run_config(model={"pool": "global", "conv_layers": 3}, data_maps=2400)
+    assert mine.model.conv_layers == 3  # one's own setting wins
+    assert load_run_config(model={"pool": "global"}, data_maps=2401).model.position_bias
     seed = load_run_config()
     assert seed.train.augment == "mirror" and seed.train.failout == 0.0  # the seed's own
     assert (seed.model.filters, seed.train.epochs) == (5, 20)
@@ -205,7 +232,7 @@ def test_commands_without_a_config_file_take_the_global_recipe_too(cli) -> None:
     assert conv2_formula() == 8 * 20 * 5  # the seed network
     code, out, err = cli("cost", "--rows", "4", "--cols", "5", "--pool", "global")
     assert code == 0, err
-    assert "16 filters, 2 conv layers, pool global" in " ".join(out.split())  # says which
+    assert "16 filters, 3 conv layers, pool global" in " ".join(out.split())  # says which
     code, out, err = cli("simulate", "compare", "--radio", "802.15.4", "--rows", "4",
                          "--cols", "5", "--pool", "global", "--train-samples", "0", "--json")
     assert code == 0, err

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
 def cost(
     rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = None,
-    conv_layers: ConvLayers = 2, pool: Pool = 2,
+    conv_layers: ConvLayers = None, pool: Pool = 2,
     batch: int = typer.Option(100, "--batch", min=1, help="Samples in the wave."),
     edge_at: EdgeAt = "0,0",
     auth: bool = typer.Option(False, "--auth", help="Every message with its link tag or "

@@ -39,7 +39,14 @@ from meshdl.cli.options import (
     json_option,
 )
 from meshdl.cli.sweep_progress import Estimate, Left, interrupted, taking
-from meshdl.config import GLOBAL_RECIPE, RunConfig, load_run_config, recipe_epochs_said
+from meshdl.config import (
+    GLOBAL_RECIPE,
+    RECIPE_SMALL_HEAD,
+    RECIPE_SMALL_MAPS,
+    RunConfig,
+    load_run_config,
+    recipe_epochs_said,
+)
 from meshdl.errors import MeshdlError, UsageError
 from meshdl.experiments.columns import (
     Shown,
@@ -132,7 +139,11 @@ def _default_of(name: str, grid_from: str | None) -> str:
                 + (f" ({clean:.0%} clean)" if clean else "")
                 + " with --pool global")
     if name in GLOBAL_RECIPE.get(section, {}):  # the global head's recipe differs
-        return f"{value}; {GLOBAL_RECIPE[section][name]} with --pool global"
+        recipe = GLOBAL_RECIPE[section][name]
+        if section == "model" and name in RECIPE_SMALL_HEAD:  # its head follows the maps
+            return (f"{value}; {recipe} with --pool global on more than "
+                    f"{RECIPE_SMALL_MAPS:,} maps")
+        return f"{value}; {recipe} with --pool global"
     return str(value)
 
 

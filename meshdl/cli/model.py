@@ -401,13 +401,20 @@ def config_show(
 def global_recipe_said() -> str:
     """What a global head takes for what is left unset, in one sentence: `config show`
     of another model says it, since `data generate` makes the recipe's maps."""
-    from meshdl.config import GLOBAL_RECIPE, recipe_epochs_said
+    from meshdl.config import (
+        GLOBAL_RECIPE,
+        RECIPE_SMALL_HEAD,
+        RECIPE_SMALL_MAPS,
+        recipe_epochs_said,
+    )
 
     model, data = GLOBAL_RECIPE["model"], GLOBAL_RECIPE["data"]
     return (f"A global head (pool = \"global\") takes its own recipe for what is unset: "
             f"{model['filters']} filters, the alive mask, failout, {data['train']:,} "
-            f"training maps (`meshdl data generate`'s default), and its epochs: "
-            f"{recipe_epochs_said()}.")
+            f"training maps (`meshdl data generate`'s default), {model['conv_layers']} "
+            f"conv layers with a bias per filter and cell at the last (on "
+            f"{RECIPE_SMALL_MAPS:,} maps or fewer {RECIPE_SMALL_HEAD['conv_layers']}, "
+            f"without it), and its epochs: {recipe_epochs_said()}.")
 
 
 def config_init(

@@ -766,7 +766,7 @@ def simulate_compare(
                                     "(repeat; default: every one, Wi-Fi on the star, the "
                                     "others as a radio mesh)."),
     rows: Rows = 17, cols: Cols = 25, kernel: Kernel = 3, filters: Filters = None,
-    pool: Pool = 2, conv_layers: ConvLayers = 2, hidden: Hidden = 200,
+    pool: Pool = 2, conv_layers: ConvLayers = None, hidden: Hidden = 200,
     batch: int = typer.Option(1, "--batch", help="Samples of an inference slot."),
     train_samples: int = typer.Option(2400, "--train-samples", help="Training maps of "
                                       "an epoch (0: no epoch comparison)."),
