@@ -468,6 +468,9 @@ class EdgeMachine:
         head's the edge computed itself): the conv layers' first, and a position bias's
         last, where the model's flat vector holds it too (`config.param_shapes`)."""
         grads, conv = self.model.grad_flat, self.spec.conv_size
+        if reduced.size != self.spec.reduce_size:  # (read_reduce holds a REDUCE to it)
+            raise MeshdlError(f"a reduced gradient of {reduced.size} values, not the "
+                              f"mesh's {self.spec.reduce_size}")
         grads[:conv] = reduced[:conv]
         table = reduced.size - conv
         if table:

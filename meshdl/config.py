@@ -64,7 +64,8 @@ class ModelConfig(_Strict):
                                 "bias per filter and cell (parameter `position`, filters x "
                                 "rows x cols, at the end of the flat vector): where in this "
                                 "room anomalies show, which a filter shared by every cell "
-                                "cannot know; a node adds its own column. Ties the model to "
+                                "cannot know; a node adds its cell's column (under a mirror, "
+                                "the mirrored cell's). Ties the model to "
                                 "its grid; trains in the mesh (a REDUCE carries the table's "
                                 "gradient after the conv layers') and centrally")
     kernel: int = Field(3, ge=1, description="convolution filter size k (odd or even)")
@@ -237,7 +238,7 @@ class TrainConfig(_Strict):
 # 100-109 x training seeds 0-2): 99.50 % mean, 99.11 % worst with every cell alive,
 # 0.95 / 2.24 points lost with 10 / 20 % of the cells dead (two layers without the
 # table: 1.26 / 2.83; docs/results/recipe-tuning/README.md). A run that compresses
-# gradients or overlaps meshes trains it without the table (`load_run_config`).
+# gradients or overlaps meshes trains two layers without the table (`load_run_config`).
 GLOBAL_RECIPE: dict[str, dict[str, Any]] = {
     "model": {"filters": 16, "alive": True, "conv_layers": 3, "position_bias": True},
     "train": {"augment": "mirror", "failout": 0.05, "failout_max": 0.25,
@@ -265,8 +266,9 @@ def recipe_epochs(maps: int) -> int:
 
 def recipe_head(maps: int | None) -> dict[str, Any]:
     """The global recipe's `[model]` for a training split of `maps` (None: of unknown
-    size, a user's own): `GLOBAL_RECIPE`'s on more than `RECIPE_SMALL_MAPS`, else with
-    `RECIPE_SMALL_HEAD` (two conv layers, no position bias)."""
+    size, a user's own, or a run whose compression or overlap knows no table):
+    `GLOBAL_RECIPE`'s on more than `RECIPE_SMALL_MAPS`, else with `RECIPE_SMALL_HEAD`
+    (two conv layers, no position bias)."""
     head = dict(GLOBAL_RECIPE["model"])
     if maps is None or maps <= RECIPE_SMALL_MAPS:
         head.update(RECIPE_SMALL_HEAD)
@@ -512,12 +514,13 @@ def load_run_config(toml_file: Path | None = None, data_grid: tuple[int, int] | 
             # What the flags, the environment and the file set (the recipe is not in yet).
             own_failout = "failout" in config.train.model_fields_set
             recipe.update({part: dict(values) for part, values in GLOBAL_RECIPE.items()})
-            if "position_bias" not in config.model.model_fields_set and \
-                    (config.mesh.compress != "none" or config.parallel.overlap):
-                # Gradient compression and overlap know no position bias (see
-                # `_position_bias_is_global`): a run that asks for either trains the
-                # recipe without the table.
-                recipe["model"].pop("position_bias")
+            # Gradient compression and overlap know no position bias (see
+            # `_position_bias_is_global`): a run that asks for either trains the head of
+            # the recipe before the table (`RECIPE_SMALL_HEAD`), unless it sets the table.
+            plain = "position_bias" not in config.model.model_fields_set and \
+                (config.mesh.compress != "none" or config.parallel.overlap)
+            if plain:
+                recipe["model"].update(RECIPE_SMALL_HEAD)
             if own_failout:
                 # A failout of one's own is one share, whatever its value: the recipe's
                 # range and clean updates belong to its own failout (a failout_max or
@@ -531,9 +534,7 @@ def load_run_config(toml_file: Path | None = None, data_grid: tuple[int, int] | 
             maps = data_maps if data_maps is not None else \
                 None if data_grid is not None else config.data.train
             epochs = recipe["train"]["epochs"] if maps is None else recipe_epochs(maps)
-            head = recipe_head(maps)
-            if "position_bias" not in recipe["model"]:  # (compression, overlap: above)
-                head.pop("position_bias")
+            head = recipe_head(None if plain else maps)
             if epochs != recipe["train"]["epochs"] or head != recipe["model"]:
                 recipe["train"]["epochs"] = epochs
                 recipe["model"] = head

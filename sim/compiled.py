@@ -348,8 +348,14 @@ class CompiledWaves:
         every node's readings are laid out alike); else none."""
         if not self.table:
             return self.no_columns
-        numbers = self.tables.number.astype(np.int64)
-        return self._checker.mirrored_columns(split, indices, numbers)
+        tb = self.tables
+        columns = self._checker.mirrored_columns(split, indices, tb.number.astype(np.int64))
+        # The loop reads columns[n, j] for its nodes and the wave's maps, each a column of
+        # a table of `tb.cells` (its stride): held to that here, whatever built them.
+        if columns.shape != (tb.nodes, len(indices)) or \
+                (columns.size and not 0 <= columns.min() <= columns.max() < tb.cells):
+            raise MeshdlError("a position bias's columns outside the compiled tables")
+        return columns
 
     def _inject(self, messages: list[Message], wave: WaveArrays) -> list[int]:
         """What the edge sent, as arrivals of the loop (-1 - entry), items put into

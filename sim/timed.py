@@ -349,7 +349,7 @@ class TimedMesh:
                 self.medium_name, self.device, self.edge_device, self.seed,
                 broker_s=self.broker_s, stragglers=self.stragglers, receipts=True,
                 attach=self.attach, compiled=False,  # it kills and revives cells
-                memory_plan=self.parties.memory_plan)
+                memory_plan=self.parties.memory_plan, originals=self.parties.originals)
             self._probe.plans_change = True
         probe, model, spec = self._probe, self.edge.model, self.edge.spec
         probe.edge.replan(*spec.plan_key)  # the mesh as it is now, its dead down

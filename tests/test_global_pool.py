@@ -190,10 +190,10 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
             config.train.epochs) == (16, 3, 163_200, 12)
     assert config.model.position_bias
     # Compression and overlap know no position bias: a run asking for either trains the
-    # rest of the recipe without the table; one that also asks for the table is refused.
+    # head before the table (two layers); one that also asks for the table is refused.
     for mesh, parallel in (({"compress": "2bit"}, {}), ({}, {"meshes": 2, "overlap": True})):
         other = load_run_config(model={"pool": "global"}, mesh=mesh, parallel=parallel)
-        assert not other.model.position_bias and other.model.conv_layers == 3
+        assert not other.model.position_bias and other.model.conv_layers == 2
         with pytest.raises(ValueError, match="position_bias"):
             load_run_config(model={"pool": "global", "position_bias": True}, mesh=mesh,
                             parallel=parallel)
@@ -217,6 +217,24 @@ def test_the_global_head_trains_by_its_own_recipe_unless_a_setting_is_given(tmp_
     mine = load_run_config(toml, train={"failout": 0.0})
     assert mine.train.augment == "none" and mine.train.failout == 0.0  # not the recipe's
     assert mine.model.filters == 4 and mine.train.epochs == 12  # unset: the recipe's
+
+
+def test_sweeps_of_compression_or_overlap_train_every_trial_on_one_head_all_can_train(
+        cli, tmp_path: Path) -> None:
+    """On more than 2,400 maps the recipe's head has the table, which trains neither
+    compressed nor overlapped: `experiment compression` and `experiment meshes` then
+    train every trial, the uncompressed and plain ones too, on the head without it."""
+    data = tmp_path / "d.npz"
+    save_dataset(generate_lounge(DataConfig(rows=4, cols=5, train=2500, test=40)), data)
+    common = ("--pool", "global", "--data", data, "--epochs", "1", "--json")
+    for sweep in (("compression", "--policies", "2bit", "--seeds", "1"),
+                  ("meshes", "--counts", "2", "--modes", "bsp,bsp+overlap")):
+        out = tmp_path / sweep[0]
+        code, _, err = cli("experiment", *sweep, *common, "--out", out)
+        assert code == 0, err
+        model = json.loads((out / "config.json").read_text())["settings"]["model"]
+        assert (model["conv_layers"], model["position_bias"]) == (2, False), sweep[0]
+    assert load_run_config(model={"pool": "global"}, data_maps=2500).model.position_bias
 
 
 def test_commands_without_a_config_file_take_the_global_recipe_too(cli) -> None:

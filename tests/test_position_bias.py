@@ -369,6 +369,10 @@ def test_what_cannot_carry_the_table_refuses_it_in_one_line():
                    position=model.params["position"])
     with pytest.raises(UsageError, match="orientation is 0-3"):
         oriented_position(model.params["position"], np.array([0, 4]))
+    from meshdl.protocol.spec import MeshSpec
+
+    with pytest.raises(UsageError, match="trains uncompressed"):  # below RunConfig too
+        MeshSpec(1, _config(), compress="2bit")
     with pytest.raises(ValueError, match="without overlap"):
         load_run_config(mode="mesh", model={"pool": "global", "position_bias": True},
                         parallel={"meshes": 2, "overlap": True})

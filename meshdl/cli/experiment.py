@@ -43,6 +43,7 @@ from meshdl.config import (
     GLOBAL_RECIPE,
     RECIPE_SMALL_HEAD,
     RECIPE_SMALL_MAPS,
+    ModelConfig,
     RunConfig,
     load_run_config,
     recipe_epochs_said,
@@ -123,6 +124,14 @@ def _with_default(alias: Any, shown: str) -> Any:
     info = copy.copy(info)
     info.help = f"{info.help or ''} \\[default: {shown}]".strip()
     return Annotated[base, info]
+
+
+def common_head(base: RunConfig, others: list[ModelConfig]) -> ModelConfig:
+    """The one model every trial of a sweep trains, so that its values compare on one
+    head: `base`'s, or where a swept value's run takes another (the global recipe's
+    table trains neither compressed nor overlapped: those runs take its head without
+    it, `RECIPE_SMALL_HEAD`), that one."""
+    return next((model for model in others if model != base.model), base.model)
 
 
 def _default_of(name: str, grid_from: str | None) -> str:
@@ -539,10 +548,12 @@ def meshes_command(
     if straggler:
         FrameLoss(straggler_loss)
     json_out = runner["json_out"]
-    base = load_run_config(mode="mesh", **_with_data_grid(
-        overrides(grid, net, epochs=epochs, batch=batch, lr=lr), data))
+    flags = _with_data_grid(overrides(grid, net, epochs=epochs, batch=batch, lr=lr), data)
+    base = load_run_config(mode="mesh", **flags)
+    overlapped = [load_run_config(mode="mesh", **flags, parallel={
+        "meshes": 2, "overlap": True}).model] if any("+" in mode for mode in modes) else []
     settings: Record = {
-        "experiment": "meshes", "model": base.model.model_dump(),
+        "experiment": "meshes", "model": common_head(base, overlapped).model_dump(),
         "train": base.train.model_dump(), "mesh": base.mesh.model_dump(mode="json"),
         "data": base.data.model_dump(), "radio": radio, "backhaul": backhaul,
         "straggler_loss": straggler_loss,
@@ -596,13 +607,14 @@ def compression_command(
     json_out = runner["json_out"]
     flags = _with_data_grid(overrides(grid, net, run), data)
     swept = list(dict.fromkeys(["none", *policies]))
+    heads = []
     for value in swept:  # an impossible policy fails here, before any trial
         gradient, activations = compression.parse_value(value)
-        load_run_config(mode="mesh", **flags,
-                        mesh={"compress": gradient, "activations": activations})
+        heads.append(load_run_config(mode="mesh", **flags, mesh={
+            "compress": gradient, "activations": activations}).model)
     base = load_run_config(mode="mesh", **flags)
     settings: Record = {
-        "experiment": "compression", "model": base.model.model_dump(),
+        "experiment": "compression", "model": common_head(base, heads).model_dump(),
         "train": base.train.model_dump(exclude={"seed"}),
         "mesh": base.mesh.model_dump(mode="json", exclude={"compress", "activations"}),
         "data": base.data.model_dump(), "radio": radio, "meshes": meshes_,

@@ -138,6 +138,9 @@ class MeshSpec:
         topo = Topology(self.model.rows, self.model.cols, self.edge_at, self.model.window,
                         frozenset(self.dead))
         object.__setattr__(self, "topology", topo)
+        if self.model.position_bias and self.compress != "none":  # (as RunConfig refuses)
+            raise UsageError("a position bias trains uncompressed: its REDUCE carries the "
+                             "table's gradient, which no --compress policy knows")
         params = self.overhead(Kind.PARAMS) + ITEM_BYTES * self.params_size
         if params > self.max_message_bytes or self.max_batch < 1:
             need = max(params, self.overhead(Kind.GATHER) + ITEM_BYTES * self.values_per_sample)
