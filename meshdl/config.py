@@ -236,7 +236,7 @@ class TrainConfig(_Strict):
 # last (`position_bias`: where in this room anomalies show, which a shared filter cannot
 # know; it ties the model to its grid). Tuned on data seeds 0-5; held out (data seeds
 # 100-109 x training seeds 0-2): 99.50 % mean, 99.11 % worst with every cell alive,
-# 0.95 / 2.24 points lost with 10 / 20 % of the cells dead (two layers without the
+# 0.95 / 2.23 points lost with 10 / 20 % of the cells dead (two layers without the
 # table: 1.26 / 2.83; docs/results/recipe-tuning/README.md). A run that compresses
 # gradients or overlaps meshes trains two layers without the table (`load_run_config`).
 GLOBAL_RECIPE: dict[str, dict[str, Any]] = {
@@ -249,8 +249,9 @@ RECIPE_PASSES = 96_000  # maps a run of the recipe reads at least: 40 epochs of 
 RECIPE_MIN_EPOCHS = 12
 # On the source paper's 2,400 maps or fewer (a user's own smaller data set, or one of
 # unknown size) the head stays the recipe's before three layers and the table, which
-# were tuned and read on 163,200 (`recipe_head`): on the 6 x 8 lounge's 2,400 maps they
-# read 1.4 / 3.6 points lower deployed with 10 / 20 % dead (docs/experiments.md).
+# were tuned and read on 163,200 (`recipe_head`): the one read of small data (the 6 x 8
+# lounge's 2,400 maps, 10 epochs, one training seed) had them 1.4 / 3.6 points lower
+# deployed with 10 / 20 % dead (docs/experiments.md).
 RECIPE_SMALL_MAPS = 2_400
 RECIPE_SMALL_HEAD = {"conv_layers": 2, "position_bias": False}
 
