@@ -112,7 +112,7 @@ class NodeMachine:
         measure what the plan saves, `meshdl bench memory`, or to test without it).
         `originals`: the training readings hold mirrors (`augment.training_data`), sample
         o x originals + i being map i in mirror o; a position bias flips with the map,
-        so this cell then reads the mirrored cell's column (`_position_columns`). None:
+        so this cell then reads the mirrored cell's column (`position_columns`). None:
         no mirrors."""
         train = readings.get(Split.TRAIN)
         if originals is not None and (train is None or originals < 1 or

@@ -40,7 +40,7 @@ def conv_relu_placed(values: np.ndarray, slots: np.ndarray, taps: np.ndarray,
     """`conv_relu` with a position bias: map j's bias is bias[h] + table[h, columns[j]],
     the column of the (filters, cells) table this cell reads for that map (its own, or
     under a mirror the mirrored cell's: `Wave.columns`). Columns are checked by the
-    caller (`NodeMachine._position_columns`)."""
+    caller (`NodeMachine.mirrored_columns`)."""
     for h in range(weight.shape[0]):
         for j in range(out.shape[1]):
             out[h, j] = bias[h] + table[h, columns[j]]

@@ -613,7 +613,7 @@ class Wave:
         # Training: this subtree's gradients (the conv layers', then a position bias's).
         self.grad: np.ndarray | None = None
         # With a position bias: the column of its table this cell reads for each map
-        # (`NodeMachine._position_columns`); None: the model has none.
+        # (`NodeMachine.position_columns`); None: the model has none.
         self.columns: np.ndarray | None = None
         self.weights: dict[int, np.ndarray] = {}  # layer -> (h, c_in, k * k)
         self.biases: dict[int, np.ndarray] = {}  # layer -> (h,)

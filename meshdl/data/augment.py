@@ -93,10 +93,11 @@ def originals(data: Dataset) -> int:
 def mirror_cells(numbers: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """(len(FLIPS), len(numbers)) int64: for each mirror o, the cell (row x cols + col)
     whose value mirror o puts at each of `numbers` (a mirror is its own inverse): the
-    column of a position bias a node at that cell reads for a map in mirror o."""
-    row, col = np.divmod(np.asarray(numbers, np.int64), cols)
-    return np.stack([(rows - 1 - row if up_down else row) * cols +
-                     (cols - 1 - col if left_right else col)
+    column of a position bias a node at that cell reads for a map in mirror o: the cell
+    numbers of the grid, mirrored as a map is (`flip`)."""
+    grid = np.arange(rows * cols, dtype=np.int64).reshape(rows, cols)
+    numbers = np.asarray(numbers, np.int64)
+    return np.stack([flip(grid, up_down, left_right).ravel()[numbers]
                      for up_down, left_right in FLIPS])
 
 
